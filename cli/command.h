@@ -1,0 +1,54 @@
+// The `tandem` program's subcommands. Each subcommand lives in its own cli/*_command.cc,
+// defines its flags with ABSL_FLAG (shared flags live in cli/flags.cc) and registers itself:
+//
+//   static tandem::cli::CommandRegistrar registrar({
+//       .name = "schedule", .summary = "...", .usage = "...",
+//       .flags = {"schedule", "stages", ...}, .run = RunSchedule});
+//
+// The parser accepts only the flags a command lists, so `--help` shows exactly those and a
+// flag of another command is an error. Exit codes: 0 success, 1 runtime failure, 2 bad input.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+
+struct CommandInfo {
+  std::string name;
+  std::string summary;       // one line for `tandem --help`
+  std::string usage;         // synopsis and description for `tandem NAME --help`
+  std::vector<std::string> flags;  // absl flag names this command accepts
+  std::map<std::string, std::string> aliases;  // short name -> flag ("o" -> "output")
+  // Runs after flags are parsed; gets the positional arguments.
+  std::function<int(const std::vector<std::string>& args)> run;
+};
+
+class CommandRegistrar {
+ public:
+  explicit CommandRegistrar(CommandInfo info);
+};
+
+const std::map<std::string, CommandInfo>& Commands();
+
+// Parses argv (after the subcommand name) into the absl flags `info` lists. Repeated
+// occurrences of a list flag (std::vector<std::string>) accumulate. InvalidArgument on an
+// unknown flag, a flag of another command, a missing or malformed value.
+absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
+                               std::vector<std::string>* positional, bool* help);
+
+std::string CommandHelp(const CommandInfo& info);
+
+// Prints "tandem NAME: error: MESSAGE" to stderr and returns kExitBadInput for
+// InvalidArgument/NotFound/OutOfRange/ResourceExhausted (bad input), kExitFailure otherwise.
+int ReportError(const std::string& command, const absl::Status& status);
+
+}  // namespace tandem::cli

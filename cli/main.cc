@@ -1,0 +1,58 @@
+// `tandem`: one program, many subcommands (see cli/command.h).
+#include <cstring>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "cli/command.h"
+#include "common/config.h"
+
+namespace {
+
+void PrintTopLevelHelp() {
+  std::cout << "tandem: distributed training runtime with a pipeline scheduler\n\n"
+               "Usage: tandem COMMAND [flags]    (tandem COMMAND --help for its flags)\n\n"
+               "Commands:\n";
+  for (const auto& [name, info] : tandem::cli::Commands()) {
+    std::cout << absl::StrFormat("  %-10s %s\n", name, info.summary);
+  }
+  std::cout << absl::StrFormat("\nBuilt with: MPI=%d LibTorch=%d CUDA=%d NCCL=%d\n",
+                               TANDEM_HAVE_MPI, TANDEM_HAVE_TORCH, TANDEM_HAVE_CUDA,
+                               TANDEM_HAVE_NCCL);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem::cli;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
+      auto it = Commands().find(argv[2]);
+      if (it != Commands().end()) {
+        std::cout << CommandHelp(it->second);
+        return kExitOk;
+      }
+    }
+    PrintTopLevelHelp();
+    return argc < 2 ? kExitBadInput : kExitOk;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::cout << "tandem 0.1.0\n";
+    return kExitOk;
+  }
+  auto it = Commands().find(argv[1]);
+  if (it == Commands().end()) {
+    std::cerr << "tandem: error: unknown command '" << argv[1] << "' (see tandem --help)\n";
+    return kExitBadInput;
+  }
+  const CommandInfo& info = it->second;
+  std::vector<std::string> positional;
+  bool help = false;
+  absl::Status parsed = ParseCommandFlags(info, argc - 2, argv + 2, &positional, &help);
+  if (!parsed.ok()) return ReportError(info.name, parsed);
+  if (help) {
+    std::cout << CommandHelp(info);
+    return kExitOk;
+  }
+  return info.run(positional);
+}

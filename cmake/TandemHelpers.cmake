@@ -1,0 +1,64 @@
+# Helpers that declare tandem's targets in one way everywhere.
+#
+#   tandem_library(NAME tandem_pipeline SRCS a.cc b.cc DEPS tandem_common [PRIVATE_DEPS ...])
+#   tandem_test(NAME schedule_test SRCS schedule_test.cc DEPS tandem_pipeline [LABELS unit])
+#   tandem_mpi_test(NAME comm_mpi_test NP 4 SRCS t.cc DEPS tandem_comm [ARGS ...] [MPIRUN_ARGS ...])
+#
+# Includes are rooted at the repository ("pipeline/schedule.h"); the generated config header is
+# "common/config.h".
+
+function(tandem_library)
+  cmake_parse_arguments(T "" "NAME" "SRCS;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${T_NAME} ${T_SRCS})
+  target_include_directories(${T_NAME} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
+  target_link_libraries(${T_NAME} PUBLIC ${T_DEPS} PRIVATE ${T_PRIVATE_DEPS})
+  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+endfunction()
+
+function(tandem_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ARGS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${T_NAME} PRIVATE TANDEM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+endfunction()
+
+# A GoogleTest binary run under mpirun with NP ranks. Its main (tests/support/mpi_gtest_main.cc)
+# initialises MPI with MPI_THREAD_MULTIPLE, silences stdout on ranks other than 0 and reduces
+# failures across ranks, so one failing rank fails the test.
+function(tandem_mpi_test)
+  cmake_parse_arguments(T "" "NAME;NP;TIMEOUT" "SRCS;DEPS;LABELS;ARGS;MPIRUN_ARGS" ${ARGN})
+  if(NOT TANDEM_HAVE_MPI)
+    message(STATUS "tandem: skipping ${T_NAME} (no MPI)")
+    return()
+  endif()
+  if(NOT TARGET ${T_NAME})
+    add_executable(${T_NAME} ${T_SRCS})
+    target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} tandem_mpi_gtest_main)
+    target_compile_definitions(${T_NAME} PRIVATE TANDEM_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+  endif()
+  if(NOT T_NP)
+    set(T_NP 2)
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(NOT T_LABELS)
+    set(T_LABELS mpi)
+  endif()
+  set(_test_name ${T_NAME}_np${T_NP})
+  add_test(NAME ${_test_name}
+           COMMAND ${TANDEM_MPIEXEC} --allow-run-as-root --oversubscribe --bind-to none
+                   -np ${T_NP} ${T_MPIRUN_ARGS} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+  set_tests_properties(${_test_name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
+                       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMP_NUM_THREADS=1")
+endfunction()

@@ -1,0 +1,122 @@
+// Communicator and Work: every byte between ranks goes through this interface.
+// Backends: MPI for CPU buffers (comm/mpi/), NCCL for CUDA buffers (comm/nccl/), chosen by
+// CreateCommunicator (comm/backend.h).
+//
+// Call-order contract
+//   * Collectives (AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Split, Shrink)
+//     must be called in the same order on every rank of the group, with matching counts and
+//     types. Where a backend can detect a mismatch it returns InvalidArgument.
+//   * Point-to-point messages between a pair of ranks are matched in the order they were
+//     posted (FIFO per direction and tag); NCCL has no tags, so tag must be 0 there.
+//   * Buffers must stay valid and untouched until the returned Work completes.
+//   * Operations may be issued from one thread at a time per communicator; Work handles may be
+//     waited on from any thread.
+//
+// Errors: a Work that times out returns DeadlineExceeded naming the operation, the peer(s) and
+// its sequence number ("all_reduce #12 (group of 4) timed out after 30s"). When a peer dies,
+// operations fail (Unavailable or Aborted) within the communicator's timeout; after Abort()
+// every call returns FailedPrecondition ("communicator aborted: ...") instead of hanging.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::comm {
+
+enum class DataType : uint8_t {
+  kFloat32, kFloat64, kBFloat16, kFloat16, kInt8, kUInt8, kInt32, kInt64,
+};
+size_t SizeOf(DataType type);
+const char* DataTypeName(DataType type);
+
+enum class DeviceKind : uint8_t { kCpu, kCuda };
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = 0;  // CUDA device index
+  static Device Cpu() { return {}; }
+  static Device Cuda(int index) { return {DeviceKind::kCuda, index}; }
+};
+
+// Memory described without LibTorch.
+struct Buffer {
+  void* data = nullptr;
+  int64_t count = 0;  // elements
+  DataType dtype = DataType::kFloat32;
+  Device device;
+  size_t bytes() const { return static_cast<size_t>(count) * SizeOf(dtype); }
+};
+
+enum class ReduceOp : uint8_t { kSum, kAverage, kMax, kMin };
+
+// Balanced shard of `count` elements over `size` ranks: the first count % size ranks get one
+// more element. Used by ReduceScatter/AllGather and DeAR.
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+ShardRange Shard(int64_t count, int size, int rank);
+
+// Handle of an asynchronous operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // True once the operation finished, successfully or not. Never blocks.
+  virtual bool Test() = 0;
+  // Waits up to `timeout` (absl::InfiniteDuration() is refused for safety: callers pass the
+  // communicator's default via Wait()). Returns the operation's status, or DeadlineExceeded.
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+  // Waits with the communicator's default timeout.
+  virtual absl::Status Wait() = 0;
+  // The error if the operation failed; OK while pending or after success.
+  virtual absl::Status error() = 0;
+  // "send #3 to rank 2 (1024 x float32)".
+  virtual std::string Describe() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi", "nccl"
+  // Ranks of this group in the world communicator it was split from.
+  virtual const std::vector<int>& world_ranks() const = 0;
+
+  virtual WorkPtr Send(const Buffer& buffer, int peer, int tag = 0) = 0;
+  virtual WorkPtr Recv(const Buffer& buffer, int peer, int tag = 0) = 0;
+  // In place.
+  virtual WorkPtr AllReduce(const Buffer& buffer, ReduceOp op = ReduceOp::kSum) = 0;
+  // `input` holds the full vector (count N) on every rank; `output` receives this rank's
+  // reduced shard, Shard(N, size(), rank()) (its count must equal that shard's).
+  virtual WorkPtr ReduceScatter(const Buffer& input, const Buffer& output,
+                                ReduceOp op = ReduceOp::kSum) = 0;
+  // `input` is this rank's shard, Shard(N, size(), rank()); `output` (count N) receives all.
+  virtual WorkPtr AllGather(const Buffer& input, const Buffer& output) = 0;
+  virtual WorkPtr Broadcast(const Buffer& buffer, int root) = 0;
+  virtual WorkPtr Barrier() = 0;
+
+  // Ranks with the same colour form a group, ordered by key (then by rank). colour < 0:
+  // returns nullptr for this rank (not a member). Collective over this communicator.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) = 0;
+  // A new communicator of the surviving ranks (all but `dead_ranks`, given as ranks of this
+  // communicator), built without the participation of the dead. Called by every survivor.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
+      const std::vector<int>& dead_ranks) = 0;
+  // Fails all pending and future operations with FailedPrecondition naming `reason`.
+  virtual void Abort(const absl::Status& reason) = 0;
+
+  // Default timeout of Work::Wait().
+  virtual void set_timeout(absl::Duration timeout) = 0;
+  virtual absl::Duration timeout() const = 0;
+};
+
+}  // namespace tandem::comm

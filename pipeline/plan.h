@@ -1,0 +1,82 @@
+// The plan (plan.json): the seam between the planner, which writes it, and the runtime and
+// elastic layer, which read and rewrite it. The runtime never needs the planner's algorithms to
+// run a plan.
+//
+// Ranks form a mesh: `mesh[d][q]` is the global rank at data-parallel replica d and pipeline
+// position q (0 <= q < pipeline_parallel). The schedule's placement maps (pipeline replica,
+// stage) to a pipeline position, so the rank running stage s of Chimera replica r in
+// data-parallel replica d is mesh[d][placement.RankOf(r, s)]. Each stage lists the layers it
+// runs ([first_layer, end_layer)) and the ranks that hold a copy of it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/schedule.h"
+
+namespace tandem::pipeline {
+
+struct PlanStage {
+  int first_layer = 0;  // [first_layer, end_layer) of the model's ordered layer list
+  int end_layer = 0;
+  std::vector<int> ranks;           // every rank holding this stage (all replicas)
+  int tensor_parallel = 1;          // tensor-parallel degree inside the stage
+  std::vector<int> recompute_layers;  // layers whose activations are recomputed in backward
+  double predicted_compute_seconds = 0;  // forward+backward of one micro-batch
+  double predicted_memory_bytes = 0;     // peak per rank for this stage
+
+  bool operator==(const PlanStage& o) const;
+};
+
+struct Plan {
+  int format_version = 1;
+  std::string model;   // free-form model description ("gpt L=4 H=64 ...")
+  int num_layers = 0;  // layers in the model's ordered list
+  int world_size = 1;
+  int data_parallel = 1;      // D pipelines
+  int pipeline_parallel = 1;  // p ranks per pipeline (== schedule.num_ranks)
+  int tensor_parallel = 1;
+  ScheduleSpec schedule;
+  int64_t microbatch_size = 1;  // samples per micro-batch
+  std::vector<std::vector<int>> mesh;  // mesh[d][q] = global rank
+  std::vector<PlanStage> stages;       // one per pipeline stage (schedule.NumStages())
+
+  // Predictions of the planner.
+  double predicted_iteration_seconds = 0;
+  std::vector<double> predicted_peak_memory_bytes;  // per global rank
+  double bottleneck_seconds = 0;  // PipeDream: slowest stage's time per stage
+  double time_per_sample = 0;     // Piper: maximum load per sample
+
+  // Provenance: which algorithm and inputs produced this plan.
+  std::string algorithm;
+  nlohmann::json inputs = nlohmann::json::object();
+
+  int64_t GlobalBatchSize() const {
+    return microbatch_size * schedule.num_microbatches * data_parallel;
+  }
+  // Global rank running (pipeline replica r, stage s) in data-parallel replica d.
+  int RankOf(int data_parallel_index, int replica, int stage) const;
+  bool operator==(const Plan& o) const;
+};
+
+// A plain pipeline plan: D x p ranks (rank = d * p + q), layers split as evenly as possible.
+// Useful for tests and for `tandem train --schedule` without the planner.
+absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedule,
+                                     int data_parallel, int64_t microbatch_size);
+
+// Structural checks: mesh is a permutation of [0, world_size), stages cover [0, num_layers)
+// contiguously in order, counts agree with the schedule. `expected_world_size` and
+// `expected_num_layers` (-1 to skip) are what the caller runs with; a mismatch names both.
+absl::Status ValidatePlan(const Plan& plan, int expected_world_size = -1,
+                          int expected_num_layers = -1);
+
+nlohmann::json ToJson(const Plan& plan);
+absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view where = "plan");
+absl::StatusOr<Plan> ReadPlanFile(const std::string& path);
+absl::Status WritePlanFile(const Plan& plan, const std::string& path);  // atomic
+
+}  // namespace tandem::pipeline

@@ -1,0 +1,156 @@
+// The schedule IR: for every rank an ordered program of actions. One IR serves the generators
+// (pipeline/generators.h), the validator (pipeline/validator.h), the simulator
+// (pipeline/simulator.h) and the runtime, so what is simulated is what runs.
+//
+// Vocabulary
+//   rank       a device / process executing one program.
+//   stage      a position in one pipeline, 0 .. num_stages-1. With interleaving (v chunks per
+//              rank) or Hanayo waves the pipeline has num_ranks * chunks stages ("virtual
+//              stages"); each is a contiguous slice of the model.
+//   replica    a pipeline replica: 0 normally; Chimera has two (0 runs stage 0 on rank 0
+//              downwards, 1 runs stage 0 on rank D-1 upwards), each rank holding one stage of
+//              each, i.e. two copies of weights whose gradients are summed.
+//   microbatch global micro-batch index 0 .. num_microbatches-1 (Chimera splits them between
+//              replicas; an action names both).
+//
+// Transfers name the stage whose output they carry: SendActivation(stage s) on the rank of s
+// carries s's output to the rank of s+1 and is matched by RecvActivation(stage s) there;
+// SendGradient(stage s) carries the gradient of s's input to the rank of s-1. When two
+// neighbouring stages live on the same rank there is no transfer. Between a pair of ranks,
+// transfers are matched in program order (FIFO per direction), as NCCL requires.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::pipeline {
+
+enum class ActionType : uint8_t {
+  kForward,         // F: forward of (stage, microbatch)
+  kBackward,        // B: full backward (input and weight gradients)
+  kBackwardInput,   // Bi: input-gradient half of a split backward (zero-bubble "B")
+  kBackwardWeight,  // W: weight-gradient half of a split backward (zero-bubble "W")
+  kSendActivation,
+  kRecvActivation,
+  kSendGradient,
+  kRecvGradient,
+  kGradientSync,    // start gradient synchronisation of `stage` (all micro-batches done)
+  kOptimizerStep,   // wait for this rank's syncs and step the optimizer (stage = -1)
+};
+
+// Short names used in grids and JSON: "F", "B", "Bi", "W", "sA", "rA", "sG", "rG", "sync",
+// "step".
+absl::string_view ActionTypeName(ActionType type);
+absl::StatusOr<ActionType> ParseActionType(absl::string_view name);
+bool IsCompute(ActionType type);   // F, B, Bi, W
+bool IsTransfer(ActionType type);  // sA, rA, sG, rG
+
+struct Action {
+  ActionType type = ActionType::kForward;
+  int stage = 0;       // -1 for kOptimizerStep
+  int microbatch = 0;  // -1 for kGradientSync / kOptimizerStep
+  int replica = 0;
+  int peer = -1;       // transfers: the other rank; -1 otherwise
+
+  bool operator==(const Action& o) const {
+    return type == o.type && stage == o.stage && microbatch == o.microbatch &&
+           replica == o.replica && peer == o.peer;
+  }
+  bool operator!=(const Action& o) const { return !(*this == o); }
+};
+
+// "F3.1" (stage 3, micro-batch 1), "F3.1r1" for replica 1, "sA3.1>2" (send to rank 2),
+// "rG2.0<3", "sync3", "step".
+std::string ToString(const Action& action);
+
+enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kChimera, kHanayo, kZBH1, kZBV };
+
+// "gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "zb-v".
+absl::string_view ScheduleKindName(ScheduleKind kind);
+absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
+// Names of all kinds, for help text and errors.
+std::string ScheduleKindList();
+
+// What a generator is asked for.
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int num_ranks = 1;         // p (Chimera: D)
+  int num_microbatches = 1;  // m
+  int chunks = 1;            // v, interleaved only (>= 1); ZB-V uses 2
+  int waves = 1;             // W, Hanayo only; each rank holds 2W chunks
+
+  bool operator==(const ScheduleSpec& o) const {
+    return kind == o.kind && num_ranks == o.num_ranks && num_microbatches == o.num_microbatches &&
+           chunks == o.chunks && waves == o.waves;
+  }
+  // Stages in one pipeline: p for GPipe/1F1B/ZB-H1/Chimera, p*v interleaved, 2*W*p Hanayo,
+  // 2*p ZB-V.
+  int NumStages() const;
+  // Pipeline replicas: 2 for Chimera, else 1.
+  int NumReplicas() const;
+  // Whether backward is split into input and weight halves (ZB-H1, ZB-V).
+  bool SplitsBackward() const;
+};
+
+// Maps (replica, stage) to the rank that runs it.
+struct Placement {
+  int num_ranks = 0;
+  int num_stages = 0;
+  // stage_to_rank[replica][stage]
+  std::vector<std::vector<int>> stage_to_rank;
+
+  int NumReplicas() const { return static_cast<int>(stage_to_rank.size()); }
+  int RankOf(int replica, int stage) const { return stage_to_rank[replica][stage]; }
+  // (replica, stage) pairs a rank holds, in stage order per replica.
+  std::vector<std::pair<int, int>> StagesOf(int rank) const;
+  bool operator==(const Placement& o) const {
+    return num_ranks == o.num_ranks && num_stages == o.num_stages &&
+           stage_to_rank == o.stage_to_rank;
+  }
+
+  // Stage s on rank s.
+  static Placement Linear(int num_ranks);
+  // Interleaved ("looped"): stage s on rank s % p, p*v stages.
+  static Placement Looped(int num_ranks, int chunks);
+  // Hanayo/ZB-V wave order: down the ranks, then back up, repeated for `waves` waves
+  // (2*waves*p stages; stage s in wave-half h = s / p goes to rank (h even ? s%p : p-1-s%p)).
+  static Placement Wave(int num_ranks, int waves);
+  // Chimera: replica 0 linear, replica 1 reversed (stage s on rank p-1-s).
+  static Placement Bidirectional(int num_ranks);
+};
+
+// A generated schedule: the spec, the placement and one program per rank.
+struct Schedule {
+  ScheduleSpec spec;
+  Placement placement;
+  std::vector<std::vector<Action>> programs;  // programs[rank]
+
+  int NumRanks() const { return static_cast<int>(programs.size()); }
+  int64_t NumActions() const;
+  bool operator==(const Schedule& o) const {
+    return spec == o.spec && placement == o.placement && programs == o.programs;
+  }
+};
+
+// Readable per-rank grid: one line per rank, compute actions only by default
+// ("rank 0 | F0.0 F0.1 B0.0 ..."); with `with_transfers` every action.
+std::string FormatGrid(const Schedule& schedule, bool with_transfers = false);
+
+// JSON round-trip. FromJson validates shape and ranges (not semantics: see the validator) and
+// names the offending field.
+nlohmann::json ToJson(const ScheduleSpec& spec);
+absl::StatusOr<ScheduleSpec> ScheduleSpecFromJson(const nlohmann::json& j,
+                                                  absl::string_view where = "schedule");
+nlohmann::json ToJson(const Placement& placement);
+absl::StatusOr<Placement> PlacementFromJson(const nlohmann::json& j,
+                                            absl::string_view where = "placement");
+nlohmann::json ToJson(const Schedule& schedule);
+absl::StatusOr<Schedule> ScheduleFromJson(const nlohmann::json& j,
+                                          absl::string_view where = "schedule");
+
+}  // namespace tandem::pipeline

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what tandem's build needs from Debian packages. Idempotent: quiet when everything
+# is already installed. The CUDA toolkit (nvcc, NCCL) is used when present (/usr/local/cuda);
+# it is not a Debian package and the build works without it.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libabsl-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin
+  libtorch-dev
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

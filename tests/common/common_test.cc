@@ -1,0 +1,66 @@
+#include <cstdio>
+#include <string>
+
+#include "common/file_util.h"
+#include "common/json_util.h"
+#include "common/trace.h"
+#include "common/units.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(UnitsTest, ParsesSizesWithSuffixes) {
+  EXPECT_DOUBLE_EQ(*ParseBytes("8GiB"), 8.0 * kGiB);
+  EXPECT_DOUBLE_EQ(*ParseBytes("25GB"), 25e9);
+  EXPECT_DOUBLE_EQ(*ParseBytes("1e9"), 1e9);
+  EXPECT_DOUBLE_EQ(*ParseBytes(" 512 "), 512);
+  EXPECT_DOUBLE_EQ(*ParseBytesPerSecond("25GiB/s"), 25.0 * kGiB);
+  EXPECT_FALSE(ParseBytes("-1").ok());
+  EXPECT_FALSE(ParseBytes("8 parsecs").ok());
+  EXPECT_FALSE(ParseBytes("").ok());
+}
+
+TEST(JsonTest, NamesMissingAndMistypedFields) {
+  auto j = ParseJson(R"({"a": 1, "b": "x", "c": -2})", "f.json");
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(*GetInt(*j, "a", "f.json"), 1);
+  auto missing = GetNumber(*j, "z", "f.json");
+  EXPECT_EQ(missing.status().message(), "f.json.z: missing field");
+  auto mistyped = GetNumber(*j, "b", "f.json");
+  EXPECT_EQ(mistyped.status().message(), "f.json.b: expected a number");
+  EXPECT_FALSE(GetNonNegativeNumber(*j, "c", "f.json").ok());
+  EXPECT_EQ(*GetNumberOr(*j, "z", 7.5, "f.json"), 7.5);
+  auto bad = ParseJson("{\"a\": [1, 2", "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.json: malformed JSON"), std::string::npos);
+}
+
+TEST(FileTest, AtomicWriteRoundTripsAndLeavesNoTemporary) {
+  std::string path = ::testing::TempDir() + "/tandem_atomic.txt";
+  ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());
+  EXPECT_EQ(*ReadFile(path), "hello");
+  ASSERT_TRUE(WriteFileAtomically(path, "second").ok());
+  EXPECT_EQ(*ReadFile(path), "second");
+  EXPECT_FALSE(WriteFileAtomically("/nonexistent-dir/x.txt", "x").ok());
+  EXPECT_EQ(ReadFile("/nonexistent-dir/x.txt").status().code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+TEST(TraceTest, RoundTripsThroughJson) {
+  ChromeTrace trace;
+  trace.NameProcess(1, "rank 1");
+  trace.Add({"F0.1", "forward", 1, 0, 0.5, 0.25, {{"stage", 0}}});
+  auto back = ChromeTrace::FromJson(trace.ToJson());
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->events().size(), 1u);
+  EXPECT_EQ(back->events()[0].name, "F0.1");
+  EXPECT_DOUBLE_EQ(back->events()[0].start_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(back->events()[0].duration_seconds, 0.25);
+  ChromeTrace merged;
+  merged.Merge(*back, 4);
+  EXPECT_EQ(merged.events()[0].pid, 5);
+}
+
+}  // namespace
+}  // namespace tandem
