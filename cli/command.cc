@@ -1,5 +1,6 @@
 #include "cli/command.h"
 
+#include <algorithm>
 #include <iostream>
 #include <set>
 
@@ -54,6 +55,7 @@ absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
       has_value = true;
     }
     if (auto a = info.aliases.find(name); a != info.aliases.end()) name = a->second;
+    std::replace(name.begin(), name.end(), '-', '_');
     bool negated = false;
     if (!allowed.count(name) && absl::StartsWith(name, "no") && allowed.count(name.substr(2))) {
       name = name.substr(2);
@@ -109,7 +111,9 @@ std::string CommandHelp(const CommandInfo& info) {
     if (flag == nullptr) continue;
     std::string alias = reverse_alias.count(name) ? absl::StrCat(", -", reverse_alias[name]) : "";
     std::string def = flag->DefaultValue();
-    absl::StrAppend(&out, "  --", name, alias, "\n      ", flag->Help());
+    std::string shown = name;
+    std::replace(shown.begin(), shown.end(), '_', '-');
+    absl::StrAppend(&out, "  --", shown, alias, "\n      ", flag->Help());
     if (!def.empty()) absl::StrAppend(&out, " (default: ", def, ")");
     absl::StrAppend(&out, "\n");
   }

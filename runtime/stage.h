@@ -1,0 +1,82 @@
+// Stage: what the runtime executes — forward, backward (or backward-input and backward-weight)
+// of one pipeline stage (or chunk) for one micro-batch, plus parameter access for gradient
+// synchronisation, the optimizer and state transfer. The engine (runtime/engine.h) knows
+// nothing of LibTorch: tensors cross this seam as Tensor values (shape, dtype, memory).
+//
+// Implementations: the LibTorch adapter (runtime/torch/torch_stage.h) and the emulated-compute
+// stage (runtime/emulated_stage.h), which sleeps or spins for the profiled time.
+//
+// Threading: a Stage is driven by one engine thread; implementations need no locking.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+
+namespace tandem::runtime {
+
+// Shape and element type of a tensor crossing a stage boundary.
+struct TensorMeta {
+  std::vector<int64_t> shape;
+  comm::DataType dtype = comm::DataType::kFloat32;
+  int64_t NumElements() const;
+  bool operator==(const TensorMeta& o) const { return shape == o.shape && dtype == o.dtype; }
+};
+
+// Memory of a tensor; `holder` keeps the owner (e.g. a torch::Tensor) alive.
+struct Tensor {
+  TensorMeta meta;
+  comm::Buffer buffer;  // data pointer, element count, dtype, device
+  std::shared_ptr<void> holder;
+};
+
+// One named parameter as flat buffers, for gradient synchronisation and the optimizer.
+// `value` and `grad` stay valid (same address) for the stage's lifetime.
+struct ParameterView {
+  std::string name;
+  comm::Buffer value;
+  comm::Buffer grad;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+
+  // Called before the first micro-batch of an iteration: the stage zeroes its gradients and,
+  // if it is the first or last stage, selects the iteration's data (micro-batch `m` of the
+  // iteration is the m-th slice of this data-parallel replica's share of the global batch).
+  virtual absl::Status BeginIteration(int64_t iteration) = 0;
+
+  // Forward of `microbatch`. The first stage ignores `inputs` (reads its data); the last stage
+  // computes the loss and returns no tensors. The stage stashes what backward needs (or only
+  // its input when recomputing).
+  virtual absl::StatusOr<std::vector<Tensor>> Forward(int microbatch,
+                                                      std::vector<Tensor> inputs) = 0;
+  // Full backward of `microbatch`: `output_grads` (empty on the last stage, which starts from
+  // its loss) in, gradients of the stage's inputs out (empty on the first stage). Frees the
+  // micro-batch's stash.
+  virtual absl::StatusOr<std::vector<Tensor>> Backward(int microbatch,
+                                                       std::vector<Tensor> output_grads) = 0;
+  // Split backward (zero-bubble): input gradients now, weight gradients later. BackwardWeight
+  // frees the stash. Stages that cannot split may compute everything in BackwardInput.
+  virtual absl::StatusOr<std::vector<Tensor>> BackwardInput(int microbatch,
+                                                            std::vector<Tensor> output_grads) = 0;
+  virtual absl::Status BackwardWeight(int microbatch) = 0;
+
+  // A tensor to receive into, for an activation or gradient of the given meta.
+  virtual absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) = 0;
+
+  // Sum of this stage's micro-batch losses in the current iteration (last stage only), each
+  // already scaled as it entered backward.
+  virtual double IterationLoss() const = 0;
+
+  virtual std::vector<ParameterView> Parameters() = 0;
+  virtual comm::Device device() const = 0;
+};
+
+}  // namespace tandem::runtime
