@@ -13,6 +13,11 @@
 //   microbatch global micro-batch index 0 .. num_microbatches-1 (Chimera splits them between
 //              replicas; an action names both).
 //
+// Chimera's gradient summation: stage s has two copies, replica 0 on rank s and replica 1 on
+// rank D-1-s. Each rank issues one GradientSync per (replica, stage) it holds; the runtime's
+// synchronisation group for stage s spans the ranks of both copies (and the data-parallel
+// replicas), so its all-reduce sums the two copies' gradients and both copies stay equal.
+//
 // Transfers name the stage whose output they carry: SendActivation(stage s) on the rank of s
 // carries s's output to the rank of s+1 and is matched by RecvActivation(stage s) there;
 // SendGradient(stage s) carries the gradient of s's input to the rank of s-1. When two
@@ -65,8 +70,10 @@ struct Action {
 };
 
 // "F3.1" (stage 3, micro-batch 1), "F3.1r1" for replica 1, "sA3.1>2" (send to rank 2),
-// "rG2.0<3", "sync3", "step".
+// "rG2.0<3", "sync3", "sync3r1", "step".
 std::string ToString(const Action& action);
+// Inverse of ToString (shape only: no range checks). InvalidArgument names the text.
+absl::StatusOr<Action> ParseAction(absl::string_view text);
 
 enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kChimera, kHanayo, kZBH1, kZBV };
 
@@ -75,6 +82,15 @@ absl::string_view ScheduleKindName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 // Names of all kinds, for help text and errors.
 std::string ScheduleKindList();
+
+// Ranges every spec must respect (generators add their own constraints).
+inline constexpr int kMaxRanks = 16384;
+inline constexpr int kMaxMicrobatches = 1 << 16;
+inline constexpr int kMaxChunks = 64;
+inline constexpr int kMaxWaves = 64;
+// Upper bound on (replica, stage, micro-batch) triples of one schedule, so that a generated
+// schedule fits in memory (about 6 actions of 20 bytes each per triple).
+inline constexpr int64_t kMaxStageMicrobatches = int64_t{1} << 24;
 
 // What a generator is asked for.
 struct ScheduleSpec {
@@ -95,7 +111,13 @@ struct ScheduleSpec {
   int NumReplicas() const;
   // Whether backward is split into input and weight halves (ZB-H1, ZB-V).
   bool SplitsBackward() const;
+  // Chunks (stages) each rank holds per replica: 1, v, 2W or 2.
+  int ChunksPerRank() const;
 };
+
+// Range checks common to all kinds (p, m, v, W within the limits above, total size bounded).
+// InvalidArgument names the field, e.g. "microbatches must be in [1, 65536], got 0".
+absl::Status CheckScheduleSpec(const ScheduleSpec& spec);
 
 // Maps (replica, stage) to the rank that runs it.
 struct Placement {
@@ -140,6 +162,13 @@ struct Schedule {
 // Readable per-rank grid: one line per rank, compute actions only by default
 // ("rank 0 | F0.0 F0.1 B0.0 ..."); with `with_transfers` every action.
 std::string FormatGrid(const Schedule& schedule, bool with_transfers = false);
+
+struct GridOptions {
+  bool with_transfers = false;
+  int max_ranks = 0;    // 0 = all; otherwise the first ranks and a note for the rest
+  int max_columns = 0;  // 0 = all; otherwise the first cells per rank and "... (+N)"
+};
+std::string FormatGrid(const Schedule& schedule, const GridOptions& options);
 
 // JSON round-trip. FromJson validates shape and ranges (not semantics: see the validator) and
 // names the offending field.
