@@ -7,6 +7,13 @@
 // stage) to a pipeline position, so the rank running stage s of Chimera replica r in
 // data-parallel replica d is mesh[d][placement.RankOf(r, s)]. Each stage lists the layers it
 // runs ([first_layer, end_layer)) and the ranks that hold a copy of it.
+//
+// With tensor parallelism of degree t, mesh[d][q] is the first of t consecutive ranks that
+// share that pipeline position (world_size = D * p * t).
+//
+// A plan with an empty mesh is non-uniform: each stage has its own replication (PipeDream) or
+// data/tensor-parallel degrees (Piper), listed in its `ranks` (disjoint, together
+// [0, world_size)). Such plans describe what a planner predicts; the runtime may reject them.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +62,8 @@ struct Plan {
   std::string algorithm;
   nlohmann::json inputs = nlohmann::json::object();
 
+  // Whether the ranks form a D x p mesh (see above); false for per-stage replication.
+  bool IsUniform() const { return !mesh.empty(); }
   int64_t GlobalBatchSize() const {
     return microbatch_size * schedule.num_microbatches * data_parallel;
   }
@@ -73,6 +82,10 @@ absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedul
 // `expected_num_layers` (-1 to skip) are what the caller runs with; a mismatch names both.
 absl::Status ValidatePlan(const Plan& plan, int expected_world_size = -1,
                           int expected_num_layers = -1);
+
+// The placement of (replica, stage) onto pipeline positions that a schedule kind uses: linear
+// (GPipe, 1F1B, ZB-H1), looped (interleaved), bidirectional (Chimera) or wave (Hanayo, ZB-V).
+Placement PlacementFor(const ScheduleSpec& schedule);
 
 nlohmann::json ToJson(const Plan& plan);
 absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view where = "plan");

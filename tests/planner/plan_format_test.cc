@@ -1,0 +1,242 @@
+// Round trips and bad input for the plan (plan.json) and profile (profile.json) formats.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "pipeline/plan.h"
+#include "pipeline/profile.h"
+
+namespace tandem::pipeline {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+Profile SmallProfile() {
+  Profile profile;
+  profile.model = "toy";
+  profile.microbatch_size = 4;
+  profile.device = "cpu";
+  for (int i = 0; i < 4; ++i) {
+    LayerProfile layer;
+    layer.name = "layer" + std::to_string(i);
+    layer.forward_seconds = 0.001 * (i + 1);
+    layer.backward_seconds = 0.002 * (i + 1);
+    layer.output_activation_bytes = 1024.0 * (i + 1);
+    layer.stashed_activation_bytes = 4096.0;
+    layer.parameter_bytes = 1e6;
+    layer.optimizer_state_bytes = 2e6;
+    layer.recompute_seconds = layer.forward_seconds;
+    layer.recompute_stashed_bytes = 1024;
+    profile.layers.push_back(layer);
+  }
+  profile.layers[2].inputs = {0, 1};  // a DAG edge skipping a layer
+  profile.layers[3].backward_input_seconds = 0.005;
+  profile.layers[3].backward_weight_seconds = 0.003;
+  TensorParallelVariant variant;
+  variant.degree = 2;
+  variant.forward_seconds = 0.0006;
+  variant.backward_seconds = 0.0012;
+  variant.stashed_activation_bytes = 2048;
+  variant.parameter_bytes = 5e5;
+  variant.communication_seconds = 1e-4;
+  profile.layers[1].tensor_parallel.push_back(variant);
+  return profile;
+}
+
+TEST(ProfileFormat, RoundTripsThroughJsonAndFile) {
+  const Profile profile = SmallProfile();
+  ASSERT_TRUE(ValidateProfile(profile).ok());
+  auto parsed = ProfileFromJson(ToJson(profile));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, profile);
+  const std::string path = TempPath("roundtrip_profile.json");
+  ASSERT_TRUE(WriteProfileFile(profile, path).ok());
+  auto read = ReadProfileFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, profile);
+  EXPECT_DOUBLE_EQ(read->TotalForwardSeconds(), 0.010);
+  EXPECT_DOUBLE_EQ(read->TotalParameterBytes(), 4e6);
+}
+
+TEST(ProfileFormat, InputsMayNameLayers) {
+  nlohmann::json j = ToJson(SmallProfile());
+  j["layers"][3]["inputs"] = {"layer0", "layer2"};
+  auto parsed = ProfileFromJson(j, "model.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layers[3].inputs, (std::vector<int>{0, 2}));
+}
+
+// Each bad input gives InvalidArgument naming the file and the field.
+struct BadProfileCase {
+  std::string description;
+  std::function<void(nlohmann::json&)> corrupt;
+  std::string expected_text;
+};
+
+TEST(ProfileFormat, BadInputNamesFileAndField) {
+  const std::vector<BadProfileCase> cases = {
+      {"missing forward", [](nlohmann::json& j) { j["layers"][1].erase("forward_seconds"); },
+       "model.json: layers[1].forward_seconds: missing field"},
+      {"mistyped backward", [](nlohmann::json& j) { j["layers"][0]["backward_seconds"] = "x"; },
+       "layers[0].backward_seconds: expected a number"},
+      {"negative time", [](nlohmann::json& j) { j["layers"][2]["forward_seconds"] = -1.0; },
+       "layers[2].forward_seconds: must not be negative"},
+      {"unknown layer name", [](nlohmann::json& j) { j["layers"][2]["inputs"] = {"nope"}; },
+       "layers[2].inputs[0]: unknown layer name 'nope'"},
+      {"cycle", [](nlohmann::json& j) { j["layers"][1]["inputs"] = {"layer3"}; },
+       "layers[1].inputs[0]: refers to layers[3]"},
+      {"self loop", [](nlohmann::json& j) { j["layers"][1]["inputs"] = {1}; },
+       "no cycles"},
+      {"missing microbatch size", [](nlohmann::json& j) { j.erase("microbatch_size"); },
+       "model.json: profile.microbatch_size: missing field"},
+      {"no layers", [](nlohmann::json& j) { j["layers"] = nlohmann::json::array(); },
+       "the model has no layers"},
+      {"duplicate names", [](nlohmann::json& j) { j["layers"][2]["name"] = "layer0"; },
+       "layers[2].name: 'layer0' repeats layers[0]"},
+      {"bad split", [](nlohmann::json& j) { j["layers"][3]["backward_weight_seconds"] = 1.0; },
+       "differs from backward_seconds"},
+      {"bad degree", [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][0]["degree"] = 1; },
+       "layers[1].tensor_parallel[0].degree"},
+  };
+  for (const BadProfileCase& c : cases) {
+    nlohmann::json j = ToJson(SmallProfile());
+    c.corrupt(j);
+    auto parsed = ProfileFromJson(j, "model.json");
+    ASSERT_FALSE(parsed.ok()) << c.description;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.description;
+    EXPECT_TRUE(absl::StrContains(parsed.status().message(), c.expected_text))
+        << c.description << ": " << parsed.status().message();
+  }
+}
+
+TEST(ProfileFormat, WriteRefusesInvalidProfileAndLeavesNoFile) {
+  Profile profile = SmallProfile();
+  profile.layers[0].forward_seconds = -1;
+  const std::string path = TempPath("invalid_profile.json");
+  std::remove(path.c_str());
+  EXPECT_FALSE(WriteProfileFile(profile, path).ok());
+  EXPECT_FALSE(std::ifstream(path).good());
+}
+
+TEST(PlanFormat, UniformPlanSplitsLayersAndRanks) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::k1F1B;
+  spec.num_ranks = 3;
+  spec.num_microbatches = 6;
+  auto plan = MakeUniformPlan(/*num_layers=*/8, spec, /*data_parallel=*/2, /*microbatch_size=*/4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->stages.size(), 3u);
+  EXPECT_EQ(plan->stages[0].end_layer - plan->stages[0].first_layer, 3);
+  EXPECT_EQ(plan->stages[1].end_layer - plan->stages[1].first_layer, 3);
+  EXPECT_EQ(plan->stages[2].end_layer - plan->stages[2].first_layer, 2);
+  EXPECT_EQ(plan->stages[1].ranks, (std::vector<int>{1, 4}));
+  EXPECT_EQ(plan->world_size, 6);
+  EXPECT_EQ(plan->GlobalBatchSize(), 4 * 6 * 2);
+  EXPECT_EQ(plan->RankOf(/*data_parallel_index=*/1, /*replica=*/0, /*stage=*/2), 5);
+  EXPECT_TRUE(ValidatePlan(*plan, /*expected_world_size=*/6, /*expected_num_layers=*/8).ok());
+  auto wrong_world = ValidatePlan(*plan, /*expected_world_size=*/4);
+  EXPECT_TRUE(absl::StrContains(wrong_world.message(), "6 ranks but this run has 4"))
+      << wrong_world;
+}
+
+TEST(PlanFormat, ChimeraStagesHaveTwoCopies) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kChimera;
+  spec.num_ranks = 4;
+  spec.num_microbatches = 4;
+  auto plan = MakeUniformPlan(/*num_layers=*/8, spec, /*data_parallel=*/1, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Stage 0 runs on rank 0 (replica 0) and rank 3 (replica 1).
+  EXPECT_EQ(plan->stages[0].ranks, (std::vector<int>{0, 3}));
+  EXPECT_EQ(plan->RankOf(0, /*replica=*/1, /*stage=*/1), 2);
+}
+
+TEST(PlanFormat, InterleavedPlanRoundTripsThroughFile) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kInterleaved;
+  spec.num_ranks = 2;
+  spec.chunks = 2;
+  spec.num_microbatches = 4;
+  auto plan = MakeUniformPlan(/*num_layers=*/9, spec, /*data_parallel=*/2, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan->stages[0].recompute_layers = {1};
+  plan->predicted_iteration_seconds = 1.25;
+  plan->predicted_peak_memory_bytes = {1e9, 2e9, 3e9, 4e9};
+  plan->algorithm = "test";
+  plan->inputs = {{"devices", 4}};
+  const std::string path = TempPath("roundtrip_plan.json");
+  ASSERT_TRUE(WritePlanFile(*plan, path).ok());
+  auto read = ReadPlanFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, *plan);
+}
+
+TEST(PlanFormat, NonUniformPlanValidates) {
+  Plan plan;
+  plan.num_layers = 5;
+  plan.world_size = 4;
+  plan.pipeline_parallel = 2;
+  plan.schedule.num_ranks = 2;
+  plan.schedule.num_microbatches = 4;
+  plan.stages.resize(2);
+  plan.stages[0] = {0, 3, {0, 1, 2}, 1, {}, 0, 0};
+  plan.stages[1] = {3, 5, {3}, 1, {}, 0, 0};
+  EXPECT_FALSE(plan.IsUniform());
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  EXPECT_EQ(plan.RankOf(2, 0, 0), 2);
+  auto parsed = PlanFromJson(ToJson(plan));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, plan);
+  plan.stages[1].ranks = {2};  // rank 2 twice, rank 3 unused
+  EXPECT_TRUE(absl::StrContains(ValidatePlan(plan).message(), "rank 2 is used twice"));
+}
+
+TEST(PlanFormat, BadPlansNameTheField) {
+  ScheduleSpec spec;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 2;
+  auto plan = MakeUniformPlan(4, spec, 1, 1);
+  ASSERT_TRUE(plan.ok());
+  nlohmann::json good = ToJson(*plan);
+  struct Case {
+    std::function<void(nlohmann::json&)> corrupt;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j.erase("stages"); }, "p.json: plan.stages: missing field"},
+      {[](nlohmann::json& j) { j["stages"][1]["first_layer"] = 3; },
+       "plan.stages[1].first_layer: expected 2"},
+      {[](nlohmann::json& j) { j["stages"][1]["end_layer"] = 5; }, "model has 4 layers"},
+      {[](nlohmann::json& j) { j["mesh"][0][1] = 0; }, "appears twice in the mesh"},
+      {[](nlohmann::json& j) { j["schedule"]["name"] = "zigzag"; }, "plan.schedule.name"},
+      {[](nlohmann::json& j) { j["world_size"] = "two"; }, "plan.world_size: expected an integer"},
+      {[](nlohmann::json& j) { j["stages"][0]["ranks"] = {1}; }, "plan.stages[0].ranks"},
+      {[](nlohmann::json& j) { j["stages"][0]["recompute_layers"] = {3}; },
+       "outside the stage's [0, 2)"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    c.corrupt(j);
+    auto parsed = PlanFromJson(j, "p.json");
+    ASSERT_FALSE(parsed.ok()) << c.expected;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(parsed.status().message(), c.expected))
+        << c.expected << " vs " << parsed.status().message();
+  }
+}
+
+TEST(PlanFormat, MakeUniformPlanRejectsTooFewLayers) {
+  ScheduleSpec spec;
+  spec.num_ranks = 4;
+  spec.num_microbatches = 4;
+  auto plan = MakeUniformPlan(3, spec, 1, 1);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(absl::StrContains(plan.status().message(), "needs at least 4 layers"));
+}
+
+}  // namespace
+}  // namespace tandem::pipeline
