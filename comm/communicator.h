@@ -113,6 +113,14 @@ class Communicator {
       const std::vector<int>& dead_ranks) = 0;
   // Fails all pending and future operations with FailedPrecondition naming `reason`.
   virtual void Abort(const absl::Status& reason) = 0;
+  // After a failure: the ranks of this communicator that did not answer a liveness probe
+  // within `timeout`, agreed among the survivors (every survivor calls it; the result is the
+  // union of what each survivor saw). Pass it to Shrink. Backends without failure detection
+  // return Unimplemented naming the backend.
+  virtual absl::StatusOr<std::vector<int>> DetectDeadRanks(absl::Duration timeout) {
+    return absl::UnimplementedError("DetectDeadRanks is not supported by the " + backend() +
+                                    " backend");
+  }
 
   // Default timeout of Work::Wait().
   virtual void set_timeout(absl::Duration timeout) = 0;

@@ -1,0 +1,98 @@
+#include "comm/backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/status.h"
+
+#if TANDEM_HAVE_MPI
+#include "comm/mpi/mpi_communicator.h"
+#endif
+#if TANDEM_HAVE_NCCL
+#include "comm/nccl/nccl_communicator.h"
+#endif
+
+namespace tandem::comm {
+namespace {
+
+using WorldFactory =
+    absl::StatusOr<std::unique_ptr<Communicator>> (*)(const CommOptions& options);
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiWorld(const CommOptions& options) {
+#if TANDEM_HAVE_MPI
+  TANDEM_ASSIGN_OR_RETURN(auto world, MpiCommunicator::World(options));
+  return std::unique_ptr<Communicator>(std::move(world));
+#else
+  return absl::UnimplementedError("mpi backend: not compiled into this build (no MPI found)");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclWorld(const CommOptions& options) {
+#if TANDEM_HAVE_NCCL && TANDEM_HAVE_MPI
+  TANDEM_ASSIGN_OR_RETURN(auto bootstrap, MpiCommunicator::World(options));
+  return CreateNcclCommunicator(*bootstrap, options);
+#else
+  return absl::UnimplementedError(
+      "nccl backend: not compiled into this build (needs the CUDA toolkit with NCCL, and MPI "
+      "to bootstrap it)");
+#endif
+}
+
+struct BackendEntry {
+  BackendKind kind;
+  const char* name;
+  bool compiled;
+  WorldFactory create_world;
+};
+
+constexpr BackendEntry kBackends[] = {
+    {BackendKind::kMpi, "mpi", TANDEM_HAVE_MPI != 0, &CreateMpiWorld},
+    {BackendKind::kNccl, "nccl", TANDEM_HAVE_NCCL != 0 && TANDEM_HAVE_MPI != 0, &CreateNcclWorld},
+};
+
+const BackendEntry& Entry(BackendKind kind) {
+  for (const BackendEntry& entry : kBackends) {
+    if (entry.kind == kind) return entry;
+  }
+  return kBackends[0];
+}
+
+}  // namespace
+
+const char* BackendName(BackendKind kind) { return Entry(kind).name; }
+
+absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
+  std::string known;
+  for (const BackendEntry& entry : kBackends) {
+    if (name == entry.name) return entry.kind;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", entry.name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown communication backend '", name, "' (known: ", known, ")"));
+}
+
+bool BackendCompiled(BackendKind kind) { return Entry(kind).compiled; }
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(
+    BackendKind kind, const CommOptions& options) {
+  return Entry(kind).create_world(options);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(BackendKind kind) {
+  TANDEM_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromEnvironment());
+  return CreateWorldCommunicator(kind, options);
+}
+
+#if !TANDEM_HAVE_NCCL
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator&,
+                                                                     const CommOptions&) {
+  return absl::UnimplementedError(
+      "nccl backend: not compiled into this build (no CUDA toolkit with NCCL found)");
+}
+
+int CudaDeviceCount(std::string* why) {
+  if (why != nullptr) *why = "this build has no CUDA support";
+  return 0;
+}
+#endif
+
+}  // namespace tandem::comm

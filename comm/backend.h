@@ -1,0 +1,46 @@
+// Choosing a backend: one table (backend.cc) maps each BackendKind to its factory, so the core
+// never #ifdefs on MPI or NCCL. A backend missing from this build fails with Unimplemented
+// naming it ("nccl backend: not compiled into this build (no CUDA toolkit found)").
+//
+//   TANDEM_ASSIGN_OR_RETURN(auto world, comm::CreateWorldCommunicator(comm::BackendKind::kMpi));
+//
+// The NCCL world is bootstrapped over MPI (rank 0's unique id is broadcast), so both backends
+// need the job to run under mpirun.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "comm/communicator.h"
+#include "comm/options.h"
+
+namespace tandem::comm {
+
+enum class BackendKind : uint8_t { kMpi, kNccl };
+
+// "mpi", "nccl".
+const char* BackendName(BackendKind kind);
+// Inverse of BackendName; InvalidArgument lists the known names.
+absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
+// Whether this build contains the backend (NCCL also needs a GPU at run time).
+bool BackendCompiled(BackendKind kind);
+
+// A communicator over every process of the job. `options` default to the environment
+// (CommOptions::FromEnvironment). Collective over all processes.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(
+    BackendKind kind, const CommOptions& options);
+absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(BackendKind kind);
+
+// NCCL communicator over the same processes as `bootstrap` (a CPU communicator, e.g. MPI),
+// with the unique id broadcast over it. One process per GPU. Collective over `bootstrap`.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
+                                                                     const CommOptions& options);
+
+// Number of visible CUDA devices; 0 with the reason in `why` when there is none (or no CUDA
+// in this build).
+int CudaDeviceCount(std::string* why = nullptr);
+
+}  // namespace tandem::comm

@@ -1,0 +1,714 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "comm/check.h"
+#include "comm/internal/work_util.h"
+#include "comm/mpi/mpi_types.h"
+#include "comm/mpi/progress_engine.h"
+#include "common/status.h"
+
+namespace tandem::comm {
+namespace {
+
+using mpi_internal::CommState;
+using mpi_internal::Op;
+using mpi_internal::ProgressEngine;
+
+// Tags on the control communicator (user tags only ever travel on the data communicator).
+constexpr int kSplitDataTag = 101;
+constexpr int kSplitControlTag = 102;
+constexpr int kShrinkDataTag = 103;
+constexpr int kShrinkControlTag = 104;
+constexpr int kLivenessTagBase = 1000;  // + 2 * round + phase
+// How long liveness probes may take to leave before their sends are abandoned.
+constexpr absl::Duration kSendDrainTime = absl::Milliseconds(100);
+
+// A Work over an Op: waiting drives progress itself.
+class MpiWork : public Work {
+ public:
+  MpiWork(std::shared_ptr<Op> op, absl::Duration default_timeout)
+      : op_(std::move(op)), default_timeout_(default_timeout) {}
+
+  bool Test() override {
+    if (op_->done.load(std::memory_order_acquire)) return true;
+    ProgressEngine::Get().TryProgress();
+    return op_->done.load(std::memory_order_acquire);
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    if (timeout == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_->description, ": refusing to wait forever (pass a finite timeout)"));
+    }
+    if (!op_->done.load(std::memory_order_acquire)) {
+      const absl::Time deadline = absl::Now() + timeout;
+      ProgressEngine::WaiterScope waiter;
+      while (!op_->done.load(std::memory_order_acquire)) {
+        ProgressEngine::Get().TryProgress();
+        if (op_->done.load(std::memory_order_acquire)) break;
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              op_->description, " timed out after ", absl::FormatDuration(timeout)));
+        }
+        sched_yield();
+      }
+    }
+    return op_->status;
+  }
+
+  absl::Status Wait() override { return Wait(default_timeout_); }
+
+  absl::Status error() override {
+    if (!op_->done.load(std::memory_order_acquire)) return absl::OkStatus();
+    return op_->status;
+  }
+
+  std::string Describe() const override { return op_->description; }
+
+ private:
+  std::shared_ptr<Op> op_;
+  absl::Duration default_timeout_;
+};
+
+absl::Status CheckCpu(const Buffer& buffer, const char* what) {
+  TANDEM_RETURN_IF_ERROR(internal::CheckBuffer(buffer, what));
+  if (buffer.device.kind != DeviceKind::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mpi backend: ", what, " is a CUDA buffer (device ", buffer.device.index,
+        "); the MPI backend takes CPU memory only (use the nccl backend)"));
+  }
+  if (buffer.count > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("mpi backend: ", what, " has ",
+                                                   buffer.count, " elements, more than MPI's int"));
+  }
+  return absl::OkStatus();
+}
+
+bool& InitialisedHere() {
+  static bool initialised_here = false;
+  return initialised_here;
+}
+
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+// Waits for `requests` (tested by this thread), up to `deadline`; returns which completed.
+std::vector<bool> WaitRequests(std::vector<MPI_Request>& requests, absl::Time deadline) {
+  std::vector<bool> completed(requests.size(), false);
+  size_t remaining = requests.size();
+  while (remaining > 0 && absl::Now() < deadline) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (completed[i]) continue;
+      int flag = 0;
+      if (MPI_Test(&requests[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+        completed[i] = true;
+        --remaining;
+      }
+    }
+    if (remaining > 0) sched_yield();
+  }
+  return completed;
+}
+
+// Buffers of abandoned requests: MPI may still touch them, so they live until exit.
+void KeepAlive(std::shared_ptr<void> buffer) {
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard<std::mutex> lock(mu);
+  graveyard->push_back(std::move(buffer));
+}
+
+// Leaves requests that did not complete: receives are cancelled, sends detached.
+void AbandonRequests(std::vector<MPI_Request>& requests, const std::vector<bool>& completed,
+                     bool receives) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (completed[i] || requests[i] == MPI_REQUEST_NULL) continue;
+    if (receives) MPI_Cancel(&requests[i]);
+    MPI_Request_free(&requests[i]);
+  }
+}
+
+}  // namespace
+
+// ---- Construction -----------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::World(
+    const CommOptions& options) {
+  int initialized = 0;
+  TANDEM_MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    TANDEM_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    InitialisedHere() = true;
+    std::atexit(FinalizeAtExit);
+  }
+  int provided = 0;
+  TANDEM_MPI_CHECK(MPI_Query_thread(&provided));
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return absl::FailedPreconditionError(
+        "mpi backend: MPI was initialised without MPI_THREAD_MULTIPLE (call MPI_Init_thread "
+        "with MPI_THREAD_MULTIPLE, or let tandem initialise MPI)");
+  }
+  return FromMpiComm(MPI_COMM_WORLD, options);
+}
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::FromMpiComm(
+    MPI_Comm comm, const CommOptions& options) {
+  MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &data));
+  TANDEM_MPI_CHECK(MPI_Comm_dup(comm, &control));
+  return Adopt(data, control, options);
+}
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
+    MPI_Comm data, MPI_Comm control, const CommOptions& options) {
+  auto state = std::make_shared<CommState>();
+  state->comm = data;
+  state->control = control;
+  TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN));
+  TANDEM_MPI_CHECK(MPI_Comm_set_errhandler(control, MPI_ERRORS_RETURN));
+  TANDEM_MPI_CHECK(MPI_Comm_rank(data, &state->rank));
+  TANDEM_MPI_CHECK(MPI_Comm_size(data, &state->size));
+  auto communicator =
+      std::unique_ptr<MpiCommunicator>(new MpiCommunicator(std::move(state), options));
+  // Ranks in MPI_COMM_WORLD, for messages and for the elastic layer.
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Group world_group = MPI_GROUP_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_group(data, &group));
+  TANDEM_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  const int size = communicator->size();
+  std::vector<int> ranks(size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  communicator->world_ranks_.assign(size, -1);
+  TANDEM_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group,
+                                             communicator->world_ranks_.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  ProgressEngine::Get().Register(communicator->state_);
+  return communicator;
+}
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<CommState> state, const CommOptions& options)
+    : state_(std::move(state)), options_(options) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  // Pending operations cannot outlive the communicator: fail them (their MPI requests are
+  // abandoned, and the MPI communicators then stay allocated).
+  if (state_->PendingCount() > 0) {
+    state_->Abort(absl::CancelledError("communicator destroyed with operations pending"));
+  }
+}
+
+int MpiCommunicator::rank() const { return state_->rank; }
+int MpiCommunicator::size() const { return state_->size; }
+MPI_Comm MpiCommunicator::mpi_comm() const { return state_->comm; }
+
+std::string MpiCommunicator::GroupText() const {
+  return absl::StrCat("group of ", size());
+}
+
+absl::Status MpiCommunicator::CheckUsable(const std::string& what) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->aborted.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": communicator aborted: ", state_->aborted.message()));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Issuing ------------------------------------------------------------------------------------
+
+WorkPtr MpiCommunicator::IssuePointToPoint(std::string description,
+                                           std::function<int(MPI_Request*)> post,
+                                           std::function<absl::Status(const MPI_Status&)> finish) {
+  auto op = std::make_shared<Op>();
+  op->description = std::move(description);
+  op->finish = std::move(finish);
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->aborted.ok()) {
+      return internal::MakeCompletedWork(
+          absl::FailedPreconditionError(absl::StrCat(
+              op->description, ": communicator aborted: ", state_->aborted.message())),
+          op->description);
+    }
+    const int rc = post(&op->request);
+    if (rc != MPI_SUCCESS) {
+      const absl::Status error = TANDEM_MPI_STATUS(rc);
+      return internal::MakeCompletedWork(
+          absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())),
+          op->description);
+    }
+    op->phase = Op::Phase::kPosted;
+    state_->point_to_point.push_back(op);
+  }
+  ProgressEngine::Get().OperationAdded();
+  return std::make_shared<MpiWork>(std::move(op), options_.timeout);
+}
+
+WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std::string& detail,
+                                         int64_t count, DataType dtype, ReduceOp reduce, int root,
+                                         std::function<int(MPI_Request*)> post,
+                                         std::function<absl::Status(const MPI_Status&)> finish) {
+  auto op = std::make_shared<Op>();
+  op->description = absl::StrCat(name, " #", collective_sequence_++, " (", GroupText(),
+                                  detail.empty() ? "" : ", ", detail, ")");
+  op->post = std::move(post);
+  op->finish = std::move(finish);
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->aborted.ok()) {
+      return internal::MakeCompletedWork(
+          absl::FailedPreconditionError(absl::StrCat(
+              op->description, ": communicator aborted: ", state_->aborted.message())),
+          op->description);
+    }
+    if (options_.verify_collectives && size() > 1) {
+      const int64_t fields[mpi_internal::kSignatureFields] = {
+          static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
+          static_cast<int64_t>(reduce), root};
+      for (int i = 0; i < mpi_internal::kSignatureFields; ++i) {
+        op->signature[i] = fields[i];
+        op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
+      }
+      const int rc = MPI_Iallreduce(op->signature.data(), op->agreed.data(),
+                                    static_cast<int>(op->signature.size()), MPI_INT64_T, MPI_MAX,
+                                    state_->control, &op->verify_request);
+      if (rc != MPI_SUCCESS) {
+        return internal::MakeCompletedWork(TANDEM_MPI_STATUS(rc), op->description);
+      }
+      op->phase = Op::Phase::kVerify;
+    } else if (state_->collectives.empty() ||
+               std::none_of(state_->collectives.begin(), state_->collectives.end(),
+                            [](const std::shared_ptr<Op>& o) {
+                              return o->phase == Op::Phase::kVerify ||
+                                     o->phase == Op::Phase::kReady;
+                            })) {
+      // Nothing earlier waits to be posted: post now.
+      const int rc = op->post(&op->request);
+      if (rc != MPI_SUCCESS) {
+        const absl::Status error = TANDEM_MPI_STATUS(rc);
+        return internal::MakeCompletedWork(
+            absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())),
+            op->description);
+      }
+      op->phase = Op::Phase::kPosted;
+    } else {
+      op->phase = Op::Phase::kReady;
+    }
+    state_->collectives.push_back(op);
+  }
+  ProgressEngine::Get().OperationAdded();
+  return std::make_shared<MpiWork>(std::move(op), options_.timeout);
+}
+
+// ---- Point to point -------------------------------------------------------------------------------
+
+WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
+  const std::string description = absl::StrCat("send #", p2p_sequence_++, " to rank ", peer,
+                                               " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
+  absl::Status status = CheckCpu(buffer, "send buffer");
+  if (status.ok() && (peer < 0 || peer >= size())) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("invalid peer rank ", peer, " (", GroupText(), ")"));
+  }
+  if (status.ok() && tag < 0) status = absl::InvalidArgumentError("negative tag");
+  if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
+  auto type = mpi_internal::ToMpiType(buffer.dtype);
+  if (!type.ok()) return internal::MakeCompletedWork(type.status(), description);
+  MPI_Comm comm = state_->comm;
+  MPI_Datatype mpi_type = *type;
+  return IssuePointToPoint(
+      description,
+      [=](MPI_Request* request) {
+        return MPI_Isend(buffer.data, static_cast<int>(buffer.count), mpi_type, peer, tag, comm,
+                         request);
+      },
+      nullptr);
+}
+
+WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
+  const std::string description = absl::StrCat("recv #", p2p_sequence_++, " from rank ", peer,
+                                               " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
+  absl::Status status = CheckCpu(buffer, "receive buffer");
+  if (status.ok() && (peer < 0 || peer >= size())) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("invalid peer rank ", peer, " (", GroupText(), ")"));
+  }
+  if (status.ok() && tag < 0) status = absl::InvalidArgumentError("negative tag");
+  if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
+  auto type = mpi_internal::ToMpiType(buffer.dtype);
+  if (!type.ok()) return internal::MakeCompletedWork(type.status(), description);
+  MPI_Comm comm = state_->comm;
+  MPI_Datatype mpi_type = *type;
+  const int64_t expected = buffer.count;
+  return IssuePointToPoint(
+      description,
+      [=](MPI_Request* request) {
+        return MPI_Irecv(buffer.data, static_cast<int>(buffer.count), mpi_type, peer, tag, comm,
+                         request);
+      },
+      [=](const MPI_Status& mpi_status) -> absl::Status {
+        int received = 0;
+        MPI_Status copy = mpi_status;
+        MPI_Get_count(&copy, mpi_type, &received);
+        if (received != expected) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(description, ": sender sent ", received, " elements, expected ",
+                           expected, " (mismatched sizes or types)"));
+        }
+        return absl::OkStatus();
+      });
+}
+
+// ---- Collectives ------------------------------------------------------------------------------------
+
+WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
+  const std::string detail =
+      absl::StrCat(internal::DescribeBuffer(buffer), ", ", internal::ReduceOpName(op));
+  absl::Status status = CheckCpu(buffer, "all_reduce buffer");
+  if (status.ok() && op == ReduceOp::kAverage && !internal::IsFloatingPoint(buffer.dtype)) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "all_reduce: average needs a floating-point type, got ", DataTypeName(buffer.dtype)));
+  }
+  if (status.ok()) status = CheckUsable("all_reduce");
+  auto type = mpi_internal::ToMpiType(buffer.dtype);
+  auto mpi_op = mpi_internal::ToMpiOp(op, buffer.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok() && !mpi_op.ok()) status = mpi_op.status();
+  if (!status.ok()) return internal::MakeCompletedWork(status, "all_reduce (" + detail + ")");
+  MPI_Comm comm = state_->comm;
+  const MPI_Datatype mpi_type = *type;
+  const MPI_Op reduction = *mpi_op;
+  const int group_size = size();
+  std::function<absl::Status(const MPI_Status&)> finish;
+  if (op == ReduceOp::kAverage) {
+    finish = [buffer, group_size](const MPI_Status&) {
+      internal::DivideInPlace(buffer, group_size);
+      return absl::OkStatus();
+    };
+  }
+  return IssueCollective(
+      Kind::kAllReduce, "all_reduce", detail, buffer.count, buffer.dtype, op, /*root=*/0,
+      [=](MPI_Request* request) {
+        return MPI_Iallreduce(MPI_IN_PLACE, buffer.data, static_cast<int>(buffer.count),
+                              mpi_type, reduction, comm, request);
+      },
+      std::move(finish));
+}
+
+WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output, ReduceOp op) {
+  const std::string detail =
+      absl::StrCat(internal::DescribeBuffer(input), ", ", internal::ReduceOpName(op));
+  absl::Status status = CheckCpu(input, "reduce_scatter input");
+  if (status.ok()) status = CheckCpu(output, "reduce_scatter output");
+  const ShardRange shard = Shard(input.count, size(), rank());
+  if (status.ok() && output.count != shard.count) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter: output has ", output.count, " elements but rank ", rank(),
+        "'s shard of ", input.count, " over ", size(), " ranks has ", shard.count));
+  }
+  if (status.ok() && input.dtype != output.dtype) {
+    status = absl::InvalidArgumentError(absl::StrCat("reduce_scatter: input is ",
+                                                     DataTypeName(input.dtype), ", output ",
+                                                     DataTypeName(output.dtype)));
+  }
+  if (status.ok() && internal::Overlaps(input, output)) {
+    status = absl::InvalidArgumentError("reduce_scatter: input and output overlap");
+  }
+  if (status.ok() && op == ReduceOp::kAverage && !internal::IsFloatingPoint(input.dtype)) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter: average needs a floating-point type, got ", DataTypeName(input.dtype)));
+  }
+  if (status.ok()) status = CheckUsable("reduce_scatter");
+  auto type = mpi_internal::ToMpiType(input.dtype);
+  auto mpi_op = mpi_internal::ToMpiOp(op, input.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok() && !mpi_op.ok()) status = mpi_op.status();
+  if (!status.ok()) return internal::MakeCompletedWork(status, "reduce_scatter (" + detail + ")");
+  auto counts = std::make_shared<std::vector<int>>(size());
+  for (int r = 0; r < size(); ++r) {
+    (*counts)[r] = static_cast<int>(Shard(input.count, size(), r).count);
+  }
+  MPI_Comm comm = state_->comm;
+  const MPI_Datatype mpi_type = *type;
+  const MPI_Op reduction = *mpi_op;
+  const int group_size = size();
+  std::function<absl::Status(const MPI_Status&)> finish;
+  if (op == ReduceOp::kAverage) {
+    finish = [output, group_size](const MPI_Status&) {
+      internal::DivideInPlace(output, group_size);
+      return absl::OkStatus();
+    };
+  }
+  // Open MPI dereferences the buffers even for zero elements on some paths: give it a valid
+  // address.
+  static char empty_buffer[16];
+  void* send = input.count > 0 ? input.data : empty_buffer;
+  void* recv = output.count > 0 ? output.data : empty_buffer + 8;
+  return IssueCollective(
+      Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op, /*root=*/0,
+      [=](MPI_Request* request) {
+        return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, reduction, comm,
+                                   request);
+      },
+      std::move(finish));
+}
+
+WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
+  const std::string detail = internal::DescribeBuffer(output);
+  absl::Status status = CheckCpu(input, "all_gather input");
+  if (status.ok()) status = CheckCpu(output, "all_gather output");
+  const ShardRange shard = Shard(output.count, size(), rank());
+  if (status.ok() && input.count != shard.count) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "all_gather: input has ", input.count, " elements but rank ", rank(), "'s shard of ",
+        output.count, " over ", size(), " ranks has ", shard.count));
+  }
+  if (status.ok() && input.dtype != output.dtype) {
+    status = absl::InvalidArgumentError(absl::StrCat("all_gather: input is ",
+                                                     DataTypeName(input.dtype), ", output ",
+                                                     DataTypeName(output.dtype)));
+  }
+  const size_t element = SizeOf(output.dtype);
+  const bool in_place = shard.count > 0 &&
+                        input.data == static_cast<char*>(output.data) + shard.offset * element;
+  if (status.ok() && !in_place && internal::Overlaps(input, output)) {
+    status = absl::InvalidArgumentError(
+        "all_gather: input overlaps output other than at this rank's shard");
+  }
+  if (status.ok()) status = CheckUsable("all_gather");
+  auto type = mpi_internal::ToMpiType(output.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (!status.ok()) return internal::MakeCompletedWork(status, "all_gather (" + detail + ")");
+  auto counts = std::make_shared<std::vector<int>>(size());
+  auto displacements = std::make_shared<std::vector<int>>(size());
+  for (int r = 0; r < size(); ++r) {
+    const ShardRange range = Shard(output.count, size(), r);
+    (*counts)[r] = static_cast<int>(range.count);
+    (*displacements)[r] = static_cast<int>(range.offset);
+  }
+  MPI_Comm comm = state_->comm;
+  const MPI_Datatype mpi_type = *type;
+  static char empty_buffer[16];
+  void* send = in_place ? MPI_IN_PLACE : (input.count > 0 ? input.data : empty_buffer);
+  void* recv = output.count > 0 ? output.data : empty_buffer + 8;
+  const int send_count = static_cast<int>(input.count);
+  return IssueCollective(
+      Kind::kAllGather, "all_gather", detail, output.count, output.dtype, ReduceOp::kSum,
+      /*root=*/0,
+      [=](MPI_Request* request) {
+        return MPI_Iallgatherv(send, send_count, mpi_type, recv, counts->data(),
+                               displacements->data(), mpi_type, comm, request);
+      },
+      nullptr);
+}
+
+WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
+  const std::string detail =
+      absl::StrCat(internal::DescribeBuffer(buffer), ", root ", root);
+  absl::Status status = CheckCpu(buffer, "broadcast buffer");
+  if (status.ok() && (root < 0 || root >= size())) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("broadcast: invalid root rank ", root, " (", GroupText(), ")"));
+  }
+  if (status.ok()) status = CheckUsable("broadcast");
+  auto type = mpi_internal::ToMpiType(buffer.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (!status.ok()) return internal::MakeCompletedWork(status, "broadcast (" + detail + ")");
+  MPI_Comm comm = state_->comm;
+  const MPI_Datatype mpi_type = *type;
+  return IssueCollective(
+      Kind::kBroadcast, "broadcast", detail, buffer.count, buffer.dtype, ReduceOp::kSum, root,
+      [=](MPI_Request* request) {
+        return MPI_Ibcast(buffer.data, static_cast<int>(buffer.count), mpi_type, root, comm,
+                          request);
+      },
+      nullptr);
+}
+
+WorkPtr MpiCommunicator::Barrier() {
+  absl::Status status = CheckUsable("barrier");
+  if (!status.ok()) return internal::MakeCompletedWork(status, "barrier");
+  MPI_Comm comm = state_->comm;
+  return IssueCollective(
+      Kind::kBarrier, "barrier", "", 0, DataType::kUInt8, ReduceOp::kSum, 0,
+      [=](MPI_Request* request) { return MPI_Ibarrier(comm, request); }, nullptr);
+}
+
+// ---- Groups ------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key) {
+  TANDEM_RETURN_IF_ERROR(CheckUsable("split"));
+  // Everyone's (colour, key), gathered with a timeout instead of MPI_Comm_split's unbounded
+  // wait, as an ordinary collective (so issue order is kept); the members of each colour then
+  // create their communicator among themselves.
+  auto mine = std::make_shared<std::vector<int>>(std::vector<int>{color, key});
+  auto everyone = std::make_shared<std::vector<int>>(2 * size());
+  MPI_Comm comm = state_->comm;
+  const std::string detail = absl::StrCat("colour ", color, ", key ", key);
+  WorkPtr gather = IssueCollective(
+      Kind::kSplit, "split", detail, 2 * size(), DataType::kInt32, ReduceOp::kSum, 0,
+      [mine, everyone, comm](MPI_Request* request) {
+        return MPI_Iallgather(mine->data(), 2, MPI_INT, everyone->data(), 2, MPI_INT, comm,
+                              request);
+      },
+      nullptr);
+  const std::vector<int>& all = *everyone;
+  TANDEM_RETURN_IF_ERROR(gather->Wait(options_.timeout));
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<std::pair<int, int>> members;  // (key, rank)
+  for (int r = 0; r < size(); ++r) {
+    if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  for (const auto& member : members) ranks.push_back(member.second);
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Group sub_group = MPI_GROUP_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_group(state_->control, &group));
+  TANDEM_MPI_CHECK(MPI_Group_incl(group, static_cast<int>(ranks.size()), ranks.data(), &sub_group));
+  MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_create_group(state_->control, sub_group, kSplitDataTag, &data));
+  TANDEM_MPI_CHECK(MPI_Comm_create_group(state_->control, sub_group, kSplitControlTag, &control));
+  MPI_Group_free(&sub_group);
+  MPI_Group_free(&group);
+  TANDEM_ASSIGN_OR_RETURN(auto child, Adopt(data, control, options_));
+  return std::unique_ptr<Communicator>(std::move(child));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
+    const std::vector<int>& dead_ranks) {
+  std::vector<bool> dead(size(), false);
+  for (int r : dead_ranks) {
+    if (r < 0 || r >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: invalid dead rank ", r, " (", GroupText(), ")"));
+    }
+    dead[r] = true;
+  }
+  if (dead[rank()]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shrink: this rank (", rank(), ") is listed as dead"));
+  }
+  std::vector<int> survivors;
+  for (int r = 0; r < size(); ++r) {
+    if (!dead[r]) survivors.push_back(r);
+  }
+  // Built on the control communicator, which carries no user traffic.
+  MPI_Group group = MPI_GROUP_NULL;
+  MPI_Group survivor_group = MPI_GROUP_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_group(state_->control, &group));
+  TANDEM_MPI_CHECK(MPI_Group_incl(group, static_cast<int>(survivors.size()), survivors.data(),
+                                  &survivor_group));
+  MPI_Comm data = MPI_COMM_NULL;
+  MPI_Comm control = MPI_COMM_NULL;
+  TANDEM_MPI_CHECK(MPI_Comm_create_group(state_->control, survivor_group, kShrinkDataTag, &data));
+  TANDEM_MPI_CHECK(
+      MPI_Comm_create_group(state_->control, survivor_group, kShrinkControlTag, &control));
+  MPI_Group_free(&survivor_group);
+  MPI_Group_free(&group);
+  TANDEM_ASSIGN_OR_RETURN(auto child, Adopt(data, control, options_));
+  return std::unique_ptr<Communicator>(std::move(child));
+}
+
+absl::StatusOr<std::vector<int>> MpiCommunicator::DetectDeadRanks(absl::Duration timeout) {
+  const int n = size();
+  const int me = rank();
+  const int round = static_cast<int>(liveness_round_++);
+  const int probe_tag = kLivenessTagBase + 2 * round;
+  const int agree_tag = probe_tag + 1;
+  MPI_Comm control = state_->control;
+  // Message buffers outlive this call if a request to a dead rank has to be abandoned.
+  struct Buffers {
+    int my_rank = 0;
+    std::vector<int> probes;
+    std::vector<uint8_t> my_view;
+    std::vector<std::vector<uint8_t>> views;
+  };
+  auto buffers = std::make_shared<Buffers>();
+  buffers->my_rank = me;
+  buffers->probes.assign(n, -1);
+  bool abandoned = false;
+  auto finish_phase = [&](std::vector<MPI_Request>& receives, std::vector<MPI_Request>& sends,
+                          absl::Time deadline) {
+    std::vector<bool> received = WaitRequests(receives, deadline);
+    std::vector<bool> sent = WaitRequests(sends, absl::Now() + kSendDrainTime);
+    for (bool done : received) abandoned = abandoned || !done;
+    for (bool done : sent) abandoned = abandoned || !done;
+    AbandonRequests(receives, received, /*receives=*/true);
+    AbandonRequests(sends, sent, /*receives=*/false);
+    return received;
+  };
+
+  // Phase 1: everyone probes everyone; a rank that does not answer within `timeout` is dead.
+  std::vector<MPI_Request> receives, sends;
+  std::vector<int> peers;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    peers.push_back(r);
+    receives.emplace_back();
+    TANDEM_MPI_CHECK(MPI_Irecv(&buffers->probes[r], 1, MPI_INT, r, probe_tag, control,
+                               &receives.back()));
+    sends.emplace_back();
+    TANDEM_MPI_CHECK(
+        MPI_Isend(&buffers->my_rank, 1, MPI_INT, r, probe_tag, control, &sends.back()));
+  }
+  std::vector<bool> answered = finish_phase(receives, sends, absl::Now() + timeout);
+  std::vector<uint8_t> dead(n, 0);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (!answered[i]) dead[peers[i]] = 1;
+  }
+
+  // Phase 2: the presumed-alive exchange what they saw and take the union, so that every
+  // survivor returns the same list when failures are clean (a dead rank stays silent).
+  buffers->my_view = dead;
+  receives.clear();
+  sends.clear();
+  peers.clear();
+  for (int r = 0; r < n; ++r) {
+    if (r != me && !dead[r]) peers.push_back(r);
+  }
+  buffers->views.assign(peers.size(), std::vector<uint8_t>(n, 0));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    receives.emplace_back();
+    TANDEM_MPI_CHECK(MPI_Irecv(buffers->views[i].data(), n, MPI_UINT8_T, peers[i], agree_tag,
+                               control, &receives.back()));
+    sends.emplace_back();
+    TANDEM_MPI_CHECK(MPI_Isend(buffers->my_view.data(), n, MPI_UINT8_T, peers[i], agree_tag,
+                               control, &sends.back()));
+  }
+  answered = finish_phase(receives, sends, absl::Now() + timeout);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (!answered[i]) {
+      dead[peers[i]] = 1;  // died between the phases
+      continue;
+    }
+    for (int r = 0; r < n; ++r) dead[r] |= buffers->views[i][r];
+  }
+  if (abandoned) KeepAlive(buffers);
+
+  std::vector<int> result;
+  for (int r = 0; r < n; ++r) {
+    if (dead[r]) result.push_back(r);
+  }
+  return result;
+}
+
+void MpiCommunicator::Abort(const absl::Status& reason) { state_->Abort(reason); }
+
+}  // namespace tandem::comm

@@ -1,0 +1,101 @@
+// The MPI backend: a Communicator over Open MPI for CPU buffers.
+//
+// MPI runs with MPI_THREAD_MULTIPLE. Each communicator owns two duplicates of its MPI group:
+// one for data, one for control traffic (collective signatures, liveness probes, group
+// creation), both with MPI_ERRORS_RETURN so that MPI errors become statuses, never aborts.
+// Requests are progressed by the waiting thread or by a process-wide progress thread
+// (comm/mpi/progress_engine.h), so non-blocking operations overlap computation.
+//
+// Threading: operations are issued from one thread at a time per communicator (the contract
+// of comm/communicator.h); Work handles may be tested and waited on from any thread.
+//
+// Failures: a dead peer makes operations that involve it time out (DeadlineExceeded from
+// Work::Wait). Survivors then call DetectDeadRanks (every survivor, within the timeout of each
+// other) to agree on who is gone, and Shrink to get a communicator of the survivors, built
+// with MPI_Comm_create_group without the dead ranks' participation (needs
+// `mpirun --enable-recovery`, or Open MPI terminates the job when a rank dies).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "comm/options.h"
+
+namespace tandem::comm {
+
+namespace mpi_internal {
+struct CommState;
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  // All processes of the job. Initialises MPI with MPI_THREAD_MULTIPLE if nobody did (and
+  // then finalises it at exit); fails with FailedPrecondition if MPI was initialised with a
+  // lower thread level. Collective over MPI_COMM_WORLD.
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> World(
+      const CommOptions& options = CommOptions());
+  // A communicator over duplicates of `comm` (collective over `comm`).
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> FromMpiComm(
+      MPI_Comm comm, const CommOptions& options = CommOptions());
+
+  ~MpiCommunicator() override;
+
+  int rank() const override;
+  int size() const override;
+  std::string backend() const override { return "mpi"; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+
+  WorkPtr Send(const Buffer& buffer, int peer, int tag = 0) override;
+  WorkPtr Recv(const Buffer& buffer, int peer, int tag = 0) override;
+  WorkPtr AllReduce(const Buffer& buffer, ReduceOp op = ReduceOp::kSum) override;
+  WorkPtr ReduceScatter(const Buffer& input, const Buffer& output,
+                        ReduceOp op = ReduceOp::kSum) override;
+  WorkPtr AllGather(const Buffer& input, const Buffer& output) override;
+  WorkPtr Broadcast(const Buffer& buffer, int root) override;
+  WorkPtr Barrier() override;
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
+      const std::vector<int>& dead_ranks) override;
+  absl::StatusOr<std::vector<int>> DetectDeadRanks(absl::Duration timeout) override;
+  void Abort(const absl::Status& reason) override;
+
+  void set_timeout(absl::Duration timeout) override { options_.timeout = timeout; }
+  absl::Duration timeout() const override { return options_.timeout; }
+
+  // The data communicator (for code that must call MPI directly, e.g. benchmarks).
+  MPI_Comm mpi_comm() const;
+
+ private:
+  MpiCommunicator(std::shared_ptr<mpi_internal::CommState> state, const CommOptions& options);
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> Adopt(MPI_Comm data, MPI_Comm control,
+                                                                const CommOptions& options);
+
+  enum class Kind : int64_t {
+    kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit,
+  };
+  // Queues a collective: its signature check (if enabled) and its data request.
+  WorkPtr IssueCollective(Kind kind, const char* name, const std::string& detail, int64_t count,
+                          DataType dtype, ReduceOp op, int root,
+                          std::function<int(MPI_Request*)> post,
+                          std::function<absl::Status(const MPI_Status&)> finish);
+  WorkPtr IssuePointToPoint(std::string description, std::function<int(MPI_Request*)> post,
+                            std::function<absl::Status(const MPI_Status&)> finish);
+  // Non-OK if the communicator was aborted.
+  absl::Status CheckUsable(const std::string& what);
+  std::string GroupText() const;
+
+  std::shared_ptr<mpi_internal::CommState> state_;
+  CommOptions options_;
+  std::vector<int> world_ranks_;
+  int64_t collective_sequence_ = 0;
+  int64_t p2p_sequence_ = 0;
+  int64_t liveness_round_ = 0;
+};
+
+}  // namespace tandem::comm

@@ -1,0 +1,252 @@
+#include "comm/mpi/progress_engine.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "comm/check.h"
+
+namespace tandem::comm::mpi_internal {
+namespace {
+
+// How long the engine's thread sleeps between checks while a waiter progresses, and at most
+// while idle (a safety net against a missed wake-up).
+constexpr auto kWaiterHandoffSleep = std::chrono::milliseconds(1);
+constexpr auto kIdleSleep = std::chrono::milliseconds(50);
+
+bool MpiFinalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+std::string MismatchMessage(const Op& op) {
+  for (int field = 0; field < kSignatureFields; ++field) {
+    const int64_t max_value = op.agreed[field];
+    const int64_t min_value = -op.agreed[kSignatureFields + field];
+    if (max_value != min_value) {
+      return absl::StrCat(op.description, ": ranks disagree on ", SignatureFieldName(field),
+                          " (this rank ", op.signature[field], ", min ", min_value, ", max ",
+                          max_value, ")");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+const char* SignatureFieldName(int field) {
+  static const char* const kNames[kSignatureFields] = {"operation", "element count",
+                                                       "data type", "reduction", "root"};
+  return field >= 0 && field < kSignatureFields ? kNames[field] : "?";
+}
+
+void Op::Complete(absl::Status result) {
+  status = std::move(result);
+  phase = Phase::kDone;
+  done.store(true, std::memory_order_release);
+}
+
+CommState::~CommState() {
+  if (MpiFinalized()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (abandoned_requests) return;  // MPI may still use the communicators: leave them
+  if (control != MPI_COMM_NULL) MPI_Comm_free(&control);
+  if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+}
+
+int64_t CommState::PendingCount() {
+  std::lock_guard<std::mutex> lock(mu);
+  return static_cast<int64_t>(collectives.size() + point_to_point.size());
+}
+
+bool CommState::Advance() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (collectives.empty() && point_to_point.empty()) return false;
+  const bool collectives_changed = AdvanceCollectives();
+  const bool p2p_changed = AdvancePointToPoint();
+  return collectives_changed || p2p_changed;
+}
+
+bool CommState::AdvanceCollectives() {
+  bool changed = false;
+  bool earlier_unposted = false;
+  int64_t finished = 0;
+  for (auto& op : collectives) {
+    if (op->phase == Op::Phase::kVerify) {
+      int flag = 0;
+      const int rc = MPI_Test(&op->verify_request, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        op->Complete(TANDEM_MPI_STATUS(rc));
+      } else if (flag) {
+        const std::string mismatch = MismatchMessage(*op);
+        if (mismatch.empty()) {
+          op->phase = Op::Phase::kReady;
+        } else {
+          // Every rank sees the same max/min, so every rank fails this operation and none
+          // posts it: the group stays consistent.
+          op->Complete(absl::InvalidArgumentError(mismatch));
+        }
+        changed = true;
+      }
+    }
+    if (op->phase == Op::Phase::kReady && !earlier_unposted) {
+      const int rc = op->post(&op->request);
+      if (rc != MPI_SUCCESS) {
+        op->Complete(TANDEM_MPI_STATUS(rc));
+      } else {
+        op->phase = Op::Phase::kPosted;
+      }
+      changed = true;
+    }
+    if (op->phase == Op::Phase::kPosted) {
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&op->request, &flag, &status);
+      if (rc != MPI_SUCCESS) {
+        op->Complete(absl::Status(TANDEM_MPI_STATUS(rc).code(),
+                                  absl::StrCat(op->description, ": ",
+                                               TANDEM_MPI_STATUS(rc).message())));
+        changed = true;
+      } else if (flag) {
+        op->Complete(op->finish ? op->finish(status) : absl::OkStatus());
+        changed = true;
+      }
+    }
+    if (op->phase == Op::Phase::kVerify || op->phase == Op::Phase::kReady) {
+      earlier_unposted = true;
+    }
+  }
+  while (!collectives.empty() && collectives.front()->phase == Op::Phase::kDone) {
+    collectives.pop_front();
+    ++finished;
+  }
+  // Finished operations behind an unfinished one stay queued until it is done, which keeps
+  // "earlier collectives were posted" simple; they are already complete for their waiters.
+  if (finished > 0) ProgressEngine::Get().OperationsFinished(finished);
+  return changed;
+}
+
+bool CommState::AdvancePointToPoint() {
+  bool changed = false;
+  int64_t finished = 0;
+  for (auto& op : point_to_point) {
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&op->request, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      const absl::Status error = TANDEM_MPI_STATUS(rc);
+      op->Complete(absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())));
+    } else if (flag) {
+      op->Complete(op->finish ? op->finish(status) : absl::OkStatus());
+    }
+    if (op->phase == Op::Phase::kDone) {
+      changed = true;
+      ++finished;
+    }
+  }
+  if (finished > 0) {
+    point_to_point.erase(
+        std::remove_if(point_to_point.begin(), point_to_point.end(),
+                       [](const std::shared_ptr<Op>& op) { return op->phase == Op::Phase::kDone; }),
+        point_to_point.end());
+    ProgressEngine::Get().OperationsFinished(finished);
+  }
+  return changed;
+}
+
+void CommState::Abort(const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (aborted.ok()) aborted = reason;
+  int64_t finished = 0;
+  auto fail = [&](std::shared_ptr<Op>& op) {
+    if (op->phase == Op::Phase::kDone) return;
+    if (op->phase == Op::Phase::kPosted || op->phase == Op::Phase::kVerify) {
+      abandoned_requests = true;
+    }
+    op->Complete(absl::FailedPreconditionError(
+        absl::StrCat(op->description, ": communicator aborted: ", reason.message())));
+  };
+  for (auto& op : collectives) fail(op);
+  for (auto& op : point_to_point) fail(op);
+  finished = static_cast<int64_t>(collectives.size() + point_to_point.size());
+  collectives.clear();
+  point_to_point.clear();
+  if (finished > 0) ProgressEngine::Get().OperationsFinished(finished);
+}
+
+// ---- ProgressEngine -------------------------------------------------------------------------
+
+ProgressEngine& ProgressEngine::Get() {
+  static ProgressEngine* engine = new ProgressEngine;  // never destroyed: see ~ProgressEngine
+  return *engine;
+}
+
+ProgressEngine::ProgressEngine() : thread_([this] { Loop(); }) {}
+
+ProgressEngine::~ProgressEngine() {
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProgressEngine::Register(const std::shared_ptr<CommState>& state) {
+  std::lock_guard<std::mutex> lock(list_mu_);
+  states_.erase(std::remove_if(states_.begin(), states_.end(),
+                               [](const std::weak_ptr<CommState>& s) { return s.expired(); }),
+                states_.end());
+  states_.push_back(state);
+}
+
+void ProgressEngine::OperationAdded() {
+  if (pending_.fetch_add(1) == 0) {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    wake_.notify_one();
+  }
+}
+
+void ProgressEngine::OperationsFinished(int64_t count) { pending_.fetch_sub(count); }
+
+bool ProgressEngine::TryProgress() {
+  std::unique_lock<std::mutex> progress_lock(progress_mu_, std::try_to_lock);
+  if (!progress_lock.owns_lock()) return false;
+  std::vector<std::shared_ptr<CommState>> states;
+  {
+    std::lock_guard<std::mutex> lock(list_mu_);
+    states.reserve(states_.size());
+    for (const auto& weak : states_) {
+      if (auto state = weak.lock()) states.push_back(std::move(state));
+    }
+  }
+  bool changed = false;
+  for (const auto& state : states) changed = state->Advance() || changed;
+  return changed;
+}
+
+ProgressEngine::WaiterScope::WaiterScope() { Get().waiters_.fetch_add(1); }
+ProgressEngine::WaiterScope::~WaiterScope() { Get().waiters_.fetch_sub(1); }
+
+void ProgressEngine::Loop() {
+  std::unique_lock<std::mutex> lock(wake_mu_);
+  while (!stop_) {
+    if (pending_.load() <= 0) {
+      wake_.wait_for(lock, kIdleSleep);
+      continue;
+    }
+    if (waiters_.load() > 0) {
+      wake_.wait_for(lock, kWaiterHandoffSleep);
+      continue;
+    }
+    lock.unlock();
+    TryProgress();
+    sched_yield();
+    lock.lock();
+  }
+}
+
+}  // namespace tandem::comm::mpi_internal

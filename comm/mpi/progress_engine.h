@@ -1,0 +1,124 @@
+// Progress for the MPI backend (internal). Open MPI advances non-blocking operations only
+// while some thread is inside MPI, so every posted request is tested by:
+//   * the thread that waits on it (Work::Wait spins on TryProgress: lowest latency), or
+//   * the engine's own thread, which polls whenever requests are pending and nobody waits,
+//     so that communication overlaps computation for real.
+// One thread progresses at a time (progress_mu_); both use MPI_Test, which is legal under
+// MPI_THREAD_MULTIPLE while the issuing thread posts new requests.
+//
+// Collectives of one communicator are posted in issue order on every rank (MPI requires it).
+// With verification on, a collective first runs a small all-reduce of its signature (kind,
+// count, type, reduction, root) on a separate control communicator; its data request is
+// posted only after the signature agreed and after every earlier collective was posted.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+
+namespace tandem::comm::mpi_internal {
+
+// Fields of a collective's signature: every rank must agree on each.
+inline constexpr int kSignatureFields = 5;  // kind, count, dtype, reduce op, root
+const char* SignatureFieldName(int field);
+
+// One asynchronous operation.
+struct Op {
+  enum class Phase { kVerify, kReady, kPosted, kDone };
+
+  std::string description;  // "all_reduce #3 (group of 4, 1024 x float32)"
+  Phase phase = Phase::kReady;
+  // Verification: signature, then its negation, all-reduced with MPI_MAX (max and -min).
+  std::array<int64_t, 2 * kSignatureFields> signature{};
+  std::array<int64_t, 2 * kSignatureFields> agreed{};
+  MPI_Request verify_request = MPI_REQUEST_NULL;
+  // Posts the data request; returns an MPI error code.
+  std::function<int(MPI_Request*)> post;
+  // Runs after the data request completed (averaging, received-count checks).
+  std::function<absl::Status(const MPI_Status&)> finish;
+  MPI_Request request = MPI_REQUEST_NULL;
+
+  std::atomic<bool> done{false};
+  absl::Status status;  // written once, before done is set (release)
+
+  void Complete(absl::Status result);
+};
+
+// A communicator's MPI handles and queues. Shared between the communicator (which issues) and
+// the engine (which progresses); every queue access holds `mu`.
+struct CommState {
+  MPI_Comm comm = MPI_COMM_NULL;     // data traffic
+  MPI_Comm control = MPI_COMM_NULL;  // signatures, liveness probes, group creation
+  int rank = 0;
+  int size = 0;
+
+  std::mutex mu;
+  std::deque<std::shared_ptr<Op>> collectives ABSL_GUARDED_BY(mu);  // issue order
+  std::vector<std::shared_ptr<Op>> point_to_point ABSL_GUARDED_BY(mu);
+  absl::Status aborted ABSL_GUARDED_BY(mu);  // non-OK once aborted
+  bool abandoned_requests ABSL_GUARDED_BY(mu) = false;  // requests left unfinished by Abort
+
+  ~CommState();
+  // Tests pending requests and posts ready collectives; true if anything changed.
+  bool Advance();
+  // Fails every pending operation with `reason`; later operations fail immediately.
+  void Abort(const absl::Status& reason);
+  int64_t PendingCount();
+
+ private:
+  bool AdvanceCollectives() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool AdvancePointToPoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+};
+
+class ProgressEngine {
+ public:
+  static ProgressEngine& Get();
+
+  void Register(const std::shared_ptr<CommState>& state);
+  // Counts operations added to / finished in any registered communicator, so the engine's
+  // thread sleeps only when nothing is pending.
+  void OperationAdded();
+  void OperationsFinished(int64_t count);
+
+  // Advances every registered communicator if no other thread is doing so; returns whether
+  // anything changed.
+  bool TryProgress();
+
+  // While alive, the engine's thread leaves progress to the waiting thread.
+  class WaiterScope {
+   public:
+    WaiterScope();
+    ~WaiterScope();
+  };
+
+  ~ProgressEngine();
+
+ private:
+  ProgressEngine();
+  void Loop();
+
+  std::mutex list_mu_;
+  std::vector<std::weak_ptr<CommState>> states_ ABSL_GUARDED_BY(list_mu_);
+  std::mutex progress_mu_;
+  std::atomic<int64_t> pending_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex wake_mu_;
+  std::condition_variable wake_;
+  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tandem::comm::mpi_internal

@@ -1,0 +1,44 @@
+// Settings of the communication layer, and the environment variables that override them.
+//
+// Environment (read by CommOptions::FromEnvironment; listed by DescribeCommEnvironment):
+//   TANDEM_COMM_TIMEOUT        default Work::Wait() timeout: an absl duration ("300s", "2m")
+//                              or plain seconds ("30"). Default 300s.
+//   TANDEM_COMM_VERIFY         1/0: check before every collective that all ranks of the group
+//                              call the same operation with the same count, type, reduction
+//                              and root (one small extra all-reduce). Default 1.
+//   TANDEM_COMM_WATCHDOG       NCCL watchdog polling interval (duration). Default 100ms.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::comm {
+
+inline constexpr absl::Duration kDefaultCommTimeout = absl::Seconds(300);
+inline constexpr absl::Duration kDefaultWatchdogInterval = absl::Milliseconds(100);
+
+struct CommOptions {
+  // Default for Work::Wait() and for the blocking steps of Split/Shrink.
+  absl::Duration timeout = kDefaultCommTimeout;
+  // Detect mismatched collectives (count, type, operation, root) across ranks before they run,
+  // returning InvalidArgument on every rank instead of corrupting memory or hanging.
+  bool verify_collectives = true;
+  // NCCL: how often the watchdog polls ncclCommGetAsyncError and pending operations.
+  absl::Duration watchdog_interval = kDefaultWatchdogInterval;
+  // NCCL: the CUDA device of this rank (-1: local rank modulo the device count).
+  int cuda_device = -1;
+
+  // Defaults overridden by the TANDEM_COMM_* variables above. InvalidArgument names the
+  // variable and its bad value.
+  static absl::StatusOr<CommOptions> FromEnvironment();
+};
+
+// One line per variable: name, current value (or "unset"), default, description.
+std::string DescribeCommEnvironment();
+
+// Parses "300s", "1.5m", "250ms" or plain seconds ("30"); positive and finite.
+absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text);
+
+}  // namespace tandem::comm

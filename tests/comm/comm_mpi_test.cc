@@ -1,0 +1,419 @@
+// Multi-rank tests of the MPI backend against sequential references (run under mpirun with
+// 2, 3 and 4 ranks).
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/backend.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "gtest/gtest.h"
+#include "tests/comm/comm_test_util.h"
+
+namespace tandem::comm {
+namespace {
+
+using testing::GetElement;
+using testing::kAllTypes;
+using testing::OwnedBuffer;
+using testing::RoundTo;
+using testing::SetElement;
+
+constexpr absl::Duration kTestTimeout = absl::Seconds(30);
+
+Communicator& World() {
+  static std::unique_ptr<Communicator> world = [] {
+    CommOptions options;
+    options.timeout = kTestTimeout;
+    auto created = CreateWorldCommunicator(BackendKind::kMpi, options);
+    if (!created.ok()) {
+      ADD_FAILURE() << created.status();
+      std::abort();
+    }
+    return std::move(created).value();
+  }();
+  return *world;
+}
+
+// Small integers: exact in every type, sums of up to 4 ranks stay exact (int8 included).
+double Value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i % 7 + 1) % 13); }
+
+// Element counts: empty, one, odd, not divisible by the group size, and several MB.
+std::vector<int64_t> Counts(DataType type, int size) {
+  const int64_t several_mb = (3 << 20) / static_cast<int64_t>(SizeOf(type)) + 1;
+  return {0, 1, 7, 5 * size + 3, several_mb};
+}
+
+double Reduce(ReduceOp op, int size, int64_t i, DataType type) {
+  double result = Value(0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Value(r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: result += v; break;
+      case ReduceOp::kMax: result = std::max(result, v); break;
+      case ReduceOp::kMin: result = std::min(result, v); break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    // The backend averages in the buffer's type: round the sum, divide, round again.
+    if (type == DataType::kFloat32) {
+      return static_cast<float>(static_cast<float>(result) / static_cast<float>(size));
+    }
+    return RoundTo(type, RoundTo(type, result) / size);
+  }
+  return result;
+}
+
+bool IsFloat(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kBFloat16 ||
+         t == DataType::kFloat16;
+}
+
+TEST(MpiCommunicatorTest, RankAndSizeMatchMpi) {
+  Communicator& world = World();
+  int rank = -1, size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  EXPECT_EQ(world.rank(), rank);
+  EXPECT_EQ(world.size(), size);
+  EXPECT_EQ(world.backend(), "mpi");
+  ASSERT_EQ(world.world_ranks().size(), static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) EXPECT_EQ(world.world_ranks()[r], r);
+}
+
+TEST(MpiCommunicatorTest, AllReduceMatchesSequentialReference) {
+  Communicator& world = World();
+  for (DataType type : kAllTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAverage}) {
+      if (op == ReduceOp::kAverage && !IsFloat(type)) continue;
+      for (int64_t count : Counts(type, world.size())) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(type), " op ", static_cast<int>(op), " count ",
+                                  count));
+        OwnedBuffer data(type, count);
+        for (int64_t i = 0; i < count; ++i) SetElement(data.buffer, i, Value(world.rank(), i));
+        ASSERT_TRUE(world.AllReduce(data.buffer, op)->Wait().ok());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          if (GetElement(data.buffer, i) != Reduce(op, world.size(), i, type)) ++wrong;
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+    }
+  }
+}
+
+TEST(MpiCommunicatorTest, ReduceScatterMatchesSequentialReference) {
+  Communicator& world = World();
+  for (DataType type : kAllTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAverage}) {
+      if (op == ReduceOp::kAverage && !IsFloat(type)) continue;
+      for (int64_t count : Counts(type, world.size())) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(type), " count ", count));
+        const ShardRange shard = Shard(count, world.size(), world.rank());
+        OwnedBuffer input(type, count);
+        OwnedBuffer output(type, shard.count);
+        for (int64_t i = 0; i < count; ++i) SetElement(input.buffer, i, Value(world.rank(), i));
+        ASSERT_TRUE(world.ReduceScatter(input.buffer, output.buffer, op)->Wait().ok());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < shard.count; ++i) {
+          if (GetElement(output.buffer, i) != Reduce(op, world.size(), shard.offset + i, type)) {
+            ++wrong;
+          }
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+    }
+  }
+}
+
+int OwnerOf(int64_t i, int64_t count, int size) {
+  for (int r = 0; r < size; ++r) {
+    const ShardRange s = Shard(count, size, r);
+    if (i >= s.offset && i < s.offset + s.count) return r;
+  }
+  return -1;
+}
+
+TEST(MpiCommunicatorTest, AllGatherMatchesSequentialReference) {
+  Communicator& world = World();
+  for (DataType type : kAllTypes) {
+    for (bool in_place : {false, true}) {
+      for (int64_t count : Counts(type, world.size())) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(type), " count ", count, " in place ", in_place));
+        const ShardRange shard = Shard(count, world.size(), world.rank());
+        OwnedBuffer output(type, count);
+        OwnedBuffer separate(type, shard.count);
+        Buffer input = in_place ? output.Slice(shard.offset, shard.count) : separate.buffer;
+        for (int64_t i = 0; i < shard.count; ++i) {
+          SetElement(input, i, Value(world.rank(), shard.offset + i));
+        }
+        ASSERT_TRUE(world.AllGather(input, output.buffer)->Wait().ok());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          if (GetElement(output.buffer, i) != Value(OwnerOf(i, count, world.size()), i)) ++wrong;
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+    }
+  }
+}
+
+TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
+  Communicator& world = World();
+  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64}) {
+    for (int root = 0; root < world.size(); ++root) {
+      for (int64_t count : Counts(type, world.size())) {
+        OwnedBuffer data(type, count);
+        for (int64_t i = 0; i < count; ++i) {
+          SetElement(data.buffer, i, world.rank() == root ? Value(root, i) : 99);
+        }
+        ASSERT_TRUE(world.Broadcast(data.buffer, root)->Wait().ok());
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          if (GetElement(data.buffer, i) != Value(root, i)) ++wrong;
+        }
+        EXPECT_EQ(wrong, 0) << DataTypeName(type) << " root " << root << " count " << count;
+      }
+    }
+  }
+}
+
+TEST(MpiCommunicatorTest, SendRecvRingForEveryType) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int next = (world.rank() + 1) % world.size();
+  const int prev = (world.rank() + world.size() - 1) % world.size();
+  for (DataType type : kAllTypes) {
+    for (int64_t count : Counts(type, world.size())) {
+      OwnedBuffer out(type, count), in(type, count);
+      for (int64_t i = 0; i < count; ++i) SetElement(out.buffer, i, Value(world.rank(), i));
+      WorkPtr recv = world.Recv(in.buffer, prev, /*tag=*/5);
+      WorkPtr send = world.Send(out.buffer, next, /*tag=*/5);
+      ASSERT_TRUE(send->Wait().ok());
+      ASSERT_TRUE(recv->Wait().ok());
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        if (GetElement(in.buffer, i) != Value(prev, i)) ++wrong;
+      }
+      EXPECT_EQ(wrong, 0) << DataTypeName(type) << " count " << count;
+    }
+  }
+}
+
+TEST(MpiCommunicatorTest, SplitOrdersByKeyAndReducesWithinGroup) {
+  Communicator& world = World();
+  const int color = world.rank() % 2;
+  const int key = -world.rank();  // reverse order inside each group
+  auto split = world.Split(color, key);
+  ASSERT_TRUE(split.ok()) << split.status();
+  std::unique_ptr<Communicator> group = std::move(split).value();
+  ASSERT_NE(group, nullptr);
+  std::vector<int> members;
+  for (int r = world.size() - 1; r >= 0; --r) {
+    if (r % 2 == color) members.push_back(r);
+  }
+  EXPECT_EQ(group->size(), static_cast<int>(members.size()));
+  EXPECT_EQ(group->world_ranks(), members);
+  EXPECT_EQ(group->world_ranks()[group->rank()], world.rank());
+  int64_t value = world.rank() + 1;
+  ASSERT_TRUE(group->AllReduce(Buffer{&value, 1, DataType::kInt64})->Wait().ok());
+  int64_t expected = 0;
+  for (int r : members) expected += r + 1;
+  EXPECT_EQ(value, expected);
+
+  // A negative colour leaves the rank out.
+  auto partial = world.Split(world.rank() == 0 ? -1 : 0, 0);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  if (world.rank() == 0) {
+    EXPECT_EQ(*partial, nullptr);
+  } else {
+    ASSERT_NE(*partial, nullptr);
+    EXPECT_EQ((*partial)->size(), world.size() - 1);
+  }
+}
+
+TEST(MpiCommunicatorTest, OutOfOrderCompletion) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  // Rank 1 sends tag 2 first and tag 1 only after rank 0 says so: rank 0's later receive
+  // completes while the earlier one is still pending.
+  int first = 0, second = 0, go = 1;
+  if (world.rank() == 0) {
+    WorkPtr recv_first = world.Recv(Buffer{&first, 1, DataType::kInt32}, 1, /*tag=*/1);
+    WorkPtr recv_second = world.Recv(Buffer{&second, 1, DataType::kInt32}, 1, /*tag=*/2);
+    ASSERT_TRUE(recv_second->Wait().ok());
+    EXPECT_EQ(second, 22);
+    EXPECT_FALSE(recv_first->Test());
+    ASSERT_TRUE(world.Send(Buffer{&go, 1, DataType::kInt32}, 1, /*tag=*/3)->Wait().ok());
+    ASSERT_TRUE(recv_first->Wait().ok());
+    EXPECT_EQ(first, 11);
+  } else if (world.rank() == 1) {
+    second = 22;
+    first = 11;
+    ASSERT_TRUE(world.Send(Buffer{&second, 1, DataType::kInt32}, 0, 2)->Wait().ok());
+    ASSERT_TRUE(world.Recv(Buffer{&go, 1, DataType::kInt32}, 0, 3)->Wait().ok());
+    ASSERT_TRUE(world.Send(Buffer{&first, 1, DataType::kInt32}, 0, 1)->Wait().ok());
+  }
+  // Collectives waited on in reverse order of issue.
+  std::vector<float> a(1000, 1.0f), b(3, 2.0f);
+  WorkPtr wa = world.AllReduce(Buffer{a.data(), 1000, DataType::kFloat32});
+  WorkPtr wb = world.AllReduce(Buffer{b.data(), 3, DataType::kFloat32});
+  ASSERT_TRUE(wb->Wait().ok());
+  ASSERT_TRUE(wa->Wait().ok());
+  EXPECT_EQ(a[999], static_cast<float>(world.size()));
+  EXPECT_EQ(b[0], 2.0f * world.size());
+}
+
+TEST(MpiCommunicatorTest, WaitTimesOutNamingOperationPeersAndSequence) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto split = world.Split(0, world.rank());
+  ASSERT_TRUE(split.ok());
+  std::unique_ptr<Communicator> group = std::move(split).value();
+  // Rank 0 enters an all-reduce that the others join only after a barrier on `world`.
+  double value = 1;
+  if (world.rank() == 0) {
+    WorkPtr work = group->AllReduce(Buffer{&value, 1, DataType::kFloat64});
+    const absl::Status status = work->Wait(absl::Milliseconds(200));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_NE(status.message().find("all_reduce #0"), std::string::npos) << status;
+    EXPECT_NE(status.message().find(absl::StrCat("group of ", world.size())), std::string::npos)
+        << status;
+    EXPECT_FALSE(work->Test());
+    ASSERT_TRUE(world.Barrier()->Wait().ok());
+    ASSERT_TRUE(work->Wait().ok());
+  } else {
+    ASSERT_TRUE(world.Barrier()->Wait().ok());
+    ASSERT_TRUE(group->AllReduce(Buffer{&value, 1, DataType::kFloat64})->Wait().ok());
+  }
+  EXPECT_EQ(value, world.size());
+
+  // A receive nobody sends yet: the message names the peer.
+  if (world.rank() == 0) {
+    int x = 0;
+    WorkPtr recv = group->Recv(Buffer{&x, 1, DataType::kInt32}, 1, /*tag=*/9);
+    const absl::Status status = recv->Wait(absl::Milliseconds(100));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(status.message().find("from rank 1"), std::string::npos) << status;
+    ASSERT_TRUE(world.Barrier()->Wait().ok());
+    ASSERT_TRUE(recv->Wait().ok());
+    EXPECT_EQ(x, 42);
+  } else {
+    ASSERT_TRUE(world.Barrier()->Wait().ok());
+    if (world.rank() == 1) {
+      int x = 42;
+      ASSERT_TRUE(group->Send(Buffer{&x, 1, DataType::kInt32}, 0, 9)->Wait().ok());
+    }
+  }
+  EXPECT_EQ(world.Barrier()->Wait(absl::InfiniteDuration()).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+}
+
+TEST(MpiCommunicatorTest, MismatchedCollectivesFailOnEveryRankAndGroupRecovers) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<float> data(12, 1.0f);
+  // Different counts.
+  const int64_t count = world.rank() == 0 ? 10 : 12;
+  absl::Status status = world.AllReduce(Buffer{data.data(), count, DataType::kFloat32})->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("element count"), std::string::npos) << status;
+  // Different types.
+  const DataType type = world.rank() == 0 ? DataType::kFloat32 : DataType::kInt32;
+  status = world.AllReduce(Buffer{data.data(), 4, type})->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("data type"), std::string::npos) << status;
+  // Different operations.
+  status = world.rank() == 0 ? world.Broadcast(Buffer{data.data(), 4}, 0)->Wait()
+                             : world.AllReduce(Buffer{data.data(), 4})->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  // Nothing was posted: the group is still consistent.
+  std::fill(data.begin(), data.end(), 1.0f);
+  ASSERT_TRUE(world.AllReduce(Buffer{data.data(), 12, DataType::kFloat32})->Wait().ok());
+  EXPECT_EQ(data[11], static_cast<float>(world.size()));
+}
+
+TEST(MpiCommunicatorTest, MismatchedPointToPointSizes) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<float> small(5, 1.0f), large(10, 0.0f);
+  if (world.rank() == 1) {
+    ASSERT_TRUE(world.Send(Buffer{small.data(), 5}, 0, 7)->Wait().ok());
+    ASSERT_TRUE(world.Send(Buffer{large.data(), 10}, 0, 8)->Wait().ok());
+  } else if (world.rank() == 0) {
+    absl::Status status = world.Recv(Buffer{large.data(), 10}, 1, 7)->Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("sent 5"), std::string::npos) << status;
+    status = world.Recv(Buffer{small.data(), 5}, 1, 8)->Wait();
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("recv"), std::string::npos) << status;
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+}
+
+TEST(MpiCommunicatorTest, BadArgumentsGiveStatusesNotCrashes) {
+  Communicator& world = World();
+  float x = 0;
+  absl::Status status = world.Send(Buffer{&x, 1}, world.size(), 0)->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("invalid peer rank"), std::string::npos) << status;
+  status = world.Recv(Buffer{&x, 1}, -1, 0)->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  status = world.Broadcast(Buffer{&x, 1}, world.size())->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("invalid root"), std::string::npos) << status;
+  status = world.AllReduce(Buffer{&x, 1, DataType::kFloat32, Device::Cuda(0)})->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("nccl"), std::string::npos) << status;
+  int32_t i = 0;
+  status = world.AllReduce(Buffer{&i, 1, DataType::kInt32}, ReduceOp::kAverage)->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> full(10), wrong_shard(10);
+  status = world.ReduceScatter(Buffer{full.data(), 10}, Buffer{wrong_shard.data(), 10})->Wait();
+  if (world.size() > 1) EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  status = world.AllReduce(Buffer{nullptr, 4})->Wait();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(world.Shrink({world.rank()}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(world.Shrink({-3}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MpiCommunicatorTest, AbortFailsPendingAndLaterOperations) {
+  Communicator& world = World();
+  auto split = world.Split(0, world.rank());
+  ASSERT_TRUE(split.ok());
+  std::unique_ptr<Communicator> group = std::move(split).value();
+  int x = 0;
+  // A receive from self that nobody sends: pending until Abort.
+  WorkPtr pending = group->Recv(Buffer{&x, 1, DataType::kInt32}, group->rank(), 77);
+  EXPECT_FALSE(pending->Test());
+  group->Abort(absl::UnavailableError("peer 3 died"));
+  const absl::Status status = pending->Wait(absl::Seconds(1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("peer 3 died"), std::string::npos) << status;
+  const absl::Status later = group->AllReduce(Buffer{&x, 1, DataType::kInt32})->Wait();
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(later.message().find("aborted"), std::string::npos) << later;
+  EXPECT_EQ(group->Split(0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(MpiCommunicatorTest, OverlapProgressesWithoutWaiting) {
+  // The progress thread completes an all-reduce while this thread does not call into the
+  // communicator at all.
+  Communicator& world = World();
+  std::vector<float> data(1 << 18, 1.0f);
+  WorkPtr work = world.AllReduce(Buffer{data.data(), static_cast<int64_t>(data.size())});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (data.back() != static_cast<float>(world.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(data.back(), static_cast<float>(world.size()));
+  ASSERT_TRUE(work->Wait().ok());
+}
+
+}  // namespace
+}  // namespace tandem::comm
