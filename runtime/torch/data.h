@@ -1,0 +1,76 @@
+// Training data as a pure function, so any rank can produce any micro-batch of any
+// data-parallel replica without communication, and the single-process reference sees exactly
+// the same samples.
+//
+// The batch rule. The global batch of iteration i has G samples, numbered 0..G-1. With D
+// data-parallel replicas and M micro-batches per replica per iteration, every micro-batch has
+// b = G / (D * M) samples, and micro-batch m of replica d holds the samples
+//     [ (d * M + m) * b,  (d * M + m + 1) * b ).
+// Sample j of iteration i is a pure function of (data set seed, i, j). The reference trainer
+// takes samples [0, G) in one batch; summing each micro-batch's mean loss scaled by
+// 1 / (D * M) gives the same global-batch mean.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::runtime::libtorch {
+
+// Inputs (for the first layer) and targets (for the loss) of a run of samples; the first
+// dimension is the sample. CPU tensors.
+struct Batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::string name() const = 0;
+  // Samples [first, first + count) of the global batch of `iteration`. Deterministic: the same
+  // arguments give the same tensors on every rank and in every process.
+  virtual absl::StatusOr<Batch> Samples(int64_t iteration, int64_t first,
+                                        int64_t count) const = 0;
+};
+
+struct SampleRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+// The batch rule above. InvalidArgument when G is not divisible by D * M or an index is out of
+// range.
+absl::StatusOr<SampleRange> MicrobatchSamples(int64_t global_batch, int data_parallel,
+                                              int microbatches, int replica, int microbatch);
+
+// A deterministic 64-bit mix (splitmix64) of the arguments; the data sets' randomness.
+uint64_t MixSeed(uint64_t seed, uint64_t iteration, uint64_t sample);
+
+// The embedded synthetic task: arithmetic sequences modulo the vocabulary. Sample j has a
+// random start x0 and a random stride k in [1, vocab) and tokens x_t = (x0 + t * k) mod vocab
+// for t = 0..seq_len; inputs are x_0..x_{S-1}, targets x_1..x_S (next-token prediction). Only
+// the first target is random (x_1 != x_0); every later token follows from the two before it
+// (x_{t+1} = 2 x_t - x_{t-1} mod vocab), so a small transformer drives the loss from
+// ln(vocab) towards ln(vocab - 1) / seq_len (a previous-token attention plus a lookup).
+struct SyntheticTaskOptions {
+  int64_t vocab = 16;
+  int64_t seq_len = 32;
+  uint64_t seed = 0;
+};
+absl::StatusOr<std::shared_ptr<Dataset>> MakeSyntheticDataset(const SyntheticTaskOptions& options);
+
+// Byte-level language modelling on a text file (vocabulary 256): sample j of iteration i is
+// the window of seq_len + 1 bytes at a random offset chosen by MixSeed(seed, i, j); inputs are
+// its first seq_len bytes, targets the last seq_len. NotFound / InvalidArgument name the file
+// (missing, or shorter than seq_len + 1 bytes).
+absl::StatusOr<std::shared_ptr<Dataset>> MakeByteTextDataset(const std::string& path,
+                                                             int64_t seq_len, uint64_t seed);
+
+inline constexpr int64_t kByteVocabulary = 256;
+
+}  // namespace tandem::runtime::libtorch
