@@ -1,0 +1,189 @@
+#include "runtime/torch/gpt.h"
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr int64_t kMlpExpansion = 4;
+
+void InitLinear(torch::nn::Linear& linear, double std) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(linear->weight, /*mean=*/0.0, std);
+  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+}
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}));
+}
+
+// Layer 0: token + learned position embeddings.
+class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
+ public:
+  explicit GptEmbeddingImpl(const GptConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    token = register_module("token", torch::nn::Embedding(config_.vocab, config_.hidden));
+    position = register_module("position", torch::nn::Embedding(config_.seq_len, config_.hidden));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(token->weight, 0.0, config_.init_std);
+    torch::nn::init::normal_(position->weight, 0.0, config_.init_std);
+  }
+
+  // ids: int64 [b, S'] with S' <= seq_len.
+  torch::Tensor forward(torch::Tensor ids) {
+    const auto positions = torch::arange(
+        ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    return token(ids) + position(positions);
+  }
+
+  torch::nn::Embedding token{nullptr}, position{nullptr};
+
+ private:
+  GptConfig config_;
+};
+TORCH_MODULE(GptEmbedding);
+
+// Layers 1..N: pre-LN transformer block with causal self-attention and a GELU MLP.
+class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
+ public:
+  explicit GptBlockImpl(const GptConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    const int64_t hidden = config_.hidden;
+    attention_norm = register_module("attention_norm", MakeLayerNorm(hidden));
+    qkv = register_module("qkv", torch::nn::Linear(hidden, 3 * hidden));
+    attention_out = register_module("attention_out", torch::nn::Linear(hidden, hidden));
+    mlp_norm = register_module("mlp_norm", MakeLayerNorm(hidden));
+    mlp_in = register_module("mlp_in", torch::nn::Linear(hidden, kMlpExpansion * hidden));
+    mlp_out = register_module("mlp_out", torch::nn::Linear(kMlpExpansion * hidden, hidden));
+    const double residual_std =
+        config_.init_std / std::sqrt(2.0 * static_cast<double>(config_.layers));
+    InitLinear(qkv, config_.init_std);
+    InitLinear(attention_out, residual_std);
+    InitLinear(mlp_in, config_.init_std);
+    InitLinear(mlp_out, residual_std);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
+    const int64_t heads = config_.heads, head_dim = hidden / heads;
+    // [b, S, 3H] -> [3, b, A, S, hd]
+    const auto qkv_heads = qkv(attention_norm(x))
+                               .view({batch, length, 3, heads, head_dim})
+                               .permute({2, 0, 3, 1, 4});
+    const auto query = qkv_heads[0], key = qkv_heads[1], value = qkv_heads[2];
+    auto scores = torch::matmul(query, key.transpose(-2, -1)) /
+                  std::sqrt(static_cast<double>(head_dim));
+    const auto future =
+        torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+            .triu(/*diagonal=*/1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    const auto attended = torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
+    x = x + attention_out(attended.transpose(1, 2).reshape({batch, length, hidden}));
+    return x + mlp_out(torch::gelu(mlp_in(mlp_norm(x))));
+  }
+
+  torch::nn::LayerNorm attention_norm{nullptr}, mlp_norm{nullptr};
+  torch::nn::Linear qkv{nullptr}, attention_out{nullptr}, mlp_in{nullptr}, mlp_out{nullptr};
+
+ private:
+  GptConfig config_;
+};
+TORCH_MODULE(GptBlock);
+
+// Layer N + 1: final LayerNorm and LM head.
+class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
+ public:
+  explicit GptHeadImpl(const GptConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    norm = register_module("norm", MakeLayerNorm(config_.hidden));
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(config_.hidden, config_.vocab).bias(false)));
+    InitLinear(lm_head, config_.init_std);
+  }
+
+  torch::Tensor forward(torch::Tensor x) { return lm_head(norm(x)); }
+
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  GptConfig config_;
+};
+TORCH_MODULE(GptHead);
+
+}  // namespace
+
+absl::Status ValidateGptConfig(const GptConfig& config) {
+  const std::pair<const char*, int64_t> sizes[] = {{"vocab", config.vocab},
+                                                   {"layers", config.layers},
+                                                   {"hidden", config.hidden},
+                                                   {"heads", config.heads},
+                                                   {"seq_len", config.seq_len}};
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpt: ", field, " must be positive, got ", value));
+    }
+  }
+  if (config.hidden % config.heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt: hidden (", config.hidden,
+                                                   ") must be divisible by heads (",
+                                                   config.heads, ")"));
+  }
+  if (!(config.init_std > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt: init_std must be positive, got ", config.init_std));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeGpt(const GptConfig& config) {
+  return absl::StrCat("gpt L=", config.layers, " H=", config.hidden, " A=", config.heads,
+                      " S=", config.seq_len, " V=", config.vocab);
+}
+
+ModelSpec GptModelSpec(const GptConfig& config) {
+  ModelSpec spec;
+  spec.name = DescribeGpt(config);
+  spec.build = [config]() {
+    if (absl::Status ok = ValidateGptConfig(config); !ok.ok()) {
+      throw std::invalid_argument(std::string(ok.message()));
+    }
+    LayeredModel model;
+    model.name = DescribeGpt(config);
+    model.layers.emplace_back(GptEmbedding(config));
+    model.layer_names.push_back("embedding");
+    for (int64_t block = 0; block < config.layers; ++block) {
+      model.layers.emplace_back(GptBlock(config));
+      model.layer_names.push_back(absl::StrCat("block", block));
+    }
+    model.layers.emplace_back(GptHead(config));
+    model.layer_names.push_back("head");
+    const int64_t vocab = config.vocab;
+    model.loss = [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),
+                                                  targets.reshape({-1}));
+    };
+    return model;
+  };
+  return spec;
+}
+
+}  // namespace tandem::runtime::libtorch

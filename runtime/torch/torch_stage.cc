@@ -1,0 +1,432 @@
+#include "runtime/torch/torch_stage.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <torch/autograd.h>
+#include <torch/nn/module.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, "x"), "]");
+}
+
+}  // namespace
+
+absl::StatusOr<comm::DataType> ToCommType(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32: return comm::DataType::kFloat32;
+    case torch::kFloat64: return comm::DataType::kFloat64;
+    case torch::kBFloat16: return comm::DataType::kBFloat16;
+    case torch::kFloat16: return comm::DataType::kFloat16;
+    case torch::kInt8: return comm::DataType::kInt8;
+    case torch::kUInt8: return comm::DataType::kUInt8;
+    case torch::kInt32: return comm::DataType::kInt32;
+    case torch::kInt64: return comm::DataType::kInt64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor type ", c10::toString(type), " cannot cross a stage boundary"));
+  }
+}
+
+absl::StatusOr<torch::ScalarType> ToTorchType(comm::DataType type) {
+  switch (type) {
+    case comm::DataType::kFloat32: return torch::kFloat32;
+    case comm::DataType::kFloat64: return torch::kFloat64;
+    case comm::DataType::kBFloat16: return torch::kBFloat16;
+    case comm::DataType::kFloat16: return torch::kFloat16;
+    case comm::DataType::kInt8: return torch::kInt8;
+    case comm::DataType::kUInt8: return torch::kUInt8;
+    case comm::DataType::kInt32: return torch::kInt32;
+    case comm::DataType::kInt64: return torch::kInt64;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(type)));
+}
+
+absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
+    const LayeredModel& model, std::shared_ptr<const Dataset> data,
+    const TorchStageOptions& options) {
+  TANDEM_RETURN_IF_ERROR(model.CheckRange(options.first_layer, options.end_layer));
+  if (options.data_parallel < 1 || options.microbatches < 1 || options.microbatch_size < 1 ||
+      options.data_parallel_index < 0 || options.data_parallel_index >= options.data_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage [", options.first_layer, ", ", options.end_layer, "): data-parallel index ",
+        options.data_parallel_index, " of ", options.data_parallel, ", ", options.microbatches,
+        " micro-batches of ", options.microbatch_size, " samples: counts must be positive"));
+  }
+  const bool needs_data = options.first_layer == 0 || options.end_layer == model.num_layers();
+  if (needs_data && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("stage [", options.first_layer, ", ",
+                                                   options.end_layer,
+                                                   "): first and last stages need a data set"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      std::vector<torch::nn::AnyModule> layers,
+      model.CloneLayers(options.first_layer, options.end_layer, options.device));
+  std::unique_ptr<TorchStage> stage(
+      new TorchStage(model, std::move(data), options, std::move(layers)));
+  for (auto& [name, parameter] : stage->parameters_) {
+    if (parameter.scalar_type() != torch::kFloat32 || !parameter.is_contiguous()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage [", options.first_layer, ", ", options.end_layer, "): parameter ",
+                       name, " is ", c10::toString(parameter.scalar_type()),
+                       parameter.is_contiguous() ? "" : " (not contiguous)",
+                       "; the runtime needs contiguous float32 parameters"));
+    }
+    parameter.mutable_grad() = torch::zeros_like(parameter);
+  }
+  return stage;
+}
+
+TorchStage::TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
+                       TorchStageOptions options, std::vector<torch::nn::AnyModule> layers)
+    : options_(std::move(options)),
+      is_last_(options_.end_layer == model.num_layers()),
+      data_(std::move(data)),
+      loss_(model.loss),
+      layers_(std::move(layers)),
+      parameters_(NamedLayerParameters(layers_, options_.first_layer)),
+      loss_scale_(1.0 / (static_cast<double>(options_.microbatches) * options_.data_parallel)) {
+  const int count = static_cast<int>(layers_.size());
+  auto recomputed = [&](int local) {
+    const auto& list = options_.recompute_layers;
+    return std::find(list.begin(), list.end(), options_.first_layer + local) != list.end();
+  };
+  for (int local = 0; local < count; ++local) {
+    if (segments_.empty() || segments_.back().recompute != recomputed(local)) {
+      segments_.push_back(Segment{local, local + 1, recomputed(local), false});
+    } else {
+      segments_.back().end = local + 1;
+    }
+  }
+  segments_.back().computes_loss = is_last_;
+  for (const Segment& segment : segments_) {
+    std::vector<torch::nn::AnyModule> range(layers_.begin() + segment.begin,
+                                            layers_.begin() + segment.end);
+    std::vector<torch::Tensor> tensors;
+    for (auto& named : NamedLayerParameters(range, 0)) tensors.push_back(named.second);
+    segment_parameters_.push_back(std::move(tensors));
+  }
+}
+
+std::vector<std::pair<std::pair<int, int>, bool>> TorchStage::segments() const {
+  std::vector<std::pair<std::pair<int, int>, bool>> result;
+  for (const Segment& segment : segments_) {
+    result.push_back({{options_.first_layer + segment.begin, options_.first_layer + segment.end},
+                      segment.recompute});
+  }
+  return result;
+}
+
+std::string TorchStage::Where(int microbatch) const {
+  std::string where = absl::StrCat("stage [", options_.first_layer, ", ", options_.end_layer,
+                                   ") replica ", options_.data_parallel_index, " iteration ",
+                                   iteration_);
+  if (microbatch >= 0) absl::StrAppend(&where, " micro-batch ", microbatch);
+  return where;
+}
+
+comm::Device TorchStage::device() const {
+  if (options_.device.is_cuda()) {
+    return comm::Device::Cuda(options_.device.has_index() ? options_.device.index() : 0);
+  }
+  return comm::Device::Cpu();
+}
+
+Tensor TorchStage::ToRuntime(torch::Tensor tensor) const {
+  tensor = tensor.contiguous();
+  Tensor result;
+  result.meta.shape = tensor.sizes().vec();
+  // Types reaching here come from ToTorchType or the model's activations.
+  result.meta.dtype = ToCommType(tensor.scalar_type()).value_or(comm::DataType::kFloat32);
+  result.buffer.data = tensor.data_ptr();
+  result.buffer.count = tensor.numel();
+  result.buffer.dtype = result.meta.dtype;
+  result.buffer.device = device();
+  result.holder = std::make_shared<torch::Tensor>(std::move(tensor));
+  return result;
+}
+
+absl::StatusOr<torch::Tensor> TorchStage::FromRuntime(const Tensor& tensor) const {
+  TANDEM_ASSIGN_OR_RETURN(const torch::ScalarType type, ToTorchType(tensor.meta.dtype));
+  int64_t count = 1;
+  for (int64_t dim : tensor.meta.shape) count *= dim;
+  if (tensor.buffer.data == nullptr || tensor.buffer.count != count ||
+      tensor.buffer.dtype != tensor.meta.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", ShapeString(tensor.meta.shape), " of ", c10::toString(type),
+                     " has a buffer of ", tensor.buffer.count,
+                     " elements of another type or no memory"));
+  }
+  if (tensor.buffer.device.kind != device().kind ||
+      (device().kind == comm::DeviceKind::kCuda && tensor.buffer.device.index != device().index)) {
+    return absl::InvalidArgumentError("tensor is on another device than the stage");
+  }
+  std::shared_ptr<void> holder = tensor.holder;
+  return torch::from_blob(
+      tensor.buffer.data, tensor.meta.shape, [holder](void*) {},
+      torch::TensorOptions().dtype(type).device(options_.device));
+}
+
+absl::StatusOr<Tensor> TorchStage::NewTensor(const TensorMeta& meta) {
+  TANDEM_ASSIGN_OR_RETURN(const torch::ScalarType type, ToTorchType(meta.dtype));
+  Tensor result;
+  TANDEM_RETURN_IF_ERROR(
+      CatchTorchErrors(absl::StrCat("allocating ", ShapeString(meta.shape)), [&] {
+        result = ToRuntime(
+            torch::empty(meta.shape, torch::TensorOptions().dtype(type).device(options_.device)));
+      }));
+  return result;
+}
+
+std::vector<ParameterView> TorchStage::Parameters() {
+  std::vector<ParameterView> views;
+  views.reserve(parameters_.size());
+  for (auto& [name, parameter] : parameters_) {
+    ParameterView view;
+    view.name = name;
+    view.value = comm::Buffer{parameter.data_ptr(), parameter.numel(), comm::DataType::kFloat32,
+                              device()};
+    view.grad = comm::Buffer{parameter.grad().data_ptr(), parameter.numel(),
+                             comm::DataType::kFloat32, device()};
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+absl::Status TorchStage::BeginIteration(int64_t iteration) {
+  if (!stash_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(stash_.begin()->first), ": iteration ", iteration, " begins while ",
+        stash_.size(), " micro-batch(es) still wait for backward"));
+  }
+  iteration_ = iteration;
+  iteration_loss_ = 0;
+  microbatch_losses_.clear();
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(-1), [&] {
+    torch::NoGradGuard no_grad;
+    for (auto& named : parameters_) named.second.mutable_grad().zero_();
+  }));
+  if (!is_first() && !is_last_) return absl::OkStatus();
+  const int64_t replica_samples = options_.microbatches * options_.microbatch_size;
+  absl::StatusOr<Batch> batch = data_->Samples(
+      iteration, options_.data_parallel_index * replica_samples, replica_samples);
+  if (!batch.ok()) return Annotate(batch.status(), Where(-1));
+  replica_batch_ = *std::move(batch);
+  return absl::OkStatus();
+}
+
+torch::Tensor TorchStage::RunSegment(const Segment& segment, torch::Tensor input,
+                                     const torch::Tensor& targets) const {
+  for (int local = segment.begin; local < segment.end; ++local) {
+    torch::nn::AnyModule module = layers_[local];  // shares the module; forward is non-const
+    input = module.forward<torch::Tensor>(input);
+  }
+  if (segment.computes_loss) input = loss_(input, targets) * loss_scale_;
+  return input;
+}
+
+absl::StatusOr<std::vector<Tensor>> TorchStage::Forward(int microbatch,
+                                                        std::vector<Tensor> inputs) {
+  if (iteration_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(microbatch), ": forward before BeginIteration"));
+  }
+  if (microbatch < 0 || microbatch >= options_.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(microbatch), ": micro-batch out of [0, ", options_.microbatches, ")"));
+  }
+  if (stash_.count(microbatch) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(microbatch), ": forwarded twice without backward"));
+  }
+  torch::Tensor x;
+  MicrobatchStash stash;
+  const int64_t offset = microbatch * options_.microbatch_size;
+  if (is_first()) {
+    x = replica_batch_.inputs.narrow(0, offset, options_.microbatch_size).to(options_.device);
+  } else {
+    if (inputs.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(microbatch), ": expected 1 input, got ", inputs.size()));
+    }
+    absl::StatusOr<torch::Tensor> received = FromRuntime(inputs[0]);
+    if (!received.ok()) return Annotate(received.status(), Where(microbatch));
+    x = received->clone();  // our own copy: the caller may reuse its receive buffer
+  }
+  if (is_last_) {
+    stash.targets =
+        replica_batch_.targets.narrow(0, offset, options_.microbatch_size).to(options_.device);
+  }
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(Where(microbatch), " forward"), [&] {
+    torch::AutoGradMode grad_mode(true);
+    for (const Segment& segment : segments_) {
+      SegmentStash kept;
+      kept.input = x.detach();
+      if (kept.input.is_floating_point()) kept.input.requires_grad_(true);
+      if (segment.recompute) {
+        torch::NoGradGuard no_grad;
+        x = RunSegment(segment, kept.input, stash.targets);
+      } else {
+        kept.output = RunSegment(segment, kept.input, stash.targets);
+        x = kept.output.detach();
+      }
+      stash.segments.push_back(std::move(kept));
+    }
+  }));
+  std::vector<Tensor> outputs;
+  if (is_last_) {
+    const double scaled = x.item<double>();
+    microbatch_losses_[microbatch] = scaled / loss_scale_;
+    iteration_loss_ += scaled;
+  } else {
+    outputs.push_back(ToRuntime(x));
+  }
+  stash_.emplace(microbatch, std::move(stash));
+  return outputs;
+}
+
+absl::StatusOr<TorchStage::MicrobatchStash*> TorchStage::FindStash(int microbatch) {
+  auto it = stash_.find(microbatch);
+  if (it == stash_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(microbatch), ": backward without a forward"));
+  }
+  return &it->second;
+}
+
+void TorchStage::EnsureGraph(const Segment& segment, SegmentStash& stash,
+                             const torch::Tensor& targets) const {
+  if (stash.output.defined()) return;
+  torch::AutoGradMode grad_mode(true);
+  stash.output = RunSegment(segment, stash.input, targets);
+}
+
+void TorchStage::AccumulateGrads(const std::vector<torch::Tensor>& parameters,
+                                 const std::vector<torch::Tensor>& grads) const {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    torch::Tensor parameter = parameters[i];
+    parameter.mutable_grad().add_(grads[i]);
+  }
+}
+
+absl::StatusOr<torch::Tensor> TorchStage::StartGradient(
+    int microbatch, MicrobatchStash& stash, const std::vector<Tensor>& output_grads) const {
+  const torch::Tensor& output = stash.segments.back().output;
+  if (is_last_) {
+    if (!output_grads.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(microbatch), ": the last stage takes no output gradients"));
+    }
+    return torch::ones_like(output);
+  }
+  if (output_grads.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(microbatch), ": expected 1 output gradient, got ", output_grads.size()));
+  }
+  if (output_grads[0].meta.shape != output.sizes().vec()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(microbatch), ": output gradient ",
+                     ShapeString(output_grads[0].meta.shape), " does not match the output ",
+                     ShapeString(output.sizes().vec())));
+  }
+  absl::StatusOr<torch::Tensor> grad = FromRuntime(output_grads[0]);
+  if (!grad.ok()) return Annotate(grad.status(), Where(microbatch));
+  return grad->to(output.scalar_type()).clone();
+}
+
+absl::StatusOr<std::vector<Tensor>> TorchStage::Backward(int microbatch,
+                                                         std::vector<Tensor> output_grads) {
+  TANDEM_ASSIGN_OR_RETURN(MicrobatchStash * stash, FindStash(microbatch));
+  if (stash->input_grads_done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(microbatch), ": full backward after BackwardInput (call BackwardWeight)"));
+  }
+  const std::string where = absl::StrCat(Where(microbatch), " backward");
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
+    EnsureGraph(segments_.back(), stash->segments.back(), stash->targets);
+  }));
+  TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
+    for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
+      SegmentStash& kept = stash->segments[k];
+      EnsureGraph(segments_[k], kept, stash->targets);
+      std::vector<torch::Tensor> wrt = segment_parameters_[k];
+      const bool wants_input = kept.input.requires_grad();
+      if (wants_input) wrt.push_back(kept.input);
+      if (wrt.empty()) break;  // token ids in and no parameters: nothing to compute
+      std::vector<torch::Tensor> grads =
+          torch::autograd::grad({kept.output}, wrt, {grad}, /*retain_graph=*/false,
+                                /*create_graph=*/false, /*allow_unused=*/true);
+      if (wants_input) {
+        grad = grads.back().defined() ? grads.back() : torch::zeros_like(kept.input);
+        grads.pop_back();
+      }
+      AccumulateGrads(segment_parameters_[k], grads);
+      kept = SegmentStash{};
+    }
+  }));
+  stash_.erase(microbatch);
+  if (is_first()) return std::vector<Tensor>{};
+  return std::vector<Tensor>{ToRuntime(grad)};
+}
+
+absl::StatusOr<std::vector<Tensor>> TorchStage::BackwardInput(int microbatch,
+                                                              std::vector<Tensor> output_grads) {
+  TANDEM_ASSIGN_OR_RETURN(MicrobatchStash * stash, FindStash(microbatch));
+  if (stash->input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(microbatch), ": BackwardInput called twice"));
+  }
+  const std::string where = absl::StrCat(Where(microbatch), " backward-input");
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
+    EnsureGraph(segments_.back(), stash->segments.back(), stash->targets);
+  }));
+  TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
+    for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
+      SegmentStash& kept = stash->segments[k];
+      EnsureGraph(segments_[k], kept, stash->targets);
+      kept.output_grad = grad;
+      if (!kept.input.requires_grad()) break;  // token ids: no input gradient
+      torch::Tensor input_grad =
+          torch::autograd::grad({kept.output}, {kept.input}, {grad}, /*retain_graph=*/true,
+                                /*create_graph=*/false, /*allow_unused=*/true)[0];
+      grad = input_grad.defined() ? input_grad : torch::zeros_like(kept.input);
+    }
+  }));
+  stash->input_grads_done = true;
+  if (is_first()) return std::vector<Tensor>{};
+  return std::vector<Tensor>{ToRuntime(grad)};
+}
+
+absl::Status TorchStage::BackwardWeight(int microbatch) {
+  TANDEM_ASSIGN_OR_RETURN(MicrobatchStash * stash, FindStash(microbatch));
+  if (!stash->input_grads_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Where(microbatch), ": BackwardWeight before BackwardInput"));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      CatchTorchErrors(absl::StrCat(Where(microbatch), " backward-weight"), [&] {
+        for (size_t k = 0; k < segments_.size(); ++k) {
+          const SegmentStash& kept = stash->segments[k];
+          if (segment_parameters_[k].empty()) continue;
+          std::vector<torch::Tensor> grads = torch::autograd::grad(
+              {kept.output}, segment_parameters_[k], {kept.output_grad}, /*retain_graph=*/false,
+              /*create_graph=*/false, /*allow_unused=*/true);
+          AccumulateGrads(segment_parameters_[k], grads);
+        }
+      }));
+  stash_.erase(microbatch);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,158 @@
+// TorchStage: the LibTorch implementation of runtime::Stage. It owns a deep copy of layers
+// [first_layer, end_layer) of a LayeredModel, so several TorchStages on one rank (interleaved
+// chunks, Chimera's two pipeline replicas) each have their own parameters.
+//
+// Data. The first stage reads its inputs and the last stage its targets from the Dataset with
+// the batch rule of runtime/torch/data.h: at BeginIteration(i) a stage of data-parallel replica
+// d takes samples [d * M * b, (d + 1) * M * b) of iteration i and micro-batch m (the global
+// index 0..M-1 of the schedule, whichever pipeline replica runs it) is the m-th slice of b
+// samples. Tensors between stages cross as runtime::Tensor (memory of a torch tensor kept
+// alive by `holder`); a received input is copied, so the caller may reuse its buffer.
+//
+// Loss scaling. The last stage multiplies each micro-batch's (mean) loss by
+// 1 / (M * D), the number of micro-batches over all data-parallel replicas, before backward,
+// so the gradients summed over micro-batches and all-reduced (summed) over replicas equal the
+// gradient of the global-batch mean loss. IterationLoss() is the sum of the scaled losses, so
+// its sum over replicas is the global-batch mean loss.
+//
+// Stash and recomputation. The layers are grouped into segments: maximal runs of consecutive
+// layers with the same recompute flag (recompute_layers). Forward keeps, per micro-batch,
+// each segment's input; a normal segment also keeps its autograd graph, a recomputed segment
+// runs without a graph and is run again (with one) in backward. Results are identical with and
+// without recomputation (the forward must be deterministic: no dropout).
+//
+// Backward. Backward(m) runs autograd segment by segment from the output gradients (the last
+// stage from its scaled loss) and adds parameter gradients into the preallocated .grad
+// tensors. The zero-bubble split: BackwardInput(m) computes only input gradients (keeping the
+// graph), BackwardWeight(m) later computes the weight gradients from the kept graph and frees
+// the stash.
+//
+// Parameters. Every parameter must be a contiguous float32 tensor; gradients are allocated at
+// creation, so ParameterView addresses stay fixed for the stage's lifetime. Gradients are
+// zeroed at BeginIteration. The engine's optimizer may update values in place between
+// iterations (no stash is alive then).
+//
+// Threading: one thread drives a TorchStage (the Stage contract). Device: CPU or one CUDA
+// device; LibTorch's current stream is used.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/modules/container/any.h>
+
+#include "runtime/stage.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/model.h"
+
+namespace tandem::runtime::libtorch {
+
+struct TorchStageOptions {
+  int first_layer = 0;  // [first_layer, end_layer) of the model
+  int end_layer = 0;
+  std::vector<int> recompute_layers;  // model layer indices; those outside the range are ignored
+  int data_parallel_index = 0;        // d
+  int data_parallel = 1;              // D
+  int microbatches = 1;               // M: micro-batches per replica per iteration
+  int64_t microbatch_size = 1;        // b
+  torch::Device device = torch::kCPU;
+};
+
+class TorchStage final : public Stage {
+ public:
+  // Clones the stage's layers from `model` onto options.device. InvalidArgument for a bad
+  // range or counts (or no data set on a first or last stage), FailedPrecondition for a
+  // non-clonable layer or a parameter that is not contiguous float32.
+  static absl::StatusOr<std::unique_ptr<TorchStage>> Create(const LayeredModel& model,
+                                                            std::shared_ptr<const Dataset> data,
+                                                            const TorchStageOptions& options);
+
+  absl::Status BeginIteration(int64_t iteration) override;
+  absl::StatusOr<std::vector<Tensor>> Forward(int microbatch, std::vector<Tensor> inputs) override;
+  absl::StatusOr<std::vector<Tensor>> Backward(int microbatch,
+                                               std::vector<Tensor> output_grads) override;
+  absl::StatusOr<std::vector<Tensor>> BackwardInput(int microbatch,
+                                                    std::vector<Tensor> output_grads) override;
+  absl::Status BackwardWeight(int microbatch) override;
+  absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) override;
+  double IterationLoss() const override { return iteration_loss_; }
+  std::vector<ParameterView> Parameters() override;
+  comm::Device device() const override;
+
+  bool is_first() const { return options_.first_layer == 0; }
+  bool is_last() const { return is_last_; }
+  const TorchStageOptions& options() const { return options_; }
+  // Parameters as torch tensors, named as in LayeredModel::NamedParameters.
+  const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters() const {
+    return parameters_;
+  }
+  // Unscaled mean loss of each micro-batch forwarded this iteration (last stage), by index.
+  const std::map<int, double>& microbatch_losses() const { return microbatch_losses_; }
+  // Micro-batches whose stash is held (forwarded, backward not finished).
+  int stashed_microbatches() const { return static_cast<int>(stash_.size()); }
+  // Segments as [first, end) model layer ranges with their recompute flag (for tests and logs).
+  std::vector<std::pair<std::pair<int, int>, bool>> segments() const;
+
+ private:
+  // A run of consecutive layers [begin, end) (indices into layers_) with one recompute flag.
+  struct Segment {
+    int begin = 0;
+    int end = 0;
+    bool recompute = false;
+    bool computes_loss = false;  // last segment of the last stage: output is the scaled loss
+  };
+  // What one micro-batch keeps between forward and backward, per segment.
+  struct SegmentStash {
+    torch::Tensor input;        // detached; requires grad unless it is integer (token ids)
+    torch::Tensor output;       // with graph (normal segments, or after recomputation)
+    torch::Tensor output_grad;  // kept by BackwardInput for BackwardWeight
+  };
+  struct MicrobatchStash {
+    std::vector<SegmentStash> segments;
+    torch::Tensor targets;  // last stage
+    bool input_grads_done = false;
+  };
+
+  TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
+             TorchStageOptions options, std::vector<torch::nn::AnyModule> layers);
+
+  std::string Where(int microbatch) const;  // "stage [2, 4) replica 0 iteration 5 micro-batch 3"
+  torch::Tensor RunSegment(const Segment& segment, torch::Tensor input,
+                           const torch::Tensor& targets) const;
+  // Recomputes `segment`'s output with a graph if it was not kept.
+  void EnsureGraph(const Segment& segment, SegmentStash& stash,
+                   const torch::Tensor& targets) const;
+  void AccumulateGrads(const std::vector<torch::Tensor>& parameters,
+                       const std::vector<torch::Tensor>& grads) const;
+  // The gradient entering the last segment: ones for the loss, else the received gradient.
+  absl::StatusOr<torch::Tensor> StartGradient(int microbatch, MicrobatchStash& stash,
+                                              const std::vector<Tensor>& output_grads) const;
+  absl::StatusOr<MicrobatchStash*> FindStash(int microbatch);
+  Tensor ToRuntime(torch::Tensor tensor) const;
+  absl::StatusOr<torch::Tensor> FromRuntime(const Tensor& tensor) const;
+
+  TorchStageOptions options_;
+  bool is_last_ = false;
+  std::shared_ptr<const Dataset> data_;
+  LossFunction loss_;
+  std::vector<torch::nn::AnyModule> layers_;
+  std::vector<Segment> segments_;
+  std::vector<std::vector<torch::Tensor>> segment_parameters_;
+  std::vector<std::pair<std::string, torch::Tensor>> parameters_;
+  double loss_scale_ = 1.0;
+
+  int64_t iteration_ = -1;
+  Batch replica_batch_;  // this replica's M * b samples of the current iteration
+  std::map<int, MicrobatchStash> stash_;
+  std::map<int, double> microbatch_losses_;
+  double iteration_loss_ = 0;
+};
+
+// Conversions between LibTorch and runtime element types.
+absl::StatusOr<comm::DataType> ToCommType(torch::ScalarType type);
+absl::StatusOr<torch::ScalarType> ToTorchType(comm::DataType type);
+
+}  // namespace tandem::runtime::libtorch
