@@ -1,0 +1,77 @@
+// PipeDream's partitioner (Narayanan et al., SOSP 2019; optimizer_graph_hierarchical.py): the
+// dynamic program over contiguous stages with per-stage data-parallel replication.
+//
+// Cost model, per network level with m machines and bandwidth B:
+//   a stage of layers with compute time C (forward + backward) and parameter bytes P on r
+//   replicas takes  (C + 4 (r-1) P / (B r) / w) / r  per sample ("time per stage"), where
+//   4 (r-1) P / (B r) is PipeDream's all-reduce (parameter-server) term and w the number of
+//   devices inside one machine of this level (1 at the innermost level: the machines of an
+//   outer level are groups of inner ones that exchange their shares in parallel);
+//   the pipeline's time is its slowest stage's. At an outer level the "compute time" of a
+//   range of layers is the best time per stage the inner level found for it on one machine.
+// Options as PipeDream's flags:
+//   straight             no replication: exactly one machine per stage.
+//   use_memory_constraint  a stage's stash (activations + parameters + optimizer state) times
+//                        ceil((machines after its prefix) / r) must fit `memory_bytes`
+//                        (PipeDream's estimate).
+//   use_fewer_machines   the pipeline may leave machines unused (otherwise every machine of
+//                        every level is used, as PipeDream's default).
+//   activation_compression_ratio  > 0 also bounds each stage by its activation transfers
+//                        2 * bytes / (B r) / ratio, in and out (PipeDream ignores activation
+//                        transfers unless this flag is given; 0 = ignore).
+// Heterogeneous clusters: a straight single-level pipeline uses each device's speed (stage i
+// on device i); replicated plans assume every device runs at the slowest speed (synchronous
+// replicas wait for the slowest).
+//
+// One difference from PipeDream's script: at an outer level it divides the all-reduce term by
+// w only for the unsplit case; here both cases divide (single-level results are identical).
+//
+// Complexity: O(L^2 N^2) per level with all machines used; with use_fewer_machines and no
+// memory constraint the replica split is found by binary search (the earlier stages' time
+// only falls and the new stage's only rises as machines move to the earlier stages), O(L^2 N
+// log N).
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/layer_chain.h"
+
+namespace tandem::planner {
+
+struct PipeDreamLevel {
+  int machines = 1;  // machines at this level (devices at level 0; nodes at level 1)
+  double bandwidth_bytes_per_second = 0;
+};
+
+struct PipeDreamOptions {
+  std::vector<PipeDreamLevel> levels;  // innermost first; devices = product of machines
+  bool straight = false;
+  bool use_memory_constraint = false;
+  double memory_bytes = 0;
+  bool use_fewer_machines = false;
+  double activation_compression_ratio = 0;
+  std::vector<double> device_speeds;  // empty = all 1; else one per device (level-0 order)
+};
+
+struct PipeDreamStage {
+  int first_layer = 0;  // [first_layer, end_layer)
+  int end_layer = 0;
+  int replicas = 1;     // devices running copies of this stage (all levels)
+  double seconds = 0;   // time per stage (per sample) at the innermost level
+};
+
+struct PipeDreamResult {
+  double bottleneck_seconds = 0;      // PipeDream's "time per stage in pipeline"
+  double single_machine_seconds = 0;  // sum of compute times
+  double data_parallel_seconds = 0;   // PipeDream's data-parallel estimate on all devices
+  int devices_used = 0;
+  std::vector<PipeDreamStage> stages;
+};
+
+// InvalidArgument for bad options; ResourceExhausted when no partition satisfies the memory
+// constraint.
+absl::StatusOr<PipeDreamResult> RunPipeDream(const LayerChain& chain,
+                                             const PipeDreamOptions& options);
+
+}  // namespace tandem::planner

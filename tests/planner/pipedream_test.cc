@@ -1,0 +1,234 @@
+// PipeDream's partitioner: PipeDream's own reference figures on its own VGG-16 profile, and
+// brute force on small random instances.
+#include "planner/pipedream.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "planner/importers.h"
+#include "planner/layer_chain.h"
+#include "tests/planner/test_util.h"
+
+namespace tandem::planner {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kBandwidth = 1e9;
+
+LayerChain Vgg16() {
+  auto profile = ReadPipeDreamGraphFile(testing::DataPath("pipedream/vgg16.graph.txt"));
+  EXPECT_TRUE(profile.ok()) << profile.status();
+  auto chain = LayerChain::FromProfile(*profile);
+  EXPECT_TRUE(chain.ok()) << chain.status();
+  return *chain;
+}
+
+double Bottleneck(const LayerChain& chain, int machines, bool straight) {
+  PipeDreamOptions options;
+  options.levels = {{machines, kBandwidth}};
+  options.straight = straight;
+  auto result = RunPipeDream(chain, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->bottleneck_seconds : -1;
+}
+
+// The figures PipeDream's optimizer prints for these runs ("Time per stage in pipeline").
+TEST(PipeDream, ReproducesReferenceFiguresOnVgg16) {
+  const LayerChain chain = Vgg16();
+  EXPECT_NEAR(Bottleneck(chain, 1, false), 0.672535, 1e-9);
+  EXPECT_NEAR(Bottleneck(chain, 2, true), 0.370931, 1e-9);
+  EXPECT_NEAR(Bottleneck(chain, 4, true), 0.21645, 1e-9);
+  EXPECT_NEAR(Bottleneck(chain, 4, false), 0.175732624, 1e-9);
+  EXPECT_NEAR(Bottleneck(chain, 8, false), 0.09351323, 1e-8);
+}
+
+TEST(PipeDream, ReplicatedVgg16UsesEveryMachineAndCoversTheModel) {
+  const LayerChain chain = Vgg16();
+  PipeDreamOptions options;
+  options.levels = {{4, kBandwidth}};
+  auto result = RunPipeDream(chain, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->devices_used, 4);
+  ASSERT_FALSE(result->stages.empty());
+  EXPECT_EQ(result->stages.front().first_layer, 0);
+  EXPECT_EQ(result->stages.back().end_layer, chain.num_layers());
+  double slowest = 0;
+  for (size_t s = 0; s < result->stages.size(); ++s) {
+    if (s > 0) EXPECT_EQ(result->stages[s].first_layer, result->stages[s - 1].end_layer);
+    slowest = std::max(slowest, result->stages[s].seconds);
+  }
+  EXPECT_NEAR(slowest, result->bottleneck_seconds, 1e-12);
+}
+
+// ---- Brute force ---------------------------------------------------------------------------
+
+struct BruteOptions {
+  int machines = 1;
+  bool straight = false;
+  bool fewer = false;
+  bool memory = false;
+  double memory_bytes = 0;
+  double compression = 0;
+};
+
+double StageTime(const LayerChain& chain, int i, int j, int r, int prefix_machines,
+                 const BruteOptions& o) {
+  if (o.memory) {
+    const double stash = chain.StashedBytes(i, j) + chain.ParameterBytes(i, j) +
+                         chain.OptimizerStateBytes(i, j);
+    if (stash * std::ceil(double(o.machines - prefix_machines) / r) > o.memory_bytes) return kInf;
+  }
+  double t = (chain.ComputeSeconds(i, j) + 4.0 * (r - 1) * chain.ParameterBytes(i, j) /
+                                               (kBandwidth * r)) /
+             r;
+  if (o.compression > 0) {
+    const double per_byte = 2.0 / (kBandwidth * r) / o.compression;
+    if (i > 0) t = std::max(t, chain.CutBytes(i) * per_byte);
+    if (j < chain.num_layers()) t = std::max(t, chain.CutBytes(j) * per_byte);
+  }
+  return t;
+}
+
+// Every split of the layers into stages and every assignment of replicas.
+double BruteForce(const LayerChain& chain, const BruteOptions& o) {
+  double best = kInf;
+  const int n = chain.num_layers();
+  std::function<void(int, int, double)> extend = [&](int first, int used, double worst) {
+    if (first == n) {
+      if (used == o.machines || (o.fewer && used <= o.machines)) best = std::min(best, worst);
+      return;
+    }
+    for (int end = first + 1; end <= n; ++end) {
+      for (int r = 1; used + r <= o.machines && (r == 1 || !o.straight); ++r) {
+        const double t = StageTime(chain, first, end, r, used + r, o);
+        extend(end, used + r, std::max(worst, t));
+      }
+    }
+  };
+  extend(0, 0, 0.0);
+  return best;
+}
+
+TEST(PipeDream, MatchesBruteForceOnRandomInstances) {
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int layers = 2 + trial % 5;
+    pipeline::Profile profile = testing::RandomProfile(layers, &rng);
+    // Parameters large enough that replication is not always worth it.
+    for (auto& layer : profile.layers) layer.parameter_bytes *= 3e7;
+    auto chain = LayerChain::FromProfile(profile);
+    ASSERT_TRUE(chain.ok());
+    BruteOptions o;
+    o.machines = 1 + trial % 4;
+    o.straight = trial % 3 == 0;
+    o.fewer = trial % 2 == 0;
+    o.memory = trial % 5 == 1;
+    o.memory_bytes = 40;
+    o.compression = trial % 7 == 3 ? 1e-8 : 0;
+    PipeDreamOptions options;
+    options.levels = {{o.machines, kBandwidth}};
+    options.straight = o.straight;
+    options.use_fewer_machines = o.fewer;
+    options.use_memory_constraint = o.memory;
+    options.memory_bytes = o.memory_bytes;
+    options.activation_compression_ratio = o.compression;
+    const double expected = BruteForce(*chain, o);
+    auto result = RunPipeDream(*chain, options);
+    if (!std::isfinite(expected)) {
+      EXPECT_FALSE(result.ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(result.ok()) << "trial " << trial << ": " << result.status();
+    EXPECT_NEAR(result->bottleneck_seconds, expected, 1e-12 * expected) << "trial " << trial;
+    // The reported stages achieve the reported bottleneck.
+    double worst = 0;
+    int used = 0;
+    for (const PipeDreamStage& stage : result->stages) {
+      used += stage.replicas;
+      worst = std::max(worst, StageTime(*chain, stage.first_layer, stage.end_layer,
+                                        stage.replicas, used, o));
+    }
+    EXPECT_NEAR(worst, expected, 1e-12 * expected) << "trial " << trial;
+    ++checked;
+  }
+  EXPECT_GT(checked, 40);
+}
+
+TEST(PipeDream, FastReplicaSearchMatchesExhaustiveSearch) {
+  // use_fewer_machines takes the binary-search path; compare with brute force at more
+  // machines than the small test above.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    pipeline::Profile profile = testing::RandomProfile(4, &rng);
+    for (auto& layer : profile.layers) layer.parameter_bytes *= 1e8 * (trial % 3);
+    auto chain = LayerChain::FromProfile(profile);
+    ASSERT_TRUE(chain.ok());
+    BruteOptions o;
+    o.machines = 6 + trial % 3;
+    o.fewer = true;
+    PipeDreamOptions options;
+    options.levels = {{o.machines, kBandwidth}};
+    options.use_fewer_machines = true;
+    auto result = RunPipeDream(*chain, options);
+    ASSERT_TRUE(result.ok());
+    const double expected = BruteForce(*chain, o);
+    EXPECT_NEAR(result->bottleneck_seconds, expected, 1e-12 * expected) << "trial " << trial;
+    EXPECT_LE(result->devices_used, o.machines);
+  }
+}
+
+TEST(PipeDream, HeterogeneousStraightPipelineUsesEachDevicesSpeed) {
+  pipeline::Profile profile;
+  for (int i = 0; i < 4; ++i) {
+    pipeline::LayerProfile layer;
+    layer.name = "l" + std::to_string(i);
+    layer.forward_seconds = 1;
+    layer.backward_seconds = 0;
+    profile.layers.push_back(layer);
+  }
+  auto chain = LayerChain::FromProfile(profile);
+  ASSERT_TRUE(chain.ok());
+  PipeDreamOptions options;
+  options.levels = {{2, kBandwidth}};
+  options.straight = true;
+  options.device_speeds = {3.0, 1.0};  // device 0 three times faster
+  auto result = RunPipeDream(*chain, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // Three layers on the fast device (1 s), one on the slow (1 s).
+  EXPECT_NEAR(result->bottleneck_seconds, 1.0, 1e-12);
+  ASSERT_EQ(result->stages.size(), 2u);
+  EXPECT_EQ(result->stages[0].end_layer, 3);
+}
+
+TEST(PipeDream, TwoLevelHierarchyUsesEveryDevice) {
+  const LayerChain chain = Vgg16();
+  PipeDreamOptions options;
+  options.levels = {{4, 10e9}, {2, 1e9}};
+  auto result = RunPipeDream(chain, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->devices_used, 8);
+  // Faster links inside a node can only help compared with a flat 8-machine cluster at 1e9.
+  EXPECT_LE(result->bottleneck_seconds, 0.09351323 + 1e-9);
+  EXPECT_LT(result->bottleneck_seconds, result->single_machine_seconds / 4);
+}
+
+TEST(PipeDream, InfeasibleMemoryIsResourceExhausted) {
+  const LayerChain chain = Vgg16();
+  PipeDreamOptions options;
+  // PipeDream's estimate charges a stage for the machines after it, so the last stage always
+  // fits; earlier stages of a straight pipeline cannot hold VGG-16 in 1 MB.
+  options.levels = {{4, kBandwidth}};
+  options.straight = true;
+  options.use_memory_constraint = true;
+  options.memory_bytes = 1e6;
+  auto result = RunPipeDream(chain, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace tandem::planner
