@@ -1,0 +1,309 @@
+#include "runtime/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+#include "common/json_util.h"
+#include "common/status.h"
+
+namespace tandem::runtime {
+namespace {
+
+// A shard file: the magic, the header length as a uint64 (host byte order: checkpoints are
+// read on the machines that wrote them), the JSON header, then the tensors' bytes in header
+// order.
+constexpr char kShardMagic[] = "TANDEMSHARD1";
+constexpr size_t kShardMagicSize = sizeof(kShardMagic) - 1;
+constexpr int kLargestDataType = static_cast<int>(comm::DataType::kInt64);
+
+}  // namespace
+
+const ShardTensor* CheckpointShard::Find(absl::string_view name) const {
+  for (const ShardTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+const ShardRecord* CheckpointManifest::FindShard(int stage, int part) const {
+  for (const ShardRecord& r : shards) {
+    if (r.stage == stage && r.part == part) return &r;
+  }
+  return nullptr;
+}
+
+std::string ShardFileName(int stage, int part, int num_parts) {
+  return absl::StrFormat("stage-%03d.part-%d-of-%d.bin", stage, part, num_parts);
+}
+
+std::string Checksum(absl::string_view bytes) {
+  constexpr uint64_t kOffsetBasis = 14695981039346656037ull;
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t hash = kOffsetBasis;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= kPrime;
+  }
+  return absl::StrFormat("%016x", hash);
+}
+
+std::string SerializeShard(const CheckpointShard& shard) {
+  nlohmann::json header = {{"stage", shard.stage},
+                           {"part", shard.part},
+                           {"num_parts", shard.num_parts},
+                           {"metadata", shard.metadata}};
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ShardTensor& t : shard.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"dtype", static_cast<int>(t.dtype)},
+                       {"dtype_name", comm::DataTypeName(t.dtype)},
+                       {"count", t.count}});
+  }
+  header["tensors"] = tensors;
+  const std::string header_text = header.dump();
+  const uint64_t header_size = header_text.size();
+  std::string out(kShardMagic, kShardMagicSize);
+  out.append(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  out += header_text;
+  for (const ShardTensor& t : shard.tensors) out += t.bytes;
+  return out;
+}
+
+absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_view source) {
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(source, ": corrupt shard: ", why));
+  };
+  if (data.size() < kShardMagicSize + sizeof(uint64_t) ||
+      data.substr(0, kShardMagicSize) != absl::string_view(kShardMagic, kShardMagicSize)) {
+    return corrupt("bad magic (not a tandem checkpoint shard)");
+  }
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, data.data() + kShardMagicSize, sizeof(header_size));
+  size_t offset = kShardMagicSize + sizeof(header_size);
+  if (header_size > data.size() - offset) return corrupt("header runs past the end");
+  nlohmann::json header =
+      nlohmann::json::parse(data.substr(offset, header_size), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) return corrupt("header is not JSON");
+  offset += header_size;
+  const std::string where = absl::StrCat(source, " header");
+  CheckpointShard shard;
+  auto bad = [&](const absl::Status& s) { return absl::DataLossError(s.message()); };
+  auto stage = GetInt(header, "stage", where);
+  auto part = GetInt(header, "part", where);
+  auto num_parts = GetInt(header, "num_parts", where);
+  auto tensors = GetArray(header, "tensors", where);
+  if (!stage.ok()) return bad(stage.status());
+  if (!part.ok()) return bad(part.status());
+  if (!num_parts.ok()) return bad(num_parts.status());
+  if (!tensors.ok()) return bad(tensors.status());
+  shard.stage = static_cast<int>(*stage);
+  shard.part = static_cast<int>(*part);
+  shard.num_parts = static_cast<int>(*num_parts);
+  if (header.contains("metadata")) shard.metadata = header["metadata"];
+  for (size_t i = 0; i < (*tensors)->size(); ++i) {
+    const nlohmann::json& tj = (**tensors)[i];
+    const std::string twhere = absl::StrCat(where, ": tensors[", i, "]");
+    auto name = GetString(tj, "name", twhere);
+    auto dtype = GetInt(tj, "dtype", twhere);
+    auto count = GetInt(tj, "count", twhere);
+    if (!name.ok()) return bad(name.status());
+    if (!dtype.ok()) return bad(dtype.status());
+    if (!count.ok()) return bad(count.status());
+    if (*dtype < 0 || *dtype > kLargestDataType || *count < 0) {
+      return corrupt(absl::StrCat("tensors[", i, "] has a bad dtype or count"));
+    }
+    ShardTensor t;
+    t.name = *name;
+    t.dtype = static_cast<comm::DataType>(*dtype);
+    t.count = *count;
+    const uint64_t bytes = static_cast<uint64_t>(t.count) * comm::SizeOf(t.dtype);
+    if (bytes > data.size() - offset) {
+      return corrupt(absl::StrCat("tensor '", t.name, "' runs past the end of the file"));
+    }
+    t.bytes = std::string(data.substr(offset, bytes));
+    offset += bytes;
+    shard.tensors.push_back(std::move(t));
+  }
+  if (offset != data.size()) {
+    return corrupt(absl::StrCat(data.size() - offset, " trailing bytes"));
+  }
+  return shard;
+}
+
+absl::StatusOr<ShardRecord> WriteShard(const std::string& dir, const CheckpointShard& shard) {
+  ShardRecord record;
+  record.stage = shard.stage;
+  record.part = shard.part;
+  record.num_parts = shard.num_parts;
+  record.file = ShardFileName(shard.stage, shard.part, shard.num_parts);
+  const std::string contents = SerializeShard(shard);
+  record.bytes = static_cast<int64_t>(contents.size());
+  record.checksum = Checksum(contents);
+  TANDEM_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", record.file), contents));
+  return record;
+}
+
+absl::StatusOr<CheckpointShard> ReadShard(const std::string& dir, const ShardRecord& record) {
+  const std::string path = absl::StrCat(dir, "/", record.file);
+  auto contents = ReadFile(path);
+  if (!contents.ok()) {
+    if (absl::IsNotFound(contents.status())) {
+      return absl::NotFoundError(
+          absl::StrCat(path, ": shard file listed in the manifest is missing"));
+    }
+    return contents.status();
+  }
+  if (static_cast<int64_t>(contents->size()) != record.bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": has ", contents->size(),
+                                            " bytes, the manifest says ", record.bytes,
+                                            " (truncated or overwritten shard)"));
+  }
+  const std::string checksum = Checksum(*contents);
+  if (checksum != record.checksum) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum ", checksum,
+                                            " differs from the manifest's ", record.checksum,
+                                            " (corrupt shard)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ParseShard(*contents, path));
+  if (shard.stage != record.stage || shard.part != record.part ||
+      shard.num_parts != record.num_parts) {
+    return absl::DataLossError(absl::StrCat(path, ": holds stage ", shard.stage, " part ",
+                                            shard.part, ", the manifest says stage ",
+                                            record.stage, " part ", record.part));
+  }
+  return shard;
+}
+
+nlohmann::json ToJson(const CheckpointManifest& manifest) {
+  nlohmann::json shards = nlohmann::json::array();
+  for (const ShardRecord& r : manifest.shards) {
+    shards.push_back({{"stage", r.stage},
+                      {"part", r.part},
+                      {"num_parts", r.num_parts},
+                      {"file", r.file},
+                      {"bytes", r.bytes},
+                      {"checksum", r.checksum}});
+  }
+  return {{"format_version", manifest.format_version},
+          {"model", manifest.model},
+          {"step", manifest.step},
+          {"data_position", manifest.data_position},
+          {"optimizer", manifest.optimizer},
+          {"plan", manifest.plan},
+          {"shards", shards}};
+}
+
+absl::StatusOr<CheckpointManifest> ManifestFromJson(const nlohmann::json& j,
+                                                    absl::string_view source) {
+  const std::string where(source);
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object"));
+  }
+  CheckpointManifest m;
+  TANDEM_ASSIGN_OR_RETURN(int64_t version, GetInt(j, "format_version", where));
+  if (version != kCheckpointFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": format_version ", version,
+                                                   " is not supported (expected ",
+                                                   kCheckpointFormatVersion, ")"));
+  }
+  m.format_version = static_cast<int>(version);
+  TANDEM_ASSIGN_OR_RETURN(m.model, GetString(j, "model", where));
+  TANDEM_ASSIGN_OR_RETURN(m.step, GetInt(j, "step", where));
+  if (m.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": step: must not be negative"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* plan, GetObject(j, "plan", where));
+  m.plan = *plan;
+  if (j.contains("data_position")) m.data_position = j["data_position"];
+  if (j.contains("optimizer")) m.optimizer = j["optimizer"];
+  TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* shards, GetArray(j, "shards", where));
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const std::string swhere = absl::StrCat(where, ": shards[", i, "]");
+    const nlohmann::json& sj = (*shards)[i];
+    ShardRecord r;
+    TANDEM_ASSIGN_OR_RETURN(int64_t stage, GetInt(sj, "stage", swhere));
+    TANDEM_ASSIGN_OR_RETURN(int64_t part, GetInt(sj, "part", swhere));
+    TANDEM_ASSIGN_OR_RETURN(int64_t num_parts, GetInt(sj, "num_parts", swhere));
+    TANDEM_ASSIGN_OR_RETURN(r.file, GetString(sj, "file", swhere));
+    TANDEM_ASSIGN_OR_RETURN(r.bytes, GetInt(sj, "bytes", swhere));
+    TANDEM_ASSIGN_OR_RETURN(r.checksum, GetString(sj, "checksum", swhere));
+    if (stage < 0 || num_parts < 1 || part < 0 || part >= num_parts || r.bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(swhere, ": stage/part/num_parts/bytes out of range"));
+    }
+    if (r.file.empty() || r.file.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(swhere, ": file: must be a plain file name, got '", r.file, "'"));
+    }
+    r.stage = static_cast<int>(stage);
+    r.part = static_cast<int>(part);
+    r.num_parts = static_cast<int>(num_parts);
+    if (m.FindShard(r.stage, r.part) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(swhere, ": stage ", r.stage, " part ",
+                                                     r.part, " listed twice"));
+    }
+    m.shards.push_back(std::move(r));
+  }
+  return m;
+}
+
+absl::Status EnsureDirectory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": cannot create checkpoint folder: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& manifest) {
+  return WriteFileAtomically(absl::StrCat(dir, "/", kManifestFileName),
+                             ToJson(manifest).dump(2) + "\n");
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(absl::StrCat(
+          path, ": no checkpoint manifest (missing, or the checkpoint was never completed)"));
+    }
+    return text.status();
+  }
+  TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(*text, path));
+  TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ManifestFromJson(j, path));
+  for (const ShardRecord& r : manifest.shards) {
+    const std::string shard_path = absl::StrCat(dir, "/", r.file);
+    struct stat st;
+    if (::stat(shard_path.c_str(), &st) != 0) {
+      return absl::NotFoundError(
+          absl::StrCat(shard_path, ": shard file listed in the manifest is missing"));
+    }
+    if (static_cast<int64_t>(st.st_size) != r.bytes) {
+      return absl::DataLossError(absl::StrCat(shard_path, ": has ", st.st_size,
+                                              " bytes, the manifest says ", r.bytes,
+                                              " (truncated or overwritten shard)"));
+    }
+  }
+  return manifest;
+}
+
+absl::Status RemoveManifest(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::InternalError(absl::StrCat(path, ": cannot remove: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::runtime

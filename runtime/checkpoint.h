@@ -1,0 +1,114 @@
+// Checkpoints: per-stage shard files plus a small manifest, in one folder.
+//
+//   <dir>/stage-003.part-0-of-1.bin   one shard: named tensors (parameters, optimizer state)
+//   <dir>/manifest.json               model, plan, step, data position, optimizer, and every
+//                                     shard's file name, size and checksum
+//
+// Atomicity: every file is written to a temporary name, fsynced and renamed
+// (WriteFileAtomically). The manifest is written last, after all shards, and records their
+// checksums, so a crash at any point leaves either no manifest, the previous complete
+// checkpoint, or a manifest whose shards fail the checksum — never a half checkpoint that
+// loads. Writers remove an old manifest before writing new shards (RemoveManifest).
+//
+// Errors on load: NotFound for a missing manifest or shard (naming the file), DataLoss for a
+// shard whose size or checksum differs from the manifest or whose contents are malformed,
+// InvalidArgument for a malformed manifest (naming the field).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "comm/communicator.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::runtime {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr char kManifestFileName[] = "manifest.json";
+
+// One named tensor of a shard, as raw bytes.
+struct ShardTensor {
+  std::string name;
+  comm::DataType dtype = comm::DataType::kFloat32;
+  int64_t count = 0;   // elements
+  std::string bytes;   // count * SizeOf(dtype) bytes
+
+  bool operator==(const ShardTensor& o) const {
+    return name == o.name && dtype == o.dtype && count == o.count && bytes == o.bytes;
+  }
+};
+
+// The state of one stage (or one part of it when the optimizer state is sharded over the
+// stage's gradient group): parameters and optimizer state as named tensors, plus free-form
+// metadata (e.g. the optimizer's step count).
+struct CheckpointShard {
+  int stage = 0;
+  int part = 0;        // 0 .. num_parts-1
+  int num_parts = 1;
+  std::vector<ShardTensor> tensors;
+  nlohmann::json metadata = nlohmann::json::object();
+
+  const ShardTensor* Find(absl::string_view name) const;
+};
+
+// What the manifest says about a shard file.
+struct ShardRecord {
+  int stage = 0;
+  int part = 0;
+  int num_parts = 1;
+  std::string file;     // relative to the checkpoint folder
+  int64_t bytes = 0;
+  std::string checksum; // 16 hex digits (FNV-1a 64 of the whole file)
+
+  bool operator==(const ShardRecord& o) const {
+    return stage == o.stage && part == o.part && num_parts == o.num_parts && file == o.file &&
+           bytes == o.bytes && checksum == o.checksum;
+  }
+};
+
+struct CheckpointManifest {
+  int format_version = kCheckpointFormatVersion;
+  std::string model;           // the model description; must match on load
+  nlohmann::json plan;         // the plan the checkpoint was written under
+  int64_t step = 0;            // iterations completed: training resumes at this iteration
+  nlohmann::json data_position = nlohmann::json::object();  // e.g. {"next_iteration": 10}
+  nlohmann::json optimizer = nlohmann::json::object();      // optimizer configuration
+  std::vector<ShardRecord> shards;
+
+  const ShardRecord* FindShard(int stage, int part) const;
+};
+
+// File name of a shard: "stage-003.part-0-of-1.bin".
+std::string ShardFileName(int stage, int part, int num_parts);
+
+// FNV-1a 64-bit checksum as 16 hex digits.
+std::string Checksum(absl::string_view bytes);
+
+// Serialises a shard (magic, JSON header, raw tensor bytes) and parses it back. Parse errors
+// are DataLoss naming `source`.
+std::string SerializeShard(const CheckpointShard& shard);
+absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_view source);
+
+// Writes a shard atomically into `dir` and returns its record for the manifest.
+absl::StatusOr<ShardRecord> WriteShard(const std::string& dir, const CheckpointShard& shard);
+// Reads the shard the record names, checking size and checksum first.
+absl::StatusOr<CheckpointShard> ReadShard(const std::string& dir, const ShardRecord& record);
+
+nlohmann::json ToJson(const CheckpointManifest& manifest);
+absl::StatusOr<CheckpointManifest> ManifestFromJson(const nlohmann::json& j,
+                                                    absl::string_view source);
+// Creates `dir` (and parents) if needed.
+absl::Status EnsureDirectory(const std::string& dir);
+// Writes <dir>/manifest.json atomically.
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& manifest);
+// Reads and checks <dir>/manifest.json, including that every shard file exists with the
+// recorded size (checksums are checked when a shard is read).
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
+// Removes <dir>/manifest.json if present (before overwriting a checkpoint in place).
+absl::Status RemoveManifest(const std::string& dir);
+
+}  // namespace tandem::runtime

@@ -1,0 +1,591 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "comm/groups.h"
+#include "common/status.h"
+#include "pipeline/generators.h"
+#include "runtime/checkpoint.h"
+#include "runtime/transfer.h"
+
+namespace tandem::runtime {
+namespace {
+
+// Tags on the engine's private point-to-point communicator.
+constexpr int kTransferTag = 1;
+constexpr int kGatherTag = 2;
+// torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
+constexpr double kClipEpsilon = 1e-6;
+
+// Timeline lanes (Chrome-trace threads) of a rank.
+enum Lane : int { kComputeLane = 0, kSendLane = 1, kReceiveLane = 2, kSyncLane = 3 };
+
+// A tensor set in flight on this rank, named by the stage that produced it.
+struct TensorKey {
+  int replica;
+  int stage;
+  int microbatch;
+  bool operator<(const TensorKey& o) const {
+    return std::tie(replica, stage, microbatch) < std::tie(o.replica, o.stage, o.microbatch);
+  }
+};
+
+std::string KeyText(const TensorKey& k) {
+  return absl::StrCat("stage ", k.stage, " micro-batch ", k.microbatch,
+                      k.replica != 0 ? absl::StrCat(" replica ", k.replica) : "");
+}
+
+const char* CategoryOf(pipeline::ActionType type) {
+  switch (type) {
+    case pipeline::ActionType::kForward: return "forward";
+    case pipeline::ActionType::kBackward: return "backward";
+    case pipeline::ActionType::kBackwardInput: return "backward_input";
+    case pipeline::ActionType::kBackwardWeight: return "backward_weight";
+    case pipeline::ActionType::kSendActivation:
+    case pipeline::ActionType::kSendGradient: return "send";
+    case pipeline::ActionType::kRecvActivation:
+    case pipeline::ActionType::kRecvGradient: return "receive";
+    case pipeline::ActionType::kGradientSync: return "sync";
+    case pipeline::ActionType::kOptimizerStep: return "optimizer";
+  }
+  return "other";
+}
+
+Lane LaneOf(pipeline::ActionType type) {
+  if (pipeline::IsCompute(type)) return kComputeLane;
+  switch (type) {
+    case pipeline::ActionType::kSendActivation:
+    case pipeline::ActionType::kSendGradient: return kSendLane;
+    case pipeline::ActionType::kRecvActivation:
+    case pipeline::ActionType::kRecvGradient: return kReceiveLane;
+    default: return kSyncLane;
+  }
+}
+
+comm::Buffer DoubleBuffer(double* data, int64_t count) {
+  comm::Buffer b;
+  b.data = data;
+  b.count = count;
+  b.dtype = comm::DataType::kFloat64;
+  return b;
+}
+
+// Every rank learns whether any rank failed a local step; the failing ranks keep their own
+// error, the others get Aborted naming the lowest failing rank. Collective over `world`.
+absl::Status AgreeOnSuccess(comm::Communicator* world, const absl::Status& local,
+                            absl::string_view what) {
+  double failed_rank = local.ok() ? static_cast<double>(INT_MAX) : world->rank();
+  absl::Status s = world->AllReduce(DoubleBuffer(&failed_rank, 1), comm::ReduceOp::kMin)->Wait();
+  if (!local.ok()) return local;
+  if (!s.ok()) return Annotate(s, absl::StrCat("agreeing on ", what));
+  if (failed_rank != static_cast<double>(INT_MAX)) {
+    return absl::AbortedError(absl::StrCat("rank ", static_cast<int>(failed_rank), " failed ",
+                                           what, " (see its error)"));
+  }
+  return absl::OkStatus();
+}
+
+// Sends a string to `peer` / receives one from `peer` (size first, then bytes).
+absl::Status SendString(comm::Communicator& comm, int peer, const std::string& text) {
+  int64_t size = static_cast<int64_t>(text.size());
+  comm::Buffer size_buffer;
+  size_buffer.data = &size;
+  size_buffer.count = 1;
+  size_buffer.dtype = comm::DataType::kInt64;
+  TANDEM_RETURN_IF_ERROR(comm.Send(size_buffer, peer, kGatherTag)->Wait());
+  comm::Buffer bytes;
+  bytes.data = const_cast<char*>(text.data());
+  bytes.count = size;
+  bytes.dtype = comm::DataType::kUInt8;
+  return comm.Send(bytes, peer, kGatherTag)->Wait();
+}
+
+absl::StatusOr<std::string> ReceiveString(comm::Communicator& comm, int peer) {
+  int64_t size = 0;
+  comm::Buffer size_buffer;
+  size_buffer.data = &size;
+  size_buffer.count = 1;
+  size_buffer.dtype = comm::DataType::kInt64;
+  TANDEM_RETURN_IF_ERROR(comm.Recv(size_buffer, peer, kGatherTag)->Wait());
+  std::string text(static_cast<size_t>(size), '\0');
+  comm::Buffer bytes;
+  bytes.data = text.data();
+  bytes.count = size;
+  bytes.dtype = comm::DataType::kUInt8;
+  TANDEM_RETURN_IF_ERROR(comm.Recv(bytes, peer, kGatherTag)->Wait());
+  return text;
+}
+
+// Strings of all ranks on rank 0 (index = rank); empty elsewhere. Collective.
+absl::StatusOr<std::vector<std::string>> GatherStrings(comm::Communicator& comm,
+                                                       const std::string& mine) {
+  std::vector<std::string> all;
+  if (comm.rank() != 0) {
+    TANDEM_RETURN_IF_ERROR(SendString(comm, 0, mine));
+    return all;
+  }
+  all.resize(comm.size());
+  all[0] = mine;
+  for (int r = 1; r < comm.size(); ++r) {
+    TANDEM_ASSIGN_OR_RETURN(all[r], ReceiveString(comm, r));
+  }
+  return all;
+}
+
+}  // namespace
+
+// A stage this rank runs, with its gradient group and synchroniser.
+struct Engine::Local {
+  StageSpec spec;
+  std::unique_ptr<Stage> impl;
+  std::unique_ptr<comm::Communicator> group;  // every copy of this stage
+  std::unique_ptr<comm::GradientSync> sync;
+  bool sync_started = false;
+  bool parameters_current = false;  // WaitForParameters done since the last step
+};
+
+// Tensors produced on this rank and not yet consumed or sent, and sends in flight.
+struct Engine::Transfers {
+  // Sends still in flight when the engine is destroyed after an error: their memory may yet be
+  // read by the communication library, so it is deliberately leaked.
+  ~Transfers() {
+    if (!sends.empty()) new std::deque<PendingSend>(std::move(sends));
+  }
+
+  std::map<TensorKey, std::vector<Tensor>> activations;  // output of stage `key.stage`
+  std::map<TensorKey, std::vector<Tensor>> gradients;    // gradient of stage `key.stage`'s input
+  std::deque<PendingSend> sends;
+
+  absl::StatusOr<std::vector<Tensor>> Take(std::map<TensorKey, std::vector<Tensor>>& from,
+                                           const TensorKey& key, const char* what) {
+    auto it = from.find(key);
+    if (it == from.end()) {
+      return absl::InternalError(absl::StrCat("no ", what, " of ", KeyText(key),
+                                              " on this rank (schedule out of order)"));
+    }
+    std::vector<Tensor> tensors = std::move(it->second);
+    from.erase(it);
+    return tensors;
+  }
+  absl::Status Put(std::map<TensorKey, std::vector<Tensor>>& into, const TensorKey& key,
+                   std::vector<Tensor> tensors, const char* what) {
+    if (!into.emplace(key, std::move(tensors)).second) {
+      return absl::InternalError(absl::StrCat(what, " of ", KeyText(key), " produced twice"));
+    }
+    return absl::OkStatus();
+  }
+  // Drops sends that completed; an error if one failed.
+  absl::Status Reap() {
+    while (!sends.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(bool done, sends.front().Test());
+      if (!done) break;
+      sends.pop_front();
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitAll() {
+    while (!sends.empty()) {
+      TANDEM_RETURN_IF_ERROR(sends.front().Wait());
+      sends.pop_front();
+    }
+    return absl::OkStatus();
+  }
+};
+
+Engine::~Engine() = default;
+
+double Engine::Now() const { return clock_->NowSeconds() - epoch_; }
+
+Engine::Local* Engine::Find(int replica, int stage) {
+  for (auto& l : locals_) {
+    if (l->spec.replica == replica && l->spec.stage == stage) return l.get();
+  }
+  return nullptr;
+}
+
+Stage* Engine::stage(int replica, int stage) {
+  Local* l = Find(replica, stage);
+  return l != nullptr ? l->impl.get() : nullptr;
+}
+
+std::vector<LocalStageId> Engine::local_stages() const {
+  std::vector<LocalStageId> out;
+  for (const auto& l : locals_) out.push_back({l->spec.replica, l->spec.stage});
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const pipeline::Plan& plan,
+                                                       comm::Communicator* world,
+                                                       StageFactory factory,
+                                                       EngineOptions options) {
+  if (world == nullptr) return absl::InvalidArgumentError("engine: no world communicator");
+  if (!factory) return absl::InvalidArgumentError("engine: no stage factory");
+  std::unique_ptr<Engine> engine(new Engine);
+  engine->plan_ = plan;
+  engine->options_ = std::move(options);
+  engine->clock_ = engine->options_.clock != nullptr ? engine->options_.clock : RealClock::Get();
+  engine->world_ = world;
+  engine->world_rank_ = world->rank();
+  engine->transfers_ = std::make_unique<Transfers>();
+  world->set_timeout(engine->options_.timeout);
+  TANDEM_RETURN_IF_ERROR(engine->Build(std::move(factory)));
+  return engine;
+}
+
+absl::Status Engine::Build(StageFactory factory) {
+  // Local checks and stage construction; then every rank agrees before any collective.
+  absl::Status local = [&]() -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(plan_, world_->size()),
+                                    "the plan does not fit this run"));
+    if (!plan_.IsUniform()) {
+      return absl::InvalidArgumentError(
+          "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
+          "runtime runs mesh plans only");
+    }
+    if (plan_.tensor_parallel != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the plan uses tensor parallelism of degree ", plan_.tensor_parallel,
+          "; the runtime runs tensor_parallel = 1 only"));
+    }
+    TANDEM_ASSIGN_OR_RETURN(schedule_, pipeline::GenerateSchedule(plan_.schedule));
+    bool found = false;
+    for (int d = 0; d < plan_.data_parallel && !found; ++d) {
+      for (int q = 0; q < plan_.pipeline_parallel; ++q) {
+        if (plan_.mesh[d][q] == world_rank_) {
+          data_parallel_index_ = d;
+          pipeline_position_ = q;
+          found = true;
+          break;
+        }
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", world_rank_, " is not in the plan's mesh"));
+    }
+    const int num_stages = schedule_.spec.NumStages();
+    for (const auto& [replica, stage] : schedule_.placement.StagesOf(pipeline_position_)) {
+      auto l = std::make_unique<Local>();
+      StageSpec& spec = l->spec;
+      spec.data_parallel_index = data_parallel_index_;
+      spec.data_parallel = plan_.data_parallel;
+      spec.replica = replica;
+      spec.stage = stage;
+      spec.num_stages = num_stages;
+      spec.first_layer = plan_.stages[stage].first_layer;
+      spec.end_layer = plan_.stages[stage].end_layer;
+      spec.recompute_layers = plan_.stages[stage].recompute_layers;
+      spec.num_microbatches = plan_.schedule.num_microbatches;
+      spec.microbatch_size = plan_.microbatch_size;
+      auto built = factory(spec);
+      if (!built.ok()) {
+        return Annotate(built.status(),
+                        absl::StrCat("building stage ", stage, " replica ", replica));
+      }
+      l->impl = std::move(built).value();
+      if (l->impl == nullptr) {
+        return absl::InternalError(absl::StrCat("the stage factory returned null for stage ",
+                                                stage));
+      }
+      locals_.push_back(std::move(l));
+    }
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(
+      AgreeOnSuccess(world_, Annotate(local, absl::StrCat("rank ", world_rank_)),
+                     "building the engine"));
+
+  // Collectives: a private duplicate of the world for gathers, the pipeline group of this
+  // data-parallel replica (rank in it = pipeline position, so a transfer's peer needs no
+  // mapping), one gradient group per stage, and the synchronisers.
+  TANDEM_ASSIGN_OR_RETURN(control_, world_->Split(/*color=*/0, /*key=*/world_rank_));
+  control_->set_timeout(options_.timeout);
+  comm::MeshLayout layout;
+  layout.mesh = plan_.mesh;
+  layout.placement = schedule_.placement;
+  TANDEM_ASSIGN_OR_RETURN(comm::ProcessGroups groups,
+                          comm::BuildProcessGroups(*world_, layout));
+  p2p_ = std::move(groups.pipeline);
+  p2p_->set_timeout(options_.timeout);
+  for (auto& l : locals_) {
+    auto it = groups.gradient.find(l->spec.stage);
+    if (it == groups.gradient.end() || it->second == nullptr) {
+      return absl::InternalError(absl::StrCat("rank ", world_rank_,
+                                              ": no gradient group for stage ", l->spec.stage));
+    }
+    l->group = std::move(it->second);
+    l->group->set_timeout(options_.timeout);
+  }
+  local = [&]() -> absl::Status {
+    for (auto& l : locals_) {
+      // Registered in backward order (the stage lists its parameters in forward order).
+      std::vector<comm::SyncParameter> params;
+      for (const ParameterView& v : l->impl->Parameters()) {
+        params.push_back({v.name, v.value, v.grad});
+      }
+      std::reverse(params.begin(), params.end());
+      comm::GradSyncOptions sync_options;
+      sync_options.strategy = options_.grad_sync;
+      sync_options.bucket_bytes = options_.bucket_bytes;
+      sync_options.optimizer = options_.optimizer;
+      sync_options.reduction = comm::GradientReduction::kSum;
+      auto sync = comm::GradientSync::Create(*l->group, std::move(params), sync_options);
+      if (!sync.ok()) {
+        return Annotate(sync.status(), absl::StrCat("gradient sync of stage ", l->spec.stage));
+      }
+      l->sync = std::move(sync).value();
+    }
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "creating gradient synchronisation"));
+
+  // The timeline's epoch: right after a barrier, so ranks' clocks line up.
+  TANDEM_RETURN_IF_ERROR(world_->Barrier()->Wait());
+  epoch_ = clock_->NowSeconds();
+  timeline_.NameProcess(world_rank_, absl::StrCat("rank ", world_rank_, " (dp ",
+                                                  data_parallel_index_, ", position ",
+                                                  pipeline_position_, ")"));
+  timeline_.NameThread(world_rank_, kComputeLane, "compute");
+  timeline_.NameThread(world_rank_, kSendLane, "send");
+  timeline_.NameThread(world_rank_, kReceiveLane, "receive");
+  timeline_.NameThread(world_rank_, kSyncLane, "sync");
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Fail(const absl::Status& status, int step,
+                          const pipeline::Action& action) const {
+  if (status.ok()) return status;
+  return Annotate(status, absl::StrCat("rank ", world_rank_, " iteration ", iteration_,
+                                       " step ", step, " (", pipeline::ToString(action), ")"));
+}
+
+void Engine::Record(const pipeline::Action& action, double start, double end) {
+  if (!options_.record_timeline) return;
+  TraceEvent e;
+  e.name = pipeline::ToString(action);
+  e.category = CategoryOf(action.type);
+  e.pid = world_rank_;
+  e.tid = LaneOf(action.type);
+  e.start_seconds = start;
+  e.duration_seconds = end - start;
+  e.args = {{"iteration", iteration_},
+            {"stage", action.stage},
+            {"microbatch", action.microbatch},
+            {"replica", action.replica},
+            {"type", std::string(pipeline::ActionTypeName(action.type))}};
+  timeline_.Add(std::move(e));
+}
+
+absl::StatusOr<IterationResult> Engine::RunIteration() {
+  IterationResult result;
+  result.iteration = iteration_;
+  const double start = Now();
+  for (auto& l : locals_) {
+    absl::Status s = l->impl->BeginIteration(iteration_);
+    if (!s.ok()) {
+      return Annotate(s, absl::StrCat("rank ", world_rank_, " iteration ", iteration_,
+                                      ": beginning stage ", l->spec.stage));
+    }
+    l->sync_started = false;
+  }
+  const std::vector<pipeline::Action>& program = schedule_.programs[pipeline_position_];
+  result.timings.reserve(program.size());
+  for (size_t i = 0; i < program.size(); ++i) {
+    const pipeline::Action& action = program[i];
+    const double action_start = Now();
+    TANDEM_RETURN_IF_ERROR(Fail(Execute(action, &result), static_cast<int>(i), action));
+    const double action_end = Now();
+    if (pipeline::IsCompute(action.type)) result.compute_seconds += action_end - action_start;
+    result.timings.push_back({action, action_start, action_end});
+    Record(action, action_start, action_end);
+    TANDEM_RETURN_IF_ERROR(Fail(transfers_->Reap(), static_cast<int>(i), action));
+  }
+  absl::Status s = transfers_->WaitAll();
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("rank ", world_rank_, " iteration ", iteration_));
+  }
+  if (!transfers_->activations.empty() || !transfers_->gradients.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", world_rank_, " iteration ", iteration_, ": ", transfers_->activations.size(),
+        " activations and ", transfers_->gradients.size(),
+        " gradients were produced but never used (schedule mismatch)"));
+  }
+  result.seconds = Now() - start;
+  const double capacity = result.seconds * world_->size();
+  result.bubble_ratio = capacity > 0 ? 1.0 - result.world_compute_seconds / capacity : 0;
+  ++iteration_;
+  return result;
+}
+
+absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* result) {
+  using pipeline::ActionType;
+  const TensorKey key{action.replica, action.stage, action.microbatch};
+  const int last_stage = schedule_.spec.NumStages() - 1;
+  auto local = [&](int replica, int stage) -> absl::StatusOr<Local*> {
+    Local* l = Find(replica, stage);
+    if (l == nullptr) {
+      return absl::InternalError(absl::StrCat("stage ", stage, " replica ", replica,
+                                              " is not on this rank"));
+    }
+    return l;
+  };
+  switch (action.type) {
+    case ActionType::kForward: {
+      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, action.stage));
+      TANDEM_RETURN_IF_ERROR(WaitForParameters(l));
+      std::vector<Tensor> inputs;
+      if (action.stage > 0) {
+        TANDEM_ASSIGN_OR_RETURN(
+            inputs, transfers_->Take(transfers_->activations,
+                                     {action.replica, action.stage - 1, action.microbatch},
+                                     "input activation"));
+      }
+      TANDEM_ASSIGN_OR_RETURN(std::vector<Tensor> outputs,
+                              l->impl->Forward(action.microbatch, std::move(inputs)));
+      if (action.stage < last_stage) {
+        return transfers_->Put(transfers_->activations, key, std::move(outputs), "activation");
+      }
+      return absl::OkStatus();
+    }
+    case ActionType::kBackward:
+    case ActionType::kBackwardInput: {
+      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, action.stage));
+      std::vector<Tensor> output_grads;
+      if (action.stage < last_stage) {
+        TANDEM_ASSIGN_OR_RETURN(
+            output_grads, transfers_->Take(transfers_->gradients,
+                                           {action.replica, action.stage + 1, action.microbatch},
+                                           "output gradient"));
+      }
+      auto input_grads = action.type == ActionType::kBackward
+                             ? l->impl->Backward(action.microbatch, std::move(output_grads))
+                             : l->impl->BackwardInput(action.microbatch, std::move(output_grads));
+      if (!input_grads.ok()) return input_grads.status();
+      if (action.stage > 0) {
+        return transfers_->Put(transfers_->gradients, key, std::move(input_grads).value(),
+                               "input gradient");
+      }
+      return absl::OkStatus();
+    }
+    case ActionType::kBackwardWeight: {
+      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, action.stage));
+      return l->impl->BackwardWeight(action.microbatch);
+    }
+    case ActionType::kSendActivation:
+    case ActionType::kSendGradient: {
+      const bool activation = action.type == ActionType::kSendActivation;
+      TANDEM_ASSIGN_OR_RETURN(
+          std::vector<Tensor> tensors,
+          transfers_->Take(activation ? transfers_->activations : transfers_->gradients, key,
+                           activation ? "activation to send" : "gradient to send"));
+      TransferHeader header;
+      header.type = action.type;
+      header.stage = action.stage;
+      header.microbatch = action.microbatch;
+      header.replica = action.replica;
+      TANDEM_ASSIGN_OR_RETURN(PendingSend send,
+                              SendTensors(*p2p_, action.peer, kTransferTag, header,
+                                          std::move(tensors)));
+      transfers_->sends.push_back(std::move(send));
+      return absl::OkStatus();
+    }
+    case ActionType::kRecvActivation:
+    case ActionType::kRecvGradient: {
+      const bool activation = action.type == ActionType::kRecvActivation;
+      // The stage that consumes the tensors allocates them.
+      const int consumer = activation ? action.stage + 1 : action.stage - 1;
+      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, consumer));
+      TransferHeader expected;
+      expected.type = activation ? ActionType::kSendActivation : ActionType::kSendGradient;
+      expected.stage = action.stage;
+      expected.microbatch = action.microbatch;
+      expected.replica = action.replica;
+      TANDEM_ASSIGN_OR_RETURN(
+          std::vector<Tensor> tensors,
+          ReceiveTensors(*p2p_, action.peer, kTransferTag, expected,
+                         [l](const TensorMeta& meta) { return l->impl->NewTensor(meta); }));
+      return transfers_->Put(activation ? transfers_->activations : transfers_->gradients, key,
+                             std::move(tensors), activation ? "activation" : "gradient");
+    }
+    case ActionType::kGradientSync: {
+      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, action.stage));
+      if (l->sync_started) {
+        return absl::InternalError("gradient synchronisation started twice");
+      }
+      l->sync_started = true;
+      for (int b = 0; b < l->sync->num_buckets(); ++b) {
+        TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
+      }
+      return absl::OkStatus();
+    }
+    case ActionType::kOptimizerStep:
+      return OptimizerStep(result);
+  }
+  return absl::InternalError("unknown action type");
+}
+
+absl::Status Engine::OptimizerStep(IterationResult* result) {
+  double local_loss = 0;
+  double squared_norm = 0;
+  for (auto& l : locals_) {
+    if (!l->sync_started) {
+      return absl::InternalError(absl::StrCat("optimizer step before the gradient "
+                                              "synchronisation of stage ", l->spec.stage));
+    }
+    TANDEM_RETURN_IF_ERROR(l->sync->FinishBackward());
+    squared_norm += l->sync->LocalGradNormSquared();
+    if (l->spec.is_last()) local_loss += l->impl->IterationLoss();
+  }
+  // One all-reduce for the loss, the squared norm and the compute time (bubble estimate).
+  double sums[3] = {local_loss, squared_norm, result->compute_seconds};
+  TANDEM_RETURN_IF_ERROR(
+      Annotate(world_->AllReduce(DoubleBuffer(sums, 3), comm::ReduceOp::kSum)->Wait(),
+               "summing loss and gradient norm over the world"));
+  result->loss = sums[0];
+  result->grad_norm = std::sqrt(std::max(0.0, sums[1]));
+  result->world_compute_seconds = sums[2];
+  result->clip_coefficient = 1.0;
+  if (options_.clip_norm > 0) {
+    result->clip_coefficient =
+        std::min(1.0, options_.clip_norm / (result->grad_norm + kClipEpsilon));
+  }
+  result->learning_rate = LearningRateAt(options_.lr_schedule, iteration_);
+  for (auto& l : locals_) {
+    TANDEM_RETURN_IF_ERROR(l->sync->Step(result->learning_rate, result->clip_coefficient));
+    l->parameters_current = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WaitForParameters(Local* l) {
+  if (l->parameters_current) return absl::OkStatus();
+  for (int p = l->sync->num_parameters() - 1; p >= 0; --p) {  // forward order
+    TANDEM_RETURN_IF_ERROR(l->sync->WaitForParameters(p));
+  }
+  l->parameters_current = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChromeTrace> Engine::GatherTimeline() {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                          GatherStrings(*control_, timeline_.ToJson().dump()));
+  ChromeTrace merged;
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto j = nlohmann::json::parse(all[r], nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::DataLossError(absl::StrCat("timeline of rank ", r, " is not JSON"));
+    }
+    TANDEM_ASSIGN_OR_RETURN(ChromeTrace trace, ChromeTrace::FromJson(j));
+    merged.Merge(trace);
+  }
+  return merged;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,186 @@
+// Engine: runs one rank's share of a plan — its program from the schedule IR — iteration
+// after iteration: forward and backward per micro-batch through runtime::Stage, activation
+// and gradient transfers, gradient synchronisation (plain bucketed all-reduce or DeAR),
+// gradient clipping by the global norm across all stages, and the optimizer step.
+//
+// Ranks, groups and peers. The plan's mesh puts this rank at data-parallel replica d and
+// pipeline position q; it runs program q of the schedule generated from plan.schedule. A
+// transfer's peer (a pipeline position) is the world rank mesh[d][peer]: transfers travel on
+// the pipeline group of replica d (comm/groups.h), whose ranks are the pipeline positions.
+// Every stage s has a gradient group: the ranks holding a copy of s in every
+// data-parallel replica and, for Chimera, in both pipeline replicas; its synchronisation sums
+// the gradients of all copies, so copies stay identical. Transfers carry a small header with
+// shapes and dtypes before each payload (runtime/transfer.h): no per-model code.
+//
+// Losses and gradients. Each last stage's IterationLoss() is already scaled so that the sum
+// over the world is the mean loss of the global batch, and its gradients likewise: gradient
+// groups sum (never average). The loss and the squared gradient norm are summed over the
+// world in one all-reduce at OptimizerStep; the clip coefficient is
+// min(1, clip_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ computes it.
+//
+// Collective contract: Create, RunIteration, SaveCheckpoint, LoadCheckpoint and
+// GatherTimeline are collective over the world communicator (every rank calls them in the
+// same order). Every wait has the communicator's timeout; an error names the rank, the
+// iteration, the step of the program and the action ("rank 2 iteration 5 step 13 (rA1.3<1):
+// ..."). After an error the engine must not be used again: the caller reports and exits.
+//
+// Threading: one thread drives an Engine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
+#include "comm/grad_sync.h"
+#include "comm/optimizer.h"
+#include "common/clock.h"
+#include "common/trace.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/plan.h"
+#include "pipeline/schedule.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/stage.h"
+
+namespace tandem::runtime {
+
+// What a StageFactory is asked to build: one stage (or chunk) of one pipeline replica in one
+// data-parallel replica. Layers [first_layer, end_layer) of the model; `recompute_layers`
+// lists those whose activations the stage recomputes in backward instead of stashing.
+struct StageSpec {
+  int data_parallel_index = 0;
+  int data_parallel = 1;
+  int replica = 0;      // pipeline replica (Chimera: 0 or 1)
+  int stage = 0;
+  int num_stages = 1;
+  int first_layer = 0;
+  int end_layer = 0;
+  std::vector<int> recompute_layers;
+  // The stage scales each micro-batch's loss (and so its gradients) by
+  // 1 / (num_microbatches * data_parallel): gradient groups sum, and the losses summed over
+  // the world are the mean over the global batch.
+  int num_microbatches = 1;     // per pipeline and iteration
+  int64_t microbatch_size = 1;  // samples per micro-batch
+  bool is_first() const { return stage == 0; }
+  bool is_last() const { return stage == num_stages - 1; }
+};
+
+using StageFactory = std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec&)>;
+
+struct EngineOptions {
+  comm::GradSyncStrategy grad_sync = comm::GradSyncStrategy::kAllReduce;
+  int64_t bucket_bytes = comm::kDefaultBucketBytes;
+  comm::OptimizerConfig optimizer;
+  LrSchedule lr_schedule;  // learning rate per iteration (warm-up, cosine decay)
+  double clip_norm = 0;    // <= 0: no clipping
+  bool record_timeline = false;
+  // Timeout of every wait (transfers, synchronisation, collectives).
+  absl::Duration timeout = absl::Seconds(300);
+  Clock* clock = nullptr;  // null: RealClock
+};
+
+// When one action of this rank's program ran (seconds since the engine's epoch, which all
+// ranks take right after a world barrier at creation).
+struct ActionTiming {
+  pipeline::Action action;
+  double start_seconds = 0;
+  double end_seconds = 0;
+};
+
+struct IterationResult {
+  int64_t iteration = 0;
+  double loss = 0;             // mean loss of the global batch
+  double seconds = 0;          // wall time of the iteration on this rank
+  double grad_norm = 0;        // global gradient norm before clipping
+  double clip_coefficient = 1;
+  double learning_rate = 0;
+  double compute_seconds = 0;        // this rank's forward/backward time
+  double world_compute_seconds = 0;  // summed over all ranks
+  // 1 - world compute / (ranks * seconds): the measured pipeline bubble (with this rank's
+  // iteration time).
+  double bubble_ratio = 0;
+  std::vector<ActionTiming> timings;  // this rank's actions in program order
+};
+
+// A stage this rank runs.
+struct LocalStageId {
+  int replica = 0;
+  int stage = 0;
+};
+
+class Engine {
+ public:
+  // Collective. Checks the plan against the world (size, uniform mesh, no tensor
+  // parallelism), generates the schedule, builds groups, stages and synchronisers.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const pipeline::Plan& plan,
+                                                        comm::Communicator* world,
+                                                        StageFactory factory,
+                                                        EngineOptions options);
+  ~Engine();
+
+  // Runs iteration iteration() and advances it. Collective.
+  absl::StatusOr<IterationResult> RunIteration();
+
+  // Next iteration to run (the data position).
+  int64_t iteration() const { return iteration_; }
+
+  // Writes a checkpoint of every stage into `dir` (created if needed): shards by the lowest
+  // world rank holding each stage, then the manifest by rank 0. Collective.
+  absl::Status SaveCheckpoint(const std::string& dir, const std::string& model);
+  // Loads parameters, optimizer state and the data position from `dir`. The manifest's model
+  // and stage layer ranges must match. Collective; an error on any rank fails every rank.
+  absl::Status LoadCheckpoint(const std::string& dir, const std::string& model);
+
+  // This rank's timeline (when EngineOptions::record_timeline): one process per rank, lanes
+  // compute, send, receive and sync.
+  const ChromeTrace& timeline() const { return timeline_; }
+  void set_record_timeline(bool record) { options_.record_timeline = record; }
+  // Collective: the timelines of all ranks merged on rank 0 (empty elsewhere).
+  absl::StatusOr<ChromeTrace> GatherTimeline();
+
+  const pipeline::Plan& plan() const { return plan_; }
+  const pipeline::Schedule& schedule() const { return schedule_; }
+  int world_rank() const { return world_rank_; }
+  int data_parallel_index() const { return data_parallel_index_; }
+  int pipeline_position() const { return pipeline_position_; }
+  std::vector<LocalStageId> local_stages() const;
+  // The stage object for (replica, stage) if this rank runs it, else null.
+  Stage* stage(int replica, int stage);
+
+ private:
+  struct Local;
+  struct Transfers;
+  Engine() = default;
+
+  absl::Status Build(StageFactory factory);
+  absl::Status Execute(const pipeline::Action& action, IterationResult* result);
+  absl::Status OptimizerStep(IterationResult* result);
+  absl::Status WaitForParameters(Local* local);
+  Local* Find(int replica, int stage);
+  absl::Status Fail(const absl::Status& status, int step, const pipeline::Action& action) const;
+  void Record(const pipeline::Action& action, double start, double end);
+  double Now() const;
+
+  pipeline::Plan plan_;
+  pipeline::Schedule schedule_;
+  EngineOptions options_;
+  Clock* clock_ = nullptr;
+  comm::Communicator* world_ = nullptr;
+  std::unique_ptr<comm::Communicator> control_;  // duplicate of the world: gathers
+  std::unique_ptr<comm::Communicator> p2p_;      // pipeline group: transfers
+  int world_rank_ = 0;
+  int data_parallel_index_ = 0;
+  int pipeline_position_ = 0;
+  std::vector<std::unique_ptr<Local>> locals_;
+  std::unique_ptr<Transfers> transfers_;
+  int64_t iteration_ = 0;
+  double epoch_ = 0;
+  ChromeTrace timeline_;
+};
+
+}  // namespace tandem::runtime

@@ -1,0 +1,194 @@
+#include "runtime/transfer.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace tandem::runtime {
+namespace {
+
+// "TNDMHDR1" as a number, so a stray message is not taken for a header.
+constexpr int64_t kHeaderMagic = 0x544e444d48445231;
+// Word layout: magic, type, stage, microbatch, replica, tensor count, then per tensor
+// dtype, ndim and kMaxTensorDims dimensions.
+constexpr int kFixedWords = 6;
+constexpr int kWordsPerTensor = 2 + kMaxTensorDims;
+static_assert(kFixedWords + kMaxTensorsPerTransfer * kWordsPerTensor <= kTransferHeaderWords,
+              "header layout exceeds its size");
+constexpr int64_t kLargestActionType = static_cast<int64_t>(pipeline::ActionType::kOptimizerStep);
+constexpr int64_t kLargestDataType = static_cast<int64_t>(comm::DataType::kInt64);
+
+// After a failed wait the receive may still be posted and MPI may later write into its
+// memory, so that memory is deliberately never freed (the engine is dead after an error).
+void Abandon(std::shared_ptr<void> memory) { new std::shared_ptr<void>(std::move(memory)); }
+
+comm::Buffer HeaderBuffer(TransferHeader::Words* words) {
+  comm::Buffer b;
+  b.data = words->data();
+  b.count = kTransferHeaderWords;
+  b.dtype = comm::DataType::kInt64;
+  return b;
+}
+
+std::string Identity(pipeline::ActionType type, int stage, int microbatch, int replica) {
+  std::string id = absl::StrCat(pipeline::ActionTypeName(type), stage, ".", microbatch);
+  if (replica != 0) absl::StrAppend(&id, "r", replica);
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<TransferHeader::Words> TransferHeader::Encode() const {
+  if (tensors.size() > static_cast<size_t>(kMaxTensorsPerTransfer)) {
+    return absl::InvalidArgumentError(absl::StrCat("a transfer carries at most ",
+                                                   kMaxTensorsPerTransfer, " tensors, got ",
+                                                   tensors.size()));
+  }
+  Words w{};
+  w[0] = kHeaderMagic;
+  w[1] = static_cast<int64_t>(type);
+  w[2] = stage;
+  w[3] = microbatch;
+  w[4] = replica;
+  w[5] = static_cast<int64_t>(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const TensorMeta& meta = tensors[t];
+    if (meta.shape.size() > static_cast<size_t>(kMaxTensorDims)) {
+      return absl::InvalidArgumentError(absl::StrCat("a transferred tensor has at most ",
+                                                     kMaxTensorDims, " dimensions, got ",
+                                                     meta.shape.size()));
+    }
+    const int base = kFixedWords + static_cast<int>(t) * kWordsPerTensor;
+    w[base] = static_cast<int64_t>(meta.dtype);
+    w[base + 1] = static_cast<int64_t>(meta.shape.size());
+    for (size_t d = 0; d < meta.shape.size(); ++d) w[base + 2 + d] = meta.shape[d];
+  }
+  return w;
+}
+
+absl::StatusOr<TransferHeader> TransferHeader::Decode(const Words& w) {
+  if (w[0] != kHeaderMagic) {
+    return absl::DataLossError("transfer header: bad magic (a payload taken for a header?)");
+  }
+  if (w[1] < 0 || w[1] > kLargestActionType || w[5] < 0 || w[5] > kMaxTensorsPerTransfer) {
+    return absl::DataLossError("transfer header: action type or tensor count out of range");
+  }
+  TransferHeader h;
+  h.type = static_cast<pipeline::ActionType>(w[1]);
+  h.stage = static_cast<int>(w[2]);
+  h.microbatch = static_cast<int>(w[3]);
+  h.replica = static_cast<int>(w[4]);
+  for (int t = 0; t < w[5]; ++t) {
+    const int base = kFixedWords + t * kWordsPerTensor;
+    if (w[base] < 0 || w[base] > kLargestDataType || w[base + 1] < 0 ||
+        w[base + 1] > kMaxTensorDims) {
+      return absl::DataLossError(
+          absl::StrCat("transfer header: tensor ", t, " has a bad dtype or rank"));
+    }
+    TensorMeta meta;
+    meta.dtype = static_cast<comm::DataType>(w[base]);
+    for (int d = 0; d < w[base + 1]; ++d) {
+      if (w[base + 2 + d] < 0) {
+        return absl::DataLossError(
+            absl::StrCat("transfer header: tensor ", t, " has a negative dimension"));
+      }
+      meta.shape.push_back(w[base + 2 + d]);
+    }
+    h.tensors.push_back(std::move(meta));
+  }
+  return h;
+}
+
+std::string TransferHeader::Describe() const {
+  std::vector<std::string> shapes;
+  for (const TensorMeta& m : tensors) {
+    shapes.push_back(absl::StrCat(absl::StrJoin(m.shape, "x"), " ", comm::DataTypeName(m.dtype)));
+  }
+  return absl::StrCat(Identity(type, stage, microbatch, replica), " [",
+                      absl::StrJoin(shapes, ", "), "]");
+}
+
+absl::StatusOr<bool> PendingSend::Test() {
+  for (const comm::WorkPtr& w : works_) {
+    if (!w->Test()) return false;
+    TANDEM_RETURN_IF_ERROR(w->error());
+  }
+  return true;
+}
+
+absl::Status PendingSend::Wait() {
+  for (const comm::WorkPtr& w : works_) {
+    absl::Status s = w->Wait();
+    if (!s.ok()) return Annotate(s, absl::StrCat("send of ", what_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int tag,
+                                        const TransferHeader& header,
+                                        std::vector<Tensor> tensors) {
+  TransferHeader full = header;
+  full.tensors.clear();
+  for (const Tensor& t : tensors) full.tensors.push_back(t.meta);
+  TANDEM_ASSIGN_OR_RETURN(TransferHeader::Words words, full.Encode());
+  for (const Tensor& t : tensors) {
+    if (t.buffer.count != t.meta.NumElements() || t.buffer.dtype != t.meta.dtype) {
+      return absl::InternalError(absl::StrCat("sending ", full.Describe(), ": buffer has ",
+                                              t.buffer.count, " elements of ",
+                                              comm::DataTypeName(t.buffer.dtype),
+                                              ", its meta says otherwise"));
+    }
+  }
+  auto header_words = std::make_shared<TransferHeader::Words>(words);
+  std::vector<comm::WorkPtr> works;
+  works.push_back(comm.Send(HeaderBuffer(header_words.get()), peer, tag));
+  for (const Tensor& t : tensors) works.push_back(comm.Send(t.buffer, peer, tag));
+  return PendingSend(full.Describe(), std::move(header_words), std::move(tensors),
+                     std::move(works));
+}
+
+absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
+    comm::Communicator& comm, int peer, int tag, const TransferHeader& expected,
+    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate) {
+  const std::string expected_id =
+      Identity(expected.type, expected.stage, expected.microbatch, expected.replica);
+  auto words = std::make_shared<TransferHeader::Words>();
+  absl::Status s = comm.Recv(HeaderBuffer(words.get()), peer, tag)->Wait();
+  if (!s.ok()) {
+    Abandon(words);
+    return Annotate(s, absl::StrCat("waiting for ", expected_id, " from rank ", peer));
+  }
+  auto header = TransferHeader::Decode(*words);
+  if (!header.ok()) {
+    return Annotate(header.status(), absl::StrCat("receiving ", expected_id, " from rank ", peer));
+  }
+  if (header->type != expected.type || header->stage != expected.stage ||
+      header->microbatch != expected.microbatch || header->replica != expected.replica) {
+    return absl::InternalError(absl::StrCat("expected ", expected_id, " from rank ", peer,
+                                            ", received ", header->Describe(),
+                                            " (programs out of step)"));
+  }
+  std::vector<Tensor> tensors;
+  std::vector<comm::WorkPtr> works;
+  for (const TensorMeta& meta : header->tensors) {
+    TANDEM_ASSIGN_OR_RETURN(Tensor t, allocate(meta));
+    if (t.buffer.count != meta.NumElements() || t.buffer.dtype != meta.dtype) {
+      return absl::InternalError(absl::StrCat("receiving ", header->Describe(),
+                                              ": the stage allocated ", t.buffer.count,
+                                              " elements of ",
+                                              comm::DataTypeName(t.buffer.dtype)));
+    }
+    works.push_back(comm.Recv(t.buffer, peer, tag));
+    tensors.push_back(std::move(t));
+  }
+  for (const comm::WorkPtr& w : works) {
+    absl::Status ws = w->Wait();
+    if (!ws.ok()) {
+      for (Tensor& t : tensors) Abandon(std::move(t.holder));
+      return Annotate(ws, absl::StrCat("receiving ", header->Describe(), " from rank ", peer));
+    }
+  }
+  return tensors;
+}
+
+}  // namespace tandem::runtime
