@@ -1,4 +1,23 @@
-// Schedule generators: spec -> per-rank programs. Each checks its constraints first and
+// Schedule generators: spec -> per-rank programs.
+//
+// How each orders its compute (transfers are added by CompleteSchedule):
+//   gpipe        all forwards, then all backwards, micro-batches ascending.
+//   1f1b         rank r: p-r-1 warm-up forwards, then one forward / one backward, then drain.
+//   interleaved  Megatron-LM's table: micro-batches in groups of p (the last group takes the
+//                remainder), chunk by chunk; (p-r-1)*2 + (v-1)*p warm-up forwards. When m is
+//                not a multiple of p that strict alternation can deadlock, so the same
+//                sequences go through the list scheduler (forward first, at most warm-up + 1
+//                forwards in flight).
+//   chimera      per replica a 1F1B order over its micro-batches; the two orders of a rank are
+//                merged by a list scheduler at nominal costs (F=1, B=2): whichever can start
+//                first, backward before forward on ties, then the op closest to the end.
+//   hanayo       list scheduler over the wave placement: forward first, stashed activations
+//                capped at 1.5x a 1F1B first stage (1.5 * p * 2W chunks).
+//   zb-h1        1F1B with backward split; rank r runs W of micro-batch i after Bi of i+r.
+//   zb-v         list scheduler over the V placement: Bi, then F, then W fills the gaps;
+//                stashed activations capped at 2p chunks (1F1B's first stage).
+// The list-scheduled orders use nominal costs only to choose an order; any costs can then be
+// simulated. Each checks its constraints first and
 // returns InvalidArgument naming the violated one ("chimera needs an even number of ranks,
 // got 3"). Every generated schedule passes the validator.
 #pragma once
@@ -27,5 +46,18 @@ absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches);
 // ZB-V: two chunks per rank in V placement with split backward.
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches);
+
+// Completes per-rank compute orders (F, B, Bi, W actions only) into a schedule: inserts the
+// transfers, one GradientSync per (replica, stage) a rank holds and the final OptimizerStep.
+// Sends follow their producing compute. Receives are posted in the order the peer sends
+// (FIFO per direction), in the transfer run before the first compute that starts after the
+// data exists in a nominal data-flow timeline (F=1, B=2, Bi=W=1), and never after the compute
+// that needs them: a send and its receive then sit in runs issued at about the same time, as
+// NCCL's grouped point-to-point wants. GradientSync of a stage directly follows the last
+// backward (or W) of that stage (before its sends, so that the transfers after a compute stay
+// one run). FailedPrecondition if the compute orders cannot run. Used by every generator; also
+// the way to build hand-made or searched schedules.
+absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement placement,
+                                          std::vector<std::vector<Action>> compute_orders);
 
 }  // namespace tandem::pipeline

@@ -6,7 +6,10 @@
 //   * every send matched by a receive on the peer, in the same order per direction (FIFO);
 //   * no deadlock: sends are buffered (non-blocking), receives block; if no rank can move
 //     while some have actions left, that is a deadlock;
-//   * GradientSync(stage) after every backward of that stage on the rank; OptimizerStep last.
+//   * GradientSync(stage) after every backward of that stage on the rank, exactly once per
+//     (replica, stage) the rank holds; OptimizerStep once, last;
+//   * Chimera: each micro-batch runs on exactly one replica (the one of its first forward).
+// Errors are InvalidArgument. Runs in time linear in the number of actions.
 // An error names the rank, the step (index in its program) and the action:
 //   "rank 2 step 5 (rA1.3<1): deadlock: waiting for a send that never comes".
 #pragma once
@@ -17,5 +20,14 @@
 namespace tandem::pipeline {
 
 absl::Status ValidateSchedule(const Schedule& schedule);
+
+struct ValidationOptions {
+  // Stricter model of NCCL-style execution: a maximal run of consecutive transfer actions on a
+  // rank is issued as one group (ncclGroupStart/End, batch_isend_irecv) that completes when
+  // every transfer in it is matched, and a send also waits for the peer's matching receive
+  // (rendezvous). Every generator's output passes this mode too.
+  bool grouped_rendezvous = false;
+};
+absl::Status ValidateSchedule(const Schedule& schedule, const ValidationOptions& options);
 
 }  // namespace tandem::pipeline

@@ -1,0 +1,898 @@
+#include "pipeline/generators.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <queue>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tandem::pipeline {
+namespace {
+
+// Nominal costs the list scheduler uses to choose an order (a common forward:backward ratio;
+// the order is then valid for any costs).
+constexpr double kNominalForward = 1.0;
+constexpr double kNominalBackward = 2.0;        // full backward
+constexpr double kNominalBackwardInput = 1.0;   // split backward: input-gradient half
+constexpr double kNominalBackwardWeight = 1.0;  // split backward: weight-gradient half
+// Hanayo's activation cap, as a multiple of a 1F1B first stage's (p micro-batches of a full
+// stage), about what interleaved 1F1B uses.
+constexpr double kHanayoMemoryFactor = 1.5;
+
+Action Compute(ActionType type, int replica, int stage, int microbatch) {
+  Action action;
+  action.type = type;
+  action.stage = stage;
+  action.microbatch = microbatch;
+  action.replica = replica;
+  return action;
+}
+
+absl::Status Invalid(absl::string_view kind, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(kind, ": ", message));
+}
+
+// Checks ranges and the options that do not apply to `spec.kind`.
+absl::Status CheckCommon(const ScheduleSpec& spec) {
+  absl::string_view name = ScheduleKindName(spec.kind);
+  TANDEM_RETURN_IF_ERROR(Annotate(CheckScheduleSpec(spec), name));
+  bool uses_chunks = spec.kind == ScheduleKind::kInterleaved;
+  if (!uses_chunks && spec.kind != ScheduleKind::kZBV && spec.chunks != 1) {
+    return Invalid(name, absl::StrCat("chunks apply only to interleaved (got chunks=",
+                                      spec.chunks, ")"));
+  }
+  if (spec.kind == ScheduleKind::kZBV && spec.chunks != 1 && spec.chunks != 2) {
+    return Invalid(name, absl::StrCat("zb-v always uses 2 chunks per rank (got chunks=",
+                                      spec.chunks, ")"));
+  }
+  if (spec.kind != ScheduleKind::kHanayo && spec.waves != 1) {
+    return Invalid(name,
+                   absl::StrCat("waves apply only to hanayo (got waves=", spec.waves, ")"));
+  }
+  return absl::OkStatus();
+}
+
+using ComputeOrders = std::vector<std::vector<Action>>;
+
+double NominalCost(ActionType type) {
+  switch (type) {
+    case ActionType::kForward:
+      return kNominalForward;
+    case ActionType::kBackward:
+      return kNominalBackward;
+    case ActionType::kBackwardInput:
+      return kNominalBackwardInput;
+    default:
+      return kNominalBackwardWeight;
+  }
+}
+
+
+// ---- 1F1B family ---------------------------------------------------------------------------
+
+// One stage's 1F1B order over `microbatches` (ascending), with `warmup` forwards first.
+void Append1F1B(int replica, int stage, const std::vector<int>& microbatches, int warmup,
+                std::vector<Action>* out) {
+  const int m = static_cast<int>(microbatches.size());
+  warmup = std::clamp(warmup, 0, m);
+  int next_forward = 0;
+  for (; next_forward < warmup; ++next_forward) {
+    out->push_back(Compute(ActionType::kForward, replica, stage, microbatches[next_forward]));
+  }
+  for (int next_backward = 0; next_backward < m; ++next_backward) {
+    if (next_forward < m) {
+      out->push_back(Compute(ActionType::kForward, replica, stage, microbatches[next_forward]));
+      ++next_forward;
+    }
+    out->push_back(Compute(ActionType::kBackward, replica, stage, microbatches[next_backward]));
+  }
+}
+
+std::vector<int> Iota(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// ---- List scheduler --------------------------------------------------------------------------
+//
+// Builds compute orders by simulating at nominal costs: every rank has streams (fixed
+// sequences of compute actions); whenever a rank can start the head of a stream, the head
+// that can start earliest runs (ties: priority class of its type, then closeness to the end of
+// the pipeline). The rank whose best head starts earliest goes first. Forwards may be held
+// back by a cap on stashed activations (in chunks); the cap is soft: if every rank is stuck
+// on it, the earliest capped forward runs anyway, so the scheduler always finishes.
+class ListScheduler {
+ public:
+  struct Config {
+    int num_ranks = 0;
+    int num_stages = 0;
+    int num_replicas = 1;
+    int num_microbatches = 0;
+    bool split_backward = false;
+    // Priority class per type (lower first) for kForward, kBackward/kBackwardInput,
+    // kBackwardWeight.
+    int forward_class = 1;
+    int backward_class = 0;
+    int weight_class = 2;
+    int64_t stash_cap = std::numeric_limits<int64_t>::max();  // per rank, in chunks
+    std::vector<int64_t> stash_caps;  // per-rank caps; overrides stash_cap when not empty
+  };
+
+  ListScheduler(Config config, std::vector<std::vector<std::vector<Action>>> streams)
+      : config_(config), streams_(std::move(streams)) {
+    const size_t triples = static_cast<size_t>(config_.num_replicas) * config_.num_stages *
+                           config_.num_microbatches;
+    forward_done_.assign(triples, kNotScheduled);
+    backward_done_.assign(triples, kNotScheduled);
+    input_done_.assign(triples, kNotScheduled);
+    stream_next_.resize(streams_.size());
+    for (size_t r = 0; r < streams_.size(); ++r) stream_next_[r].assign(streams_[r].size(), 0);
+    free_at_.assign(config_.num_ranks, 0.0);
+    stash_.assign(config_.num_ranks, 0);
+    version_.assign(config_.num_ranks, 0);
+  }
+
+  // Returns per-rank compute orders.
+  absl::StatusOr<ComputeOrders> Run() {
+    int64_t remaining = 0;
+    for (const auto& rank_streams : streams_) {
+      for (const auto& stream : rank_streams) remaining += static_cast<int64_t>(stream.size());
+    }
+    ComputeOrders orders(config_.num_ranks);
+    for (int r = 0; r < config_.num_ranks; ++r) {
+      int64_t n = 0;
+      for (const auto& stream : streams_[r]) n += static_cast<int64_t>(stream.size());
+      orders[r].reserve(n);
+      Refresh(r, /*ignore_cap=*/false);
+    }
+    while (remaining > 0) {
+      if (queue_.empty()) {
+        // Every rank is blocked by the stash cap (or waits on one that is): relax it once.
+        for (int r = 0; r < config_.num_ranks; ++r) Refresh(r, /*ignore_cap=*/true);
+        if (queue_.empty()) {
+          return absl::InternalError("list scheduler: no action can run (cyclic streams)");
+        }
+      }
+      Entry top = queue_.top();
+      queue_.pop();
+      if (top.version != version_[top.rank]) continue;  // stale
+      const int r = top.rank;
+      std::vector<Action>& stream = streams_[r][top.stream];
+      size_t& next = stream_next_[r][top.stream];
+      const Action action = stream[next];
+      ++next;
+      --remaining;
+      const double finish = top.start + NominalCost(action.type);
+      free_at_[r] = finish;
+      MarkDone(action, finish);
+      orders[r].push_back(action);
+      Refresh(r, /*ignore_cap=*/false);
+      // Neighbours whose heads may have become ready.
+      if (action.type == ActionType::kForward && action.stage + 1 < config_.num_stages) {
+        RefreshOwner(action.replica, action.stage + 1);
+      }
+      if ((action.type == ActionType::kBackward || action.type == ActionType::kBackwardInput) &&
+          action.stage > 0) {
+        RefreshOwner(action.replica, action.stage - 1);
+      }
+    }
+    return orders;
+  }
+
+  // Which rank owns (replica, stage); set before Run().
+  void SetOwners(std::vector<std::vector<int>> owner) { owner_ = std::move(owner); }
+
+ private:
+  static constexpr double kNotScheduled = std::numeric_limits<double>::infinity();
+
+  struct Entry {
+    double start;
+    int priority;
+    int tie;
+    int rank;
+    int stream;
+    uint64_t version;
+    // Min-heap on (start, rank): the earliest start first, lower rank on ties.
+    bool operator<(const Entry& o) const {
+      return std::tie(start, rank) > std::tie(o.start, o.rank);
+    }
+  };
+
+  size_t Index(int replica, int stage, int microbatch) const {
+    return (static_cast<size_t>(replica) * config_.num_stages + stage) *
+               config_.num_microbatches +
+           microbatch;
+  }
+
+  void MarkDone(const Action& a, double finish) {
+    const size_t i = Index(a.replica, a.stage, a.microbatch);
+    switch (a.type) {
+      case ActionType::kForward:
+        forward_done_[i] = finish;
+        ++stash_[owner_[a.replica][a.stage]];
+        break;
+      case ActionType::kBackward:
+        backward_done_[i] = finish;
+        --stash_[owner_[a.replica][a.stage]];
+        break;
+      case ActionType::kBackwardInput:
+        backward_done_[i] = finish;
+        input_done_[i] = finish;
+        break;
+      case ActionType::kBackwardWeight:
+        --stash_[owner_[a.replica][a.stage]];
+        break;
+      default:
+        break;
+    }
+  }
+
+  // Time at which `a`'s inputs are ready (infinity if a dependency is not scheduled yet).
+  double ReadyTime(const Action& a) const {
+    const size_t i = Index(a.replica, a.stage, a.microbatch);
+    switch (a.type) {
+      case ActionType::kForward:
+        return a.stage == 0 ? 0.0 : forward_done_[Index(a.replica, a.stage - 1, a.microbatch)];
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput: {
+        double t = forward_done_[i];
+        if (a.stage + 1 < config_.num_stages) {
+          t = std::max(t, backward_done_[Index(a.replica, a.stage + 1, a.microbatch)]);
+        }
+        return t;
+      }
+      case ActionType::kBackwardWeight:
+        return input_done_[i];
+      default:
+        return 0.0;
+    }
+  }
+
+  int PriorityClass(ActionType type) const {
+    switch (type) {
+      case ActionType::kForward:
+        return config_.forward_class;
+      case ActionType::kBackwardWeight:
+        return config_.weight_class;
+      default:
+        return config_.backward_class;
+    }
+  }
+
+  // Closeness to the end of the pipeline: forwards further down, backwards further up first.
+  static int Tie(const Action& a) { return a.type == ActionType::kForward ? -a.stage : a.stage; }
+
+  void Refresh(int r, bool ignore_cap) {
+    ++version_[r];
+    bool found = false;
+    Entry best{};
+    for (size_t k = 0; k < streams_[r].size(); ++k) {
+      const size_t next = stream_next_[r][k];
+      if (next >= streams_[r][k].size()) continue;
+      const Action& head = streams_[r][k][next];
+      const int64_t cap = config_.stash_caps.empty() ? config_.stash_cap : config_.stash_caps[r];
+      if (head.type == ActionType::kForward && !ignore_cap && stash_[r] >= cap) {
+        continue;
+      }
+      const double ready = ReadyTime(head);
+      if (ready == kNotScheduled) continue;
+      Entry e{std::max(ready, free_at_[r]), PriorityClass(head.type), Tie(head), r,
+              static_cast<int>(k), version_[r]};
+      if (!found || std::tie(e.start, e.priority, e.tie, e.stream) <
+                        std::tie(best.start, best.priority, best.tie, best.stream)) {
+        best = e;
+        found = true;
+      }
+    }
+    if (found) queue_.push(best);
+  }
+
+  void RefreshOwner(int replica, int stage) {
+    const int r = owner_[replica][stage];
+    Refresh(r, /*ignore_cap=*/false);
+  }
+
+  Config config_;
+  std::vector<std::vector<std::vector<Action>>> streams_;  // [rank][stream][i]
+  std::vector<std::vector<size_t>> stream_next_;
+  std::vector<std::vector<int>> owner_;  // [replica][stage] -> rank
+  std::vector<double> forward_done_, backward_done_, input_done_;
+  std::vector<double> free_at_;
+  std::vector<int64_t> stash_;
+  std::vector<uint64_t> version_;
+  std::priority_queue<Entry> queue_;
+};
+
+// Streams of one forward sequence and one backward (and W) sequence per stage a rank holds,
+// each in micro-batch order.
+std::vector<std::vector<std::vector<Action>>> PerStageStreams(const Placement& placement,
+                                                              int num_microbatches,
+                                                              bool split_backward) {
+  std::vector<std::vector<std::vector<Action>>> streams(placement.num_ranks);
+  for (int r = 0; r < placement.num_ranks; ++r) {
+    for (const auto& [replica, stage] : placement.StagesOf(r)) {
+      std::vector<Action> forward, backward, weight;
+      for (int mb = 0; mb < num_microbatches; ++mb) {
+        forward.push_back(Compute(ActionType::kForward, replica, stage, mb));
+        backward.push_back(Compute(
+            split_backward ? ActionType::kBackwardInput : ActionType::kBackward, replica, stage,
+            mb));
+        if (split_backward) {
+          weight.push_back(Compute(ActionType::kBackwardWeight, replica, stage, mb));
+        }
+      }
+      streams[r].push_back(std::move(forward));
+      streams[r].push_back(std::move(backward));
+      if (split_backward) streams[r].push_back(std::move(weight));
+    }
+  }
+  return streams;
+}
+
+ListScheduler::Config ConfigFor(const ScheduleSpec& spec, const Placement& placement) {
+  ListScheduler::Config config;
+  config.num_ranks = placement.num_ranks;
+  config.num_stages = placement.num_stages;
+  config.num_replicas = placement.NumReplicas();
+  config.num_microbatches = spec.num_microbatches;
+  config.split_backward = spec.SplitsBackward();
+  return config;
+}
+
+// ---- CompleteSchedule helpers ----------------------------------------------------------------
+
+// A message crossing ranks: the receive action and the compute index (on the receiver) of the
+// compute that consumes it.
+struct PendingReceive {
+  int before;  // insert before this compute index on the receiver
+  int peer;    // sender
+  int order;   // position in the sender's sequence on this channel
+  Action action;
+};
+
+// Start and end times of every compute in `orders` run with data-flow semantics at nominal
+// costs (a compute starts when its rank is free and its inputs exist; transfers are free).
+// FailedPrecondition if the orders cannot run to the end (a cycle between ranks).
+absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
+                             const ComputeOrders& orders, std::vector<std::vector<double>>* start,
+                             std::vector<std::vector<double>>* end) {
+  const int num_ranks = placement.num_ranks;
+  const int num_stages = placement.num_stages;
+  const size_t triples =
+      static_cast<size_t>(placement.NumReplicas()) * num_stages * num_microbatches;
+  auto index = [&](int replica, int stage, int mb) {
+    return (static_cast<size_t>(replica) * num_stages + stage) * num_microbatches + mb;
+  };
+  constexpr double kPending = -1;
+  std::vector<double> forward_end(triples, kPending), backward_end(triples, kPending),
+      input_end(triples, kPending);
+  std::vector<size_t> pc(num_ranks, 0);
+  std::vector<double> free_at(num_ranks, 0.0);
+  start->assign(num_ranks, {});
+  end->assign(num_ranks, {});
+  for (int r = 0; r < num_ranks; ++r) {
+    (*start)[r].resize(orders[r].size());
+    (*end)[r].resize(orders[r].size());
+  }
+  // Ranks waiting for a given (kind, triple) to finish: woken through a per-rank re-scan.
+  std::vector<int> worklist;
+  for (int r = num_ranks - 1; r >= 0; --r) worklist.push_back(r);
+  std::vector<uint8_t> queued(num_ranks, 1);
+  auto wake = [&](int r) {
+    if (!queued[r]) {
+      queued[r] = 1;
+      worklist.push_back(r);
+    }
+  };
+  int64_t done = 0, total = 0;
+  for (const auto& order : orders) total += static_cast<int64_t>(order.size());
+  while (!worklist.empty()) {
+    const int r = worklist.back();
+    worklist.pop_back();
+    queued[r] = 0;
+    const auto& order = orders[r];
+    while (pc[r] < order.size()) {
+      const Action& a = order[pc[r]];
+      const size_t i = index(a.replica, a.stage, a.microbatch);
+      double ready = 0;
+      switch (a.type) {
+        case ActionType::kForward:
+          if (a.stage > 0) ready = forward_end[index(a.replica, a.stage - 1, a.microbatch)];
+          break;
+        case ActionType::kBackward:
+        case ActionType::kBackwardInput:
+          ready = forward_end[i];
+          if (ready != kPending && a.stage + 1 < num_stages) {
+            double next = backward_end[index(a.replica, a.stage + 1, a.microbatch)];
+            ready = next == kPending ? kPending : std::max(ready, next);
+          }
+          break;
+        default:
+          ready = input_end[i];
+          break;
+      }
+      if (ready == kPending) break;
+      const double t0 = std::max(ready, free_at[r]);
+      const double t1 = t0 + NominalCost(a.type);
+      (*start)[r][pc[r]] = t0;
+      (*end)[r][pc[r]] = t1;
+      free_at[r] = t1;
+      ++pc[r];
+      ++done;
+      switch (a.type) {
+        case ActionType::kForward:
+          forward_end[i] = t1;
+          if (a.stage + 1 < num_stages) wake(placement.RankOf(a.replica, a.stage + 1));
+          break;
+        case ActionType::kBackward:
+        case ActionType::kBackwardInput:
+          backward_end[i] = t1;
+          input_end[i] = t1;
+          if (a.stage > 0) wake(placement.RankOf(a.replica, a.stage - 1));
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  if (done != total) {
+    for (int r = 0; r < num_ranks; ++r) {
+      if (pc[r] < orders[r].size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("compute orders cannot run: rank ", r, " step ", pc[r], " (",
+                         ToString(orders[r][pc[r]]), ") waits for an input that never comes"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement placement,
+                                          std::vector<std::vector<Action>> compute_orders) {
+  const int num_ranks = placement.num_ranks;
+  const int num_stages = placement.num_stages;
+  const int num_replicas = placement.NumReplicas();
+  const int m = spec.num_microbatches;
+  if (static_cast<int>(compute_orders.size()) != num_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", num_ranks,
+                                                   " compute orders, got ",
+                                                   compute_orders.size()));
+  }
+  const size_t triples = static_cast<size_t>(num_replicas) * num_stages * m;
+  auto index = [&](int replica, int stage, int mb) {
+    return (static_cast<size_t>(replica) * num_stages + stage) * m + mb;
+  };
+  // Where each activation / gradient is consumed: compute index on its consumer rank.
+  constexpr int kNone = -1;
+  std::vector<int> activation_consumer(triples, kNone);  // output of (rep, s, mb) -> F(s+1)
+  std::vector<int> gradient_consumer(triples, kNone);    // input grad of (rep, s, mb) -> B(s-1)
+  // Last backward (or W) per (replica, stage) on its rank, for GradientSync.
+  std::vector<int> last_backward(static_cast<size_t>(num_replicas) * num_stages, kNone);
+  const ActionType final_backward =
+      spec.SplitsBackward() ? ActionType::kBackwardWeight : ActionType::kBackward;
+  for (int r = 0; r < num_ranks; ++r) {
+    const auto& order = compute_orders[r];
+    for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+      const Action& a = order[i];
+      if (!IsCompute(a.type) || a.replica < 0 || a.replica >= num_replicas || a.stage < 0 ||
+          a.stage >= num_stages || a.microbatch < 0 || a.microbatch >= m ||
+          placement.RankOf(a.replica, a.stage) != r) {
+        return absl::InvalidArgumentError(absl::StrCat("compute order of rank ", r, " step ", i,
+                                                       ": bad action ", ToString(a)));
+      }
+      if (a.type == ActionType::kForward && a.stage > 0) {
+        activation_consumer[index(a.replica, a.stage - 1, a.microbatch)] = i;
+      }
+      if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
+          a.stage + 1 < num_stages) {
+        gradient_consumer[index(a.replica, a.stage + 1, a.microbatch)] = i;
+      }
+      if (a.type == final_backward) last_backward[a.replica * num_stages + a.stage] = i;
+    }
+  }
+
+  // Receives are posted where the data exists in the nominal timeline: in the transfer run
+  // before the receiver's first compute that starts at or after the send (so that the peer's
+  // send and this receive meet in groups issued at about the same time, as NCCL wants), and
+  // never after the consumer.
+  std::vector<std::vector<double>> start, end;
+  TANDEM_RETURN_IF_ERROR(NominalTimeline(placement, m, compute_orders, &start, &end));
+  // Receives per receiving rank, collected channel by channel in the sender's order.
+  std::vector<std::vector<PendingReceive>> receives(num_ranks);
+  // Per sender: its sends in program order with their nominal times, grouped by destination.
+  struct TimedSend {
+    Action action;
+    double time;
+  };
+  std::vector<std::pair<int, std::vector<TimedSend>>> by_peer;
+  std::vector<int> slot;
+  for (int r = 0; r < num_ranks; ++r) {
+    by_peer.clear();
+    auto channel = [&](int peer) -> std::vector<TimedSend>& {
+      for (auto& [p, list] : by_peer) {
+        if (p == peer) return list;
+      }
+      by_peer.emplace_back(peer, std::vector<TimedSend>{});
+      return by_peer.back().second;
+    };
+    const auto& order = compute_orders[r];
+    for (size_t ci = 0; ci < order.size(); ++ci) {
+      const Action& a = order[ci];
+      if (a.type == ActionType::kForward && a.stage + 1 < num_stages) {
+        int peer = placement.RankOf(a.replica, a.stage + 1);
+        if (peer != r) {
+          Action send = a;
+          send.type = ActionType::kSendActivation;
+          send.peer = peer;
+          channel(peer).push_back({send, end[r][ci]});
+        }
+      }
+      if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
+          a.stage > 0) {
+        int peer = placement.RankOf(a.replica, a.stage - 1);
+        if (peer != r) {
+          Action send = a;
+          send.type = ActionType::kSendGradient;
+          send.peer = peer;
+          channel(peer).push_back({send, end[r][ci]});
+        }
+      }
+    }
+    for (auto& [peer, sends] : by_peer) {
+      const int n = static_cast<int>(sends.size());
+      const std::vector<double>& peer_start = start[peer];
+      slot.assign(n, 0);
+      for (int k = 0; k < n; ++k) {
+        const Action& s = sends[k].action;
+        const size_t i = index(s.replica, s.stage, s.microbatch);
+        int consumer = s.type == ActionType::kSendActivation ? activation_consumer[i]
+                                                             : gradient_consumer[i];
+        if (consumer == kNone) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", peer, " never consumes ", ToString(s), " sent by rank ", r));
+        }
+        // First compute on the receiver starting at or after the send.
+        int available = static_cast<int>(
+            std::lower_bound(peer_start.begin(), peer_start.end(), sends[k].time) -
+            peer_start.begin());
+        slot[k] = std::min(consumer, available);
+      }
+      // FIFO: receive k must precede receive k+1.
+      for (int k = n - 2; k >= 0; --k) slot[k] = std::min(slot[k], slot[k + 1]);
+      for (int k = 0; k < n; ++k) {
+        Action recv = sends[k].action;
+        recv.type = recv.type == ActionType::kSendActivation ? ActionType::kRecvActivation
+                                                             : ActionType::kRecvGradient;
+        recv.peer = r;
+        receives[peer].push_back({slot[k], r, k, recv});
+      }
+    }
+  }
+
+  Schedule schedule;
+  schedule.spec = spec;
+  schedule.placement = std::move(placement);
+  schedule.programs.resize(num_ranks);
+  const Placement& pl = schedule.placement;
+  for (int r = 0; r < num_ranks; ++r) {
+    auto& pending = receives[r];
+    std::sort(pending.begin(), pending.end(),
+              [](const PendingReceive& a, const PendingReceive& b) {
+                return std::tie(a.before, a.peer, a.order) < std::tie(b.before, b.peer, b.order);
+              });
+    const auto& order = compute_orders[r];
+    std::vector<Action>& program = schedule.programs[r];
+    // Compute + its sends + receives (+ up to a few syncs), plus the step.
+    program.reserve(order.size() * 2 + pending.size() + 8);
+    size_t next_receive = 0;
+    for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+      while (next_receive < pending.size() && pending[next_receive].before == i) {
+        program.push_back(pending[next_receive].action);
+        ++next_receive;
+      }
+      const Action& a = order[i];
+      program.push_back(a);
+      // The stage's gradients are final: start their synchronisation before the sends, so
+      // that the transfer run after this compute stays one group.
+      if (a.type == final_backward && last_backward[a.replica * num_stages + a.stage] == i) {
+        Action sync;
+        sync.type = ActionType::kGradientSync;
+        sync.stage = a.stage;
+        sync.microbatch = -1;
+        sync.replica = a.replica;
+        program.push_back(sync);
+      }
+      if (a.type == ActionType::kForward && a.stage + 1 < num_stages) {
+        int peer = pl.RankOf(a.replica, a.stage + 1);
+        if (peer != r) {
+          Action send = a;
+          send.type = ActionType::kSendActivation;
+          send.peer = peer;
+          program.push_back(send);
+        }
+      }
+      if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
+          a.stage > 0) {
+        int peer = pl.RankOf(a.replica, a.stage - 1);
+        if (peer != r) {
+          Action send = a;
+          send.type = ActionType::kSendGradient;
+          send.peer = peer;
+          program.push_back(send);
+        }
+      }
+    }
+    if (next_receive != pending.size()) {
+      return absl::InternalError(absl::StrCat("rank ", r, ": receives left unplaced"));
+    }
+    // A held stage that never ran a backward still gets its sync (the validator then reports
+    // the missing backward).
+    for (const auto& [replica, stage] : pl.StagesOf(r)) {
+      if (last_backward[replica * num_stages + stage] == kNone) {
+        Action sync;
+        sync.type = ActionType::kGradientSync;
+        sync.stage = stage;
+        sync.microbatch = -1;
+        sync.replica = replica;
+        program.push_back(sync);
+      }
+    }
+    Action step;
+    step.type = ActionType::kOptimizerStep;
+    step.stage = -1;
+    step.microbatch = -1;
+    program.push_back(step);
+  }
+  return schedule;
+}
+
+absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_microbatches) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kGPipe;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  ComputeOrders orders(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    orders[r].reserve(2 * num_microbatches);
+    for (int mb = 0; mb < num_microbatches; ++mb) {
+      orders[r].push_back(Compute(ActionType::kForward, 0, r, mb));
+    }
+    for (int mb = 0; mb < num_microbatches; ++mb) {
+      orders[r].push_back(Compute(ActionType::kBackward, 0, r, mb));
+    }
+  }
+  return CompleteSchedule(spec, Placement::Linear(num_ranks), std::move(orders));
+}
+
+absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_microbatches) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::k1F1B;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  ComputeOrders orders(num_ranks);
+  const std::vector<int> microbatches = Iota(num_microbatches);
+  for (int r = 0; r < num_ranks; ++r) {
+    orders[r].reserve(2 * num_microbatches);
+    Append1F1B(/*replica=*/0, /*stage=*/r, microbatches, /*warmup=*/num_ranks - r - 1,
+               &orders[r]);
+  }
+  return CompleteSchedule(spec, Placement::Linear(num_ranks), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches, int chunks) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kInterleaved;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  spec.chunks = chunks;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  const int p = num_ranks, m = num_microbatches, v = chunks;
+  // Megatron-LM's schedule table: micro-batches in groups of p, each group run chunk by
+  // chunk; the last group takes all remaining micro-batches (m need not be a multiple of p).
+  const int group = p;
+  std::vector<std::pair<int, int>> table;  // (micro-batch, chunk)
+  table.reserve(static_cast<size_t>(m) * v);
+  for (int low = 0; low < m; low += group) {
+    const int high = low + group >= m ? m : low + group;
+    for (int c = 0; c < v; ++c) {
+      for (int mb = low; mb < high; ++mb) table.emplace_back(mb, c);
+    }
+    if (high == m) break;
+  }
+  const int total = m * v;
+  auto warmup_of = [&](int r) {
+    // With one chunk this is plain 1F1B.
+    int warmup = v == 1 ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * group;
+    return std::min(warmup, total);
+  };
+  auto forward = [&](int r, int k) {
+    return Compute(ActionType::kForward, 0, table[k].second * p + r, table[k].first);
+  };
+  auto backward = [&](int r, int k) {
+    return Compute(ActionType::kBackward, 0, (v - 1 - table[k].second) * p + r, table[k].first);
+  };
+  Placement placement = Placement::Looped(p, v);
+  ComputeOrders orders(p);
+  if (m % p == 0 || v == 1) {
+    // Megatron's order: warm-up forwards, then strictly one forward, one backward.
+    for (int r = 0; r < p; ++r) {
+      const int warmup = warmup_of(r);
+      auto& order = orders[r];
+      order.reserve(2 * total);
+      int next_forward = 0;
+      for (; next_forward < warmup; ++next_forward) order.push_back(forward(r, next_forward));
+      for (int next_backward = 0; next_backward < total; ++next_backward) {
+        if (next_forward < total) order.push_back(forward(r, next_forward++));
+        order.push_back(backward(r, next_backward));
+      }
+    }
+  } else {
+    // With a short last group the strict alternation can wait on itself across ranks (a
+    // rank's last warm-up forward needs a backward that waits for that rank). Run the same
+    // forward and backward sequences through the list scheduler instead, forward first and
+    // at most Megatron's warm-up + 1 forwards in flight: identical to Megatron where it runs,
+    // and never slower on the grid we checked.
+    std::vector<std::vector<std::vector<Action>>> streams(p);
+    ListScheduler::Config config = ConfigFor(spec, placement);
+    config.forward_class = 0;
+    config.backward_class = 1;
+    for (int r = 0; r < p; ++r) {
+      std::vector<Action> forwards, backwards;
+      forwards.reserve(total);
+      backwards.reserve(total);
+      for (int k = 0; k < total; ++k) {
+        forwards.push_back(forward(r, k));
+        backwards.push_back(backward(r, k));
+      }
+      streams[r].push_back(std::move(forwards));
+      streams[r].push_back(std::move(backwards));
+      config.stash_caps.push_back(warmup_of(r) + 1);
+    }
+    ListScheduler scheduler(config, std::move(streams));
+    scheduler.SetOwners(placement.stage_to_rank);
+    TANDEM_ASSIGN_OR_RETURN(orders, scheduler.Run());
+  }
+  return CompleteSchedule(spec, std::move(placement), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kChimera;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  const int d = num_ranks, m = num_microbatches;
+  if (d % 2 != 0) {
+    return Invalid("chimera", absl::StrCat("needs an even number of ranks, got ", d));
+  }
+  if (m % d != 0) {
+    return Invalid("chimera", absl::StrCat("needs micro-batches a multiple of the ranks (", d,
+                                           "), got ", m));
+  }
+  // Basic unit of D micro-batches: the first D/2 go down (replica 0), the rest up (replica 1).
+  std::vector<int> down, up;
+  for (int mb = 0; mb < m; ++mb) (mb % d < d / 2 ? down : up).push_back(mb);
+  Placement placement = Placement::Bidirectional(d);
+  std::vector<std::vector<std::vector<Action>>> streams(d);
+  for (int replica = 0; replica < 2; ++replica) {
+    for (int stage = 0; stage < d; ++stage) {
+      std::vector<Action> stream;
+      Append1F1B(replica, stage, replica == 0 ? down : up, /*warmup=*/d - stage - 1, &stream);
+      streams[placement.RankOf(replica, stage)].push_back(std::move(stream));
+    }
+  }
+  ListScheduler::Config config = ConfigFor(spec, placement);
+  config.backward_class = 0;
+  config.forward_class = 1;
+  ListScheduler scheduler(config, std::move(streams));
+  scheduler.SetOwners(placement.stage_to_rank);
+  TANDEM_ASSIGN_OR_RETURN(ComputeOrders orders, scheduler.Run());
+  return CompleteSchedule(spec, std::move(placement), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int waves) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kHanayo;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  spec.waves = waves;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  Placement placement = Placement::Wave(num_ranks, waves);
+  ListScheduler::Config config = ConfigFor(spec, placement);
+  config.forward_class = 0;
+  config.backward_class = 1;
+  const int64_t chunks_per_rank = spec.ChunksPerRank();
+  config.stash_cap = static_cast<int64_t>(kHanayoMemoryFactor * num_ranks * chunks_per_rank);
+  ListScheduler scheduler(config, PerStageStreams(placement, num_microbatches, false));
+  scheduler.SetOwners(placement.stage_to_rank);
+  TANDEM_ASSIGN_OR_RETURN(ComputeOrders orders, scheduler.Run());
+  return CompleteSchedule(spec, std::move(placement), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kZBH1;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  const int p = num_ranks, m = num_microbatches;
+  ComputeOrders orders(p);
+  for (int r = 0; r < p; ++r) {
+    auto& order = orders[r];
+    order.reserve(3 * m);
+    const int warmup = std::min(p - r - 1, m);
+    // Rank r delays each W by r micro-batches: the W passes fill the drain bubble, and the
+    // stash peaks at (p - r) + r = p, 1F1B's first stage.
+    const int weight_lag = r;
+    int next_forward = 0, next_weight = 0;
+    for (; next_forward < warmup; ++next_forward) {
+      order.push_back(Compute(ActionType::kForward, 0, r, next_forward));
+    }
+    for (int next_backward = 0; next_backward < m; ++next_backward) {
+      if (next_forward < m) {
+        order.push_back(Compute(ActionType::kForward, 0, r, next_forward++));
+      }
+      order.push_back(Compute(ActionType::kBackwardInput, 0, r, next_backward));
+      if (next_backward - next_weight >= weight_lag) {
+        order.push_back(Compute(ActionType::kBackwardWeight, 0, r, next_weight++));
+      }
+    }
+    while (next_weight < m) {
+      order.push_back(Compute(ActionType::kBackwardWeight, 0, r, next_weight++));
+    }
+  }
+  return CompleteSchedule(spec, Placement::Linear(p), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kZBV;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  spec.chunks = 2;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  Placement placement = Placement::Wave(num_ranks, /*waves=*/1);
+  ListScheduler::Config config = ConfigFor(spec, placement);
+  config.backward_class = 0;
+  config.forward_class = 1;
+  config.weight_class = 2;
+  // 2p chunks of half a stage: the activation memory of 1F1B's first stage.
+  config.stash_cap = 2 * static_cast<int64_t>(num_ranks);
+  ListScheduler scheduler(config, PerStageStreams(placement, num_microbatches, true));
+  scheduler.SetOwners(placement.stage_to_rank);
+  TANDEM_ASSIGN_OR_RETURN(ComputeOrders orders, scheduler.Run());
+  return CompleteSchedule(spec, std::move(placement), std::move(orders));
+}
+
+absl::StatusOr<Schedule> GenerateSchedule(const ScheduleSpec& spec) {
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  switch (spec.kind) {
+    case ScheduleKind::kGPipe:
+      return GenerateGPipe(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::k1F1B:
+      return Generate1F1B(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::kInterleaved:
+      return GenerateInterleaved(spec.num_ranks, spec.num_microbatches, spec.chunks);
+    case ScheduleKind::kChimera:
+      return GenerateChimera(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::kHanayo:
+      return GenerateHanayo(spec.num_ranks, spec.num_microbatches, spec.waves);
+    case ScheduleKind::kZBH1:
+      return GenerateZBH1(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::kZBV:
+      return GenerateZBV(spec.num_ranks, spec.num_microbatches);
+  }
+  return absl::InvalidArgumentError("unknown schedule kind");
+}
+
+}  // namespace tandem::pipeline
