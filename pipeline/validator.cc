@@ -349,9 +349,11 @@ class Validator {
         const int key = a.replica * num_stages_ + a.stage;
         if (synced_[key]) return Error(r, step, "gradient sync of this stage runs twice");
         if (finished_backwards_[key] != expected_per_replica_[a.replica]) {
-          return Error(r, step, absl::StrCat("gradient sync before all backward passes of stage ",
-                                             a.stage, " (", finished_backwards_[key], " of ",
-                                             expected_per_replica_[a.replica], " done)"));
+          return Error(r, step, absl::StrCat("gradient sync before ",
+                                             FirstMissingBackward(a.replica, a.stage), " (",
+                                             finished_backwards_[key], " of ",
+                                             expected_per_replica_[a.replica],
+                                             " backward passes of the stage done)"));
         }
         synced_[key] = 1;
         ++pc_[r];
@@ -367,6 +369,27 @@ class Validator {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Name of the first backward action of (replica, stage) that has not run.
+  std::string FirstMissingBackward(int replica, int stage) const {
+    for (int mb = 0; mb < m_; ++mb) {
+      if (replica_of_[mb] != replica) continue;
+      const size_t i = Index(replica, stage, mb);
+      Action missing;
+      missing.stage = stage;
+      missing.microbatch = mb;
+      missing.replica = replica;
+      if (!backward_[i]) {
+        missing.type = split_ ? ActionType::kBackwardInput : ActionType::kBackward;
+      } else if (split_ && !weight_[i]) {
+        missing.type = ActionType::kBackwardWeight;
+      } else {
+        continue;
+      }
+      return ToString(missing);
+    }
+    return "?";
   }
 
   // The first transfer of rank r's open group that no peer has matched.
