@@ -1,0 +1,519 @@
+#include "planner/piper.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/units.h"
+
+namespace tandem::planner {
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+constexpr int kNoDevices = std::numeric_limits<int>::max() / 4;
+// Piper's data-parallel resynchronisation moves each parameter byte four times (following
+// PipeDream's parameter-server model).
+constexpr double kResyncFactor = 4.0;
+// Edge transfers count the activation and its gradient.
+constexpr double kEdgeTransfers = 2.0;
+// The load search stops when the bracket is this tight (relative).
+constexpr double kLoadPrecision = 1e-10;
+constexpr int kMaxSearchIterations = 200;
+
+struct ConfigData {
+  double time = 0, parameters = 0, memory_a = 0, memory_b = 0;
+  // Incoming edges (source, bytes + sync) and outgoing edges (destination, bytes + sync).
+  std::vector<std::pair<int, double>> in, out;
+};
+
+// Per node and degree: up to two configurations.
+struct NodeDegree {
+  bool present = false;
+  std::vector<ConfigData> configs;
+};
+
+class PiperSolver {
+ public:
+  PiperSolver(const PiperInstance& instance, const PiperOptions& options)
+      : instance_(instance), options_(options), n_(static_cast<int>(instance.nodes.size())) {}
+
+  absl::StatusOr<PiperResult> Run();
+
+ private:
+  // One candidate stage [a, b) at degree index ti and data-parallel index di.
+  struct Key {
+    double fast_total = kInfinity;  // load with every node in its fastest configuration
+    int y_fast = 0;                 // largest y at which the fastest configurations fit
+    int y_lean = 0;                 // largest y at which the leanest configurations fit
+    std::vector<std::pair<int, double>> known;  // evaluated (y, load), sorted by y
+  };
+
+  absl::Status Prepare();
+  void PrepareStage(int a, int b, int ti);
+  // Per node of the current stage: cost of each configuration at d, and memory terms.
+  void StageCosts(int a, int b, int ti, int d);
+  double Load(int a, int b, int ti, int di, int y, std::vector<int>* choice);
+  int MaxInFlight(int a, int b, int ti, int di, double limit);
+  // Fewest devices covering every layer with each stage's load <= limit; fills
+  // best_/choice arrays when `record`.
+  int MinDevices(double limit, bool record);
+  size_t KeyIndex(int a, int b, int ti, int di) const {
+    return ((static_cast<size_t>(a) * (n_ + 1) + b) * degrees_.size() + ti) * divisors_.size() +
+           di;
+  }
+
+  const PiperInstance& instance_;
+  const PiperOptions& options_;
+  const int n_;
+  int budget_s_ = 1;  // min(micro-batches, devices)
+  std::vector<int> degrees_;   // tensor-parallel degrees
+  std::vector<int> divisors_;  // data-parallel degrees (divide micro-batches per batch)
+  std::vector<std::vector<NodeDegree>> data_;  // data_[v][ti]
+  std::vector<std::vector<int>> missing_prefix_;  // [ti][v]: nodes < v lacking degree ti
+  std::vector<Key> keys_;
+  CoverSolver cover_{KnapsackMode::kExact};
+
+  // Scratch for the current stage.
+  std::vector<double> cost_scratch_;  // [node][config]
+  std::vector<int> fast_scratch_;
+  std::vector<SwitchOption> items_;
+  std::vector<int> item_node_;
+
+  // Dynamic program tables (size (n+1) x (S+1)).
+  std::vector<int> g_, h_, h_arg_, choice_b_, choice_t_, choice_d_;
+};
+
+absl::Status PiperSolver::Prepare() {
+  const int mbs = instance_.microbatches_per_batch;
+  const int devices = instance_.max_devices;
+  budget_s_ = std::min(mbs, devices);
+  for (int d = 1; d <= budget_s_; ++d) {
+    if (mbs % d == 0 && (d == 1 || options_.allow_data_parallel)) divisors_.push_back(d);
+  }
+  std::vector<int> all_degrees;
+  for (const PiperNode& node : instance_.nodes) {
+    for (const auto& [t, configs] : node.configs) {
+      if (t <= devices && (t == 1 || options_.allow_tensor_parallel)) all_degrees.push_back(t);
+      if (configs.size() > 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "node '", node.name, "' has ", configs.size(), " configurations at degree ", t,
+            "; at most two (e.g. with and without recomputation) are supported"));
+      }
+    }
+  }
+  std::sort(all_degrees.begin(), all_degrees.end());
+  all_degrees.erase(std::unique(all_degrees.begin(), all_degrees.end()), all_degrees.end());
+  degrees_ = all_degrees;
+
+  data_.assign(n_, std::vector<NodeDegree>(degrees_.size()));
+  missing_prefix_.assign(degrees_.size(), std::vector<int>(n_ + 1, 0));
+  std::vector<std::vector<std::pair<int, double>>> in_edges(n_), out_edges(n_);
+  for (const PiperEdge& e : instance_.edges) {
+    in_edges[e.destination].push_back({e.source, e.bytes});
+    out_edges[e.source].push_back({e.destination, e.bytes});
+  }
+  for (size_t ti = 0; ti < degrees_.size(); ++ti) {
+    for (int v = 0; v < n_; ++v) {
+      auto it = instance_.nodes[v].configs.find(degrees_[ti]);
+      const bool present = it != instance_.nodes[v].configs.end() && !it->second.empty();
+      missing_prefix_[ti][v + 1] = missing_prefix_[ti][v] + (present ? 0 : 1);
+      if (!present) continue;
+      NodeDegree& nd = data_[v][ti];
+      nd.present = true;
+      for (const PiperConfig& c : it->second) {
+        ConfigData cd;
+        cd.time = c.time_per_sample;
+        cd.parameters = c.parameter_bytes;
+        cd.memory_a = c.memory_per_microbatch_bytes;
+        cd.memory_b = c.memory_fixed_bytes;
+        for (const auto& [u, bytes] : in_edges[v]) {
+          auto s = c.sync_forward_bytes.find(u);
+          cd.in.push_back({u, bytes + (s == c.sync_forward_bytes.end() ? 0.0 : s->second)});
+        }
+        for (const auto& [w, bytes] : out_edges[v]) {
+          auto s = c.sync_backward_bytes.find(w);
+          cd.out.push_back({w, bytes + (s == c.sync_backward_bytes.end() ? 0.0 : s->second)});
+        }
+        nd.configs.push_back(std::move(cd));
+      }
+    }
+  }
+  cover_ = CoverSolver(options_.knapsack);
+  keys_.assign((n_ + 1) * (n_ + 1) * degrees_.size() * divisors_.size(), Key{});
+  for (int a = 0; a < n_; ++a) {
+    for (int b = a + 1; b <= n_; ++b) {
+      for (size_t ti = 0; ti < degrees_.size(); ++ti) {
+        if (missing_prefix_[ti][b] - missing_prefix_[ti][a] > 0) continue;
+        PrepareStage(a, b, static_cast<int>(ti));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PiperSolver::StageCosts(int a, int b, int ti, int d) {
+  const double bandwidth = instance_.bandwidth_bytes_per_second;
+  const double mbs = instance_.microbatches_per_batch;
+  cost_scratch_.assign(2 * (b - a), kInfinity);
+  fast_scratch_.assign(b - a, 0);
+  for (int v = a; v < b; ++v) {
+    const NodeDegree& nd = data_[v][ti];
+    for (size_t l = 0; l < nd.configs.size(); ++l) {
+      const ConfigData& c = nd.configs[l];
+      double edge_bytes = 0;
+      for (const auto& [u, bytes] : c.in) {
+        if (u < a) edge_bytes += kEdgeTransfers * bytes;
+      }
+      for (const auto& [w, bytes] : c.out) {
+        if (w >= b) edge_bytes += kEdgeTransfers * bytes;
+      }
+      const double resync = kResyncFactor * (d - 1) * c.parameters / d / mbs;
+      cost_scratch_[2 * (v - a) + l] = (edge_bytes / d + resync) / bandwidth + c.time / d;
+    }
+    // Fastest configuration (the first on ties, as Piper).
+    if (nd.configs.size() == 2 && cost_scratch_[2 * (v - a) + 1] < cost_scratch_[2 * (v - a)]) {
+      fast_scratch_[v - a] = 1;
+    }
+  }
+}
+
+void PiperSolver::PrepareStage(int a, int b, int ti) {
+  const double memory = instance_.memory_per_device_bytes;
+  // The leanest configurations do not depend on d: largest y at which they fit.
+  auto lean_memory = [&](double y) {
+    double total = 0;
+    for (int v = a; v < b; ++v) {
+      double best = kInfinity;
+      for (const ConfigData& c : data_[v][ti].configs) {
+        best = std::min(best, c.memory_a * y + c.memory_b);
+      }
+      total += best;
+    }
+    return total;
+  };
+  int y_lean = 0;
+  if (lean_memory(1) <= memory) {
+    int lo = 1, hi = budget_s_;
+    if (lean_memory(hi) <= memory) {
+      lo = hi;
+    } else {
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        (lean_memory(mid) <= memory ? lo : hi) = mid;
+      }
+    }
+    y_lean = lo;
+  }
+  for (size_t di = 0; di < divisors_.size(); ++di) {
+    const int d = divisors_[di];
+    if (int64_t{degrees_[ti]} * d > instance_.max_devices) break;
+    StageCosts(a, b, ti, d);
+    Key& key = keys_[KeyIndex(a, b, ti, static_cast<int>(di))];
+    key.y_lean = y_lean;
+    double total = 0, sum_a = 0, sum_b = 0;
+    for (int v = a; v < b; ++v) {
+      const int l = fast_scratch_[v - a];
+      total += cost_scratch_[2 * (v - a) + l];
+      sum_a += data_[v][ti].configs[l].memory_a;
+      sum_b += data_[v][ti].configs[l].memory_b;
+    }
+    key.fast_total = total;
+    const int y_cap = (budget_s_ + d - 1) / d;
+    if (sum_b > memory) {
+      key.y_fast = 0;
+    } else if (sum_a <= 0) {
+      key.y_fast = y_cap;
+    } else {
+      key.y_fast = static_cast<int>(std::min<double>(y_cap, std::floor((memory - sum_b) / sum_a)));
+    }
+  }
+}
+
+double PiperSolver::Load(int a, int b, int ti, int di, int y, std::vector<int>* choice) {
+  const int d = divisors_[di];
+  StageCosts(a, b, ti, d);
+  double need = -instance_.memory_per_device_bytes;
+  double total = 0;
+  items_.clear();
+  item_node_.clear();
+  for (int v = a; v < b; ++v) {
+    const NodeDegree& nd = data_[v][ti];
+    const int f = fast_scratch_[v - a];
+    const ConfigData& fast = nd.configs[f];
+    need += fast.memory_a * y + fast.memory_b;
+    total += cost_scratch_[2 * (v - a) + f];
+    if (nd.configs.size() == 2) {
+      const ConfigData& other = nd.configs[1 - f];
+      const double saving =
+          (fast.memory_a * y + fast.memory_b) - (other.memory_a * y + other.memory_b);
+      if (saving > 1e-9) {
+        items_.push_back({cost_scratch_[2 * (v - a) + 1 - f] - cost_scratch_[2 * (v - a) + f],
+                          saving});
+        item_node_.push_back(v);
+      }
+    }
+  }
+  if (choice != nullptr) {
+    choice->assign(b - a, 0);
+    for (int v = a; v < b; ++v) (*choice)[v - a] = fast_scratch_[v - a];
+  }
+  const CoverResult cover = cover_.Solve(items_, need, choice != nullptr);
+  if (!cover.feasible) return kInfinity;
+  if (choice != nullptr) {
+    for (int i : cover.switched) {
+      const int v = item_node_[i];
+      (*choice)[v - a] = 1 - fast_scratch_[v - a];
+    }
+  }
+  return total + cover.extra_cost;
+}
+
+int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit) {
+  Key& key = keys_[KeyIndex(a, b, ti, di)];
+  if (!(key.fast_total <= limit)) return 0;
+  const int d = divisors_[di];
+  const int y_cap = (budget_s_ + d - 1) / d;
+  const int hi_bound = std::min(key.y_lean, y_cap);
+  if (key.y_fast >= hi_bound) return hi_bound;
+  // Largest y in [y_fast, hi_bound] with load <= limit; load(y_fast) <= limit already. Use
+  // what is known first.
+  int lo = key.y_fast, hi = hi_bound + 1;  // load(lo) <= limit < load(hi) (hi unknown = inf)
+  for (const auto& [y, load] : key.known) {
+    if (load <= limit) {
+      lo = std::max(lo, y);
+    } else {
+      hi = std::min(hi, y);
+    }
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    const double load = Load(a, b, ti, di, mid, nullptr);
+    auto pos = std::lower_bound(key.known.begin(), key.known.end(), std::make_pair(mid, -1.0));
+    key.known.insert(pos, {mid, load});
+    if (load <= limit) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+int PiperSolver::MinDevices(double limit, bool record) {
+  const int S = budget_s_;
+  const int N = instance_.max_devices;
+  const size_t width = S + 1;
+  g_.assign((n_ + 1) * width, kNoDevices);
+  h_.assign((n_ + 1) * width, kNoDevices);
+  if (record) {
+    h_arg_.assign((n_ + 1) * width, -1);
+    choice_b_.assign((n_ + 1) * width, -1);
+    choice_t_.assign((n_ + 1) * width, -1);
+    choice_d_.assign((n_ + 1) * width, -1);
+  }
+  // The empty suffix: no devices, degree sum 0 (h: at most s).
+  for (int s = 0; s <= S; ++s) {
+    h_[n_ * width + s] = 0;
+    if (record) h_arg_[n_ * width + s] = 0;
+  }
+  g_[n_ * width + 0] = 0;
+  std::vector<int> smallest_d(S + 2);
+  std::vector<int> next_free(S + 2);
+  std::vector<int> y_max(divisors_.size());
+  for (int a = n_ - 1; a >= 0; --a) {
+    int* g_row = &g_[a * width];
+    for (int b = a + 1; b <= n_; ++b) {
+      const int* h_next = &h_[b * width];
+      for (size_t ti = 0; ti < degrees_.size(); ++ti) {
+        if (missing_prefix_[ti][b] - missing_prefix_[ti][a] > 0) continue;
+        const int t = degrees_[ti];
+        // Smallest feasible d for every s: d serves s in [d, d * y_max(d)].
+        for (int s = 0; s <= S + 1; ++s) {
+          smallest_d[s] = -1;
+          next_free[s] = s;
+        }
+        bool any = false;
+        for (size_t di = 0; di < divisors_.size(); ++di) {
+          const int d = divisors_[di];
+          if (int64_t{t} * d > N) break;
+          const int y = MaxInFlight(a, b, static_cast<int>(ti), static_cast<int>(di), limit);
+          if (y <= 0) continue;
+          const int last = static_cast<int>(std::min<int64_t>(S, int64_t{d} * y));
+          // Assign s in [d, last] not yet taken (path-compressed "next free").
+          auto find = [&](int s) {
+            int root = s;
+            while (next_free[root] != root) root = next_free[root];
+            while (next_free[s] != root) {
+              const int up = next_free[s];
+              next_free[s] = root;
+              s = up;
+            }
+            return root;
+          };
+          for (int s = find(d); s <= last; s = find(s)) {
+            smallest_d[s] = static_cast<int>(di);
+            next_free[s] = s + 1;
+            any = true;
+          }
+        }
+        if (!any) continue;
+        for (int s = 1; s <= S; ++s) {
+          if (smallest_d[s] < 0) continue;
+          const int d = divisors_[smallest_d[s]];
+          const int rest = h_next[s - d];
+          if (rest >= kNoDevices) continue;
+          const int devices = t * d + rest;
+          if (devices < g_row[s]) {
+            g_row[s] = devices;
+            if (record) {
+              choice_b_[a * width + s] = b;
+              choice_t_[a * width + s] = static_cast<int>(ti);
+              choice_d_[a * width + s] = smallest_d[s];
+            }
+          }
+        }
+      }
+    }
+    int* h_row = &h_[a * width];
+    h_row[0] = g_row[0];
+    if (record) h_arg_[a * width] = 0;
+    for (int s = 1; s <= S; ++s) {
+      const bool take = g_row[s] < h_row[s - 1];
+      h_row[s] = take ? g_row[s] : h_row[s - 1];
+      if (record) h_arg_[a * width + s] = take ? s : h_arg_[a * width + s - 1];
+    }
+  }
+  return h_[S];
+}
+
+absl::StatusOr<PiperResult> PiperSolver::Run() {
+  const auto start = std::chrono::steady_clock::now();
+  TANDEM_RETURN_IF_ERROR(ValidatePiperInstance(instance_, "piper"));
+  TANDEM_RETURN_IF_ERROR(Prepare());
+  const int N = instance_.max_devices;
+  if (MinDevices(kInfinity, false) > N) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no Piper plan fits ", FormatBytes(instance_.memory_per_device_bytes), " per device on ",
+        N, " devices"));
+  }
+  // Bracket the optimum: a feasible load, then bisect.
+  double hi = 1;
+  for (const Key& key : keys_) {
+    if (std::isfinite(key.fast_total)) hi = std::max(hi, key.fast_total);
+  }
+  while (MinDevices(hi, false) > N) hi *= 2;
+  double lo = 0;
+  for (int iteration = 0; iteration < kMaxSearchIterations && hi - lo > kLoadPrecision * hi;
+       ++iteration) {
+    const double mid = lo + (hi - lo) / 2;
+    if (MinDevices(mid, false) <= N) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  const int devices = MinDevices(hi, /*record=*/true);
+  const size_t width = budget_s_ + 1;
+  // Fewest devices, then the smallest degree sum attaining it (as Piper reports).
+  int s = h_arg_[budget_s_];
+  PiperResult result;
+  result.devices_used = devices;
+  int a = 0;
+  std::vector<std::pair<int, int>> path;  // (stage start, suffix degree-sum budget)
+  while (a < n_) {
+    s = h_arg_[a * width + s];
+    const int b = choice_b_[a * width + s];
+    const int ti = choice_t_[a * width + s];
+    const int di = choice_d_[a * width + s];
+    if (b <= a || ti < 0 || di < 0) {
+      return absl::InternalError(absl::StrCat("Piper: no recorded stage at layer ", a));
+    }
+    PiperStage stage;
+    stage.first_node = a;
+    stage.end_node = b;
+    stage.tensor_parallel = degrees_[ti];
+    stage.data_parallel = divisors_[di];
+    result.stages.push_back(stage);
+    s -= divisors_[di];
+    a = b;
+  }
+  // Loads and configurations with the exact suffix sums.
+  int suffix = 0;
+  for (auto it = result.stages.rbegin(); it != result.stages.rend(); ++it) {
+    suffix += it->data_parallel;
+    it->in_flight = (suffix + it->data_parallel - 1) / it->data_parallel;
+  }
+  result.sum_data_parallel = suffix;
+  for (PiperStage& stage : result.stages) {
+    const int ti = static_cast<int>(
+        std::find(degrees_.begin(), degrees_.end(), stage.tensor_parallel) - degrees_.begin());
+    const int di = static_cast<int>(
+        std::find(divisors_.begin(), divisors_.end(), stage.data_parallel) - divisors_.begin());
+    std::vector<int> choice;
+    stage.load = Load(stage.first_node, stage.end_node, ti, di, stage.in_flight, &choice);
+    for (int v = stage.first_node; v < stage.end_node; ++v) {
+      const int l = choice[v - stage.first_node];
+      const PiperConfig& c = instance_.nodes[v].configs.at(stage.tensor_parallel)[l];
+      stage.config_ids.push_back(c.id);
+      stage.memory_bytes += c.memory_per_microbatch_bytes * stage.in_flight + c.memory_fixed_bytes;
+    }
+    result.time_per_sample = std::max(result.time_per_sample, stage.load);
+  }
+  result.planning_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<PiperResult> RunPiper(const PiperInstance& instance, const PiperOptions& options) {
+  PiperSolver solver(instance, options);
+  return solver.Run();
+}
+
+absl::StatusOr<PiperStageCost> EvaluatePiperStage(const PiperInstance& instance, int first,
+                                                  int end, int tensor_parallel,
+                                                  int data_parallel, int in_flight,
+                                                  const std::vector<int>& config_indices) {
+  if (first < 0 || end > static_cast<int>(instance.nodes.size()) || first >= end ||
+      static_cast<int>(config_indices.size()) != end - first) {
+    return absl::InvalidArgumentError("EvaluatePiperStage: bad stage range or configurations");
+  }
+  PiperStageCost cost;
+  const double bandwidth = instance.bandwidth_bytes_per_second;
+  for (int v = first; v < end; ++v) {
+    auto it = instance.nodes[v].configs.find(tensor_parallel);
+    if (it == instance.nodes[v].configs.end() ||
+        config_indices[v - first] >= static_cast<int>(it->second.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("node ", v, " has no configuration ",
+                                                     config_indices[v - first], " at degree ",
+                                                     tensor_parallel));
+    }
+    const PiperConfig& c = it->second[config_indices[v - first]];
+    double edge_bytes = 0;
+    for (const PiperEdge& e : instance.edges) {
+      if (e.destination == v && e.source < first) {
+        auto s = c.sync_forward_bytes.find(e.source);
+        edge_bytes += kEdgeTransfers *
+                      (e.bytes + (s == c.sync_forward_bytes.end() ? 0.0 : s->second));
+      }
+      if (e.source == v && e.destination >= end) {
+        auto s = c.sync_backward_bytes.find(e.destination);
+        edge_bytes += kEdgeTransfers *
+                      (e.bytes + (s == c.sync_backward_bytes.end() ? 0.0 : s->second));
+      }
+    }
+    const double resync = kResyncFactor * (data_parallel - 1) * c.parameter_bytes /
+                          data_parallel / instance.microbatches_per_batch;
+    cost.load += (edge_bytes / data_parallel + resync) / bandwidth +
+                 c.time_per_sample / data_parallel;
+    cost.memory_bytes += c.memory_per_microbatch_bytes * in_flight + c.memory_fixed_bytes;
+  }
+  return cost;
+}
+
+}  // namespace tandem::planner
