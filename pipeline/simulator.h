@@ -7,6 +7,7 @@
 // `optimizer_seconds`. The result is what the runtime should measure for the same costs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,33 @@ struct CostModel {
   // --forward/--backward/--weight.
   static CostModel Uniform(const ScheduleSpec& spec, double forward, double backward,
                            double weight = 0);
+
+  // Heterogeneous costs: one entry per stage of the pipeline (NumStages(); with chunks, the
+  // virtual stages in pipeline order). `weight` and `activation_bytes` may be empty (zeros).
+  // stash_units default to p / NumStages() (a chunk's share). InvalidArgument names the array
+  // and the stage for a wrong length or a negative or non-finite value.
+  static absl::StatusOr<CostModel> FromStageCosts(const ScheduleSpec& spec,
+                                                  const std::vector<double>& forward,
+                                                  const std::vector<double>& backward,
+                                                  const std::vector<double>& weight = {},
+                                                  const std::vector<double>& activation_bytes = {});
+
+  // The `--costs FILE` format: {"forward": [...], "backward": [...], optional "weight",
+  // "activation_bytes", "stash_units" (arrays, one per stage), "latency_seconds",
+  // "bandwidth_bytes_per_second", "grad_sync_seconds" (array), "optimizer_seconds"}. Times in
+  // seconds. Errors name `where` and the field.
+  static absl::StatusOr<CostModel> FromJson(const nlohmann::json& j, const ScheduleSpec& spec,
+                                            absl::string_view where = "costs");
+
+  // Checks sizes against `num_stages` and that every number is finite and non-negative.
+  absl::Status Check(int num_stages) const;
 };
+
+// Trace lanes ("tid") used by the simulator.
+inline constexpr int kTraceLaneCompute = 0;
+inline constexpr int kTraceLaneWait = 1;     // a receive waiting for its data
+inline constexpr int kTraceLaneTransfer = 2; // a message in flight (on the sender's row)
+inline constexpr int kTraceLaneSync = 3;     // gradient synchronisation
 
 struct SimulationResult {
   double makespan_seconds = 0;
@@ -62,7 +89,40 @@ struct SimulationOptions {
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const CostModel& costs,
                                           const SimulationOptions& options = {});
 
-// SVG Gantt chart of a recorded trace (one row per rank).
+// A schedule indexed once for repeated simulation (the planner tries many cost models on one
+// schedule): transfers are resolved to message slots, so Run() allocates only its result and
+// costs O(actions). Refers to `schedule`, which must outlive it. Not thread-safe; use one per
+// thread.
+class ScheduleSimulator {
+ public:
+  // InvalidArgument if the transfers do not pair up (run the validator first for details).
+  static absl::StatusOr<ScheduleSimulator> Create(const Schedule& schedule);
+
+  absl::StatusOr<SimulationResult> Run(const CostModel& costs,
+                                       const SimulationOptions& options = {});
+
+ private:
+  struct Op {
+    ActionType type;
+    int32_t stage;
+    int32_t message;  // transfers: message slot; -1 otherwise
+    int32_t peer;
+  };
+  ScheduleSimulator() = default;
+
+  const Schedule* schedule_ = nullptr;
+  std::vector<Op> ops_;
+  std::vector<int64_t> rank_begin_;  // ops of rank r: [rank_begin_[r], rank_begin_[r+1])
+  int64_t num_messages_ = 0;
+  // Scratch reused between runs.
+  std::vector<double> arrival_;
+  std::vector<int64_t> pc_;
+  std::vector<int64_t> blocked_on_;
+  std::vector<int> worklist_;
+};
+
+// SVG Gantt chart of a recorded trace (one row per rank): F, B, Bi and W in distinct colours,
+// labelled ("F3.1") where the box is wide enough, with a time axis and a legend.
 std::string RenderSvgGantt(const SimulationResult& result, int num_ranks);
 
 }  // namespace tandem::pipeline
