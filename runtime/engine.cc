@@ -296,6 +296,12 @@ absl::Status Engine::Build(StageFactory factory) {
       }
       locals_.push_back(std::move(l));
     }
+    // Blocking collectives over the gradient groups (creation, flushes, state gathers) run in
+    // stage order on every rank: a rank holds each stage at most once, so no two ranks can
+    // wait for each other in different groups.
+    std::sort(locals_.begin(), locals_.end(), [](const auto& a, const auto& b) {
+      return a->spec.stage < b->spec.stage;
+    });
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(
@@ -560,6 +566,16 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
   for (auto& l : locals_) {
     TANDEM_RETURN_IF_ERROR(l->sync->Step(result->learning_rate, result->clip_coefficient));
     l->parameters_current = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Flush() {
+  for (auto& l : locals_) {
+    TANDEM_RETURN_IF_ERROR(Annotate(l->sync->Flush(), absl::StrCat("rank ", world_rank_,
+                                                                    ": flushing stage ",
+                                                                    l->spec.stage)));
+    l->parameters_current = true;
   }
   return absl::OkStatus();
 }

@@ -126,6 +126,10 @@ class Engine {
   // Runs iteration iteration() and advances it. Collective.
   absl::StatusOr<IterationResult> RunIteration();
 
+  // Makes every local stage's parameters hold the last step's values (DeAR leaves all-gathers
+  // in flight after a step). Collective over the gradient groups.
+  absl::Status Flush();
+
   // Next iteration to run (the data position).
   int64_t iteration() const { return iteration_; }
 

@@ -1,0 +1,293 @@
+// The engine under mpirun with emulated-compute stages: every schedule runs to completion with
+// the data-flow checksum checked at every stage, losses and parameter updates equal the
+// closed-form values, and stashing follows the schedule. Runs with 2 and 4 ranks.
+#include "runtime/engine.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "gtest/gtest.h"
+#include "pipeline/plan.h"
+#include "runtime/emulated_stage.h"
+
+namespace tandem::runtime {
+namespace {
+
+constexpr int kLayers = 16;
+constexpr int64_t kParameters = 10;
+constexpr int64_t kActivationElements = 8;
+constexpr double kLearningRate = 0.5;
+
+comm::Communicator* World() {
+  static comm::Communicator* world = [] {
+    auto w = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+    if (!w.ok()) {
+      ADD_FAILURE() << w.status();
+      return static_cast<comm::Communicator*>(nullptr);
+    }
+    return w.value().release();
+  }();
+  return world;
+}
+
+struct Case {
+  pipeline::ScheduleKind kind;
+  int chunks = 1;
+  int waves = 1;
+  int data_parallel = 1;
+  int microbatches = 8;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(pipeline::ScheduleKindName(c.kind), " D=", c.data_parallel,
+                      " m=", c.microbatches);
+}
+
+absl::StatusOr<pipeline::Plan> PlanFor(const Case& c, int world_size) {
+  pipeline::ScheduleSpec spec;
+  spec.kind = c.kind;
+  spec.num_ranks = world_size / c.data_parallel;
+  spec.num_microbatches = c.microbatches;
+  spec.chunks = c.chunks;
+  spec.waves = c.waves;
+  return pipeline::MakeUniformPlan(kLayers, spec, c.data_parallel, /*microbatch_size=*/1);
+}
+
+StageFactory EmulatedFactory(double forward_seconds, double backward_seconds,
+                             double weight_seconds) {
+  return [=](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
+    EmulatedStageOptions o;
+    o.stage = spec.stage;
+    o.num_stages = spec.num_stages;
+    o.replica = spec.replica;
+    o.data_parallel_index = spec.data_parallel_index;
+    o.data_parallel = spec.data_parallel;
+    o.num_microbatches = spec.num_microbatches;
+    o.forward_seconds = forward_seconds;
+    o.backward_seconds = backward_seconds;
+    o.weight_seconds = weight_seconds;
+    o.activation_elements = kActivationElements;
+    o.parameter_elements = kParameters;
+    return std::unique_ptr<Stage>(new EmulatedStage(o));
+  };
+}
+
+// Mean loss of the global batch at `iteration`, from the emulated stage's formula.
+double ExpectedLoss(int64_t iteration, int data_parallel, int microbatches) {
+  double sum = 0;
+  for (int d = 0; d < data_parallel; ++d) {
+    for (int m = 0; m < microbatches; ++m) sum += EmulatedStage::LossValue(iteration, d, m);
+  }
+  return sum / (data_parallel * microbatches);
+}
+
+// The synchronised gradient of stage s (every element): summed over the global batch.
+double ExpectedGradient(int64_t iteration, int stage, int data_parallel, int microbatches) {
+  double sum = 0;
+  for (int d = 0; d < data_parallel; ++d) {
+    for (int m = 0; m < microbatches; ++m) {
+      sum += EmulatedStage::WeightGradientValue(iteration, d, stage, m);
+    }
+  }
+  return sum;
+}
+
+EngineOptions SgdOptions(comm::GradSyncStrategy strategy) {
+  EngineOptions o;
+  o.grad_sync = strategy;
+  o.optimizer = comm::OptimizerConfig::Sgd(/*momentum=*/0.0);
+  o.lr_schedule.base_lr = kLearningRate;
+  o.timeout = absl::Seconds(60);
+  return o;
+}
+
+// Runs `iterations` of a case and checks loss, norm and every local parameter.
+void RunAndCheck(const Case& c, comm::GradSyncStrategy strategy, int iterations,
+                 double clip_norm = 0) {
+  SCOPED_TRACE(Name(c) + " sync " + comm::GradSyncStrategyName(strategy));
+  comm::Communicator* world = World();
+  ASSERT_NE(world, nullptr);
+  auto plan = PlanFor(c, world->size());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EngineOptions options = SgdOptions(strategy);
+  options.clip_norm = clip_norm;
+  auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int num_stages = plan->schedule.NumStages();
+  std::vector<double> expected_param(num_stages, 1.0);
+  for (int it = 0; it < iterations; ++it) {
+    auto result = (*engine)->RunIteration();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->iteration, it);
+    EXPECT_NEAR(result->loss, ExpectedLoss(it, c.data_parallel, c.microbatches), 1e-9);
+    double squared = 0;
+    for (int s = 0; s < num_stages; ++s) {
+      const double g = ExpectedGradient(it, s, c.data_parallel, c.microbatches);
+      squared += kParameters * g * g;
+    }
+    const double norm = std::sqrt(squared);
+    EXPECT_NEAR(result->grad_norm, norm, 1e-6 * norm);
+    const double coefficient = clip_norm > 0 ? std::min(1.0, clip_norm / (norm + 1e-6)) : 1.0;
+    EXPECT_NEAR(result->clip_coefficient, coefficient, 1e-12);
+    for (int s = 0; s < num_stages; ++s) {
+      expected_param[s] -= kLearningRate * coefficient *
+                           ExpectedGradient(it, s, c.data_parallel, c.microbatches);
+    }
+  }
+  // DeAR leaves the all-gather of the last step in flight: flush first.
+  ASSERT_TRUE((*engine)->Flush().ok());
+  for (const LocalStageId& id : (*engine)->local_stages()) {
+    auto* stage = static_cast<EmulatedStage*>((*engine)->stage(id.replica, id.stage));
+    ASSERT_NE(stage, nullptr);
+    for (float p : stage->parameters()) {
+      EXPECT_NEAR(p, expected_param[id.stage], 1e-5)
+          << "stage " << id.stage << " replica " << id.replica;
+    }
+  }
+}
+
+TEST(EngineTest, EverySchedulePipelineOnly) {
+  const int p = World()->size();
+  std::vector<Case> cases = {
+      {pipeline::ScheduleKind::kGPipe},
+      {pipeline::ScheduleKind::k1F1B},
+      {pipeline::ScheduleKind::kInterleaved, /*chunks=*/2},
+      {pipeline::ScheduleKind::kChimera},
+      {pipeline::ScheduleKind::kHanayo, 1, /*waves=*/1},
+      {pipeline::ScheduleKind::kZBH1},
+      // Fewer micro-batches than a multiple of p, and fewer than p.
+      {pipeline::ScheduleKind::k1F1B, 1, 1, 1, /*microbatches=*/p + 1},
+      {pipeline::ScheduleKind::kInterleaved, 2, 1, 1, /*microbatches=*/p + 2},
+  };
+  for (const Case& c : cases) RunAndCheck(c, comm::GradSyncStrategy::kAllReduce, 2);
+}
+
+TEST(EngineTest, DataParallelTimesPipeline) {
+  if (World()->size() < 4) GTEST_SKIP() << "needs 4 ranks";
+  std::vector<Case> cases = {
+      {pipeline::ScheduleKind::k1F1B, 1, 1, /*data_parallel=*/2},
+      {pipeline::ScheduleKind::kChimera, 1, 1, 2},
+      {pipeline::ScheduleKind::kInterleaved, 2, 1, 2},
+      {pipeline::ScheduleKind::kZBH1, 1, 1, 2},
+      {pipeline::ScheduleKind::kGPipe, 1, 1, /*data_parallel=*/4},
+  };
+  for (const Case& c : cases) {
+    RunAndCheck(c, comm::GradSyncStrategy::kAllReduce, 2);
+    RunAndCheck(c, comm::GradSyncStrategy::kDeAR, 2);
+  }
+}
+
+TEST(EngineTest, DearMatchesClosedForm) {
+  RunAndCheck({pipeline::ScheduleKind::k1F1B}, comm::GradSyncStrategy::kDeAR, 3);
+  RunAndCheck({pipeline::ScheduleKind::kChimera}, comm::GradSyncStrategy::kDeAR, 3);
+}
+
+TEST(EngineTest, ClippingUsesTheGlobalNorm) {
+  // A clip norm well below the gradient norm: every stage is scaled by the same coefficient.
+  RunAndCheck({pipeline::ScheduleKind::k1F1B}, comm::GradSyncStrategy::kAllReduce, 2,
+              /*clip_norm=*/0.01);
+  RunAndCheck({pipeline::ScheduleKind::kInterleaved, 2}, comm::GradSyncStrategy::kDeAR, 2,
+              /*clip_norm=*/0.01);
+}
+
+TEST(EngineTest, StashingFollowsTheSchedule) {
+  comm::Communicator* world = World();
+  const int p = world->size();
+  constexpr int kMicrobatches = 8;
+  for (auto kind : {pipeline::ScheduleKind::kGPipe, pipeline::ScheduleKind::k1F1B}) {
+    Case c{kind};
+    c.microbatches = kMicrobatches;
+    auto plan = PlanFor(c, p);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0),
+                                 SgdOptions(comm::GradSyncStrategy::kAllReduce));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->RunIteration().ok());
+    const int q = (*engine)->pipeline_position();
+    auto* stage = static_cast<EmulatedStage*>((*engine)->stage(0, q));
+    ASSERT_NE(stage, nullptr);
+    // GPipe stashes every micro-batch; 1F1B at most p - q on position q.
+    const int expected =
+        kind == pipeline::ScheduleKind::kGPipe ? kMicrobatches : std::min(kMicrobatches, p - q);
+    EXPECT_EQ(stage->peak_stashed_microbatches(), expected)
+        << pipeline::ScheduleKindName(kind) << " position " << q;
+    EXPECT_EQ(stage->stashed_microbatches(), 0);
+  }
+}
+
+TEST(EngineTest, TimingsAndTimelineCoverEveryAction) {
+  comm::Communicator* world = World();
+  auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
+  ASSERT_TRUE(plan.ok());
+  EngineOptions options = SgdOptions(comm::GradSyncStrategy::kAllReduce);
+  options.record_timeline = true;
+  constexpr double kForward = 0.004;
+  constexpr double kBackward = 0.008;
+  auto engine = Engine::Create(*plan, world, EmulatedFactory(kForward, kBackward, 0), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto result = (*engine)->RunIteration();
+  ASSERT_TRUE(result.ok()) << result.status();
+  const auto& program = (*engine)->schedule().programs[(*engine)->pipeline_position()];
+  ASSERT_EQ(result->timings.size(), program.size());
+  int forwards = 0;
+  for (const ActionTiming& t : result->timings) {
+    EXPECT_LE(t.start_seconds, t.end_seconds);
+    if (t.action.type == pipeline::ActionType::kForward) {
+      ++forwards;
+      EXPECT_GE(t.end_seconds - t.start_seconds, kForward * 0.9);
+    }
+  }
+  EXPECT_EQ(forwards, plan->schedule.num_microbatches);
+  EXPECT_GE(result->compute_seconds, 8 * (kForward + kBackward) * 0.9);
+  EXPECT_GT(result->bubble_ratio, 0.0);
+  EXPECT_LT(result->bubble_ratio, 1.0);
+  EXPECT_EQ((*engine)->timeline().events().size(), program.size());
+  auto merged = (*engine)->GatherTimeline();
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  if (world->rank() == 0) {
+    int64_t total = 0;
+    for (int q = 0; q < world->size(); ++q) total += (*engine)->schedule().programs[q].size();
+    EXPECT_EQ(static_cast<int64_t>(merged->events().size()), total);
+  } else {
+    EXPECT_TRUE(merged->events().empty());
+  }
+}
+
+TEST(EngineTest, PlanForAnotherWorldSizeFailsOnEveryRank) {
+  comm::Communicator* world = World();
+  Case c{pipeline::ScheduleKind::k1F1B};
+  auto plan = PlanFor(c, world->size() * 2);
+  ASSERT_TRUE(plan.ok());
+  auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0),
+                               SgdOptions(comm::GradSyncStrategy::kAllReduce));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+  EXPECT_NE(engine.status().message().find("this run has"), std::string::npos)
+      << engine.status();
+}
+
+TEST(EngineTest, FactoryFailureOnOneRankFailsEveryRank) {
+  comm::Communicator* world = World();
+  auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
+  ASSERT_TRUE(plan.ok());
+  StageFactory good = EmulatedFactory(0, 0, 0);
+  StageFactory factory = [&](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
+    if (spec.stage == 1) return absl::InvalidArgumentError("stage 1 cannot be built");
+    return good(spec);
+  };
+  auto engine = Engine::Create(*plan, world, factory,
+                               SgdOptions(comm::GradSyncStrategy::kAllReduce));
+  ASSERT_FALSE(engine.ok());
+  if (world->rank() == 1) {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+  } else {
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kAborted) << engine.status();
+    EXPECT_NE(engine.status().message().find("rank 1"), std::string::npos) << engine.status();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::runtime
