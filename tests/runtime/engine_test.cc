@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "pipeline/plan.h"
 #include "runtime/emulated_stage.h"
+#include "runtime/timeline.h"
 
 namespace tandem::runtime {
 namespace {
@@ -251,6 +252,18 @@ TEST(EngineTest, TimingsAndTimelineCoverEveryAction) {
     int64_t total = 0;
     for (int q = 0; q < world->size(); ++q) total += (*engine)->schedule().programs[q].size();
     EXPECT_EQ(static_cast<int64_t>(merged->events().size()), total);
+    // The measured costs feed the simulator; its prediction lands beside the measurement.
+    auto costs = MeasuredCosts(*merged, plan->schedule, /*iteration=*/0);
+    ASSERT_TRUE(costs.ok()) << costs.status();
+    EXPECT_GE(costs->stages[0].forward_seconds, kForward * 0.9);
+    EXPECT_GE(costs->stages[0].backward_seconds, kBackward * 0.9);
+    auto range = IterationRange(*merged, 0);
+    ASSERT_TRUE(range.ok());
+    auto predicted = AddPrediction((*engine)->schedule(), *costs, range->start_seconds,
+                                   &*merged);
+    ASSERT_TRUE(predicted.ok()) << predicted.status();
+    EXPECT_GT(predicted->makespan_seconds, (kForward + kBackward) * 8 * 0.9);
+    EXPECT_GT(static_cast<int64_t>(merged->events().size()), total);
   } else {
     EXPECT_TRUE(merged->events().empty());
   }
