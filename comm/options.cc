@@ -19,6 +19,7 @@ constexpr EnvVar kEnvVars[] = {
     {"TANDEM_COMM_TIMEOUT", "300s", "default timeout of Work::Wait(), Split and Shrink"},
     {"TANDEM_COMM_VERIFY", "1", "check collectives' count/type/op/root across ranks first"},
     {"TANDEM_COMM_WATCHDOG", "100ms", "NCCL watchdog polling interval"},
+    {"TANDEM_COMM_WAIT", "auto", "MPI waits: spin, sleep, or auto (sleep if ranks > cores)"},
 };
 
 const char* Get(const char* name) {
@@ -66,6 +67,19 @@ absl::StatusOr<CommOptions> CommOptions::FromEnvironment() {
     auto parsed = ParseTimeout(value);
     if (!parsed.ok()) return Annotate(parsed.status(), "TANDEM_COMM_WATCHDOG");
     options.watchdog_interval = *parsed;
+  }
+  if (const char* value = Get("TANDEM_COMM_WAIT")) {
+    const std::string text = value;
+    if (text == "auto") {
+      options.wait_mode = WaitMode::kAuto;
+    } else if (text == "spin") {
+      options.wait_mode = WaitMode::kSpin;
+    } else if (text == "sleep") {
+      options.wait_mode = WaitMode::kSleep;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_COMM_WAIT: expected auto, spin or sleep, got '", text, "'"));
+    }
   }
   return options;
 }

@@ -7,8 +7,13 @@
 //                              call the same operation with the same count, type, reduction
 //                              and root (one small extra all-reduce). Default 1.
 //   TANDEM_COMM_WATCHDOG       NCCL watchdog polling interval (duration). Default 100ms.
+//   TANDEM_COMM_WAIT           how threads wait for MPI progress: spin (lowest latency, one
+//                              core per waiting thread), sleep (polls with growing pauses:
+//                              for more ranks than cores) or auto (sleep when the node runs
+//                              more ranks than it has cores, else spin). Default auto.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,6 +23,8 @@ namespace tandem::comm {
 
 inline constexpr absl::Duration kDefaultCommTimeout = absl::Seconds(300);
 inline constexpr absl::Duration kDefaultWatchdogInterval = absl::Milliseconds(100);
+
+enum class WaitMode : uint8_t { kAuto, kSpin, kSleep };
 
 struct CommOptions {
   // Default for Work::Wait() and for the blocking steps of Split/Shrink.
@@ -29,6 +36,9 @@ struct CommOptions {
   absl::Duration watchdog_interval = kDefaultWatchdogInterval;
   // NCCL: the CUDA device of this rank (-1: local rank modulo the device count).
   int cuda_device = -1;
+  // MPI: how waiting threads and the progress thread poll (process-wide; the last
+  // communicator created sets it).
+  WaitMode wait_mode = WaitMode::kAuto;
 
   // Defaults overridden by the TANDEM_COMM_* variables above. InvalidArgument names the
   // variable and its bad value.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,14 +53,15 @@ class MpiWork : public Work {
     if (!op_->done.load(std::memory_order_acquire)) {
       const absl::Time deadline = absl::Now() + timeout;
       ProgressEngine::WaiterScope waiter;
+      mpi_internal::Backoff backoff;
       while (!op_->done.load(std::memory_order_acquire)) {
-        ProgressEngine::Get().TryProgress();
+        const bool progressed = ProgressEngine::Get().TryProgress();
         if (op_->done.load(std::memory_order_acquire)) break;
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               op_->description, " timed out after ", absl::FormatDuration(timeout)));
         }
-        sched_yield();
+        backoff.Pause(progressed);
       }
     }
     return op_->status;
@@ -93,6 +95,16 @@ absl::Status CheckCpu(const Buffer& buffer, const char* what) {
   return absl::OkStatus();
 }
 
+// Whether this node runs more ranks than it has cores (Open MPI tells each rank how many
+// ranks share its node), in which case spinning waiters would starve each other.
+bool PoliteWaits(WaitMode mode) {
+  if (mode != WaitMode::kAuto) return mode == WaitMode::kSleep;
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks_here = local_size != nullptr ? std::atoi(local_size) : 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());  // online, not bound
+  return ranks_here > std::max(1, cores);
+}
+
 bool& InitialisedHere() {
   static bool initialised_here = false;
   return initialised_here;
@@ -108,6 +120,7 @@ void FinalizeAtExit() {
 std::vector<bool> WaitRequests(std::vector<MPI_Request>& requests, absl::Time deadline) {
   std::vector<bool> completed(requests.size(), false);
   size_t remaining = requests.size();
+  mpi_internal::Backoff backoff;
   while (remaining > 0 && absl::Now() < deadline) {
     for (size_t i = 0; i < requests.size(); ++i) {
       if (completed[i]) continue;
@@ -117,7 +130,7 @@ std::vector<bool> WaitRequests(std::vector<MPI_Request>& requests, absl::Time de
         --remaining;
       }
     }
-    if (remaining > 0) sched_yield();
+    if (remaining > 0) backoff.Pause(false);
   }
   return completed;
 }
@@ -197,6 +210,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
                                              communicator->world_ranks_.data()));
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
+  ProgressEngine::Get().set_polite(PoliteWaits(options.wait_mode));
   ProgressEngine::Get().Register(communicator->state_);
   return communicator;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "comm/check.h"
@@ -35,7 +36,24 @@ std::string MismatchMessage(const Op& op) {
   return "";
 }
 
+// Polite waits: polls before the first pause, and the pause range.
+constexpr int kPollsBeforePause = 64;
+constexpr auto kMinPause = std::chrono::microseconds(20);
+constexpr auto kMaxPause = std::chrono::microseconds(1000);
+
 }  // namespace
+
+void Backoff::Pause(bool progressed) {
+  if (progressed) idle_polls_ = 0;
+  if (!ProgressEngine::Get().polite() || idle_polls_ < kPollsBeforePause) {
+    ++idle_polls_;
+    sched_yield();
+    return;
+  }
+  const int doublings = std::min(idle_polls_++ - kPollsBeforePause, 6);
+  std::this_thread::sleep_for(std::min<std::chrono::microseconds>(kMinPause * (1 << doublings),
+                                                                  kMaxPause));
+}
 
 const char* SignatureFieldName(int field) {
   static const char* const kNames[kSignatureFields] = {"operation", "element count",
@@ -233,6 +251,7 @@ ProgressEngine::WaiterScope::~WaiterScope() { Get().waiters_.fetch_sub(1); }
 
 void ProgressEngine::Loop() {
   std::unique_lock<std::mutex> lock(wake_mu_);
+  Backoff backoff;
   while (!stop_) {
     if (pending_.load() <= 0) {
       wake_.wait_for(lock, kIdleSleep);
@@ -243,8 +262,7 @@ void ProgressEngine::Loop() {
       continue;
     }
     lock.unlock();
-    TryProgress();
-    sched_yield();
+    backoff.Pause(TryProgress());
     lock.lock();
   }
 }

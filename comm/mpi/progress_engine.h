@@ -83,9 +83,25 @@ struct CommState {
   bool AdvancePointToPoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
+// Pauses between polls of a waiting thread. Spinning (sched_yield) gives the lowest latency
+// when every thread has a core; with more ranks than cores it starves the rank being waited
+// for, so "polite" mode sleeps with growing pauses once nothing changed for a while.
+class Backoff {
+ public:
+  // Call after each poll; `progressed` resets the pause.
+  void Pause(bool progressed);
+
+ private:
+  int idle_polls_ = 0;
+};
+
 class ProgressEngine {
  public:
   static ProgressEngine& Get();
+
+  // Polite (sleeping) or spinning waits, process-wide.
+  void set_polite(bool polite) { polite_.store(polite); }
+  bool polite() const { return polite_.load(); }
 
   void Register(const std::shared_ptr<CommState>& state);
   // Counts operations added to / finished in any registered communicator, so the engine's
@@ -115,6 +131,7 @@ class ProgressEngine {
   std::mutex progress_mu_;
   std::atomic<int64_t> pending_{0};
   std::atomic<int> waiters_{0};
+  std::atomic<bool> polite_{false};
   std::mutex wake_mu_;
   std::condition_variable wake_;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;

@@ -1,0 +1,639 @@
+#include "comm/grad_sync.h"
+
+#include "comm/buffer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace tandem::comm {
+namespace {
+
+constexpr size_t kFloatBytes = sizeof(float);
+
+// One fusion bucket.
+struct Bucket {
+  std::vector<int> parameters;   // registration indices, in order
+  std::vector<int64_t> offsets;  // offset of each parameter in the flat layout
+  int64_t count = 0;
+  ShardRange shard;              // this rank's shard (DeAR)
+  std::vector<float> flat_grad;  // packed gradients: reduced in place (all-reduce) or the
+                                 // reduce-scatter's input (DeAR)
+  std::vector<float> shard_grad;   // DeAR: the reduced shard
+  std::vector<float> flat_param;   // DeAR: packed parameters, all-gathered in place
+  std::unique_ptr<OptimizerState> shard_optimizer;  // DeAR: state of the shard
+  int ready = 0;
+  bool launched = false;
+  WorkPtr reduction;  // this iteration's all-reduce / reduce-scatter
+  WorkPtr gather;     // DeAR: all-gather of the updated parameters
+};
+
+class BucketedGradientSync : public GradientSync {
+ public:
+  BucketedGradientSync(Communicator& group, std::vector<SyncParameter> parameters,
+                       const GradSyncOptions& options)
+      : group_(group),
+        parameters_(std::move(parameters)),
+        options_(options),
+        local_(group.size() == 1) {}
+
+  absl::Status Init();
+
+  absl::Status GradReady(int parameter) override;
+  absl::Status BucketReady(int bucket) override;
+  absl::Status FinishBackward() override;
+  double LocalGradNormSquared() const override { return norm_squared_; }
+  absl::Status Step(double lr, double grad_scale) override;
+  absl::Status WaitForParameters(int parameter) override;
+  absl::Status Flush() override;
+  absl::StatusOr<std::vector<ParameterOptimizerState>> GatherOptimizerState() override;
+  absl::Status LoadOptimizerState(const std::vector<ParameterOptimizerState>& state) override;
+
+  GradSyncStrategy strategy() const override { return options_.strategy; }
+  int num_parameters() const override { return static_cast<int>(parameters_.size()); }
+  int num_buckets() const override { return static_cast<int>(buckets_.size()); }
+  int BucketOf(int parameter) const override {
+    return parameter >= 0 && parameter < num_parameters() ? bucket_of_[parameter] : -1;
+  }
+  int64_t bucket_bytes() const override { return bucket_bytes_; }
+  bool tuning() const override { return tuning_; }
+  std::string TuningReport() const override;
+
+ private:
+  // Sharded state (DeAR over a real group) versus one full state per parameter.
+  bool sharded() const { return options_.strategy == GradSyncStrategy::kDeAR && !local_; }
+  ReduceOp reduce_op() const {
+    return options_.reduction == GradientReduction::kAverage ? ReduceOp::kAverage
+                                                             : ReduceOp::kSum;
+  }
+  int64_t Count(int parameter) const { return parameters_[parameter].value.count; }
+  float* Value(int parameter) const { return static_cast<float*>(parameters_[parameter].value.data); }
+  float* Grad(int parameter) const { return static_cast<float*>(parameters_[parameter].grad.data); }
+
+  void BuildBuckets(int64_t bucket_bytes);
+  absl::Status LaunchReadyBuckets();
+  absl::Status Launch(Bucket& bucket);
+  absl::Status WaitBucketParameters(Bucket& bucket);
+  absl::Status AfterStep();  // auto-bucket bookkeeping
+  absl::Status Rebucket(int64_t bucket_bytes);
+  std::string Where(const std::string& what) const {
+    return absl::StrCat("gradient sync (", GradSyncStrategyName(options_.strategy), ", rank ",
+                        group_.rank(), " of ", group_.size(), ", iteration ", iteration_, "): ",
+                        what);
+  }
+
+  Communicator& group_;
+  std::vector<SyncParameter> parameters_;
+  GradSyncOptions options_;
+  const bool local_;
+  int64_t bucket_bytes_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;
+  std::vector<bool> grad_ready_;
+  int next_launch_ = 0;
+  bool backward_finished_ = false;
+  double norm_squared_ = 0;
+  int64_t iteration_ = 0;
+  // Full per-parameter optimizer state (all-reduce strategy, or a group of one).
+  std::vector<std::unique_ptr<OptimizerState>> parameter_optimizers_;
+
+  // auto_bucket.
+  bool tuning_ = false;
+  std::vector<int64_t> candidates_;
+  size_t candidate_ = 0;
+  int intervals_seen_ = 0;
+  std::vector<double> interval_sums_;
+  std::vector<int> interval_counts_;
+  std::vector<double> agreed_means_;
+  bool has_last_step_ = false;
+  absl::Time last_step_end_;
+};
+
+absl::Status BucketedGradientSync::Init() {
+  TANDEM_RETURN_IF_ERROR(ValidateOptimizerConfig(options_.optimizer));
+  for (int i = 0; i < num_parameters(); ++i) {
+    const SyncParameter& p = parameters_[i];
+    const std::string what = absl::StrCat("parameter ", i, " ('", p.name, "')");
+    if (p.value.dtype != DataType::kFloat32 || p.grad.dtype != DataType::kFloat32) {
+      return absl::InvalidArgumentError(Where(what + " is not float32"));
+    }
+    if (p.value.device.kind != DeviceKind::kCpu || p.grad.device.kind != DeviceKind::kCpu) {
+      return absl::UnimplementedError(
+          Where(what + " is on a CUDA device; gradient synchronisation packs CPU buffers only"));
+    }
+    if (p.value.count != p.grad.count) {
+      return absl::InvalidArgumentError(Where(absl::StrCat(
+          what, " has ", p.value.count, " values but ", p.grad.count, " gradients")));
+    }
+    if (p.value.count < 0 || (p.value.count > 0 && (p.value.data == nullptr || p.grad.data == nullptr))) {
+      return absl::InvalidArgumentError(Where(what + " has a null buffer or negative count"));
+    }
+  }
+  if (options_.bucket_bytes <= 0 && !options_.auto_bucket) {
+    return absl::InvalidArgumentError(
+        Where(absl::StrCat("bucket_bytes must be positive, got ", options_.bucket_bytes)));
+  }
+  if (options_.auto_bucket && options_.tune_iterations < 1) {
+    return absl::InvalidArgumentError(Where("tune_iterations must be at least 1"));
+  }
+  // Every rank must register the same parameters: compare element counts (and the number of
+  // parameters) across the group with one all-reduce of (max, -min).
+  if (!local_) {
+    const int n = num_parameters();
+    std::vector<int64_t> signature(2 * (n + 1));
+    signature[0] = n;
+    signature[n + 1] = -n;
+    for (int i = 0; i < n; ++i) {
+      signature[1 + i] = Count(i);
+      signature[n + 2 + i] = -Count(i);
+    }
+    // Different numbers of parameters give different lengths: compare the lengths first.
+    int64_t lengths[2] = {n, -n};
+    TANDEM_RETURN_IF_ERROR(
+        group_.AllReduce(CpuBuffer(lengths, 2), ReduceOp::kMax)->Wait());
+    if (lengths[0] != -lengths[1]) {
+      return absl::InvalidArgumentError(Where(absl::StrCat(
+          "ranks register different numbers of parameters (this rank ", n, ", min ",
+          -lengths[1], ", max ", lengths[0], ")")));
+    }
+    TANDEM_RETURN_IF_ERROR(group_
+                               .AllReduce(CpuBuffer(signature.data(),
+                                                    static_cast<int64_t>(signature.size())),
+                                          ReduceOp::kMax)
+                               ->Wait());
+    for (int i = 0; i < n; ++i) {
+      const int64_t max_count = signature[1 + i];
+      const int64_t min_count = -signature[n + 2 + i];
+      if (max_count != min_count) {
+        return absl::InvalidArgumentError(Where(absl::StrCat(
+            "parameter ", i, " ('", parameters_[i].name, "') has ", Count(i),
+            " elements here; across the group between ", min_count, " and ", max_count)));
+      }
+    }
+  }
+  if (!sharded()) {
+    for (int i = 0; i < num_parameters(); ++i) {
+      parameter_optimizers_.push_back(std::make_unique<OptimizerState>(options_.optimizer, Count(i)));
+    }
+  }
+  int64_t initial_bytes = options_.bucket_bytes;
+  if (options_.auto_bucket) {
+    // Distinct bucketings only (e.g. every candidate at or above the model's size gives one
+    // bucket): a candidate is kept if it groups the parameters differently from the last kept.
+    std::vector<int64_t> counts(num_parameters());
+    for (int i = 0; i < num_parameters(); ++i) counts[i] = Count(i);
+    std::vector<int64_t> sorted = options_.candidate_bucket_bytes;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> last_assignment;
+    for (int64_t c : sorted) {
+      if (c <= 0) continue;
+      std::vector<int> assignment = AssignBuckets(counts, c);
+      if (!candidates_.empty() && assignment == last_assignment) continue;
+      candidates_.push_back(c);
+      last_assignment = std::move(assignment);
+    }
+    if (candidates_.empty()) {
+      return absl::InvalidArgumentError(Where("auto_bucket needs a positive candidate size"));
+    }
+    tuning_ = candidates_.size() > 1;
+    interval_sums_.assign(candidates_.size(), 0.0);
+    interval_counts_.assign(candidates_.size(), 0);
+    initial_bytes = candidates_[0];
+  }
+  BuildBuckets(initial_bytes);
+  return absl::OkStatus();
+}
+
+void BucketedGradientSync::BuildBuckets(int64_t bucket_bytes) {
+  bucket_bytes_ = bucket_bytes;
+  std::vector<int64_t> counts(num_parameters());
+  for (int i = 0; i < num_parameters(); ++i) counts[i] = Count(i);
+  bucket_of_ = AssignBuckets(counts, bucket_bytes);
+  const int num = bucket_of_.empty() ? 0 : bucket_of_.back() + 1;
+  buckets_.clear();
+  buckets_.resize(num);
+  for (int i = 0; i < num_parameters(); ++i) {
+    Bucket& bucket = buckets_[bucket_of_[i]];
+    bucket.parameters.push_back(i);
+    bucket.offsets.push_back(bucket.count);
+    bucket.count += Count(i);
+  }
+  for (Bucket& bucket : buckets_) {
+    if (local_) continue;  // nothing to pack
+    bucket.flat_grad.assign(bucket.count, 0.0f);
+    if (sharded()) {
+      bucket.shard = Shard(bucket.count, group_.size(), group_.rank());
+      bucket.shard_grad.assign(bucket.shard.count, 0.0f);
+      bucket.flat_param.assign(bucket.count, 0.0f);
+      bucket.shard_optimizer =
+          std::make_unique<OptimizerState>(options_.optimizer, bucket.shard.count);
+    }
+  }
+  grad_ready_.assign(num_parameters(), false);
+  next_launch_ = 0;
+}
+
+absl::Status BucketedGradientSync::GradReady(int parameter) {
+  if (parameter < 0 || parameter >= num_parameters()) {
+    return absl::InvalidArgumentError(
+        Where(absl::StrCat("GradReady: parameter ", parameter, " out of range [0, ",
+                           num_parameters(), ")")));
+  }
+  if (backward_finished_) {
+    return absl::FailedPreconditionError(
+        Where("GradReady after FinishBackward (call Step first)"));
+  }
+  if (grad_ready_[parameter]) {
+    return absl::FailedPreconditionError(Where(absl::StrCat(
+        "GradReady called twice for parameter ", parameter, " ('", parameters_[parameter].name,
+        "') in one iteration")));
+  }
+  grad_ready_[parameter] = true;
+  ++buckets_[bucket_of_[parameter]].ready;
+  return LaunchReadyBuckets();
+}
+
+absl::Status BucketedGradientSync::BucketReady(int bucket) {
+  if (bucket < 0 || bucket >= num_buckets()) {
+    return absl::InvalidArgumentError(Where(absl::StrCat(
+        "BucketReady: bucket ", bucket, " out of range [0, ", num_buckets(), ")")));
+  }
+  for (int p : buckets_[bucket].parameters) {
+    if (!grad_ready_[p]) TANDEM_RETURN_IF_ERROR(GradReady(p));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::LaunchReadyBuckets() {
+  // In bucket order, so every rank issues its collectives in the same order.
+  while (next_launch_ < num_buckets()) {
+    Bucket& bucket = buckets_[next_launch_];
+    if (bucket.ready < static_cast<int>(bucket.parameters.size())) break;
+    TANDEM_RETURN_IF_ERROR(Launch(bucket));
+    ++next_launch_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
+  bucket.launched = true;
+  if (local_) return absl::OkStatus();
+  // A parameter's gradient may only be packed once its all-gather (previous iteration) has
+  // landed: the runtime waits for parameters before forward, so this is already the case.
+  TANDEM_RETURN_IF_ERROR(WaitBucketParameters(bucket));
+  for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+    const int p = bucket.parameters[j];
+    if (Count(p) > 0) {
+      std::memcpy(bucket.flat_grad.data() + bucket.offsets[j], Grad(p), Count(p) * kFloatBytes);
+    }
+  }
+  const Buffer flat = CpuBuffer(bucket.flat_grad.data(), bucket.count);
+  if (sharded()) {
+    bucket.reduction = group_.ReduceScatter(
+        flat, CpuBuffer(bucket.shard_grad.data(), bucket.shard.count),
+        reduce_op());
+  } else {
+    bucket.reduction = group_.AllReduce(flat, reduce_op());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::FinishBackward() {
+  if (backward_finished_) {
+    return absl::FailedPreconditionError(Where("FinishBackward called twice (call Step first)"));
+  }
+  for (Bucket& bucket : buckets_) bucket.ready = static_cast<int>(bucket.parameters.size());
+  std::fill(grad_ready_.begin(), grad_ready_.end(), true);
+  TANDEM_RETURN_IF_ERROR(LaunchReadyBuckets());
+  double norm_squared = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (local_) {
+      for (int p : bucket.parameters) {
+        const float* g = Grad(p);
+        for (int64_t i = 0; i < Count(p); ++i) norm_squared += static_cast<double>(g[i]) * g[i];
+      }
+      continue;
+    }
+    const absl::Status status = bucket.reduction->Wait();
+    if (!status.ok()) return Annotate(status, Where(absl::StrCat("bucket ", b)));
+    bucket.reduction.reset();
+    if (sharded()) {
+      for (float g : bucket.shard_grad) norm_squared += static_cast<double>(g) * g;
+      continue;
+    }
+    // All-reduce: the reduced gradients go back into the parameters' grad buffers.
+    for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+      const int p = bucket.parameters[j];
+      if (Count(p) > 0) {
+        std::memcpy(Grad(p), bucket.flat_grad.data() + bucket.offsets[j], Count(p) * kFloatBytes);
+      }
+    }
+    if (group_.rank() == 0) {
+      for (float g : bucket.flat_grad) norm_squared += static_cast<double>(g) * g;
+    }
+  }
+  norm_squared_ = norm_squared;
+  backward_finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::Step(double lr, double grad_scale) {
+  if (!backward_finished_) {
+    return absl::FailedPreconditionError(Where("Step before FinishBackward"));
+  }
+  if (!sharded()) {
+    for (int p = 0; p < num_parameters(); ++p) {
+      TANDEM_RETURN_IF_ERROR(parameter_optimizers_[p]->Step(
+          absl::MakeSpan(Value(p), Count(p)), absl::MakeConstSpan(Grad(p), Count(p)), lr,
+          grad_scale));
+    }
+  } else {
+    // Forward order (last bucket first): the first layers' parameters arrive first.
+    for (int b = num_buckets() - 1; b >= 0; --b) {
+      Bucket& bucket = buckets_[b];
+      const ShardRange shard = bucket.shard;
+      // This rank's shard of the current parameter values (they may have been changed outside,
+      // e.g. by a checkpoint load, so they are read from the parameters each time).
+      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+        const int p = bucket.parameters[j];
+        const int64_t begin = std::max(shard.offset, bucket.offsets[j]);
+        const int64_t end = std::min(shard.offset + shard.count, bucket.offsets[j] + Count(p));
+        if (begin < end) {
+          std::memcpy(bucket.flat_param.data() + begin, Value(p) + (begin - bucket.offsets[j]),
+                      (end - begin) * kFloatBytes);
+        }
+      }
+      float* shard_param = bucket.flat_param.data() + shard.offset;
+      TANDEM_RETURN_IF_ERROR(bucket.shard_optimizer->Step(
+          absl::MakeSpan(shard_param, shard.count),
+          absl::MakeConstSpan(bucket.shard_grad.data(), shard.count), lr, grad_scale));
+      bucket.gather =
+          group_.AllGather(CpuBuffer(shard.count > 0 ? shard_param : nullptr, shard.count),
+                           CpuBuffer(bucket.flat_param.data(), bucket.count));
+    }
+  }
+  for (Bucket& bucket : buckets_) {
+    bucket.ready = 0;
+    bucket.launched = false;
+  }
+  std::fill(grad_ready_.begin(), grad_ready_.end(), false);
+  next_launch_ = 0;
+  backward_finished_ = false;
+  ++iteration_;
+  return AfterStep();
+}
+
+absl::Status BucketedGradientSync::WaitBucketParameters(Bucket& bucket) {
+  if (!bucket.gather) return absl::OkStatus();
+  const absl::Status status = bucket.gather->Wait();
+  if (!status.ok()) return Annotate(status, Where("parameter all-gather"));
+  bucket.gather.reset();
+  for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+    const int p = bucket.parameters[j];
+    if (Count(p) > 0) {
+      std::memcpy(Value(p), bucket.flat_param.data() + bucket.offsets[j], Count(p) * kFloatBytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::WaitForParameters(int parameter) {
+  if (parameter < 0 || parameter >= num_parameters()) {
+    return absl::InvalidArgumentError(Where(absl::StrCat(
+        "WaitForParameters: parameter ", parameter, " out of range [0, ", num_parameters(), ")")));
+  }
+  return WaitBucketParameters(buckets_[bucket_of_[parameter]]);
+}
+
+absl::Status BucketedGradientSync::Flush() {
+  // In issue order (forward order), which is also the order they complete in.
+  for (int b = num_buckets() - 1; b >= 0; --b) {
+    TANDEM_RETURN_IF_ERROR(WaitBucketParameters(buckets_[b]));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ParameterOptimizerState>>
+BucketedGradientSync::GatherOptimizerState() {
+  TANDEM_RETURN_IF_ERROR(Flush());
+  std::vector<ParameterOptimizerState> result(num_parameters());
+  for (int p = 0; p < num_parameters(); ++p) result[p].name = parameters_[p].name;
+  if (!sharded()) {
+    for (int p = 0; p < num_parameters(); ++p) {
+      result[p].steps = parameter_optimizers_[p]->steps();
+      for (auto& named : parameter_optimizers_[p]->Buffers()) {
+        result[p].buffers.emplace_back(named.name, *named.values);
+      }
+    }
+    return result;
+  }
+  for (Bucket& bucket : buckets_) {
+    OptimizerState& state = *bucket.shard_optimizer;
+    // A buffer exists on every rank once the optimizer has stepped (SGD's momentum buffer is
+    // created by the first step; steps agree across the group).
+    const bool has_state = state.steps() > 0 &&
+                           (options_.optimizer.kind == OptimizerKind::kAdamW ||
+                            options_.optimizer.momentum != 0.0);
+    for (auto& named : state.Buffers()) {
+      std::vector<float> full;
+      if (has_state) {
+        named.values->resize(bucket.shard.count);
+        full.assign(bucket.count, 0.0f);
+        TANDEM_RETURN_IF_ERROR(
+            group_
+                .AllGather(CpuBuffer(bucket.shard.count > 0 ? named.values->data() : nullptr,
+                                     bucket.shard.count),
+                           CpuBuffer(full.data(), bucket.count))
+                ->Wait());
+      }
+      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+        const int p = bucket.parameters[j];
+        std::vector<float> values;
+        if (has_state) {
+          values.assign(full.begin() + bucket.offsets[j],
+                        full.begin() + bucket.offsets[j] + Count(p));
+        }
+        result[p].buffers.emplace_back(named.name, std::move(values));
+        result[p].steps = state.steps();
+      }
+    }
+  }
+  return result;
+}
+
+absl::Status BucketedGradientSync::LoadOptimizerState(
+    const std::vector<ParameterOptimizerState>& state) {
+  if (static_cast<int>(state.size()) != num_parameters()) {
+    return absl::InvalidArgumentError(Where(absl::StrCat("optimizer state has ", state.size(),
+                                                         " parameters, expected ",
+                                                         num_parameters())));
+  }
+  // Checks names and sizes, and returns the named buffer of parameter p (nullptr if empty).
+  auto find = [&](int p, const std::string& name) -> absl::StatusOr<const std::vector<float>*> {
+    if (state[p].name != parameters_[p].name) {
+      return absl::InvalidArgumentError(Where(absl::StrCat("optimizer state ", p, " is for '",
+                                                           state[p].name, "', expected '",
+                                                           parameters_[p].name, "'")));
+    }
+    for (const auto& [buffer_name, values] : state[p].buffers) {
+      if (buffer_name != name) continue;
+      if (values.empty()) return nullptr;
+      if (static_cast<int64_t>(values.size()) != Count(p)) {
+        return absl::InvalidArgumentError(Where(absl::StrCat(
+            "optimizer state '", name, "' of '", parameters_[p].name, "' has ", values.size(),
+            " elements, expected ", Count(p))));
+      }
+      return &values;
+    }
+    return nullptr;
+  };
+  if (!sharded()) {
+    for (int p = 0; p < num_parameters(); ++p) {
+      OptimizerState& target = *parameter_optimizers_[p];
+      target.set_steps(state[p].steps);
+      for (auto& named : target.Buffers()) {
+        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, named.name));
+        if (values == nullptr) {
+          named.values->clear();
+          if (options_.optimizer.kind == OptimizerKind::kAdamW) named.values->assign(Count(p), 0);
+        } else {
+          *named.values = *values;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (Bucket& bucket : buckets_) {
+    OptimizerState& target = *bucket.shard_optimizer;
+    target.set_steps(bucket.parameters.empty() ? 0 : state[bucket.parameters[0]].steps);
+    for (auto& named : target.Buffers()) {
+      bool any = false;
+      std::vector<float> shard(bucket.shard.count, 0.0f);
+      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+        const int p = bucket.parameters[j];
+        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, named.name));
+        if (values == nullptr) continue;
+        any = true;
+        const int64_t begin = std::max(bucket.shard.offset, bucket.offsets[j]);
+        const int64_t end =
+            std::min(bucket.shard.offset + bucket.shard.count, bucket.offsets[j] + Count(p));
+        for (int64_t i = begin; i < end; ++i) {
+          shard[i - bucket.shard.offset] = (*values)[i - bucket.offsets[j]];
+        }
+      }
+      if (any || options_.optimizer.kind == OptimizerKind::kAdamW) {
+        *named.values = std::move(shard);
+      } else {
+        named.values->clear();  // SGD before its first step
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::Rebucket(int64_t bucket_bytes) {
+  if (bucket_bytes == bucket_bytes_) return absl::OkStatus();
+  if (!sharded()) {
+    BuildBuckets(bucket_bytes);
+    return absl::OkStatus();
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterOptimizerState> state, GatherOptimizerState());
+  BuildBuckets(bucket_bytes);
+  return LoadOptimizerState(state);
+}
+
+absl::Status BucketedGradientSync::AfterStep() {
+  if (!tuning_) return absl::OkStatus();
+  const absl::Time now = absl::Now();
+  if (has_last_step_) {
+    ++intervals_seen_;
+    if (intervals_seen_ > 1) {  // the first iteration of a candidate is a warm-up
+      interval_sums_[candidate_] += absl::ToDoubleSeconds(now - last_step_end_);
+      ++interval_counts_[candidate_];
+    }
+  }
+  has_last_step_ = true;
+  last_step_end_ = now;
+  if (interval_counts_[candidate_] < options_.tune_iterations) return absl::OkStatus();
+  ++candidate_;
+  intervals_seen_ = 0;
+  if (candidate_ < candidates_.size()) {
+    TANDEM_RETURN_IF_ERROR(Rebucket(candidates_[candidate_]));
+    last_step_end_ = absl::Now();  // rebucketing is not part of the next iteration
+    return absl::OkStatus();
+  }
+  // Agree on the slowest rank's mean per candidate, then keep the fastest candidate.
+  agreed_means_.assign(candidates_.size(), 0.0);
+  for (size_t c = 0; c < candidates_.size(); ++c) {
+    agreed_means_[c] = interval_sums_[c] / std::max(1, interval_counts_[c]);
+  }
+  if (!local_) {
+    TANDEM_RETURN_IF_ERROR(
+        group_
+            .AllReduce(CpuBuffer(agreed_means_.data(), static_cast<int64_t>(agreed_means_.size())),
+                       ReduceOp::kMax)
+            ->Wait());
+  }
+  const size_t best = static_cast<size_t>(
+      std::min_element(agreed_means_.begin(), agreed_means_.end()) - agreed_means_.begin());
+  tuning_ = false;
+  return Rebucket(candidates_[best]);
+}
+
+std::string BucketedGradientSync::TuningReport() const {
+  std::string out;
+  for (size_t c = 0; c < candidates_.size(); ++c) {
+    const double mean = c < agreed_means_.size()
+                            ? agreed_means_[c]
+                            : interval_sums_[c] / std::max(1, interval_counts_[c]);
+    absl::StrAppendFormat(&out, "%s%.2f MiB: %.3f ms", out.empty() ? "" : ", ",
+                          candidates_[c] / 1048576.0, mean * 1e3);
+  }
+  if (!tuning_ && !candidates_.empty()) {
+    absl::StrAppendFormat(&out, " -> %.2f MiB", bucket_bytes_ / 1048576.0);
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* GradSyncStrategyName(GradSyncStrategy strategy) {
+  return strategy == GradSyncStrategy::kAllReduce ? "allreduce" : "dear";
+}
+
+absl::StatusOr<GradSyncStrategy> ParseGradSyncStrategy(absl::string_view name) {
+  if (name == "allreduce") return GradSyncStrategy::kAllReduce;
+  if (name == "dear") return GradSyncStrategy::kDeAR;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown gradient sync strategy '", name, "' (known: allreduce, dear)"));
+}
+
+std::vector<int> AssignBuckets(const std::vector<int64_t>& element_counts, int64_t bucket_bytes) {
+  std::vector<int> bucket_of(element_counts.size());
+  int bucket = 0;
+  int64_t filled = 0;
+  for (size_t i = 0; i < element_counts.size(); ++i) {
+    if (filled >= bucket_bytes && filled > 0) {
+      ++bucket;
+      filled = 0;
+    }
+    bucket_of[i] = bucket;
+    filled += element_counts[i] * static_cast<int64_t>(kFloatBytes);
+  }
+  return bucket_of;
+}
+
+absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
+    Communicator& group, std::vector<SyncParameter> parameters, const GradSyncOptions& options) {
+  auto sync = std::make_unique<BucketedGradientSync>(group, std::move(parameters), options);
+  TANDEM_RETURN_IF_ERROR(sync->Init());
+  return std::unique_ptr<GradientSync>(std::move(sync));
+}
+
+}  // namespace tandem::comm
