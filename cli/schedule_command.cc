@@ -1,0 +1,245 @@
+// `tandem schedule`: generate a pipeline schedule, prove it correct, simulate it and print the
+// per-rank grid and statistics (or JSON), optionally writing a Chrome trace, an SVG Gantt chart
+// and the schedule itself.
+#include <cmath>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "common/file_util.h"
+#include "common/json_util.h"
+#include "common/status.h"
+#include "common/units.h"
+#include "pipeline/generators.h"
+#include "pipeline/schedule.h"
+#include "pipeline/simulator.h"
+#include "pipeline/validator.h"
+
+ABSL_FLAG(double, forward, 1.0,
+          "forward time of one stage (1/p of the model) for one micro-batch, seconds; a chunk "
+          "takes its share");
+ABSL_FLAG(double, backward, 2.0,
+          "backward time of one stage for one micro-batch, seconds (the input-gradient part "
+          "when --weight is given)");
+ABSL_FLAG(double, weight, 0.0,
+          "weight-gradient time of one stage, seconds; schedules that do not split backward "
+          "run it with --backward");
+ABSL_FLAG(std::string, costs, "",
+          "JSON file with per-stage costs: {\"forward\": [...], \"backward\": [...], optional "
+          "\"weight\", \"activation_bytes\", \"stash_units\", \"grad_sync_seconds\" arrays and "
+          "\"latency_seconds\", \"bandwidth_bytes_per_second\", \"optimizer_seconds\"}; "
+          "replaces --forward/--backward/--weight");
+ABSL_FLAG(double, latency, 0.0, "point-to-point latency between ranks, seconds");
+ABSL_FLAG(std::string, activation_bytes, "0",
+          "bytes of one stage's output activation for one micro-batch (e.g. 16MiB); with "
+          "--bandwidth gives the transfer time");
+ABSL_FLAG(std::string, svg, "", "write an SVG Gantt chart of the simulated timeline here");
+ABSL_FLAG(bool, transfers, false, "show transfers and synchronisation in the grid too");
+
+namespace tandem::cli {
+namespace {
+
+using pipeline::CostModel;
+using pipeline::GridOptions;
+using pipeline::Schedule;
+using pipeline::ScheduleSpec;
+using pipeline::SimulationOptions;
+using pipeline::SimulationResult;
+
+// Beyond this many actions the grid is truncated.
+constexpr int64_t kFullGridActions = 4000;
+constexpr int kTruncatedRanks = 16;
+constexpr int kTruncatedColumns = 40;
+
+absl::Status CheckTime(double value, absl::string_view flag) {
+  if (!std::isfinite(value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " must be a finite non-negative number of seconds, got ",
+                     value));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ScheduleSpec> SpecFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_schedule);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing --schedule (one of ", pipeline::ScheduleKindList(), ")"));
+  }
+  ScheduleSpec spec;
+  TANDEM_ASSIGN_OR_RETURN(spec.kind, pipeline::ParseScheduleKind(name));
+  spec.num_ranks = absl::GetFlag(FLAGS_stages);
+  spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  spec.chunks = absl::GetFlag(FLAGS_chunks);
+  spec.waves = absl::GetFlag(FLAGS_waves);
+  return spec;
+}
+
+absl::StatusOr<CostModel> CostsFromFlags(const ScheduleSpec& spec) {
+  CostModel costs;
+  const std::string path = absl::GetFlag(FLAGS_costs);
+  if (!path.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
+    TANDEM_ASSIGN_OR_RETURN(costs, CostModel::FromJson(j, spec, path));
+  } else {
+    const double forward = absl::GetFlag(FLAGS_forward);
+    const double backward = absl::GetFlag(FLAGS_backward);
+    const double weight = absl::GetFlag(FLAGS_weight);
+    TANDEM_RETURN_IF_ERROR(CheckTime(forward, "forward"));
+    TANDEM_RETURN_IF_ERROR(CheckTime(backward, "backward"));
+    TANDEM_RETURN_IF_ERROR(CheckTime(weight, "weight"));
+    costs = CostModel::Uniform(spec, forward, backward, weight);
+    auto bytes = ParseBytes(absl::GetFlag(FLAGS_activation_bytes));
+    if (!bytes.ok()) return Annotate(bytes.status(), "--activation-bytes");
+    for (auto& stage : costs.stages) stage.activation_bytes = *bytes;
+  }
+  // Flags given explicitly add to (or override) what a cost file says.
+  const double latency = absl::GetFlag(FLAGS_latency);
+  TANDEM_RETURN_IF_ERROR(CheckTime(latency, "latency"));
+  if (latency > 0) costs.p2p_latency_seconds = latency;
+  const std::vector<std::string> bandwidth = absl::GetFlag(FLAGS_bandwidth);
+  if (bandwidth.size() > 1) {
+    return absl::InvalidArgumentError("--bandwidth: give one value (between pipeline ranks)");
+  }
+  if (!bandwidth.empty()) {
+    auto rate = ParseBytesPerSecond(bandwidth[0]);
+    if (!rate.ok()) return Annotate(rate.status(), "--bandwidth");
+    if (*rate <= 0) return absl::InvalidArgumentError("--bandwidth must be positive");
+    costs.p2p_bandwidth_bytes_per_second = *rate;
+  }
+  return costs;
+}
+
+std::string FormatNumber(double value) { return absl::StrFormat("%.6g", value); }
+
+std::string TextReport(const Schedule& schedule, const SimulationResult& result,
+                       bool grouped_ok) {
+  const ScheduleSpec& spec = schedule.spec;
+  std::string out = absl::StrFormat(
+      "schedule %s: %d ranks, %d micro-batches, %d stages%s, %d actions; valid (grouped "
+      "rendezvous: %s)\n\n",
+      pipeline::ScheduleKindName(spec.kind), spec.num_ranks, spec.num_microbatches,
+      spec.NumStages(), spec.NumReplicas() > 1 ? " x 2 replicas" : "", schedule.NumActions(),
+      grouped_ok ? "valid" : "not valid");
+  GridOptions grid;
+  grid.with_transfers = absl::GetFlag(FLAGS_transfers);
+  const bool truncate = schedule.NumActions() > kFullGridActions;
+  if (truncate) {
+    grid.max_ranks = kTruncatedRanks;
+    grid.max_columns = kTruncatedColumns;
+  }
+  absl::StrAppend(&out, pipeline::FormatGrid(schedule, grid));
+  if (truncate) {
+    absl::StrAppend(&out, "(grid truncated to ", kTruncatedRanks, " ranks and ",
+                    kTruncatedColumns, " actions per rank; --format json for all figures)\n");
+  }
+  absl::StrAppendFormat(&out, "\nmakespan       %s s\nbubble ratio   %.6f\n\n",
+                        FormatNumber(result.makespan_seconds), result.bubble_ratio);
+  absl::StrAppend(&out, "rank  busy (s)      idle (s)      peak activations (stage units)\n");
+  const int num_ranks = schedule.NumRanks();
+  const int shown = truncate ? std::min(num_ranks, kTruncatedRanks) : num_ranks;
+  for (int r = 0; r < shown; ++r) {
+    absl::StrAppendFormat(&out, "%-5d %-13s %-13s %s\n", r,
+                          FormatNumber(result.busy_seconds[r]),
+                          FormatNumber(result.idle_seconds[r]),
+                          FormatNumber(result.peak_activations[r]));
+  }
+  if (shown < num_ranks) absl::StrAppend(&out, "... ", num_ranks - shown, " more ranks\n");
+  return out;
+}
+
+Json JsonReport(const Schedule& schedule, const SimulationResult& result, bool grouped_ok) {
+  return {{"schedule", pipeline::ToJson(schedule.spec)},
+          {"num_stages", schedule.spec.NumStages()},
+          {"num_actions", schedule.NumActions()},
+          {"valid", true},
+          {"valid_grouped_rendezvous", grouped_ok},
+          {"makespan", result.makespan_seconds},
+          {"bubble_ratio", result.bubble_ratio},
+          {"busy", result.busy_seconds},
+          {"idle", result.idle_seconds},
+          {"peak_activations", result.peak_activations}};
+}
+
+absl::Status Run(int* exit_code) {
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "text" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be text or json, got '", format, "'"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec, SpecFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(Schedule schedule, pipeline::GenerateSchedule(spec));
+  TANDEM_ASSIGN_OR_RETURN(CostModel costs, CostsFromFlags(schedule.spec));
+  // A generated schedule that fails the validator is a bug, not bad input.
+  absl::Status valid = pipeline::ValidateSchedule(schedule);
+  if (!valid.ok()) return absl::InternalError(absl::StrCat("generated schedule invalid: ", valid.message()));
+  pipeline::ValidationOptions strict;
+  strict.grouped_rendezvous = true;
+  const bool grouped_ok = pipeline::ValidateSchedule(schedule, strict).ok();
+
+  const std::string trace_path = absl::GetFlag(FLAGS_trace);
+  const std::string svg_path = absl::GetFlag(FLAGS_svg);
+  const std::string output_path = absl::GetFlag(FLAGS_output);
+  SimulationOptions options;
+  options.record_trace = !trace_path.empty() || !svg_path.empty();
+  TANDEM_ASSIGN_OR_RETURN(SimulationResult result, pipeline::Simulate(schedule, costs, options));
+
+  // Everything is computed before anything is written.
+  std::string report = format == "json" ? JsonReport(schedule, result, grouped_ok).dump(2) + "\n"
+                                        : TextReport(schedule, result, grouped_ok);
+  if (!trace_path.empty()) {
+    TANDEM_RETURN_IF_ERROR(WriteFileAtomically(trace_path, result.trace.ToJson().dump()));
+  }
+  if (!svg_path.empty()) {
+    TANDEM_RETURN_IF_ERROR(
+        WriteFileAtomically(svg_path, pipeline::RenderSvgGantt(result, schedule.NumRanks())));
+  }
+  if (!output_path.empty()) {
+    TANDEM_RETURN_IF_ERROR(WriteFileAtomically(output_path, pipeline::ToJson(schedule).dump()));
+  }
+  std::cout << report;
+  *exit_code = kExitOk;
+  return absl::OkStatus();
+}
+
+int RunSchedule(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return ReportError("schedule", absl::InvalidArgumentError(absl::StrCat(
+                                       "unexpected argument '", args[0], "'")));
+  }
+  int exit_code = kExitFailure;
+  absl::Status status = Run(&exit_code);
+  if (!status.ok()) return ReportError("schedule", status);
+  return exit_code;
+}
+
+const CommandRegistrar registrar({
+    .name = "schedule",
+    .summary = "generate, validate and simulate a pipeline schedule",
+    .usage =
+        "tandem schedule --schedule {gpipe,1f1b,interleaved,chimera,hanayo,zb-h1,zb-v} "
+        "--stages P --microbatches M [--chunks V] [--waves W]\n"
+        "    [--forward F --backward B [--weight W] | --costs FILE] [--latency S] "
+        "[--bandwidth RATE --activation-bytes BYTES]\n"
+        "    [--format text|json] [--trace FILE] [--svg FILE] [--output FILE] [--transfers]\n\n"
+        "Generates the per-rank programs, checks them with the validator (buffered sends and\n"
+        "blocking receives; also reports whether grouped rendezvous transfers would work),\n"
+        "simulates them and prints the grid and the statistics: makespan, bubble ratio\n"
+        "(1 - busy / (ranks x makespan)), per-rank busy and idle time and peak stashed\n"
+        "activations in units of one stage's activation for one micro-batch. --forward and\n"
+        "--backward are times of one stage (1/p of the model); a chunk takes its share.\n"
+        "--output writes the schedule (spec, placement, programs) as JSON.",
+    .flags = {"schedule", "stages", "microbatches", "chunks", "waves", "forward", "backward",
+              "weight", "costs", "latency", "bandwidth", "activation_bytes", "format", "trace",
+              "svg", "output", "transfers"},
+    .aliases = {},
+    .run = RunSchedule,
+});
+
+}  // namespace
+}  // namespace tandem::cli

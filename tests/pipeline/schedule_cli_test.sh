@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# CLI checks for `tandem schedule`: figures through --format json, files written by --trace,
+# --svg and --output, and bad input (exit code 2, one-line error, nothing written).
+# Usage: schedule_cli_test.sh PATH_TO_TANDEM
+set -u
+tandem="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# expect_figure FIELD VALUE ARGS...: `--format json` output has "FIELD": VALUE (a regex).
+expect_figure() {
+  local field="$1" value="$2"
+  shift 2
+  local out
+  if ! out="$("$tandem" schedule "$@" --format json 2>&1)"; then
+    fail "tandem schedule $* exited non-zero: $out"
+    return
+  fi
+  if ! grep -Eq "\"$field\": $value(,|$)" <<<"$out"; then
+    fail "tandem schedule $*: expected \"$field\": $value in:"$'\n'"$out"
+  fi
+}
+
+# expect_bad_input MESSAGE ARGS...: exit code 2, MESSAGE on one stderr line, no files.
+expect_bad_input() {
+  local message="$1"
+  shift
+  rm -f "$work"/out.*
+  local err code
+  err="$("$tandem" schedule "$@" --trace "$work/out.trace.json" --svg "$work/out.svg" \
+         --output "$work/out.schedule.json" 2>&1 >/dev/null)"
+  code=$?
+  [ "$code" -eq 2 ] || fail "tandem schedule $*: exit code $code, expected 2"
+  [ "$(wc -l <<<"$err")" -eq 1 ] || fail "tandem schedule $*: error is not one line: $err"
+  grep -qF -- "$message" <<<"$err" || fail "tandem schedule $*: '$err' lacks '$message'"
+  if ls "$work"/out.* >/dev/null 2>&1; then
+    fail "tandem schedule $*: wrote $(ls "$work"/out.*)"
+  fi
+}
+
+# The issue's figures (zero communication cost).
+expect_figure makespan 33.0 --schedule 1f1b --stages 4 --microbatches 8 --forward 1 --backward 2
+expect_figure makespan 33.0 --schedule gpipe --stages 4 --microbatches 8 --forward 1 --backward 2
+expect_figure makespan 28.5 --schedule interleaved --stages 4 --microbatches 8 --chunks 2 \
+  --forward 1 --backward 2
+expect_figure makespan 27.0 --schedule zb-h1 --stages 4 --microbatches 8 --forward 1 \
+  --backward 1 --weight 1
+expect_figure makespan 33.0 --schedule 1f1b --stages 4 --microbatches 8 --forward 1 \
+  --backward 1 --weight 1
+expect_figure makespan 10.0 --schedule chimera --stages 4 --microbatches 4 --forward 1 --backward 1
+expect_figure bubble_ratio "0\\.(2|19999999[0-9]*)" --schedule chimera --stages 4 --microbatches 4 --forward 1 \
+  --backward 1
+# 1 + 2 * latency per hop: F0 [0,1], F1 [1.5,2.5], B1 [2.5,4.5], B0 [5,7].
+expect_figure makespan 7.0 --schedule gpipe --stages 2 --microbatches 1 --latency 0.5
+
+# Heterogeneous costs from a file: 1 + 4 * (2 + 2) + 1.
+cat >"$work/costs.json" <<'JSON'
+{"forward": [1, 2], "backward": [1, 2]}
+JSON
+expect_figure makespan 18.0 --schedule 1f1b --stages 2 --microbatches 4 --costs "$work/costs.json"
+
+# Files.
+if "$tandem" schedule --schedule hanayo --stages 4 --microbatches 8 --waves 2 \
+    --trace "$work/t.json" --svg "$work/g.svg" --output "$work/s.json" >"$work/text.txt"; then
+  grep -q '"traceEvents"' "$work/t.json" || fail "--trace did not write a Chrome trace"
+  grep -q '"F3.1"' "$work/t.json" || fail "--trace lacks event F3.1"
+  grep -q '<svg' "$work/g.svg" || fail "--svg did not write an SVG"
+  grep -q '"programs"' "$work/s.json" || fail "--output did not write the schedule"
+  grep -q '^rank 0 |' "$work/text.txt" || fail "text output lacks the grid"
+  grep -q '^bubble ratio' "$work/text.txt" || fail "text output lacks the bubble ratio"
+else
+  fail "hanayo run with files failed"
+fi
+# Large schedules print a truncated grid with a note.
+"$tandem" schedule --schedule 1f1b --stages 64 --microbatches 256 >"$work/big.txt" ||
+  fail "1f1b p=64 m=256 failed"
+grep -q 'grid truncated' "$work/big.txt" || fail "large grid not truncated"
+
+# Bad input.
+expect_bad_input "unknown schedule 'zigzag'" --schedule zigzag --stages 4 --microbatches 8
+expect_bad_input "missing --schedule" --stages 4 --microbatches 8
+expect_bad_input "stages (ranks) must be in" --schedule 1f1b --stages 0 --microbatches 8
+expect_bad_input "microbatches must be in" --schedule gpipe --stages 4 --microbatches 0
+expect_bad_input "needs an even number of ranks, got 3" --schedule chimera --stages 3 \
+  --microbatches 6
+expect_bad_input "multiple of the ranks" --schedule chimera --stages 4 --microbatches 6
+expect_bad_input "chunks apply only to interleaved" --schedule 1f1b --stages 4 \
+  --microbatches 8 --chunks 2
+expect_bad_input "--forward must be" --schedule 1f1b --stages 4 --microbatches 8 --forward -1
+expect_bad_input "unknown flag" --schedule 1f1b --stages 4 --microbatches 8 --nonsense 1
+echo '{"forward": [1, 2, 3], "backward": [1, 1, 1, 1]}' >"$work/short.json"
+expect_bad_input "forward: expected 4 values" --schedule 1f1b --stages 4 --microbatches 8 \
+  --costs "$work/short.json"
+echo '{"forward": [1, 2' >"$work/broken.json"
+expect_bad_input "malformed JSON" --schedule 1f1b --stages 4 --microbatches 8 \
+  --costs "$work/broken.json"
+expect_bad_input "no such file" --schedule 1f1b --stages 4 --microbatches 8 \
+  --costs "$work/missing.json"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "all schedule CLI checks passed"
