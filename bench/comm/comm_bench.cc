@@ -1,0 +1,267 @@
+// Communication benchmark in the manner of nccl-tests: for each collective and message size,
+// the time per operation, algorithm bandwidth (bytes / time) and bus bandwidth (algorithm
+// bandwidth times the collective's traffic factor, comparable across group sizes), with a data
+// check against a sequential reference. For the MPI backend the same operation is also called
+// directly through MPI in the same run, and the ratio tandem / MPI of bus bandwidth is printed.
+//
+//   mpirun -np 2 comm_bench                              # every collective, 8 B .. 256 MB
+//   mpirun -np 2 comm_bench --ops=all_reduce --min_bytes=1M --max_bytes=64M
+//   mpirun -np 2 comm_bench --verify=false               # without tandem's signature checks
+//
+// Bus bandwidth factors (nccl-tests' PERFORMANCE.md): all-reduce 2(n-1)/n, reduce-scatter and
+// all-gather (n-1)/n, broadcast and send/recv 1. Times are the slowest rank's mean.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "comm/buffer.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "common/units.h"
+
+ABSL_FLAG(std::string, ops, "all_reduce,reduce_scatter,all_gather,broadcast,send_recv",
+          "comma-separated collectives to measure");
+ABSL_FLAG(std::string, min_bytes, "8", "smallest message (bytes; units like 1M allowed)");
+ABSL_FLAG(std::string, max_bytes, "256MiB", "largest message");
+ABSL_FLAG(int, factor, 2, "size multiplier between rows");
+ABSL_FLAG(double, seconds_per_size, 0.2, "target measuring time per size and implementation");
+ABSL_FLAG(int, warmup, 2, "untimed operations before each measurement");
+ABSL_FLAG(bool, verify, true, "tandem's cross-rank signature check before each collective");
+ABSL_FLAG(bool, check, true, "check results against a sequential reference");
+ABSL_FLAG(bool, mpi, true, "also time the operation called directly through MPI");
+
+namespace {
+
+using tandem::comm::Buffer;
+using tandem::comm::CpuBuffer;
+using tandem::comm::MpiCommunicator;
+using tandem::comm::Shard;
+using tandem::comm::ShardRange;
+using tandem::comm::WorkPtr;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t ParseBytesFlag(const std::string& text) {
+  auto parsed = tandem::ParseBytes(text);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "bad size '%s': %s\n", text.c_str(), parsed.status().ToString().c_str());
+    std::exit(2);
+  }
+  return static_cast<int64_t>(*parsed);
+}
+
+// One collective: how to run it through tandem and through MPI, its bus factor, and a check.
+struct Collective {
+  std::string name;
+  double bus_factor;
+  std::function<void(int64_t count)> prepare;  // fill inputs for the check
+  std::function<void()> run_tandem;
+  std::function<void()> run_mpi;
+  std::function<int64_t()> errors;  // wrong elements after prepare + run
+};
+
+// Mean seconds per operation, maximum over ranks.
+double Time(const std::function<void()>& run, int64_t bytes, MPI_Comm comm) {
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) run();
+  // Calibrate the repetition count on one timed run (agreed across ranks).
+  MPI_Barrier(comm);
+  double start = Now();
+  run();
+  double once = Now() - start;
+  MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
+  int iterations = static_cast<int>(absl::GetFlag(FLAGS_seconds_per_size) / std::max(once, 1e-7));
+  iterations = std::clamp(iterations, 3, 5000);
+  (void)bytes;
+  MPI_Barrier(comm);
+  start = Now();
+  for (int i = 0; i < iterations; ++i) run();
+  double seconds = (Now() - start) / iterations;
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return seconds;
+}
+
+void Die(const absl::Status& status, const char* what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  absl::ParseCommandLine(argc, argv);
+  tandem::comm::CommOptions options;
+  options.verify_collectives = absl::GetFlag(FLAGS_verify);
+  auto created = MpiCommunicator::World(options);
+  Die(created.status(), "creating the world communicator");
+  MpiCommunicator& comm = **created;
+  MPI_Comm direct;  // MPI's own path, on its own communicator
+  MPI_Comm_dup(MPI_COMM_WORLD, &direct);
+  const int rank = comm.rank();
+  const int n = comm.size();
+  const int64_t min_bytes = ParseBytesFlag(absl::GetFlag(FLAGS_min_bytes));
+  const int64_t max_bytes = ParseBytesFlag(absl::GetFlag(FLAGS_max_bytes));
+  const int64_t max_count = std::max<int64_t>(max_bytes / 4, 1);
+  std::vector<float> input(max_count), output(max_count);
+  int64_t count = 0;  // elements of the current row
+  std::vector<int> counts(n), displacements(n);
+  auto set_shards = [&](int64_t total) {
+    for (int r = 0; r < n; ++r) {
+      const ShardRange s = Shard(total, n, r);
+      counts[r] = static_cast<int>(s.count);
+      displacements[r] = static_cast<int>(s.offset);
+    }
+  };
+  auto wait = [&](const WorkPtr& work) { Die(work->Wait(), work->Describe().c_str()); };
+  auto value = [](int r, int64_t i) { return static_cast<float>((r + 1) * (i % 5 + 1)); };
+  const int peer = rank ^ 1;  // send/recv pairs (0,1), (2,3), ...
+
+  std::vector<Collective> collectives = {
+      {"all_reduce", 2.0 * (n - 1) / n,
+       [&](int64_t) { for (int64_t i = 0; i < count; ++i) input[i] = value(rank, i); },
+       [&] { wait(comm.AllReduce(CpuBuffer(input.data(), count))); },
+       [&] {
+         MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                       direct);
+       },
+       [&] {
+         int64_t wrong = 0;
+         for (int64_t i = 0; i < count; ++i) {
+           float expected = 0;
+           for (int r = 0; r < n; ++r) expected += value(r, i);
+           wrong += input[i] != expected;
+         }
+         return wrong;
+       }},
+      {"reduce_scatter", 1.0 * (n - 1) / n,
+       [&](int64_t) { for (int64_t i = 0; i < count; ++i) input[i] = value(rank, i); },
+       [&] {
+         wait(comm.ReduceScatter(CpuBuffer(input.data(), count),
+                                 CpuBuffer(output.data(), counts[rank])));
+       },
+       [&] {
+         MPI_Reduce_scatter(input.data(), output.data(), counts.data(), MPI_FLOAT, MPI_SUM, direct);
+       },
+       [&] {
+         int64_t wrong = 0;
+         for (int64_t i = 0; i < counts[rank]; ++i) {
+           float expected = 0;
+           for (int r = 0; r < n; ++r) expected += value(r, displacements[rank] + i);
+           wrong += output[i] != expected;
+         }
+         return wrong;
+       }},
+      {"all_gather", 1.0 * (n - 1) / n,
+       [&](int64_t) {
+         for (int64_t i = 0; i < counts[rank]; ++i) input[i] = value(rank, displacements[rank] + i);
+       },
+       [&] {
+         wait(comm.AllGather(CpuBuffer(input.data(), counts[rank]), CpuBuffer(output.data(), count)));
+       },
+       [&] {
+         MPI_Allgatherv(input.data(), counts[rank], MPI_FLOAT, output.data(), counts.data(),
+                        displacements.data(), MPI_FLOAT, direct);
+       },
+       [&] {
+         int64_t wrong = 0;
+         for (int r = 0; r < n; ++r) {
+           for (int64_t i = 0; i < counts[r]; ++i) {
+             wrong += output[displacements[r] + i] != value(r, displacements[r] + i);
+           }
+         }
+         return wrong;
+       }},
+      {"broadcast", 1.0,
+       [&](int64_t) { for (int64_t i = 0; i < count; ++i) input[i] = rank == 0 ? value(0, i) : -1; },
+       [&] { wait(comm.Broadcast(CpuBuffer(input.data(), count), 0)); },
+       [&] { MPI_Bcast(input.data(), static_cast<int>(count), MPI_FLOAT, 0, direct); },
+       [&] {
+         int64_t wrong = 0;
+         for (int64_t i = 0; i < count; ++i) wrong += input[i] != value(0, i);
+         return wrong;
+       }},
+      {"send_recv", 1.0,
+       [&](int64_t) { for (int64_t i = 0; i < count; ++i) input[i] = value(rank, i); },
+       [&] {
+         if (peer >= n) return;
+         WorkPtr recv = comm.Recv(CpuBuffer(output.data(), count), peer);
+         WorkPtr send = comm.Send(CpuBuffer(input.data(), count), peer);
+         wait(send);
+         wait(recv);
+       },
+       [&] {
+         if (peer >= n) return;
+         MPI_Sendrecv(input.data(), static_cast<int>(count), MPI_FLOAT, peer, 0, output.data(),
+                      static_cast<int>(count), MPI_FLOAT, peer, 0, direct, MPI_STATUS_IGNORE);
+       },
+       [&] {
+         int64_t wrong = 0;
+         if (peer >= n) return wrong;
+         for (int64_t i = 0; i < count; ++i) wrong += output[i] != value(peer, i);
+         return wrong;
+       }},
+  };
+
+  const std::vector<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',');
+  if (rank == 0) {
+    std::printf("# tandem comm_bench: %d ranks, MPI backend (signature checks %s), float32\n", n,
+                options.verify_collectives ? "on" : "off");
+    std::printf("# times are the slowest rank's mean per operation; ratio = tandem busbw / MPI busbw\n");
+  }
+  bool all_correct = true;
+  for (const Collective& c : collectives) {
+    if (std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
+    if (rank == 0) {
+      std::printf("\n# %s\n", c.name.c_str());
+      std::printf("%12s %12s %6s | %10s %9s %9s | %10s %9s %9s | %6s | %6s\n", "size(B)",
+                  "count", "type", "tandem(us)", "algbw", "busbw", "mpi(us)", "algbw", "busbw",
+                  "ratio", "wrong");
+      std::printf("%12s %12s %6s | %10s %9s %9s | %10s %9s %9s | %6s | %6s\n", "", "", "", "",
+                  "(GB/s)", "(GB/s)", "", "(GB/s)", "(GB/s)", "", "");
+    }
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= absl::GetFlag(FLAGS_factor)) {
+      count = std::max<int64_t>(bytes / 4, 1);
+      const int64_t row_bytes = count * 4;
+      set_shards(count);
+      int64_t wrong = 0;
+      if (absl::GetFlag(FLAGS_check)) {
+        c.prepare(count);
+        c.run_tandem();
+        wrong = c.errors();
+        MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, direct);
+        all_correct = all_correct && wrong == 0;
+      }
+      const double tandem_seconds = Time(c.run_tandem, row_bytes, direct);
+      const double mpi_seconds = absl::GetFlag(FLAGS_mpi) ? Time(c.run_mpi, row_bytes, direct) : 0;
+      if (rank == 0) {
+        const double tandem_algbw = row_bytes / tandem_seconds / 1e9;
+        const double mpi_algbw = mpi_seconds > 0 ? row_bytes / mpi_seconds / 1e9 : 0;
+        std::printf("%12lld %12lld %6s | %10.1f %9.3f %9.3f | %10.1f %9.3f %9.3f | %6.2f | %6lld\n",
+                    static_cast<long long>(row_bytes), static_cast<long long>(count), "float",
+                    tandem_seconds * 1e6, tandem_algbw, tandem_algbw * c.bus_factor,
+                    mpi_seconds * 1e6, mpi_algbw, mpi_algbw * c.bus_factor,
+                    mpi_seconds > 0 ? mpi_seconds / tandem_seconds : 0.0,
+                    static_cast<long long>(wrong));
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (rank == 0) std::printf("\n# data check: %s\n", all_correct ? "all correct" : "ERRORS");
+  MPI_Comm_free(&direct);
+  created->reset();
+  MPI_Finalize();
+  return all_correct ? 0 : 1;
+}
