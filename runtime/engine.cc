@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -577,6 +578,199 @@ absl::Status Engine::Flush() {
                                                                     l->spec.stage)));
     l->parameters_current = true;
   }
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr char kParameterPrefix[] = "param:";
+constexpr char kOptimizerPrefix[] = "optim:";
+
+ShardTensor FloatTensor(const std::string& name, const float* data, int64_t count) {
+  ShardTensor t;
+  t.name = name;
+  t.dtype = comm::DataType::kFloat32;
+  t.count = count;
+  t.bytes.assign(reinterpret_cast<const char*>(data), static_cast<size_t>(count) * sizeof(float));
+  return t;
+}
+
+nlohmann::json OptimizerJson(const comm::OptimizerConfig& c) {
+  return {{"kind", comm::OptimizerName(c.kind)}, {"momentum", c.momentum},
+          {"weight_decay", c.weight_decay},      {"beta1", c.beta1},
+          {"beta2", c.beta2},                    {"eps", c.eps}};
+}
+
+}  // namespace
+
+absl::Status Engine::SaveCheckpoint(const std::string& dir, const std::string& model) {
+  // The folder exists and holds no manifest before any shard is written.
+  absl::Status local = absl::OkStatus();
+  if (world_rank_ == 0) {
+    local = EnsureDirectory(dir);
+    if (local.ok()) local = RemoveManifest(dir);
+  }
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "preparing the checkpoint folder"));
+  TANDEM_RETURN_IF_ERROR(Flush());
+
+  // Every member of a gradient group gathers the stage's optimizer state (collective for
+  // DeAR, whose state is sharded); the group's first rank writes the shard.
+  nlohmann::json records = nlohmann::json::array();
+  local = [&]() -> absl::Status {
+    for (auto& l : locals_) {
+      TANDEM_ASSIGN_OR_RETURN(std::vector<comm::ParameterOptimizerState> state,
+                              l->sync->GatherOptimizerState());
+      if (l->group->rank() != 0) continue;
+      CheckpointShard shard;
+      shard.stage = l->spec.stage;
+      nlohmann::json steps = nlohmann::json::object();
+      for (const ParameterView& v : l->impl->Parameters()) {
+        if (v.value.dtype != comm::DataType::kFloat32) {
+          return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
+                                                       "': only float32 parameters"));
+        }
+        shard.tensors.push_back(FloatTensor(absl::StrCat(kParameterPrefix, v.name),
+                                            static_cast<const float*>(v.value.data),
+                                            v.value.count));
+      }
+      for (const comm::ParameterOptimizerState& p : state) {
+        steps[p.name] = p.steps;
+        for (const auto& [buffer, values] : p.buffers) {
+          shard.tensors.push_back(
+              FloatTensor(absl::StrCat(kOptimizerPrefix, p.name, ":", buffer), values.data(),
+                          static_cast<int64_t>(values.size())));
+        }
+      }
+      shard.metadata = {{"optimizer_steps", steps}, {"layers", {l->spec.first_layer,
+                                                                l->spec.end_layer}}};
+      TANDEM_ASSIGN_OR_RETURN(ShardRecord record, WriteShard(dir, shard));
+      records.push_back({{"stage", record.stage}, {"part", record.part},
+                         {"num_parts", record.num_parts}, {"file", record.file},
+                         {"bytes", record.bytes}, {"checksum", record.checksum}});
+    }
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      world_, Annotate(local, absl::StrCat("rank ", world_rank_, ": writing checkpoint shards")),
+      "writing checkpoint shards"));
+
+  // Rank 0 writes the manifest last, with every shard's checksum.
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all, GatherStrings(*control_, records.dump()));
+  local = absl::OkStatus();
+  if (world_rank_ == 0) {
+    CheckpointManifest manifest;
+    manifest.model = model;
+    manifest.plan = pipeline::ToJson(plan_);
+    manifest.step = iteration_;
+    manifest.data_position = {{"next_iteration", iteration_}};
+    manifest.optimizer = OptimizerJson(options_.optimizer);
+    local = [&]() -> absl::Status {
+      for (const std::string& text : all) {
+        nlohmann::json rank_records = nlohmann::json::parse(text, nullptr, false);
+        nlohmann::json wrapper = {{"format_version", kCheckpointFormatVersion}, {"model", model},
+                                  {"step", 0}, {"plan", nlohmann::json::object()},
+                                  {"shards", rank_records}};
+        TANDEM_ASSIGN_OR_RETURN(CheckpointManifest part,
+                                ManifestFromJson(wrapper, "gathered shard records"));
+        for (ShardRecord& r : part.shards) manifest.shards.push_back(std::move(r));
+      }
+      std::sort(manifest.shards.begin(), manifest.shards.end(),
+                [](const ShardRecord& a, const ShardRecord& b) { return a.stage < b.stage; });
+      if (static_cast<int>(manifest.shards.size()) != schedule_.spec.NumStages()) {
+        return absl::InternalError(absl::StrCat("checkpoint has ", manifest.shards.size(),
+                                                " shards for ", schedule_.spec.NumStages(),
+                                                " stages"));
+      }
+      return WriteManifest(dir, manifest);
+    }();
+  }
+  return AgreeOnSuccess(world_, local, "writing the checkpoint manifest");
+}
+
+absl::Status Engine::LoadCheckpoint(const std::string& dir, const std::string& model) {
+  int64_t step = 0;
+  std::vector<std::vector<comm::ParameterOptimizerState>> states(locals_.size());
+  absl::Status local = [&]() -> absl::Status {
+    TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
+    if (manifest.model != model) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint is of model '",
+                                                     manifest.model, "', this run trains '",
+                                                     model, "'"));
+    }
+    auto saved_plan = pipeline::PlanFromJson(manifest.plan, absl::StrCat(dir, ": plan"));
+    if (!saved_plan.ok()) return saved_plan.status();
+    if (saved_plan->stages.size() != plan_.stages.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": the checkpoint has ", saved_plan->stages.size(), " stages, this plan ",
+          plan_.stages.size()));
+    }
+    for (size_t s = 0; s < plan_.stages.size(); ++s) {
+      const auto& a = saved_plan->stages[s];
+      const auto& b = plan_.stages[s];
+      if (a.first_layer != b.first_layer || a.end_layer != b.end_layer) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir, ": stage ", s, " holds layers [", a.first_layer, ", ", a.end_layer,
+            ") in the checkpoint but [", b.first_layer, ", ", b.end_layer, ") in this plan"));
+      }
+    }
+    const std::string saved_optimizer = manifest.optimizer.value("kind", "");
+    if (saved_optimizer != comm::OptimizerName(options_.optimizer.kind)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": the checkpoint's optimizer is '", saved_optimizer, "', this run uses '",
+          comm::OptimizerName(options_.optimizer.kind), "'"));
+    }
+    step = manifest.step;
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      Local& l = *locals_[i];
+      const ShardRecord* record = manifest.FindShard(l.spec.stage, 0);
+      if (record == nullptr) {
+        return absl::NotFoundError(absl::StrCat(dir, ": the manifest lists no shard of stage ",
+                                                l.spec.stage));
+      }
+      TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ReadShard(dir, *record));
+      const std::string where = absl::StrCat(dir, "/", record->file);
+      for (const ParameterView& v : l.impl->Parameters()) {
+        const ShardTensor* t = shard.Find(absl::StrCat(kParameterPrefix, v.name));
+        if (t == nullptr || t->count != v.value.count ||
+            t->dtype != comm::DataType::kFloat32) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": parameter '", v.name, "' is missing or has another size (",
+              t == nullptr ? 0 : t->count, " vs ", v.value.count, ")"));
+        }
+        std::memcpy(v.value.data, t->bytes.data(), t->bytes.size());
+      }
+      const nlohmann::json steps = shard.metadata.value("optimizer_steps",
+                                                        nlohmann::json::object());
+      std::vector<comm::ParameterOptimizerState>& state = states[i];
+      std::vector<ParameterView> params = l.impl->Parameters();
+      for (auto it = params.rbegin(); it != params.rend(); ++it) {  // registration order
+        comm::ParameterOptimizerState p;
+        p.name = it->name;
+        p.steps = steps.value(it->name, int64_t{0});
+        const std::string prefix = absl::StrCat(kOptimizerPrefix, it->name, ":");
+        for (const ShardTensor& t : shard.tensors) {
+          if (t.name.rfind(prefix, 0) != 0) continue;
+          std::vector<float> values(static_cast<size_t>(t.count));
+          std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
+          p.buffers.emplace_back(t.name.substr(prefix.size()), std::move(values));
+        }
+        state.push_back(std::move(p));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      world_, Annotate(local, absl::StrCat("rank ", world_rank_, ": loading checkpoint")),
+      "loading the checkpoint"));
+  local = [&]() -> absl::Status {
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      TANDEM_RETURN_IF_ERROR(locals_[i]->sync->LoadOptimizerState(states[i]));
+      locals_[i]->parameters_current = true;
+    }
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "loading optimizer state"));
+  iteration_ = step;
   return absl::OkStatus();
 }
 

@@ -1,0 +1,256 @@
+// Engine checkpoints under mpirun with emulated stages: resuming gives the same parameters as
+// an uninterrupted run (optimizer state included), and missing, corrupt or mismatched
+// checkpoints fail on every rank with a clear error.
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "pipeline/plan.h"
+#include "runtime/checkpoint.h"
+#include "runtime/emulated_stage.h"
+#include "runtime/engine.h"
+
+namespace tandem::runtime {
+namespace {
+
+constexpr int kLayers = 8;
+constexpr int64_t kParameters = 12;
+constexpr char kModel[] = "emulated L=8";
+
+comm::Communicator* World() {
+  static comm::Communicator* world = [] {
+    auto w = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+    if (!w.ok()) {
+      ADD_FAILURE() << w.status();
+      return static_cast<comm::Communicator*>(nullptr);
+    }
+    (*w)->set_timeout(absl::Seconds(60));
+    return w.value().release();
+  }();
+  return world;
+}
+
+// A fresh folder made by rank 0, its name broadcast to every rank.
+std::string SharedTempDir() {
+  char path[256] = {};
+  if (World()->rank() == 0) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "tandem_engine_ckpt_XXXXXX").string();
+    std::strncpy(path, pattern.c_str(), sizeof(path) - 1);
+    if (mkdtemp(path) == nullptr) ADD_FAILURE() << "mkdtemp failed";
+  }
+  comm::Buffer b;
+  b.data = path;
+  b.count = sizeof(path);
+  b.dtype = comm::DataType::kUInt8;
+  EXPECT_TRUE(World()->Broadcast(b, /*root=*/0)->Wait().ok());
+  return path;
+}
+
+StageFactory Factory() {
+  return [](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
+    EmulatedStageOptions o;
+    o.stage = spec.stage;
+    o.num_stages = spec.num_stages;
+    o.replica = spec.replica;
+    o.data_parallel_index = spec.data_parallel_index;
+    o.data_parallel = spec.data_parallel;
+    o.num_microbatches = spec.num_microbatches;
+    o.activation_elements = 4;
+    o.parameter_elements = kParameters;
+    return std::unique_ptr<Stage>(new EmulatedStage(o));
+  };
+}
+
+pipeline::Plan MakePlan(pipeline::ScheduleKind kind, int data_parallel) {
+  pipeline::ScheduleSpec spec;
+  spec.kind = kind;
+  spec.num_ranks = World()->size() / data_parallel;
+  spec.num_microbatches = 4;
+  auto plan = pipeline::MakeUniformPlan(kLayers, spec, data_parallel, 1);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+EngineOptions Options(comm::OptimizerConfig optimizer, comm::GradSyncStrategy sync) {
+  EngineOptions o;
+  o.optimizer = optimizer;
+  o.grad_sync = sync;
+  o.lr_schedule.base_lr = 0.05;
+  o.lr_schedule.warmup_steps = 2;
+  o.timeout = absl::Seconds(60);
+  return o;
+}
+
+// Parameters of every local stage, flattened in local-stage order.
+std::vector<float> LocalParameters(Engine& engine) {
+  std::vector<float> out;
+  for (const LocalStageId& id : engine.local_stages()) {
+    auto* stage = static_cast<EmulatedStage*>(engine.stage(id.replica, id.stage));
+    out.insert(out.end(), stage->parameters().begin(), stage->parameters().end());
+  }
+  return out;
+}
+
+void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
+                                comm::OptimizerConfig optimizer, comm::GradSyncStrategy sync) {
+  SCOPED_TRACE(absl::StrCat(pipeline::ScheduleKindName(kind), " D=", data_parallel, " ",
+                            comm::OptimizerName(optimizer.kind), " ",
+                            comm::GradSyncStrategyName(sync)));
+  const std::string dir = SharedTempDir();
+  const pipeline::Plan plan = MakePlan(kind, data_parallel);
+  constexpr int kBefore = 3;
+  constexpr int kAfter = 3;
+
+  auto full = Engine::Create(plan, World(), Factory(), Options(optimizer, sync));
+  ASSERT_TRUE(full.ok()) << full.status();
+  for (int i = 0; i < kBefore; ++i) ASSERT_TRUE((*full)->RunIteration().ok());
+  ASSERT_TRUE((*full)->SaveCheckpoint(dir, kModel).ok());
+  std::vector<double> losses;
+  for (int i = 0; i < kAfter; ++i) {
+    auto r = (*full)->RunIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses.push_back(r->loss);
+  }
+  ASSERT_TRUE((*full)->Flush().ok());
+  const std::vector<float> expected = LocalParameters(**full);
+
+  auto resumed = Engine::Create(plan, World(), Factory(), Options(optimizer, sync));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  absl::Status loaded = (*resumed)->LoadCheckpoint(dir, kModel);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  EXPECT_EQ((*resumed)->iteration(), kBefore);
+  for (int i = 0; i < kAfter; ++i) {
+    auto r = (*resumed)->RunIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->iteration, kBefore + i);
+    EXPECT_DOUBLE_EQ(r->loss, losses[i]);
+  }
+  ASSERT_TRUE((*resumed)->Flush().ok());
+  const std::vector<float> got = LocalParameters(**resumed);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "element " << i;
+
+  // The shards carry the optimizer state (a resume that dropped it would step from a zero
+  // momentum / moment estimate and miss the parameters above).
+  auto manifest = ReadManifest(dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  auto shard = ReadShard(dir, *manifest->FindShard(0, 0));
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const char* buffer =
+      optimizer.kind == comm::OptimizerKind::kAdamW ? "exp_avg" : "momentum_buffer";
+  bool found = false;
+  for (const ShardTensor& t : shard->tensors) {
+    if (t.name.find(buffer) != std::string::npos && t.count == kParameters) found = true;
+  }
+  EXPECT_TRUE(found) << "no " << buffer << " in the shard of stage 0";
+  EXPECT_TRUE(World()->Barrier()->Wait().ok());
+  if (World()->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(EngineCheckpointTest, ResumeMatchesUninterruptedSgdMomentum) {
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, 1, comm::OptimizerConfig::Sgd(0.9),
+                             comm::GradSyncStrategy::kAllReduce);
+}
+
+TEST(EngineCheckpointTest, ResumeMatchesUninterruptedAdamWDear) {
+  const int dp = World()->size() >= 4 ? 2 : 1;
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, dp, comm::OptimizerConfig::AdamW(),
+                             comm::GradSyncStrategy::kDeAR);
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::kChimera, 1, comm::OptimizerConfig::AdamW(),
+                             comm::GradSyncStrategy::kAllReduce);
+}
+
+class EngineCheckpointErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = SharedTempDir();
+    plan_ = MakePlan(pipeline::ScheduleKind::k1F1B, 1);
+    auto engine = Engine::Create(plan_, World(), Factory(),
+                                 Options(comm::OptimizerConfig::Sgd(0.9),
+                                         comm::GradSyncStrategy::kAllReduce));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->RunIteration().ok());
+    ASSERT_TRUE((*engine)->SaveCheckpoint(dir_, kModel).ok());
+  }
+  void TearDown() override {
+    EXPECT_TRUE(World()->Barrier()->Wait().ok());
+    if (World()->rank() == 0) std::filesystem::remove_all(dir_);
+  }
+  absl::Status Load(const std::string& dir, const std::string& model,
+                    comm::OptimizerConfig optimizer = comm::OptimizerConfig::Sgd(0.9)) {
+    auto engine = Engine::Create(plan_, World(), Factory(),
+                                 Options(optimizer, comm::GradSyncStrategy::kAllReduce));
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return (*engine)->LoadCheckpoint(dir, model);
+  }
+  // Rank 0 changes the checkpoint; everyone waits for it.
+  template <typename F>
+  void OnRankZero(F change) {
+    if (World()->rank() == 0) change();
+    EXPECT_TRUE(World()->Barrier()->Wait().ok());
+  }
+
+  std::string dir_;
+  pipeline::Plan plan_;
+};
+
+TEST_F(EngineCheckpointErrorTest, CompleteCheckpointLoads) {
+  EXPECT_TRUE(Load(dir_, kModel).ok());
+}
+
+TEST_F(EngineCheckpointErrorTest, MissingFolderFailsEveryRank) {
+  absl::Status s = Load(dir_ + "/nonexistent", kModel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("manifest.json"), std::string::npos) << s;
+}
+
+TEST_F(EngineCheckpointErrorTest, HalfWrittenCheckpointIsNotLoaded) {
+  // A save that crashed after its shards: no manifest.
+  OnRankZero([&] { ASSERT_TRUE(RemoveManifest(dir_).ok()); });
+  EXPECT_EQ(Load(dir_, kModel).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineCheckpointErrorTest, CorruptShardFailsItsRanksAndAbortsTheOthers) {
+  OnRankZero([&] {
+    const std::string path = dir_ + "/" + ShardFileName(1, 0, 1);
+    auto contents = ReadFile(path);
+    ASSERT_TRUE(contents.ok());
+    (*contents)[contents->size() - 2] ^= 0x10;
+    ASSERT_TRUE(WriteFileAtomically(path, *contents).ok());
+  });
+  absl::Status s = Load(dir_, kModel);
+  if (World()->rank() == 1) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
+  }
+}
+
+TEST_F(EngineCheckpointErrorTest, MissingShardNamesTheFile) {
+  OnRankZero([&] { std::filesystem::remove(dir_ + "/" + ShardFileName(0, 0, 1)); });
+  absl::Status s = Load(dir_, kModel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find(ShardFileName(0, 0, 1)), std::string::npos) << s;
+}
+
+TEST_F(EngineCheckpointErrorTest, OtherModelOrOptimizerIsRejected) {
+  absl::Status s = Load(dir_, "another model");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("another model"), std::string::npos) << s;
+  s = Load(dir_, kModel, comm::OptimizerConfig::AdamW());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("adamw"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tandem::runtime
