@@ -1,5 +1,8 @@
 #include "comm/communicator.h"
 
+#include "absl/strings/str_cat.h"
+#include "comm/internal/work_util.h"
+
 namespace tandem::comm {
 
 size_t SizeOf(DataType type) {
@@ -38,6 +41,17 @@ ShardRange Shard(int64_t count, int size, int rank) {
   range.count = base + (rank < extra ? 1 : 0);
   range.offset = rank * base + (rank < extra ? rank : extra);
   return range;
+}
+
+WorkPtr Communicator::SendRecvBatch(const std::vector<PointToPoint>& transfers) {
+  std::vector<WorkPtr> parts;
+  parts.reserve(transfers.size());
+  for (const PointToPoint& t : transfers) {
+    parts.push_back(t.kind == PointToPoint::Kind::kSend ? Send(t.buffer, t.peer, t.tag)
+                                                        : Recv(t.buffer, t.peer, t.tag));
+  }
+  return std::make_shared<internal::CombinedWork>(
+      std::move(parts), absl::StrCat("batch of ", transfers.size(), " transfers"));
 }
 
 }  // namespace tandem::comm

@@ -81,6 +81,15 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// One transfer of a batch (Communicator::SendRecvBatch).
+struct PointToPoint {
+  enum class Kind : uint8_t { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  Buffer buffer;
+  int peer = 0;
+  int tag = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -103,6 +112,10 @@ class Communicator {
   virtual WorkPtr AllGather(const Buffer& input, const Buffer& output) = 0;
   virtual WorkPtr Broadcast(const Buffer& buffer, int root) = 0;
   virtual WorkPtr Barrier() = 0;
+  // Posts several sends and receives together, with one Work for all of them. NCCL groups
+  // them (ncclGroupStart/End) so that paired sends and receives of a pipeline cannot
+  // deadlock; the default posts each one (MPI's non-blocking transfers cannot deadlock).
+  virtual WorkPtr SendRecvBatch(const std::vector<PointToPoint>& transfers);
 
   // Ranks with the same colour form a group, ordered by key (then by rank). colour < 0:
   // returns nullptr for this rank (not a member). Collective over this communicator.

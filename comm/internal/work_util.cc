@@ -1,10 +1,52 @@
 #include "comm/internal/work_util.h"
 
+#include <algorithm>
 #include <cstdint>
+
+#include "absl/time/clock.h"
 
 #include "comm/dtype.h"
 
 namespace tandem::comm::internal {
+
+bool CombinedWork::Test() {
+  bool all = true;
+  for (const WorkPtr& part : parts_) all = part->Test() && all;
+  return all;
+}
+
+absl::Status CombinedWork::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status first_error;
+  for (const WorkPtr& part : parts_) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::Status status = part->Wait(left);
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(description_, " timed out after ", absl::FormatDuration(timeout),
+                       " (waiting for ", part->Describe(), ")"));
+    }
+    if (!status.ok() && first_error.ok()) first_error = std::move(status);
+  }
+  return first_error;
+}
+
+absl::Status CombinedWork::Wait() {
+  absl::Status first_error;
+  for (const WorkPtr& part : parts_) {
+    absl::Status status = part->Wait();
+    if (!status.ok() && first_error.ok()) first_error = std::move(status);
+  }
+  return first_error;
+}
+
+absl::Status CombinedWork::error() {
+  for (const WorkPtr& part : parts_) {
+    absl::Status status = part->error();
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,22 @@ class CompletedWork : public Work {
 
  private:
   absl::Status status_;
+  std::string description_;
+};
+
+// Several Works as one: done when all are; the first error wins.
+class CombinedWork : public Work {
+ public:
+  CombinedWork(std::vector<WorkPtr> parts, std::string description)
+      : parts_(std::move(parts)), description_(std::move(description)) {}
+  bool Test() override;
+  absl::Status Wait(absl::Duration timeout) override;
+  absl::Status Wait() override;
+  absl::Status error() override;
+  std::string Describe() const override { return description_; }
+
+ private:
+  std::vector<WorkPtr> parts_;
   std::string description_;
 };
 

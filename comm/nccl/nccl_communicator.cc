@@ -3,9 +3,316 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/buffer.h"
+#include "comm/check.h"
+#include "comm/internal/work_util.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+#define TANDEM_NCCL_HAS_SHRINK (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
+#define TANDEM_NCCL_HAS_REVOKE (NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0))
 
 namespace tandem::comm {
+namespace {
+
+// Host-side polling of events and communicator state.
+constexpr auto kPollPause = std::chrono::microseconds(20);
+constexpr int kSignatureFields = 5;  // operation, count, type, reduction, root
+
+absl::StatusOr<ncclDataType_t> ToNcclType(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kInt8: return ncclInt8;
+    case DataType::kUInt8: return ncclUint8;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+  }
+  return absl::InvalidArgumentError("nccl backend: unknown data type");
+}
+
+absl::StatusOr<ncclRedOp_t> ToNcclOp(ReduceOp op, DataType type) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kAverage:
+      if (!internal::IsFloatingPoint(type)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "nccl backend: average needs a floating-point type, got ", DataTypeName(type)));
+      }
+      return ncclAvg;
+  }
+  return absl::InvalidArgumentError("nccl backend: unknown reduction");
+}
+
+// Polls a non-blocking communicator until its pending call finished (ncclInProgress gone).
+absl::Status WaitUntilReady(ncclComm_t comm, absl::Time deadline, const std::string& what) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    TANDEM_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      return absl::Status(state == ncclRemoteError ? absl::StatusCode::kUnavailable
+                                                   : absl::StatusCode::kInternal,
+                          absl::StrCat(what, ": NCCL error: ", ncclGetErrorString(state)));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": NCCL call still in progress"));
+    }
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// One enqueued operation: done when `done` (recorded on the communication stream) fires.
+struct WorkState {
+  std::string description;
+  cudaEvent_t done = nullptr;
+  absl::Time issued;
+  std::atomic<bool> finished{false};
+  std::mutex mu;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  bool reported_stuck = false;  // watchdog only
+
+  void Finish(absl::Status result) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (finished.load()) return;
+    status = std::move(result);
+    finished.store(true);
+  }
+  absl::Status Result() {
+    std::lock_guard<std::mutex> lock(mu);
+    return status;
+  }
+  ~WorkState() {
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+};
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  int rank = 0;
+  int size = 0;
+  std::vector<int> world_ranks;
+  std::unique_ptr<Communicator> cpu;  // companion over the same ranks
+  CommOptions options;
+  cudaStream_t stream = nullptr;
+  cudaStream_t caller = nullptr;
+  int* scratch = nullptr;  // device int for Barrier
+  int64_t collective_sequence = 0;
+  int64_t p2p_sequence = 0;
+
+  std::mutex mu;
+  absl::Status aborted ABSL_GUARDED_BY(mu);
+  bool revoked ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::weak_ptr<WorkState>> pending ABSL_GUARDED_BY(mu);
+
+  std::mutex watchdog_mu;
+  std::condition_variable watchdog_wake;
+  bool stop_watchdog ABSL_GUARDED_BY(watchdog_mu) = false;
+  std::thread watchdog;
+
+  ~State();
+  absl::Status Usable(const std::string& what);
+  void AbortLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Watch();
+  void StartWatchdog() { watchdog = std::thread([this] { Watch(); }); }
+};
+
+namespace {
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclCommunicator::State> comm, std::shared_ptr<WorkState> state)
+      : comm_(std::move(comm)), state_(std::move(state)) {}
+
+  bool Test() override {
+    if (state_->finished.load()) return true;
+    const cudaError_t query = cudaEventQuery(state_->done);
+    if (query == cudaSuccess) {
+      state_->Finish(absl::OkStatus());
+      return true;
+    }
+    if (query != cudaErrorNotReady) {
+      state_->Finish(absl::InternalError(absl::StrCat(state_->description, ": CUDA error: ",
+                                                      cudaGetErrorString(query))));
+      return true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(comm_->mu);
+      if (!comm_->aborted.ok()) {
+        state_->Finish(absl::FailedPreconditionError(absl::StrCat(
+            state_->description, ": communicator aborted: ", comm_->aborted.message())));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    if (timeout == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          state_->description, ": refusing to wait forever (pass a finite timeout)"));
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!Test()) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            state_->description, " timed out after ", absl::FormatDuration(timeout)));
+      }
+      std::this_thread::sleep_for(kPollPause);
+    }
+    return state_->Result();
+  }
+
+  absl::Status Wait() override { return Wait(comm_->options.timeout); }
+  absl::Status error() override {
+    return state_->finished.load() ? state_->Result() : absl::OkStatus();
+  }
+  std::string Describe() const override { return state_->description; }
+  cudaEvent_t done_event() const { return state_->done; }
+
+ private:
+  std::shared_ptr<NcclCommunicator::State> comm_;
+  std::shared_ptr<WorkState> state_;
+};
+
+absl::Status CheckDeviceBuffer(const Buffer& buffer, int device, const char* what) {
+  TANDEM_RETURN_IF_ERROR(internal::CheckBuffer(buffer, what));
+  if (buffer.device.kind != DeviceKind::kCuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: ", what, " is in CPU memory; the NCCL backend takes CUDA buffers only "
+        "(use the mpi backend)"));
+  }
+  if (buffer.device.index != device) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: ", what, " is on CUDA device ",
+                                                   buffer.device.index,
+                                                   ", the communicator on device ", device));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---- State ----------------------------------------------------------------------------------
+
+NcclCommunicator::State::~State() {
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mu);
+    stop_watchdog = true;
+  }
+  watchdog_wake.notify_all();
+  if (watchdog.joinable()) watchdog.join();
+  cudaSetDevice(device);
+  if (comm != nullptr) {
+    bool clean = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      clean = aborted.ok();
+    }
+    if (clean && ncclCommFinalize(comm) != ncclSystemError &&
+        WaitUntilReady(comm, absl::Now() + options.timeout, "finalize").ok()) {
+      ncclCommDestroy(comm);
+    } else {
+      ncclCommAbort(comm);
+    }
+  }
+  if (scratch != nullptr) cudaFree(scratch);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+absl::Status NcclCommunicator::State::Usable(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!aborted.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": communicator aborted: ", aborted.message()));
+  }
+  return absl::OkStatus();
+}
+
+void NcclCommunicator::State::AbortLocked(const absl::Status& reason) {
+  if (!aborted.ok()) return;
+  aborted = reason.ok() ? absl::AbortedError("aborted") : reason;
+  for (auto& weak : pending) {
+    if (auto work = weak.lock()) {
+      work->Finish(absl::FailedPreconditionError(
+          absl::StrCat(work->description, ": communicator aborted: ", aborted.message())));
+    }
+  }
+  pending.clear();
+  cudaSetDevice(device);
+#if TANDEM_NCCL_HAS_REVOKE
+  // Stops in-flight operations but keeps the communicator for Shrink.
+  if (ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) == ncclSuccess) {
+    revoked = true;
+    return;
+  }
+#endif
+  ncclCommAbort(comm);
+  comm = nullptr;
+}
+
+void NcclCommunicator::State::Watch() {
+  std::unique_lock<std::mutex> wake_lock(watchdog_mu);
+  while (!stop_watchdog) {
+    watchdog_wake.wait_for(wake_lock, absl::ToChronoMilliseconds(options.watchdog_interval));
+    if (stop_watchdog) break;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!aborted.ok() || comm == nullptr) continue;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      const absl::Status error(
+          state == ncclRemoteError ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
+          absl::StrCat("NCCL watchdog (rank ", rank, " of ", size, "): asynchronous error: ",
+                       ncclGetErrorString(query != ncclSuccess ? query : state)));
+      TANDEM_LOG(ERROR) << error.message();
+      AbortLocked(error);
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const std::weak_ptr<WorkState>& w) {
+                                   auto work = w.lock();
+                                   return !work || work->finished.load();
+                                 }),
+                  pending.end());
+    for (auto& weak : pending) {
+      auto work = weak.lock();
+      if (work && !work->reported_stuck && now - work->issued > options.timeout) {
+        work->reported_stuck = true;
+        TANDEM_LOG(WARNING) << "NCCL watchdog (rank " << rank << " of " << size << "): "
+                            << work->description << " pending for more than "
+                            << absl::FormatDuration(options.timeout);
+      }
+    }
+  }
+}
+
+// ---- Construction ------------------------------------------------------------------------------
 
 int CudaDeviceCount(std::string* why) {
   int count = 0;
@@ -21,9 +328,490 @@ int CudaDeviceCount(std::string* why) {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator&,
-                                                                     const CommOptions&) {
-  return absl::UnimplementedError("nccl backend: communicator not implemented yet");
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
+                                                                     const CommOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(auto nccl, NcclCommunicator::Create(bootstrap, options));
+  return std::unique_ptr<Communicator>(std::move(nccl));
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+NcclCommunicator::~NcclCommunicator() = default;
+
+namespace {
+
+// Stream, scratch and watchdog of a communicator whose ncclComm_t is being initialised.
+absl::Status InitDeviceResources(NcclCommunicator::State& state) {
+  TANDEM_CUDA_CHECK(cudaSetDevice(state.device));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&state.stream, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaMalloc(&state.scratch, sizeof(int)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    Communicator& bootstrap, const CommOptions& options) {
+  std::string why;
+  const int devices = CudaDeviceCount(&why);
+  if (devices == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("nccl backend: no CUDA device: ", why));
+  }
+  auto state = std::make_shared<State>();
+  state->options = options;
+  if (options.cuda_device >= 0) {
+    state->device = options.cuda_device;
+  } else {
+    const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    state->device = (local_rank != nullptr ? std::atoi(local_rank) : bootstrap.rank()) % devices;
+  }
+  if (state->device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: CUDA device ", state->device,
+                                                   " requested, ", devices, " visible"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(state->cpu, bootstrap.Split(/*color=*/0, /*key=*/bootstrap.rank()));
+  state->rank = state->cpu->rank();
+  state->size = state->cpu->size();
+  state->world_ranks = state->cpu->world_ranks();
+  TANDEM_RETURN_IF_ERROR(InitDeviceResources(*state));
+
+  ncclUniqueId id;
+  if (state->rank == 0) TANDEM_NCCL_CHECK(ncclGetUniqueId(&id));
+  TANDEM_RETURN_IF_ERROR(
+      state->cpu->Broadcast(MakeBuffer(&id, sizeof(id), DataType::kUInt8), /*root=*/0)->Wait());
+  ncclConfig_t config = NonBlockingConfig();
+  TANDEM_NCCL_CHECK(ncclCommInitRankConfig(&state->comm, state->size, id, state->rank, &config));
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(state->comm, absl::Now() + options.timeout,
+                                        absl::StrCat("ncclCommInitRankConfig (rank ", state->rank,
+                                                     " of ", state->size, ")")));
+  state->StartWatchdog();
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(state)));
+}
+
+int NcclCommunicator::rank() const { return state_->rank; }
+int NcclCommunicator::size() const { return state_->size; }
+const std::vector<int>& NcclCommunicator::world_ranks() const { return state_->world_ranks; }
+int NcclCommunicator::device() const { return state_->device; }
+void* NcclCommunicator::stream() const { return state_->stream; }
+void NcclCommunicator::set_caller_stream(void* cuda_stream) {
+  state_->caller = static_cast<cudaStream_t>(cuda_stream);
+}
+void NcclCommunicator::set_timeout(absl::Duration timeout) { state_->options.timeout = timeout; }
+absl::Duration NcclCommunicator::timeout() const { return state_->options.timeout; }
+
+absl::Status NcclCommunicator::OrderAfter(const WorkPtr& work, void* cuda_stream) {
+  auto* nccl_work = dynamic_cast<NcclWork*>(work.get());
+  if (nccl_work == nullptr) return work->Wait();  // finished before enqueueing (an error)
+  TANDEM_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), nccl_work->done_event(), 0));
+  return absl::OkStatus();
+}
+
+// ---- Issuing ------------------------------------------------------------------------------------
+
+namespace {
+
+// Orders the communication stream after the caller's, runs `enqueue` (NCCL calls on the
+// communication stream), records the completion event.
+absl::StatusOr<WorkPtr> Enqueue(const std::shared_ptr<NcclCommunicator::State>& state,
+                                const std::string& description,
+                                const std::function<absl::Status()>& enqueue) {
+  std::lock_guard<std::mutex> lock(state->mu);
+  if (!state->aborted.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(description, ": communicator aborted: ", state->aborted.message()));
+  }
+  TANDEM_CUDA_CHECK(cudaSetDevice(state->device));
+  cudaEvent_t ready = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventRecord(ready, state->caller));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(state->stream, ready, 0));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(ready));  // released once it has fired
+  const absl::Status enqueued = enqueue();
+  if (!enqueued.ok()) return Annotate(enqueued, description);
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(state->comm, absl::Now() + state->options.timeout,
+                                        description));
+  auto work = std::make_shared<WorkState>();
+  work->description = description;
+  work->issued = absl::Now();
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventRecord(work->done, state->stream));
+  state->pending.push_back(work);
+  return WorkPtr(std::make_shared<NcclWork>(state, std::move(work)));
+}
+
+WorkPtr ToWork(absl::StatusOr<WorkPtr> result, const std::string& description) {
+  if (result.ok()) return *std::move(result);
+  return internal::MakeCompletedWork(result.status(), description);
+}
+
+}  // namespace
+
+// Checks on the CPU companion that every rank enqueues the same collective.
+static absl::Status VerifySignature(NcclCommunicator::State& state, const std::string& what,
+                                    const int64_t (&fields)[kSignatureFields]) {
+  if (!state.options.verify_collectives || state.size == 1) return absl::OkStatus();
+  static const char* const kNames[kSignatureFields] = {"operation", "element count",
+                                                       "data type", "reduction", "root"};
+  int64_t both[2 * kSignatureFields];
+  for (int i = 0; i < kSignatureFields; ++i) {
+    both[i] = fields[i];
+    both[kSignatureFields + i] = -fields[i];
+  }
+  TANDEM_RETURN_IF_ERROR(
+      state.cpu->AllReduce(CpuBuffer(both, 2 * kSignatureFields), ReduceOp::kMax)->Wait());
+  for (int i = 0; i < kSignatureFields; ++i) {
+    if (both[i] != -both[kSignatureFields + i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ranks disagree on ", kNames[i], " (this rank ", fields[i], ", min ",
+          -both[kSignatureFields + i], ", max ", both[i], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+WorkPtr NcclCommunicator::Send(const Buffer& buffer, int peer, int tag) {
+  return SendRecvBatch({PointToPoint{PointToPoint::Kind::kSend, buffer, peer, tag}});
+}
+
+WorkPtr NcclCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
+  return SendRecvBatch({PointToPoint{PointToPoint::Kind::kRecv, buffer, peer, tag}});
+}
+
+WorkPtr NcclCommunicator::SendRecvBatch(const std::vector<PointToPoint>& transfers) {
+  std::string description = absl::StrCat("send_recv #", state_->p2p_sequence++, " (");
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const PointToPoint& t = transfers[i];
+    absl::StrAppend(&description, i > 0 ? ", " : "",
+                    t.kind == PointToPoint::Kind::kSend ? "send to " : "recv from ", "rank ",
+                    t.peer, " ", internal::DescribeBuffer(t.buffer));
+  }
+  absl::StrAppend(&description, ")");
+  for (const PointToPoint& t : transfers) {
+    absl::Status status = CheckDeviceBuffer(t.buffer, state_->device, "transfer buffer");
+    if (status.ok() && (t.peer < 0 || t.peer >= size())) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("invalid peer rank ", t.peer, " (group of ", size(), ")"));
+    }
+    if (status.ok() && t.tag != 0) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("nccl backend: tags are not supported (got tag ", t.tag, "; use 0)"));
+    }
+    if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
+  }
+  auto state = state_;
+  return ToWork(Enqueue(state_, description,
+                        [&]() -> absl::Status {
+                          TANDEM_NCCL_CHECK(ncclGroupStart());
+                          for (const PointToPoint& t : transfers) {
+                            auto type = ToNcclType(t.buffer.dtype);
+                            if (!type.ok()) {
+                              ncclGroupEnd();
+                              return type.status();
+                            }
+                            const ncclResult_t rc =
+                                t.kind == PointToPoint::Kind::kSend
+                                    ? ncclSend(t.buffer.data, t.buffer.count, *type, t.peer,
+                                               state->comm, state->stream)
+                                    : ncclRecv(t.buffer.data, t.buffer.count, *type, t.peer,
+                                               state->comm, state->stream);
+                            if (rc != ncclSuccess && rc != ncclInProgress) {
+                              ncclGroupEnd();
+                              TANDEM_NCCL_CHECK(rc);
+                            }
+                          }
+                          TANDEM_NCCL_CHECK(ncclGroupEnd());
+                          return absl::OkStatus();
+                        }),
+                description);
+}
+
+WorkPtr NcclCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
+  const std::string description =
+      absl::StrCat("all_reduce #", state_->collective_sequence++, " (group of ", size(), ", ",
+                   internal::DescribeBuffer(buffer), ", ", internal::ReduceOpName(op), ")");
+  absl::Status status = CheckDeviceBuffer(buffer, state_->device, "all_reduce buffer");
+  auto type = ToNcclType(buffer.dtype);
+  auto nccl_op = ToNcclOp(op, buffer.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok() && !nccl_op.ok()) status = nccl_op.status();
+  if (status.ok()) status = state_->Usable(description);
+  const int64_t signature[kSignatureFields] = {1, buffer.count, static_cast<int64_t>(buffer.dtype),
+                                               static_cast<int64_t>(op), 0};
+  if (status.ok()) status = VerifySignature(*state_, description, signature);
+  if (!status.ok()) return internal::MakeCompletedWork(status, description);
+  auto state = state_;
+  return ToWork(Enqueue(state_, description,
+                        [&]() -> absl::Status {
+                          TANDEM_NCCL_CHECK(ncclAllReduce(buffer.data, buffer.data, buffer.count,
+                                                          *type, *nccl_op, state->comm,
+                                                          state->stream));
+                          return absl::OkStatus();
+                        }),
+                description);
+}
+
+WorkPtr NcclCommunicator::ReduceScatter(const Buffer& input, const Buffer& output, ReduceOp op) {
+  const std::string description =
+      absl::StrCat("reduce_scatter #", state_->collective_sequence++, " (group of ", size(), ", ",
+                   internal::DescribeBuffer(input), ", ", internal::ReduceOpName(op), ")");
+  absl::Status status = CheckDeviceBuffer(input, state_->device, "reduce_scatter input");
+  if (status.ok()) status = CheckDeviceBuffer(output, state_->device, "reduce_scatter output");
+  const ShardRange shard = Shard(input.count, size(), rank());
+  if (status.ok() && output.count != shard.count) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter: output has ", output.count, " elements but rank ", rank(),
+        "'s shard of ", input.count, " over ", size(), " ranks has ", shard.count));
+  }
+  if (status.ok() && input.dtype != output.dtype) {
+    status = absl::InvalidArgumentError("reduce_scatter: input and output types differ");
+  }
+  auto type = ToNcclType(input.dtype);
+  auto nccl_op = ToNcclOp(op, input.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok() && !nccl_op.ok()) status = nccl_op.status();
+  if (status.ok()) status = state_->Usable(description);
+  const int64_t signature[kSignatureFields] = {2, input.count, static_cast<int64_t>(input.dtype),
+                                               static_cast<int64_t>(op), 0};
+  if (status.ok()) status = VerifySignature(*state_, description, signature);
+  if (!status.ok()) return internal::MakeCompletedWork(status, description);
+  auto state = state_;
+  const int n = size();
+  const size_t element = SizeOf(input.dtype);
+  return ToWork(
+      Enqueue(state_, description,
+              [&]() -> absl::Status {
+                if (input.count % n == 0) {
+                  TANDEM_NCCL_CHECK(ncclReduceScatter(input.data, output.data, input.count / n,
+                                                      *type, *nccl_op, state->comm,
+                                                      state->stream));
+                  return absl::OkStatus();
+                }
+                // Unequal shards: pad every shard to the largest, reduce-scatter, copy back.
+                const int64_t chunk = (input.count + n - 1) / n;
+                char* staging = nullptr;
+                TANDEM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&staging),
+                                                  (chunk * n + chunk) * element, state->stream));
+                char* padded_out = staging + chunk * n * element;
+                TANDEM_CUDA_CHECK(cudaMemsetAsync(staging, 0, chunk * n * element, state->stream));
+                for (int r = 0; r < n; ++r) {
+                  const ShardRange s = Shard(input.count, n, r);
+                  if (s.count == 0) continue;
+                  TANDEM_CUDA_CHECK(cudaMemcpyAsync(
+                      staging + r * chunk * element,
+                      static_cast<const char*>(input.data) + s.offset * element,
+                      s.count * element, cudaMemcpyDeviceToDevice, state->stream));
+                }
+                TANDEM_NCCL_CHECK(ncclReduceScatter(staging, padded_out, chunk, *type, *nccl_op,
+                                                    state->comm, state->stream));
+                TANDEM_RETURN_IF_ERROR(WaitUntilReady(
+                    state->comm, absl::Now() + state->options.timeout, "reduce_scatter"));
+                if (shard.count > 0) {
+                  TANDEM_CUDA_CHECK(cudaMemcpyAsync(output.data, padded_out,
+                                                    shard.count * element,
+                                                    cudaMemcpyDeviceToDevice, state->stream));
+                }
+                TANDEM_CUDA_CHECK(cudaFreeAsync(staging, state->stream));
+                return absl::OkStatus();
+              }),
+      description);
+}
+
+WorkPtr NcclCommunicator::AllGather(const Buffer& input, const Buffer& output) {
+  const std::string description =
+      absl::StrCat("all_gather #", state_->collective_sequence++, " (group of ", size(), ", ",
+                   internal::DescribeBuffer(output), ")");
+  absl::Status status = CheckDeviceBuffer(input, state_->device, "all_gather input");
+  if (status.ok()) status = CheckDeviceBuffer(output, state_->device, "all_gather output");
+  const ShardRange shard = Shard(output.count, size(), rank());
+  if (status.ok() && input.count != shard.count) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "all_gather: input has ", input.count, " elements but rank ", rank(), "'s shard of ",
+        output.count, " over ", size(), " ranks has ", shard.count));
+  }
+  if (status.ok() && input.dtype != output.dtype) {
+    status = absl::InvalidArgumentError("all_gather: input and output types differ");
+  }
+  auto type = ToNcclType(output.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok()) status = state_->Usable(description);
+  const int64_t signature[kSignatureFields] = {3, output.count,
+                                               static_cast<int64_t>(output.dtype), 0, 0};
+  if (status.ok()) status = VerifySignature(*state_, description, signature);
+  if (!status.ok()) return internal::MakeCompletedWork(status, description);
+  auto state = state_;
+  const int n = size();
+  const size_t element = SizeOf(output.dtype);
+  return ToWork(
+      Enqueue(state_, description,
+              [&]() -> absl::Status {
+                if (output.count % n == 0) {
+                  // NCCL handles input == output + rank * chunk (in place) itself.
+                  TANDEM_NCCL_CHECK(ncclAllGather(input.data, output.data, output.count / n,
+                                                  *type, state->comm, state->stream));
+                  return absl::OkStatus();
+                }
+                const int64_t chunk = (output.count + n - 1) / n;
+                char* staging = nullptr;
+                TANDEM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&staging),
+                                                  (chunk * n + chunk) * element, state->stream));
+                char* padded_in = staging + chunk * n * element;
+                if (shard.count > 0) {
+                  TANDEM_CUDA_CHECK(cudaMemcpyAsync(padded_in, input.data, shard.count * element,
+                                                    cudaMemcpyDeviceToDevice, state->stream));
+                }
+                TANDEM_NCCL_CHECK(ncclAllGather(padded_in, staging, chunk, *type, state->comm,
+                                                state->stream));
+                TANDEM_RETURN_IF_ERROR(WaitUntilReady(
+                    state->comm, absl::Now() + state->options.timeout, "all_gather"));
+                for (int r = 0; r < n; ++r) {
+                  const ShardRange s = Shard(output.count, n, r);
+                  if (s.count == 0) continue;
+                  TANDEM_CUDA_CHECK(cudaMemcpyAsync(
+                      static_cast<char*>(output.data) + s.offset * element,
+                      staging + r * chunk * element, s.count * element,
+                      cudaMemcpyDeviceToDevice, state->stream));
+                }
+                TANDEM_CUDA_CHECK(cudaFreeAsync(staging, state->stream));
+                return absl::OkStatus();
+              }),
+      description);
+}
+
+WorkPtr NcclCommunicator::Broadcast(const Buffer& buffer, int root) {
+  const std::string description =
+      absl::StrCat("broadcast #", state_->collective_sequence++, " (group of ", size(), ", ",
+                   internal::DescribeBuffer(buffer), ", root ", root, ")");
+  absl::Status status = CheckDeviceBuffer(buffer, state_->device, "broadcast buffer");
+  if (status.ok() && (root < 0 || root >= size())) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("broadcast: invalid root rank ", root, " (group of ", size(), ")"));
+  }
+  auto type = ToNcclType(buffer.dtype);
+  if (status.ok() && !type.ok()) status = type.status();
+  if (status.ok()) status = state_->Usable(description);
+  const int64_t signature[kSignatureFields] = {4, buffer.count, static_cast<int64_t>(buffer.dtype),
+                                               0, root};
+  if (status.ok()) status = VerifySignature(*state_, description, signature);
+  if (!status.ok()) return internal::MakeCompletedWork(status, description);
+  auto state = state_;
+  return ToWork(Enqueue(state_, description,
+                        [&]() -> absl::Status {
+                          TANDEM_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, buffer.count,
+                                                          *type, root, state->comm,
+                                                          state->stream));
+                          return absl::OkStatus();
+                        }),
+                description);
+}
+
+WorkPtr NcclCommunicator::Barrier() {
+  const std::string description = absl::StrCat("barrier #", state_->collective_sequence++,
+                                               " (group of ", size(), ")");
+  absl::Status status = state_->Usable(description);
+  const int64_t signature[kSignatureFields] = {5, 0, 0, 0, 0};
+  if (status.ok()) status = VerifySignature(*state_, description, signature);
+  if (!status.ok()) return internal::MakeCompletedWork(status, description);
+  auto state = state_;
+  return ToWork(Enqueue(state_, description,
+                        [&]() -> absl::Status {
+                          TANDEM_NCCL_CHECK(ncclAllReduce(state->scratch, state->scratch, 1,
+                                                          ncclInt32, ncclSum, state->comm,
+                                                          state->stream));
+                          return absl::OkStatus();
+                        }),
+                description);
+}
+
+// ---- Groups ------------------------------------------------------------------------------------
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<NcclCommunicator::State>> ChildState(
+    const NcclCommunicator::State& parent, std::unique_ptr<Communicator> cpu) {
+  auto child = std::make_shared<NcclCommunicator::State>();
+  child->options = parent.options;
+  child->device = parent.device;
+  child->caller = parent.caller;
+  child->cpu = std::move(cpu);
+  child->rank = child->cpu->rank();
+  child->size = child->cpu->size();
+  child->world_ranks = child->cpu->world_ranks();
+  TANDEM_RETURN_IF_ERROR(InitDeviceResources(*child));
+  return child;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key) {
+  TANDEM_RETURN_IF_ERROR(state_->Usable("split"));
+  TANDEM_ASSIGN_OR_RETURN(auto cpu, state_->cpu->Split(color, key));
+  TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
+  ncclComm_t new_comm = nullptr;
+  ncclConfig_t config = NonBlockingConfig();
+  TANDEM_NCCL_CHECK(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                  &new_comm, &config));
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(state_->comm, absl::Now() + state_->options.timeout,
+                                        "ncclCommSplit"));
+  if (color < 0) return std::unique_ptr<Communicator>();
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(new_comm, absl::Now() + state_->options.timeout,
+                                        "ncclCommSplit (new communicator)"));
+  TANDEM_ASSIGN_OR_RETURN(auto child, ChildState(*state_, std::move(cpu)));
+  child->comm = new_comm;
+  child->StartWatchdog();
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(child)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
+    const std::vector<int>& dead_ranks) {
+#if TANDEM_NCCL_HAS_SHRINK
+  for (int r : dead_ranks) {
+    if (r < 0 || r >= size() || r == rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink: invalid dead rank ", r, " (group of ", size(), ", this rank ",
+                       rank(), ")"));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(auto cpu, state_->cpu->Shrink(dead_ranks));
+  bool revoked = false;
+  ncclComm_t parent = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    revoked = state_->revoked || !state_->aborted.ok();
+    parent = state_->comm;
+  }
+  if (parent == nullptr) {
+    return absl::FailedPreconditionError(
+        "shrink: the NCCL communicator was destroyed by an abort (no ncclCommRevoke)");
+  }
+  TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
+  std::vector<int> exclude = dead_ranks;
+  ncclComm_t new_comm = nullptr;
+  ncclConfig_t config = NonBlockingConfig();
+  TANDEM_NCCL_CHECK(ncclCommShrink(parent, exclude.data(), static_cast<int>(exclude.size()),
+                                   &new_comm, &config,
+                                   revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(new_comm, absl::Now() + state_->options.timeout,
+                                        "ncclCommShrink"));
+  TANDEM_ASSIGN_OR_RETURN(auto child, ChildState(*state_, std::move(cpu)));
+  child->comm = new_comm;
+  child->StartWatchdog();
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(child)));
+#else
+  return absl::UnimplementedError(absl::StrCat(
+      "nccl backend: Shrink needs NCCL >= 2.27 (ncclCommShrink); this build has ", NCCL_MAJOR,
+      ".", NCCL_MINOR));
+#endif
+}
+
+absl::StatusOr<std::vector<int>> NcclCommunicator::DetectDeadRanks(absl::Duration timeout) {
+  // The CPU companion has the same ranks; its probes do not depend on the GPU.
+  return state_->cpu->DetectDeadRanks(timeout);
+}
+
+void NcclCommunicator::Abort(const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->AbortLocked(reason);
 }
 
 }  // namespace tandem::comm
