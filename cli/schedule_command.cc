@@ -28,7 +28,7 @@ ABSL_FLAG(double, backward, 2.0,
           "when --weight is given)");
 ABSL_FLAG(double, weight, 0.0,
           "weight-gradient time of one stage, seconds; schedules that do not split backward "
-          "run it with --backward");
+          "run it with --backward; without it, zb-h1 and zb-v split --backward in halves");
 ABSL_FLAG(std::string, costs, "",
           "JSON file with per-stage costs: {\"forward\": [...], \"backward\": [...], optional "
           "\"weight\", \"activation_bytes\", \"stash_units\", \"grad_sync_seconds\" arrays and "

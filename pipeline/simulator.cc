@@ -272,8 +272,10 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
     const StageCost& c = costs.stages[s];
     forward[s] = c.forward_seconds;
     backward_full[s] = c.backward_seconds + c.weight_seconds;
-    backward_input[s] = c.backward_seconds;
-    weight[s] = c.weight_seconds;
+    // Costs that do not split backward give a split schedule half of it for each part.
+    const bool split_costs = c.weight_seconds > 0;
+    backward_input[s] = split_costs ? c.backward_seconds : c.backward_seconds / 2;
+    weight[s] = split_costs ? c.weight_seconds : c.backward_seconds / 2;
     stash[s] = c.stash_units;
     activation_transfer[s] = transfer_seconds(c.activation_bytes);
     // The gradient of stage s's input has the size of stage s-1's output.

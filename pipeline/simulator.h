@@ -5,6 +5,11 @@
 // for that arrival. GradientSync starts an asynchronous synchronisation of its stage that
 // takes `grad_sync_seconds[stage]`; OptimizerStep waits for all of the rank's syncs and takes
 // `optimizer_seconds`. The result is what the runtime should measure for the same costs.
+//
+// Busy time counts compute only (F, B, Bi, W). A schedule that splits backward runs Bi in
+// `backward_seconds` and W in `weight_seconds` (each in half of `backward_seconds` when
+// `weight_seconds` is 0, i.e. the costs do not split it); one that does not runs B in their
+// sum. Links are not shared (no contention between concurrent transfers).
 #pragma once
 
 #include <cstdint>
