@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "planner/gpt_profile.h"
 
 namespace tandem::planner {
 namespace {
@@ -718,8 +719,19 @@ absl::StatusOr<pipeline::Profile> ReadProfileAs(const std::string& path,
     TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path));
     return ImportMetisJson(j, path);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown profile format '", format, "' (expected tandem, pipedream, piper or metis)"));
+  if (format == "builtin") {
+    GptShape shape = Gpt3Shape();
+    if (path == "gpt3-175b-split") {
+      shape.split_blocks = true;
+    } else if (path != "gpt3-175b") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown built-in profile '", path, "' (expected gpt3-175b or gpt3-175b-split)"));
+    }
+    return MakeGptProfile(shape, A100Figures());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown profile format '", format,
+                   "' (expected tandem, pipedream, piper, metis or builtin)"));
 }
 
 }  // namespace tandem::planner

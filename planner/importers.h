@@ -72,7 +72,9 @@ absl::StatusOr<pipeline::Profile> ProfileFromPiper(const PiperInstance& instance
 absl::StatusOr<pipeline::Profile> ImportMetisJson(const nlohmann::json& j,
                                                   absl::string_view source);
 
-// Reads a profile in `format`: "tandem", "pipedream", "piper" or "metis".
+// Reads a profile in `format`: "tandem", "pipedream", "piper", "metis", or "builtin" where
+// `path` names a computed profile: "gpt3-175b" (planner/gpt_profile.h, A100) or
+// "gpt3-175b-split" (attention and MLP as separate layers).
 absl::StatusOr<pipeline::Profile> ReadProfileAs(const std::string& path,
                                                 absl::string_view format);
 

@@ -121,7 +121,11 @@ void Solver::SolveLevel(int level) {
   const bool straight = options_.straight;
   const bool fast = options_.use_fewer_machines && !options_.use_memory_constraint && !straight &&
                     !per_device_speed_;
+  // Fast path: per (k, j), the smallest r where the earlier stages are no faster than the
+  // new one (see below).
+  std::vector<int> crossing;
   for (int i = 0; i <= max_start; ++i) {
+    if (fast) crossing.assign(static_cast<size_t>(num_layers_ + 1) * (num_layers_ + 1), 1);
     // One stage on m+1 replicas.
     for (int j = i + 1; j <= num_layers_; ++j) {
       const int max_replicas = straight ? 1 : n;
@@ -149,22 +153,17 @@ void Solver::SolveLevel(int level) {
               best_choice = Choice{k, m - 1, 1};
             }
           } else if (fast) {
-            // earlier(r) = table(i, k, m - r) rises with r; stage(r) = best over at most r
-            // replicas falls with r. Find the crossing.
+            // earlier(r) = table(i, k, m - r) rises with r (fewer machines are left for the
+            // earlier stages); stage(r), the best over at most r replicas, falls with r. The
+            // optimum is at their crossing, which only moves right as m grows: keep it per
+            // (k, j) and advance it.
             const double one = StageTime(level, k, j, 1, m + 1, 0);
             auto stage_at_most = [&](int r) {
               return r == 1 ? one : std::min(one, StageTime(level, k, j, r, m + 1, 0));
             };
-            int lo = 1, hi = m;
-            while (lo < hi) {
-              const int mid = (lo + hi) / 2;
-              if (table.Value(i, k, m - mid) >= stage_at_most(mid)) {
-                hi = mid;
-              } else {
-                lo = mid + 1;
-              }
-            }
-            for (int r = std::max(1, lo - 1); r <= lo; ++r) {
+            int& lo = crossing[static_cast<size_t>(k) * (num_layers_ + 1) + j];
+            while (lo < m && table.Value(i, k, m - lo) < stage_at_most(lo)) ++lo;
+            for (int r = std::max(1, lo - 1); r <= std::min(lo, m); ++r) {
               const double candidate = std::max(table.Value(i, k, m - r), stage_at_most(r));
               if (candidate < best) {
                 best = candidate;
@@ -173,7 +172,11 @@ void Solver::SolveLevel(int level) {
               }
             }
           } else {
-            for (int r = 1; r <= m; ++r) {
+            // A stage on r replicas takes at least compute / r: below some r nothing beats
+            // the best so far.
+            const double compute = RangeTime(level, k, j);
+            for (int r = m; r >= 1; --r) {
+              if (compute / r >= best) break;
               const double earlier = table.Value(i, k, m - r);
               if (!(earlier < best)) continue;
               const double candidate =

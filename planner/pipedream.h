@@ -27,9 +27,9 @@
 // w only for the unsplit case; here both cases divide (single-level results are identical).
 //
 // Complexity: O(L^2 N^2) per level with all machines used; with use_fewer_machines and no
-// memory constraint the replica split is found by binary search (the earlier stages' time
-// only falls and the new stage's only rises as machines move to the earlier stages), O(L^2 N
-// log N).
+// memory constraint the replica split is found at the crossing of the earlier stages' time
+// (rising as the new stage takes more of the machines) and the new stage's (falling), which
+// only moves one way as N grows: O(L^2 N).
 #pragma once
 
 #include <vector>

@@ -168,7 +168,7 @@ TEST(PipeDream, FastReplicaSearchMatchesExhaustiveSearch) {
     auto chain = LayerChain::FromProfile(profile);
     ASSERT_TRUE(chain.ok());
     BruteOptions o;
-    o.machines = 6 + trial % 3;
+    o.machines = 6 + trial % 11;
     o.fewer = true;
     PipeDreamOptions options;
     options.levels = {{o.machines, kBandwidth}};

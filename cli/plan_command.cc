@@ -1,0 +1,195 @@
+// `tandem plan`: turn a model profile and a cluster description into a plan (plan.json) with
+// PipeDream's, Piper's or AdaPipe's algorithm; print a readable table or the plan as JSON.
+#include <cmath>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "common/file_util.h"
+#include "common/status.h"
+#include "common/units.h"
+#include "pipeline/plan.h"
+#include "planner/cluster.h"
+#include "planner/importers.h"
+#include "planner/planner.h"
+
+ABSL_FLAG(std::string, profile, "", "model profile to plan for");
+ABSL_FLAG(std::string, profile_format, "tandem",
+          "format of --profile: tandem (profile.json), pipedream (graph.txt), piper (Piper's "
+          "input JSON), metis (Metis profile sample) or builtin (--profile gpt3-175b or "
+          "gpt3-175b-split: computed from GPT-3's shapes and A100 figures)");
+ABSL_FLAG(std::string, algorithm, "", "planner: pipedream, piper or adapipe");
+ABSL_FLAG(bool, straight, false, "PipeDream: no replication, one device per stage");
+ABSL_FLAG(bool, use_fewer_machines, false,
+          "PipeDream: the pipeline may leave devices unused (faster search on large clusters)");
+ABSL_FLAG(double, activation_compression_ratio, 0.0,
+          "PipeDream: also bound stages by their activation transfers, divided by this ratio "
+          "(0: ignore transfers, as PipeDream's default)");
+ABSL_FLAG(int, devices_per_node, 0,
+          "devices per node when two --bandwidth levels (intra-node, inter-node) are given");
+ABSL_FLAG(std::string, cluster, "",
+          "cluster description JSON (nodes, devices_per_node, device_memory, levels, "
+          "device_speeds); replaces --devices/--memory/--bandwidth");
+ABSL_FLAG(std::string, knapsack, "exact",
+          "Piper: per-layer configuration choice, exact or greedy (Piper's heuristic)");
+ABSL_FLAG(int, tensor_parallel, 0, "AdaPipe: tensor-parallel degree (0: search)");
+
+namespace tandem::cli {
+namespace {
+
+// PipeDream's default bandwidth (bytes/s) when neither --bandwidth nor the profile gives one.
+constexpr double kDefaultBandwidth = 1e9;
+
+absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(
+    const std::optional<planner::PiperInstance>& piper) {
+  const std::string cluster_file = absl::GetFlag(FLAGS_cluster);
+  if (!cluster_file.empty()) return planner::ReadClusterFile(cluster_file);
+  int devices = absl::GetFlag(FLAGS_devices);
+  if (devices == 0 && piper.has_value()) devices = piper->max_devices;
+  if (devices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--devices must be at least 1 (or give --cluster), got ", devices));
+  }
+  double memory = 0;
+  const std::string memory_text = absl::GetFlag(FLAGS_memory);
+  if (!memory_text.empty()) {
+    auto parsed = ParseBytes(memory_text);
+    if (!parsed.ok()) return Annotate(parsed.status(), "--memory");
+    if (*parsed <= 0) return absl::InvalidArgumentError("--memory must be positive");
+    memory = *parsed;
+  } else if (piper.has_value()) {
+    memory = piper->memory_per_device_bytes;
+  }
+  std::vector<double> bandwidths;
+  for (const std::string& text : absl::GetFlag(FLAGS_bandwidth)) {
+    auto parsed = ParseBytesPerSecond(text);
+    if (!parsed.ok()) return Annotate(parsed.status(), "--bandwidth");
+    if (*parsed <= 0) return absl::InvalidArgumentError("--bandwidth must be positive");
+    bandwidths.push_back(*parsed);
+  }
+  if (bandwidths.empty()) {
+    bandwidths.push_back(piper.has_value() ? piper->bandwidth_bytes_per_second
+                                           : kDefaultBandwidth);
+  }
+  if (bandwidths.size() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bandwidth: at most two levels (intra-node, inter-node), got ", bandwidths.size()));
+  }
+  return planner::MakeCluster(devices, absl::GetFlag(FLAGS_devices_per_node), memory,
+                              bandwidths);
+}
+
+absl::Status RunPlanOrError() {
+  planner::PlanRequest request;
+  const std::string path = absl::GetFlag(FLAGS_profile);
+  if (path.empty()) return absl::InvalidArgumentError("missing --profile FILE");
+  const std::string algorithm = absl::GetFlag(FLAGS_algorithm);
+  if (algorithm.empty()) {
+    return absl::InvalidArgumentError("missing --algorithm (pipedream, piper or adapipe)");
+  }
+  TANDEM_ASSIGN_OR_RETURN(request.algorithm, planner::ParseAlgorithm(algorithm));
+  const std::string format = absl::GetFlag(FLAGS_profile_format);
+  if (format == "piper") {
+    TANDEM_ASSIGN_OR_RETURN(planner::PiperInstance instance, planner::ReadPiperFile(path));
+    const std::string stem = path.substr(path.find_last_of('/') + 1);
+    TANDEM_ASSIGN_OR_RETURN(request.profile,
+                            planner::ProfileFromPiper(instance, stem.substr(0, stem.find('.'))));
+    request.piper_instance = std::move(instance);
+    if (request.algorithm != planner::Algorithm::kPiper) request.piper_instance.reset();
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadProfileAs(path, format));
+  }
+  // A Piper file's settings are the defaults for Piper runs only.
+  std::optional<planner::PiperInstance> defaults;
+  if (request.piper_instance.has_value()) defaults = request.piper_instance;
+  TANDEM_ASSIGN_OR_RETURN(request.cluster, ClusterFromFlags(defaults));
+  request.microbatches = absl::GetFlag(FLAGS_microbatches);
+  request.straight = absl::GetFlag(FLAGS_straight);
+  request.use_fewer_machines = absl::GetFlag(FLAGS_use_fewer_machines);
+  request.activation_compression_ratio = absl::GetFlag(FLAGS_activation_compression_ratio);
+  if (!(request.activation_compression_ratio >= 0)) {
+    return absl::InvalidArgumentError("--activation-compression-ratio must not be negative");
+  }
+  const std::string knapsack = absl::GetFlag(FLAGS_knapsack);
+  if (knapsack == "exact") {
+    request.knapsack = planner::KnapsackMode::kExact;
+  } else if (knapsack == "greedy") {
+    request.knapsack = planner::KnapsackMode::kGreedy;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knapsack must be exact or greedy, got '", knapsack, "'"));
+  }
+  request.stages = absl::GetFlag(FLAGS_stages);
+  request.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (request.stages < 0 || request.tensor_parallel < 0) {
+    return absl::InvalidArgumentError("--stages and --tensor-parallel must not be negative");
+  }
+  const std::string output_format = absl::GetFlag(FLAGS_format);
+  if (output_format != "text" && output_format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be text or json, got '", output_format, "'"));
+  }
+  request.inputs = {{"profile", path},
+                    {"profile_format", format},
+                    {"algorithm", algorithm},
+                    {"cluster", planner::ToJson(request.cluster)},
+                    {"microbatches", request.microbatches},
+                    {"straight", request.straight},
+                    {"use_fewer_machines", request.use_fewer_machines},
+                    {"knapsack", knapsack}};
+
+  TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
+  const std::string json = pipeline::ToJson(outcome.plan).dump(2) + "\n";
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (!output.empty()) {
+    TANDEM_RETURN_IF_ERROR(pipeline::WritePlanFile(outcome.plan, output));
+  }
+  if (output != "-") std::cout << (output_format == "json" ? json : outcome.summary);
+  return absl::OkStatus();
+}
+
+int RunPlan(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return ReportError("plan", absl::InvalidArgumentError(
+                                   absl::StrCat("unexpected argument '", args[0], "'")));
+  }
+  absl::Status status = RunPlanOrError();
+  if (!status.ok()) return ReportError("plan", status);
+  return kExitOk;
+}
+
+const CommandRegistrar registrar({
+    .name = "plan",
+    .summary = "plan partition, replication and recomputation from a profile",
+    .usage =
+        "tandem plan --profile FILE [--profile-format tandem|pipedream|piper|metis]\n"
+        "    --algorithm {pipedream,piper,adapipe} --devices N [--memory BYTES]\n"
+        "    [--bandwidth BYTES_PER_S ...] [--devices-per-node K] [--cluster FILE]\n"
+        "    [--microbatches M] [--straight] [--use-fewer-machines]\n"
+        "    [--activation-compression-ratio R] [--knapsack exact|greedy] [--stages P]\n"
+        "    [--tensor-parallel T] [--format text|json] [-o plan.json]\n\n"
+        "Algorithms: pipedream (partition + per-stage replication; --straight for none),\n"
+        "piper (stages x data/tensor-parallel degrees x per-layer configurations such as\n"
+        "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
+        "pipeline depths and tensor-parallel degrees). --microbatches is the number of\n"
+        "micro-batches per iteration over all pipelines (Piper's mbsInBatch). --bandwidth is\n"
+        "innermost first; with two, --devices-per-node says how many devices share the first.\n"
+        "A Piper file's maxDevices, maxMemoryPerDevice, bandwidth and mbsInBatch are the\n"
+        "defaults for Piper. Sizes take suffixes (8GiB, 25GiB/s). Prints a table (text) or the\n"
+        "plan (json: bottleneck_seconds for PipeDream, time_per_sample for Piper, stages);\n"
+        "-o writes plan.json atomically. No plan fits: exit 2 with the smallest memory that\n"
+        "would fit.",
+    .flags = {"profile", "profile_format", "algorithm", "devices", "memory", "bandwidth",
+              "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
+              "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "format",
+              "output"},
+    .aliases = {{"o", "output"}},
+    .run = RunPlan,
+});
+
+}  // namespace
+}  // namespace tandem::cli

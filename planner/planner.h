@@ -1,0 +1,68 @@
+// The planner's front door: a profile (or Piper problem), a cluster and an algorithm in, a
+// plan (pipeline/plan.h) out, plus a readable summary. Used by `tandem plan` and the benches.
+//
+// Conversions to plan.json:
+//  * Ranks are numbered stage by stage (a stage's replicas, and their tensor-parallel groups,
+//    are consecutive ranks). When every stage has the same degrees the plan is uniform (a
+//    D x p mesh the runtime can run); otherwise it is non-uniform (empty mesh, per-stage
+//    ranks), see docs/plan-format.md. AdaPipe plans are always uniform, with ranks numbered
+//    pipeline by pipeline (rank = (d * p + q) * t + tensor rank).
+//  * Predicted iteration time: (m - 1) * slowest + sum of per-micro-batch stage times (1F1B
+//    estimate, m micro-batches per pipeline), or the simulator's makespan when the schedule
+//    search ran.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/plan.h"
+#include "pipeline/profile.h"
+#include "planner/cluster.h"
+#include "planner/knapsack.h"
+#include "planner/piper.h"
+
+namespace tandem::planner {
+
+enum class Algorithm { kPipeDream, kPiper, kAdaPipe };
+absl::StatusOr<Algorithm> ParseAlgorithm(absl::string_view name);
+absl::string_view AlgorithmName(Algorithm algorithm);
+
+struct PlanRequest {
+  Algorithm algorithm = Algorithm::kPipeDream;
+  pipeline::Profile profile;
+  // Piper's own problem when the input was Piper's format (keeps its configurations and sync
+  // costs); otherwise Piper plans are built from `profile`.
+  std::optional<PiperInstance> piper_instance;
+  ClusterSpec cluster;
+  // Micro-batches per iteration over all pipelines (Piper's mbsInBatch); 0 = a default (the
+  // Piper file's, else 4 per pipeline stage for every pipeline).
+  int microbatches = 0;
+  // PipeDream.
+  bool straight = false;
+  bool use_fewer_machines = false;
+  double activation_compression_ratio = 0;
+  // Piper.
+  KnapsackMode knapsack = KnapsackMode::kExact;
+  // AdaPipe: 0 = search.
+  int stages = 0;
+  int tensor_parallel = 0;
+  // Schedule search (planner/schedule_search.h) over the AdaPipe partition: "" = 1f1b only,
+  // "auto" = every schedule, or one schedule name.
+  std::string schedule;
+  nlohmann::json inputs = nlohmann::json::object();  // provenance, copied into the plan
+};
+
+struct PlanOutcome {
+  pipeline::Plan plan;
+  std::string summary;  // readable table
+  double planning_seconds = 0;
+};
+
+// InvalidArgument for bad requests; ResourceExhausted (with the smallest memory per device
+// that would fit, where one exists) when no plan fits.
+absl::StatusOr<PlanOutcome> MakePlan(const PlanRequest& request);
+
+}  // namespace tandem::planner
