@@ -46,8 +46,8 @@ class SyntheticDataset final : public Dataset {
   explicit SyntheticDataset(SyntheticTaskOptions options) : options_(options) {}
 
   std::string name() const override {
-    return absl::StrCat("synthetic arithmetic sequences (vocab ", options_.vocab, ", length ",
-                        options_.seq_len, ")");
+    return absl::StrCat("synthetic arithmetic sequences (vocab ", options_.vocab, ", strides ",
+                        options_.strides, ", length ", options_.seq_len, ")");
   }
 
   absl::StatusOr<Batch> Samples(int64_t iteration, int64_t first,
@@ -59,7 +59,7 @@ class SyntheticDataset final : public Dataset {
     for (int64_t i = 0; i < count; ++i) {
       const uint64_t random = MixSeed(options_.seed, iteration, first + i);
       const int64_t start = static_cast<int64_t>(random % vocab);
-      const int64_t stride = 1 + static_cast<int64_t>((random >> 32) % (vocab - 1));
+      const int64_t stride = 1 + static_cast<int64_t>((random >> 32) % options_.strides);
       for (int64_t t = 0; t < length; ++t) {
         inputs[i * length + t] = (start + t * stride) % vocab;
         targets[i * length + t] = (start + (t + 1) * stride) % vocab;
@@ -135,10 +135,11 @@ absl::StatusOr<SampleRange> MicrobatchSamples(int64_t global_batch, int data_par
 
 absl::StatusOr<std::shared_ptr<Dataset>> MakeSyntheticDataset(
     const SyntheticTaskOptions& options) {
-  if (options.vocab < 2 || options.seq_len < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("synthetic data: vocab (", options.vocab, ") must be >= 2 and seq_len (",
-                     options.seq_len, ") >= 1"));
+  if (options.vocab < 2 || options.seq_len < 1 || options.strides < 1 ||
+      options.strides >= options.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic data: vocab (", options.vocab, ") must be >= 2, strides (", options.strides,
+        ") in [1, vocab) and seq_len (", options.seq_len, ") >= 1"));
   }
   return std::shared_ptr<Dataset>(std::make_shared<SyntheticDataset>(options));
 }

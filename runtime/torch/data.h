@@ -52,15 +52,17 @@ absl::StatusOr<SampleRange> MicrobatchSamples(int64_t global_batch, int data_par
 uint64_t MixSeed(uint64_t seed, uint64_t iteration, uint64_t sample);
 
 // The embedded synthetic task: arithmetic sequences modulo the vocabulary. Sample j has a
-// random start x0 and a random stride k in [1, vocab) and tokens x_t = (x0 + t * k) mod vocab
-// for t = 0..seq_len; inputs are x_0..x_{S-1}, targets x_1..x_S (next-token prediction). Only
-// the first target is random (x_1 != x_0); every later token follows from the two before it
-// (x_{t+1} = 2 x_t - x_{t-1} mod vocab), so a small transformer drives the loss from
-// ln(vocab) towards ln(vocab - 1) / seq_len (a previous-token attention plus a lookup).
+// random start x0 and a random stride k in [1, strides] and tokens x_t = (x0 + t * k) mod vocab
+// for t = 0..seq_len; inputs are x_0..x_{S-1}, targets x_1..x_S (next-token prediction). The
+// loss falls in two steps a small transformer learns quickly: from ln(vocab) to about
+// ln(strides) once it knows which tokens may follow a token (embedding and head alone), then
+// towards ln(strides) / seq_len once it attends to the previous token to find the stride
+// (x_{t+1} = 2 x_t - x_{t-1} mod vocab).
 struct SyntheticTaskOptions {
   int64_t vocab = 16;
   int64_t seq_len = 32;
   uint64_t seed = 0;
+  int64_t strides = 3;  // in [1, vocab)
 };
 absl::StatusOr<std::shared_ptr<Dataset>> MakeSyntheticDataset(const SyntheticTaskOptions& options);
 

@@ -208,8 +208,15 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
       }
       measured.forward_seconds = Median(times.forward);
       measured.backward_seconds = Median(times.backward);
-      measured.backward_input_seconds = Median(times.backward_input);
-      measured.backward_weight_seconds = Median(times.backward_weight);
+      // The split is timed separately; its medians set the shares of the measured total.
+      const double input_median = Median(times.backward_input);
+      const double weight_median = Median(times.backward_weight);
+      if (input_median + weight_median > 0) {
+        measured.backward_input_seconds =
+            measured.backward_seconds * input_median / (input_median + weight_median);
+        measured.backward_weight_seconds =
+            measured.backward_seconds - measured.backward_input_seconds;
+      }
       measured.recompute_seconds = measured.forward_seconds;
       measured.recompute_stashed_bytes = TensorBytes(leaf);
       double parameter_bytes = 0;

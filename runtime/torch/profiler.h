@@ -6,8 +6,9 @@
 //                            with autograd recording as in training
 //   backward_seconds         median full backward (input and weight gradients); the last
 //                            layer's forward and backward include the loss
-//   backward_input_seconds   median input-gradient-only pass (zero-bubble split, graph kept),
-//   backward_weight_seconds  then the weight-gradient pass on the same graph
+//   backward_input_seconds   the zero-bubble split of backward_seconds, in the ratio of the
+//   backward_weight_seconds  median input-gradient-only pass (graph kept) to the median
+//                            weight-gradient pass on the same graph (they sum to the total)
 //   output_activation_bytes  bytes of the layer's output (what crosses a stage boundary)
 //   stashed_activation_bytes bytes the forward leaves allocated while its graph is alive
 //                            (saved tensors plus output), measured through LibTorch's memory

@@ -1,0 +1,345 @@
+// TorchStage on one process: a GPT cut into stages and driven micro-batch by micro-batch with
+// tensors passed by hand must give the loss and gradients of the whole model on the global
+// batch (the single-rank core of the multi-rank equivalence test), with and without
+// recomputation, with full or split (zero-bubble) backward, and with data-parallel replicas.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/autograd.h>
+
+#include "gtest/gtest.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/model.h"
+#include "runtime/torch/torch_stage.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr double kRelativeTolerance = 1e-5;
+constexpr uint64_t kModelSeed = 7;
+constexpr int64_t kIteration = 3;
+
+GptConfig TinyGpt() {
+  GptConfig config;
+  config.vocab = 16;
+  config.layers = 4;
+  config.hidden = 32;
+  config.heads = 4;
+  config.seq_len = 12;
+  return config;
+}
+
+struct Fixture {
+  LayeredModel model;
+  std::shared_ptr<Dataset> data;
+};
+
+Fixture MakeFixture() {
+  Fixture fixture;
+  auto model = GptModelSpec(TinyGpt()).Build(kModelSeed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  fixture.model = *std::move(model);
+  SyntheticTaskOptions task;
+  task.vocab = TinyGpt().vocab;
+  task.seq_len = TinyGpt().seq_len;
+  task.seed = 11;
+  auto data = MakeSyntheticDataset(task);
+  EXPECT_TRUE(data.ok()) << data.status();
+  fixture.data = *std::move(data);
+  return fixture;
+}
+
+// Loss and gradients of the whole model on samples [0, global_batch) of kIteration.
+struct WholeModelResult {
+  double loss = 0;
+  std::map<std::string, torch::Tensor> grads;
+};
+
+WholeModelResult WholeModel(const Fixture& fixture, int64_t global_batch) {
+  WholeModelResult result;
+  auto batch = fixture.data->Samples(kIteration, 0, global_batch);
+  EXPECT_TRUE(batch.ok());
+  const auto named = fixture.model.NamedParameters(0, fixture.model.num_layers());
+  std::vector<torch::Tensor> parameters;
+  for (const auto& item : named) parameters.push_back(item.second);
+  torch::Tensor loss = fixture.model.loss(
+      fixture.model.Forward(batch->inputs, 0, fixture.model.num_layers()), batch->targets);
+  const auto grads = torch::autograd::grad({loss}, parameters);
+  result.loss = loss.item<double>();
+  for (size_t i = 0; i < named.size(); ++i) result.grads[named[i].first] = grads[i];
+  return result;
+}
+
+// max |a - b| / max(|b|) over a tensor: the relative error of the tests.
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const double scale = std::max(expected.abs().max().item<double>(), 1e-12);
+  return (actual - expected).abs().max().item<double>() / scale;
+}
+
+enum class BackwardMode { kFull, kSplit };
+
+struct PipelineSetup {
+  std::vector<std::pair<int, int>> cuts;  // stage layer ranges
+  std::vector<int> recompute_layers;
+  int data_parallel = 1;
+  int microbatches = 4;
+  int64_t microbatch_size = 2;
+  BackwardMode backward = BackwardMode::kFull;
+};
+
+struct PipelineResult {
+  double loss = 0;  // summed IterationLoss over replicas
+  std::map<std::string, torch::Tensor> grads;  // summed over replicas
+  std::vector<std::vector<std::unique_ptr<TorchStage>>> stages;  // [replica][stage]
+};
+
+// Runs one iteration: all forwards (GPipe order), then all backwards in reverse, passing
+// tensors between stages by hand as the engine would.
+PipelineResult RunPipeline(const Fixture& fixture, const PipelineSetup& setup) {
+  PipelineResult result;
+  for (int d = 0; d < setup.data_parallel; ++d) {
+    std::vector<std::unique_ptr<TorchStage>> replica;
+    for (const auto& [first, end] : setup.cuts) {
+      TorchStageOptions options;
+      options.first_layer = first;
+      options.end_layer = end;
+      options.recompute_layers = setup.recompute_layers;
+      options.data_parallel_index = d;
+      options.data_parallel = setup.data_parallel;
+      options.microbatches = setup.microbatches;
+      options.microbatch_size = setup.microbatch_size;
+      auto stage = TorchStage::Create(fixture.model, fixture.data, options);
+      EXPECT_TRUE(stage.ok()) << stage.status();
+      EXPECT_TRUE((*stage)->BeginIteration(kIteration).ok());
+      replica.push_back(*std::move(stage));
+    }
+    const int num_stages = static_cast<int>(replica.size());
+    for (int m = 0; m < setup.microbatches; ++m) {
+      std::vector<Tensor> activations;
+      for (int s = 0; s < num_stages; ++s) {
+        auto out = replica[s]->Forward(m, activations);
+        EXPECT_TRUE(out.ok()) << out.status();
+        activations = *std::move(out);
+      }
+      EXPECT_TRUE(activations.empty());
+    }
+    for (int m = setup.microbatches - 1; m >= 0; --m) {
+      std::vector<Tensor> grads;
+      for (int s = num_stages - 1; s >= 0; --s) {
+        auto in = setup.backward == BackwardMode::kFull ? replica[s]->Backward(m, grads)
+                                                        : replica[s]->BackwardInput(m, grads);
+        EXPECT_TRUE(in.ok()) << in.status();
+        grads = *std::move(in);
+      }
+      EXPECT_TRUE(grads.empty());
+    }
+    if (setup.backward == BackwardMode::kSplit) {
+      for (int s = 0; s < num_stages; ++s) {
+        for (int m = 0; m < setup.microbatches; ++m) {
+          EXPECT_TRUE(replica[s]->BackwardWeight(m).ok());
+        }
+      }
+    }
+    for (auto& stage : replica) {
+      EXPECT_EQ(stage->stashed_microbatches(), 0);
+      if (stage->is_last()) result.loss += stage->IterationLoss();
+      for (const auto& [name, parameter] : stage->named_parameters()) {
+        auto it = result.grads.find(name);
+        if (it == result.grads.end()) {
+          result.grads[name] = parameter.grad().clone();
+        } else {
+          it->second += parameter.grad();
+        }
+      }
+    }
+    result.stages.push_back(std::move(replica));
+  }
+  return result;
+}
+
+void ExpectMatchesWholeModel(const Fixture& fixture, const PipelineSetup& setup) {
+  const int64_t global_batch = setup.data_parallel * setup.microbatches * setup.microbatch_size;
+  const WholeModelResult expected = WholeModel(fixture, global_batch);
+  const PipelineResult actual = RunPipeline(fixture, setup);
+  EXPECT_NEAR(actual.loss, expected.loss, kRelativeTolerance * std::abs(expected.loss));
+  ASSERT_EQ(actual.grads.size(), expected.grads.size());
+  for (const auto& [name, grad] : expected.grads) {
+    ASSERT_EQ(actual.grads.count(name), 1u) << name;
+    EXPECT_LT(RelativeError(actual.grads.at(name), grad), kRelativeTolerance) << name;
+  }
+}
+
+const std::vector<std::pair<int, int>> kThreeStages = {{0, 2}, {2, 4}, {4, 6}};
+
+TEST(TorchStageTest, StagesGiveTheWholeModelsLossAndGradients) {
+  const Fixture fixture = MakeFixture();
+  ASSERT_EQ(fixture.model.num_layers(), 6);
+  PipelineSetup setup;
+  setup.cuts = kThreeStages;
+  ExpectMatchesWholeModel(fixture, setup);
+}
+
+TEST(TorchStageTest, DataParallelReplicasSumToTheGlobalBatchGradient) {
+  const Fixture fixture = MakeFixture();
+  PipelineSetup setup;
+  setup.cuts = {{0, 3}, {3, 6}};
+  setup.data_parallel = 2;
+  setup.microbatches = 2;
+  ExpectMatchesWholeModel(fixture, setup);
+}
+
+TEST(TorchStageTest, RecomputationGivesTheSameResults) {
+  const Fixture fixture = MakeFixture();
+  PipelineSetup setup;
+  setup.cuts = kThreeStages;
+  // Layer 1 recomputed inside stage 0, layers 2-3 (all of stage 1) and the head with its loss.
+  setup.recompute_layers = {1, 2, 3, 5};
+  ExpectMatchesWholeModel(fixture, setup);
+
+  const PipelineResult stashed = RunPipeline(fixture, [&] {
+    PipelineSetup plain = setup;
+    plain.recompute_layers.clear();
+    return plain;
+  }());
+  const PipelineResult recomputed = RunPipeline(fixture, setup);
+  const auto segments = recomputed.stages[0][0]->segments();
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0], (std::pair<std::pair<int, int>, bool>{{0, 1}, false}));
+  EXPECT_EQ(segments[1], (std::pair<std::pair<int, int>, bool>{{1, 2}, true}));
+  EXPECT_EQ(recomputed.stages[0][2]->segments().size(), 2u);
+  for (const auto& [name, grad] : stashed.grads) {
+    EXPECT_LT(RelativeError(recomputed.grads.at(name), grad), 1e-6) << name;
+  }
+  EXPECT_NEAR(recomputed.loss, stashed.loss, 1e-7);
+}
+
+TEST(TorchStageTest, SplitBackwardEqualsFullBackward) {
+  const Fixture fixture = MakeFixture();
+  PipelineSetup setup;
+  setup.cuts = kThreeStages;
+  setup.backward = BackwardMode::kSplit;
+  ExpectMatchesWholeModel(fixture, setup);
+  setup.recompute_layers = {2, 5};
+  ExpectMatchesWholeModel(fixture, setup);
+}
+
+TEST(TorchStageTest, LossIsScaledByTheNumberOfMicrobatches) {
+  const Fixture fixture = MakeFixture();
+  PipelineSetup setup;
+  setup.cuts = {{0, 6}};
+  setup.data_parallel = 2;
+  setup.microbatches = 2;
+  const PipelineResult result = RunPipeline(fixture, setup);
+  const TorchStage& stage = *result.stages[1][0];
+  ASSERT_EQ(stage.microbatch_losses().size(), 2u);
+  double unscaled = 0;
+  for (const auto& item : stage.microbatch_losses()) unscaled += item.second;
+  EXPECT_NEAR(stage.IterationLoss(), unscaled / 4.0, 1e-7);
+  EXPECT_GT(unscaled, 1.0);  // about ln(16) for an untrained model
+}
+
+TEST(TorchStageTest, ParameterViewsStayFixedAndSeeGradients) {
+  const Fixture fixture = MakeFixture();
+  TorchStageOptions options;
+  options.first_layer = 4;
+  options.end_layer = 6;
+  options.microbatches = 1;
+  options.microbatch_size = 2;
+  auto stage = TorchStage::Create(fixture.model, fixture.data, options);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  const std::vector<ParameterView> before = (*stage)->Parameters();
+  ASSERT_EQ(before.size(), (*stage)->named_parameters().size());
+  EXPECT_EQ(before.front().name.rfind("layers.4.", 0), 0u) << before.front().name;
+
+  auto input = (*stage)->NewTensor(TensorMeta{{2, 12, 32}, comm::DataType::kFloat32});
+  ASSERT_TRUE(input.ok());
+  std::fill_n(static_cast<float*>(input->buffer.data), input->buffer.count, 0.5f);
+  for (int64_t iteration = 0; iteration < 2; ++iteration) {
+    ASSERT_TRUE((*stage)->BeginIteration(iteration).ok());
+    ASSERT_TRUE((*stage)->Forward(0, {*input}).ok());
+    auto grads = (*stage)->Backward(0, {});
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    ASSERT_EQ(grads->size(), 1u);
+    EXPECT_EQ((*grads)[0].meta.shape, (std::vector<int64_t>{2, 12, 32}));
+  }
+  const std::vector<ParameterView> after = (*stage)->Parameters();
+  double grad_sum = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(before[i].value.data, after[i].value.data);
+    EXPECT_EQ(before[i].grad.data, after[i].grad.data);
+    const float* grad = static_cast<const float*>(after[i].grad.data);
+    for (int64_t j = 0; j < after[i].grad.count; ++j) grad_sum += std::abs(grad[j]);
+  }
+  EXPECT_GT(grad_sum, 0.0);
+  // An in-place update through the view changes the stage's parameter.
+  float* value = static_cast<float*>(after[0].value.data);
+  value[0] = 42.0f;
+  EXPECT_EQ((*stage)->named_parameters()[0].second.flatten()[0].item<float>(), 42.0f);
+}
+
+TEST(TorchStageTest, StagesOfTheSameLayersHaveIndependentParameters) {
+  const Fixture fixture = MakeFixture();
+  TorchStageOptions options;
+  options.first_layer = 1;
+  options.end_layer = 3;
+  auto first = TorchStage::Create(fixture.model, nullptr, options);
+  auto second = TorchStage::Create(fixture.model, nullptr, options);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const torch::Tensor a = (*first)->named_parameters()[0].second;
+  const torch::Tensor b = (*second)->named_parameters()[0].second;
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_NE(a.data_ptr(), b.data_ptr());
+  {
+    torch::NoGradGuard no_grad;
+    a.add_(1.0);
+  }
+  EXPECT_FALSE(torch::equal(a, b));
+}
+
+TEST(TorchStageTest, MisuseIsReportedWithCodesAndContext) {
+  const Fixture fixture = MakeFixture();
+  TorchStageOptions options;
+  options.first_layer = 2;
+  options.end_layer = 9;
+  EXPECT_EQ(TorchStage::Create(fixture.model, fixture.data, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.end_layer = 6;
+  EXPECT_EQ(TorchStage::Create(fixture.model, nullptr, options).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the last stage needs targets
+
+  options.first_layer = 2;
+  options.end_layer = 4;
+  options.microbatches = 2;
+  options.microbatch_size = 1;
+  auto stage = TorchStage::Create(fixture.model, nullptr, options);
+  ASSERT_TRUE(stage.ok());
+  auto input = (*stage)->NewTensor(TensorMeta{{1, 12, 32}, comm::DataType::kFloat32});
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ((*stage)->Forward(0, {*input}).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // before BeginIteration
+  ASSERT_TRUE((*stage)->BeginIteration(0).ok());
+  EXPECT_EQ((*stage)->Backward(0, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*stage)->Forward(5, {*input}).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*stage)->Forward(0, {*input}).ok());
+  auto wrong = (*stage)->NewTensor(TensorMeta{{1, 12, 31}, comm::DataType::kFloat32});
+  ASSERT_TRUE(wrong.ok());
+  const absl::Status shape = (*stage)->Backward(0, {*wrong}).status();
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.message().find("micro-batch 0"), std::string::npos) << shape;
+  EXPECT_EQ((*stage)->BackwardWeight(0).code(), absl::StatusCode::kFailedPrecondition);
+  const absl::Status pending = (*stage)->BeginIteration(1);
+  EXPECT_EQ(pending.code(), absl::StatusCode::kFailedPrecondition);
+  auto good = (*stage)->NewTensor(TensorMeta{{1, 12, 32}, comm::DataType::kFloat32});
+  ASSERT_TRUE(good.ok());
+  std::fill_n(static_cast<float*>(good->buffer.data), good->buffer.count, 1.0f);
+  EXPECT_TRUE((*stage)->Backward(0, {*good}).ok());
+  EXPECT_TRUE((*stage)->BeginIteration(1).ok());
+}
+
+}  // namespace
+}  // namespace tandem::runtime::libtorch
