@@ -21,7 +21,7 @@ constexpr double kResyncFactor = 4.0;
 // Edge transfers count the activation and its gradient.
 constexpr double kEdgeTransfers = 2.0;
 // The load search stops when the bracket is this tight (relative).
-constexpr double kLoadPrecision = 1e-10;
+constexpr double kLoadPrecision = 1e-9;
 constexpr int kMaxSearchIterations = 200;
 
 struct ConfigData {
@@ -61,6 +61,8 @@ class PiperSolver {
   // Fewest devices covering every layer with each stage's load <= limit; fills
   // best_/choice arrays when `record`.
   int MinDevices(double limit, bool record);
+  // The plan with the fewest devices whose stage loads are all <= limit.
+  absl::StatusOr<PiperResult> Reconstruct(double limit);
   size_t KeyIndex(int a, int b, int ti, int di) const {
     return ((static_cast<size_t>(a) * (n_ + 1) + b) * degrees_.size() + ti) * divisors_.size() +
            di;
@@ -321,9 +323,8 @@ int PiperSolver::MinDevices(double limit, bool record) {
     if (record) h_arg_[n_ * width + s] = 0;
   }
   g_[n_ * width + 0] = 0;
-  std::vector<int> smallest_d(S + 2);
-  std::vector<int> next_free(S + 2);
-  std::vector<int> y_max(divisors_.size());
+  // Per degree index: the largest degree sum it serves (d * y_max(d); 0 = none).
+  std::vector<int> reach(divisors_.size());
   for (int a = n_ - 1; a >= 0; --a) {
     int* g_row = &g_[a * width];
     for (int b = a + 1; b <= n_; ++b) {
@@ -331,39 +332,26 @@ int PiperSolver::MinDevices(double limit, bool record) {
       for (size_t ti = 0; ti < degrees_.size(); ++ti) {
         if (missing_prefix_[ti][b] - missing_prefix_[ti][a] > 0) continue;
         const int t = degrees_[ti];
-        // Smallest feasible d for every s: d serves s in [d, d * y_max(d)].
-        for (int s = 0; s <= S + 1; ++s) {
-          smallest_d[s] = -1;
-          next_free[s] = s;
-        }
+        // d serves every s in [d, d * y_max(d)]; the smallest d serving s is the best (fewest
+        // devices, most of the budget left for later stages).
+        int usable = 0;
         bool any = false;
         for (size_t di = 0; di < divisors_.size(); ++di) {
           const int d = divisors_[di];
           if (int64_t{t} * d > N) break;
+          usable = static_cast<int>(di) + 1;
           const int y = MaxInFlight(a, b, static_cast<int>(ti), static_cast<int>(di), limit);
-          if (y <= 0) continue;
-          const int last = static_cast<int>(std::min<int64_t>(S, int64_t{d} * y));
-          // Assign s in [d, last] not yet taken (path-compressed "next free").
-          auto find = [&](int s) {
-            int root = s;
-            while (next_free[root] != root) root = next_free[root];
-            while (next_free[s] != root) {
-              const int up = next_free[s];
-              next_free[s] = root;
-              s = up;
-            }
-            return root;
-          };
-          for (int s = find(d); s <= last; s = find(s)) {
-            smallest_d[s] = static_cast<int>(di);
-            next_free[s] = s + 1;
-            any = true;
-          }
+          reach[di] = static_cast<int>(std::min<int64_t>(S, int64_t{d} * y));
+          any = any || y > 0;
         }
         if (!any) continue;
+        // Sweep s upwards; a degree whose reach is below s never serves again.
+        int current = 0;
         for (int s = 1; s <= S; ++s) {
-          if (smallest_d[s] < 0) continue;
-          const int d = divisors_[smallest_d[s]];
+          while (current < usable && reach[current] < s) ++current;
+          if (current == usable) break;
+          const int d = divisors_[current];
+          if (d > s) continue;
           const int rest = h_next[s - d];
           if (rest >= kNoDevices) continue;
           const int devices = t * d + rest;
@@ -372,7 +360,7 @@ int PiperSolver::MinDevices(double limit, bool record) {
             if (record) {
               choice_b_[a * width + s] = b;
               choice_t_[a * width + s] = static_cast<int>(ti);
-              choice_d_[a * width + s] = smallest_d[s];
+              choice_d_[a * width + s] = current;
             }
           }
         }
@@ -390,40 +378,16 @@ int PiperSolver::MinDevices(double limit, bool record) {
   return h_[S];
 }
 
-absl::StatusOr<PiperResult> PiperSolver::Run() {
-  const auto start = std::chrono::steady_clock::now();
-  TANDEM_RETURN_IF_ERROR(ValidatePiperInstance(instance_, "piper"));
-  TANDEM_RETURN_IF_ERROR(Prepare());
-  const int N = instance_.max_devices;
-  if (MinDevices(kInfinity, false) > N) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no Piper plan fits ", FormatBytes(instance_.memory_per_device_bytes), " per device on ",
-        N, " devices"));
+absl::StatusOr<PiperResult> PiperSolver::Reconstruct(double limit) {
+  PiperResult result;
+  result.devices_used = MinDevices(limit, /*record=*/true);
+  if (result.devices_used > instance_.max_devices) {
+    return absl::ResourceExhaustedError("no plan within the load limit");
   }
-  // Bracket the optimum: a feasible load, then bisect.
-  double hi = 1;
-  for (const Key& key : keys_) {
-    if (std::isfinite(key.fast_total)) hi = std::max(hi, key.fast_total);
-  }
-  while (MinDevices(hi, false) > N) hi *= 2;
-  double lo = 0;
-  for (int iteration = 0; iteration < kMaxSearchIterations && hi - lo > kLoadPrecision * hi;
-       ++iteration) {
-    const double mid = lo + (hi - lo) / 2;
-    if (MinDevices(mid, false) <= N) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  const int devices = MinDevices(hi, /*record=*/true);
   const size_t width = budget_s_ + 1;
   // Fewest devices, then the smallest degree sum attaining it (as Piper reports).
   int s = h_arg_[budget_s_];
-  PiperResult result;
-  result.devices_used = devices;
   int a = 0;
-  std::vector<std::pair<int, int>> path;  // (stage start, suffix degree-sum budget)
   while (a < n_) {
     s = h_arg_[a * width + s];
     const int b = choice_b_[a * width + s];
@@ -463,9 +427,39 @@ absl::StatusOr<PiperResult> PiperSolver::Run() {
     }
     result.time_per_sample = std::max(result.time_per_sample, stage.load);
   }
-  result.planning_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+absl::StatusOr<PiperResult> PiperSolver::Run() {
+  const auto start = std::chrono::steady_clock::now();
+  TANDEM_RETURN_IF_ERROR(ValidatePiperInstance(instance_, "piper"));
+  TANDEM_RETURN_IF_ERROR(Prepare());
+  const int N = instance_.max_devices;
+  if (MinDevices(kInfinity, false) > N) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no Piper plan fits ", FormatBytes(instance_.memory_per_device_bytes), " per device on ",
+        N, " devices"));
+  }
+  // Every feasible limit yields a plan whose slowest stage is at or below it: jump the upper
+  // end of the bracket to that load, bisect the rest.
+  TANDEM_ASSIGN_OR_RETURN(PiperResult best, Reconstruct(kInfinity));
+  double hi = best.time_per_sample;
+  double lo = 0;
+  for (int iteration = 0; iteration < kMaxSearchIterations && hi - lo > kLoadPrecision * hi;
+       ++iteration) {
+    const double mid = lo + (hi - lo) / 2;
+    if (MinDevices(mid, false) <= N) {
+      TANDEM_ASSIGN_OR_RETURN(best, Reconstruct(mid));
+      hi = std::min(mid, best.time_per_sample);
+    } else {
+      lo = mid;
+    }
+  }
+  // The fewest devices reaching the optimum.
+  TANDEM_ASSIGN_OR_RETURN(best, Reconstruct(hi));
+  best.planning_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return best;
 }
 
 }  // namespace
