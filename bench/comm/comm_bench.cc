@@ -37,6 +37,7 @@ ABSL_FLAG(int, warmup, 2, "untimed operations before each measurement");
 ABSL_FLAG(bool, verify, true, "tandem's cross-rank signature check before each collective");
 ABSL_FLAG(bool, check, true, "check results against a sequential reference");
 ABSL_FLAG(bool, mpi, true, "also time the operation called directly through MPI");
+ABSL_FLAG(bool, tandem, true, "time tandem's operation (false: direct MPI only, for diagnosis)");
 
 namespace {
 
@@ -244,16 +245,17 @@ int main(int argc, char** argv) {
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, direct);
         all_correct = all_correct && wrong == 0;
       }
-      const double tandem_seconds = Time(c.run_tandem, row_bytes, direct);
+      const double tandem_seconds =
+          absl::GetFlag(FLAGS_tandem) ? Time(c.run_tandem, row_bytes, direct) : 0;
       const double mpi_seconds = absl::GetFlag(FLAGS_mpi) ? Time(c.run_mpi, row_bytes, direct) : 0;
       if (rank == 0) {
-        const double tandem_algbw = row_bytes / tandem_seconds / 1e9;
+        const double tandem_algbw = tandem_seconds > 0 ? row_bytes / tandem_seconds / 1e9 : 0;
         const double mpi_algbw = mpi_seconds > 0 ? row_bytes / mpi_seconds / 1e9 : 0;
         std::printf("%12lld %12lld %6s | %10.1f %9.3f %9.3f | %10.1f %9.3f %9.3f | %6.2f | %6lld\n",
                     static_cast<long long>(row_bytes), static_cast<long long>(count), "float",
                     tandem_seconds * 1e6, tandem_algbw, tandem_algbw * c.bus_factor,
                     mpi_seconds * 1e6, mpi_algbw, mpi_algbw * c.bus_factor,
-                    mpi_seconds > 0 ? mpi_seconds / tandem_seconds : 0.0,
+                    mpi_seconds > 0 && tandem_seconds > 0 ? mpi_seconds / tandem_seconds : 0.0,
                     static_cast<long long>(wrong));
         std::fflush(stdout);
       }

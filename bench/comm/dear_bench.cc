@@ -1,0 +1,221 @@
+// DeAR against the plain bucketed all-reduce on a data-parallel training step whose compute is
+// emulated: every layer's forward and backward take a fixed time (the thread sleeps, so two
+// cores carry two ranks), while gradient synchronisation and the optimizer run for real on
+// real buffers.
+//
+//   mpirun -np 2 dear_bench                                  # 12 layers x 4 MiB, SGD
+//   mpirun -np 2 dear_bench --layers=8 --layer_bytes=8MiB --forward_ms=3 --backward_ms=6
+//   mpirun -np 2 dear_bench --optimizer=adamw --bucket_bytes=4MiB,25MiB
+//
+// Printed per strategy and bucket size: the measured iteration time (the slowest rank's mean),
+// and against it the lower bound max(compute, communication), where compute is the emulated
+// forward + backward time and communication the time of one all-reduce of every gradient
+// (one bucket, measured alone on the same ranks), plus the no-overlap time compute +
+// communication + optimizer step. "of bound" = bound / iteration (100% = perfect overlap).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
+#include "comm/buffer.h"
+#include "comm/grad_sync.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "common/units.h"
+
+ABSL_FLAG(int, layers, 12, "layers of the emulated model");
+ABSL_FLAG(std::string, layer_bytes, "4MiB", "float32 parameter bytes per layer");
+ABSL_FLAG(double, forward_ms, 2.0, "emulated forward time per layer");
+ABSL_FLAG(double, backward_ms, 4.0, "emulated backward time per layer");
+ABSL_FLAG(int, iterations, 10, "measured iterations per configuration");
+ABSL_FLAG(int, warmup, 3, "unmeasured iterations per configuration");
+ABSL_FLAG(std::string, bucket_bytes, "1MiB,4MiB,25MiB", "bucket sizes to compare ('auto' too)");
+ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adamw");
+ABSL_FLAG(std::string, strategies, "allreduce,dear", "strategies to compare");
+
+namespace {
+
+using tandem::comm::CpuBuffer;
+using tandem::comm::GradientSync;
+using tandem::comm::GradSyncOptions;
+using tandem::comm::GradSyncStrategy;
+using tandem::comm::MpiCommunicator;
+using tandem::comm::OptimizerConfig;
+using tandem::comm::SyncParameter;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Sleeps `ms` milliseconds, finishing the last stretch by polling the clock so that emulated
+// layers take their time to within a few microseconds.
+void Compute(double ms) {
+  const double end = Now() + ms * 1e-3;
+  constexpr double kSpinSeconds = 200e-6;
+  if (ms * 1e-3 > kSpinSeconds) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(ms * 1e-3 - kSpinSeconds));
+  }
+  while (Now() < end) std::this_thread::yield();
+}
+
+double MaxOverRanks(double value) {
+  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return value;
+}
+
+void Check(const absl::Status& status, const char* what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+struct Model {
+  std::vector<std::vector<float>> values, grads;
+  Model(int layers, int64_t count) {
+    for (int l = 0; l < layers; ++l) {
+      values.emplace_back(count, 0.01f * l);
+      grads.emplace_back(count, 0.001f);
+    }
+  }
+  // Backward order: the last layer first.
+  std::vector<SyncParameter> Views() {
+    std::vector<SyncParameter> views;
+    for (int l = static_cast<int>(values.size()) - 1; l >= 0; --l) {
+      const int64_t n = static_cast<int64_t>(values[l].size());
+      views.push_back({"layer" + std::to_string(l), CpuBuffer(values[l].data(), n),
+                       CpuBuffer(grads[l].data(), n)});
+    }
+    return views;
+  }
+};
+
+// Mean iteration seconds (slowest rank) of `sync` on the emulated model.
+double RunIterations(GradientSync& sync, int layers, int iterations, int warmup) {
+  const double forward_ms = absl::GetFlag(FLAGS_forward_ms);
+  const double backward_ms = absl::GetFlag(FLAGS_backward_ms);
+  double start = 0;
+  for (int it = 0; it < warmup + iterations; ++it) {
+    if (it == warmup) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      start = Now();
+    }
+    for (int l = 0; l < layers; ++l) {
+      Check(sync.WaitForParameters(layers - 1 - l), "wait for parameters");
+      Compute(forward_ms);
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      Compute(backward_ms);
+      Check(sync.GradReady(layers - 1 - l), "grad ready");
+    }
+    Check(sync.FinishBackward(), "finish backward");
+    Check(sync.Step(/*lr=*/1e-3), "step");
+  }
+  Check(sync.Flush(), "flush");
+  return MaxOverRanks((Now() - start) / iterations);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  absl::ParseCommandLine(argc, argv);
+  auto created = MpiCommunicator::World();
+  Check(created.status(), "world");
+  MpiCommunicator& comm = **created;
+  const int rank = comm.rank();
+  const int layers = absl::GetFlag(FLAGS_layers);
+  auto layer_bytes = tandem::ParseBytes(absl::GetFlag(FLAGS_layer_bytes));
+  Check(layer_bytes.status(), "--layer_bytes");
+  const int64_t layer_count = static_cast<int64_t>(*layer_bytes) / 4;
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const OptimizerConfig optimizer = absl::GetFlag(FLAGS_optimizer) == "adamw"
+                                        ? OptimizerConfig::AdamW()
+                                        : OptimizerConfig::Sgd(/*momentum=*/0.9);
+  const double compute_seconds =
+      layers * (absl::GetFlag(FLAGS_forward_ms) + absl::GetFlag(FLAGS_backward_ms)) * 1e-3;
+
+  // Communication alone: one all-reduce of every gradient, through tandem.
+  std::vector<float> all(static_cast<size_t>(layer_count) * layers, 1.0f);
+  double comm_seconds = 0;
+  {
+    for (int i = 0; i < 2; ++i) Check(comm.AllReduce(CpuBuffer(all.data(), all.size()))->Wait(), "ar");
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = Now();
+    constexpr int kRepeats = 5;
+    for (int i = 0; i < kRepeats; ++i) {
+      Check(comm.AllReduce(CpuBuffer(all.data(), all.size()))->Wait(), "all-reduce");
+    }
+    comm_seconds = MaxOverRanks((Now() - start) / kRepeats);
+  }
+  const double bound = std::max(compute_seconds, comm_seconds);
+  if (rank == 0) {
+    std::printf("# dear_bench: %d ranks, %d layers x %.2f MiB float32 (%.1f MiB), forward %.2f ms"
+                " + backward %.2f ms per layer, %s\n",
+                comm.size(), layers, layer_count * 4 / 1048576.0,
+                layer_count * 4.0 * layers / 1048576.0, absl::GetFlag(FLAGS_forward_ms),
+                absl::GetFlag(FLAGS_backward_ms), absl::GetFlag(FLAGS_optimizer).c_str());
+    std::printf("# compute %.1f ms, all-reduce of all gradients alone %.1f ms, bound "
+                "max(compute, communication) %.1f ms\n",
+                compute_seconds * 1e3, comm_seconds * 1e3, bound * 1e3);
+    std::printf("%-10s %-10s | %10s %10s %10s | %9s\n", "strategy", "bucket", "iter(ms)",
+                "bound(ms)", "no-overlap", "of bound");
+  }
+  const std::vector<std::string> strategies =
+      absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',');
+  const std::vector<std::string> buckets = absl::StrSplit(absl::GetFlag(FLAGS_bucket_bytes), ',');
+  for (const std::string& strategy_name : strategies) {
+    auto strategy = tandem::comm::ParseGradSyncStrategy(strategy_name);
+    Check(strategy.status(), "--strategies");
+    for (const std::string& bucket : buckets) {
+      Model model(layers, layer_count);
+      GradSyncOptions options;
+      options.strategy = *strategy;
+      options.optimizer = optimizer;
+      int extra_warmup = 0;
+      if (bucket == "auto") {
+        options.auto_bucket = true;
+        options.tune_iterations = 2;
+        extra_warmup = 3 * static_cast<int>(options.candidate_bucket_bytes.size());
+      } else {
+        auto bytes = tandem::ParseBytes(bucket);
+        Check(bytes.status(), "--bucket_bytes");
+        options.bucket_bytes = static_cast<int64_t>(*bytes);
+      }
+      auto sync = GradientSync::Create(comm, model.Views(), options);
+      Check(sync.status(), "create");
+      // The optimizer step alone (for the no-overlap figure).
+      Check((*sync)->FinishBackward(), "finish");
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double step_start = Now();
+      Check((*sync)->Step(1e-3), "step");
+      Check((*sync)->Flush(), "flush");
+      const double step_seconds = MaxOverRanks(Now() - step_start);
+      const double iteration = RunIterations(**sync, layers, iterations, warmup + extra_warmup);
+      if (rank == 0) {
+        std::string label = bucket;
+        if (bucket == "auto") {
+          label = "auto:" + std::to_string((*sync)->bucket_bytes() >> 20) + "MiB";
+        }
+        std::printf("%-10s %-10s | %10.1f %10.1f %10.1f | %8.1f%%\n", strategy_name.c_str(),
+                    label.c_str(), iteration * 1e3, bound * 1e3,
+                    (compute_seconds + comm_seconds + step_seconds) * 1e3,
+                    100.0 * bound / iteration);
+        if (bucket == "auto") std::printf("#   tuning: %s\n", (*sync)->TuningReport().c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  created->reset();
+  MPI_Finalize();
+  return 0;
+}
