@@ -1,13 +1,20 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <tuple>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "comm/groups.h"
@@ -200,7 +207,154 @@ struct Engine::Transfers {
   }
 };
 
-Engine::~Engine() = default;
+// Failure notices. Every rank keeps one receive posted from every other rank on the control
+// communicator; a rank whose engine fails sends its error to all, and a watchdog thread that
+// sees a notice aborts this rank's communicators, so waits everywhere end at once with the
+// failing rank's message instead of each timing out in turn. A rank that dies without a word
+// (killed) is noticed by its neighbours' timeouts, whose notices then reach everyone: every
+// survivor fails within about one timeout. At a clean shutdown each rank sends a closing
+// notice, which satisfies the posted receives.
+namespace {
+
+constexpr int kNoticeBytes = 256;
+using NoticeBuffer = std::array<char, kNoticeBytes>;
+
+}  // namespace
+
+struct Engine::Watchdog {
+  struct Notice {
+    int peer = 0;
+    std::shared_ptr<NoticeBuffer> buffer;
+    comm::WorkPtr work;
+    bool seen = false;
+  };
+  std::vector<Notice> notices;
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable wake;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> failed{false};  // a failure was sent or received: skip the closing
+};
+
+namespace {
+
+constexpr int kNoticeTag = 3;
+constexpr char kFailureNotice = 'F';
+constexpr char kClosingNotice = 'C';
+constexpr auto kWatchdogPoll = std::chrono::milliseconds(20);
+// Bounds on the waits of the failure path and of the closing handshake.
+constexpr absl::Duration kNoticeSendWait = absl::Milliseconds(500);
+constexpr absl::Duration kClosingWait = absl::Seconds(10);
+
+comm::Buffer NoticeBufferOf(NoticeBuffer* buffer) {
+  comm::Buffer b;
+  b.data = buffer->data();
+  b.count = static_cast<int64_t>(buffer->size());
+  b.dtype = comm::DataType::kUInt8;
+  return b;
+}
+
+}  // namespace
+
+void Engine::StartWatchdog() {
+  watchdog_ = std::make_unique<Watchdog>();
+  for (int r = 0; r < control_->size(); ++r) {
+    if (r == world_rank_) continue;
+    Watchdog::Notice n;
+    n.peer = r;
+    n.buffer = std::make_shared<NoticeBuffer>();
+    n.work = control_->Recv(NoticeBufferOf(n.buffer.get()), r, kNoticeTag);
+    watchdog_->notices.push_back(std::move(n));
+  }
+  watchdog_->thread = std::thread([this] {
+    Watchdog& w = *watchdog_;
+    std::unique_lock<std::mutex> lock(w.mu);
+    while (!w.stop) {
+      w.wake.wait_for(lock, kWatchdogPoll);
+      for (Watchdog::Notice& n : w.notices) {
+        if (n.seen || !n.work->Test()) continue;
+        n.seen = true;
+        if (!n.work->error().ok() || (*n.buffer)[0] != kFailureNotice) continue;
+        const std::string text(n.buffer->data() + 1);
+        w.failed = true;
+        AbortCommunicators(absl::AbortedError(absl::StrCat("rank ", n.peer, " failed: ", text)));
+      }
+    }
+  });
+}
+
+void Engine::AbortCommunicators(const absl::Status& reason) {
+  if (p2p_ != nullptr) p2p_->Abort(reason);
+  for (auto& l : locals_) {
+    if (l->group != nullptr) l->group->Abort(reason);
+  }
+  if (control_ != nullptr) control_->Abort(reason);
+}
+
+void Engine::SendNotices(char kind, const std::string& text) {
+  if (control_ == nullptr) return;
+  // The buffer is never freed: a send to a dead rank may stay pending.
+  auto* buffer = new NoticeBuffer();
+  buffer->fill('\0');
+  (*buffer)[0] = kind;
+  std::strncpy(buffer->data() + 1, text.c_str(), buffer->size() - 2);
+  std::vector<comm::WorkPtr> works;
+  for (int r = 0; r < control_->size(); ++r) {
+    if (r != world_rank_) works.push_back(control_->Send(NoticeBufferOf(buffer), r, kNoticeTag));
+  }
+  for (const comm::WorkPtr& w : works) w->Wait(kNoticeSendWait).IgnoreError();
+}
+
+absl::Status Engine::Report(absl::Status status) {
+  if (status.ok() || watchdog_ == nullptr) return status;
+  if (!watchdog_->failed.exchange(true)) {
+    SendNotices(kFailureNotice, std::string(status.message()));
+  }
+  return status;
+}
+
+Engine::~Engine() {
+  if (watchdog_ == nullptr) return;
+  if (!watchdog_->failed) {
+    SendNotices(kClosingNotice, "shutting down");
+    const absl::Time deadline = absl::Now() + kClosingWait;
+    for (Watchdog::Notice& n : watchdog_->notices) {
+      n.work->Wait(std::max(deadline - absl::Now(), absl::Milliseconds(1))).IgnoreError();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(watchdog_->mu);
+    watchdog_->stop = true;
+  }
+  watchdog_->wake.notify_all();
+  watchdog_->thread.join();
+  // Receives still posted (a peer died or never closed) keep their buffers alive.
+  for (Watchdog::Notice& n : watchdog_->notices) {
+    if (!n.work->Test()) new std::shared_ptr<NoticeBuffer>(n.buffer);
+  }
+}
+
+absl::StatusOr<IterationResult> Engine::RunIteration() {
+  auto result = RunIterationInternal();
+  if (!result.ok()) return Report(result.status());
+  return result;
+}
+
+absl::Status Engine::Flush() { return Report(FlushInternal()); }
+
+absl::Status Engine::SaveCheckpoint(const std::string& dir, const std::string& model) {
+  return Report(SaveCheckpointInternal(dir, model));
+}
+
+absl::Status Engine::LoadCheckpoint(const std::string& dir, const std::string& model) {
+  return Report(LoadCheckpointInternal(dir, model));
+}
+
+absl::StatusOr<ChromeTrace> Engine::GatherTimeline() {
+  auto trace = GatherTimelineInternal();
+  if (!trace.ok()) return Report(trace.status());
+  return trace;
+}
 
 double Engine::Now() const { return clock_->NowSeconds() - epoch_; }
 
@@ -241,7 +395,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const pipeline::Plan& pla
 }
 
 absl::Status Engine::Build(StageFactory factory) {
-  // Local checks and stage construction; then every rank agrees before any collective.
+  // The engine's own duplicate of the world: agreements, the loss all-reduce, gathers and
+  // failure notices never mix with the caller's traffic, and it can be aborted.
+  TANDEM_ASSIGN_OR_RETURN(control_, world_->Split(/*color=*/0, /*key=*/world_rank_));
+  control_->set_timeout(options_.timeout);
+  // Local checks and stage construction; then every rank agrees before any other collective.
   absl::Status local = [&]() -> absl::Status {
     TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(plan_, world_->size()),
                                     "the plan does not fit this run"));
@@ -306,19 +464,16 @@ absl::Status Engine::Build(StageFactory factory) {
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(
-      AgreeOnSuccess(world_, Annotate(local, absl::StrCat("rank ", world_rank_)),
+      AgreeOnSuccess(control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_)),
                      "building the engine"));
 
-  // Collectives: a private duplicate of the world for gathers, the pipeline group of this
-  // data-parallel replica (rank in it = pipeline position, so a transfer's peer needs no
+  // Collectives: the pipeline group of this data-parallel replica (rank in it = pipeline position, so a transfer's peer needs no
   // mapping), one gradient group per stage, and the synchronisers.
-  TANDEM_ASSIGN_OR_RETURN(control_, world_->Split(/*color=*/0, /*key=*/world_rank_));
-  control_->set_timeout(options_.timeout);
   comm::MeshLayout layout;
   layout.mesh = plan_.mesh;
   layout.placement = schedule_.placement;
   TANDEM_ASSIGN_OR_RETURN(comm::ProcessGroups groups,
-                          comm::BuildProcessGroups(*world_, layout));
+                          comm::BuildProcessGroups(*control_, layout));
   p2p_ = std::move(groups.pipeline);
   p2p_->set_timeout(options_.timeout);
   for (auto& l : locals_) {
@@ -351,11 +506,12 @@ absl::Status Engine::Build(StageFactory factory) {
     }
     return absl::OkStatus();
   }();
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "creating gradient synchronisation"));
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "creating gradient synchronisation"));
 
   // The timeline's epoch: right after a barrier, so ranks' clocks line up.
-  TANDEM_RETURN_IF_ERROR(world_->Barrier()->Wait());
+  TANDEM_RETURN_IF_ERROR(control_->Barrier()->Wait());
   epoch_ = clock_->NowSeconds();
+  StartWatchdog();
   timeline_.NameProcess(world_rank_, absl::StrCat("rank ", world_rank_, " (dp ",
                                                   data_parallel_index_, ", position ",
                                                   pipeline_position_, ")"));
@@ -390,7 +546,7 @@ void Engine::Record(const pipeline::Action& action, double start, double end) {
   timeline_.Add(std::move(e));
 }
 
-absl::StatusOr<IterationResult> Engine::RunIteration() {
+absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
   IterationResult result;
   result.iteration = iteration_;
   const double start = Now();
@@ -553,7 +709,7 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
   // One all-reduce for the loss, the squared norm and the compute time (bubble estimate).
   double sums[3] = {local_loss, squared_norm, result->compute_seconds};
   TANDEM_RETURN_IF_ERROR(
-      Annotate(world_->AllReduce(DoubleBuffer(sums, 3), comm::ReduceOp::kSum)->Wait(),
+      Annotate(control_->AllReduce(DoubleBuffer(sums, 3), comm::ReduceOp::kSum)->Wait(),
                "summing loss and gradient norm over the world"));
   result->loss = sums[0];
   result->grad_norm = std::sqrt(std::max(0.0, sums[1]));
@@ -571,7 +727,7 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::Flush() {
+absl::Status Engine::FlushInternal() {
   for (auto& l : locals_) {
     TANDEM_RETURN_IF_ERROR(Annotate(l->sync->Flush(), absl::StrCat("rank ", world_rank_,
                                                                     ": flushing stage ",
@@ -603,15 +759,15 @@ nlohmann::json OptimizerJson(const comm::OptimizerConfig& c) {
 
 }  // namespace
 
-absl::Status Engine::SaveCheckpoint(const std::string& dir, const std::string& model) {
+absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
   // The folder exists and holds no manifest before any shard is written.
   absl::Status local = absl::OkStatus();
   if (world_rank_ == 0) {
     local = EnsureDirectory(dir);
     if (local.ok()) local = RemoveManifest(dir);
   }
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "preparing the checkpoint folder"));
-  TANDEM_RETURN_IF_ERROR(Flush());
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "preparing the checkpoint folder"));
+  TANDEM_RETURN_IF_ERROR(FlushInternal());
 
   // Every member of a gradient group gathers the stage's optimizer state (collective for
   // DeAR, whose state is sharded); the group's first rank writes the shard.
@@ -684,10 +840,10 @@ absl::Status Engine::SaveCheckpoint(const std::string& dir, const std::string& m
       return WriteManifest(dir, manifest);
     }();
   }
-  return AgreeOnSuccess(world_, local, "writing the checkpoint manifest");
+  return AgreeOnSuccess(control_.get(), local, "writing the checkpoint manifest");
 }
 
-absl::Status Engine::LoadCheckpoint(const std::string& dir, const std::string& model) {
+absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::string& model) {
   int64_t step = 0;
   std::vector<std::vector<comm::ParameterOptimizerState>> states(locals_.size());
   absl::Status local = [&]() -> absl::Status {
@@ -769,7 +925,7 @@ absl::Status Engine::LoadCheckpoint(const std::string& dir, const std::string& m
     }
     return absl::OkStatus();
   }();
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(world_, local, "loading optimizer state"));
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "loading optimizer state"));
   iteration_ = step;
   return absl::OkStatus();
 }
@@ -783,7 +939,7 @@ absl::Status Engine::WaitForParameters(Local* l) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ChromeTrace> Engine::GatherTimeline() {
+absl::StatusOr<ChromeTrace> Engine::GatherTimelineInternal() {
   TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all,
                           GatherStrings(*control_, timeline_.ToJson().dump()));
   ChromeTrace merged;

@@ -24,6 +24,13 @@
 // iteration, the step of the program and the action ("rank 2 iteration 5 step 13 (rA1.3<1):
 // ..."). After an error the engine must not be used again: the caller reports and exits.
 //
+// Failures reach every rank: a rank whose call fails sends its error to all others, whose
+// communicators are then aborted by a watchdog thread, so their calls fail at once with
+// "rank R failed: ..." (code Aborted or FailedPrecondition). A rank that dies without a word
+// is noticed by its neighbours' timeouts, which then notify everyone: every survivor fails
+// within about one timeout. (Under plain mpirun, Open MPI ends the whole job as soon as a
+// rank dies; `mpirun --enable-recovery` lets the survivors report.)
+//
 // Threading: one thread drives an Engine.
 #pragma once
 
@@ -159,7 +166,19 @@ class Engine {
  private:
   struct Local;
   struct Transfers;
+  struct Watchdog;
   Engine() = default;
+
+  absl::StatusOr<IterationResult> RunIterationInternal();
+  absl::Status FlushInternal();
+  absl::Status SaveCheckpointInternal(const std::string& dir, const std::string& model);
+  absl::Status LoadCheckpointInternal(const std::string& dir, const std::string& model);
+  absl::StatusOr<ChromeTrace> GatherTimelineInternal();
+  // Failure notices (see engine.cc): a failing public call tells every other rank.
+  void StartWatchdog();
+  void AbortCommunicators(const absl::Status& reason);
+  void SendNotices(char kind, const std::string& text);
+  absl::Status Report(absl::Status status);
 
   absl::Status Build(StageFactory factory);
   absl::Status Execute(const pipeline::Action& action, IterationResult* result);
@@ -185,6 +204,7 @@ class Engine {
   int64_t iteration_ = 0;
   double epoch_ = 0;
   ChromeTrace timeline_;
+  std::unique_ptr<Watchdog> watchdog_;  // declared last: its thread uses the members above
 };
 
 }  // namespace tandem::runtime
