@@ -15,7 +15,9 @@ constexpr double kAttentionActivationSplit = 8.0;    // split by t
 constexpr double kMlpActivationShared = 5.0;
 constexpr double kMlpActivationSplit = 16.0;
 constexpr double kScoreActivationPerElement = 5.0;   // 5 a s^2 b
-constexpr int kAllReducesPerBlock = 2;               // one forward, one backward
+// Tensor-parallel all-reduces of the block output: one forward and one backward per
+// attention or MLP block (four per transformer layer).
+constexpr int kAllReducesPerBlock = 2;
 // Logits in fp16 plus the fp32 softmax kept for the loss.
 constexpr double kLogitBytesPerValue = 6.0;
 
@@ -24,6 +26,7 @@ struct BlockCosts {
   double parameters = 0;
   double activation_shared = 0;  // bytes, independent of t
   double activation_split = 0;   // bytes, divided by t
+  int all_reduces = 0;           // tensor-parallel all-reduces of 2 s b h bytes (fw + bw)
 };
 
 pipeline::LayerProfile Layer(const std::string& name, const BlockCosts& block,
@@ -53,10 +56,8 @@ pipeline::LayerProfile Layer(const std::string& name, const BlockCosts& block,
     variant.parameter_bytes = layer.parameter_bytes / t;
     // Ring all-reduce of the block output, forward and backward.
     const double ring_bytes = 2.0 * (t - 1) / t * boundary_bytes;
-    variant.communication_seconds = block.forward_flops > 0 && block.parameters > 0
-                                        ? kAllReducesPerBlock * ring_bytes /
-                                              device.tensor_parallel_bandwidth_bytes_per_second
-                                        : 0.0;
+    variant.communication_seconds =
+        block.all_reduces * ring_bytes / device.tensor_parallel_bandwidth_bytes_per_second;
     layer.tensor_parallel.push_back(variant);
   }
   return layer;
@@ -91,17 +92,21 @@ pipeline::Profile MakeGptProfile(const GptShape& shape, const DeviceFigures& dev
   attention.forward_flops = 8 * b * s * h * h + 4 * b * s * s * h;
   attention.parameters = 4 * h * h + 4 * h + 2 * h;  // QKV + output projection, layer norm
   attention.activation_shared = kAttentionActivationShared * sbh;
-  attention.activation_split = kAttentionActivationSplit * sbh + kScoreActivationPerElement * a * s * s * b;
+  attention.activation_split =
+      kAttentionActivationSplit * sbh + kScoreActivationPerElement * a * s * s * b;
+  attention.all_reduces = kAllReducesPerBlock;
   BlockCosts mlp;
   mlp.forward_flops = 16 * b * s * h * h;
   mlp.parameters = 8 * h * h + 5 * h + 2 * h;  // two projections, layer norm
   mlp.activation_shared = kMlpActivationShared * sbh;
   mlp.activation_split = kMlpActivationSplit * sbh;
+  mlp.all_reduces = kAllReducesPerBlock;
   BlockCosts whole;
   whole.forward_flops = attention.forward_flops + mlp.forward_flops;
   whole.parameters = attention.parameters + mlp.parameters;
   whole.activation_shared = attention.activation_shared + mlp.activation_shared;
   whole.activation_split = attention.activation_split + mlp.activation_split;
+  whole.all_reduces = attention.all_reduces + mlp.all_reduces;
   for (int i = 0; i < shape.layers; ++i) {
     if (shape.split_blocks) {
       profile.layers.push_back(Layer(absl::StrCat("layer", i, ".attention"), attention, shape,

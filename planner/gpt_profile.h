@@ -10,8 +10,9 @@
 //                     s b h (10 + 24 / t + 5 a s / (h t)) with degree t (Korthikanti et al.,
 //                     "Reducing Activation Recomputation in Large Transformer Models", 2022)
 //   recomputation     re-runs the forward; keeps the layer's input (2 s b h bytes)
-//   tensor parallel   four all-reduces of 2 s b h bytes per layer (two forward, two backward)
-//                     over the intra-node link (ring: 2 (t-1)/t of the bytes).
+//   tensor parallel   four all-reduces of 2 s b h bytes per layer (after attention and after
+//                     the MLP, forward and backward) over the intra-node link (ring: 2 (t-1)/t
+//                     of the bytes); embedding and head are counted without them.
 // With `split_blocks`, each transformer layer is two profile layers, attention and MLP, so a
 // planner can recompute one without the other ("parts of a layer"). The embedding and the
 // output head (logits, untied) are layers of their own.
