@@ -123,6 +123,11 @@ absl::Status RunPlanOrError() {
     return absl::InvalidArgumentError(
         absl::StrCat("--knapsack must be exact or greedy, got '", knapsack, "'"));
   }
+  request.schedule = absl::GetFlag(FLAGS_schedule);
+  if (!request.schedule.empty() && request.algorithm != planner::Algorithm::kAdaPipe) {
+    return absl::InvalidArgumentError(
+        "--schedule applies to --algorithm adapipe (the others plan for 1F1B)");
+  }
   request.stages = absl::GetFlag(FLAGS_stages);
   request.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   if (request.stages < 0 || request.tensor_parallel < 0) {
@@ -140,7 +145,8 @@ absl::Status RunPlanOrError() {
                     {"microbatches", request.microbatches},
                     {"straight", request.straight},
                     {"use_fewer_machines", request.use_fewer_machines},
-                    {"knapsack", knapsack}};
+                    {"knapsack", knapsack},
+                    {"schedule", request.schedule}};
 
   TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
   const std::string json = pipeline::ToJson(outcome.plan).dump(2) + "\n";
@@ -171,11 +177,14 @@ const CommandRegistrar registrar({
         "    [--bandwidth BYTES_PER_S ...] [--devices-per-node K] [--cluster FILE]\n"
         "    [--microbatches M] [--straight] [--use-fewer-machines]\n"
         "    [--activation-compression-ratio R] [--knapsack exact|greedy] [--stages P]\n"
-        "    [--tensor-parallel T] [--format text|json] [-o plan.json]\n\n"
+        "    [--tensor-parallel T] [--schedule auto|1f1b|interleaved|chimera|hanayo|zb-h1]\n"
+        "    [--format text|json] [-o plan.json]\n\n"
         "Algorithms: pipedream (partition + per-stage replication; --straight for none),\n"
         "piper (stages x data/tensor-parallel degrees x per-layer configurations such as\n"
         "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
-        "pipeline depths and tensor-parallel degrees). --microbatches is the number of\n"
+        "pipeline depths and tensor-parallel degrees; with --schedule, the simulator times\n"
+        "each schedule's programs and the fastest that fits memory wins, 'auto' trying all).\n"
+        "--microbatches is the number of\n"
         "micro-batches per iteration over all pipelines (Piper's mbsInBatch). --bandwidth is\n"
         "innermost first; with two, --devices-per-node says how many devices share the first.\n"
         "A Piper file's maxDevices, maxMemoryPerDevice, bandwidth and mbsInBatch are the\n"
@@ -185,8 +194,8 @@ const CommandRegistrar registrar({
         "would fit.",
     .flags = {"profile", "profile_format", "algorithm", "devices", "memory", "bandwidth",
               "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
-              "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "format",
-              "output"},
+              "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "schedule",
+              "format", "output"},
     .aliases = {{"o", "output"}},
     .run = RunPlan,
 });

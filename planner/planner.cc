@@ -14,6 +14,7 @@
 #include "planner/importers.h"
 #include "planner/layer_chain.h"
 #include "planner/pipedream.h"
+#include "planner/schedule_search.h"
 
 namespace tandem::planner {
 namespace {
@@ -380,23 +381,88 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
     }
     plan.mesh.push_back(std::move(row));
   }
-  for (int q = 0; q < best.stages; ++q) {
-    const AdaPipeStage& s = best.result.stages[q];
-    pipeline::PlanStage stage;
-    stage.first_layer = s.first_layer;
-    stage.end_layer = s.end_layer;
-    stage.tensor_parallel = best.tensor_parallel;
-    stage.recompute_layers = s.recompute_layers;
-    stage.predicted_compute_seconds = s.seconds;
-    stage.predicted_memory_bytes = s.memory_bytes;
-    for (int d = 0; d < best.data_parallel; ++d) {
-      for (int k = 0; k < best.tensor_parallel; ++k) stage.ranks.push_back(plan.mesh[d][q] + k);
-    }
-    plan.stages.push_back(std::move(stage));
+  // Stages of the 1F1B partition AdaPipe chose; the schedule search may replace them.
+  std::vector<int> ends;
+  std::vector<std::vector<int>> recompute;
+  std::vector<double> stage_seconds, stage_memory;
+  for (const AdaPipeStage& s : best.result.stages) {
+    ends.push_back(s.end_layer);
+    recompute.push_back(s.recompute_layers);
+    stage_seconds.push_back(s.seconds);
+    stage_memory.push_back(s.memory_bytes);
   }
   plan.bottleneck_seconds = best.result.bottleneck_seconds;
   plan.predicted_iteration_seconds = best.seconds;
-  FillPeakMemory(&plan);
+  std::string schedule_note;
+  if (!request.schedule.empty()) {
+    ScheduleSearchOptions search;
+    search.ranks = best.stages;
+    search.profiled_microbatch_size = request.profile.microbatch_size;
+    search.samples_per_pipeline = int64_t{best.microbatches} * request.profile.microbatch_size;
+    search.memory_bytes = memory;
+    search.p2p_bandwidth_bytes_per_second = inter_bandwidth;
+    search.p2p_latency_seconds = cluster.levels.back().latency_seconds;
+    if (request.schedule != "auto") {
+      TANDEM_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind,
+                              pipeline::ParseScheduleKind(request.schedule));
+      search.kinds = {kind};
+    }
+    search.fixed_partitions.push_back({ends, recompute, "adapipe"});
+    TANDEM_ASSIGN_OR_RETURN(ScheduleSearchResult searched,
+                            SearchSchedules(*best.chain, search));
+    const ScheduleEvaluation& chosen = searched.best;
+    plan.schedule = chosen.spec;
+    plan.microbatch_size = chosen.microbatch_size;
+    ends = chosen.stage_ends;
+    recompute = chosen.recompute;
+    stage_seconds = chosen.stage_seconds;
+    // A stage's memory is its rank's (weights of every chunk there plus peak activations).
+    const pipeline::Placement placement = pipeline::PlacementFor(chosen.spec);
+    stage_memory.assign(ends.size(), 0.0);
+    for (size_t st = 0; st < ends.size(); ++st) {
+      for (int r = 0; r < placement.NumReplicas(); ++r) {
+        stage_memory[st] = std::max(stage_memory[st],
+                                    chosen.rank_memory_bytes[placement.RankOf(r, st)]);
+      }
+    }
+    plan.bottleneck_seconds = *std::max_element(stage_seconds.begin(), stage_seconds.end());
+    plan.predicted_iteration_seconds = chosen.makespan_seconds + best.sync_seconds;
+    int evaluated = 0;
+    for (const ScheduleEvaluation& e : searched.evaluated) evaluated += e.skipped.empty() ? 1 : 0;
+    schedule_note = absl::StrFormat(
+        "schedule search: %d candidates simulated; chose %s (chunks %d, waves %d, %s "
+        "partition, micro-batch size %d): makespan %s, peak %s per device\n",
+        evaluated, pipeline::ScheduleKindName(chosen.spec.kind), chosen.spec.chunks,
+        chosen.spec.waves, chosen.partition, chosen.microbatch_size,
+        FormatSeconds(chosen.makespan_seconds), FormatBytes(chosen.peak_memory_bytes));
+  }
+  const pipeline::Placement placement = pipeline::PlacementFor(plan.schedule);
+  int first = 0;
+  for (size_t st = 0; st < ends.size(); ++st) {
+    pipeline::PlanStage stage;
+    stage.first_layer = first;
+    stage.end_layer = ends[st];
+    first = ends[st];
+    stage.tensor_parallel = best.tensor_parallel;
+    stage.recompute_layers = recompute[st];
+    stage.predicted_compute_seconds = stage_seconds[st];
+    stage.predicted_memory_bytes = stage_memory[st];
+    for (int d = 0; d < best.data_parallel; ++d) {
+      for (int r = 0; r < placement.NumReplicas(); ++r) {
+        for (int k = 0; k < best.tensor_parallel; ++k) {
+          stage.ranks.push_back(plan.mesh[d][placement.RankOf(r, static_cast<int>(st))] + k);
+        }
+      }
+    }
+    plan.stages.push_back(std::move(stage));
+  }
+  plan.predicted_peak_memory_bytes.assign(plan.world_size, 0.0);
+  for (const pipeline::PlanStage& stage : plan.stages) {
+    for (int rank : stage.ranks) {
+      plan.predicted_peak_memory_bytes[rank] =
+          std::max(plan.predicted_peak_memory_bytes[rank], stage.predicted_memory_bytes);
+    }
+  }
   plan.inputs = request.inputs;
 
   PlanOutcome outcome;
@@ -414,6 +480,7 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
       request.profile.model, best.chain->num_layers(), devices, best.data_parallel, best.stages,
       best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
       FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds), baseline);
+  outcome.summary += schedule_note;
   return outcome;
 }
 
