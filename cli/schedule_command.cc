@@ -30,7 +30,8 @@ ABSL_FLAG(double, weight, 0.0,
           "weight-gradient time of one stage, seconds; schedules that do not split backward "
           "run it with --backward; without it, zb-h1 and zb-v split --backward in halves");
 ABSL_FLAG(std::string, costs, "",
-          "JSON file with per-stage costs: {\"forward\": [...], \"backward\": [...], optional "
+          "JSON file with per-stage costs (one per stage of the pipeline: p, p*v interleaved, "
+          "2*W*p hanayo, 2*p zb-v): {\"forward\": [...], \"backward\": [...], optional "
           "\"weight\", \"activation_bytes\", \"stash_units\", \"grad_sync_seconds\" arrays and "
           "\"latency_seconds\", \"bandwidth_bytes_per_second\", \"optimizer_seconds\"}; "
           "replaces --forward/--backward/--weight");
