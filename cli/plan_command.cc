@@ -16,6 +16,10 @@
 #include "planner/cluster.h"
 #include "planner/importers.h"
 #include "planner/planner.h"
+#include "planner/adapipe.h"
+#include "planner/layer_chain.h"
+#include "planner/templates.h"
+#include "absl/strings/str_format.h"
 
 ABSL_FLAG(std::string, profile, "", "model profile to plan for");
 ABSL_FLAG(std::string, profile_format, "tandem",
@@ -36,7 +40,11 @@ ABSL_FLAG(std::string, cluster, "",
           "device_speeds); replaces --devices/--memory/--bandwidth");
 ABSL_FLAG(std::string, knapsack, "exact",
           "Piper: per-layer configuration choice, exact or greedy (Piper's heuristic)");
-ABSL_FLAG(int, tensor_parallel, 0, "AdaPipe: tensor-parallel degree (0: search)");
+ABSL_FLAG(int, tensor_parallel, 0,
+          "AdaPipe: tensor-parallel degree (0: search); templates: the degree of every stage");
+ABSL_FLAG(bool, templates, false,
+          "instead of one plan, print the best pipeline template for every node count from the "
+          "smallest that fits up to the cluster's (Oobleck-style, for the elastic layer)");
 
 namespace tandem::cli {
 namespace {
@@ -81,6 +89,42 @@ absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(
   }
   return planner::MakeCluster(devices, absl::GetFlag(FLAGS_devices_per_node), memory,
                               bandwidths);
+}
+
+absl::Status PrintTemplates(const planner::PlanRequest& request,
+                            const std::string& output_format) {
+  const int degree = request.tensor_parallel > 0 ? request.tensor_parallel : 1;
+  TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
+                          planner::ProfileAtTensorParallel(request.profile, degree));
+  TANDEM_ASSIGN_OR_RETURN(planner::LayerChain chain, planner::LayerChain::FromProfile(profile));
+  planner::TemplateOptions options;
+  if (request.microbatches > 0) options.microbatches = request.microbatches;
+  options.microbatch_size = profile.microbatch_size;
+  TANDEM_ASSIGN_OR_RETURN(planner::TemplateSet set,
+                          planner::GeneratePipelineTemplates(chain, request.cluster, options));
+  std::string text;
+  if (output_format == "json") {
+    text = planner::ToJson(set).dump(2) + "\n";
+  } else {
+    text = absl::StrFormat(
+        "pipeline templates for %s, nodes of %d devices, %s each; "
+        "smallest node count that fits: %d; generated in %s\n%-6s %-8s %-10s %-14s %s\n",
+        profile.model, request.cluster.devices_per_node,
+        FormatBytes(request.cluster.device_memory_bytes), set.min_nodes,
+        FormatSeconds(set.generation_seconds), "nodes", "stages", "dev/stage", "iteration",
+        "samples/s");
+    for (const planner::PipelineTemplate& t : set.templates) {
+      absl::StrAppend(&text, absl::StrFormat("%-6d %-8d %-10d %-14s %.4g\n", t.nodes,
+                                             static_cast<int>(t.stages.size()),
+                                             t.devices_per_stage,
+                                             FormatSeconds(t.iteration_seconds),
+                                             t.throughput_samples_per_second));
+    }
+  }
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (!output.empty()) return WriteFileAtomically(output, planner::ToJson(set).dump(2) + "\n");
+  std::cout << text;
+  return absl::OkStatus();
 }
 
 absl::Status RunPlanOrError() {
@@ -148,6 +192,7 @@ absl::Status RunPlanOrError() {
                     {"knapsack", knapsack},
                     {"schedule", request.schedule}};
 
+  if (absl::GetFlag(FLAGS_templates)) return PrintTemplates(request, output_format);
   TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
   const std::string json = pipeline::ToJson(outcome.plan).dump(2) + "\n";
   const std::string output = absl::GetFlag(FLAGS_output);
@@ -178,7 +223,7 @@ const CommandRegistrar registrar({
         "    [--microbatches M] [--straight] [--use-fewer-machines]\n"
         "    [--activation-compression-ratio R] [--knapsack exact|greedy] [--stages P]\n"
         "    [--tensor-parallel T] [--schedule auto|1f1b|interleaved|chimera|hanayo|zb-h1]\n"
-        "    [--format text|json] [-o plan.json]\n\n"
+        "    [--format text|json] [-o plan.json] [--templates]\n\n"
         "Algorithms: pipedream (partition + per-stage replication; --straight for none),\n"
         "piper (stages x data/tensor-parallel degrees x per-layer configurations such as\n"
         "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
@@ -191,11 +236,12 @@ const CommandRegistrar registrar({
         "defaults for Piper. Sizes take suffixes (8GiB, 25GiB/s). Prints a table (text) or the\n"
         "plan (json: bottleneck_seconds for PipeDream, time_per_sample for Piper, stages);\n"
         "-o writes plan.json atomically. No plan fits: exit 2 with the smallest memory that\n"
-        "would fit.",
+        "would fit. --templates prints (or writes with -o) the best pipeline template for\n"
+        "every node count instead.",
     .flags = {"profile", "profile_format", "algorithm", "devices", "memory", "bandwidth",
               "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
               "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "schedule",
-              "format", "output"},
+              "templates", "format", "output"},
     .aliases = {{"o", "output"}},
     .run = RunPlan,
 });

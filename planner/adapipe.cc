@@ -98,12 +98,17 @@ double AdaPipePlanner::IterationSeconds(const std::vector<AdaPipeStage>& stages,
 }
 
 absl::StatusOr<AdaPipeResult> AdaPipePlanner::Plan(int stages, int microbatches,
-                                                   double p2p_bandwidth_bytes_per_second) {
+                                                   double p2p_bandwidth_bytes_per_second,
+                                                   int replicas) {
   const int layers = chain_.num_layers();
   if (stages < 1 || stages > layers) {
     return absl::InvalidArgumentError(absl::StrCat("AdaPipe: stages must be in [1, ", layers,
                                                    "] (one layer at least per stage), got ",
                                                    stages));
+  }
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AdaPipe: replicas per stage must be at least 1, got ", replicas));
   }
   if (microbatches < 1) {
     return absl::InvalidArgumentError(
@@ -130,7 +135,7 @@ absl::StatusOr<AdaPipeResult> AdaPipePlanner::Plan(int stages, int microbatches,
   std::vector<int> arg((stages + 1) * width, -1);
   best[0] = 0;
   for (int i = 1; i <= stages; ++i) {
-    const int in_flight = stages - (i - 1);
+    const int in_flight = (stages - (i - 1) + replicas - 1) / replicas;
     for (int b = i; b <= layers - (stages - i); ++b) {
       double current = kInfinity;
       int current_arg = -1;
@@ -164,7 +169,7 @@ absl::StatusOr<AdaPipeResult> AdaPipePlanner::Plan(int stages, int microbatches,
   std::reverse(ends.begin(), ends.end());
   int first = 0;
   for (int i = 0; i < stages; ++i) {
-    result.stages.push_back(CostStage(first, ends[i], stages - i));
+    result.stages.push_back(CostStage(first, ends[i], (stages - i + replicas - 1) / replicas));
     first = ends[i];
   }
   result.iteration_seconds =

@@ -57,9 +57,11 @@ class AdaPipePlanner {
  public:
   AdaPipePlanner(const LayerChain& chain, double memory_bytes, bool allow_recompute = true);
 
-  // ResourceExhausted when no partition into `options.stages` stages fits.
+  // ResourceExhausted when no partition into `stages` stages fits. With `replicas` > 1 every
+  // stage runs on that many data-parallel devices taking turns with micro-batches, so stage i
+  // holds ceil((p - i) / replicas) of them (pipeline templates use this).
   absl::StatusOr<AdaPipeResult> Plan(int stages, int microbatches,
-                                     double p2p_bandwidth_bytes_per_second);
+                                     double p2p_bandwidth_bytes_per_second, int replicas = 1);
 
   // A stage [first, end) holding `in_flight` micro-batches: cheapest recomputation that fits
   // (infinite seconds when nothing fits). Exposed for tests and baselines.

@@ -122,7 +122,7 @@ absl::StatusOr<ClusterSpec> MakeCluster(int devices, int devices_per_node,
   ClusterSpec cluster;
   cluster.device_memory_bytes = device_memory_bytes;
   for (double b : bandwidths) cluster.levels.push_back({b, 0.0});
-  if (bandwidths.size() == 1) {
+  if (bandwidths.size() == 1 && devices_per_node <= 0) {
     cluster.nodes = 1;
     cluster.devices_per_node = devices;
   } else {

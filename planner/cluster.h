@@ -49,9 +49,9 @@ struct ClusterSpec {
 // Checks ranges and names the field ("cluster.json: levels[1].bandwidth: must be positive").
 absl::Status ValidateCluster(const ClusterSpec& cluster, absl::string_view source = "cluster");
 
-// A cluster from the command line: `devices` devices, `bandwidths` innermost first. With one
-// bandwidth all devices share it (one node of `devices`); with two, nodes of
-// `devices_per_node` devices (a divisor of `devices`).
+// A cluster from the command line: `devices` devices, `bandwidths` innermost first, nodes of
+// `devices_per_node` devices (a divisor of `devices`; needed with two bandwidths). With one
+// bandwidth and no node size, all devices form one node sharing it.
 absl::StatusOr<ClusterSpec> MakeCluster(int devices, int devices_per_node,
                                         double device_memory_bytes,
                                         const std::vector<double>& bandwidths);
