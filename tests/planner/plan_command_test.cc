@@ -1,0 +1,158 @@
+// `tandem plan` end to end: reference figures through the command line, plan files, exit codes
+// and messages for bad input, nothing written on failure.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/plan.h"
+#include "tests/planner/test_util.h"
+
+namespace tandem::planner {
+namespace {
+
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+CommandRun Tandem(const std::string& args) {
+  const std::string command = std::string(TANDEM_BIN) + " " + args + " 2>&1";
+  CommandRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string Data(const std::string& name) { return testing::DataPath(name); }
+
+std::string Temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+TEST(PlanCommand, PipeDreamReferenceAsJson) {
+  const CommandRun run = Tandem("plan --profile " + Data("pipedream/vgg16.graph.txt") +
+                         " --profile-format pipedream --algorithm pipedream --devices 8 "
+                         "--bandwidth 1e9 --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const nlohmann::json j = nlohmann::json::parse(run.out);
+  EXPECT_NEAR(j["bottleneck_seconds"].get<double>(), 0.09351323, 1e-8);
+  EXPECT_EQ(j["algorithm"], "pipedream");
+  EXPECT_FALSE(j["stages"].empty());
+}
+
+TEST(PlanCommand, PiperReferenceWritesAPlanFile) {
+  const std::string path = Temp("bert_plan.json");
+  std::remove(path.c_str());
+  const CommandRun run = Tandem("plan --profile " + Data("piper/bert32a100.json") +
+                         " --profile-format piper --algorithm piper --devices 512 --memory 8GiB "
+                         "--microbatches 1920 --bandwidth 25GiB/s -o " + path);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "maximum load (time per sample) 0.002561"));
+  auto plan = pipeline::ReadPlanFile(path);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(plan->time_per_sample, 0.00256113, 0.00256113 * 1e-3);
+  EXPECT_EQ(plan->world_size, 510);
+  EXPECT_EQ(plan->algorithm, "piper");
+}
+
+TEST(PlanCommand, AdaPipeOnGpt3WithScheduleSearch) {
+  const CommandRun run = Tandem(
+      "plan --profile gpt3-175b --profile-format builtin --algorithm adapipe --devices 256 "
+      "--devices-per-node 8 --bandwidth 300GB/s --bandwidth 25GB/s --memory 80GB "
+      "--microbatches 256 --schedule auto --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const nlohmann::json j = nlohmann::json::parse(run.out);
+  auto plan = pipeline::PlanFromJson(j);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->IsUniform());
+  EXPECT_EQ(plan->world_size, 256);
+  for (double bytes : plan->predicted_peak_memory_bytes) EXPECT_LE(bytes, 80e9);
+}
+
+struct BadCase {
+  std::string args;
+  std::string message;
+};
+
+TEST(PlanCommand, BadInputExitsTwoWithAClearMessageAndWritesNothing) {
+  const std::string negative = Temp("negative.json");
+  WriteText(negative, R"({"microbatch_size": 1, "layers": [
+      {"name": "a", "forward_seconds": 1, "backward_seconds": 2, "output_activation_bytes": 1,
+       "stashed_activation_bytes": 1, "parameter_bytes": 1},
+      {"name": "b", "forward_seconds": -1, "backward_seconds": 2, "output_activation_bytes": 1,
+       "stashed_activation_bytes": 1, "parameter_bytes": 1}]})");
+  const std::string unknown = Temp("unknown_input.json");
+  WriteText(unknown, R"({"microbatch_size": 1, "layers": [
+      {"name": "a", "forward_seconds": 1, "backward_seconds": 2, "output_activation_bytes": 1,
+       "stashed_activation_bytes": 1, "parameter_bytes": 1},
+      {"name": "b", "forward_seconds": 1, "backward_seconds": 2, "output_activation_bytes": 1,
+       "stashed_activation_bytes": 1, "parameter_bytes": 1, "inputs": ["c"]}]})");
+  const std::string missing_field = Temp("missing_field.json");
+  WriteText(missing_field, R"({"microbatch_size": 1, "layers": [
+      {"name": "a", "backward_seconds": 2, "output_activation_bytes": 1,
+       "stashed_activation_bytes": 1, "parameter_bytes": 1}]})");
+  const std::string cycle = Temp("cycle.graph.txt");
+  WriteText(cycle,
+            "node1 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0, "
+            "activation_size=10.0, parameter_size=5.0\n"
+            "node2 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0, "
+            "activation_size=10.0, parameter_size=5.0\n"
+            "\tnode1 -- node2\n\tnode2 -- node1\n");
+  const std::string vgg = Data("pipedream/vgg16.graph.txt");
+  const std::string bert = Data("piper/bert32a100.json");
+  const std::vector<BadCase> cases = {
+      {"plan --algorithm pipedream --devices 2", "missing --profile"},
+      {"plan --profile " + vgg + " --profile-format pipedream --devices 2", "missing --algorithm"},
+      {"plan --profile " + vgg + " --profile-format pipedream --algorithm zigzag --devices 2",
+       "unknown algorithm 'zigzag'"},
+      {"plan --profile /nonexistent/p.json --algorithm pipedream --devices 2", "no such file"},
+      {"plan --profile " + negative + " --algorithm pipedream --devices 2",
+       "negative.json: layers[1].forward_seconds: must not be negative"},
+      {"plan --profile " + unknown + " --algorithm pipedream --devices 2",
+       "layers[1].inputs[0]: unknown layer name 'c'"},
+      {"plan --profile " + missing_field + " --algorithm pipedream --devices 1",
+       "layers[0].forward_seconds: missing field"},
+      {"plan --profile " + cycle + " --profile-format pipedream --algorithm pipedream "
+       "--devices 2",
+       "cycle"},
+      {"plan --profile " + vgg + " --profile-format pipedream --algorithm pipedream "
+       "--devices 0",
+       "--devices must be at least 1"},
+      {"plan --profile " + vgg + " --profile-format pipedream --algorithm pipedream "
+       "--devices 2 --memory lots",
+       "--memory"},
+      {"plan --profile " + bert + " --profile-format piper --algorithm piper --devices 4 "
+       "--memory 1GiB",
+       "the smallest memory per device that fits on 4 devices is about"},
+      {"plan --profile " + vgg + " --profile-format pipedream --algorithm pipedream "
+       "--devices 64 --straight",
+       "needs at least 64 layers"},
+      {"plan --profile " + vgg + " --profile-format yaml --algorithm pipedream --devices 2",
+       "unknown profile format 'yaml'"},
+  };
+  const std::string output = Temp("must_not_exist.json");
+  for (const BadCase& c : cases) {
+    std::remove(output.c_str());
+    const CommandRun run = Tandem(c.args + " -o " + output);
+    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, c.message)) << c.args << "\n" << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, "tandem plan: error: ")) << run.out;
+    EXPECT_FALSE(std::ifstream(output).good()) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::planner
