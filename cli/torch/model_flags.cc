@@ -1,0 +1,102 @@
+#include "cli/torch/model_flags.h"
+
+#include <torch/cuda.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, model, "gpt", "model: gpt (decoder-only transformer)");
+ABSL_FLAG(int, layers, 4, "GPT: transformer blocks (the model has layers + 2 pipeline layers)");
+ABSL_FLAG(int, hidden, 64, "GPT: hidden size");
+ABSL_FLAG(int, heads, 4, "GPT: attention heads (must divide --hidden)");
+ABSL_FLAG(int, seq_len, 32, "GPT: sequence length in tokens");
+ABSL_FLAG(int, vocab, 0,
+          "GPT: vocabulary size (0: the data's, 16 for the synthetic task, 256 for --data)");
+ABSL_FLAG(std::string, data, "",
+          "training text file, read as bytes (vocabulary 256); empty: the embedded synthetic "
+          "arithmetic-sequence task");
+ABSL_FLAG(int, microbatch_size, 1, "samples per micro-batch");
+ABSL_FLAG(std::string, optimizer, "adamw", "optimizer: sgd (with momentum) or adamw");
+ABSL_FLAG(std::string, device, "cpu", "device: cpu, cuda or cuda:N");
+
+namespace tandem::cli {
+
+using runtime::libtorch::GptConfig;
+
+constexpr int64_t kSyntheticVocabulary = 16;
+
+const std::vector<std::string>& ModelFlagNames() {
+  static const std::vector<std::string> names = {"model",   "layers", "hidden", "heads",
+                                                 "seq_len", "vocab",  "data"};
+  return names;
+}
+
+absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model != "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model: unknown model '", model, "' (known: gpt)"));
+  }
+  ModelAndData result;
+  GptConfig& gpt = result.gpt;
+  gpt.layers = absl::GetFlag(FLAGS_layers);
+  gpt.hidden = absl::GetFlag(FLAGS_hidden);
+  gpt.heads = absl::GetFlag(FLAGS_heads);
+  gpt.seq_len = absl::GetFlag(FLAGS_seq_len);
+  const std::string text = absl::GetFlag(FLAGS_data);
+  const int vocab = absl::GetFlag(FLAGS_vocab);
+  if (vocab < 0) return absl::InvalidArgumentError(absl::StrCat("--vocab: negative: ", vocab));
+  if (!text.empty()) {
+    if (vocab != 0 && vocab < runtime::libtorch::kByteVocabulary) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab ", vocab, " is too small for byte data (--data needs at least ",
+          runtime::libtorch::kByteVocabulary, ")"));
+    }
+    gpt.vocab = vocab == 0 ? runtime::libtorch::kByteVocabulary : vocab;
+  } else {
+    gpt.vocab = vocab == 0 ? kSyntheticVocabulary : vocab;
+  }
+  if (absl::Status valid = runtime::libtorch::ValidateGptConfig(gpt); !valid.ok()) {
+    // "gpt: hidden ..." -> "--hidden ..." style context for the command line.
+    return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
+  }
+  if (text.empty()) {
+    runtime::libtorch::SyntheticTaskOptions task;
+    task.vocab = gpt.vocab;
+    task.seq_len = gpt.seq_len;
+    task.seed = data_seed;
+    TANDEM_ASSIGN_OR_RETURN(result.data, runtime::libtorch::MakeSyntheticDataset(task));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(result.data,
+                            runtime::libtorch::MakeByteTextDataset(text, gpt.seq_len, data_seed));
+  }
+  result.spec = runtime::libtorch::GptModelSpec(gpt);
+  return result;
+}
+
+absl::StatusOr<torch::Device> DeviceFromFlags() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu") return torch::Device(torch::kCPU);
+  int index = 0;
+  if (device != "cuda" &&
+      !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) &&
+        index >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", device, "' is not cpu, cuda or cuda:N"));
+  }
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device ", device, ": no CUDA device is available to this LibTorch"));
+  }
+  if (index >= static_cast<int>(torch::cuda::device_count())) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", device, ": only ",
+                                                   torch::cuda::device_count(),
+                                                   " CUDA device(s)"));
+  }
+  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(index));
+}
+
+}  // namespace tandem::cli
