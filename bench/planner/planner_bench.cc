@@ -31,6 +31,7 @@ constexpr double kPipeDreamBandwidth = 1e9;
 constexpr double kNvlink = 300e9;      // A100 NVLink, bytes/s
 constexpr double kInfiniBand = 25e9;   // per-node network, bytes/s
 constexpr double kA100Memory = 80e9;
+constexpr double kA100SmallMemory = 40e9;
 constexpr int kDevicesPerNode = 8;
 constexpr int kGpt3Microbatches = 1536;  // GPT-3's batch of 1536 sequences, micro-batch 1
 // Piper's reference run (algo.cpp single()) took 2.7 s of one core.
@@ -227,10 +228,11 @@ void Growth(bool quick) {
 
 void AdaPipeVsMegatron() {
   std::cout << "== AdaPipe vs Megatron-LM default (uniform partition, full recomputation), "
-               "GPT-3 175B on A100 80 GB ==\n";
+               "GPT-3 175B on A100 80 GB and 40 GB ==\n";
   std::cout << "AdaPipe paper: up to 1.32x on GPT-3 175B\n";
-  std::cout << absl::StrFormat("%-34s %-6s %-4s %-4s %-12s %-12s %s\n", "profile", "D", "p", "t",
-                               "Megatron", "AdaPipe", "speedup");
+  std::cout << absl::StrFormat("%-34s %-6s %-4s %-4s %-6s %-12s %-12s %s\n", "profile", "D", "p",
+                               "t", "memory", "Megatron", "AdaPipe", "speedup");
+  for (double memory : {kA100Memory, kA100SmallMemory})
   for (bool split : {false, true}) {
     GptShape shape = Gpt3Shape();
     shape.split_blocks = split;
@@ -244,15 +246,16 @@ void AdaPipeVsMegatron() {
       auto chain = LayerChain::FromProfile(*at_t);
       Check(chain.status(), "chain");
       const int m = kGpt3Microbatches / s.data_parallel;
-      const AdaPipeOptions options{s.stages, m, kA100Memory, true, kInfiniBand};
+      const AdaPipeOptions options{s.stages, m, memory, true, kInfiniBand};
       auto adaptive = RunAdaPipe(*chain, options);
       auto uniform = UniformFullRecompute(*chain, options);
       Check(adaptive.status(), "adapipe");
       Check(uniform.status(), "uniform");
       std::cout << absl::StrFormat(
-          "%-34s %-6d %-4d %-4d %-12s %-12s %.3fx\n",
+          "%-34s %-6d %-4d %-4d %-6s %-12s %-12s %.3fx\n",
           split ? "gpt3-175b, attention/MLP parts" : "gpt3-175b, whole layers", s.data_parallel,
-          s.stages, s.tensor_parallel, absl::StrFormat("%.3f s", uniform->iteration_seconds),
+          s.stages, s.tensor_parallel, absl::StrFormat("%.0fGB", memory / 1e9),
+          absl::StrFormat("%.3f s", uniform->iteration_seconds),
           absl::StrFormat("%.3f s", adaptive->iteration_seconds),
           uniform->iteration_seconds / adaptive->iteration_seconds);
     }
@@ -267,8 +270,8 @@ void AdaPipeVsMegatron() {
   auto uniform = UniformFullRecompute(*chain, options);
   Check(adaptive.status(), "metis adapipe");
   Check(uniform.status(), "metis uniform");
-  std::cout << absl::StrFormat("%-34s %-6d %-4d %-4d %-12s %-12s %.3fx\n",
-                               "metis gpt3 (tp1, bs1), 16 GB", 1, 4, 1,
+  std::cout << absl::StrFormat("%-34s %-6d %-4d %-4d %-6s %-12s %-12s %.3fx\n",
+                               "metis gpt3 (tp1, bs1)", 1, 4, 1, "16GB",
                                absl::StrFormat("%.3f s", uniform->iteration_seconds),
                                absl::StrFormat("%.3f s", adaptive->iteration_seconds),
                                uniform->iteration_seconds / adaptive->iteration_seconds);

@@ -232,3 +232,34 @@ TEST(PipeDream, InfeasibleMemoryIsResourceExhausted) {
 
 }  // namespace
 }  // namespace tandem::planner
+
+namespace tandem::planner {
+namespace {
+
+// GNMT is a DAG (skip connections around LSTM layers): the topological linearization plans it
+// like any chain, and counting activation transfers (every tensor crossing a cut) can only
+// slow the pipeline down.
+TEST(PipeDream, PlansTheGnmtDag) {
+  auto profile = ReadPipeDreamGraphFile(testing::DataPath("pipedream/gnmt.graph.txt"));
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto chain = LayerChain::FromProfile(*profile);
+  ASSERT_TRUE(chain.ok());
+  PipeDreamOptions options;
+  options.levels = {{4, kBandwidth}};
+  auto plain = RunPipeDream(*chain, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_LT(plain->bottleneck_seconds, plain->single_machine_seconds);
+  options.activation_compression_ratio = 1;
+  auto with_transfers = RunPipeDream(*chain, options);
+  ASSERT_TRUE(with_transfers.ok()) << with_transfers.status();
+  EXPECT_GE(with_transfers->bottleneck_seconds, plain->bottleneck_seconds);
+  // Brute force agrees with the transfers counted.
+  BruteOptions o;
+  o.machines = 4;
+  o.compression = 1;
+  EXPECT_NEAR(with_transfers->bottleneck_seconds, BruteForce(*chain, o),
+              1e-12 * with_transfers->bottleneck_seconds);
+}
+
+}  // namespace
+}  // namespace tandem::planner
