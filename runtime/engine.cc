@@ -17,10 +17,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "comm/backend.h"
 #include "comm/groups.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
 #include "runtime/checkpoint.h"
+#include "runtime/parameter_mirror.h"
 #include "runtime/transfer.h"
 
 namespace tandem::runtime {
@@ -157,6 +159,10 @@ struct Engine::Local {
   std::unique_ptr<comm::GradientSync> sync;
   bool sync_started = false;
   bool parameters_current = false;  // WaitForParameters done since the last step
+  // CUDA stages: pinned host copies the synchroniser works on (null on the CPU).
+  std::unique_ptr<ParameterMirror> mirror;
+  // The parameters the synchroniser and checkpoints see: the stage's, or the mirror's.
+  std::vector<ParameterView> parameters;
 };
 
 // Tensors produced on this rank and not yet consumed or sent, and sends in flight.
@@ -485,11 +491,12 @@ absl::Status Engine::Build(StageFactory factory) {
     l->group = std::move(it->second);
     l->group->set_timeout(options_.timeout);
   }
+  TANDEM_RETURN_IF_ERROR(ConnectDevices());
   local = [&]() -> absl::Status {
     for (auto& l : locals_) {
       // Registered in backward order (the stage lists its parameters in forward order).
       std::vector<comm::SyncParameter> params;
-      for (const ParameterView& v : l->impl->Parameters()) {
+      for (const ParameterView& v : l->parameters) {
         params.push_back({v.name, v.value, v.grad});
       }
       std::reverse(params.begin(), params.end());
@@ -506,7 +513,8 @@ absl::Status Engine::Build(StageFactory factory) {
     }
     return absl::OkStatus();
   }();
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "creating gradient synchronisation"));
+  TANDEM_RETURN_IF_ERROR(
+      AgreeOnSuccess(control_.get(), local, "creating gradient synchronisation"));
 
   // The timeline's epoch: right after a barrier, so ranks' clocks line up.
   TANDEM_RETURN_IF_ERROR(control_->Barrier()->Wait());
@@ -654,7 +662,7 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
       header.microbatch = action.microbatch;
       header.replica = action.replica;
       TANDEM_ASSIGN_OR_RETURN(PendingSend send,
-                              SendTensors(*p2p_, action.peer, kTransferTag, header,
+                              SendTensors(*p2p_, *payload_p2p(), action.peer, kTransferTag, header,
                                           std::move(tensors)));
       transfers_->sends.push_back(std::move(send));
       return absl::OkStatus();
@@ -672,7 +680,7 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
       expected.replica = action.replica;
       TANDEM_ASSIGN_OR_RETURN(
           std::vector<Tensor> tensors,
-          ReceiveTensors(*p2p_, action.peer, kTransferTag, expected,
+          ReceiveTensors(*p2p_, *payload_p2p(), action.peer, kTransferTag, expected,
                          [l](const TensorMeta& meta) { return l->impl->NewTensor(meta); }));
       return transfers_->Put(activation ? transfers_->activations : transfers_->gradients, key,
                              std::move(tensors), activation ? "activation" : "gradient");
@@ -683,6 +691,7 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
         return absl::InternalError("gradient synchronisation started twice");
       }
       l->sync_started = true;
+      if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->GradientsToHost());
       for (int b = 0; b < l->sync->num_buckets(); ++b) {
         TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
       }
@@ -732,6 +741,7 @@ absl::Status Engine::FlushInternal() {
     TANDEM_RETURN_IF_ERROR(Annotate(l->sync->Flush(), absl::StrCat("rank ", world_rank_,
                                                                     ": flushing stage ",
                                                                     l->spec.stage)));
+    if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->ValuesToDevice());
     l->parameters_current = true;
   }
   return absl::OkStatus();
@@ -780,7 +790,7 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
       CheckpointShard shard;
       shard.stage = l->spec.stage;
       nlohmann::json steps = nlohmann::json::object();
-      for (const ParameterView& v : l->impl->Parameters()) {
+      for (const ParameterView& v : l->parameters) {
         if (v.value.dtype != comm::DataType::kFloat32) {
           return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
                                                        "': only float32 parameters"));
@@ -807,7 +817,7 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
-      world_, Annotate(local, absl::StrCat("rank ", world_rank_, ": writing checkpoint shards")),
+      control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_, ": writing checkpoint shards")),
       "writing checkpoint shards"));
 
   // Rank 0 writes the manifest last, with every shard's checksum.
@@ -885,7 +895,7 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
       }
       TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ReadShard(dir, *record));
       const std::string where = absl::StrCat(dir, "/", record->file);
-      for (const ParameterView& v : l.impl->Parameters()) {
+      for (const ParameterView& v : l.parameters) {
         const ShardTensor* t = shard.Find(absl::StrCat(kParameterPrefix, v.name));
         if (t == nullptr || t->count != v.value.count ||
             t->dtype != comm::DataType::kFloat32) {
@@ -898,7 +908,7 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
       const nlohmann::json steps = shard.metadata.value("optimizer_steps",
                                                         nlohmann::json::object());
       std::vector<comm::ParameterOptimizerState>& state = states[i];
-      std::vector<ParameterView> params = l.impl->Parameters();
+      const std::vector<ParameterView>& params = l.parameters;
       for (auto it = params.rbegin(); it != params.rend(); ++it) {  // registration order
         comm::ParameterOptimizerState p;
         p.name = it->name;
@@ -916,11 +926,14 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
-      world_, Annotate(local, absl::StrCat("rank ", world_rank_, ": loading checkpoint")),
+      control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_, ": loading checkpoint")),
       "loading the checkpoint"));
   local = [&]() -> absl::Status {
     for (size_t i = 0; i < locals_.size(); ++i) {
       TANDEM_RETURN_IF_ERROR(locals_[i]->sync->LoadOptimizerState(states[i]));
+      if (locals_[i]->mirror != nullptr) {
+        TANDEM_RETURN_IF_ERROR(locals_[i]->mirror->ValuesToDevice());
+      }
       locals_[i]->parameters_current = true;
     }
     return absl::OkStatus();
@@ -930,11 +943,60 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
   return absl::OkStatus();
 }
 
+absl::Status Engine::ConnectDevices() {
+  // Whether this rank's stages live on a CUDA device; every rank must agree.
+  int cuda_stages = 0;
+  for (auto& l : locals_) {
+    if (l->impl->device().kind == comm::DeviceKind::kCuda) ++cuda_stages;
+  }
+  double flags[2] = {cuda_stages > 0 ? 1.0 : 0.0, cuda_stages > 0 ? 0.0 : 1.0};
+  TANDEM_RETURN_IF_ERROR(
+      control_->AllReduce(DoubleBuffer(flags, 2), comm::ReduceOp::kMax)->Wait());
+  const bool any_cuda = flags[0] > 0;
+  const bool any_cpu = flags[1] > 0;
+  absl::Status local = absl::OkStatus();
+  if (cuda_stages > 0 && cuda_stages != static_cast<int>(locals_.size())) {
+    local = absl::InvalidArgumentError(absl::StrCat(
+        "rank ", world_rank_, " holds stages on both the CPU and a CUDA device"));
+  } else if (any_cuda && any_cpu) {
+    local = absl::InvalidArgumentError(
+        "some ranks run their stages on CUDA devices and others on the CPU; the runtime needs "
+        "one kind of device for the whole job");
+  }
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "checking stage devices"));
+  if (!any_cuda) {
+    for (auto& l : locals_) l->parameters = l->impl->Parameters();
+    return absl::OkStatus();
+  }
+  // CUDA stages: payloads travel on NCCL (its own stream) within the pipeline group, headers
+  // on MPI; the synchronisers work on pinned host mirrors of the parameters.
+  comm::CommOptions comm_options;
+  comm_options.timeout = options_.timeout;
+  TANDEM_ASSIGN_OR_RETURN(nccl_world_, comm::CreateNcclCommunicator(*control_, comm_options));
+  TANDEM_ASSIGN_OR_RETURN(nccl_pipeline_, nccl_world_->Split(/*color=*/data_parallel_index_,
+                                                             /*key=*/pipeline_position_));
+  local = [&]() -> absl::Status {
+    for (auto& l : locals_) {
+      TANDEM_ASSIGN_OR_RETURN(l->mirror, ParameterMirror::Create(l->impl->Parameters()));
+      l->parameters = l->mirror->host();
+    }
+    return absl::OkStatus();
+  }();
+  return AgreeOnSuccess(control_.get(),
+                        Annotate(local, absl::StrCat("rank ", world_rank_, ": device mirrors")),
+                        "preparing device parameters");
+}
+
+comm::Communicator* Engine::payload_p2p() const {
+  return nccl_pipeline_ != nullptr ? nccl_pipeline_.get() : p2p_.get();
+}
+
 absl::Status Engine::WaitForParameters(Local* l) {
   if (l->parameters_current) return absl::OkStatus();
   for (int p = l->sync->num_parameters() - 1; p >= 0; --p) {  // forward order
     TANDEM_RETURN_IF_ERROR(l->sync->WaitForParameters(p));
   }
+  if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->ValuesToDevice());
   l->parameters_current = true;
   return absl::OkStatus();
 }

@@ -31,6 +31,12 @@
 // within about one timeout. (Under plain mpirun, Open MPI ends the whole job as soon as a
 // rank dies; `mpirun --enable-recovery` lets the survivors report.)
 //
+// Devices: stages on the CPU exchange tensors over MPI and synchronise gradients in place.
+// Stages on CUDA devices (every rank's, one device per rank) send payloads over NCCL, on its
+// own stream, with the shape headers over MPI, and synchronise gradients through pinned host
+// mirrors of their parameters (runtime/parameter_mirror.h). A build or a machine without CUDA
+// never sees CUDA stages (the factory cannot make them).
+//
 // Threading: one thread drives an Engine.
 #pragma once
 
@@ -184,6 +190,9 @@ class Engine {
   absl::Status Execute(const pipeline::Action& action, IterationResult* result);
   absl::Status OptimizerStep(IterationResult* result);
   absl::Status WaitForParameters(Local* local);
+  // CUDA stages: NCCL for payloads, pinned host mirrors for the synchronisers (see engine.cc).
+  absl::Status ConnectDevices();
+  comm::Communicator* payload_p2p() const;
   Local* Find(int replica, int stage);
   absl::Status Fail(const absl::Status& status, int step, const pipeline::Action& action) const;
   void Record(const pipeline::Action& action, double start, double end);
@@ -195,7 +204,9 @@ class Engine {
   Clock* clock_ = nullptr;
   comm::Communicator* world_ = nullptr;
   std::unique_ptr<comm::Communicator> control_;  // duplicate of the world: gathers
-  std::unique_ptr<comm::Communicator> p2p_;      // pipeline group: transfers
+  std::unique_ptr<comm::Communicator> p2p_;      // pipeline group: transfers (headers)
+  std::unique_ptr<comm::Communicator> nccl_world_;     // CUDA stages only
+  std::unique_ptr<comm::Communicator> nccl_pipeline_;  // CUDA stages: transfer payloads
   int world_rank_ = 0;
   int data_parallel_index_ = 0;
   int pipeline_position_ = 0;

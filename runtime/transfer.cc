@@ -30,6 +30,10 @@ comm::Buffer HeaderBuffer(TransferHeader::Words* words) {
   return b;
 }
 
+int PayloadTag(const comm::Communicator& payload_comm, int tag) {
+  return payload_comm.backend() == "nccl" ? 0 : tag;
+}
+
 std::string Identity(pipeline::ActionType type, int stage, int microbatch, int replica) {
   std::string id = absl::StrCat(pipeline::ActionTypeName(type), stage, ".", microbatch);
   if (replica != 0) absl::StrAppend(&id, "r", replica);
@@ -127,6 +131,14 @@ absl::Status PendingSend::Wait() {
 absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int tag,
                                         const TransferHeader& header,
                                         std::vector<Tensor> tensors) {
+  return SendTensors(comm, comm, peer, tag, header, std::move(tensors));
+}
+
+absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm,
+                                        comm::Communicator& payload_comm, int peer, int tag,
+                                        const TransferHeader& header,
+                                        std::vector<Tensor> tensors) {
+  const int payload_tag = PayloadTag(payload_comm, tag);
   TransferHeader full = header;
   full.tensors.clear();
   for (const Tensor& t : tensors) full.tensors.push_back(t.meta);
@@ -142,7 +154,7 @@ absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int 
   auto header_words = std::make_shared<TransferHeader::Words>(words);
   std::vector<comm::WorkPtr> works;
   works.push_back(comm.Send(HeaderBuffer(header_words.get()), peer, tag));
-  for (const Tensor& t : tensors) works.push_back(comm.Send(t.buffer, peer, tag));
+  for (const Tensor& t : tensors) works.push_back(payload_comm.Send(t.buffer, peer, payload_tag));
   return PendingSend(full.Describe(), std::move(header_words), std::move(tensors),
                      std::move(works));
 }
@@ -150,6 +162,14 @@ absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int 
 absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
     comm::Communicator& comm, int peer, int tag, const TransferHeader& expected,
     const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate) {
+  return ReceiveTensors(comm, comm, peer, tag, expected, allocate);
+}
+
+absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
+    comm::Communicator& comm, comm::Communicator& payload_comm, int peer, int tag,
+    const TransferHeader& expected,
+    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate) {
+  const int payload_tag = PayloadTag(payload_comm, tag);
   const std::string expected_id =
       Identity(expected.type, expected.stage, expected.microbatch, expected.replica);
   auto words = std::make_shared<TransferHeader::Words>();
@@ -178,7 +198,7 @@ absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
                                               " elements of ",
                                               comm::DataTypeName(t.buffer.dtype)));
     }
-    works.push_back(comm.Recv(t.buffer, peer, tag));
+    works.push_back(payload_comm.Recv(t.buffer, peer, payload_tag));
     tensors.push_back(std::move(t));
   }
   for (const comm::WorkPtr& w : works) {

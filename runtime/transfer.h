@@ -74,6 +74,12 @@ class PendingSend {
 absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int tag,
                                         const TransferHeader& header,
                                         std::vector<Tensor> tensors);
+// The same with the payloads on `payload_comm` (over the same ranks), e.g. NCCL for CUDA
+// tensors while the header travels on MPI. NCCL has no tags: payloads use tag 0 there.
+absl::StatusOr<PendingSend> SendTensors(comm::Communicator& header_comm,
+                                        comm::Communicator& payload_comm, int peer, int tag,
+                                        const TransferHeader& header,
+                                        std::vector<Tensor> tensors);
 
 // Receives a transfer from `peer` whose header must match `expected` (type, stage,
 // micro-batch, replica; shapes are taken from the header). `allocate` makes the tensors to
@@ -81,6 +87,10 @@ absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int 
 // receive's memory is deliberately leaked (the library may still write into it).
 absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
     comm::Communicator& comm, int peer, int tag, const TransferHeader& expected,
+    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate);
+absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
+    comm::Communicator& header_comm, comm::Communicator& payload_comm, int peer, int tag,
+    const TransferHeader& expected,
     const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate);
 
 }  // namespace tandem::runtime
