@@ -152,12 +152,15 @@ class ListScheduler {
       Refresh(r, /*ignore_cap=*/false);
     }
     while (remaining > 0) {
+      bool relaxed = false;
       if (queue_.empty()) {
-        // Every rank is blocked by the stash cap (or waits on one that is): relax it once.
+        // Every rank is blocked by the stash cap (or waits on one that is): relax it for one
+        // action.
         for (int r = 0; r < config_.num_ranks; ++r) Refresh(r, /*ignore_cap=*/true);
         if (queue_.empty()) {
           return absl::InternalError("list scheduler: no action can run (cyclic streams)");
         }
+        relaxed = true;
       }
       Entry top = queue_.top();
       queue_.pop();
@@ -180,6 +183,10 @@ class ListScheduler {
       if ((action.type == ActionType::kBackward || action.type == ActionType::kBackwardInput) &&
           action.stage > 0) {
         RefreshOwner(action.replica, action.stage - 1);
+      }
+      // Entries queued while relaxed would ignore the cap: requeue every rank under it.
+      if (relaxed) {
+        for (int other = 0; other < config_.num_ranks; ++other) Refresh(other, false);
       }
     }
     return orders;
