@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "comm/check.h"
 #include "comm/internal/work_util.h"
+#include "comm/mpi/libnbc_tuning.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/mpi/progress_engine.h"
 #include "common/status.h"
@@ -418,6 +419,7 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
   return IssueCollective(
       Kind::kAllReduce, "all_reduce", detail, buffer.count, buffer.dtype, op, /*root=*/0,
       [=](MPI_Request* request) {
+        mpi_internal::IallreduceAlgorithmScope algorithm(buffer.bytes(), buffer.count, group_size);
         return MPI_Iallreduce(MPI_IN_PLACE, buffer.data, static_cast<int>(buffer.count),
                               mpi_type, reduction, comm, request);
       },
