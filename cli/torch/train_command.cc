@@ -1,0 +1,508 @@
+// `tandem train`: trains a LibTorch model with the pipeline runtime on every rank of an
+// `mpirun` job (or in one process): reads a plan, or makes a uniform one from --schedule, or
+// profiles the model on rank 0 and plans for the world size; builds TorchStages and runs the
+// engine; prints a progress line per iteration on rank 0, a final summary, and optionally a
+// JSON log, a timeline (with the simulator's prediction beside it) and checkpoints.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "cli/torch/model_flags.h"
+#include "comm/backend.h"
+#include "comm/grad_sync.h"
+#include "comm/optimizer.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "common/units.h"
+#include "pipeline/plan.h"
+#include "pipeline/profile.h"
+#include "planner/cluster.h"
+#include "planner/planner.h"
+#include "runtime/engine.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/timeline.h"
+#include "runtime/torch/profiler.h"
+#include "runtime/torch/torch_stage.h"
+
+ABSL_FLAG(int, global_batch, 0,
+          "train: samples per iteration over all replicas, G (0: microbatch-size x "
+          "micro-batches x data-parallel, or the plan's)");
+ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
+ABSL_FLAG(int, steps, 10, "train: iterations to run");
+ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
+ABSL_FLAG(std::string, timeline, "",
+          "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
+          "simulator's prediction beside it)");
+ABSL_FLAG(std::string, log_json, "",
+          "train: write one JSON object per iteration here (iteration, loss, tokens_per_second, "
+          "iteration_ms, ...)");
+ABSL_FLAG(double, lr, 1e-3, "train: base learning rate");
+ABSL_FLAG(int, warmup_steps, 0, "train: linear learning-rate warm-up steps");
+ABSL_FLAG(int, decay_steps, 0,
+          "train: step at which the cosine decay reaches --min-lr (0: no decay)");
+ABSL_FLAG(double, min_lr, 0, "train: learning rate at the end of the decay");
+ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum");
+ABSL_FLAG(double, weight_decay, 0, "train: weight decay (SGD: L2; AdamW: decoupled)");
+ABSL_FLAG(double, clip_norm, 0, "train: clip the global gradient norm to this (0: off)");
+ABSL_FLAG(std::string, grad_sync, "allreduce",
+          "train: gradient synchronisation: allreduce (bucketed) or dear (decoupled)");
+ABSL_FLAG(double, bucket_mb, 25, "train: gradient bucket size in MiB");
+ABSL_FLAG(std::string, recompute, "",
+          "train: layers whose activations are recomputed in backward: none, all, or a comma "
+          "list of layer indices (default: the plan's)");
+ABSL_FLAG(std::string, checkpoint_dir, "", "train: write checkpoints into this folder");
+ABSL_FLAG(int, checkpoint_every, 0, "train: checkpoint every N iterations (0: at the end only)");
+ABSL_FLAG(std::string, resume, "", "train: resume from this checkpoint folder");
+ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
+
+namespace tandem::cli {
+namespace {
+
+using runtime::libtorch::LayeredModel;
+
+constexpr int kDefaultMicrobatchesPerRank = 4;  // auto plans: micro-batches per device
+constexpr double kBytesPerMiB = 1 << 20;
+
+// Peak resident memory of this process (CPU). Linux reports KiB.
+double PeakMemoryBytes() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024.0;
+}
+
+absl::StatusOr<comm::OptimizerConfig> OptimizerFromFlags() {
+  TANDEM_ASSIGN_OR_RETURN(comm::OptimizerKind kind,
+                          comm::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
+  comm::OptimizerConfig config = kind == comm::OptimizerKind::kAdamW
+                                     ? comm::OptimizerConfig::AdamW(absl::GetFlag(FLAGS_weight_decay))
+                                     : comm::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum),
+                                                                  absl::GetFlag(FLAGS_weight_decay));
+  TANDEM_RETURN_IF_ERROR(comm::ValidateOptimizerConfig(config));
+  return config;
+}
+
+absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
+  runtime::EngineOptions options;
+  TANDEM_ASSIGN_OR_RETURN(options.optimizer, OptimizerFromFlags());
+  auto sync = comm::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
+  if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
+  options.grad_sync = *sync;
+  const double bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  const double clip = absl::GetFlag(FLAGS_clip_norm);
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  if (!(bucket_mb > 0) || !(lr >= 0) || !(clip >= 0) || !(timeout > 0) ||
+      absl::GetFlag(FLAGS_warmup_steps) < 0 || absl::GetFlag(FLAGS_decay_steps) < 0) {
+    return absl::InvalidArgumentError(
+        "--bucket-mb and --timeout must be positive; --lr, --clip-norm, --warmup-steps and "
+        "--decay-steps must not be negative");
+  }
+  options.bucket_bytes = static_cast<int64_t>(bucket_mb * kBytesPerMiB);
+  options.lr_schedule.base_lr = lr;
+  options.lr_schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  options.lr_schedule.decay_end_step = absl::GetFlag(FLAGS_decay_steps);
+  options.lr_schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
+  options.clip_norm = clip;
+  options.timeout = absl::Seconds(timeout);
+  return options;
+}
+
+// --recompute applied to every stage of `plan` ("" keeps the plan's).
+absl::Status ApplyRecompute(pipeline::Plan* plan) {
+  const std::string text = absl::GetFlag(FLAGS_recompute);
+  if (text.empty()) return absl::OkStatus();
+  std::vector<int> layers;
+  if (text == "all") {
+    for (int l = 0; l < plan->num_layers; ++l) layers.push_back(l);
+  } else if (text != "none") {
+    for (absl::string_view part : absl::StrSplit(text, ',')) {
+      int layer = 0;
+      if (!absl::SimpleAtoi(part, &layer) || layer < 0 || layer >= plan->num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--recompute: '", part, "' is not a layer index in [0, ",
+                         plan->num_layers, ") (or use none / all)"));
+      }
+      layers.push_back(layer);
+    }
+  }
+  for (pipeline::PlanStage& stage : plan->stages) {
+    stage.recompute_layers.clear();
+    for (int l : layers) {
+      if (l >= stage.first_layer && l < stage.end_layer) stage.recompute_layers.push_back(l);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A uniform plan from --schedule, --stages, --microbatches, --data-parallel.
+absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_size) {
+  pipeline::ScheduleSpec spec;
+  TANDEM_ASSIGN_OR_RETURN(spec.kind,
+                          pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
+  const int data_parallel = absl::GetFlag(FLAGS_data_parallel);
+  spec.num_ranks = absl::GetFlag(FLAGS_stages);
+  if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
+  spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+  if (spec.num_microbatches == 0) spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
+  spec.chunks = absl::GetFlag(FLAGS_chunks);
+  spec.waves = absl::GetFlag(FLAGS_waves);
+  if (data_parallel < 1 || spec.num_ranks * data_parallel != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stages ", spec.num_ranks, " x --data-parallel ", data_parallel, " = ",
+        spec.num_ranks * data_parallel, " ranks, but this run has ", world_size));
+  }
+  int64_t microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (global_batch > 0) {
+    const int64_t per_microbatch = int64_t{spec.num_microbatches} * data_parallel;
+    if (global_batch % per_microbatch != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--global-batch ", global_batch, " is not divisible by --microbatches ",
+          spec.num_microbatches, " x --data-parallel ", data_parallel));
+    }
+    microbatch_size = global_batch / per_microbatch;
+  }
+  return pipeline::MakeUniformPlan(num_layers, spec, data_parallel, microbatch_size);
+}
+
+// Rank 0 profiles the model and plans for the world (AdaPipe: a uniform mesh with per-stage
+// recomputation); the plan is returned on rank 0 only.
+absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
+                                        const runtime::libtorch::Dataset& data, int world_size,
+                                        torch::Device device) {
+  runtime::libtorch::ProfilerOptions profiler;
+  profiler.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+  profiler.warmup = 1;
+  profiler.repeats = 3;
+  profiler.device = device;
+  profiler.optimizer_state = absl::GetFlag(FLAGS_optimizer) == "adamw"
+                                 ? runtime::libtorch::OptimizerStateKind::kAdam
+                                 : runtime::libtorch::OptimizerStateKind::kMomentum;
+  std::cout << "profiling " << model.name << " (micro-batch " << profiler.microbatch_size
+            << ") on rank 0 ..." << std::endl;
+  TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
+                          runtime::libtorch::ProfileModel(model, data, profiler));
+  planner::PlanRequest request;
+  request.algorithm = planner::Algorithm::kAdaPipe;
+  request.profile = profile;
+  TANDEM_ASSIGN_OR_RETURN(request.cluster,
+                          planner::MakeCluster(world_size, world_size, /*memory=*/0,
+                                               {/*bandwidth=*/10e9}));
+  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (global_batch > 0) {
+    if (global_batch % profiler.microbatch_size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--global-batch ", global_batch, " is not divisible by --microbatch-size ",
+                       profiler.microbatch_size));
+    }
+    request.microbatches = static_cast<int>(global_batch / profiler.microbatch_size);
+  } else {
+    request.microbatches = kDefaultMicrobatchesPerRank * world_size;
+  }
+  TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
+  std::cout << outcome.summary << std::endl;
+  return outcome.plan;
+}
+
+// Broadcasts a string from rank 0 (size, then bytes).
+absl::StatusOr<std::string> BroadcastString(comm::Communicator& world, std::string text) {
+  int64_t size = static_cast<int64_t>(text.size());
+  comm::Buffer size_buffer;
+  size_buffer.data = &size;
+  size_buffer.count = 1;
+  size_buffer.dtype = comm::DataType::kInt64;
+  TANDEM_RETURN_IF_ERROR(world.Broadcast(size_buffer, /*root=*/0)->Wait());
+  text.resize(static_cast<size_t>(size));
+  comm::Buffer bytes;
+  bytes.data = text.data();
+  bytes.count = size;
+  bytes.dtype = comm::DataType::kUInt8;
+  TANDEM_RETURN_IF_ERROR(world.Broadcast(bytes, /*root=*/0)->Wait());
+  return text;
+}
+
+// Every rank learns whether any rank failed; non-failing ranks get Aborted naming one that did.
+absl::Status Agree(comm::Communicator& world, const absl::Status& local, absl::string_view what) {
+  double failed = local.ok() ? 1e9 : world.rank();
+  comm::Buffer b;
+  b.data = &failed;
+  b.count = 1;
+  b.dtype = comm::DataType::kFloat64;
+  absl::Status s = world.AllReduce(b, comm::ReduceOp::kMin)->Wait();
+  if (!local.ok()) return local;
+  TANDEM_RETURN_IF_ERROR(s);
+  if (failed < 1e9) {
+    return absl::AbortedError(absl::StrCat("rank ", static_cast<int>(failed), " failed ", what,
+                                           " (see its error)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const LayeredModel& model,
+                                          const runtime::libtorch::Dataset& data,
+                                          torch::Device device) {
+  const int world_size = world.size();
+  const std::string plan_file = absl::GetFlag(FLAGS_plan);
+  const bool from_schedule = !absl::GetFlag(FLAGS_schedule).empty();
+  if (!plan_file.empty() && from_schedule) {
+    return absl::InvalidArgumentError("give --plan or --schedule, not both");
+  }
+  pipeline::Plan plan;
+  if (!plan_file.empty()) {
+    absl::Status local = [&]() -> absl::Status {
+      TANDEM_ASSIGN_OR_RETURN(plan, pipeline::ReadPlanFile(plan_file));
+      return Annotate(pipeline::ValidatePlan(plan, world_size, model.num_layers()), plan_file);
+    }();
+    TANDEM_RETURN_IF_ERROR(Agree(world, local, "reading the plan"));
+  } else if (from_schedule) {
+    TANDEM_ASSIGN_OR_RETURN(plan, UniformPlanFromFlags(model.num_layers(), world_size));
+  } else {
+    std::string text;
+    absl::Status local = absl::OkStatus();
+    if (world.rank() == 0) {
+      auto planned = AutoPlan(model, data, world_size, device);
+      if (planned.ok()) {
+        text = pipeline::ToJson(*planned).dump();
+      } else {
+        local = planned.status();
+      }
+    }
+    TANDEM_RETURN_IF_ERROR(Agree(world, local, "planning"));
+    TANDEM_ASSIGN_OR_RETURN(text, BroadcastString(world, text));
+    TANDEM_ASSIGN_OR_RETURN(plan, pipeline::PlanFromJson(nlohmann::json::parse(text),
+                                                         "broadcast plan"));
+  }
+  TANDEM_RETURN_IF_ERROR(ApplyRecompute(&plan));
+  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (global_batch > 0 && global_batch != plan.GlobalBatchSize()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global-batch ", global_batch, " differs from the plan's ", plan.GlobalBatchSize(),
+        " (micro-batch ", plan.microbatch_size, " x ", plan.schedule.num_microbatches,
+        " micro-batches x ", plan.data_parallel, " pipelines)"));
+  }
+  return plan;
+}
+
+std::string DescribePlan(const pipeline::Plan& plan) {
+  std::string out = absl::StrFormat(
+      "plan: %s, %d pipeline(s) x %d stage(s) (%d ranks), %d micro-batches of %d, "
+      "global batch %d\n",
+      pipeline::ScheduleKindName(plan.schedule.kind), plan.data_parallel,
+      plan.pipeline_parallel, plan.world_size, plan.schedule.num_microbatches,
+      plan.microbatch_size, plan.GlobalBatchSize());
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const pipeline::PlanStage& st = plan.stages[s];
+    absl::StrAppendFormat(&out, "  stage %d: layers [%d, %d)%s\n", s, st.first_layer,
+                          st.end_layer,
+                          st.recompute_layers.empty()
+                              ? ""
+                              : absl::StrCat(", recompute ", st.recompute_layers.size(),
+                                             " layer(s)"));
+  }
+  return out;
+}
+
+struct LogLine {
+  int64_t iteration;
+  double loss, tokens_per_second, iteration_ms, grad_norm, learning_rate, bubble, peak_bytes;
+};
+
+nlohmann::json ToJson(const LogLine& l) {
+  return {{"iteration", l.iteration},         {"loss", l.loss},
+          {"tokens_per_second", l.tokens_per_second},
+          {"iteration_ms", l.iteration_ms},   {"grad_norm", l.grad_norm},
+          {"learning_rate", l.learning_rate}, {"bubble", l.bubble},
+          {"peak_memory_bytes", l.peak_bytes}};
+}
+
+absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int64_t iteration) {
+  TANDEM_ASSIGN_OR_RETURN(ChromeTrace trace, engine.GatherTimeline());
+  if (engine.world_rank() != 0) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(pipeline::CostModel costs,
+                          runtime::MeasuredCosts(trace, engine.plan().schedule, iteration));
+  TANDEM_ASSIGN_OR_RETURN(runtime::TimeRange range, runtime::IterationRange(trace, iteration));
+  TANDEM_ASSIGN_OR_RETURN(
+      pipeline::SimulationResult predicted,
+      runtime::AddPrediction(engine.schedule(), costs, range.start_seconds, &trace));
+  TANDEM_RETURN_IF_ERROR(trace.WriteFile(path));
+  std::cout << absl::StrFormat(
+                   "timeline of iteration %d: %s (measured %.1f ms; simulator with the "
+                   "measured stage times: %.1f ms)",
+                   iteration, path, (range.end_seconds - range.start_seconds) * 1e3,
+                   predicted.makespan_seconds * 1e3)
+            << std::endl;
+  return absl::OkStatus();
+}
+
+// The whole run; errors carry their codes (InvalidArgument etc. for bad input).
+absl::Status Train(comm::Communicator& world) {
+  const int rank = world.rank();
+  const int seed = absl::GetFlag(FLAGS_seed);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 0) return absl::InvalidArgumentError("--steps must not be negative");
+  TANDEM_ASSIGN_OR_RETURN(runtime::EngineOptions options, EngineOptionsFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(torch::Device device, DeviceFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
+  TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
+  TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
+                          PlanForRun(world, model, *model_and_data.data, device));
+  const std::string model_text =
+      absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
+  if (rank == 0) std::cout << model_text << "\n" << DescribePlan(plan) << std::flush;
+
+  std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
+  runtime::StageFactory factory =
+      [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
+    runtime::libtorch::TorchStageOptions o;
+    o.first_layer = s.first_layer;
+    o.end_layer = s.end_layer;
+    o.recompute_layers = s.recompute_layers;
+    o.data_parallel_index = s.data_parallel_index;
+    o.data_parallel = s.data_parallel;
+    o.microbatches = s.num_microbatches;
+    o.microbatch_size = plan.microbatch_size;
+    o.device = device;
+    TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
+    return std::unique_ptr<runtime::Stage>(std::move(stage));
+  };
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
+                          runtime::Engine::Create(plan, &world, factory, options));
+  const std::string resume = absl::GetFlag(FLAGS_resume);
+  if (!resume.empty()) {
+    TANDEM_RETURN_IF_ERROR(engine->LoadCheckpoint(resume, model_text));
+    if (rank == 0) std::cout << "resumed from " << resume << " at iteration "
+                             << engine->iteration() << std::endl;
+  }
+
+  const std::string timeline = absl::GetFlag(FLAGS_timeline);
+  const std::string log_json = absl::GetFlag(FLAGS_log_json);
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  const double tokens_per_iteration =
+      static_cast<double>(plan.GlobalBatchSize()) * model_and_data.gpt.seq_len;
+  std::string log_text;
+  double measured_seconds = 0, measured_bubble = 0;
+  int measured = 0;
+  double last_loss = 0;
+  const int64_t first = engine->iteration();
+  const int64_t end = first + steps;
+  for (int64_t it = first; it < end; ++it) {
+    engine->set_record_timeline(!timeline.empty() && it == end - 1);
+    TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
+    const LogLine line{it, r.loss, tokens_per_iteration / r.seconds, r.seconds * 1e3,
+                       r.grad_norm, r.learning_rate, r.bubble_ratio, PeakMemoryBytes()};
+    last_loss = r.loss;
+    if (it > first || steps == 1) {  // the first iteration includes warm-up costs
+      measured_seconds += r.seconds;
+      measured_bubble += r.bubble_ratio;
+      ++measured;
+    }
+    if (rank == 0) {
+      std::cout << absl::StrFormat(
+                       "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  bubble %.2f  "
+                       "peak %s",
+                       it + 1, end, line.loss, line.iteration_ms, line.tokens_per_second,
+                       line.bubble, FormatBytes(line.peak_bytes))
+                << std::endl;
+      if (!log_json.empty()) {
+        absl::StrAppend(&log_text, ToJson(line).dump(), "\n");
+        TANDEM_RETURN_IF_ERROR(WriteFileAtomically(log_json, log_text));
+      }
+    }
+    const bool checkpoint_now =
+        !checkpoint_dir.empty() &&
+        ((checkpoint_every > 0 && (it + 1) % checkpoint_every == 0) || it == end - 1);
+    if (checkpoint_now) {
+      TANDEM_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoint_dir, model_text));
+      if (rank == 0) std::cout << "checkpoint: " << checkpoint_dir << " (step " << it + 1 << ")\n";
+    }
+  }
+  if (!timeline.empty() && steps > 0) {
+    TANDEM_RETURN_IF_ERROR(WriteTimeline(*engine, timeline, end - 1));
+  }
+  if (rank == 0 && measured > 0) {
+    const double mean = measured_seconds / measured;
+    std::cout << absl::StrFormat(
+                     "trained %d iteration(s) on %d rank(s): final loss %.5f, %.1f ms per "
+                     "iteration, %.0f tokens/s, measured bubble %.2f, peak memory %s (rank 0)",
+                     steps, world.size(), last_loss, mean * 1e3, tokens_per_iteration / mean,
+                     measured_bubble / measured, FormatBytes(PeakMemoryBytes()))
+              << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+int RunTrain(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return ReportError("train", absl::InvalidArgumentError(
+                                    absl::StrCat("unexpected argument '", args[0], "'")));
+  }
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  if (!world.ok()) return ReportError("train", world.status());
+  (*world)->set_timeout(absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_timeout))));
+  SetLogRank((*world)->size() > 1 ? (*world)->rank() : -1);
+  absl::Status status = Train(**world);
+  if (status.ok()) return kExitOk;
+  const int code = ReportError(
+      (*world)->size() > 1 ? absl::StrCat("train (rank ", (*world)->rank(), ")") : "train",
+      status);
+  if ((*world)->size() > 1) {
+    // Peers may be gone or stuck: leave without finalising MPI.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+  return code;
+}
+
+std::vector<std::string> TrainFlags() {
+  std::vector<std::string> flags = ModelFlagNames();
+  for (const char* name :
+       {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
+        "waves", "data_parallel", "steps", "seed", "plan", "timeline", "log_json", "optimizer",
+        "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
+        "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every", "resume",
+        "timeout", "device"}) {
+    flags.push_back(name);
+  }
+  return flags;
+}
+
+const CommandRegistrar registrar({
+    .name = "train",
+    .summary = "train a LibTorch model with the pipeline runtime (run under mpirun)",
+    .usage =
+        "mpirun -np N tandem train [--model gpt] --layers L --hidden H --heads A --seq-len S\n"
+        "    [--global-batch G] [--microbatches M] [--schedule NAME --stages P\n"
+        "    --data-parallel D [--chunks V] [--waves W] | --plan plan.json] [--steps K]\n"
+        "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
+        "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
+        "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n\n"
+        "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
+        "the given plan (checked against the world size and the model), with --schedule a\n"
+        "uniform plan of P stages x D pipelines, and with neither rank 0 profiles the model,\n"
+        "plans for the world size (AdaPipe: partition and recomputation), prints the plan and\n"
+        "broadcasts it. Rank 0 prints a progress line per iteration (loss, time, tokens/s,\n"
+        "measured bubble, peak memory) and a summary. --log-json writes one JSON object per\n"
+        "iteration; --timeline writes the last iteration of every rank as a Chrome trace\n"
+        "(open in https://ui.perfetto.dev) with the simulator's prediction beside it.\n"
+        "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
+    .flags = TrainFlags(),
+    .run = RunTrain});
+
+}  // namespace
+}  // namespace tandem::cli
