@@ -166,7 +166,7 @@ TEST(MpiCommunicatorTest, AllGatherMatchesSequentialReference) {
 
 TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
   Communicator& world = World();
-  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64}) {
+  for (DataType type : kAllTypes) {
     for (int root = 0; root < world.size(); ++root) {
       for (int64_t count : Counts(type, world.size())) {
         OwnedBuffer data(type, count);
@@ -204,6 +204,24 @@ TEST(MpiCommunicatorTest, SendRecvRingForEveryType) {
       EXPECT_EQ(wrong, 0) << DataTypeName(type) << " count " << count;
     }
   }
+}
+
+TEST(MpiCommunicatorTest, SendRecvBatchExchangesWithBothNeighbours) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int next = (world.rank() + 1) % world.size();
+  const int prev = (world.rank() + world.size() - 1) % world.size();
+  std::vector<int32_t> to_next(1000, world.rank()), to_prev(7, -world.rank());
+  std::vector<int32_t> from_prev(1000, -1), from_next(7, -1);
+  // What a pipeline stage does: activations forward, gradients backward, in one batch.
+  WorkPtr batch = world.SendRecvBatch(
+      {{PointToPoint::Kind::kRecv, CpuBuffer(from_prev.data(), 1000), prev, 0},
+       {PointToPoint::Kind::kRecv, CpuBuffer(from_next.data(), 7), next, 1},
+       {PointToPoint::Kind::kSend, CpuBuffer(to_next.data(), 1000), next, 0},
+       {PointToPoint::Kind::kSend, CpuBuffer(to_prev.data(), 7), prev, 1}});
+  ASSERT_TRUE(batch->Wait().ok());
+  EXPECT_EQ(from_prev[999], prev);
+  EXPECT_EQ(from_next[6], -next);
 }
 
 TEST(MpiCommunicatorTest, SplitOrdersByKeyAndReducesWithinGroup) {
