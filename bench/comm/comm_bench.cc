@@ -114,7 +114,9 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   absl::ParseCommandLine(argc, argv);
-  tandem::comm::CommOptions options;
+  auto environment = tandem::comm::CommOptions::FromEnvironment();
+  Die(environment.status(), "TANDEM_COMM_* environment");
+  tandem::comm::CommOptions options = *environment;
   options.verify_collectives = absl::GetFlag(FLAGS_verify);
   auto created = MpiCommunicator::World(options);
   Die(created.status(), "creating the world communicator");

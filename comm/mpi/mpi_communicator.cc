@@ -178,6 +178,11 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::World(
   return FromMpiComm(MPI_COMM_WORLD, options);
 }
 
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::World() {
+  TANDEM_ASSIGN_OR_RETURN(CommOptions options, CommOptions::FromEnvironment());
+  return World(options);
+}
+
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::FromMpiComm(
     MPI_Comm comm, const CommOptions& options) {
   MPI_Comm data = MPI_COMM_NULL;

@@ -37,8 +37,9 @@ class MpiCommunicator : public Communicator {
   // All processes of the job. Initialises MPI with MPI_THREAD_MULTIPLE if nobody did (and
   // then finalises it at exit); fails with FailedPrecondition if MPI was initialised with a
   // lower thread level. Collective over MPI_COMM_WORLD.
-  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> World(
-      const CommOptions& options = CommOptions());
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> World(const CommOptions& options);
+  // Same, with CommOptions::FromEnvironment() (TANDEM_COMM_* variables).
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> World();
   // A communicator over duplicates of `comm` (collective over `comm`).
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> FromMpiComm(
       MPI_Comm comm, const CommOptions& options = CommOptions());
