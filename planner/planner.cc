@@ -22,8 +22,6 @@ namespace {
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 // Default micro-batches per pipeline when none are given: enough for 1F1B's steady state.
 constexpr int kDefaultMicrobatchesPerStage = 4;
-// PipeDream's default bandwidth when a Piper problem or profile gives none.
-constexpr double kDefaultBandwidth = 1e9;
 // Unlimited memory for algorithms that need a number.
 constexpr double kUnlimitedMemory = 1e30;
 // Weights and gradients.
@@ -54,7 +52,7 @@ std::string RecomputeText(const pipeline::PlanStage& stage) {
   return absl::StrCat(stage.recompute_layers.size(), "/", size);
 }
 
-std::string StageTable(const pipeline::Plan& plan, const pipeline::Profile& profile) {
+std::string StageTable(const pipeline::Plan& plan) {
   std::string out = absl::StrFormat("%-6s %-16s %-22s %-3s %-10s %-12s %s\n", "stage",
                                     "layers", "ranks", "tp", "recompute", "compute/mb",
                                     "memory/rank");
@@ -68,7 +66,6 @@ std::string StageTable(const pipeline::Plan& plan, const pipeline::Profile& prof
                                        FormatBytes(stage.predicted_memory_bytes));
     absl::StrAppend(&out, line, "\n");
   }
-  (void)profile;
   return out;
 }
 
@@ -115,14 +112,26 @@ void FillPeakMemory(pipeline::Plan* plan) {
   }
 }
 
-double OneF1BIteration(const std::vector<double>& stage_seconds, int microbatches) {
-  double slowest = 0, total = 0;
-  for (double s : stage_seconds) {
-    slowest = std::max(slowest, s);
-    total += s;
+// Synchronous stages wait for their slowest replica: on a heterogeneous cluster, Piper and
+// AdaPipe plan with every device at the slowest device's speed.
+pipeline::Profile AtSlowestSpeed(const pipeline::Profile& profile, const ClusterSpec& cluster) {
+  const double slowdown = 1.0 / cluster.SlowestSpeed();
+  if (slowdown == 1.0) return profile;
+  pipeline::Profile scaled = profile;
+  for (pipeline::LayerProfile& layer : scaled.layers) {
+    layer.forward_seconds *= slowdown;
+    layer.backward_seconds *= slowdown;
+    layer.backward_input_seconds *= slowdown;
+    layer.backward_weight_seconds *= slowdown;
+    layer.recompute_seconds *= slowdown;
+    for (pipeline::TensorParallelVariant& v : layer.tensor_parallel) {
+      v.forward_seconds *= slowdown;
+      v.backward_seconds *= slowdown;
+    }
   }
-  return (microbatches - 1) * slowest + total;
+  return scaled;
 }
+
 
 // ---- PipeDream -----------------------------------------------------------------------------
 
@@ -207,6 +216,11 @@ absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
     }
     instance.bandwidth_bytes_per_second = cluster.levels.back().bandwidth_bytes_per_second;
     if (request.microbatches > 0) instance.microbatches_per_batch = request.microbatches;
+    for (PiperNode& node : instance.nodes) {
+      for (auto& [degree, configs] : node.configs) {
+        for (PiperConfig& c : configs) c.time_per_sample /= cluster.SlowestSpeed();
+      }
+    }
   } else {
     PiperProblemSettings settings;
     settings.max_devices = cluster.NumDevices();
@@ -216,7 +230,7 @@ absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
     settings.microbatches_per_batch = request.microbatches > 0
                                           ? request.microbatches
                                           : kDefaultMicrobatchesPerStage * cluster.NumDevices();
-    instance = PiperFromProfile(request.profile, settings);
+    instance = PiperFromProfile(AtSlowestSpeed(request.profile, cluster), settings);
   }
   PiperOptions options;
   options.knapsack = request.knapsack;
@@ -309,7 +323,8 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   bool any_tried = false;
   for (int t : TensorParallelCandidates(request)) {
     if (devices % t != 0) continue;
-    TANDEM_ASSIGN_OR_RETURN(pipeline::Profile at_t, ProfileAtTensorParallel(request.profile, t));
+    TANDEM_ASSIGN_OR_RETURN(pipeline::Profile at_t,
+                            ProfileAtTensorParallel(AtSlowestSpeed(request.profile, cluster), t));
     TANDEM_ASSIGN_OR_RETURN(LayerChain chain_value, LayerChain::FromProfile(at_t));
     auto chain = std::make_shared<LayerChain>(std::move(chain_value));
     AdaPipePlanner planner(*chain, memory);
@@ -574,7 +589,7 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanRequest& request) {
   }
   outcome->planning_seconds = Seconds(start);
   TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(outcome->plan), "planner produced"));
-  absl::StrAppend(&outcome->summary, StageTable(outcome->plan, request.profile),
+  absl::StrAppend(&outcome->summary, StageTable(outcome->plan),
                   absl::StrFormat("predicted iteration %s with %d micro-batches %s; "
                                   "planned in %s\n",
                                   FormatSeconds(outcome->plan.predicted_iteration_seconds),

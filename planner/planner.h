@@ -7,6 +7,8 @@
 //    D x p mesh the runtime can run); otherwise it is non-uniform (empty mesh, per-stage
 //    ranks), see docs/plan-format.md. AdaPipe plans are always uniform, with ranks numbered
 //    pipeline by pipeline (rank = (d * p + q) * t + tensor rank).
+//  * Heterogeneous clusters: PipeDream's straight pipelines use each device's speed; every
+//    other plan assumes the slowest device's (synchronous replicas wait for it).
 //  * Predicted iteration time: (m - 1) * slowest + sum of per-micro-batch stage times (1F1B
 //    estimate, m micro-batches per pipeline), or the simulator's makespan when the schedule
 //    search ran.
