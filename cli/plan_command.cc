@@ -34,7 +34,8 @@ ABSL_FLAG(double, activation_compression_ratio, 0.0,
           "PipeDream: also bound stages by their activation transfers, divided by this ratio "
           "(0: ignore transfers, as PipeDream's default)");
 ABSL_FLAG(int, devices_per_node, 0,
-          "devices per node when two --bandwidth levels (intra-node, inter-node) are given");
+          "devices per node (needed when two --bandwidth levels, intra-node and inter-node, are "
+          "given; 0 = all devices in one node)");
 ABSL_FLAG(std::string, cluster, "",
           "cluster description JSON (nodes, devices_per_node, device_memory, levels, "
           "device_speeds); replaces --devices/--memory/--bandwidth");
@@ -217,7 +218,7 @@ const CommandRegistrar registrar({
     .name = "plan",
     .summary = "plan partition, replication and recomputation from a profile",
     .usage =
-        "tandem plan --profile FILE [--profile-format tandem|pipedream|piper|metis]\n"
+        "tandem plan --profile FILE [--profile-format tandem|pipedream|piper|metis|builtin]\n"
         "    --algorithm {pipedream,piper,adapipe} --devices N [--memory BYTES]\n"
         "    [--bandwidth BYTES_PER_S ...] [--devices-per-node K] [--cluster FILE]\n"
         "    [--microbatches M] [--straight] [--use-fewer-machines]\n"
@@ -229,9 +230,9 @@ const CommandRegistrar registrar({
         "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
         "pipeline depths and tensor-parallel degrees; with --schedule, the simulator times\n"
         "each schedule's programs and the fastest that fits memory wins, 'auto' trying all).\n"
-        "--microbatches is the number of\n"
-        "micro-batches per iteration over all pipelines (Piper's mbsInBatch). --bandwidth is\n"
-        "innermost first; with two, --devices-per-node says how many devices share the first.\n"
+        "--microbatches is the number of micro-batches per iteration over all pipelines\n"
+        "(Piper's mbsInBatch). --bandwidth is innermost first; with two, --devices-per-node\n"
+        "says how many devices share the first.\n"
         "A Piper file's maxDevices, maxMemoryPerDevice, bandwidth and mbsInBatch are the\n"
         "defaults for Piper. Sizes take suffixes (8GiB, 25GiB/s). Prints a table (text) or the\n"
         "plan (json: bottleneck_seconds for PipeDream, time_per_sample for Piper, stages);\n"
