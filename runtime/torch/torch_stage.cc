@@ -258,6 +258,11 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Forward(int microbatch,
     }
     absl::StatusOr<torch::Tensor> received = FromRuntime(inputs[0]);
     if (!received.ok()) return Annotate(received.status(), Where(microbatch));
+    if (!received->is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(microbatch), ": input of type ", c10::toString(received->scalar_type()),
+          " cannot carry a gradient; only the first stage takes integer inputs"));
+    }
     x = received->clone();  // our own copy: the caller may reuse its receive buffer
   }
   if (is_last_) {

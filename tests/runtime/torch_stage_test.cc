@@ -325,6 +325,9 @@ TEST(TorchStageTest, MisuseIsReportedWithCodesAndContext) {
   ASSERT_TRUE((*stage)->BeginIteration(0).ok());
   EXPECT_EQ((*stage)->Backward(0, {}).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*stage)->Forward(5, {*input}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto ids = (*stage)->NewTensor(TensorMeta{{1, 12}, comm::DataType::kInt64});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ((*stage)->Forward(0, {*ids}).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*stage)->Forward(0, {*input}).ok());
   auto wrong = (*stage)->NewTensor(TensorMeta{{1, 12, 31}, comm::DataType::kFloat32});
   ASSERT_TRUE(wrong.ok());
