@@ -1,0 +1,212 @@
+// `tandem train` end to end: runs `mpirun -np 4 tandem train ...` (the path of the tandem
+// program is the first argument) and checks its JSON log against the single-process reference
+// trainer, its timeline, checkpoint/resume through the command line, and bad input (exit 2,
+// one clear line).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/plan.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/reference.h"
+
+namespace {
+
+namespace libtorch = tandem::runtime::libtorch;
+
+std::string g_tandem;  // path of the tandem program
+constexpr double kRelativeTolerance = 1e-5;
+constexpr uint64_t kSeed = 11;
+constexpr int64_t kGlobalBatch = 16;
+
+struct Outcome {
+  int exit_status = -1;
+  std::string output;
+};
+
+Outcome RunCommand(const std::string& command) {
+  Outcome o;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) o.output.append(buffer, n);
+  const int status = pclose(pipe);
+  o.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return o;
+}
+
+std::string Mpirun(int ranks) {
+  return absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np ",
+                      ranks, " ", g_tandem, " train");
+}
+
+// The model of these tests: a 2-block GPT on the synthetic task.
+constexpr char kModelFlags[] =
+    " --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3"
+    " --warmup-steps 2 --weight-decay 0.01";
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          absl::StrCat("tandem_train_cli_", ::getpid(), "_", name))
+      .string();
+}
+
+std::vector<nlohmann::json> ReadLog(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  auto text = tandem::ReadFile(path);
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return lines;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+std::vector<double> ReferenceLosses(int steps) {
+  libtorch::GptConfig gpt;
+  gpt.vocab = 16;
+  gpt.layers = 2;
+  gpt.hidden = 16;
+  gpt.heads = 2;
+  gpt.seq_len = 8;
+  auto model = libtorch::GptModelSpec(gpt).Build(kSeed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  libtorch::SyntheticTaskOptions task;
+  task.vocab = gpt.vocab;
+  task.seq_len = gpt.seq_len;
+  task.seed = kSeed;
+  auto data = libtorch::MakeSyntheticDataset(task);
+  EXPECT_TRUE(data.ok());
+  libtorch::ReferenceOptions options;
+  options.global_batch = kGlobalBatch;
+  options.steps = steps;
+  options.optimizer.kind = libtorch::OptimizerKind::kAdamW;
+  options.optimizer.weight_decay = 0.01;
+  options.lr.base_lr = 3e-3;
+  options.lr.warmup_steps = 2;
+  auto result = libtorch::TrainReference(*model, **data, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->losses : std::vector<double>();
+}
+
+void ExpectLossesMatch(const std::vector<nlohmann::json>& log, const std::vector<double>& want,
+                       int first_iteration) {
+  ASSERT_FALSE(log.empty());
+  for (const nlohmann::json& line : log) {
+    const int it = line["iteration"].get<int>();
+    ASSERT_LT(it, static_cast<int>(want.size()));
+    ASSERT_GE(it, first_iteration);
+    const double loss = line["loss"].get<double>();
+    EXPECT_LE(std::abs(loss - want[it]), kRelativeTolerance * std::abs(want[it]))
+        << "iteration " << it << ": " << loss << " vs reference " << want[it];
+    EXPECT_GT(line["tokens_per_second"].get<double>(), 0);
+    EXPECT_GT(line["iteration_ms"].get<double>(), 0);
+  }
+}
+
+TEST(TrainCliTest, FourRanksMatchTheReferenceAndWriteATimeline) {
+  const std::string log = TempPath("log.jsonl");
+  const std::string timeline = TempPath("timeline.json");
+  Outcome o = RunCommand(absl::StrCat(Mpirun(4), kModelFlags, " --global-batch ", kGlobalBatch,
+                               " --microbatches 4 --schedule 1f1b --stages 2 --data-parallel 2"
+                               " --steps 10 --seed ", kSeed, " --log-json ", log, " --timeline ",
+                               timeline));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("iter   10/10"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("trained 10 iteration(s) on 4 rank(s)"), std::string::npos)
+      << o.output;
+  const std::vector<nlohmann::json> lines = ReadLog(log);
+  EXPECT_EQ(lines.size(), 10u);
+  ExpectLossesMatch(lines, ReferenceLosses(10), 0);
+
+  auto text = tandem::ReadFile(timeline);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json trace = nlohmann::json::parse(*text);
+  std::set<int> measured, predicted;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const int pid = e["pid"].get<int>();
+    (pid < 4 ? measured : predicted).insert(pid);
+  }
+  EXPECT_EQ(measured.size(), 4u);   // every rank
+  EXPECT_EQ(predicted.size(), 2u);  // the simulator's pipeline of 2 positions
+  std::filesystem::remove(log);
+  std::filesystem::remove(timeline);
+}
+
+TEST(TrainCliTest, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
+  const std::string checkpoint = TempPath("checkpoint");
+  const std::string log = TempPath("resume.jsonl");
+  const std::string common = absl::StrCat(Mpirun(2), kModelFlags, " --global-batch ",
+                                          kGlobalBatch, " --microbatches 4 --schedule zb-h1"
+                                          " --stages 2 --seed ", kSeed, " --grad-sync dear");
+  Outcome first = RunCommand(absl::StrCat(common, " --steps 4 --checkpoint-dir ", checkpoint));
+  ASSERT_EQ(first.exit_status, 0) << first.output;
+  Outcome second =
+      RunCommand(absl::StrCat(common, " --steps 4 --resume ", checkpoint, " --log-json ", log));
+  ASSERT_EQ(second.exit_status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  const std::vector<nlohmann::json> lines = ReadLog(log);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines.front()["iteration"].get<int>(), 4);
+  ExpectLossesMatch(lines, ReferenceLosses(8), 4);
+  std::filesystem::remove_all(checkpoint);
+  std::filesystem::remove(log);
+}
+
+TEST(TrainCliTest, PlanForAnotherWorldSizeIsBadInput) {
+  tandem::pipeline::ScheduleSpec spec;
+  spec.kind = tandem::pipeline::ScheduleKind::k1F1B;
+  spec.num_ranks = 4;
+  spec.num_microbatches = 4;
+  auto plan = tandem::pipeline::MakeUniformPlan(4, spec, 1, 4);
+  ASSERT_TRUE(plan.ok());
+  const std::string path = TempPath("plan4.json");
+  ASSERT_TRUE(tandem::pipeline::WritePlanFile(*plan, path).ok());
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 2"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("this run has 2"), std::string::npos) << o.output;
+  std::filesystem::remove(path);
+}
+
+TEST(TrainCliTest, BadFlagsAndMissingCheckpointAreBadInput) {
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                               " --schedule 1f1b --stages 4 --data-parallel 1 --steps 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("but this run has 2"), std::string::npos) << o.output;
+
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --schedule warp --stages 2 --steps 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("warp"), std::string::npos) << o.output;
+
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --schedule 1f1b --stages 2 --steps 1",
+                       " --resume ", TempPath("no_such_checkpoint")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("manifest.json"), std::string::npos) << o.output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s PATH_TO_TANDEM\n", argv[0]);
+    return 2;
+  }
+  g_tandem = argv[1];
+  return RUN_ALL_TESTS();
+}
