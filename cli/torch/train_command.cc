@@ -342,7 +342,7 @@ absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int
   std::cout << absl::StrFormat(
                    "timeline of iteration %d: %s (measured %.1f ms; simulator with the "
                    "measured stage times: %.1f ms)",
-                   iteration, path, (range.end_seconds - range.start_seconds) * 1e3,
+                   iteration + 1, path, (range.end_seconds - range.start_seconds) * 1e3,
                    predicted.makespan_seconds * 1e3)
             << std::endl;
   return absl::OkStatus();
