@@ -65,7 +65,10 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
   void reset() override {
     const int64_t hidden = config_.hidden;
     attention_norm = register_module("attention_norm", MakeLayerNorm(hidden));
-    qkv = register_module("qkv", torch::nn::Linear(hidden, 3 * hidden));
+    // No bias: softmax ignores a key bias (its gradient is exactly zero, so AdamW would move
+    // it by rounding noise alone), and query/value biases go with it, as in PaLM and LLaMA.
+    qkv = register_module(
+        "qkv", torch::nn::Linear(torch::nn::LinearOptions(hidden, 3 * hidden).bias(false)));
     attention_out = register_module("attention_out", torch::nn::Linear(hidden, hidden));
     mlp_norm = register_module("mlp_norm", MakeLayerNorm(hidden));
     mlp_in = register_module("mlp_in", torch::nn::Linear(hidden, kMlpExpansion * hidden));

@@ -2,7 +2,9 @@
 //
 //   layer 0          embedding: int64 token ids [b, S] -> token + position embeddings [b, S, H]
 //   layers 1..N      transformer block: x + attn(LN(x)), then x + MLP(LN(x)); causal
-//                    multi-head self-attention, MLP H -> 4H -> H with GELU
+//                    multi-head self-attention (fused q/k/v projection without bias: a key
+//                    bias has an exactly zero gradient, which float rounding turns into
+//                    AdamW updates of pure noise), MLP H -> 4H -> H with GELU
 //   layer N + 1      head: final LayerNorm + linear LM head (no bias) -> logits [b, S, vocab]
 //   loss             cross-entropy of the logits against the next tokens, mean over b * S
 //

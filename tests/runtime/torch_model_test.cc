@@ -302,7 +302,9 @@ TEST(ProfilerTest, TinyGptProfileIsValidAndConsistent) {
   const auto& head = profile->layers[3];
   EXPECT_EQ(embedding.name, "embedding");
   EXPECT_DOUBLE_EQ(embedding.parameter_bytes, static_cast<double>((v + s) * h * kFloatBytes));
-  EXPECT_DOUBLE_EQ(block.parameter_bytes, static_cast<double>((12 * h * h + 13 * h) * kFloatBytes));
+  // Two LayerNorms (4H), q/k/v without bias (3H^2), output (H^2 + H), MLP (8H^2 + 5H).
+  EXPECT_DOUBLE_EQ(block.parameter_bytes,
+                   static_cast<double>((12 * h * h + 10 * h) * kFloatBytes));
   EXPECT_DOUBLE_EQ(head.parameter_bytes, static_cast<double>((2 * h + h * v) * kFloatBytes));
   EXPECT_DOUBLE_EQ(block.optimizer_state_bytes, 2 * block.parameter_bytes);
   EXPECT_DOUBLE_EQ(block.output_activation_bytes, activation);
