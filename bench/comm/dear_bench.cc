@@ -7,12 +7,13 @@
 //   mpirun -np 2 dear_bench --layers=8 --layer_bytes=8MiB --forward_ms=3 --backward_ms=6
 //   mpirun -np 2 dear_bench --optimizer=adamw --bucket_bytes=4MiB,25MiB
 //
-// Printed per strategy and bucket size: the measured iteration time (the slowest rank's mean),
-// and against it the lower bound max(compute, communication), where compute is the emulated
-// forward + backward time as measured without any communication (on a loaded machine sleeps
-// overrun) and communication the time of one all-reduce of every gradient (one bucket,
-// measured alone on the same ranks), plus the no-overlap time compute + communication +
-// optimizer step. "of bound" = bound / iteration (100% = perfect overlap).
+// Printed per strategy and bucket size: the iteration time (forward to forward; per iteration
+// the slowest rank, then the median over iterations), and against it the lower bound
+// max(compute, communication), where compute is the emulated forward + backward time measured
+// without any communication (a loaded machine wakes sleepers late) and communication the time
+// of one all-reduce of every gradient (one bucket, alone on the same ranks), both measured just
+// before the row; plus the no-overlap time compute + communication + optimizer step.
+// "of bound" = bound / iteration (100% = perfect overlap).
 #include <mpi.h>
 
 #include <algorithm>
@@ -67,9 +68,13 @@ void Compute(double ms) {
   while (Now() < end) std::this_thread::yield();
 }
 
-double MaxOverRanks(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
+// Per-iteration times: the slowest rank's time for each iteration, then the median over
+// iterations (robust to a loaded machine's occasional late wake-ups).
+double MedianOverIterations(std::vector<double> seconds) {
+  MPI_Allreduce(MPI_IN_PLACE, seconds.data(), static_cast<int>(seconds.size()), MPI_DOUBLE,
+                MPI_MAX, MPI_COMM_WORLD);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
 }
 
 void Check(const absl::Status& status, const char* what) {
@@ -98,30 +103,43 @@ struct Model {
   }
 };
 
-// Mean iteration seconds (slowest rank) of the emulated compute alone: what the sleeps really
-// take on this machine (a loaded machine wakes sleepers late).
+// Median iteration seconds of the emulated compute alone: what the sleeps really take on this
+// machine (a loaded machine wakes sleepers late).
 double RunComputeOnly(int layers, int iterations) {
   const double forward_ms = absl::GetFlag(FLAGS_forward_ms);
   const double backward_ms = absl::GetFlag(FLAGS_backward_ms);
+  std::vector<double> seconds;
   MPI_Barrier(MPI_COMM_WORLD);
-  const double start = Now();
   for (int it = 0; it < iterations; ++it) {
+    const double start = Now();
     for (int l = 0; l < layers; ++l) Compute(forward_ms);
     for (int l = 0; l < layers; ++l) Compute(backward_ms);
+    seconds.push_back(Now() - start);
   }
-  return MaxOverRanks((Now() - start) / iterations);
+  return MedianOverIterations(seconds);
 }
 
-// Mean iteration seconds (slowest rank) of `sync` on the emulated model.
+// Median seconds of one all-reduce of `data` (every gradient in one bucket) through tandem.
+double RunCommunicationOnly(MpiCommunicator& comm, std::vector<float>& data, int repeats) {
+  std::vector<double> seconds;
+  Check(comm.AllReduce(CpuBuffer(data.data(), data.size()))->Wait(), "all-reduce");
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int i = 0; i < repeats; ++i) {
+    const double start = Now();
+    Check(comm.AllReduce(CpuBuffer(data.data(), data.size()))->Wait(), "all-reduce");
+    seconds.push_back(Now() - start);
+  }
+  return MedianOverIterations(seconds);
+}
+
+// Median iteration seconds of `sync` on the emulated model.
 double RunIterations(GradientSync& sync, int layers, int iterations, int warmup) {
   const double forward_ms = absl::GetFlag(FLAGS_forward_ms);
   const double backward_ms = absl::GetFlag(FLAGS_backward_ms);
-  double start = 0;
+  std::vector<double> seconds;
   for (int it = 0; it < warmup + iterations; ++it) {
-    if (it == warmup) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      start = Now();
-    }
+    if (it == warmup) MPI_Barrier(MPI_COMM_WORLD);
+    const double start = Now();
     for (int l = 0; l < layers; ++l) {
       Check(sync.WaitForParameters(layers - 1 - l), "wait for parameters");
       Compute(forward_ms);
@@ -132,9 +150,12 @@ double RunIterations(GradientSync& sync, int layers, int iterations, int warmup)
     }
     Check(sync.FinishBackward(), "finish backward");
     Check(sync.Step(/*lr=*/1e-3), "step");
+    // DeAR's all-gathers are still in flight here: they overlap the next forward, and an
+    // iteration is measured from forward to forward.
+    if (it >= warmup) seconds.push_back(Now() - start);
   }
   Check(sync.Flush(), "flush");
-  return MaxOverRanks((Now() - start) / iterations);
+  return MedianOverIterations(seconds);
 }
 
 }  // namespace
@@ -159,33 +180,20 @@ int main(int argc, char** argv) {
   const double compute_seconds =
       layers * (absl::GetFlag(FLAGS_forward_ms) + absl::GetFlag(FLAGS_backward_ms)) * 1e-3;
 
-  // Communication alone: one all-reduce of every gradient, through tandem.
   std::vector<float> all(static_cast<size_t>(layer_count) * layers, 1.0f);
-  double comm_seconds = 0;
-  {
-    for (int i = 0; i < 2; ++i) Check(comm.AllReduce(CpuBuffer(all.data(), all.size()))->Wait(), "ar");
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = Now();
-    constexpr int kRepeats = 5;
-    for (int i = 0; i < kRepeats; ++i) {
-      Check(comm.AllReduce(CpuBuffer(all.data(), all.size()))->Wait(), "all-reduce");
-    }
-    comm_seconds = MaxOverRanks((Now() - start) / kRepeats);
-  }
-  const double measured_compute = RunComputeOnly(layers, iterations);
-  const double bound = std::max(measured_compute, comm_seconds);
   if (rank == 0) {
     std::printf("# dear_bench: %d ranks, %d layers x %.2f MiB float32 (%.1f MiB), forward %.2f ms"
                 " + backward %.2f ms per layer, %s\n",
                 comm.size(), layers, layer_count * 4 / 1048576.0,
                 layer_count * 4.0 * layers / 1048576.0, absl::GetFlag(FLAGS_forward_ms),
                 absl::GetFlag(FLAGS_backward_ms), absl::GetFlag(FLAGS_optimizer).c_str());
-    std::printf("# compute %.1f ms nominal, %.1f ms measured (the sleeps alone); all-reduce of "
-                "all gradients alone %.1f ms;\n# bound max(measured compute, communication) "
-                "%.1f ms\n",
-                compute_seconds * 1e3, measured_compute * 1e3, comm_seconds * 1e3, bound * 1e3);
-    std::printf("%-10s %-10s | %10s %10s %10s | %9s\n", "strategy", "bucket", "iter(ms)",
-                "bound(ms)", "no-overlap", "of bound");
+    std::printf("# compute %.1f ms nominal per iteration. Per row, measured just before it"
+                " (medians over iterations):\n# compute = the sleeps alone, comm = one all-reduce"
+                " of all gradients alone, bound = max(compute, comm),\n# no-overlap = compute +"
+                " comm + optimizer step; of bound = bound / iteration\n",
+                compute_seconds * 1e3);
+    std::printf("%-10s %-11s | %9s | %8s %8s %9s %10s | %8s\n", "strategy", "bucket",
+                "iter(ms)", "compute", "comm", "bound", "no-overlap", "of bound");
   }
   const std::vector<std::string> strategies =
       absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',');
@@ -216,15 +224,20 @@ int main(int argc, char** argv) {
       const double step_start = Now();
       Check((*sync)->Step(1e-3), "step");
       Check((*sync)->Flush(), "flush");
-      const double step_seconds = MaxOverRanks(Now() - step_start);
+      double step_seconds = Now() - step_start;
+      MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      const double measured_compute = RunComputeOnly(layers, iterations);
+      const double comm_seconds = RunCommunicationOnly(comm, all, /*repeats=*/5);
+      const double bound = std::max(measured_compute, comm_seconds);
       const double iteration = RunIterations(**sync, layers, iterations, warmup + extra_warmup);
       if (rank == 0) {
         std::string label = bucket;
         if (bucket == "auto") {
           label = "auto:" + std::to_string((*sync)->bucket_bytes() >> 20) + "MiB";
         }
-        std::printf("%-10s %-10s | %10.1f %10.1f %10.1f | %8.1f%%\n", strategy_name.c_str(),
-                    label.c_str(), iteration * 1e3, bound * 1e3,
+        std::printf("%-10s %-11s | %9.1f | %8.1f %8.1f %9.1f %10.1f | %7.1f%%\n",
+                    strategy_name.c_str(), label.c_str(), iteration * 1e3,
+                    measured_compute * 1e3, comm_seconds * 1e3, bound * 1e3,
                     (measured_compute + comm_seconds + step_seconds) * 1e3,
                     100.0 * bound / iteration);
         if (bucket == "auto") std::printf("#   tuning: %s\n", (*sync)->TuningReport().c_str());
