@@ -78,6 +78,9 @@ class OptimizerState {
   void set_steps(int64_t steps) { steps_ = steps; }
 
  private:
+  void SgdStep(float* params, const float* grads, double lr, float scale, bool scaled, bool first);
+  void AdamWStep(float* params, const float* grads, double lr, float scale, bool scaled);
+
   OptimizerConfig config_;
   int64_t count_;
   int64_t steps_ = 0;
