@@ -110,7 +110,8 @@ absl::Status EmulatedStage::CheckTensors(const std::vector<Tensor>& tensors, boo
         absl::StrCat(where(), ": expected 1 tensor, got ", tensors.size()));
   }
   const Tensor& t = tensors[0];
-  if (t.buffer.count != options_.activation_elements || t.buffer.dtype != comm::DataType::kFloat32) {
+  if (t.buffer.count != options_.activation_elements ||
+      t.buffer.dtype != comm::DataType::kFloat32) {
     return absl::DataLossError(absl::StrCat(where(), ": expected ", options_.activation_elements,
                                             " float32 elements, got ", t.buffer.count));
   }

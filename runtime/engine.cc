@@ -299,7 +299,7 @@ void Engine::AbortCommunicators(const absl::Status& reason) {
 
 void Engine::SendNotices(char kind, const std::string& text) {
   if (control_ == nullptr) return;
-  // The buffer is never freed: a send to a dead rank may stay pending.
+  // Freed only when every send completed: a send to a dead rank may stay pending.
   auto* buffer = new NoticeBuffer();
   buffer->fill('\0');
   (*buffer)[0] = kind;
@@ -308,7 +308,9 @@ void Engine::SendNotices(char kind, const std::string& text) {
   for (int r = 0; r < control_->size(); ++r) {
     if (r != world_rank_) works.push_back(control_->Send(NoticeBufferOf(buffer), r, kNoticeTag));
   }
-  for (const comm::WorkPtr& w : works) w->Wait(kNoticeSendWait).IgnoreError();
+  bool all_sent = true;
+  for (const comm::WorkPtr& w : works) all_sent &= w->Wait(kNoticeSendWait).ok();
+  if (all_sent) delete buffer;
 }
 
 absl::Status Engine::Report(absl::Status status) {
@@ -473,8 +475,9 @@ absl::Status Engine::Build(StageFactory factory) {
       AgreeOnSuccess(control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_)),
                      "building the engine"));
 
-  // Collectives: the pipeline group of this data-parallel replica (rank in it = pipeline position, so a transfer's peer needs no
-  // mapping), one gradient group per stage, and the synchronisers.
+  // Collectives: the pipeline group of this data-parallel replica (its ranks are the pipeline
+  // positions, so a transfer's peer needs no mapping), one gradient group per stage, and the
+  // synchronisers.
   comm::MeshLayout layout;
   layout.mesh = plan_.mesh;
   layout.placement = schedule_.placement;
@@ -817,7 +820,8 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
-      control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_, ": writing checkpoint shards")),
+      control_.get(),
+      Annotate(local, absl::StrCat("rank ", world_rank_, ": writing checkpoint shards")),
       "writing checkpoint shards"));
 
   // Rank 0 writes the manifest last, with every shard's checksum.

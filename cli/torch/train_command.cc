@@ -87,10 +87,11 @@ double PeakMemoryBytes() {
 absl::StatusOr<comm::OptimizerConfig> OptimizerFromFlags() {
   TANDEM_ASSIGN_OR_RETURN(comm::OptimizerKind kind,
                           comm::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
-  comm::OptimizerConfig config = kind == comm::OptimizerKind::kAdamW
-                                     ? comm::OptimizerConfig::AdamW(absl::GetFlag(FLAGS_weight_decay))
-                                     : comm::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum),
-                                                                  absl::GetFlag(FLAGS_weight_decay));
+  const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  comm::OptimizerConfig config =
+      kind == comm::OptimizerKind::kAdamW
+          ? comm::OptimizerConfig::AdamW(weight_decay)
+          : comm::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum), weight_decay);
   TANDEM_RETURN_IF_ERROR(comm::ValidateOptimizerConfig(config));
   return config;
 }
@@ -157,7 +158,9 @@ absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_si
   spec.num_ranks = absl::GetFlag(FLAGS_stages);
   if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
   spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
-  if (spec.num_microbatches == 0) spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
+  if (spec.num_microbatches == 0) {
+    spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
+  }
   spec.chunks = absl::GetFlag(FLAGS_chunks);
   spec.waves = absl::GetFlag(FLAGS_waves);
   if (data_parallel < 1 || spec.num_ranks * data_parallel != world_size) {
