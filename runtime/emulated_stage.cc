@@ -1,8 +1,13 @@
 #include "runtime/emulated_stage.h"
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +23,8 @@ constexpr int kElementPeriod = 4;
 constexpr float kWeightGradientUnit = 1.0f / 1024;
 constexpr int kWeightGradientPeriod = 16;
 constexpr int kLossPeriod = 32;
+// The last part of an emulated action spent yielding instead of sleeping (see Work).
+constexpr double kYieldTailSeconds = 0.5e-3;
 
 std::shared_ptr<std::vector<float>> Zeros(int64_t count) {
   return std::make_shared<std::vector<float>>(static_cast<size_t>(count), 0.0f);
@@ -69,13 +76,25 @@ absl::Status EmulatedStage::BeginIteration(int64_t iteration) {
 
 absl::Status EmulatedStage::Work(double seconds) {
   if (seconds <= 0) return absl::OkStatus();
-  if (!options_.busy_wait) {
+  const double end = clock_->NowSeconds() + seconds;
+  if (options_.busy_wait) {
+    while (clock_->NowSeconds() < end) {
+    }
+    return absl::OkStatus();
+  }
+#ifdef __linux__
+  // Wake up on time: the default 50 us timer slack would lengthen every emulated action.
+  static thread_local bool precise = prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) == 0;
+  (void)precise;
+#endif
+  if (clock_ != RealClock::Get()) {  // an injected clock: its sleep is exact
     clock_->SleepFor(seconds);
     return absl::OkStatus();
   }
-  const double end = clock_->NowSeconds() + seconds;
-  while (clock_->NowSeconds() < end) {
-  }
+  // Sleep all but a short tail, then yield until the deadline: a woken thread on a busy
+  // machine starts late, and the tail absorbs that delay without holding a core for long.
+  if (seconds > kYieldTailSeconds) clock_->SleepFor(seconds - kYieldTailSeconds);
+  while (clock_->NowSeconds() < end) std::this_thread::yield();
   return absl::OkStatus();
 }
 

@@ -2,11 +2,12 @@
 // data-flow checksum, so the engine's scheduling, routing and overhead can be measured and
 // checked on a few CPU cores without a model.
 //
-// Timing. Each action sleeps for its profiled time (SleepFor on the injected clock) rather
-// than spinning: sleeping ranks leave the cores to the ranks that communicate, so 4 or more
-// ranks on 2 cores run the schedule as it would run on 4 devices, and the measured iteration
-// time can be compared with the simulator's makespan. `busy_wait` spins instead (one core per
-// rank needed) for measuring wake-up latency.
+// Timing. Each action sleeps for its profiled time rather than spinning: sleeping ranks leave
+// the cores to the ranks that communicate, so 4 or more ranks on 2 cores run the schedule as
+// it would run on 4 devices, and the measured iteration time can be compared with the
+// simulator's makespan. With the real clock the last 0.5 ms are spent yielding (a woken thread
+// starts late on a busy machine; the tail absorbs that), with timer slack at its minimum; an
+// injected clock sleeps exactly. `busy_wait` spins instead (one core per rank needed).
 //
 // Data-flow checksum. Element i of the activation that stage s sends for micro-batch m in
 // iteration t (pipeline replica r, data-parallel replica d) is ActivationValue(t, d, r, s, m, i);

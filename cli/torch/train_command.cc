@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -359,6 +361,11 @@ absl::Status Train(comm::Communicator& world) {
   if (steps < 0) return absl::InvalidArgumentError("--steps must not be negative");
   TANDEM_ASSIGN_OR_RETURN(runtime::EngineOptions options, EngineOptionsFromFlags());
   TANDEM_ASSIGN_OR_RETURN(torch::Device device, DeviceFromFlags());
+  if (device.is_cuda() && absl::GetFlag(FLAGS_device) == "cuda") {
+    // One device per rank: ranks on a node take the node's devices in turn.
+    const int devices = static_cast<int>(torch::cuda::device_count());
+    device = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(rank % devices));
+  }
   TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
