@@ -67,10 +67,9 @@ class BucketedGradientSync : public GradientSync {
  private:
   // Sharded state (DeAR over a real group) versus one full state per parameter.
   bool sharded() const { return options_.strategy == GradSyncStrategy::kDeAR && !local_; }
-  ReduceOp reduce_op() const {
-    return options_.reduction == GradientReduction::kAverage ? ReduceOp::kAverage
-                                                             : ReduceOp::kSum;
-  }
+  // The collectives sum; averaging happens in the pass that also unpacks and takes the norm
+  // (one pass over the data instead of three).
+  bool averaging() const { return options_.reduction == GradientReduction::kAverage; }
   int64_t Count(int parameter) const { return parameters_[parameter].value.count; }
   float* Value(int parameter) const { return static_cast<float*>(parameters_[parameter].value.data); }
   float* Grad(int parameter) const { return static_cast<float*>(parameters_[parameter].grad.data); }
@@ -295,10 +294,9 @@ absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
   const Buffer flat = CpuBuffer(bucket.flat_grad.data(), bucket.count);
   if (sharded()) {
     bucket.reduction = group_.ReduceScatter(
-        flat, CpuBuffer(bucket.shard_grad.data(), bucket.shard.count),
-        reduce_op());
+        flat, CpuBuffer(bucket.shard_grad.data(), bucket.shard.count), ReduceOp::kSum);
   } else {
-    bucket.reduction = group_.AllReduce(flat, reduce_op());
+    bucket.reduction = group_.AllReduce(flat, ReduceOp::kSum);
   }
   return absl::OkStatus();
 }
@@ -323,19 +321,28 @@ absl::Status BucketedGradientSync::FinishBackward() {
     const absl::Status status = bucket.reduction->Wait();
     if (!status.ok()) return Annotate(status, Where(absl::StrCat("bucket ", b)));
     bucket.reduction.reset();
+    const float group_size = static_cast<float>(group_.size());
     if (sharded()) {
-      for (float g : bucket.shard_grad) norm_squared += static_cast<double>(g) * g;
+      for (float& g : bucket.shard_grad) {
+        if (averaging()) g = g / group_size;
+        norm_squared += static_cast<double>(g) * g;
+      }
       continue;
     }
-    // All-reduce: the reduced gradients go back into the parameters' grad buffers.
+    // All-reduce: the reduced gradients go back into the parameters' grad buffers, averaged on
+    // the way; group rank 0 alone counts them in the norm.
+    const bool count_norm = group_.rank() == 0;
     for (size_t j = 0; j < bucket.parameters.size(); ++j) {
       const int p = bucket.parameters[j];
-      if (Count(p) > 0) {
-        std::memcpy(Grad(p), bucket.flat_grad.data() + bucket.offsets[j], Count(p) * kFloatBytes);
+      const float* reduced = bucket.flat_grad.data() + bucket.offsets[j];
+      float* grad = Grad(p);
+      double partial = 0;
+      for (int64_t i = 0; i < Count(p); ++i) {
+        const float g = averaging() ? reduced[i] / group_size : reduced[i];
+        grad[i] = g;
+        partial += static_cast<double>(g) * g;
       }
-    }
-    if (group_.rank() == 0) {
-      for (float g : bucket.flat_grad) norm_squared += static_cast<double>(g) * g;
+      if (count_norm) norm_squared += partial;
     }
   }
   norm_squared_ = norm_squared;

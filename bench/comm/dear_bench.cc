@@ -132,30 +132,59 @@ double RunCommunicationOnly(MpiCommunicator& comm, std::vector<float>& data, int
   return MedianOverIterations(seconds);
 }
 
-// Median iteration seconds of `sync` on the emulated model.
-double RunIterations(GradientSync& sync, int layers, int iterations, int warmup) {
+// Medians over iterations (slowest rank each) of the iteration and of the time spent in
+// gradient synchronisation: waiting for parameters in forward, in GradReady (packing and
+// posting), in FinishBackward, and in Step.
+struct IterationTimes {
+  double iteration = 0;
+  double forward_wait = 0;
+  double grad_ready = 0;
+  double finish_backward = 0;
+  double step = 0;
+};
+
+IterationTimes RunIterations(GradientSync& sync, int layers, int iterations, int warmup) {
   const double forward_ms = absl::GetFlag(FLAGS_forward_ms);
   const double backward_ms = absl::GetFlag(FLAGS_backward_ms);
-  std::vector<double> seconds;
+  std::vector<double> total, forward_wait, grad_ready, finish, step;
   for (int it = 0; it < warmup + iterations; ++it) {
     if (it == warmup) MPI_Barrier(MPI_COMM_WORLD);
     const double start = Now();
+    double waited = 0, readied = 0;
     for (int l = 0; l < layers; ++l) {
+      const double before = Now();
       Check(sync.WaitForParameters(layers - 1 - l), "wait for parameters");
+      waited += Now() - before;
       Compute(forward_ms);
     }
     for (int l = layers - 1; l >= 0; --l) {
       Compute(backward_ms);
+      const double before = Now();
       Check(sync.GradReady(layers - 1 - l), "grad ready");
+      readied += Now() - before;
     }
+    const double backward_end = Now();
     Check(sync.FinishBackward(), "finish backward");
+    const double finished = Now();
     Check(sync.Step(/*lr=*/1e-3), "step");
     // DeAR's all-gathers are still in flight here: they overlap the next forward, and an
     // iteration is measured from forward to forward.
-    if (it >= warmup) seconds.push_back(Now() - start);
+    const double end = Now();
+    if (it < warmup) continue;
+    total.push_back(end - start);
+    forward_wait.push_back(waited);
+    grad_ready.push_back(readied);
+    finish.push_back(finished - backward_end);
+    step.push_back(end - finished);
   }
   Check(sync.Flush(), "flush");
-  return MedianOverIterations(seconds);
+  IterationTimes times;
+  times.iteration = MedianOverIterations(total);
+  times.forward_wait = MedianOverIterations(forward_wait);
+  times.grad_ready = MedianOverIterations(grad_ready);
+  times.finish_backward = MedianOverIterations(finish);
+  times.step = MedianOverIterations(step);
+  return times;
 }
 
 }  // namespace
@@ -192,8 +221,11 @@ int main(int argc, char** argv) {
                 " of all gradients alone, bound = max(compute, comm),\n# no-overlap = compute +"
                 " comm + optimizer step; of bound = bound / iteration\n",
                 compute_seconds * 1e3);
-    std::printf("%-10s %-11s | %9s | %8s %8s %9s %10s | %8s\n", "strategy", "bucket",
-                "iter(ms)", "compute", "comm", "bound", "no-overlap", "of bound");
+    std::printf("# in sync: median ms per iteration waiting for parameters in forward (fwd-wait),"
+                " in GradReady (ready), in FinishBackward (finish), in Step (step)\n");
+    std::printf("%-10s %-11s | %9s | %8s %8s %9s %10s | %8s | %8s %6s %6s %6s\n", "strategy",
+                "bucket", "iter(ms)", "compute", "comm", "bound", "no-overlap", "of bound",
+                "fwd-wait", "ready", "finish", "step");
   }
   const std::vector<std::string> strategies =
       absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',');
@@ -229,17 +261,20 @@ int main(int argc, char** argv) {
       const double measured_compute = RunComputeOnly(layers, iterations);
       const double comm_seconds = RunCommunicationOnly(comm, all, /*repeats=*/5);
       const double bound = std::max(measured_compute, comm_seconds);
-      const double iteration = RunIterations(**sync, layers, iterations, warmup + extra_warmup);
+      const IterationTimes times =
+          RunIterations(**sync, layers, iterations, warmup + extra_warmup);
       if (rank == 0) {
         std::string label = bucket;
         if (bucket == "auto") {
           label = "auto:" + std::to_string((*sync)->bucket_bytes() >> 20) + "MiB";
         }
-        std::printf("%-10s %-11s | %9.1f | %8.1f %8.1f %9.1f %10.1f | %7.1f%%\n",
-                    strategy_name.c_str(), label.c_str(), iteration * 1e3,
+        std::printf("%-10s %-11s | %9.1f | %8.1f %8.1f %9.1f %10.1f | %7.1f%% | %8.1f %6.1f %6.1f "
+                    "%6.1f\n",
+                    strategy_name.c_str(), label.c_str(), times.iteration * 1e3,
                     measured_compute * 1e3, comm_seconds * 1e3, bound * 1e3,
                     (measured_compute + comm_seconds + step_seconds) * 1e3,
-                    100.0 * bound / iteration);
+                    100.0 * bound / times.iteration, times.forward_wait * 1e3,
+                    times.grad_ready * 1e3, times.finish_backward * 1e3, times.step * 1e3);
         if (bucket == "auto") std::printf("#   tuning: %s\n", (*sync)->TuningReport().c_str());
         std::fflush(stdout);
       }

@@ -15,7 +15,16 @@ namespace {
 // How long the engine's thread sleeps between checks while a waiter progresses, and at most
 // while idle (a safety net against a missed wake-up).
 constexpr auto kWaiterHandoffSleep = std::chrono::milliseconds(1);
-constexpr auto kIdleSleep = std::chrono::milliseconds(50);
+constexpr auto kIdleSleep = std::chrono::milliseconds(5);
+// After the last pending operation: how long, and how often, the engine keeps MPI progressing.
+constexpr auto kLinger = std::chrono::milliseconds(100);
+constexpr auto kLingerPause = std::chrono::microseconds(50);
+
+// Runs when MPI_Finalize frees MPI_COMM_SELF's attributes, before MPI shuts down.
+int StopAtFinalize(MPI_Comm, int, void*, void*) {
+  ProgressEngine::Get().OnFinalize();
+  return MPI_SUCCESS;
+}
 
 bool MpiFinalized() {
   int finalized = 0;
@@ -214,6 +223,14 @@ ProgressEngine::~ProgressEngine() {
 }
 
 void ProgressEngine::Register(const std::shared_ptr<CommState>& state) {
+  std::call_once(finalize_hook_, [] {
+    int key = MPI_KEYVAL_INVALID;
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &StopAtFinalize, &key, nullptr) ==
+        MPI_SUCCESS) {
+      MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+    }
+  });
+  registered_.store(true);
   std::lock_guard<std::mutex> lock(list_mu_);
   states_.erase(std::remove_if(states_.begin(), states_.end(),
                                [](const std::weak_ptr<CommState>& s) { return s.expired(); }),
@@ -230,9 +247,22 @@ void ProgressEngine::OperationAdded() {
 
 void ProgressEngine::OperationsFinished(int64_t count) { pending_.fetch_sub(count); }
 
+void ProgressEngine::OnFinalize() {
+  finalizing_.store(true);
+  std::lock_guard<std::mutex> wait_for_progress(progress_mu_);  // the engine is out of MPI
+}
+
+void ProgressEngine::Poke() {
+  std::unique_lock<std::mutex> progress_lock(progress_mu_, std::try_to_lock);
+  if (!progress_lock.owns_lock() || finalizing_.load() || !registered_.load()) return;
+  constexpr int kNeverSentTag = 0;  // nothing is ever sent on MPI_COMM_SELF
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, kNeverSentTag, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+}
+
 bool ProgressEngine::TryProgress() {
   std::unique_lock<std::mutex> progress_lock(progress_mu_, std::try_to_lock);
-  if (!progress_lock.owns_lock()) return false;
+  if (!progress_lock.owns_lock() || finalizing_.load()) return false;
   std::vector<std::shared_ptr<CommState>> states;
   {
     std::lock_guard<std::mutex> lock(list_mu_);
@@ -252,11 +282,20 @@ ProgressEngine::WaiterScope::~WaiterScope() { Get().waiters_.fetch_sub(1); }
 void ProgressEngine::Loop() {
   std::unique_lock<std::mutex> lock(wake_mu_);
   Backoff backoff;
+  auto last_active = std::chrono::steady_clock::now() - kLinger;
   while (!stop_) {
     if (pending_.load() <= 0) {
-      wake_.wait_for(lock, kIdleSleep);
+      const bool lingering = std::chrono::steady_clock::now() - last_active < kLinger;
+      lock.unlock();
+      Poke();
+      lock.lock();
+      wake_.wait_for(lock, lingering ? std::chrono::duration_cast<std::chrono::microseconds>(
+                                           kLingerPause)
+                                     : std::chrono::duration_cast<std::chrono::microseconds>(
+                                           kIdleSleep));
       continue;
     }
+    last_active = std::chrono::steady_clock::now();
     if (waiters_.load() > 0) {
       wake_.wait_for(lock, kWaiterHandoffSleep);
       continue;

@@ -6,6 +6,12 @@
 // One thread progresses at a time (progress_mu_); both use MPI_Test, which is legal under
 // MPI_THREAD_MULTIPLE while the issuing thread posts new requests.
 //
+// A rank whose operation completed may still owe its peers protocol messages (e.g. the
+// acknowledgement of a rendezvous send), which only leave while it calls into MPI. So after the
+// last pending operation the engine's thread keeps driving MPI's progress (MPI_Iprobe on
+// MPI_COMM_SELF) every kLingerPause for kLinger, then every kIdleSleep while idle. It stops
+// calling MPI when MPI_Finalize begins (a delete callback on MPI_COMM_SELF).
+//
 // Collectives of one communicator are posted in issue order on every rank (MPI requires it).
 // With verification on, a collective first runs a small all-reduce of its signature (kind,
 // count, type, reduction, root) on a separate control communicator; its data request is
@@ -112,6 +118,10 @@ class ProgressEngine {
   // Advances every registered communicator if no other thread is doing so; returns whether
   // anything changed.
   bool TryProgress();
+  // Drives MPI's progress without any request of ours (see the header comment).
+  void Poke();
+  // Called when MPI_Finalize begins: no MPI call from the engine afterwards.
+  void OnFinalize();
 
   // While alive, the engine's thread leaves progress to the waiting thread.
   class WaiterScope {
@@ -132,6 +142,9 @@ class ProgressEngine {
   std::atomic<int64_t> pending_{0};
   std::atomic<int> waiters_{0};
   std::atomic<bool> polite_{false};
+  std::atomic<bool> finalizing_{false};
+  std::atomic<bool> registered_{false};  // MPI is initialised once a communicator registered
+  std::once_flag finalize_hook_;
   std::mutex wake_mu_;
   std::condition_variable wake_;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
