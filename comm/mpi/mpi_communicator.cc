@@ -16,6 +16,7 @@
 #include "comm/mpi/libnbc_tuning.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/mpi/progress_engine.h"
+#include "comm/mpi/ring.h"
 #include "common/status.h"
 
 namespace tandem::comm {
@@ -282,12 +283,14 @@ WorkPtr MpiCommunicator::IssuePointToPoint(std::string description,
 WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std::string& detail,
                                          int64_t count, DataType dtype, ReduceOp reduce, int root,
                                          std::function<int(MPI_Request*)> post,
-                                         std::function<absl::Status(const MPI_Status&)> finish) {
+                                         std::function<absl::Status(const MPI_Status&)> finish,
+                                         std::function<absl::StatusOr<bool>()> progress) {
   auto op = std::make_shared<Op>();
   op->description = absl::StrCat(name, " #", collective_sequence_++, " (", GroupText(),
                                   detail.empty() ? "" : ", ", detail, ")");
   op->post = std::move(post);
   op->finish = std::move(finish);
+  op->progress = std::move(progress);
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->aborted.ok()) {
@@ -480,13 +483,29 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   static char empty_buffer[16];
   void* send = input.count > 0 ? input.data : empty_buffer;
   void* recv = output.count > 0 ? output.data : empty_buffer + 8;
+  const bool ring = group_size > 1 && input.count >= group_size &&
+                    static_cast<int64_t>(input.bytes()) >= mpi_internal::kRingReduceScatterMinBytes;
+  if (!ring) {
+    return IssueCollective(
+        Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op,
+        /*root=*/0,
+        [=](MPI_Request* request) {
+          return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, reduction, comm,
+                                     request);
+        },
+        std::move(finish));
+  }
+  // The ring's messages use the control communicator, with a tag from the sequence number
+  // this collective is about to get (the same on every rank).
+  const int tag = mpi_internal::kRingTagBase +
+                  static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
+  auto algorithm = std::make_shared<mpi_internal::RingReduceScatter>(
+      state_->control, rank(), group_size, tag, mpi_type, reduction, SizeOf(input.dtype),
+      input.data, output.data, input.count);
   return IssueCollective(
       Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op, /*root=*/0,
-      [=](MPI_Request* request) {
-        return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, reduction, comm,
-                                   request);
-      },
-      std::move(finish));
+      [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
+      [algorithm]() { return algorithm->Progress(); });
 }
 
 WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {

@@ -84,7 +84,8 @@ class MpiCommunicator : public Communicator {
   WorkPtr IssueCollective(Kind kind, const char* name, const std::string& detail, int64_t count,
                           DataType dtype, ReduceOp op, int root,
                           std::function<int(MPI_Request*)> post,
-                          std::function<absl::Status(const MPI_Status&)> finish);
+                          std::function<absl::Status(const MPI_Status&)> finish,
+                          std::function<absl::StatusOr<bool>()> progress = nullptr);
   WorkPtr IssuePointToPoint(std::string description, std::function<int(MPI_Request*)> post,
                             std::function<absl::Status(const MPI_Status&)> finish);
   // Non-OK if the communicator was aborted.

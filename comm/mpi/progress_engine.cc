@@ -128,7 +128,17 @@ bool CommState::AdvanceCollectives() {
       }
       changed = true;
     }
-    if (op->phase == Op::Phase::kPosted) {
+    if (op->phase == Op::Phase::kPosted && op->progress) {
+      absl::StatusOr<bool> complete = op->progress();
+      if (!complete.ok()) {
+        op->Complete(absl::Status(complete.status().code(),
+                                  absl::StrCat(op->description, ": ", complete.status().message())));
+        changed = true;
+      } else if (*complete) {
+        op->Complete(op->finish ? op->finish(MPI_Status{}) : absl::OkStatus());
+        changed = true;
+      }
+    } else if (op->phase == Op::Phase::kPosted) {
       int flag = 0;
       MPI_Status status;
       const int rc = MPI_Test(&op->request, &flag, &status);
@@ -192,6 +202,7 @@ void CommState::Abort(const absl::Status& reason) {
     if (op->phase == Op::Phase::kDone) return;
     if (op->phase == Op::Phase::kPosted || op->phase == Op::Phase::kVerify) {
       abandoned_requests = true;
+      abandoned.push_back(op);
     }
     op->Complete(absl::FailedPreconditionError(
         absl::StrCat(op->description, ": communicator aborted: ", reason.message())));

@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tandem::comm::mpi_internal {
 
@@ -56,6 +57,9 @@ struct Op {
   // Runs after the data request completed (averaging, received-count checks).
   std::function<absl::Status(const MPI_Status&)> finish;
   MPI_Request request = MPI_REQUEST_NULL;
+  // Multi-step algorithms (e.g. the ring reduce-scatter) progress themselves: when set, it
+  // replaces MPI_Test(request) and returns whether the operation is complete.
+  std::function<absl::StatusOr<bool>()> progress;
 
   std::atomic<bool> done{false};
   absl::Status status;  // written once, before done is set (release)
@@ -76,6 +80,8 @@ struct CommState {
   std::vector<std::shared_ptr<Op>> point_to_point ABSL_GUARDED_BY(mu);
   absl::Status aborted ABSL_GUARDED_BY(mu);  // non-OK once aborted
   bool abandoned_requests ABSL_GUARDED_BY(mu) = false;  // requests left unfinished by Abort
+  // Operations whose requests Abort left in flight: their buffers must outlive them.
+  std::vector<std::shared_ptr<Op>> abandoned ABSL_GUARDED_BY(mu);
 
   ~CommState();
   // Tests pending requests and posts ready collectives; true if anything changed.

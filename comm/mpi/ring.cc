@@ -1,0 +1,65 @@
+#include "comm/mpi/ring.h"
+
+#include <algorithm>
+
+#include "comm/check.h"
+
+namespace tandem::comm::mpi_internal {
+
+RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
+                                     MPI_Datatype type, MPI_Op op, size_t element_bytes,
+                                     const void* input, void* output, int64_t count)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      tag_(tag),
+      type_(type),
+      op_(op),
+      element_bytes_(element_bytes),
+      input_(static_cast<const char*>(input)),
+      output_(static_cast<char*>(output)) {
+  int64_t largest = 0;
+  for (int r = 0; r < size_; ++r) {
+    shards_.push_back(Shard(count, size_, r));
+    largest = std::max(largest, shards_.back().count);
+  }
+  for (auto& buffer : partial_) buffer.resize(std::max<int64_t>(largest, 1) * element_bytes_);
+}
+
+int RingReduceScatter::Start() { return Post(); }
+
+int RingReduceScatter::Post() {
+  const int next = (rank_ + 1) % size_;
+  const int previous = (rank_ + size_ - 1) % size_;
+  const int send_shard = ((rank_ - step_ - 1) % size_ + size_) % size_;
+  const int receive_shard = ((rank_ - step_ - 2) % size_ + size_) % size_;
+  const bool last = step_ == size_ - 2;
+  // Step 0 sends the input itself; later steps the partial sum received in the step before.
+  const void* send = step_ == 0 ? InputShard(send_shard) : partial_[(step_ - 1) % 2].data();
+  void* receive = last ? output_ : partial_[step_ % 2].data();
+  int rc = MPI_Irecv(receive, static_cast<int>(shards_[receive_shard].count), type_, previous,
+                     tag_, comm_, &requests_[0]);
+  if (rc != MPI_SUCCESS) return rc;
+  return MPI_Isend(send, static_cast<int>(shards_[send_shard].count), type_, next, tag_, comm_,
+                   &requests_[1]);
+}
+
+absl::StatusOr<bool> RingReduceScatter::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE));
+  if (!done) return false;
+  const int receive_shard = ((rank_ - step_ - 2) % size_ + size_) % size_;
+  const bool last = step_ == size_ - 2;
+  void* received = last ? output_ : partial_[step_ % 2].data();
+  const int count = static_cast<int>(shards_[receive_shard].count);
+  if (count > 0) {
+    TANDEM_MPI_CHECK(MPI_Reduce_local(InputShard(receive_shard), received, count, type_, op_));
+  }
+  if (last) return true;
+  ++step_;
+  const int rc = Post();
+  if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
+  return false;
+}
+
+}  // namespace tandem::comm::mpi_internal
