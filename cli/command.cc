@@ -121,7 +121,9 @@ std::string CommandHelp(const CommandInfo& info) {
 }
 
 int ReportError(const std::string& command, const absl::Status& status) {
-  std::cerr << "tandem " << command << ": error: " << status.message() << std::endl;
+  // One write, so lines of several ranks sharing a terminal do not interleave.
+  std::cerr << absl::StrCat("tandem ", command, ": error: ", status.message(), "\n")
+            << std::flush;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:

@@ -17,7 +17,7 @@ bin="$build/bin/tandem"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
-model=(--model gpt --layers 4 --hidden 64 --heads 4 --seq-len 32 --global-batch 32
+model=(--model gpt --layers 6 --hidden 64 --heads 4 --seq-len 32 --global-batch 32
        --steps "${STEPS:-6}" --seed 1 --optimizer adamw --lr 1e-3)
 
 run() {  # ranks label schedule extra-flags...
@@ -34,7 +34,7 @@ run() {  # ranks label schedule extra-flags...
     "$out/$name.trace.json"
 }
 
-echo "GPT L=4 H=64 A=4 S=32, global batch 32 (tokens per iteration 1024), $(getconf _NPROCESSORS_ONLN) cores"
+echo "GPT L=6 H=64 A=4 S=32, global batch 32 (tokens per iteration 1024), $(getconf _NPROCESSORS_ONLN) cores"
 printf "%-6s %-14s %10s %12s   %s\n" ranks schedule ms/iter tokens/s timeline
 run 1 1f1b 1f1b --stages 1 --microbatches 4
 for ranks in 2 4; do

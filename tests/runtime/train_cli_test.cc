@@ -168,7 +168,7 @@ TEST(TrainCliTest, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   std::filesystem::remove(log);
 }
 
-TEST(TrainCliTest, PlanForAnotherWorldSizeIsBadInput) {
+TEST(TrainCliTest, PlanForAnotherWorldSizeOrModelIsBadInput) {
   tandem::pipeline::ScheduleSpec spec;
   spec.kind = tandem::pipeline::ScheduleKind::k1F1B;
   spec.num_ranks = 4;
@@ -180,6 +180,15 @@ TEST(TrainCliTest, PlanForAnotherWorldSizeIsBadInput) {
   Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 2"));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("this run has 2"), std::string::npos) << o.output;
+
+  // A plan for 2 ranks but a model of 6 layers (the GPT here has 2 blocks + 2 = 4).
+  spec.num_ranks = 2;
+  auto other_model = tandem::pipeline::MakeUniformPlan(6, spec, 1, 4);
+  ASSERT_TRUE(other_model.ok());
+  ASSERT_TRUE(tandem::pipeline::WritePlanFile(*other_model, path).ok());
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 2"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("layers"), std::string::npos) << o.output;
   std::filesystem::remove(path);
 }
 
