@@ -22,10 +22,18 @@ struct Bucket {
   std::vector<int64_t> offsets;  // offset of each parameter in the flat layout
   int64_t count = 0;
   ShardRange shard;              // this rank's shard (DeAR)
-  std::vector<float> flat_grad;  // packed gradients: reduced in place (all-reduce) or the
-                                 // reduce-scatter's input (DeAR)
-  std::vector<float> shard_grad;   // DeAR: the reduced shard
-  std::vector<float> flat_param;   // DeAR: packed parameters, all-gathered in place
+  // Gradients in the flat layout: reduced in place (all-reduce) or the reduce-scatter's input
+  // (DeAR). When the parameters' grad buffers are adjacent in registration order they are used
+  // as they are (grads_in_place); otherwise they are packed into packed_grad.
+  float* grad = nullptr;
+  bool grads_in_place = false;
+  std::vector<float> packed_grad;
+  std::vector<float> shard_grad;  // DeAR: the reduced shard
+  // DeAR: parameters in the flat layout, updated (own shard) and all-gathered in place; the
+  // value buffers themselves when adjacent (params_in_place), else packed_param.
+  float* param = nullptr;
+  bool params_in_place = false;
+  std::vector<float> packed_param;
   std::unique_ptr<OptimizerState> shard_optimizer;  // DeAR: state of the shard
   int ready = 0;
   bool launched = false;
@@ -60,6 +68,11 @@ class BucketedGradientSync : public GradientSync {
   int BucketOf(int parameter) const override {
     return parameter >= 0 && parameter < num_parameters() ? bucket_of_[parameter] : -1;
   }
+  bool BucketInPlace(int bucket) const override {
+    if (bucket < 0 || bucket >= num_buckets() || local_) return local_;
+    const Bucket& b = buckets_[bucket];
+    return b.grads_in_place && (!sharded() || b.params_in_place);
+  }
   int64_t bucket_bytes() const override { return bucket_bytes_; }
   bool tuning() const override { return tuning_; }
   std::string TuningReport() const override;
@@ -75,6 +88,17 @@ class BucketedGradientSync : public GradientSync {
   float* Grad(int parameter) const { return static_cast<float*>(parameters_[parameter].grad.data); }
 
   void BuildBuckets(int64_t bucket_bytes);
+  // Whether the bucket's buffers (Grad or Value) follow each other in memory in registration
+  // order, so the bucket can use them without copies.
+  bool Adjacent(const Bucket& bucket, float* (BucketedGradientSync::*buffer)(int) const) const {
+    for (size_t j = 1; j < bucket.parameters.size(); ++j) {
+      const int previous = bucket.parameters[j - 1];
+      if ((this->*buffer)(bucket.parameters[j]) != (this->*buffer)(previous) + Count(previous)) {
+        return false;
+      }
+    }
+    return !bucket.parameters.empty() && (this->*buffer)(bucket.parameters[0]) != nullptr;
+  }
   absl::Status LaunchReadyBuckets();
   absl::Status Launch(Bucket& bucket);
   absl::Status WaitBucketParameters(Bucket& bucket);
@@ -224,11 +248,23 @@ void BucketedGradientSync::BuildBuckets(int64_t bucket_bytes) {
   }
   for (Bucket& bucket : buckets_) {
     if (local_) continue;  // nothing to pack
-    bucket.flat_grad.assign(bucket.count, 0.0f);
+    bucket.grads_in_place = Adjacent(bucket, &BucketedGradientSync::Grad);
+    if (bucket.grads_in_place) {
+      bucket.grad = Grad(bucket.parameters[0]);
+    } else {
+      bucket.packed_grad.assign(bucket.count, 0.0f);
+      bucket.grad = bucket.packed_grad.data();
+    }
     if (sharded()) {
       bucket.shard = Shard(bucket.count, group_.size(), group_.rank());
       bucket.shard_grad.assign(bucket.shard.count, 0.0f);
-      bucket.flat_param.assign(bucket.count, 0.0f);
+      bucket.params_in_place = Adjacent(bucket, &BucketedGradientSync::Value);
+      if (bucket.params_in_place) {
+        bucket.param = Value(bucket.parameters[0]);
+      } else {
+        bucket.packed_param.assign(bucket.count, 0.0f);
+        bucket.param = bucket.packed_param.data();
+      }
       bucket.shard_optimizer =
           std::make_unique<OptimizerState>(options_.optimizer, bucket.shard.count);
     }
@@ -285,13 +321,13 @@ absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
   // A parameter's gradient may only be packed once its all-gather (previous iteration) has
   // landed: the runtime waits for parameters before forward, so this is already the case.
   TANDEM_RETURN_IF_ERROR(WaitBucketParameters(bucket));
-  for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+  for (size_t j = 0; j < bucket.parameters.size() && !bucket.grads_in_place; ++j) {
     const int p = bucket.parameters[j];
     if (Count(p) > 0) {
-      std::memcpy(bucket.flat_grad.data() + bucket.offsets[j], Grad(p), Count(p) * kFloatBytes);
+      std::memcpy(bucket.grad + bucket.offsets[j], Grad(p), Count(p) * kFloatBytes);
     }
   }
-  const Buffer flat = CpuBuffer(bucket.flat_grad.data(), bucket.count);
+  const Buffer flat = CpuBuffer(bucket.grad, bucket.count);
   if (sharded()) {
     bucket.reduction = group_.ReduceScatter(
         flat, CpuBuffer(bucket.shard_grad.data(), bucket.shard.count), ReduceOp::kSum);
@@ -334,7 +370,7 @@ absl::Status BucketedGradientSync::FinishBackward() {
     const bool count_norm = group_.rank() == 0;
     for (size_t j = 0; j < bucket.parameters.size(); ++j) {
       const int p = bucket.parameters[j];
-      const float* reduced = bucket.flat_grad.data() + bucket.offsets[j];
+      const float* reduced = bucket.grad + bucket.offsets[j];  // == Grad(p) when in place
       float* grad = Grad(p);
       double partial = 0;
       for (int64_t i = 0; i < Count(p); ++i) {
@@ -367,22 +403,22 @@ absl::Status BucketedGradientSync::Step(double lr, double grad_scale) {
       const ShardRange shard = bucket.shard;
       // This rank's shard of the current parameter values (they may have been changed outside,
       // e.g. by a checkpoint load, so they are read from the parameters each time).
-      for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+      for (size_t j = 0; j < bucket.parameters.size() && !bucket.params_in_place; ++j) {
         const int p = bucket.parameters[j];
         const int64_t begin = std::max(shard.offset, bucket.offsets[j]);
         const int64_t end = std::min(shard.offset + shard.count, bucket.offsets[j] + Count(p));
         if (begin < end) {
-          std::memcpy(bucket.flat_param.data() + begin, Value(p) + (begin - bucket.offsets[j]),
+          std::memcpy(bucket.param + begin, Value(p) + (begin - bucket.offsets[j]),
                       (end - begin) * kFloatBytes);
         }
       }
-      float* shard_param = bucket.flat_param.data() + shard.offset;
+      float* shard_param = bucket.param + shard.offset;
       TANDEM_RETURN_IF_ERROR(bucket.shard_optimizer->Step(
           absl::MakeSpan(shard_param, shard.count),
           absl::MakeConstSpan(bucket.shard_grad.data(), shard.count), lr, grad_scale));
       bucket.gather =
           group_.AllGather(CpuBuffer(shard.count > 0 ? shard_param : nullptr, shard.count),
-                           CpuBuffer(bucket.flat_param.data(), bucket.count));
+                           CpuBuffer(bucket.param, bucket.count));
     }
   }
   for (Bucket& bucket : buckets_) {
@@ -401,10 +437,10 @@ absl::Status BucketedGradientSync::WaitBucketParameters(Bucket& bucket) {
   const absl::Status status = bucket.gather->Wait();
   if (!status.ok()) return Annotate(status, Where("parameter all-gather"));
   bucket.gather.reset();
-  for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+  for (size_t j = 0; j < bucket.parameters.size() && !bucket.params_in_place; ++j) {
     const int p = bucket.parameters[j];
     if (Count(p) > 0) {
-      std::memcpy(Value(p), bucket.flat_param.data() + bucket.offsets[j], Count(p) * kFloatBytes);
+      std::memcpy(Value(p), bucket.param + bucket.offsets[j], Count(p) * kFloatBytes);
     }
   }
   return absl::OkStatus();

@@ -36,6 +36,13 @@
 //
 // Parameters must be float32 CPU buffers whose `value` and `grad` stay at the same address for
 // the synchroniser's lifetime. A group of size 1 (no data parallelism) communicates nothing.
+//
+// Copies: a bucket packs its gradients (and, for DeAR, its parameters) into a flat buffer,
+// unless the parameters' grad (value) buffers already follow each other in memory in
+// registration order, e.g. views into one arena laid out in backward order; then the
+// collectives run on them in place (BucketInPlace). In place, DeAR writes this rank's updated
+// shard into the parameters at Step and the others' as the all-gather lands, so a parameter's
+// values are only defined after WaitForParameters (which is the contract anyway).
 #pragma once
 
 #include <cstdint>
@@ -120,6 +127,9 @@ class GradientSync {
   virtual int num_parameters() const = 0;
   virtual int num_buckets() const = 0;
   virtual int BucketOf(int parameter) const = 0;
+  // Whether bucket `bucket` communicates its gradients in place (no packing); for DeAR also
+  // its parameters.
+  virtual bool BucketInPlace(int bucket) const = 0;
   virtual int64_t bucket_bytes() const = 0;
   // While auto_bucket is still measuring.
   virtual bool tuning() const = 0;

@@ -194,25 +194,103 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adamw_one_bucket", OptimizerConfig::AdamW(0.01), kDefaultBucketBytes}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
-TEST(DearTest, ParametersChangeOnlyWhenTheirAllGatherIsWaitedFor) {
+TEST(DearTest, PackedParametersChangeOnlyWhenTheirAllGatherIsWaitedFor) {
   Communicator& world = World();
   Model model(kSizes);
   auto dear = GradientSync::Create(
       world, model.Views(), Options(GradSyncStrategy::kDeAR, 16 << 10, OptimizerConfig::Sgd(0.0)));
   ASSERT_TRUE(dear.ok()) << dear.status();
-  EXPECT_GT((*dear)->num_buckets(), 2);
+  // 16 KiB buckets: {0, 1, 2}, {3, 4, 5}, {6}. Separate vectors are not adjacent, so the first
+  // two buckets are packed; the third holds one parameter and runs in place.
+  ASSERT_EQ((*dear)->num_buckets(), 3);
+  const int probe = 4;  // bucket 1
+  const int other = 0;  // bucket 0
+  ASSERT_FALSE((*dear)->BucketInPlace((*dear)->BucketOf(probe)));
+  ASSERT_FALSE((*dear)->BucketInPlace((*dear)->BucketOf(other)));
+  EXPECT_TRUE((*dear)->BucketInPlace((*dear)->BucketOf(6)));
   Iterate(**dear, model, world, 0);
+  // Step returned with the all-gathers in flight: nothing was written into packed parameters.
   const Model before = model;
-  // Step returned with the all-gathers in flight: nothing was written into the parameters.
-  EXPECT_EQ(MaxRelativeDifference(model, before), 0.0);
-  const int first_layer = (*dear)->num_parameters() - 1;
-  ASSERT_TRUE((*dear)->WaitForParameters(first_layer).ok());
-  EXPECT_NE(model.values[first_layer], before.values[first_layer]);
-  // A parameter in another bucket is still untouched.
-  ASSERT_NE((*dear)->BucketOf(0), (*dear)->BucketOf(first_layer));
-  EXPECT_EQ(model.values[0], before.values[0]);
+  ASSERT_TRUE((*dear)->WaitForParameters(probe).ok());
+  EXPECT_NE(model.values[probe], before.values[probe]);
+  EXPECT_NE(model.values[probe - 1], before.values[probe - 1]);  // same bucket
+  EXPECT_EQ(model.values[other], before.values[other]);          // another bucket
   ASSERT_TRUE((*dear)->Flush().ok());
-  EXPECT_NE(model.values[0], before.values[0]);
+  EXPECT_NE(model.values[other], before.values[other]);
+}
+
+// Parameters laid out in one arena in registration (backward) order, as a runtime that
+// allocates them together would: buckets then communicate without copies.
+struct ArenaModel {
+  std::vector<float> values, grads;
+  std::vector<int64_t> offsets;
+  ArenaModel() {
+    Model init(kSizes);
+    for (size_t p = 0; p < kSizes.size(); ++p) {
+      offsets.push_back(static_cast<int64_t>(values.size()));
+      values.insert(values.end(), init.values[p].begin(), init.values[p].end());
+    }
+    grads.assign(values.size(), 0.0f);
+  }
+  std::vector<SyncParameter> Views() {
+    std::vector<SyncParameter> views;
+    for (size_t p = 0; p < kSizes.size(); ++p) {
+      views.push_back({absl::StrCat("layer", p, ".weight"),
+                       CpuBuffer(values.data() + offsets[p], kSizes[p]),
+                       CpuBuffer(grads.data() + offsets[p], kSizes[p])});
+    }
+    return views;
+  }
+  // The same iteration as Iterate() above, on the arena.
+  void Iterate(GradientSync& sync, int rank, int step) {
+    for (int p = sync.num_parameters() - 1; p >= 0; --p) {
+      EXPECT_TRUE(sync.WaitForParameters(p).ok());
+    }
+    for (size_t p = 0; p < kSizes.size(); ++p) {
+      for (int64_t i = 0; i < kSizes[p]; ++i) {
+        grads[offsets[p] + i] = Gradient(rank, step, p, i, values[offsets[p] + i]);
+      }
+    }
+    for (int p = 0; p < sync.num_parameters(); ++p) EXPECT_TRUE(sync.GradReady(p).ok());
+    EXPECT_TRUE(sync.FinishBackward().ok());
+    EXPECT_TRUE(sync.Step(LearningRate(step)).ok());
+  }
+};
+
+TEST(DearTest, InPlaceBucketsMatchPackedOnes) {
+  Communicator& world = World();
+  const OptimizerConfig adamw = OptimizerConfig::AdamW(0.01);
+  for (int64_t bucket_bytes : {int64_t{16} << 10, kDefaultBucketBytes}) {
+    ArenaModel dear_arena, plain_arena;
+    Model packed(kSizes);
+    auto dear = GradientSync::Create(world, dear_arena.Views(),
+                                     Options(GradSyncStrategy::kDeAR, bucket_bytes, adamw));
+    auto plain = GradientSync::Create(world, plain_arena.Views(),
+                                      Options(GradSyncStrategy::kAllReduce, bucket_bytes, adamw));
+    auto reference = GradientSync::Create(world, packed.Views(),
+                                          Options(GradSyncStrategy::kAllReduce, 1, adamw));
+    ASSERT_TRUE(dear.ok() && plain.ok() && reference.ok());
+    for (int b = 0; b < (*dear)->num_buckets(); ++b) {
+      EXPECT_TRUE((*dear)->BucketInPlace(b)) << "bucket " << b;
+      EXPECT_TRUE((*plain)->BucketInPlace(b)) << "bucket " << b;
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      dear_arena.Iterate(**dear, world.rank(), step);
+      plain_arena.Iterate(**plain, world.rank(), step);
+      Iterate(**reference, packed, world, step);
+    }
+    ASSERT_TRUE((*dear)->Flush().ok());
+    double worst = 0;
+    for (size_t p = 0; p < kSizes.size(); ++p) {
+      for (int64_t i = 0; i < kSizes[p]; ++i) {
+        const double expected = packed.values[p][i];
+        const double scale = std::max(1e-3, std::fabs(expected));
+        worst = std::max(worst, std::fabs(dear_arena.values[dear_arena.offsets[p] + i] - expected) / scale);
+        worst = std::max(worst, std::fabs(plain_arena.values[plain_arena.offsets[p] + i] - expected) / scale);
+      }
+    }
+    EXPECT_LT(worst, kRelativeTolerance) << "bucket bytes " << bucket_bytes;
+  }
 }
 
 TEST(DearTest, OptimizerStateMovesBetweenBucketings) {
