@@ -5,7 +5,7 @@
 //
 //   mpirun -np 2 dear_bench                                  # 12 layers x 4 MiB, SGD
 //   mpirun -np 2 dear_bench --layers=8 --layer_bytes=8MiB --forward_ms=3 --backward_ms=6
-//   mpirun -np 2 dear_bench --optimizer=adamw --bucket_bytes=4MiB,25MiB
+//   mpirun -np 2 dear_bench --optimizer=adamw --bucket_bytes=4MiB,25MiB --layouts=arena
 //
 // Printed per strategy and bucket size: the iteration time (forward to forward; per iteration
 // the slowest rank, then the median over iterations), and against it the lower bound
@@ -41,6 +41,8 @@ ABSL_FLAG(int, warmup, 3, "unmeasured iterations per configuration");
 ABSL_FLAG(std::string, bucket_bytes, "1MiB,4MiB,25MiB", "bucket sizes to compare ('auto' too)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adamw");
 ABSL_FLAG(std::string, strategies, "allreduce,dear", "strategies to compare");
+ABSL_FLAG(std::string, layouts, "arena,separate",
+          "parameter layouts: arena (one buffer, buckets in place) and/or separate (packed)");
 
 namespace {
 
@@ -83,9 +85,21 @@ void Check(const absl::Status& status, const char* what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// The emulated model's parameters. With `arena`, values and gradients live in one buffer each,
+// laid out in backward order (as a runtime allocating them together would), so buckets
+// communicate in place; otherwise every layer has its own buffers and buckets pack them.
 struct Model {
+  std::vector<float> value_arena, grad_arena;
   std::vector<std::vector<float>> values, grads;
-  Model(int layers, int64_t count) {
+  int layers;
+  int64_t count;
+  bool arena;
+  Model(int layers, int64_t count, bool arena) : layers(layers), count(count), arena(arena) {
+    if (arena) {
+      value_arena.assign(static_cast<size_t>(layers) * count, 0.01f);
+      grad_arena.assign(value_arena.size(), 0.001f);
+      return;
+    }
     for (int l = 0; l < layers; ++l) {
       values.emplace_back(count, 0.01f * l);
       grads.emplace_back(count, 0.001f);
@@ -94,10 +108,12 @@ struct Model {
   // Backward order: the last layer first.
   std::vector<SyncParameter> Views() {
     std::vector<SyncParameter> views;
-    for (int l = static_cast<int>(values.size()) - 1; l >= 0; --l) {
-      const int64_t n = static_cast<int64_t>(values[l].size());
-      views.push_back({"layer" + std::to_string(l), CpuBuffer(values[l].data(), n),
-                       CpuBuffer(grads[l].data(), n)});
+    for (int l = layers - 1; l >= 0; --l) {
+      const size_t slot = static_cast<size_t>(layers - 1 - l) * count;  // arena position
+      float* value = arena ? value_arena.data() + slot : values[l].data();
+      float* grad = arena ? grad_arena.data() + slot : grads[l].data();
+      views.push_back({"layer" + std::to_string(l), CpuBuffer(value, count),
+                       CpuBuffer(grad, count)});
     }
     return views;
   }
@@ -187,6 +203,63 @@ IterationTimes RunIterations(GradientSync& sync, int layers, int iterations, int
   return times;
 }
 
+// One row of the table: a layout, a strategy and a bucket size.
+struct Row {
+  std::string layout;
+  std::string strategy;
+  std::string bucket;  // a size, or "auto"
+};
+
+void RunRow(MpiCommunicator& comm, const Row& row, int layers, int64_t layer_count,
+            const OptimizerConfig& optimizer, std::vector<float>& all_gradients) {
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  auto strategy = tandem::comm::ParseGradSyncStrategy(row.strategy);
+  Check(strategy.status(), "--strategies");
+  Model model(layers, layer_count, /*arena=*/row.layout == "arena");
+  GradSyncOptions options;
+  options.strategy = *strategy;
+  options.optimizer = optimizer;
+  int extra_warmup = 0;
+  if (row.bucket == "auto") {
+    options.auto_bucket = true;
+    options.tune_iterations = 2;
+    extra_warmup = 3 * static_cast<int>(options.candidate_bucket_bytes.size());
+  } else {
+    auto bytes = tandem::ParseBytes(row.bucket);
+    Check(bytes.status(), "--bucket_bytes");
+    options.bucket_bytes = static_cast<int64_t>(*bytes);
+  }
+  auto sync = GradientSync::Create(comm, model.Views(), options);
+  Check(sync.status(), "create");
+  // The optimizer step alone (for the no-overlap figure).
+  Check((*sync)->FinishBackward(), "finish");
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double step_start = Now();
+  Check((*sync)->Step(1e-3), "step");
+  Check((*sync)->Flush(), "flush");
+  double step_seconds = Now() - step_start;
+  MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  const double compute = RunComputeOnly(layers, iterations);
+  const double communication = RunCommunicationOnly(comm, all_gradients, /*repeats=*/5);
+  const double bound = std::max(compute, communication);
+  const IterationTimes times = RunIterations(**sync, layers, iterations, warmup + extra_warmup);
+  if (comm.rank() != 0) return;
+  std::string label = row.bucket;
+  if (row.bucket == "auto") {
+    label = "auto:" + std::to_string((*sync)->bucket_bytes() >> 20) + "MiB";
+  }
+  std::printf("%-8s %-10s %-11s | %9.1f | %8.1f %8.1f %9.1f %10.1f | %7.1f%% | %8.1f %6.1f "
+              "%6.1f %6.1f\n",
+              row.layout.c_str(), row.strategy.c_str(), label.c_str(), times.iteration * 1e3,
+              compute * 1e3, communication * 1e3, bound * 1e3,
+              (compute + communication + step_seconds) * 1e3, 100.0 * bound / times.iteration,
+              times.forward_wait * 1e3, times.grad_ready * 1e3, times.finish_backward * 1e3,
+              times.step * 1e3);
+  if (row.bucket == "auto") std::printf("#   tuning: %s\n", (*sync)->TuningReport().c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,8 +274,6 @@ int main(int argc, char** argv) {
   auto layer_bytes = tandem::ParseBytes(absl::GetFlag(FLAGS_layer_bytes));
   Check(layer_bytes.status(), "--layer_bytes");
   const int64_t layer_count = static_cast<int64_t>(*layer_bytes) / 4;
-  const int iterations = absl::GetFlag(FLAGS_iterations);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
   const OptimizerConfig optimizer = absl::GetFlag(FLAGS_optimizer) == "adamw"
                                         ? OptimizerConfig::AdamW()
                                         : OptimizerConfig::Sgd(/*momentum=*/0.9);
@@ -223,60 +294,18 @@ int main(int argc, char** argv) {
                 compute_seconds * 1e3);
     std::printf("# in sync: median ms per iteration waiting for parameters in forward (fwd-wait),"
                 " in GradReady (ready), in FinishBackward (finish), in Step (step)\n");
-    std::printf("%-10s %-11s | %9s | %8s %8s %9s %10s | %8s | %8s %6s %6s %6s\n", "strategy",
-                "bucket", "iter(ms)", "compute", "comm", "bound", "no-overlap", "of bound",
-                "fwd-wait", "ready", "finish", "step");
+    std::printf("%-8s %-10s %-11s | %9s | %8s %8s %9s %10s | %8s | %8s %6s %6s %6s\n",
+                "layout", "strategy", "bucket", "iter(ms)", "compute", "comm", "bound",
+                "no-overlap", "of bound", "fwd-wait", "ready", "finish", "step");
   }
+  const std::vector<std::string> layouts = absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',');
   const std::vector<std::string> strategies =
       absl::StrSplit(absl::GetFlag(FLAGS_strategies), ',');
   const std::vector<std::string> buckets = absl::StrSplit(absl::GetFlag(FLAGS_bucket_bytes), ',');
-  for (const std::string& strategy_name : strategies) {
-    auto strategy = tandem::comm::ParseGradSyncStrategy(strategy_name);
-    Check(strategy.status(), "--strategies");
-    for (const std::string& bucket : buckets) {
-      Model model(layers, layer_count);
-      GradSyncOptions options;
-      options.strategy = *strategy;
-      options.optimizer = optimizer;
-      int extra_warmup = 0;
-      if (bucket == "auto") {
-        options.auto_bucket = true;
-        options.tune_iterations = 2;
-        extra_warmup = 3 * static_cast<int>(options.candidate_bucket_bytes.size());
-      } else {
-        auto bytes = tandem::ParseBytes(bucket);
-        Check(bytes.status(), "--bucket_bytes");
-        options.bucket_bytes = static_cast<int64_t>(*bytes);
-      }
-      auto sync = GradientSync::Create(comm, model.Views(), options);
-      Check(sync.status(), "create");
-      // The optimizer step alone (for the no-overlap figure).
-      Check((*sync)->FinishBackward(), "finish");
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double step_start = Now();
-      Check((*sync)->Step(1e-3), "step");
-      Check((*sync)->Flush(), "flush");
-      double step_seconds = Now() - step_start;
-      MPI_Allreduce(MPI_IN_PLACE, &step_seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      const double measured_compute = RunComputeOnly(layers, iterations);
-      const double comm_seconds = RunCommunicationOnly(comm, all, /*repeats=*/5);
-      const double bound = std::max(measured_compute, comm_seconds);
-      const IterationTimes times =
-          RunIterations(**sync, layers, iterations, warmup + extra_warmup);
-      if (rank == 0) {
-        std::string label = bucket;
-        if (bucket == "auto") {
-          label = "auto:" + std::to_string((*sync)->bucket_bytes() >> 20) + "MiB";
-        }
-        std::printf("%-10s %-11s | %9.1f | %8.1f %8.1f %9.1f %10.1f | %7.1f%% | %8.1f %6.1f %6.1f "
-                    "%6.1f\n",
-                    strategy_name.c_str(), label.c_str(), times.iteration * 1e3,
-                    measured_compute * 1e3, comm_seconds * 1e3, bound * 1e3,
-                    (measured_compute + comm_seconds + step_seconds) * 1e3,
-                    100.0 * bound / times.iteration, times.forward_wait * 1e3,
-                    times.grad_ready * 1e3, times.finish_backward * 1e3, times.step * 1e3);
-        if (bucket == "auto") std::printf("#   tuning: %s\n", (*sync)->TuningReport().c_str());
-        std::fflush(stdout);
+  for (const std::string& layout : layouts) {
+    for (const std::string& strategy : strategies) {
+      for (const std::string& bucket : buckets) {
+        RunRow(comm, Row{layout, strategy, bucket}, layers, layer_count, optimizer, all);
       }
     }
   }
