@@ -18,9 +18,9 @@
 // world in one all-reduce at OptimizerStep; the clip coefficient is
 // min(1, clip_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ computes it.
 //
-// Collective contract: Create, RunIteration, SaveCheckpoint, LoadCheckpoint and
+// Collective contract: Create, RunIteration, Flush, SaveCheckpoint, LoadCheckpoint and
 // GatherTimeline are collective over the world communicator (every rank calls them in the
-// same order). Every wait has the communicator's timeout; an error names the rank, the
+// same order); the destructor waits (at most 10 s) for every rank's closing notice. Every wait has the communicator's timeout; an error names the rank, the
 // iteration, the step of the program and the action ("rank 2 iteration 5 step 13 (rA1.3<1):
 // ..."). After an error the engine must not be used again: the caller reports and exits.
 //
@@ -37,7 +37,8 @@
 // mirrors of their parameters (runtime/parameter_mirror.h). A build or a machine without CUDA
 // never sees CUDA stages (the factory cannot make them).
 //
-// Threading: one thread drives an Engine.
+// Threading: one thread drives an Engine; its watchdog thread only tests failure notices and
+// aborts communicators.
 #pragma once
 
 #include <cstdint>

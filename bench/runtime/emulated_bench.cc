@@ -14,6 +14,7 @@
 // iteration is written as <dir>/emulated_<schedule>.trace.json with the prediction beside it.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ absl::StatusOr<double> MaxOverRanks(comm::Communicator& world, double value) {
 }
 
 int Run() {
+  // Emulated actions sleep, so a rank waiting for a transfer may spin without taking a core
+  // from computing ranks; polite (sleeping) waits, the default when ranks outnumber cores,
+  // add up to their back-off to every transfer. TANDEM_COMM_WAIT in the environment wins.
+  setenv("TANDEM_COMM_WAIT", "spin", /*overwrite=*/0);
   auto world_or = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
   if (!world_or.ok()) return Fail(world_or.status());
   comm::Communicator& world = **world_or;
@@ -75,8 +80,8 @@ int Run() {
   const bool root = world.rank() == 0;
   if (root) {
     std::printf("emulated stages: p=%d m=%d, per full stage F=%.1f ms B=%.1f ms "
-                "(ZB-H1: Bi=W=B/2), %d measured iterations\n",
-                p, m, forward * 1e3, backward * 1e3, iterations);
+                "(ZB-H1: Bi=W=B/2), %d measured iterations, waits: %s\n",
+                p, m, forward * 1e3, backward * 1e3, iterations, std::getenv("TANDEM_COMM_WAIT"));
     std::printf("%-12s %12s %13s %7s %14s %7s %8s\n", "schedule", "measured_ms",
                 "simulated_ms", "ratio", "sim_measured", "ratio", "bubble");
   }
