@@ -159,6 +159,7 @@ TEST(EngineTest, EverySchedulePipelineOnly) {
       {pipeline::ScheduleKind::kChimera},
       {pipeline::ScheduleKind::kHanayo, 1, /*waves=*/1},
       {pipeline::ScheduleKind::kZBH1},
+      {pipeline::ScheduleKind::kZBV},
       // Fewer micro-batches than a multiple of p, and fewer than p.
       {pipeline::ScheduleKind::k1F1B, 1, 1, 1, /*microbatches=*/p + 1},
       {pipeline::ScheduleKind::kInterleaved, 2, 1, 1, /*microbatches=*/p + 2},
