@@ -41,6 +41,36 @@ struct Bucket {
   WorkPtr gather;     // DeAR: all-gather of the updated parameters
 };
 
+// dst[i] = src[i] / divisor (or src[i] when !divide), returning the sum of dst[i]^2. Squares
+// are summed in double, in eight independent lanes so that the loop vectorises; the norm is
+// then exact to double rounding whatever the grouping of elements (DeAR's shards or the
+// all-reduce's parameters), so both strategies clip by the same coefficient.
+double AverageAndSquaredNorm(float* dst, const float* src, int64_t count, float divisor,
+                             bool divide) {
+  constexpr int kLanes = 8;
+  constexpr int64_t kBlock = 4096;
+  double total = 0;
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t end = std::min(count, begin + kBlock);
+    double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float g = divide ? src[i + l] / divisor : src[i + l];
+        dst[i + l] = g;
+        lanes[l] += static_cast<double>(g) * g;
+      }
+    }
+    for (; i < end; ++i) {
+      const float g = divide ? src[i] / divisor : src[i];
+      dst[i] = g;
+      lanes[0] += static_cast<double>(g) * g;
+    }
+    for (double lane : lanes) total += lane;
+  }
+  return total;
+}
+
 class BucketedGradientSync : public GradientSync {
  public:
   BucketedGradientSync(Communicator& group, std::vector<SyncParameter> parameters,
@@ -349,8 +379,7 @@ absl::Status BucketedGradientSync::FinishBackward() {
     Bucket& bucket = buckets_[b];
     if (local_) {
       for (int p : bucket.parameters) {
-        const float* g = Grad(p);
-        for (int64_t i = 0; i < Count(p); ++i) norm_squared += static_cast<double>(g[i]) * g[i];
+        norm_squared += AverageAndSquaredNorm(Grad(p), Grad(p), Count(p), 1.0f, /*divide=*/false);
       }
       continue;
     }
@@ -359,10 +388,8 @@ absl::Status BucketedGradientSync::FinishBackward() {
     bucket.reduction.reset();
     const float group_size = static_cast<float>(group_.size());
     if (sharded()) {
-      for (float& g : bucket.shard_grad) {
-        if (averaging()) g = g / group_size;
-        norm_squared += static_cast<double>(g) * g;
-      }
+      norm_squared += AverageAndSquaredNorm(bucket.shard_grad.data(), bucket.shard_grad.data(),
+                                            bucket.shard.count, group_size, averaging());
       continue;
     }
     // All-reduce: the reduced gradients go back into the parameters' grad buffers, averaged on
@@ -371,13 +398,8 @@ absl::Status BucketedGradientSync::FinishBackward() {
     for (size_t j = 0; j < bucket.parameters.size(); ++j) {
       const int p = bucket.parameters[j];
       const float* reduced = bucket.grad + bucket.offsets[j];  // == Grad(p) when in place
-      float* grad = Grad(p);
-      double partial = 0;
-      for (int64_t i = 0; i < Count(p); ++i) {
-        const float g = averaging() ? reduced[i] / group_size : reduced[i];
-        grad[i] = g;
-        partial += static_cast<double>(g) * g;
-      }
+      const double partial =
+          AverageAndSquaredNorm(Grad(p), reduced, Count(p), group_size, averaging());
       if (count_norm) norm_squared += partial;
     }
   }

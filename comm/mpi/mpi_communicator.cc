@@ -242,10 +242,10 @@ std::string MpiCommunicator::GroupText() const {
 }
 
 absl::Status MpiCommunicator::CheckUsable(const std::string& what) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (!state_->aborted.ok()) {
+  const absl::Status aborted = state_->AbortStatus();
+  if (!aborted.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, ": communicator aborted: ", state_->aborted.message()));
+        absl::StrCat(what, ": communicator aborted: ", aborted.message()));
   }
   return absl::OkStatus();
 }
@@ -258,25 +258,25 @@ WorkPtr MpiCommunicator::IssuePointToPoint(std::string description,
   auto op = std::make_shared<Op>();
   op->description = std::move(description);
   op->finish = std::move(finish);
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (!state_->aborted.ok()) {
-      return internal::MakeCompletedWork(
-          absl::FailedPreconditionError(absl::StrCat(
-              op->description, ": communicator aborted: ", state_->aborted.message())),
-          op->description);
-    }
-    const int rc = post(&op->request);
+  op->collective = false;
+  // Posted right away by this thread (pairs match in posting order), then handed over.
+  const absl::Status queued = state_->Enqueue(op, [&](Op& o) -> absl::Status {
+    const int rc = post(&o.request);
     if (rc != MPI_SUCCESS) {
       const absl::Status error = TANDEM_MPI_STATUS(rc);
-      return internal::MakeCompletedWork(
-          absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())),
-          op->description);
+      return absl::Status(error.code(), absl::StrCat(o.description, ": ", error.message()));
     }
-    op->phase = Op::Phase::kPosted;
-    state_->point_to_point.push_back(op);
+    o.phase = Op::Phase::kPosted;
+    return absl::OkStatus();
+  });
+  if (!queued.ok()) {
+    const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
+    return internal::MakeCompletedWork(
+        aborted ? absl::FailedPreconditionError(absl::StrCat(
+                      op->description, ": communicator aborted: ", queued.message()))
+                : queued,
+        op->description);
   }
-  ProgressEngine::Get().OperationAdded();
   return std::make_shared<MpiWork>(std::move(op), options_.timeout);
 }
 
@@ -291,50 +291,22 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std:
   op->post = std::move(post);
   op->finish = std::move(finish);
   op->progress = std::move(progress);
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (!state_->aborted.ok()) {
-      return internal::MakeCompletedWork(
-          absl::FailedPreconditionError(absl::StrCat(
-              op->description, ": communicator aborted: ", state_->aborted.message())),
-          op->description);
-    }
-    if (options_.verify_collectives && size() > 1) {
-      const int64_t fields[mpi_internal::kSignatureFields] = {
-          static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
-          static_cast<int64_t>(reduce), root};
-      for (int i = 0; i < mpi_internal::kSignatureFields; ++i) {
-        op->signature[i] = fields[i];
-        op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
-      }
-      const int rc = MPI_Iallreduce(op->signature.data(), op->agreed.data(),
-                                    static_cast<int>(op->signature.size()), MPI_INT64_T, MPI_MAX,
-                                    state_->control, &op->verify_request);
-      if (rc != MPI_SUCCESS) {
-        return internal::MakeCompletedWork(TANDEM_MPI_STATUS(rc), op->description);
-      }
-      op->phase = Op::Phase::kVerify;
-    } else if (state_->collectives.empty() ||
-               std::none_of(state_->collectives.begin(), state_->collectives.end(),
-                            [](const std::shared_ptr<Op>& o) {
-                              return o->phase == Op::Phase::kVerify ||
-                                     o->phase == Op::Phase::kReady;
-                            })) {
-      // Nothing earlier waits to be posted: post now.
-      const int rc = op->post(&op->request);
-      if (rc != MPI_SUCCESS) {
-        const absl::Status error = TANDEM_MPI_STATUS(rc);
-        return internal::MakeCompletedWork(
-            absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())),
-            op->description);
-      }
-      op->phase = Op::Phase::kPosted;
-    } else {
-      op->phase = Op::Phase::kReady;
-    }
-    state_->collectives.push_back(op);
+  op->verify = options_.verify_collectives && size() > 1;
+  const int64_t fields[mpi_internal::kSignatureFields] = {
+      static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
+      static_cast<int64_t>(reduce), root};
+  for (int i = 0; i < mpi_internal::kSignatureFields; ++i) {
+    op->signature[i] = fields[i];
+    op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
   }
-  ProgressEngine::Get().OperationAdded();
+  // Everything else (signature check, posting in issue order) happens on the progress side.
+  const absl::Status queued = state_->Enqueue(op);
+  if (!queued.ok()) {
+    return internal::MakeCompletedWork(
+        absl::FailedPreconditionError(
+            absl::StrCat(op->description, ": communicator aborted: ", queued.message())),
+        op->description);
+  }
   return std::make_shared<MpiWork>(std::move(op), options_.timeout);
 }
 

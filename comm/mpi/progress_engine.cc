@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/check.h"
+#include "common/status.h"
 
 namespace tandem::comm::mpi_internal {
 namespace {
@@ -85,16 +86,68 @@ CommState::~CommState() {
 }
 
 int64_t CommState::PendingCount() {
+  int64_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(incoming_mu);
+    count += static_cast<int64_t>(incoming.size());
+  }
   std::lock_guard<std::mutex> lock(mu);
-  return static_cast<int64_t>(collectives.size() + point_to_point.size());
+  return count + static_cast<int64_t>(collectives.size() + point_to_point.size());
+}
+
+absl::Status CommState::AbortStatus() {
+  std::lock_guard<std::mutex> lock(incoming_mu);
+  return aborted;
+}
+
+absl::Status CommState::Enqueue(std::shared_ptr<Op> op,
+                                const std::function<absl::Status(Op&)>& post_now) {
+  {
+    std::lock_guard<std::mutex> lock(incoming_mu);
+    if (!aborted.ok()) return aborted;
+    if (post_now) TANDEM_RETURN_IF_ERROR(post_now(*op));
+    incoming.push_back(std::move(op));
+  }
+  ProgressEngine::Get().OperationAdded();
+  return absl::OkStatus();
 }
 
 bool CommState::Advance() {
+  std::vector<std::shared_ptr<Op>> arrived;
+  {
+    std::lock_guard<std::mutex> lock(incoming_mu);
+    arrived.swap(incoming);
+  }
   std::lock_guard<std::mutex> lock(mu);
-  if (collectives.empty() && point_to_point.empty()) return false;
+  for (auto& op : arrived) {
+    if (op->collective) {
+      collectives.push_back(std::move(op));
+    } else {
+      point_to_point.push_back(std::move(op));
+    }
+  }
+  if (collectives.empty() && point_to_point.empty()) return !arrived.empty();
+  if (aborting.load()) {
+    // Abort ran between the swap and here: fail what arrived like the rest.
+    const absl::Status reason = AbortStatus();
+    int64_t finished = 0;
+    for (auto& op : collectives) {
+      Fail(*op, reason);
+      ++finished;
+    }
+    for (auto& op : point_to_point) {
+      abandoned.push_back(op);
+      Fail(*op, reason);
+      ++finished;
+    }
+    collectives.clear();
+    point_to_point.clear();
+    ProgressEngine::Get().OperationsFinished(finished);
+    return true;
+  }
   const bool collectives_changed = AdvanceCollectives();
   const bool p2p_changed = AdvancePointToPoint();
-  return collectives_changed || p2p_changed;
+  return collectives_changed || p2p_changed || !arrived.empty();
 }
 
 bool CommState::AdvanceCollectives() {
@@ -102,6 +155,22 @@ bool CommState::AdvanceCollectives() {
   bool earlier_unposted = false;
   int64_t finished = 0;
   for (auto& op : collectives) {
+    if (op->phase == Op::Phase::kQueued) {
+      // Signature checks are posted here, in issue order, like the collectives themselves.
+      if (op->verify) {
+        const int rc = MPI_Iallreduce(op->signature.data(), op->agreed.data(),
+                                      static_cast<int>(op->signature.size()), MPI_INT64_T,
+                                      MPI_MAX, control, &op->verify_request);
+        if (rc != MPI_SUCCESS) {
+          op->Complete(TANDEM_MPI_STATUS(rc));
+        } else {
+          op->phase = Op::Phase::kVerify;
+        }
+      } else {
+        op->phase = Op::Phase::kReady;
+      }
+      changed = true;
+    }
     if (op->phase == Op::Phase::kVerify) {
       int flag = 0;
       const int rc = MPI_Test(&op->verify_request, &flag, MPI_STATUS_IGNORE);
@@ -152,7 +221,8 @@ bool CommState::AdvanceCollectives() {
         changed = true;
       }
     }
-    if (op->phase == Op::Phase::kVerify || op->phase == Op::Phase::kReady) {
+    if (op->phase == Op::Phase::kQueued || op->phase == Op::Phase::kVerify ||
+        op->phase == Op::Phase::kReady) {
       earlier_unposted = true;
     }
   }
@@ -194,22 +264,47 @@ bool CommState::AdvancePointToPoint() {
   return changed;
 }
 
+void CommState::Fail(Op& op, const absl::Status& reason) {
+  if (op.phase == Op::Phase::kDone) return;
+  if (op.phase == Op::Phase::kPosted || op.phase == Op::Phase::kVerify) {
+    abandoned_requests = true;
+  }
+  op.Complete(absl::FailedPreconditionError(
+      absl::StrCat(op.description, ": communicator aborted: ", reason.message())));
+}
+
 void CommState::Abort(const absl::Status& reason) {
+  std::vector<std::shared_ptr<Op>> queued;
+  {
+    std::lock_guard<std::mutex> lock(incoming_mu);
+    if (aborted.ok()) aborted = reason.ok() ? absl::AbortedError("aborted") : reason;
+    aborting.store(true);
+    queued.swap(incoming);
+  }
+  const absl::Status why = AbortStatus();
   std::lock_guard<std::mutex> lock(mu);
-  if (aborted.ok()) aborted = reason;
   int64_t finished = 0;
-  auto fail = [&](std::shared_ptr<Op>& op) {
-    if (op->phase == Op::Phase::kDone) return;
+  for (auto& op : queued) {
+    if (!op->collective) abandoned.push_back(op);  // posted by the issuer
+    Fail(*op, why);
+    ++finished;
+  }
+  for (auto& op : collectives) {
     if (op->phase == Op::Phase::kPosted || op->phase == Op::Phase::kVerify) {
-      abandoned_requests = true;
       abandoned.push_back(op);
     }
-    op->Complete(absl::FailedPreconditionError(
-        absl::StrCat(op->description, ": communicator aborted: ", reason.message())));
-  };
-  for (auto& op : collectives) fail(op);
-  for (auto& op : point_to_point) fail(op);
-  finished = static_cast<int64_t>(collectives.size() + point_to_point.size());
+    Fail(*op, why);
+    ++finished;
+  }
+  for (auto& op : point_to_point) {
+    abandoned.push_back(op);
+    Fail(*op, why);
+    ++finished;
+  }
+  if (std::any_of(queued.begin(), queued.end(),
+                  [](const std::shared_ptr<Op>& op) { return !op->collective; })) {
+    abandoned_requests = true;
+  }
   collectives.clear();
   point_to_point.clear();
   if (finished > 0) ProgressEngine::Get().OperationsFinished(finished);

@@ -44,10 +44,15 @@ const char* SignatureFieldName(int field);
 
 // One asynchronous operation.
 struct Op {
-  enum class Phase { kVerify, kReady, kPosted, kDone };
+  // kQueued: issued, not yet seen by the progress side. Collectives then go through kVerify
+  // (signature all-reduce in flight, when enabled) and kReady (waiting for earlier collectives
+  // to be posted) to kPosted; point-to-point operations are posted by the issuer.
+  enum class Phase { kQueued, kVerify, kReady, kPosted, kDone };
 
   std::string description;  // "all_reduce #3 (group of 4, 1024 x float32)"
-  Phase phase = Phase::kReady;
+  Phase phase = Phase::kQueued;
+  bool collective = true;
+  bool verify = false;  // run the signature check before posting
   // Verification: signature, then its negation, all-reduced with MPI_MAX (max and -min).
   std::array<int64_t, 2 * kSignatureFields> signature{};
   std::array<int64_t, 2 * kSignatureFields> agreed{};
@@ -67,32 +72,45 @@ struct Op {
   void Complete(absl::Status result);
 };
 
-// A communicator's MPI handles and queues. Shared between the communicator (which issues) and
-// the engine (which progresses); every queue access holds `mu`.
+// A communicator's MPI handles and queues, shared between the communicator (which issues) and
+// the engine (which progresses). Issuers only take `incoming_mu` (briefly), so they never wait
+// behind a long MPI call of the progress side; the progress side owns everything under `mu`
+// and posts every collective, which keeps their order the issue order on every rank.
 struct CommState {
   MPI_Comm comm = MPI_COMM_NULL;     // data traffic
-  MPI_Comm control = MPI_COMM_NULL;  // signatures, liveness probes, group creation
+  MPI_Comm control = MPI_COMM_NULL;  // signatures, liveness probes, group creation, rings
   int rank = 0;
   int size = 0;
+
+  std::mutex incoming_mu;
+  std::vector<std::shared_ptr<Op>> incoming ABSL_GUARDED_BY(incoming_mu);  // issue order
+  absl::Status aborted ABSL_GUARDED_BY(incoming_mu);  // non-OK once aborted
+  std::atomic<bool> aborting{false};
 
   std::mutex mu;
   std::deque<std::shared_ptr<Op>> collectives ABSL_GUARDED_BY(mu);  // issue order
   std::vector<std::shared_ptr<Op>> point_to_point ABSL_GUARDED_BY(mu);
-  absl::Status aborted ABSL_GUARDED_BY(mu);  // non-OK once aborted
   bool abandoned_requests ABSL_GUARDED_BY(mu) = false;  // requests left unfinished by Abort
   // Operations whose requests Abort left in flight: their buffers must outlive them.
   std::vector<std::shared_ptr<Op>> abandoned ABSL_GUARDED_BY(mu);
 
   ~CommState();
+  // Queues an issued operation (a point-to-point one already posted by `post_now`, called
+  // under incoming_mu so that Abort cannot slip in between). Returns the abort status if the
+  // communicator was aborted (then nothing was queued).
+  absl::Status Enqueue(std::shared_ptr<Op> op,
+                       const std::function<absl::Status(Op&)>& post_now = nullptr);
   // Tests pending requests and posts ready collectives; true if anything changed.
   bool Advance();
   // Fails every pending operation with `reason`; later operations fail immediately.
   void Abort(const absl::Status& reason);
+  absl::Status AbortStatus();
   int64_t PendingCount();
 
  private:
   bool AdvanceCollectives() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   bool AdvancePointToPoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Fail(Op& op, const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 // Pauses between polls of a waiting thread. Spinning (sched_yield) gives the lowest latency

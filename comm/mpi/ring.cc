@@ -23,7 +23,9 @@ RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
     shards_.push_back(Shard(count, size_, r));
     largest = std::max(largest, shards_.back().count);
   }
-  for (auto& buffer : partial_) buffer.resize(std::max<int64_t>(largest, 1) * element_bytes_);
+  if (size_ > 2) {
+    for (auto& buffer : partial_) buffer.reset(new char[largest * element_bytes_]);
+  }
 }
 
 int RingReduceScatter::Start() { return Post(); }
@@ -35,8 +37,8 @@ int RingReduceScatter::Post() {
   const int receive_shard = ((rank_ - step_ - 2) % size_ + size_) % size_;
   const bool last = step_ == size_ - 2;
   // Step 0 sends the input itself; later steps the partial sum received in the step before.
-  const void* send = step_ == 0 ? InputShard(send_shard) : partial_[(step_ - 1) % 2].data();
-  void* receive = last ? output_ : partial_[step_ % 2].data();
+  const void* send = step_ == 0 ? InputShard(send_shard) : partial_[(step_ - 1) % 2].get();
+  void* receive = last ? output_ : partial_[step_ % 2].get();
   int rc = MPI_Irecv(receive, static_cast<int>(shards_[receive_shard].count), type_, previous,
                      tag_, comm_, &requests_[0]);
   if (rc != MPI_SUCCESS) return rc;
@@ -50,7 +52,7 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
   if (!done) return false;
   const int receive_shard = ((rank_ - step_ - 2) % size_ + size_) % size_;
   const bool last = step_ == size_ - 2;
-  void* received = last ? output_ : partial_[step_ % 2].data();
+  void* received = last ? output_ : partial_[step_ % 2].get();
   const int count = static_cast<int>(shards_[receive_shard].count);
   if (count > 0) {
     TANDEM_MPI_CHECK(MPI_Reduce_local(InputShard(receive_shard), received, count, type_, op_));

@@ -51,7 +51,9 @@ class RingReduceScatter {
   const char* input_;
   char* output_;
   std::vector<ShardRange> shards_;
-  std::vector<char> partial_[2];  // received partial sums, alternating
+  // Received partial sums, alternating; only rings of three or more ranks need them (with two,
+  // the one step receives straight into the output). Not zero-filled: always written first.
+  std::unique_ptr<char[]> partial_[2];
   int step_ = 0;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
