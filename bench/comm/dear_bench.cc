@@ -3,7 +3,7 @@
 // cores carry two ranks), while gradient synchronisation and the optimizer run for real on
 // real buffers.
 //
-//   mpirun -np 2 dear_bench                                  # 12 layers x 4 MiB, SGD
+//   mpirun -np 2 dear_bench                                  # 12 layers x 2 MiB, SGD
 //   mpirun -np 2 dear_bench --layers=8 --layer_bytes=8MiB --forward_ms=3 --backward_ms=6
 //   mpirun -np 2 dear_bench --optimizer=adamw --bucket_bytes=4MiB,25MiB --layouts=arena
 //
@@ -33,12 +33,12 @@
 #include "common/units.h"
 
 ABSL_FLAG(int, layers, 12, "layers of the emulated model");
-ABSL_FLAG(std::string, layer_bytes, "4MiB", "float32 parameter bytes per layer");
-ABSL_FLAG(double, forward_ms, 2.0, "emulated forward time per layer");
-ABSL_FLAG(double, backward_ms, 4.0, "emulated backward time per layer");
+ABSL_FLAG(std::string, layer_bytes, "2MiB", "float32 parameter bytes per layer");
+ABSL_FLAG(double, forward_ms, 1.0, "emulated forward time per layer");
+ABSL_FLAG(double, backward_ms, 2.0, "emulated backward time per layer");
 ABSL_FLAG(int, iterations, 10, "measured iterations per configuration");
 ABSL_FLAG(int, warmup, 3, "unmeasured iterations per configuration");
-ABSL_FLAG(std::string, bucket_bytes, "1MiB,4MiB,25MiB", "bucket sizes to compare ('auto' too)");
+ABSL_FLAG(std::string, bucket_bytes, "2MiB,8MiB,25MiB,auto", "bucket sizes to compare ('auto' too)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adamw");
 ABSL_FLAG(std::string, strategies, "allreduce,dear", "strategies to compare");
 ABSL_FLAG(std::string, layouts, "arena,separate",
