@@ -38,7 +38,8 @@ ABSL_FLAG(double, forward_ms, 1.0, "emulated forward time per layer");
 ABSL_FLAG(double, backward_ms, 2.0, "emulated backward time per layer");
 ABSL_FLAG(int, iterations, 10, "measured iterations per configuration");
 ABSL_FLAG(int, warmup, 3, "unmeasured iterations per configuration");
-ABSL_FLAG(std::string, bucket_bytes, "2MiB,8MiB,25MiB,auto", "bucket sizes to compare ('auto' too)");
+ABSL_FLAG(std::string, bucket_bytes, "2MiB,8MiB,25MiB,auto",
+          "bucket sizes to compare ('auto' too)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adamw");
 ABSL_FLAG(std::string, strategies, "allreduce,dear", "strategies to compare");
 ABSL_FLAG(std::string, layouts, "arena,separate",
