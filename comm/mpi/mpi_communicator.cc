@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <numeric>
 #include <thread>
@@ -35,6 +36,10 @@ constexpr int kLivenessTagBase = 1000;  // + 2 * round + phase
 // How long liveness probes may take to leave before their sends are abandoned.
 constexpr absl::Duration kSendDrainTime = absl::Milliseconds(100);
 
+// How long a waiter sleeps when another thread is progressing (it is woken earlier when that
+// thread completes something).
+constexpr std::chrono::microseconds kBusyWaitPause(50);
+
 // A Work over an Op: waiting drives progress itself.
 class MpiWork : public Work {
  public:
@@ -57,13 +62,18 @@ class MpiWork : public Work {
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
       while (!op_->done.load(std::memory_order_acquire)) {
-        const bool progressed = ProgressEngine::Get().TryProgress();
+        bool busy = false;
+        const bool progressed = ProgressEngine::Get().TryProgress(&busy);
         if (op_->done.load(std::memory_order_acquire)) break;
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               op_->description, " timed out after ", absl::FormatDuration(timeout)));
         }
-        backoff.Pause(progressed);
+        if (busy) {
+          ProgressEngine::Get().SleepWhileBusy(kBusyWaitPause);
+        } else {
+          backoff.Pause(progressed);
+        }
       }
     }
     return op_->status;

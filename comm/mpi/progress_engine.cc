@@ -19,6 +19,8 @@ constexpr auto kWaiterHandoffSleep = std::chrono::milliseconds(1);
 constexpr auto kIdleSleep = std::chrono::milliseconds(5);
 // After the last pending operation: how long, and how often, the engine keeps MPI progressing.
 constexpr auto kLinger = std::chrono::milliseconds(100);
+// How long the engine's thread leaves newly issued work to the issuing thread.
+constexpr auto kStartDelay = std::chrono::microseconds(200);
 constexpr auto kLingerPause = std::chrono::microseconds(50);
 
 // Runs when MPI_Finalize frees MPI_COMM_SELF's attributes, before MPI shuts down.
@@ -366,8 +368,18 @@ void ProgressEngine::Poke() {
   MPI_Iprobe(MPI_ANY_SOURCE, kNeverSentTag, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
 }
 
-bool ProgressEngine::TryProgress() {
+void ProgressEngine::SleepWhileBusy(std::chrono::microseconds timeout) {
+  busy_sleepers_.fetch_add(1);
+  {
+    std::unique_lock<std::mutex> lock(changed_mu_);
+    changed_.wait_for(lock, timeout);
+  }
+  busy_sleepers_.fetch_sub(1);
+}
+
+bool ProgressEngine::TryProgress(bool* busy) {
   std::unique_lock<std::mutex> progress_lock(progress_mu_, std::try_to_lock);
+  if (busy != nullptr) *busy = !progress_lock.owns_lock();
   if (!progress_lock.owns_lock() || finalizing_.load()) return false;
   std::vector<std::shared_ptr<CommState>> states;
   {
@@ -379,6 +391,10 @@ bool ProgressEngine::TryProgress() {
   }
   bool changed = false;
   for (const auto& state : states) changed = state->Advance() || changed;
+  if (changed && busy_sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(changed_mu_);
+    changed_.notify_all();
+  }
   return changed;
 }
 
@@ -389,8 +405,10 @@ void ProgressEngine::Loop() {
   std::unique_lock<std::mutex> lock(wake_mu_);
   Backoff backoff;
   auto last_active = std::chrono::steady_clock::now() - kLinger;
+  bool idle = true;  // no pending operation at the last look
   while (!stop_) {
     if (pending_.load() <= 0) {
+      idle = true;
       const bool lingering = std::chrono::steady_clock::now() - last_active < kLinger;
       lock.unlock();
       Poke();
@@ -401,7 +419,16 @@ void ProgressEngine::Loop() {
                                            kIdleSleep));
       continue;
     }
-    last_active = std::chrono::steady_clock::now();
+    const auto now = std::chrono::steady_clock::now();
+    if (idle) {
+      // Work arrived while idle: give the issuing thread a moment to wait on it (and progress
+      // it itself) before competing with it for the core.
+      idle = false;
+      last_active = now;
+      wake_.wait_for(lock, kStartDelay);
+      continue;
+    }
+    last_active = now;
     if (waiters_.load() > 0) {
       wake_.wait_for(lock, kWaiterHandoffSleep);
       continue;

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -140,8 +141,12 @@ class ProgressEngine {
   void OperationsFinished(int64_t count);
 
   // Advances every registered communicator if no other thread is doing so; returns whether
-  // anything changed.
-  bool TryProgress();
+  // anything changed. `busy` (optional) tells whether another thread was progressing.
+  bool TryProgress(bool* busy = nullptr);
+  // For a waiter that found another thread progressing: sleeps until that thread changes
+  // something or `timeout` passes, instead of spinning beside it (on a rank with one core per
+  // process, a spinning waiter would halve the speed of the thread copying the data).
+  void SleepWhileBusy(std::chrono::microseconds timeout);
   // Drives MPI's progress without any request of ours (see the header comment).
   void Poke();
   // Called when MPI_Finalize begins: no MPI call from the engine afterwards.
@@ -167,6 +172,9 @@ class ProgressEngine {
   std::atomic<int> waiters_{0};
   std::atomic<bool> polite_{false};
   std::atomic<bool> finalizing_{false};
+  std::mutex changed_mu_;
+  std::condition_variable changed_;
+  std::atomic<int> busy_sleepers_{0};
   std::atomic<bool> registered_{false};  // MPI is initialised once a communicator registered
   std::once_flag finalize_hook_;
   std::mutex wake_mu_;
