@@ -322,18 +322,24 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std:
 
 // ---- Point to point -------------------------------------------------------------------------------
 
+absl::StatusOr<MPI_Datatype> MpiCommunicator::CheckPointToPoint(const Buffer& buffer, int peer,
+                                                                int tag, const char* what) const {
+  TANDEM_RETURN_IF_ERROR(CheckCpu(buffer, what));
+  if (peer < 0 || peer >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid peer rank ", peer, " (", GroupText(), ")"));
+  }
+  if (tag < 0) return absl::InvalidArgumentError("negative tag");
+  return mpi_internal::ToMpiType(buffer.dtype);
+}
+
 WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
   const std::string description = absl::StrCat("send #", p2p_sequence_++, " to rank ", peer,
                                                " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
-  absl::Status status = CheckCpu(buffer, "send buffer");
-  if (status.ok() && (peer < 0 || peer >= size())) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("invalid peer rank ", peer, " (", GroupText(), ")"));
+  auto type = CheckPointToPoint(buffer, peer, tag, "send buffer");
+  if (!type.ok()) {
+    return internal::MakeCompletedWork(Annotate(type.status(), description), description);
   }
-  if (status.ok() && tag < 0) status = absl::InvalidArgumentError("negative tag");
-  if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
-  auto type = mpi_internal::ToMpiType(buffer.dtype);
-  if (!type.ok()) return internal::MakeCompletedWork(type.status(), description);
   MPI_Comm comm = state_->comm;
   MPI_Datatype mpi_type = *type;
   return IssuePointToPoint(
@@ -348,15 +354,10 @@ WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
 WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
   const std::string description = absl::StrCat("recv #", p2p_sequence_++, " from rank ", peer,
                                                " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
-  absl::Status status = CheckCpu(buffer, "receive buffer");
-  if (status.ok() && (peer < 0 || peer >= size())) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("invalid peer rank ", peer, " (", GroupText(), ")"));
+  auto type = CheckPointToPoint(buffer, peer, tag, "receive buffer");
+  if (!type.ok()) {
+    return internal::MakeCompletedWork(Annotate(type.status(), description), description);
   }
-  if (status.ok() && tag < 0) status = absl::InvalidArgumentError("negative tag");
-  if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
-  auto type = mpi_internal::ToMpiType(buffer.dtype);
-  if (!type.ok()) return internal::MakeCompletedWork(type.status(), description);
   MPI_Comm comm = state_->comm;
   MPI_Datatype mpi_type = *type;
   const int64_t expected = buffer.count;

@@ -91,6 +91,9 @@ class MpiCommunicator : public Communicator {
   // Non-OK if the communicator was aborted.
   absl::Status CheckUsable(const std::string& what);
   std::string GroupText() const;
+  // Checks a point-to-point buffer (CPU), peer and tag; returns the MPI type of its elements.
+  absl::StatusOr<MPI_Datatype> CheckPointToPoint(const Buffer& buffer, int peer, int tag,
+                                                 const char* what) const;
 
   std::shared_ptr<mpi_internal::CommState> state_;
   CommOptions options_;
