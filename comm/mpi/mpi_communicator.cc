@@ -382,23 +382,28 @@ WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
 
 // ---- Collectives ------------------------------------------------------------------------------------
 
+absl::StatusOr<MpiCommunicator::MpiReduction> MpiCommunicator::CheckReduction(
+    DataType dtype, ReduceOp op, const char* name) {
+  if (op == ReduceOp::kAverage && !internal::IsFloatingPoint(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": average needs a floating-point type, got ", DataTypeName(dtype)));
+  }
+  TANDEM_RETURN_IF_ERROR(CheckUsable(name));
+  TANDEM_ASSIGN_OR_RETURN(MPI_Datatype type, mpi_internal::ToMpiType(dtype));
+  TANDEM_ASSIGN_OR_RETURN(MPI_Op mpi_op, mpi_internal::ToMpiOp(op, dtype));
+  return MpiReduction{type, mpi_op};
+}
+
 WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
   const std::string detail =
       absl::StrCat(internal::DescribeBuffer(buffer), ", ", internal::ReduceOpName(op));
   absl::Status status = CheckCpu(buffer, "all_reduce buffer");
-  if (status.ok() && op == ReduceOp::kAverage && !internal::IsFloatingPoint(buffer.dtype)) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "all_reduce: average needs a floating-point type, got ", DataTypeName(buffer.dtype)));
-  }
-  if (status.ok()) status = CheckUsable("all_reduce");
-  auto type = mpi_internal::ToMpiType(buffer.dtype);
-  auto mpi_op = mpi_internal::ToMpiOp(op, buffer.dtype);
-  if (status.ok() && !type.ok()) status = type.status();
-  if (status.ok() && !mpi_op.ok()) status = mpi_op.status();
+  absl::StatusOr<MpiReduction> reduction = CheckReduction(buffer.dtype, op, "all_reduce");
+  if (status.ok() && !reduction.ok()) status = reduction.status();
   if (!status.ok()) return internal::MakeCompletedWork(status, "all_reduce (" + detail + ")");
   MPI_Comm comm = state_->comm;
-  const MPI_Datatype mpi_type = *type;
-  const MPI_Op reduction = *mpi_op;
+  const MPI_Datatype mpi_type = reduction->type;
+  const MPI_Op mpi_reduction = reduction->op;
   const int group_size = size();
   std::function<absl::Status(const MPI_Status&)> finish;
   if (op == ReduceOp::kAverage) {
@@ -412,7 +417,7 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
       [=](MPI_Request* request) {
         mpi_internal::IallreduceAlgorithmScope algorithm(buffer.bytes(), buffer.count, group_size);
         return MPI_Iallreduce(MPI_IN_PLACE, buffer.data, static_cast<int>(buffer.count),
-                              mpi_type, reduction, comm, request);
+                              mpi_type, mpi_reduction, comm, request);
       },
       std::move(finish));
 }
@@ -436,23 +441,16 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   if (status.ok() && internal::Overlaps(input, output)) {
     status = absl::InvalidArgumentError("reduce_scatter: input and output overlap");
   }
-  if (status.ok() && op == ReduceOp::kAverage && !internal::IsFloatingPoint(input.dtype)) {
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "reduce_scatter: average needs a floating-point type, got ", DataTypeName(input.dtype)));
-  }
-  if (status.ok()) status = CheckUsable("reduce_scatter");
-  auto type = mpi_internal::ToMpiType(input.dtype);
-  auto mpi_op = mpi_internal::ToMpiOp(op, input.dtype);
-  if (status.ok() && !type.ok()) status = type.status();
-  if (status.ok() && !mpi_op.ok()) status = mpi_op.status();
+  absl::StatusOr<MpiReduction> reduction = CheckReduction(input.dtype, op, "reduce_scatter");
+  if (status.ok() && !reduction.ok()) status = reduction.status();
   if (!status.ok()) return internal::MakeCompletedWork(status, "reduce_scatter (" + detail + ")");
   auto counts = std::make_shared<std::vector<int>>(size());
   for (int r = 0; r < size(); ++r) {
     (*counts)[r] = static_cast<int>(Shard(input.count, size(), r).count);
   }
   MPI_Comm comm = state_->comm;
-  const MPI_Datatype mpi_type = *type;
-  const MPI_Op reduction = *mpi_op;
+  const MPI_Datatype mpi_type = reduction->type;
+  const MPI_Op mpi_reduction = reduction->op;
   const int group_size = size();
   std::function<absl::Status(const MPI_Status&)> finish;
   if (op == ReduceOp::kAverage) {
@@ -473,7 +471,7 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
         Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op,
         /*root=*/0,
         [=](MPI_Request* request) {
-          return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, reduction, comm,
+          return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, mpi_reduction, comm,
                                      request);
         },
         std::move(finish));
@@ -483,7 +481,7 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   const int tag = mpi_internal::kRingTagBase +
                   static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
   auto algorithm = std::make_shared<mpi_internal::RingReduceScatter>(
-      state_->control, rank(), group_size, tag, mpi_type, reduction, SizeOf(input.dtype),
+      state_->control, rank(), group_size, tag, mpi_type, mpi_reduction, SizeOf(input.dtype),
       input.data, output.data, input.count);
   return IssueCollective(
       Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op, /*root=*/0,

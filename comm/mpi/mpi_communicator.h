@@ -94,6 +94,13 @@ class MpiCommunicator : public Communicator {
   // Checks a point-to-point buffer (CPU), peer and tag; returns the MPI type of its elements.
   absl::StatusOr<MPI_Datatype> CheckPointToPoint(const Buffer& buffer, int peer, int tag,
                                                  const char* what) const;
+  // Checks that `op` applies to `dtype` and the communicator is usable; returns the MPI type
+  // and operation. `name` prefixes errors ("all_reduce: ...").
+  struct MpiReduction {
+    MPI_Datatype type;
+    MPI_Op op;
+  };
+  absl::StatusOr<MpiReduction> CheckReduction(DataType dtype, ReduceOp op, const char* name);
 
   std::shared_ptr<mpi_internal::CommState> state_;
   CommOptions options_;
