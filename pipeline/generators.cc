@@ -57,6 +57,19 @@ absl::Status CheckCommon(const ScheduleSpec& spec) {
   return absl::OkStatus();
 }
 
+// A spec of `kind`, checked by CheckCommon.
+absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int num_microbatches,
+                                         int chunks, int waves) {
+  ScheduleSpec spec;
+  spec.kind = kind;
+  spec.num_ranks = num_ranks;
+  spec.num_microbatches = num_microbatches;
+  spec.chunks = chunks;
+  spec.waves = waves;
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  return spec;
+}
+
 using ComputeOrders = std::vector<std::vector<Action>>;
 
 double NominalCost(ActionType type) {
@@ -662,11 +675,9 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
 }
 
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_microbatches) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kGPipe;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kGPipe, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/1));
   ComputeOrders orders(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     orders[r].reserve(2 * num_microbatches);
@@ -681,11 +692,9 @@ absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_microbatches) {
 }
 
 absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_microbatches) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::k1F1B;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::k1F1B, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/1));
   ComputeOrders orders(num_ranks);
   const std::vector<int> microbatches = Iota(num_microbatches);
   for (int r = 0; r < num_ranks; ++r) {
@@ -697,12 +706,9 @@ absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_microbatches) {
 }
 
 absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches, int chunks) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kInterleaved;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  spec.chunks = chunks;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kInterleaved, num_ranks, num_microbatches,
+                                      /*chunks=*/chunks, /*waves=*/1));
   const int p = num_ranks, m = num_microbatches, v = chunks;
   // Megatron-LM's schedule table: micro-batches in groups of p, each group run chunk by
   // chunk; the last group takes all remaining micro-batches (m need not be a multiple of p).
@@ -773,11 +779,9 @@ absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches
 }
 
 absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kChimera;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kChimera, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/1));
   const int d = num_ranks, m = num_microbatches;
   if (d % 2 != 0) {
     return Invalid("chimera", absl::StrCat("needs an even number of ranks, got ", d));
@@ -808,12 +812,9 @@ absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
 }
 
 absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int waves) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kHanayo;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  spec.waves = waves;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kHanayo, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/waves));
   Placement placement = Placement::Wave(num_ranks, waves);
   ListScheduler::Config config = ConfigFor(spec, placement);
   config.forward_class = 0;
@@ -827,11 +828,9 @@ absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int
 }
 
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kZBH1;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kZBH1, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/1));
   const int p = num_ranks, m = num_microbatches;
   ComputeOrders orders(p);
   for (int r = 0; r < p; ++r) {
@@ -862,12 +861,9 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches) {
 }
 
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches) {
-  ScheduleSpec spec;
-  spec.kind = ScheduleKind::kZBV;
-  spec.num_ranks = num_ranks;
-  spec.num_microbatches = num_microbatches;
-  spec.chunks = 2;
-  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::kZBV, num_ranks, num_microbatches,
+                                      /*chunks=*/2, /*waves=*/1));
   Placement placement = Placement::Wave(num_ranks, /*waves=*/1);
   ListScheduler::Config config = ConfigFor(spec, placement);
   config.backward_class = 0;
