@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "comm/host_staged.h"
 
 #if TANDEM_HAVE_MPI
 #include "comm/mpi/mpi_communicator.h"
@@ -93,6 +94,18 @@ int CudaDeviceCount(std::string* why) {
   if (why != nullptr) *why = "this build has no CUDA support";
   return 0;
 }
+
+std::string CudaDeviceName(int) { return ""; }
 #endif
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(
+    std::unique_ptr<Communicator> inner) {
+#if TANDEM_HAVE_NCCL
+  return NewHostStagedCommunicator(std::move(inner), NewCudaCopier());
+#else
+  return absl::UnimplementedError(
+      "host-staged CUDA communication: not compiled into this build (no CUDA toolkit found)");
+#endif
+}
 
 }  // namespace tandem::comm

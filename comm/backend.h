@@ -39,8 +39,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(BackendKin
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
                                                                      const CommOptions& options);
 
+// A communicator for CUDA buffers over `inner` (a CPU communicator, e.g. MPI) through pinned
+// host staging (comm/host_staged.h): for ranks that share a GPU, which NCCL refuses.
+// Unimplemented in a build without CUDA.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(
+    std::unique_ptr<Communicator> inner);
+
 // Number of visible CUDA devices; 0 with the reason in `why` when there is none (or no CUDA
 // in this build).
 int CudaDeviceCount(std::string* why = nullptr);
+// The name of CUDA device `index` ("NVIDIA H100 80GB HBM3"); empty without CUDA.
+std::string CudaDeviceName(int index);
 
 }  // namespace tandem::comm

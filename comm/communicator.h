@@ -42,6 +42,10 @@ struct Device {
   int index = 0;  // CUDA device index
   static Device Cpu() { return {}; }
   static Device Cuda(int index) { return {DeviceKind::kCuda, index}; }
+  bool operator==(const Device& o) const {
+    return kind == o.kind && (kind == DeviceKind::kCpu || index == o.index);
+  }
+  bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
 // Memory described without LibTorch.

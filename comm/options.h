@@ -30,8 +30,10 @@ struct CommOptions {
   // Default for Work::Wait() and for the blocking steps of Split/Shrink.
   absl::Duration timeout = kDefaultCommTimeout;
   // Detect mismatched collectives (count, type, operation, root) across ranks before they run,
-  // returning InvalidArgument on every rank instead of corrupting memory or hanging.
-  bool verify_collectives = true;
+  // returning InvalidArgument on every rank instead of corrupting memory or hanging. A debug
+  // mode (as c10d's TORCH_DISTRIBUTED_DEBUG): it costs a small all-reduce per collective, so
+  // it is off unless asked for (TANDEM_COMM_VERIFY=1).
+  bool verify_collectives = false;
   // NCCL: how often the watchdog polls ncclCommGetAsyncError and pending operations.
   absl::Duration watchdog_interval = kDefaultWatchdogInterval;
   // NCCL: the CUDA device of this rank (-1: local rank modulo the device count).

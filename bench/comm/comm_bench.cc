@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, max_bytes, "256MiB", "largest message");
 ABSL_FLAG(int, factor, 2, "size multiplier between rows");
 ABSL_FLAG(double, seconds_per_size, 0.2, "target measuring time per size and implementation");
 ABSL_FLAG(int, warmup, 2, "untimed operations before each measurement");
-ABSL_FLAG(bool, verify, true, "tandem's cross-rank signature check before each collective");
+ABSL_FLAG(bool, verify, false,
+          "tandem's cross-rank signature check before each collective (a debug mode)");
 ABSL_FLAG(bool, check, true, "check results against a sequential reference");
 ABSL_FLAG(bool, mpi, true, "also time the operation called directly through MPI");
 ABSL_FLAG(bool, tandem, true, "time tandem's operation (false: direct MPI only, for diagnosis)");

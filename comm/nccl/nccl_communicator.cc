@@ -21,8 +21,14 @@
 #include "common/logging.h"
 #include "common/status.h"
 
-#define TANDEM_NCCL_HAS_SHRINK (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0))
-#define TANDEM_NCCL_HAS_REVOKE (NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0))
+// NCCL features are detected by CMake from the header and library found (a version number
+// does not say which calls a build has: NCCL 2.28.3's header lacks ncclCommRevoke).
+#ifndef TANDEM_NCCL_HAS_SHRINK
+#define TANDEM_NCCL_HAS_SHRINK 0
+#endif
+#ifndef TANDEM_NCCL_HAS_REVOKE
+#define TANDEM_NCCL_HAS_REVOKE 0
+#endif
 
 namespace tandem::comm {
 namespace {

@@ -78,11 +78,11 @@ TEST(OptionsTest, ParsesTimeouts) {
 
 TEST(OptionsTest, EnvironmentOverridesDefaultsAndBadValuesAreNamed) {
   setenv("TANDEM_COMM_TIMEOUT", "45s", 1);
-  setenv("TANDEM_COMM_VERIFY", "0", 1);
+  setenv("TANDEM_COMM_VERIFY", "1", 1);  // the debug check is off by default
   auto options = CommOptions::FromEnvironment();
   ASSERT_TRUE(options.ok());
   EXPECT_EQ(options->timeout, absl::Seconds(45));
-  EXPECT_FALSE(options->verify_collectives);
+  EXPECT_TRUE(options->verify_collectives);
   EXPECT_NE(DescribeCommEnvironment().find("TANDEM_COMM_TIMEOUT=45s"), std::string::npos);
   setenv("TANDEM_COMM_TIMEOUT", "forever", 1);
   auto bad = CommOptions::FromEnvironment();
@@ -91,6 +91,7 @@ TEST(OptionsTest, EnvironmentOverridesDefaultsAndBadValuesAreNamed) {
   unsetenv("TANDEM_COMM_TIMEOUT");
   unsetenv("TANDEM_COMM_VERIFY");
   EXPECT_EQ(CommOptions::FromEnvironment()->timeout, kDefaultCommTimeout);
+  EXPECT_FALSE(CommOptions::FromEnvironment()->verify_collectives);
 }
 
 TEST(BackendTest, TableNamesAndParses) {

@@ -51,6 +51,7 @@ NcclWorld& World() {
     }
     CommOptions options;
     options.timeout = absl::Seconds(60);
+    options.verify_collectives = true;  // the mismatch tests need the debug check
     auto nccl = NcclCommunicator::Create(*w->cpu, options);
     if (!nccl.ok()) {
       ADD_FAILURE() << nccl.status();
