@@ -14,23 +14,26 @@
 #include <map>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "comm/backend.h"
-#include "comm/groups.h"
+#include "runtime/groups.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
 #include "runtime/checkpoint.h"
-#include "runtime/parameter_mirror.h"
+#include "runtime/device_ops.h"
 #include "runtime/transfer.h"
 
 namespace tandem::runtime {
 namespace {
 
 // Tags on the engine's private point-to-point communicator.
-constexpr int kTransferTag = 1;
+constexpr int kTransferTag = 1;  // payloads
 constexpr int kGatherTag = 2;
+constexpr int kHeaderTag = 4;    // transfer headers (first exchange of each kind)
 // torch.nn.utils.clip_grad_norm_ adds this to the norm before dividing.
 constexpr double kClipEpsilon = 1e-6;
 
@@ -149,6 +152,24 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::Communicator& comm,
   return all;
 }
 
+// Whether two ranks of `world` on one host use the same CUDA device (NCCL refuses that).
+// Collective: the host names and device indices are gathered on every rank.
+absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string mine = absl::StrCat(host, "/", device_index);
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all, GatherStrings(world, mine));
+  // Rank 0 decides and broadcasts.
+  double shared = 0;
+  if (world.rank() == 0) {
+    std::vector<std::string> sorted = all;
+    std::sort(sorted.begin(), sorted.end());
+    shared = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ? 1 : 0;
+  }
+  TANDEM_RETURN_IF_ERROR(world.Broadcast(DoubleBuffer(&shared, 1), /*root=*/0)->Wait());
+  return shared != 0;
+}
+
 }  // namespace
 
 // A stage this rank runs, with its gradient group and synchroniser.
@@ -156,12 +177,15 @@ struct Engine::Local {
   StageSpec spec;
   std::unique_ptr<Stage> impl;
   std::unique_ptr<comm::Communicator> group;  // every copy of this stage
-  std::unique_ptr<comm::GradientSync> sync;
+  std::unique_ptr<runtime::GradientSync> sync;
   bool sync_started = false;
   bool parameters_current = false;  // WaitForParameters done since the last step
-  // CUDA stages: pinned host copies the synchroniser works on (null on the CPU).
-  std::unique_ptr<ParameterMirror> mirror;
-  // The parameters the synchroniser and checkpoints see: the stage's, or the mirror's.
+  // CUDA stages: the gradient group for device buffers (NCCL, or MPI through pinned host
+  // staging where ranks share a GPU); null on the CPU, where `group` carries everything.
+  std::unique_ptr<comm::Communicator> device_group;
+  // Memory operations and optimizer on the stage's device (the stage's, or the CPU loops).
+  DeviceOps* ops = nullptr;
+  // The stage's parameters, on its device.
   std::vector<ParameterView> parameters;
 };
 
@@ -173,27 +197,35 @@ struct Engine::Transfers {
     if (!sends.empty()) new std::deque<PendingSend>(std::move(sends));
   }
 
-  std::map<TensorKey, std::vector<Tensor>> activations;  // output of stage `key.stage`
-  std::map<TensorKey, std::vector<Tensor>> gradients;    // gradient of stage `key.stage`'s input
+  // Output of stage `key.stage` / gradient of stage `key.stage`'s input, produced here or
+  // (still) arriving from a neighbour.
+  std::map<TensorKey, ArrivingTensors> activations;
+  std::map<TensorKey, ArrivingTensors> gradients;
   std::deque<PendingSend> sends;
+  std::unique_ptr<TransferBatcher> batcher;
 
-  absl::StatusOr<std::vector<Tensor>> Take(std::map<TensorKey, std::vector<Tensor>>& from,
+  // Removes the tensors of `key` and waits for them if they are still arriving.
+  absl::StatusOr<std::vector<Tensor>> Take(std::map<TensorKey, ArrivingTensors>& from,
                                            const TensorKey& key, const char* what) {
     auto it = from.find(key);
     if (it == from.end()) {
       return absl::InternalError(absl::StrCat("no ", what, " of ", KeyText(key),
                                               " on this rank (schedule out of order)"));
     }
-    std::vector<Tensor> tensors = std::move(it->second);
+    ArrivingTensors tensors = std::move(it->second);
     from.erase(it);
-    return tensors;
+    return tensors.Take();
   }
-  absl::Status Put(std::map<TensorKey, std::vector<Tensor>>& into, const TensorKey& key,
-                   std::vector<Tensor> tensors, const char* what) {
+  absl::Status Put(std::map<TensorKey, ArrivingTensors>& into, const TensorKey& key,
+                   ArrivingTensors tensors, const char* what) {
     if (!into.emplace(key, std::move(tensors)).second) {
       return absl::InternalError(absl::StrCat(what, " of ", KeyText(key), " produced twice"));
     }
     return absl::OkStatus();
+  }
+  absl::Status Put(std::map<TensorKey, ArrivingTensors>& into, const TensorKey& key,
+                   std::vector<Tensor> tensors, const char* what) {
+    return Put(into, key, ArrivingTensors(std::move(tensors)), what);
   }
   // Drops sends that completed; an error if one failed.
   absl::Status Reap() {
@@ -291,8 +323,10 @@ void Engine::StartWatchdog() {
 
 void Engine::AbortCommunicators(const absl::Status& reason) {
   if (p2p_ != nullptr) p2p_->Abort(reason);
+  if (nccl_pipeline_ != nullptr) nccl_pipeline_->Abort(reason);
   for (auto& l : locals_) {
     if (l->group != nullptr) l->group->Abort(reason);
+    if (l->device_group != nullptr) l->device_group->Abort(reason);
   }
   if (control_ != nullptr) control_->Abort(reason);
 }
@@ -362,6 +396,12 @@ absl::StatusOr<ChromeTrace> Engine::GatherTimeline() {
   auto trace = GatherTimelineInternal();
   if (!trace.ok()) return Report(trace.status());
   return trace;
+}
+
+absl::StatusOr<WorldTimings> Engine::GatherTimings(const std::vector<ActionTiming>& timings) {
+  auto gathered = GatherTimingsInternal(timings);
+  if (!gathered.ok()) return Report(gathered.status());
+  return gathered;
 }
 
 double Engine::Now() const { return clock_->NowSeconds() - epoch_; }
@@ -478,11 +518,11 @@ absl::Status Engine::Build(StageFactory factory) {
   // Collectives: the pipeline group of this data-parallel replica (its ranks are the pipeline
   // positions, so a transfer's peer needs no mapping), one gradient group per stage, and the
   // synchronisers.
-  comm::MeshLayout layout;
+  runtime::MeshLayout layout;
   layout.mesh = plan_.mesh;
   layout.placement = schedule_.placement;
-  TANDEM_ASSIGN_OR_RETURN(comm::ProcessGroups groups,
-                          comm::BuildProcessGroups(*control_, layout));
+  TANDEM_ASSIGN_OR_RETURN(runtime::ProcessGroups groups,
+                          runtime::BuildProcessGroups(*control_, layout));
   p2p_ = std::move(groups.pipeline);
   p2p_->set_timeout(options_.timeout);
   for (auto& l : locals_) {
@@ -495,20 +535,25 @@ absl::Status Engine::Build(StageFactory factory) {
     l->group->set_timeout(options_.timeout);
   }
   TANDEM_RETURN_IF_ERROR(ConnectDevices());
+  transfers_->batcher =
+      std::make_unique<TransferBatcher>(*p2p_, *payload_p2p(), kHeaderTag, kTransferTag);
   local = [&]() -> absl::Status {
     for (auto& l : locals_) {
       // Registered in backward order (the stage lists its parameters in forward order).
-      std::vector<comm::SyncParameter> params;
+      std::vector<runtime::SyncParameter> params;
       for (const ParameterView& v : l->parameters) {
         params.push_back({v.name, v.value, v.grad});
       }
       std::reverse(params.begin(), params.end());
-      comm::GradSyncOptions sync_options;
+      runtime::GradSyncOptions sync_options;
       sync_options.strategy = options_.grad_sync;
       sync_options.bucket_bytes = options_.bucket_bytes;
       sync_options.optimizer = options_.optimizer;
-      sync_options.reduction = comm::GradientReduction::kSum;
-      auto sync = comm::GradientSync::Create(*l->group, std::move(params), sync_options);
+      sync_options.reduction = runtime::GradientReduction::kSum;
+      sync_options.device_ops = l->ops;
+      sync_options.host_group = l->group.get();
+      comm::Communicator& group = l->device_group != nullptr ? *l->device_group : *l->group;
+      auto sync = runtime::GradientSync::Create(group, std::move(params), sync_options);
       if (!sync.ok()) {
         return Annotate(sync.status(), absl::StrCat("gradient sync of stage ", l->spec.stage));
       }
@@ -571,8 +616,26 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
   }
   const std::vector<pipeline::Action>& program = schedule_.programs[pipeline_position_];
   result.timings.reserve(program.size());
-  for (size_t i = 0; i < program.size(); ++i) {
+  for (size_t i = 0; i < program.size();) {
     const pipeline::Action& action = program[i];
+    if (pipeline::IsTransfer(action.type)) {
+      // A run of consecutive sends and receives goes out as one batch.
+      size_t end = i;
+      while (end < program.size() && pipeline::IsTransfer(program[end].type)) ++end;
+      const double batch_start = Now();
+      TANDEM_RETURN_IF_ERROR(Fail(PostTransfers(program, i, end), static_cast<int>(i), action));
+      const double batch_end = Now();
+      for (size_t k = i; k < end; ++k) {
+        result.timings.push_back({program[k], batch_start, batch_end});
+        Record(program[k], batch_start, batch_end);
+      }
+      TANDEM_RETURN_IF_ERROR(Fail(transfers_->Reap(), static_cast<int>(i), action));
+      i = end;
+      continue;
+    }
+    // A computation's received inputs are waited for before its clock starts, so waiting is
+    // not counted as compute.
+    TANDEM_RETURN_IF_ERROR(Fail(WaitForInputs(action), static_cast<int>(i), action));
     const double action_start = Now();
     TANDEM_RETURN_IF_ERROR(Fail(Execute(action, &result), static_cast<int>(i), action));
     const double action_end = Now();
@@ -580,6 +643,7 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
     result.timings.push_back({action, action_start, action_end});
     Record(action, action_start, action_end);
     TANDEM_RETURN_IF_ERROR(Fail(transfers_->Reap(), static_cast<int>(i), action));
+    ++i;
   }
   absl::Status s = transfers_->WaitAll();
   if (!s.ok()) {
@@ -653,48 +717,16 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
       return l->impl->BackwardWeight(action.microbatch);
     }
     case ActionType::kSendActivation:
-    case ActionType::kSendGradient: {
-      const bool activation = action.type == ActionType::kSendActivation;
-      TANDEM_ASSIGN_OR_RETURN(
-          std::vector<Tensor> tensors,
-          transfers_->Take(activation ? transfers_->activations : transfers_->gradients, key,
-                           activation ? "activation to send" : "gradient to send"));
-      TransferHeader header;
-      header.type = action.type;
-      header.stage = action.stage;
-      header.microbatch = action.microbatch;
-      header.replica = action.replica;
-      TANDEM_ASSIGN_OR_RETURN(PendingSend send,
-                              SendTensors(*p2p_, *payload_p2p(), action.peer, kTransferTag, header,
-                                          std::move(tensors)));
-      transfers_->sends.push_back(std::move(send));
-      return absl::OkStatus();
-    }
+    case ActionType::kSendGradient:
     case ActionType::kRecvActivation:
-    case ActionType::kRecvGradient: {
-      const bool activation = action.type == ActionType::kRecvActivation;
-      // The stage that consumes the tensors allocates them.
-      const int consumer = activation ? action.stage + 1 : action.stage - 1;
-      TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, consumer));
-      TransferHeader expected;
-      expected.type = activation ? ActionType::kSendActivation : ActionType::kSendGradient;
-      expected.stage = action.stage;
-      expected.microbatch = action.microbatch;
-      expected.replica = action.replica;
-      TANDEM_ASSIGN_OR_RETURN(
-          std::vector<Tensor> tensors,
-          ReceiveTensors(*p2p_, *payload_p2p(), action.peer, kTransferTag, expected,
-                         [l](const TensorMeta& meta) { return l->impl->NewTensor(meta); }));
-      return transfers_->Put(activation ? transfers_->activations : transfers_->gradients, key,
-                             std::move(tensors), activation ? "activation" : "gradient");
-    }
+    case ActionType::kRecvGradient:
+      return absl::InternalError("transfers run as batches (PostTransfers)");
     case ActionType::kGradientSync: {
       TANDEM_ASSIGN_OR_RETURN(Local * l, local(action.replica, action.stage));
       if (l->sync_started) {
         return absl::InternalError("gradient synchronisation started twice");
       }
       l->sync_started = true;
-      if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->GradientsToHost());
       for (int b = 0; b < l->sync->num_buckets(); ++b) {
         TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
       }
@@ -704,6 +736,79 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
       return OptimizerStep(result);
   }
   return absl::InternalError("unknown action type");
+}
+
+absl::Status Engine::WaitForInputs(const pipeline::Action& action) {
+  using pipeline::ActionType;
+  const int last_stage = schedule_.spec.NumStages() - 1;
+  std::map<TensorKey, ArrivingTensors>* from = nullptr;
+  TensorKey key{action.replica, 0, action.microbatch};
+  if (action.type == ActionType::kForward && action.stage > 0) {
+    from = &transfers_->activations;
+    key.stage = action.stage - 1;
+  } else if ((action.type == ActionType::kBackward ||
+              action.type == ActionType::kBackwardInput) &&
+             action.stage < last_stage) {
+    from = &transfers_->gradients;
+    key.stage = action.stage + 1;
+  }
+  if (from == nullptr) return absl::OkStatus();
+  auto it = from->find(key);
+  return it == from->end() ? absl::OkStatus() : it->second.Wait();
+}
+
+absl::Status Engine::PostTransfers(const std::vector<pipeline::Action>& program, size_t begin,
+                                   size_t end) {
+  using pipeline::ActionType;
+  std::vector<OutgoingTransfer> sends;
+  std::vector<IncomingTransfer> receives;
+  std::vector<std::pair<bool, TensorKey>> destinations;  // per receive: activation?, key
+  for (size_t i = begin; i < end; ++i) {
+    const pipeline::Action& action = program[i];
+    const TensorKey key{action.replica, action.stage, action.microbatch};
+    const bool activation = action.type == ActionType::kSendActivation ||
+                            action.type == ActionType::kRecvActivation;
+    if (action.type == ActionType::kSendActivation || action.type == ActionType::kSendGradient) {
+      OutgoingTransfer send;
+      send.peer = action.peer;
+      send.header.type = action.type;
+      send.header.stage = action.stage;
+      send.header.microbatch = action.microbatch;
+      send.header.replica = action.replica;
+      TANDEM_ASSIGN_OR_RETURN(
+          send.tensors,
+          transfers_->Take(activation ? transfers_->activations : transfers_->gradients, key,
+                           activation ? "activation to send" : "gradient to send"));
+      sends.push_back(std::move(send));
+      continue;
+    }
+    // The stage that consumes the tensors allocates them.
+    const int consumer = activation ? action.stage + 1 : action.stage - 1;
+    Local* l = Find(action.replica, consumer);
+    if (l == nullptr) {
+      return absl::InternalError(absl::StrCat("stage ", consumer, " replica ", action.replica,
+                                              " is not on this rank"));
+    }
+    IncomingTransfer receive;
+    receive.peer = action.peer;
+    receive.expected.type = activation ? ActionType::kSendActivation : ActionType::kSendGradient;
+    receive.expected.stage = action.stage;
+    receive.expected.microbatch = action.microbatch;
+    receive.expected.replica = action.replica;
+    receive.allocate = [l](const TensorMeta& meta) { return l->impl->NewTensor(meta); };
+    receives.push_back(std::move(receive));
+    destinations.push_back({activation, key});
+  }
+  TANDEM_ASSIGN_OR_RETURN(TransferBatcher::Posted posted,
+                          transfers_->batcher->Post(std::move(sends), std::move(receives)));
+  if (posted.sends != nullptr) transfers_->sends.push_back(std::move(*posted.sends));
+  for (size_t r = 0; r < destinations.size(); ++r) {
+    const auto& [activation, key] = destinations[r];
+    TANDEM_RETURN_IF_ERROR(
+        transfers_->Put(activation ? transfers_->activations : transfers_->gradients, key,
+                        std::move(posted.received[r]), activation ? "activation" : "gradient"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::OptimizerStep(IterationResult* result) {
@@ -744,7 +849,6 @@ absl::Status Engine::FlushInternal() {
     TANDEM_RETURN_IF_ERROR(Annotate(l->sync->Flush(), absl::StrCat("rank ", world_rank_,
                                                                     ": flushing stage ",
                                                                     l->spec.stage)));
-    if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->ValuesToDevice());
     l->parameters_current = true;
   }
   return absl::OkStatus();
@@ -764,8 +868,17 @@ ShardTensor FloatTensor(const std::string& name, const float* data, int64_t coun
   return t;
 }
 
-nlohmann::json OptimizerJson(const comm::OptimizerConfig& c) {
-  return {{"kind", comm::OptimizerName(c.kind)}, {"momentum", c.momentum},
+// A float32 buffer on a stage's device, copied to the host.
+absl::StatusOr<ShardTensor> DeviceFloatTensor(DeviceOps& ops, const std::string& name,
+                                              const comm::Buffer& buffer) {
+  std::vector<float> host(static_cast<size_t>(buffer.count));
+  TANDEM_RETURN_IF_ERROR(
+      ops.CopyToHost(host.data(), static_cast<const float*>(buffer.data), buffer.count));
+  return FloatTensor(name, host.data(), buffer.count);
+}
+
+nlohmann::json OptimizerJson(const runtime::OptimizerConfig& c) {
+  return {{"kind", runtime::OptimizerName(c.kind)}, {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},      {"beta1", c.beta1},
           {"beta2", c.beta2},                    {"eps", c.eps}};
 }
@@ -787,7 +900,7 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
   nlohmann::json records = nlohmann::json::array();
   local = [&]() -> absl::Status {
     for (auto& l : locals_) {
-      TANDEM_ASSIGN_OR_RETURN(std::vector<comm::ParameterOptimizerState> state,
+      TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterOptimizerState> state,
                               l->sync->GatherOptimizerState());
       if (l->group->rank() != 0) continue;
       CheckpointShard shard;
@@ -798,11 +911,12 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
           return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
                                                        "': only float32 parameters"));
         }
-        shard.tensors.push_back(FloatTensor(absl::StrCat(kParameterPrefix, v.name),
-                                            static_cast<const float*>(v.value.data),
-                                            v.value.count));
+        TANDEM_ASSIGN_OR_RETURN(
+            ShardTensor tensor,
+            DeviceFloatTensor(*l->ops, absl::StrCat(kParameterPrefix, v.name), v.value));
+        shard.tensors.push_back(std::move(tensor));
       }
-      for (const comm::ParameterOptimizerState& p : state) {
+      for (const runtime::ParameterOptimizerState& p : state) {
         steps[p.name] = p.steps;
         for (const auto& [buffer, values] : p.buffers) {
           shard.tensors.push_back(
@@ -859,7 +973,7 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
 
 absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::string& model) {
   int64_t step = 0;
-  std::vector<std::vector<comm::ParameterOptimizerState>> states(locals_.size());
+  std::vector<std::vector<runtime::ParameterOptimizerState>> states(locals_.size());
   absl::Status local = [&]() -> absl::Status {
     TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
     if (manifest.model != model) {
@@ -884,10 +998,10 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
       }
     }
     const std::string saved_optimizer = manifest.optimizer.value("kind", "");
-    if (saved_optimizer != comm::OptimizerName(options_.optimizer.kind)) {
+    if (saved_optimizer != runtime::OptimizerName(options_.optimizer.kind)) {
       return absl::InvalidArgumentError(absl::StrCat(
           dir, ": the checkpoint's optimizer is '", saved_optimizer, "', this run uses '",
-          comm::OptimizerName(options_.optimizer.kind), "'"));
+          runtime::OptimizerName(options_.optimizer.kind), "'"));
     }
     step = manifest.step;
     for (size_t i = 0; i < locals_.size(); ++i) {
@@ -907,14 +1021,17 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
               where, ": parameter '", v.name, "' is missing or has another size (",
               t == nullptr ? 0 : t->count, " vs ", v.value.count, ")"));
         }
-        std::memcpy(v.value.data, t->bytes.data(), t->bytes.size());
+        std::vector<float> host(static_cast<size_t>(t->count));
+        std::memcpy(host.data(), t->bytes.data(), t->bytes.size());
+        TANDEM_RETURN_IF_ERROR(
+            l.ops->CopyFromHost(static_cast<float*>(v.value.data), host.data(), t->count));
       }
       const nlohmann::json steps = shard.metadata.value("optimizer_steps",
                                                         nlohmann::json::object());
-      std::vector<comm::ParameterOptimizerState>& state = states[i];
+      std::vector<runtime::ParameterOptimizerState>& state = states[i];
       const std::vector<ParameterView>& params = l.parameters;
       for (auto it = params.rbegin(); it != params.rend(); ++it) {  // registration order
-        comm::ParameterOptimizerState p;
+        runtime::ParameterOptimizerState p;
         p.name = it->name;
         p.steps = steps.value(it->name, int64_t{0});
         const std::string prefix = absl::StrCat(kOptimizerPrefix, it->name, ":");
@@ -935,9 +1052,6 @@ absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::s
   local = [&]() -> absl::Status {
     for (size_t i = 0; i < locals_.size(); ++i) {
       TANDEM_RETURN_IF_ERROR(locals_[i]->sync->LoadOptimizerState(states[i]));
-      if (locals_[i]->mirror != nullptr) {
-        TANDEM_RETURN_IF_ERROR(locals_[i]->mirror->ValuesToDevice());
-      }
       locals_[i]->parameters_current = true;
     }
     return absl::OkStatus();
@@ -968,27 +1082,65 @@ absl::Status Engine::ConnectDevices() {
         "one kind of device for the whole job");
   }
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control_.get(), local, "checking stage devices"));
-  if (!any_cuda) {
-    for (auto& l : locals_) l->parameters = l->impl->Parameters();
-    return absl::OkStatus();
-  }
-  // CUDA stages: payloads travel on NCCL (its own stream) within the pipeline group, headers
-  // on MPI; the synchronisers work on pinned host mirrors of the parameters.
-  comm::CommOptions comm_options;
-  comm_options.timeout = options_.timeout;
-  TANDEM_ASSIGN_OR_RETURN(nccl_world_, comm::CreateNcclCommunicator(*control_, comm_options));
-  TANDEM_ASSIGN_OR_RETURN(nccl_pipeline_, nccl_world_->Split(/*color=*/data_parallel_index_,
-                                                             /*key=*/pipeline_position_));
   local = [&]() -> absl::Status {
     for (auto& l : locals_) {
-      TANDEM_ASSIGN_OR_RETURN(l->mirror, ParameterMirror::Create(l->impl->Parameters()));
-      l->parameters = l->mirror->host();
+      l->parameters = l->impl->Parameters();
+      l->ops = l->impl->device_ops();
+      if (l->ops == nullptr) {
+        if (l->impl->device().kind != comm::DeviceKind::kCpu) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "stage ", l->spec.stage, " is on a CUDA device but brings no device operations "
+              "(Stage::device_ops)"));
+        }
+        l->ops = &DefaultCpuDeviceOps();
+      }
+      if (l->ops->device() != l->impl->device()) {
+        return absl::InvalidArgumentError(absl::StrCat("stage ", l->spec.stage,
+                                                       ": its device operations (", l->ops->name(),
+                                                       ") are for another device"));
+      }
     }
     return absl::OkStatus();
   }();
-  return AgreeOnSuccess(control_.get(),
-                        Annotate(local, absl::StrCat("rank ", world_rank_, ": device mirrors")),
-                        "preparing device parameters");
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      control_.get(), Annotate(local, absl::StrCat("rank ", world_rank_)), "preparing devices"));
+  if (!any_cuda) return absl::OkStatus();
+
+  // CUDA stages: payloads and gradient synchronisation on device buffers, headers and
+  // agreements on MPI. With a GPU per rank NCCL carries the device buffers; NCCL refuses ranks
+  // that share a GPU, so then MPI carries them through pinned host staging.
+  const int device_index = locals_.empty() ? -1 : locals_[0]->impl->device().index;
+  TANDEM_ASSIGN_OR_RETURN(const bool shared, AnyDeviceShared(*control_, device_index));
+  comm::CommOptions comm_options;
+  comm_options.timeout = options_.timeout;
+  runtime::MeshLayout layout;
+  layout.mesh = plan_.mesh;
+  layout.placement = schedule_.placement;
+  if (!shared) {
+    TANDEM_ASSIGN_OR_RETURN(nccl_world_, comm::CreateNcclCommunicator(*control_, comm_options));
+    TANDEM_ASSIGN_OR_RETURN(runtime::ProcessGroups groups,
+                            runtime::BuildProcessGroups(*nccl_world_, layout));
+    nccl_pipeline_ = std::move(groups.pipeline);
+    for (auto& l : locals_) l->device_group = std::move(groups.gradient[l->spec.stage]);
+  } else {
+    if (world_rank_ == 0) {
+      TANDEM_LOG(INFO) << "ranks share a GPU (NCCL refuses that): pipeline transfers and "
+                          "gradient synchronisation go over MPI through pinned host staging";
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> p2p_copy,
+                            p2p_->Split(/*color=*/0, /*key=*/p2p_->rank()));
+    TANDEM_ASSIGN_OR_RETURN(nccl_pipeline_,
+                            comm::CreateHostStagedCommunicator(std::move(p2p_copy)));
+    for (auto& l : locals_) {
+      TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group_copy,
+                              l->group->Split(/*color=*/0, /*key=*/l->group->rank()));
+      TANDEM_ASSIGN_OR_RETURN(l->device_group,
+                              comm::CreateHostStagedCommunicator(std::move(group_copy)));
+    }
+  }
+  nccl_pipeline_->set_timeout(options_.timeout);
+  for (auto& l : locals_) l->device_group->set_timeout(options_.timeout);
+  return absl::OkStatus();
 }
 
 comm::Communicator* Engine::payload_p2p() const {
@@ -1000,9 +1152,44 @@ absl::Status Engine::WaitForParameters(Local* l) {
   for (int p = l->sync->num_parameters() - 1; p >= 0; --p) {  // forward order
     TANDEM_RETURN_IF_ERROR(l->sync->WaitForParameters(p));
   }
-  if (l->mirror != nullptr) TANDEM_RETURN_IF_ERROR(l->mirror->ValuesToDevice());
   l->parameters_current = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<WorldTimings> Engine::GatherTimingsInternal(
+    const std::vector<ActionTiming>& timings) {
+  // Seven doubles per action: type, stage, micro-batch, replica, peer, start, end.
+  constexpr size_t kFields = 7;
+  std::vector<double> mine;
+  mine.reserve(timings.size() * kFields);
+  for (const ActionTiming& t : timings) {
+    mine.insert(mine.end(), {static_cast<double>(t.action.type), double(t.action.stage),
+                             double(t.action.microbatch), double(t.action.replica),
+                             double(t.action.peer), t.start_seconds, t.end_seconds});
+  }
+  const std::string bytes(reinterpret_cast<const char*>(mine.data()),
+                          mine.size() * sizeof(double));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all, GatherStrings(*control_, bytes));
+  WorldTimings world(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].size() % (kFields * sizeof(double)) != 0) {
+      return absl::DataLossError(absl::StrCat("timings of rank ", r, " are truncated"));
+    }
+    std::vector<double> values(all[r].size() / sizeof(double));
+    std::memcpy(values.data(), all[r].data(), all[r].size());
+    for (size_t i = 0; i + kFields <= values.size(); i += kFields) {
+      ActionTiming t;
+      t.action.type = static_cast<pipeline::ActionType>(static_cast<int>(values[i]));
+      t.action.stage = static_cast<int>(values[i + 1]);
+      t.action.microbatch = static_cast<int>(values[i + 2]);
+      t.action.replica = static_cast<int>(values[i + 3]);
+      t.action.peer = static_cast<int>(values[i + 4]);
+      t.start_seconds = values[i + 5];
+      t.end_seconds = values[i + 6];
+      world[r].push_back(t);
+    }
+  }
+  return world;
 }
 
 absl::StatusOr<ChromeTrace> Engine::GatherTimelineInternal() {

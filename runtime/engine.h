@@ -6,11 +6,14 @@
 // Ranks, groups and peers. The plan's mesh puts this rank at data-parallel replica d and
 // pipeline position q; it runs program q of the schedule generated from plan.schedule. A
 // transfer's peer (a pipeline position) is the world rank mesh[d][peer]: transfers travel on
-// the pipeline group of replica d (comm/groups.h), whose ranks are the pipeline positions.
+// the pipeline group of replica d (runtime/groups.h), whose ranks are the pipeline positions.
 // Every stage s has a gradient group: the ranks holding a copy of s in every
 // data-parallel replica and, for Chimera, in both pipeline replicas; its synchronisation sums
-// the gradients of all copies, so copies stay identical. Transfers carry a small header with
-// shapes and dtypes before each payload (runtime/transfer.h): no per-model code.
+// the gradients of all copies, so copies stay identical. Transfers go as the IR groups them:
+// each run of consecutive sends and receives of the program is one batch (one NCCL group);
+// the first transfer of each kind carries a header with shapes and dtypes, which both ends
+// then cache (runtime/transfer.h: no per-model code); a received tensor is waited for only
+// when a computation first uses it.
 //
 // Losses and gradients. Each last stage's IterationLoss() is already scaled so that the sum
 // over the world is the mean loss of the global batch, and its gradients likewise: gradient
@@ -31,11 +34,14 @@
 // within about one timeout. (Under plain mpirun, Open MPI ends the whole job as soon as a
 // rank dies; `mpirun --enable-recovery` lets the survivors report.)
 //
-// Devices: stages on the CPU exchange tensors over MPI and synchronise gradients in place.
-// Stages on CUDA devices (every rank's, one device per rank) send payloads over NCCL, on its
-// own stream, with the shape headers over MPI, and synchronise gradients through pinned host
-// mirrors of their parameters (runtime/parameter_mirror.h). A build or a machine without CUDA
-// never sees CUDA stages (the factory cannot make them).
+// Devices: training state stays on each stage's device. Gradient synchronisation and the
+// optimizer run there through the stage's DeviceOps (runtime/device_ops.h; the CPU loops for
+// CPU stages). Stages on the CPU exchange tensors and synchronise gradients over MPI. Stages
+// on CUDA devices (every rank's, one device per rank) send payloads and synchronise gradients
+// over NCCL on its own stream, with the shape headers over MPI; where ranks share a GPU (which
+// NCCL refuses) payloads and gradients go over MPI through pinned host staging
+// (comm/host_staged.h), with one notice. A build or a machine without CUDA never sees CUDA
+// stages (the factory cannot make them).
 //
 // Threading: one thread drives an Engine; its watchdog thread only tests failure notices and
 // aborts communicators.
@@ -51,8 +57,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
-#include "comm/grad_sync.h"
-#include "comm/optimizer.h"
+#include "runtime/grad_sync.h"
+#include "runtime/optimizer.h"
 #include "common/clock.h"
 #include "common/trace.h"
 #include "nlohmann/json.hpp"
@@ -60,6 +66,7 @@
 #include "pipeline/schedule.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/stage.h"
+#include "runtime/timeline.h"
 
 namespace tandem::runtime {
 
@@ -87,9 +94,9 @@ struct StageSpec {
 using StageFactory = std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec&)>;
 
 struct EngineOptions {
-  comm::GradSyncStrategy grad_sync = comm::GradSyncStrategy::kAllReduce;
-  int64_t bucket_bytes = comm::kDefaultBucketBytes;
-  comm::OptimizerConfig optimizer;
+  runtime::GradSyncStrategy grad_sync = runtime::GradSyncStrategy::kAllReduce;
+  int64_t bucket_bytes = runtime::kDefaultBucketBytes;
+  runtime::OptimizerConfig optimizer;
   LrSchedule lr_schedule;  // learning rate per iteration (warm-up, cosine decay)
   double clip_norm = 0;    // <= 0: no clipping
   bool record_timeline = false;
@@ -98,13 +105,6 @@ struct EngineOptions {
   Clock* clock = nullptr;  // null: RealClock
 };
 
-// When one action of this rank's program ran (seconds since the engine's epoch, which all
-// ranks take right after a world barrier at creation).
-struct ActionTiming {
-  pipeline::Action action;
-  double start_seconds = 0;
-  double end_seconds = 0;
-};
 
 struct IterationResult {
   int64_t iteration = 0;
@@ -160,6 +160,9 @@ class Engine {
   void set_record_timeline(bool record) { options_.record_timeline = record; }
   // Collective: the timelines of all ranks merged on rank 0 (empty elsewhere).
   absl::StatusOr<ChromeTrace> GatherTimeline();
+  // Collective: every rank's `timings` (e.g. IterationResult::timings, or several iterations'
+  // concatenated) on rank 0, index = world rank (empty elsewhere).
+  absl::StatusOr<WorldTimings> GatherTimings(const std::vector<ActionTiming>& timings);
 
   const pipeline::Plan& plan() const { return plan_; }
   const pipeline::Schedule& schedule() const { return schedule_; }
@@ -181,6 +184,7 @@ class Engine {
   absl::Status SaveCheckpointInternal(const std::string& dir, const std::string& model);
   absl::Status LoadCheckpointInternal(const std::string& dir, const std::string& model);
   absl::StatusOr<ChromeTrace> GatherTimelineInternal();
+  absl::StatusOr<WorldTimings> GatherTimingsInternal(const std::vector<ActionTiming>& timings);
   // Failure notices (see engine.cc): a failing public call tells every other rank.
   void StartWatchdog();
   void AbortCommunicators(const absl::Status& reason);
@@ -189,9 +193,15 @@ class Engine {
 
   absl::Status Build(StageFactory factory);
   absl::Status Execute(const pipeline::Action& action, IterationResult* result);
+  // Program[begin, end): a run of sends and receives, posted as one batch.
+  absl::Status PostTransfers(const std::vector<pipeline::Action>& program, size_t begin,
+                             size_t end);
+  // Waits for the received tensors `action` consumes (before its clock starts).
+  absl::Status WaitForInputs(const pipeline::Action& action);
   absl::Status OptimizerStep(IterationResult* result);
   absl::Status WaitForParameters(Local* local);
-  // CUDA stages: NCCL for payloads, pinned host mirrors for the synchronisers (see engine.cc).
+  // Device operations per stage; CUDA stages: NCCL (or host-staged MPI) for payloads and
+  // gradient groups.
   absl::Status ConnectDevices();
   comm::Communicator* payload_p2p() const;
   Local* Find(int replica, int stage);

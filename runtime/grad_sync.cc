@@ -1,6 +1,4 @@
-#include "comm/grad_sync.h"
-
-#include "comm/buffer.h"
+#include "runtime/grad_sync.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,12 +7,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "comm/buffer.h"
 #include "common/status.h"
+#include "runtime/device_ops.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
+
+using comm::Buffer;
+using comm::Communicator;
+using comm::CpuBuffer;
+using comm::DataType;
+using comm::DeviceKind;
+using comm::ReduceOp;
+using comm::Shard;
+using comm::ShardRange;
+using comm::WorkPtr;
 namespace {
 
-constexpr size_t kFloatBytes = sizeof(float);
+constexpr int64_t kFloatBytes = sizeof(float);
 
 // One fusion bucket.
 struct Bucket {
@@ -27,55 +37,26 @@ struct Bucket {
   // as they are (grads_in_place); otherwise they are packed into packed_grad.
   float* grad = nullptr;
   bool grads_in_place = false;
-  std::vector<float> packed_grad;
-  std::vector<float> shard_grad;  // DeAR: the reduced shard
+  DeviceArray packed_grad;
+  DeviceArray shard_grad;  // DeAR: the reduced shard
   // DeAR: parameters in the flat layout, updated (own shard) and all-gathered in place; the
   // value buffers themselves when adjacent (params_in_place), else packed_param.
   float* param = nullptr;
   bool params_in_place = false;
-  std::vector<float> packed_param;
-  std::unique_ptr<OptimizerState> shard_optimizer;  // DeAR: state of the shard
+  DeviceArray packed_param;
   int ready = 0;
   bool launched = false;
   WorkPtr reduction;  // this iteration's all-reduce / reduce-scatter
   WorkPtr gather;     // DeAR: all-gather of the updated parameters
 };
 
-// dst[i] = src[i] / divisor (or src[i] when !divide), returning the sum of dst[i]^2. Squares
-// are summed in double, in eight independent lanes so that the loop vectorises; the norm is
-// then exact to double rounding whatever the grouping of elements (DeAR's shards or the
-// all-reduce's parameters), so both strategies clip by the same coefficient.
-double AverageAndSquaredNorm(float* dst, const float* src, int64_t count, float divisor,
-                             bool divide) {
-  constexpr int kLanes = 8;
-  constexpr int64_t kBlock = 4096;
-  double total = 0;
-  for (int64_t begin = 0; begin < count; begin += kBlock) {
-    const int64_t end = std::min(count, begin + kBlock);
-    double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = begin;
-    for (; i + kLanes <= end; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const float g = divide ? src[i + l] / divisor : src[i + l];
-        dst[i + l] = g;
-        lanes[l] += static_cast<double>(g) * g;
-      }
-    }
-    for (; i < end; ++i) {
-      const float g = divide ? src[i] / divisor : src[i];
-      dst[i] = g;
-      lanes[0] += static_cast<double>(g) * g;
-    }
-    for (double lane : lanes) total += lane;
-  }
-  return total;
-}
-
 class BucketedGradientSync : public GradientSync {
  public:
   BucketedGradientSync(Communicator& group, std::vector<SyncParameter> parameters,
                        const GradSyncOptions& options)
       : group_(group),
+        host_group_(options.host_group != nullptr ? *options.host_group : group),
+        ops_(options.device_ops != nullptr ? *options.device_ops : DefaultCpuDeviceOps()),
         parameters_(std::move(parameters)),
         options_(options),
         local_(group.size() == 1) {}
@@ -140,7 +121,25 @@ class BucketedGradientSync : public GradientSync {
                         what);
   }
 
-  Communicator& group_;
+  // A float32 buffer on the stage's device, for the group's collectives.
+  Buffer DeviceBuffer(float* data, int64_t count) const {
+    Buffer b = CpuBuffer(data, count);
+    b.device = ops_.device();
+    return b;
+  }
+  // Span pointers for the optimizers.
+  std::vector<float*> ParameterValues() const;
+  std::vector<float*> ParameterGrads() const;
+  absl::Status BuildBucketsAndState(int64_t bucket_bytes);
+  void StartGather(Bucket& bucket, float* shard_param) {
+    bucket.gather = group_.AllGather(
+        DeviceBuffer(bucket.shard.count > 0 ? shard_param : nullptr, bucket.shard.count),
+        DeviceBuffer(bucket.param, bucket.count));
+  }
+
+  Communicator& group_;       // collectives on the device buffers
+  Communicator& host_group_;  // same ranks, host buffers (agreements)
+  DeviceOps& ops_;
   std::vector<SyncParameter> parameters_;
   GradSyncOptions options_;
   const bool local_;
@@ -152,8 +151,9 @@ class BucketedGradientSync : public GradientSync {
   bool backward_finished_ = false;
   double norm_squared_ = 0;
   int64_t iteration_ = 0;
-  // Full per-parameter optimizer state (all-reduce strategy, or a group of one).
-  std::vector<std::unique_ptr<OptimizerState>> parameter_optimizers_;
+  // All-reduce strategy (or a group of one): one span per parameter, full state. DeAR: one
+  // span per bucket, this rank's shard of it.
+  std::unique_ptr<DeviceOptimizer> optimizer_;
 
   // auto_bucket.
   bool tuning_ = false;
@@ -175,9 +175,9 @@ absl::Status BucketedGradientSync::Init() {
     if (p.value.dtype != DataType::kFloat32 || p.grad.dtype != DataType::kFloat32) {
       return absl::InvalidArgumentError(Where(what + " is not float32"));
     }
-    if (p.value.device.kind != DeviceKind::kCpu || p.grad.device.kind != DeviceKind::kCpu) {
-      return absl::UnimplementedError(
-          Where(what + " is on a CUDA device; gradient synchronisation packs CPU buffers only"));
+    if (p.value.device != ops_.device() || p.grad.device != ops_.device()) {
+      return absl::InvalidArgumentError(Where(absl::StrCat(
+          what, " is not on the device of the synchroniser's operations (", ops_.name(), ")")));
     }
     if (p.value.count != p.grad.count) {
       return absl::InvalidArgumentError(Where(absl::StrCat(
@@ -190,6 +190,9 @@ absl::Status BucketedGradientSync::Init() {
   if (options_.bucket_bytes <= 0 && !options_.auto_bucket) {
     return absl::InvalidArgumentError(
         Where(absl::StrCat("bucket_bytes must be positive, got ", options_.bucket_bytes)));
+  }
+  if (options_.auto_bucket && ops_.device().kind != DeviceKind::kCpu) {
+    return absl::UnimplementedError(Where("automatic bucket sizes are tuned on CPU stages only"));
   }
   if (options_.auto_bucket && options_.tune_iterations < 1) {
     return absl::InvalidArgumentError(Where("tune_iterations must be at least 1"));
@@ -208,13 +211,13 @@ absl::Status BucketedGradientSync::Init() {
     // Different numbers of parameters give different lengths: compare the lengths first.
     int64_t lengths[2] = {n, -n};
     TANDEM_RETURN_IF_ERROR(
-        group_.AllReduce(CpuBuffer(lengths, 2), ReduceOp::kMax)->Wait());
+        host_group_.AllReduce(CpuBuffer(lengths, 2), ReduceOp::kMax)->Wait());
     if (lengths[0] != -lengths[1]) {
       return absl::InvalidArgumentError(Where(absl::StrCat(
           "ranks register different numbers of parameters (this rank ", n, ", min ",
           -lengths[1], ", max ", lengths[0], ")")));
     }
-    TANDEM_RETURN_IF_ERROR(group_
+    TANDEM_RETURN_IF_ERROR(host_group_
                                .AllReduce(CpuBuffer(signature.data(),
                                                     static_cast<int64_t>(signature.size())),
                                           ReduceOp::kMax)
@@ -227,11 +230,6 @@ absl::Status BucketedGradientSync::Init() {
             "parameter ", i, " ('", parameters_[i].name, "') has ", Count(i),
             " elements here; across the group between ", min_count, " and ", max_count)));
       }
-    }
-  }
-  if (!sharded()) {
-    for (int i = 0; i < num_parameters(); ++i) {
-      parameter_optimizers_.push_back(std::make_unique<OptimizerState>(options_.optimizer, Count(i)));
     }
   }
   int64_t initial_bytes = options_.bucket_bytes;
@@ -258,8 +256,44 @@ absl::Status BucketedGradientSync::Init() {
     interval_counts_.assign(candidates_.size(), 0);
     initial_bytes = candidates_[0];
   }
-  BuildBuckets(initial_bytes);
+  return BuildBucketsAndState(initial_bytes);
+}
+
+absl::Status BucketedGradientSync::BuildBucketsAndState(int64_t bucket_bytes) {
+  BuildBuckets(bucket_bytes);
+  std::vector<int64_t> counts;
+  if (sharded()) {
+    for (const Bucket& bucket : buckets_) counts.push_back(bucket.shard.count);
+  } else {
+    for (int i = 0; i < num_parameters(); ++i) counts.push_back(Count(i));
+  }
+  TANDEM_ASSIGN_OR_RETURN(optimizer_, ops_.NewOptimizer(options_.optimizer, std::move(counts)));
+  for (Bucket& bucket : buckets_) {
+    if (local_) continue;
+    if (!bucket.grads_in_place) {
+      TANDEM_ASSIGN_OR_RETURN(bucket.packed_grad, ops_.Zeros(bucket.count));
+      bucket.grad = bucket.packed_grad.data;
+    }
+    if (!sharded()) continue;
+    TANDEM_ASSIGN_OR_RETURN(bucket.shard_grad, ops_.Zeros(bucket.shard.count));
+    if (!bucket.params_in_place) {
+      TANDEM_ASSIGN_OR_RETURN(bucket.packed_param, ops_.Zeros(bucket.count));
+      bucket.param = bucket.packed_param.data;
+    }
+  }
   return absl::OkStatus();
+}
+
+std::vector<float*> BucketedGradientSync::ParameterValues() const {
+  std::vector<float*> out(num_parameters());
+  for (int p = 0; p < num_parameters(); ++p) out[p] = Value(p);
+  return out;
+}
+
+std::vector<float*> BucketedGradientSync::ParameterGrads() const {
+  std::vector<float*> out(num_parameters());
+  for (int p = 0; p < num_parameters(); ++p) out[p] = Grad(p);
+  return out;
 }
 
 void BucketedGradientSync::BuildBuckets(int64_t bucket_bytes) {
@@ -278,25 +312,13 @@ void BucketedGradientSync::BuildBuckets(int64_t bucket_bytes) {
   }
   for (Bucket& bucket : buckets_) {
     if (local_) continue;  // nothing to pack
+    // Buffers that are not in place are allocated by BuildBucketsAndState.
     bucket.grads_in_place = Adjacent(bucket, &BucketedGradientSync::Grad);
-    if (bucket.grads_in_place) {
-      bucket.grad = Grad(bucket.parameters[0]);
-    } else {
-      bucket.packed_grad.assign(bucket.count, 0.0f);
-      bucket.grad = bucket.packed_grad.data();
-    }
+    if (bucket.grads_in_place) bucket.grad = Grad(bucket.parameters[0]);
     if (sharded()) {
       bucket.shard = Shard(bucket.count, group_.size(), group_.rank());
-      bucket.shard_grad.assign(bucket.shard.count, 0.0f);
       bucket.params_in_place = Adjacent(bucket, &BucketedGradientSync::Value);
-      if (bucket.params_in_place) {
-        bucket.param = Value(bucket.parameters[0]);
-      } else {
-        bucket.packed_param.assign(bucket.count, 0.0f);
-        bucket.param = bucket.packed_param.data();
-      }
-      bucket.shard_optimizer =
-          std::make_unique<OptimizerState>(options_.optimizer, bucket.shard.count);
+      if (bucket.params_in_place) bucket.param = Value(bucket.parameters[0]);
     }
   }
   grad_ready_.assign(num_parameters(), false);
@@ -354,13 +376,13 @@ absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
   for (size_t j = 0; j < bucket.parameters.size() && !bucket.grads_in_place; ++j) {
     const int p = bucket.parameters[j];
     if (Count(p) > 0) {
-      std::memcpy(bucket.grad + bucket.offsets[j], Grad(p), Count(p) * kFloatBytes);
+      TANDEM_RETURN_IF_ERROR(ops_.Copy(bucket.grad + bucket.offsets[j], Grad(p), Count(p)));
     }
   }
-  const Buffer flat = CpuBuffer(bucket.grad, bucket.count);
+  const Buffer flat = DeviceBuffer(bucket.grad, bucket.count);
   if (sharded()) {
     bucket.reduction = group_.ReduceScatter(
-        flat, CpuBuffer(bucket.shard_grad.data(), bucket.shard.count), ReduceOp::kSum);
+        flat, DeviceBuffer(bucket.shard_grad.data, bucket.shard.count), ReduceOp::kSum);
   } else {
     bucket.reduction = group_.AllReduce(flat, ReduceOp::kSum);
   }
@@ -374,12 +396,14 @@ absl::Status BucketedGradientSync::FinishBackward() {
   for (Bucket& bucket : buckets_) bucket.ready = static_cast<int>(bucket.parameters.size());
   std::fill(grad_ready_.begin(), grad_ready_.end(), true);
   TANDEM_RETURN_IF_ERROR(LaunchReadyBuckets());
-  double norm_squared = 0;
+  TANDEM_RETURN_IF_ERROR(ops_.TakeSquaredNorm().status());  // start from zero
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     if (local_) {
       for (int p : bucket.parameters) {
-        norm_squared += AverageAndSquaredNorm(Grad(p), Grad(p), Count(p), 1.0f, /*divide=*/false);
+        TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(Grad(p), Grad(p), Count(p), 1.0f,
+                                                             /*divide=*/false,
+                                                             /*add_to_norm=*/true));
       }
       continue;
     }
@@ -388,21 +412,22 @@ absl::Status BucketedGradientSync::FinishBackward() {
     bucket.reduction.reset();
     const float group_size = static_cast<float>(group_.size());
     if (sharded()) {
-      norm_squared += AverageAndSquaredNorm(bucket.shard_grad.data(), bucket.shard_grad.data(),
-                                            bucket.shard.count, group_size, averaging());
+      TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(
+          bucket.shard_grad.data, bucket.shard_grad.data, bucket.shard.count, group_size,
+          averaging(), /*add_to_norm=*/true));
       continue;
     }
     // All-reduce: the reduced gradients go back into the parameters' grad buffers, averaged on
     // the way; group rank 0 alone counts them in the norm.
-    const bool count_norm = group_.rank() == 0;
     for (size_t j = 0; j < bucket.parameters.size(); ++j) {
       const int p = bucket.parameters[j];
       const float* reduced = bucket.grad + bucket.offsets[j];  // == Grad(p) when in place
-      const double partial =
-          AverageAndSquaredNorm(Grad(p), reduced, Count(p), group_size, averaging());
-      if (count_norm) norm_squared += partial;
+      TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(Grad(p), reduced, Count(p),
+                                                           group_size, averaging(),
+                                                           /*add_to_norm=*/group_.rank() == 0));
     }
   }
+  TANDEM_ASSIGN_OR_RETURN(const double norm_squared, ops_.TakeSquaredNorm());
   norm_squared_ = norm_squared;
   backward_finished_ = true;
   return absl::OkStatus();
@@ -413,34 +438,41 @@ absl::Status BucketedGradientSync::Step(double lr, double grad_scale) {
     return absl::FailedPreconditionError(Where("Step before FinishBackward"));
   }
   if (!sharded()) {
-    for (int p = 0; p < num_parameters(); ++p) {
-      TANDEM_RETURN_IF_ERROR(parameter_optimizers_[p]->Step(
-          absl::MakeSpan(Value(p), Count(p)), absl::MakeConstSpan(Grad(p), Count(p)), lr,
-          grad_scale));
-    }
+    TANDEM_RETURN_IF_ERROR(
+        optimizer_->Step(/*first_span=*/0, ParameterValues(), ParameterGrads(), lr, grad_scale));
   } else {
-    // Forward order (last bucket first): the first layers' parameters arrive first.
+    // Per bucket, in forward order (last bucket first: the first layers' parameters arrive
+    // first): this rank's shard of the current parameter values (they may have been changed
+    // outside, e.g. by a checkpoint load, so they are read from the parameters each time), the
+    // optimizer on the shard, the all-gather. A fused optimizer steps every shard in one call
+    // before the all-gathers start.
+    const bool fused = ops_.prefers_fused_steps();
+    std::vector<float*> shard_params(buckets_.size());
+    std::vector<float*> shard_grads(buckets_.size());
     for (int b = num_buckets() - 1; b >= 0; --b) {
       Bucket& bucket = buckets_[b];
       const ShardRange shard = bucket.shard;
-      // This rank's shard of the current parameter values (they may have been changed outside,
-      // e.g. by a checkpoint load, so they are read from the parameters each time).
       for (size_t j = 0; j < bucket.parameters.size() && !bucket.params_in_place; ++j) {
         const int p = bucket.parameters[j];
         const int64_t begin = std::max(shard.offset, bucket.offsets[j]);
         const int64_t end = std::min(shard.offset + shard.count, bucket.offsets[j] + Count(p));
         if (begin < end) {
-          std::memcpy(bucket.param + begin, Value(p) + (begin - bucket.offsets[j]),
-                      (end - begin) * kFloatBytes);
+          TANDEM_RETURN_IF_ERROR(ops_.Copy(bucket.param + begin,
+                                           Value(p) + (begin - bucket.offsets[j]), end - begin));
         }
       }
-      float* shard_param = bucket.param + shard.offset;
-      TANDEM_RETURN_IF_ERROR(bucket.shard_optimizer->Step(
-          absl::MakeSpan(shard_param, shard.count),
-          absl::MakeConstSpan(bucket.shard_grad.data(), shard.count), lr, grad_scale));
-      bucket.gather =
-          group_.AllGather(CpuBuffer(shard.count > 0 ? shard_param : nullptr, shard.count),
-                           CpuBuffer(bucket.param, bucket.count));
+      shard_params[b] = bucket.param + shard.offset;
+      shard_grads[b] = bucket.shard_grad.data;
+      if (fused) continue;
+      TANDEM_RETURN_IF_ERROR(optimizer_->Step(b, absl::MakeConstSpan(&shard_params[b], 1),
+                                              absl::MakeConstSpan(&shard_grads[b], 1), lr,
+                                              grad_scale));
+      StartGather(bucket, shard_params[b]);
+    }
+    if (fused) {
+      TANDEM_RETURN_IF_ERROR(
+          optimizer_->Step(/*first_span=*/0, shard_params, shard_grads, lr, grad_scale));
+      for (int b = num_buckets() - 1; b >= 0; --b) StartGather(buckets_[b], shard_params[b]);
     }
   }
   for (Bucket& bucket : buckets_) {
@@ -462,7 +494,7 @@ absl::Status BucketedGradientSync::WaitBucketParameters(Bucket& bucket) {
   for (size_t j = 0; j < bucket.parameters.size() && !bucket.params_in_place; ++j) {
     const int p = bucket.parameters[j];
     if (Count(p) > 0) {
-      std::memcpy(Value(p), bucket.param + bucket.offsets[j], Count(p) * kFloatBytes);
+      TANDEM_RETURN_IF_ERROR(ops_.Copy(Value(p), bucket.param + bucket.offsets[j], Count(p)));
     }
   }
   return absl::OkStatus();
@@ -488,34 +520,45 @@ absl::StatusOr<std::vector<ParameterOptimizerState>>
 BucketedGradientSync::GatherOptimizerState() {
   TANDEM_RETURN_IF_ERROR(Flush());
   std::vector<ParameterOptimizerState> result(num_parameters());
-  for (int p = 0; p < num_parameters(); ++p) result[p].name = parameters_[p].name;
+  for (int p = 0; p < num_parameters(); ++p) {
+    result[p].name = parameters_[p].name;
+    result[p].steps = optimizer_->steps();
+  }
+  const std::vector<std::string> names = optimizer_->BufferNames();
   if (!sharded()) {
     for (int p = 0; p < num_parameters(); ++p) {
-      result[p].steps = parameter_optimizers_[p]->steps();
-      for (auto& named : parameter_optimizers_[p]->Buffers()) {
-        result[p].buffers.emplace_back(named.name, *named.values);
+      for (const std::string& name : names) {
+        TANDEM_ASSIGN_OR_RETURN(float* buffer, optimizer_->StateBuffer(p, name, false));
+        std::vector<float> values;
+        if (buffer != nullptr) {
+          values.resize(static_cast<size_t>(Count(p)));
+          TANDEM_RETURN_IF_ERROR(ops_.CopyToHost(values.data(), buffer, Count(p)));
+        }
+        result[p].buffers.emplace_back(name, std::move(values));
       }
     }
     return result;
   }
-  for (Bucket& bucket : buckets_) {
-    OptimizerState& state = *bucket.shard_optimizer;
-    // A buffer exists on every rank once the optimizer has stepped (SGD's momentum buffer is
-    // created by the first step; steps agree across the group).
-    const bool has_state = state.steps() > 0 &&
-                           (options_.optimizer.kind == OptimizerKind::kAdamW ||
-                            options_.optimizer.momentum != 0.0);
-    for (auto& named : state.Buffers()) {
+  // A buffer exists on every rank once the optimizer has stepped (SGD's momentum buffer is
+  // created by the first step; steps agree across the group), so the all-gathers match.
+  const bool has_state = optimizer_->steps() > 0 &&
+                         (options_.optimizer.kind == OptimizerKind::kAdamW ||
+                          options_.optimizer.momentum != 0.0);
+  for (int b = 0; b < num_buckets(); ++b) {
+    Bucket& bucket = buckets_[b];
+    for (const std::string& name : names) {
       std::vector<float> full;
       if (has_state) {
-        named.values->resize(bucket.shard.count);
-        full.assign(bucket.count, 0.0f);
+        TANDEM_ASSIGN_OR_RETURN(float* shard, optimizer_->StateBuffer(b, name, true));
+        TANDEM_ASSIGN_OR_RETURN(DeviceArray gathered, ops_.Zeros(bucket.count));
         TANDEM_RETURN_IF_ERROR(
             group_
-                .AllGather(CpuBuffer(bucket.shard.count > 0 ? named.values->data() : nullptr,
-                                     bucket.shard.count),
-                           CpuBuffer(full.data(), bucket.count))
+                .AllGather(DeviceBuffer(bucket.shard.count > 0 ? shard : nullptr,
+                                        bucket.shard.count),
+                           DeviceBuffer(gathered.data, bucket.count))
                 ->Wait());
+        full.resize(static_cast<size_t>(bucket.count));
+        TANDEM_RETURN_IF_ERROR(ops_.CopyToHost(full.data(), gathered.data, bucket.count));
       }
       for (size_t j = 0; j < bucket.parameters.size(); ++j) {
         const int p = bucket.parameters[j];
@@ -524,8 +567,7 @@ BucketedGradientSync::GatherOptimizerState() {
           values.assign(full.begin() + bucket.offsets[j],
                         full.begin() + bucket.offsets[j] + Count(p));
         }
-        result[p].buffers.emplace_back(named.name, std::move(values));
-        result[p].steps = state.steps();
+        result[p].buffers.emplace_back(name, std::move(values));
       }
     }
   }
@@ -558,31 +600,30 @@ absl::Status BucketedGradientSync::LoadOptimizerState(
     }
     return nullptr;
   };
+  optimizer_->set_steps(state.empty() ? 0 : state[0].steps);
+  const std::vector<std::string> names = optimizer_->BufferNames();
   if (!sharded()) {
     for (int p = 0; p < num_parameters(); ++p) {
-      OptimizerState& target = *parameter_optimizers_[p];
-      target.set_steps(state[p].steps);
-      for (auto& named : target.Buffers()) {
-        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, named.name));
+      for (const std::string& name : names) {
+        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, name));
         if (values == nullptr) {
-          named.values->clear();
-          if (options_.optimizer.kind == OptimizerKind::kAdamW) named.values->assign(Count(p), 0);
-        } else {
-          *named.values = *values;
+          TANDEM_RETURN_IF_ERROR(optimizer_->ResetStateBuffer(p, name));
+          continue;
         }
+        TANDEM_ASSIGN_OR_RETURN(float* buffer, optimizer_->StateBuffer(p, name, true));
+        TANDEM_RETURN_IF_ERROR(ops_.CopyFromHost(buffer, values->data(), Count(p)));
       }
     }
     return absl::OkStatus();
   }
-  for (Bucket& bucket : buckets_) {
-    OptimizerState& target = *bucket.shard_optimizer;
-    target.set_steps(bucket.parameters.empty() ? 0 : state[bucket.parameters[0]].steps);
-    for (auto& named : target.Buffers()) {
+  for (int b = 0; b < num_buckets(); ++b) {
+    Bucket& bucket = buckets_[b];
+    for (const std::string& name : names) {
       bool any = false;
       std::vector<float> shard(bucket.shard.count, 0.0f);
       for (size_t j = 0; j < bucket.parameters.size(); ++j) {
         const int p = bucket.parameters[j];
-        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, named.name));
+        TANDEM_ASSIGN_OR_RETURN(const std::vector<float>* values, find(p, name));
         if (values == nullptr) continue;
         any = true;
         const int64_t begin = std::max(bucket.shard.offset, bucket.offsets[j]);
@@ -592,11 +633,12 @@ absl::Status BucketedGradientSync::LoadOptimizerState(
           shard[i - bucket.shard.offset] = (*values)[i - bucket.offsets[j]];
         }
       }
-      if (any || options_.optimizer.kind == OptimizerKind::kAdamW) {
-        *named.values = std::move(shard);
-      } else {
-        named.values->clear();  // SGD before its first step
+      if (!any) {  // SGD before its first step; AdamW zeroes
+        TANDEM_RETURN_IF_ERROR(optimizer_->ResetStateBuffer(b, name));
+        continue;
       }
+      TANDEM_ASSIGN_OR_RETURN(float* buffer, optimizer_->StateBuffer(b, name, true));
+      TANDEM_RETURN_IF_ERROR(ops_.CopyFromHost(buffer, shard.data(), bucket.shard.count));
     }
   }
   return absl::OkStatus();
@@ -604,12 +646,8 @@ absl::Status BucketedGradientSync::LoadOptimizerState(
 
 absl::Status BucketedGradientSync::Rebucket(int64_t bucket_bytes) {
   if (bucket_bytes == bucket_bytes_) return absl::OkStatus();
-  if (!sharded()) {
-    BuildBuckets(bucket_bytes);
-    return absl::OkStatus();
-  }
   TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterOptimizerState> state, GatherOptimizerState());
-  BuildBuckets(bucket_bytes);
+  TANDEM_RETURN_IF_ERROR(BuildBucketsAndState(bucket_bytes));
   return LoadOptimizerState(state);
 }
 
@@ -640,7 +678,7 @@ absl::Status BucketedGradientSync::AfterStep() {
   }
   if (!local_) {
     TANDEM_RETURN_IF_ERROR(
-        group_
+        host_group_
             .AllReduce(CpuBuffer(agreed_means_.data(), static_cast<int64_t>(agreed_means_.size())),
                        ReduceOp::kMax)
             ->Wait());
@@ -701,4 +739,4 @@ absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
   return std::unique_ptr<GradientSync>(std::move(sync));
 }
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

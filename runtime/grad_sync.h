@@ -34,8 +34,11 @@
 // it; rebucketing flushes parameters and moves the sharded optimizer state, so no update is
 // lost.
 //
-// Parameters must be float32 CPU buffers whose `value` and `grad` stay at the same address for
-// the synchroniser's lifetime. A group of size 1 (no data parallelism) communicates nothing.
+// Parameters must be float32 buffers on the device of `device_ops` (the CPU by default) whose
+// `value` and `grad` stay at the same address for the synchroniser's lifetime; packing,
+// averaging, the norm and the optimizer run there (nothing is mirrored on the host), and the
+// group's collectives get device buffers. A group of size 1 (no data parallelism)
+// communicates nothing.
 //
 // Copies: a bucket packs its gradients (and, for DeAR, its parameters) into a flat buffer,
 // unless the parameters' grad (value) buffers already follow each other in memory in
@@ -53,9 +56,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "comm/communicator.h"
-#include "comm/optimizer.h"
+#include "runtime/device_ops.h"
+#include "runtime/optimizer.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 
 enum class GradSyncStrategy : uint8_t { kAllReduce, kDeAR };
 const char* GradSyncStrategyName(GradSyncStrategy strategy);  // "allreduce", "dear"
@@ -76,13 +80,19 @@ struct GradSyncOptions {
   int tune_iterations = 3;
   GradientReduction reduction = GradientReduction::kAverage;
   OptimizerConfig optimizer;
+  // Memory operations and optimizer on the parameters' device (runtime/device_ops.h); null:
+  // the CPU loops. Must outlive the synchroniser.
+  DeviceOps* device_ops = nullptr;
+  // The same ranks as `group`, for small host-side agreements (parameter sizes, bucket
+  // tuning) when `group` communicates device buffers only (NCCL); null: `group` itself.
+  comm::Communicator* host_group = nullptr;
 };
 
 // One parameter as flat buffers (runtime::ParameterView carries the same fields).
 struct SyncParameter {
   std::string name;
-  Buffer value;
-  Buffer grad;
+  comm::Buffer value;
+  comm::Buffer grad;
 };
 
 // Full (unsharded) optimizer state of one parameter, for checkpoints and state transfer.
@@ -94,11 +104,12 @@ struct ParameterOptimizerState {
 
 class GradientSync {
  public:
-  // `group` is the stage's gradient group (comm/groups.h) and must outlive the synchroniser.
+  // `group` is the stage's gradient group (runtime/groups.h) and must outlive the synchroniser.
   // `parameters` in backward order. Collective over `group`: checks that every rank registers
   // the same number of parameters with the same sizes (InvalidArgument names the parameter).
   static absl::StatusOr<std::unique_ptr<GradientSync>> Create(
-      Communicator& group, std::vector<SyncParameter> parameters, const GradSyncOptions& options);
+      comm::Communicator& group, std::vector<SyncParameter> parameters,
+      const GradSyncOptions& options);
   virtual ~GradientSync() = default;
 
   virtual absl::Status GradReady(int parameter) = 0;
@@ -141,4 +152,4 @@ class GradientSync {
 // for parameters of `element_counts` float32 elements and a `bucket_bytes` threshold.
 std::vector<int> AssignBuckets(const std::vector<int64_t>& element_counts, int64_t bucket_bytes);
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

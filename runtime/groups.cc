@@ -1,11 +1,13 @@
-#include "comm/groups.h"
+#include "runtime/groups.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
+
+using comm::Communicator;
 
 absl::Status ValidateMeshLayout(const MeshLayout& layout) {
   const int data_parallel = layout.data_parallel();
@@ -136,4 +138,4 @@ absl::StatusOr<ProcessGroups> BuildProcessGroups(Communicator& world, const Mesh
   return groups;
 }
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

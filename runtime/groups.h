@@ -21,7 +21,7 @@
 #include "comm/communicator.h"
 #include "pipeline/schedule.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 
 // What group building needs from a plan: its mesh and the schedule's placement.
 struct MeshLayout {
@@ -64,18 +64,19 @@ StageNeighbours NeighboursOf(const MeshLayout& layout, int replica, int stage);
 struct ProcessGroups {
   MeshPosition position;
   // mesh[d] for this rank's d; its rank() equals this rank's pipeline position q.
-  std::unique_ptr<Communicator> pipeline;
+  std::unique_ptr<comm::Communicator> pipeline;
   // stage -> gradient group, for every stage this rank holds (ranked in sorted global order).
-  std::map<int, std::unique_ptr<Communicator>> gradient;
+  std::map<int, std::unique_ptr<comm::Communicator>> gradient;
   // Chimera only: stage -> the replica pair within this rank's d, for stages whose two
   // copies sit on different ranks.
-  std::map<int, std::unique_ptr<Communicator>> replica_pair;
+  std::map<int, std::unique_ptr<comm::Communicator>> replica_pair;
 };
 
 // Splits `world` (all ranks of the mesh, rank == global rank) into this rank's groups.
 // Collective over `world`: every rank calls it with the same layout. It performs one Split for
 // the pipeline groups, one per stage for the gradient groups and, with two replicas, one per
 // stage for the replica pairs.
-absl::StatusOr<ProcessGroups> BuildProcessGroups(Communicator& world, const MeshLayout& layout);
+absl::StatusOr<ProcessGroups> BuildProcessGroups(comm::Communicator& world,
+                                                 const MeshLayout& layout);
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

@@ -1,10 +1,10 @@
-#include "comm/optimizer.h"
+#include "runtime/optimizer.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 
 OptimizerConfig OptimizerConfig::Sgd(double momentum, double weight_decay) {
   OptimizerConfig config;
@@ -173,4 +173,4 @@ std::vector<OptimizerState::NamedBuffer> OptimizerState::Buffers() {
   return {{"exp_avg", &momentum_}, {"exp_avg_sq", &second_moment_}};
 }
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

@@ -29,7 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 
 enum class OptimizerKind : uint8_t { kSgd, kAdamW };
 
@@ -88,4 +88,4 @@ class OptimizerState {
   std::vector<float> second_moment_;  // AdamW exp_avg_sq
 };
 
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

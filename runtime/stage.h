@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "runtime/device_ops.h"
 
 namespace tandem::runtime {
 
@@ -77,6 +78,9 @@ class Stage {
 
   virtual std::vector<ParameterView> Parameters() = 0;
   virtual comm::Device device() const = 0;
+  // Memory operations and optimizer on the stage's device (runtime/device_ops.h), owned by
+  // the stage; null: the CPU loops (DefaultCpuDeviceOps), which only CPU stages may use.
+  virtual DeviceOps* device_ops() { return nullptr; }
 };
 
 }  // namespace tandem::runtime

@@ -10,13 +10,6 @@
 namespace tandem::runtime {
 namespace {
 
-bool InIteration(const TraceEvent& e, int64_t iteration) {
-  if (iteration < 0) return true;
-  return e.args.is_object() && e.args.contains("iteration") &&
-         e.args["iteration"].is_number_integer() &&
-         e.args["iteration"].get<int64_t>() == iteration;
-}
-
 struct Mean {
   double sum = 0;
   int count = 0;
@@ -29,51 +22,69 @@ struct Mean {
 
 }  // namespace
 
-absl::StatusOr<pipeline::CostModel> MeasuredCosts(const ChromeTrace& trace,
-                                                  const pipeline::ScheduleSpec& spec,
-                                                  int64_t iteration) {
+absl::StatusOr<pipeline::CostModel> MeasuredCosts(const WorldTimings& timings,
+                                                  const pipeline::ScheduleSpec& spec) {
+  using pipeline::ActionType;
   const int num_stages = spec.NumStages();
   std::vector<Mean> forward(num_stages), backward(num_stages), input(num_stages),
       weight(num_stages);
-  for (const TraceEvent& e : trace.events()) {
-    if (!InIteration(e, iteration) || !e.args.is_object() || !e.args.contains("type") ||
-        !e.args.contains("stage")) {
-      continue;
+  // The k-th optimizer step of each rank belongs to the k-th iteration given.
+  std::vector<std::vector<const ActionTiming*>> steps;  // [rank][k]
+  for (const std::vector<ActionTiming>& rank : timings) {
+    steps.emplace_back();
+    for (const ActionTiming& t : rank) {
+      const int stage = t.action.stage;
+      const double duration = t.end_seconds - t.start_seconds;
+      if (t.action.type == ActionType::kOptimizerStep) steps.back().push_back(&t);
+      if (stage < 0 || stage >= num_stages) continue;
+      switch (t.action.type) {
+        case ActionType::kForward: forward[stage].Add(duration); break;
+        case ActionType::kBackward: backward[stage].Add(duration); break;
+        case ActionType::kBackwardInput: input[stage].Add(duration); break;
+        case ActionType::kBackwardWeight: weight[stage].Add(duration); break;
+        default: break;
+      }
     }
-    const int stage = e.args["stage"].get<int>();
-    if (stage < 0 || stage >= num_stages) continue;
-    const std::string type = e.args["type"].get<std::string>();
-    if (type == "F") forward[stage].Add(e.duration_seconds);
-    if (type == "B") backward[stage].Add(e.duration_seconds);
-    if (type == "Bi") input[stage].Add(e.duration_seconds);
-    if (type == "W") weight[stage].Add(e.duration_seconds);
   }
   std::vector<double> f(num_stages), b(num_stages), w(num_stages);
   for (int s = 0; s < num_stages; ++s) {
     const bool split = input[s].count > 0;
     if (forward[s].count == 0 || (backward[s].count == 0 && !split)) {
-      return absl::NotFoundError(absl::StrCat("timeline has no forward or backward of stage ",
-                                              s, iteration >= 0
-                                                     ? absl::StrCat(" in iteration ", iteration)
-                                                     : std::string()));
+      return absl::NotFoundError(
+          absl::StrCat("the timings have no forward or backward of stage ", s));
     }
     f[s] = forward[s].value();
     b[s] = split ? input[s].value() : backward[s].value();
     w[s] = split ? weight[s].value() : 0;
   }
-  return pipeline::CostModel::FromStageCosts(spec, f, b, w);
+  TANDEM_ASSIGN_OR_RETURN(pipeline::CostModel costs,
+                          pipeline::CostModel::FromStageCosts(spec, f, b, w));
+  Mean tail;
+  for (size_t k = 0;; ++k) {
+    const ActionTiming* last = nullptr;
+    for (const auto& rank : steps) {
+      if (k < rank.size() && (last == nullptr || rank[k]->start_seconds > last->start_seconds)) {
+        last = rank[k];
+      }
+    }
+    if (last == nullptr) break;
+    tail.Add(last->end_seconds - last->start_seconds);
+  }
+  costs.optimizer_seconds = tail.value();
+  return costs;
 }
 
-absl::StatusOr<TimeRange> IterationRange(const ChromeTrace& trace, int64_t iteration) {
+absl::StatusOr<TimeRange> IterationRange(const WorldTimings& timings) {
   TimeRange range{std::numeric_limits<double>::infinity(),
                   -std::numeric_limits<double>::infinity()};
-  for (const TraceEvent& e : trace.events()) {
-    if (!InIteration(e, iteration)) continue;
-    range.start_seconds = std::min(range.start_seconds, e.start_seconds);
-    range.end_seconds = std::max(range.end_seconds, e.start_seconds + e.duration_seconds);
+  for (const auto& rank : timings) {
+    for (const ActionTiming& t : rank) {
+      range.start_seconds = std::min(range.start_seconds, t.start_seconds);
+      range.end_seconds = std::max(range.end_seconds, t.end_seconds);
+    }
   }
   if (range.end_seconds < range.start_seconds) {
-    return absl::NotFoundError(absl::StrCat("timeline has no events of iteration ", iteration));
+    return absl::NotFoundError("no action timings");
   }
   return range;
 }

@@ -1,5 +1,6 @@
 #include "runtime/transfer.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -209,6 +210,184 @@ absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
     }
   }
   return tensors;
+}
+
+}  // namespace tandem::runtime
+
+namespace tandem::runtime {
+namespace {
+
+std::string DescribeMetas(const std::vector<TensorMeta>& metas) {
+  std::vector<std::string> shapes;
+  for (const TensorMeta& m : metas) {
+    shapes.push_back(absl::StrCat(absl::StrJoin(m.shape, "x"), " ", comm::DataTypeName(m.dtype)));
+  }
+  return absl::StrCat("[", absl::StrJoin(shapes, ", "), "]");
+}
+
+}  // namespace
+
+absl::Status ArrivingTensors::Wait() {
+  if (ready_ == nullptr) return absl::OkStatus();
+  const absl::Status s = ready_->Wait();
+  if (!s.ok()) {
+    for (Tensor& t : tensors_) Abandon(std::move(t.holder));
+    tensors_.clear();
+    return Annotate(s, absl::StrCat("receiving ", what_));
+  }
+  ready_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Tensor>> ArrivingTensors::Take() {
+  TANDEM_RETURN_IF_ERROR(Wait());
+  return std::move(tensors_);
+}
+
+TransferBatcher::TransferBatcher(comm::Communicator& header_comm,
+                                 comm::Communicator& payload_comm, int header_tag,
+                                 int payload_tag)
+    : header_comm_(header_comm),
+      payload_comm_(payload_comm),
+      header_tag_(header_tag),
+      payload_tag_(PayloadTag(payload_comm, payload_tag)) {}
+
+absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
+    std::vector<OutgoingTransfer> sends, std::vector<IncomingTransfer> receives) {
+  std::vector<comm::PointToPoint> payloads;
+  std::vector<comm::WorkPtr> header_works;
+  std::vector<std::shared_ptr<TransferHeader::Words>> header_words;
+  std::vector<Tensor> sent_tensors;
+  std::string what;
+  // On an error return, memory that a posted send may still read is deliberately leaked.
+  bool handed_over = false;
+  auto leak_posted = absl::Cleanup([&] {
+    if (handed_over) return;
+    for (auto& words : header_words) Abandon(std::move(words));
+    for (Tensor& t : sent_tensors) Abandon(std::move(t.holder));
+  });
+  // Sends: shapes from the tensors; a header on the first exchange of a kind.
+  for (OutgoingTransfer& send : sends) {
+    TransferHeader full = send.header;
+    full.tensors.clear();
+    for (const Tensor& t : send.tensors) {
+      if (t.buffer.count != t.meta.NumElements() || t.buffer.dtype != t.meta.dtype) {
+        return absl::InternalError(absl::StrCat("sending ", full.Describe(), ": buffer has ",
+                                                t.buffer.count, " elements of ",
+                                                comm::DataTypeName(t.buffer.dtype),
+                                                ", its meta says otherwise"));
+      }
+      full.tensors.push_back(t.meta);
+    }
+    const Kind kind{send.peer, static_cast<int>(full.type), full.stage, full.replica};
+    auto cached = sent_shapes_.find(kind);
+    if (cached == sent_shapes_.end()) {
+      TANDEM_ASSIGN_OR_RETURN(TransferHeader::Words words, full.Encode());
+      auto holder = std::make_shared<TransferHeader::Words>(words);
+      header_works.push_back(header_comm_.Send(HeaderBuffer(holder.get()), send.peer, header_tag_));
+      header_words.push_back(std::move(holder));
+      sent_shapes_.emplace(kind, full.tensors);
+    } else if (!(cached->second == full.tensors)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sending ", full.Describe(), " to rank ", send.peer, ": earlier transfers of this kind "
+          "had shapes ", DescribeMetas(cached->second), "; a stage's outputs must keep their "
+          "shapes from micro-batch to micro-batch (shapes are cached after the first exchange)"));
+    }
+    absl::StrAppend(&what, what.empty() ? "" : ", ", full.Describe(), " to ", send.peer);
+    for (Tensor& t : send.tensors) {
+      comm::PointToPoint p;
+      p.kind = comm::PointToPoint::Kind::kSend;
+      p.buffer = t.buffer;
+      p.peer = send.peer;
+      p.tag = payload_tag_;
+      payloads.push_back(p);
+      sent_tensors.push_back(std::move(t));
+    }
+  }
+  // Receives of a kind not seen yet: their headers, posted together, then waited for.
+  std::vector<std::shared_ptr<TransferHeader::Words>> incoming(receives.size());
+  std::vector<comm::WorkPtr> incoming_works(receives.size());
+  bool any_header = false;
+  for (size_t r = 0; r < receives.size(); ++r) {
+    const TransferHeader& e = receives[r].expected;
+    const Kind kind{receives[r].peer, static_cast<int>(e.type), e.stage, e.replica};
+    if (received_shapes_.count(kind) != 0) continue;
+    incoming[r] = std::make_shared<TransferHeader::Words>();
+    incoming_works[r] =
+        header_comm_.Recv(HeaderBuffer(incoming[r].get()), receives[r].peer, header_tag_);
+    any_header = true;
+  }
+  // The sends go out before this rank waits for a header: the peer may need them before it
+  // can send what this rank waits for (GPipe's last forward send and first gradient receive
+  // form one run). The receives then follow in one batch of their own, in program order.
+  comm::WorkPtr send_work;
+  if (any_header && !payloads.empty()) {
+    send_work = payload_comm_.SendRecvBatch(payloads);
+    payloads.clear();
+  }
+  Posted posted;
+  std::vector<std::string> received_names;
+  for (size_t r = 0; r < receives.size(); ++r) {
+    const IncomingTransfer& receive = receives[r];
+    const TransferHeader& e = receive.expected;
+    const Kind kind{receive.peer, static_cast<int>(e.type), e.stage, e.replica};
+    const std::string expected_id = Identity(e.type, e.stage, e.microbatch, e.replica);
+    if (incoming_works[r] != nullptr) {
+      const absl::Status s = incoming_works[r]->Wait();
+      if (!s.ok()) {
+        Abandon(incoming[r]);
+        return Annotate(s, absl::StrCat("waiting for ", expected_id, " from rank ", receive.peer));
+      }
+      auto header = TransferHeader::Decode(*incoming[r]);
+      if (!header.ok()) {
+        return Annotate(header.status(),
+                        absl::StrCat("receiving ", expected_id, " from rank ", receive.peer));
+      }
+      if (header->type != e.type || header->stage != e.stage ||
+          header->microbatch != e.microbatch || header->replica != e.replica) {
+        return absl::InternalError(absl::StrCat("expected ", expected_id, " from rank ",
+                                                receive.peer, ", received ", header->Describe(),
+                                                " (programs out of step)"));
+      }
+      received_shapes_[kind] = header->tensors;
+    }
+    const std::vector<TensorMeta>& metas = received_shapes_[kind];
+    std::vector<Tensor> tensors;
+    for (const TensorMeta& meta : metas) {
+      TANDEM_ASSIGN_OR_RETURN(Tensor t, receive.allocate(meta));
+      if (t.buffer.count != meta.NumElements() || t.buffer.dtype != meta.dtype) {
+        return absl::InternalError(absl::StrCat("receiving ", expected_id, ": the stage allocated ",
+                                                t.buffer.count, " elements of ",
+                                                comm::DataTypeName(t.buffer.dtype)));
+      }
+      comm::PointToPoint p;
+      p.kind = comm::PointToPoint::Kind::kRecv;
+      p.buffer = t.buffer;
+      p.peer = receive.peer;
+      p.tag = payload_tag_;
+      payloads.push_back(p);
+      tensors.push_back(std::move(t));
+    }
+    received_names.push_back(absl::StrCat(expected_id, " ", DescribeMetas(metas), " from rank ",
+                                          receive.peer));
+    posted.received.emplace_back(std::move(tensors), nullptr, received_names.back());
+  }
+  comm::WorkPtr work = payloads.empty() ? nullptr : payload_comm_.SendRecvBatch(payloads);
+  if (work != nullptr) {
+    for (size_t r = 0; r < posted.received.size(); ++r) {
+      auto tensors = posted.received[r].Take();  // nothing to wait for yet
+      posted.received[r] = ArrivingTensors(*std::move(tensors), work, received_names[r]);
+    }
+  }
+  if (!sends.empty()) {
+    std::vector<comm::WorkPtr> works = std::move(header_works);
+    if (send_work != nullptr) works.push_back(send_work);
+    if (work != nullptr) works.push_back(work);
+    handed_over = true;
+    posted.sends = std::make_unique<PendingSend>(what, std::move(header_words),
+                                                 std::move(sent_tensors), std::move(works));
+  }
+  return posted;
 }
 
 }  // namespace tandem::runtime

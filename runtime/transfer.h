@@ -13,13 +13,21 @@
 // Ordering: messages between a pair of ranks on one tag are matched in the order posted
 // (MPI's non-overtaking rule, NCCL's FIFO), so a receive's payload is posted only after its
 // header arrived and before the next header from the same peer is waited for.
+//
+// The engine's path is TransferBatcher (below): what the schedule IR groups (a run of
+// consecutive sends and receives of one rank) goes out as one SendRecvBatch (one NCCL group,
+// so neighbours that send to each other at the same moment cannot deadlock), headers travel
+// only on the first exchange of each kind of transfer (shapes are cached after it), and
+// received tensors are waited for only when first used.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,6 +66,11 @@ class PendingSend {
               std::vector<Tensor> tensors, std::vector<comm::WorkPtr> works)
       : what_(std::move(what)), header_(std::move(header)), tensors_(std::move(tensors)),
         works_(std::move(works)) {}
+  // Several headers (a batch's first exchanges).
+  PendingSend(std::string what, std::vector<std::shared_ptr<TransferHeader::Words>> headers,
+              std::vector<Tensor> tensors, std::vector<comm::WorkPtr> works)
+      : what_(std::move(what)), headers_(std::move(headers)), tensors_(std::move(tensors)),
+        works_(std::move(works)) {}
   // True when every message is sent; an error if one failed.
   absl::StatusOr<bool> Test();
   absl::Status Wait();
@@ -66,6 +79,7 @@ class PendingSend {
  private:
   std::string what_;
   std::shared_ptr<TransferHeader::Words> header_;
+  std::vector<std::shared_ptr<TransferHeader::Words>> headers_;
   std::vector<Tensor> tensors_;
   std::vector<comm::WorkPtr> works_;
 };
@@ -92,5 +106,75 @@ absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
     comm::Communicator& header_comm, comm::Communicator& payload_comm, int peer, int tag,
     const TransferHeader& expected,
     const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate);
+
+// Tensors received (or being received): wait before the first use.
+class ArrivingTensors {
+ public:
+  ArrivingTensors() = default;
+  ArrivingTensors(std::vector<Tensor> tensors, comm::WorkPtr ready, std::string what)
+      : tensors_(std::move(tensors)), ready_(std::move(ready)), what_(std::move(what)) {}
+  // Tensors produced on this rank: nothing to wait for.
+  explicit ArrivingTensors(std::vector<Tensor> local) : tensors_(std::move(local)) {}
+
+  // Waits for the payload (if any). After a failed wait the tensors' memory is deliberately
+  // leaked (the library may still write into it).
+  absl::Status Wait();
+  // Wait, then hands the tensors over.
+  absl::StatusOr<std::vector<Tensor>> Take();
+
+ private:
+  std::vector<Tensor> tensors_;
+  comm::WorkPtr ready_;
+  std::string what_;
+};
+
+// One send of a batch: the send's identity (type, stage, micro-batch, replica) and tensors.
+struct OutgoingTransfer {
+  int peer = 0;
+  TransferHeader header;  // shapes are taken from `tensors`
+  std::vector<Tensor> tensors;
+};
+
+// One receive of a batch: the identity expected (the matching send's type) and how to
+// allocate the tensors to receive into.
+struct IncomingTransfer {
+  int peer = 0;
+  TransferHeader expected;
+  std::function<absl::StatusOr<Tensor>(const TensorMeta&)> allocate;
+};
+
+// Posts runs of transfers (see the top of this file). The first transfer of each kind (peer,
+// action type, stage, replica) carries a header, which the receiver checks against what it
+// expects and whose shapes both sides then cache; later transfers of that kind send only the
+// payload, and a sender whose shapes differ from the cached ones fails with InvalidArgument
+// (a stage's outputs must keep their shapes from micro-batch to micro-batch). Headers use
+// `header_tag` on `header_comm` (MPI); payloads `payload_tag` on `payload_comm` (the same
+// communicator on the CPU; NCCL or host-staged MPI for device tensors).
+//
+// Collective in the point-to-point sense: both ends must post matching runs in the same
+// order, as the validated schedule guarantees. One thread.
+class TransferBatcher {
+ public:
+  TransferBatcher(comm::Communicator& header_comm, comm::Communicator& payload_comm,
+                  int header_tag, int payload_tag);
+
+  struct Posted {
+    std::vector<ArrivingTensors> received;  // in the order of `receives`
+    std::unique_ptr<PendingSend> sends;     // null when there were none
+  };
+  // Exchanges the headers still needed (waiting only for those), then posts every payload
+  // in one SendRecvBatch. The receives' payloads may still be in flight on return.
+  absl::StatusOr<Posted> Post(std::vector<OutgoingTransfer> sends,
+                              std::vector<IncomingTransfer> receives);
+
+ private:
+  using Kind = std::tuple<int, int, int, int>;  // peer, send type, stage, replica
+  comm::Communicator& header_comm_;
+  comm::Communicator& payload_comm_;
+  int header_tag_;
+  int payload_tag_;
+  std::map<Kind, std::vector<TensorMeta>> sent_shapes_;
+  std::map<Kind, std::vector<TensorMeta>> received_shapes_;
+};
 
 }  // namespace tandem::runtime

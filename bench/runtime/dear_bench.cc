@@ -28,7 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "comm/buffer.h"
-#include "comm/grad_sync.h"
+#include "runtime/grad_sync.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "common/units.h"
 
@@ -48,12 +48,12 @@ ABSL_FLAG(std::string, layouts, "arena,separate",
 namespace {
 
 using tandem::comm::CpuBuffer;
-using tandem::comm::GradientSync;
-using tandem::comm::GradSyncOptions;
-using tandem::comm::GradSyncStrategy;
+using tandem::runtime::GradientSync;
+using tandem::runtime::GradSyncOptions;
+using tandem::runtime::GradSyncStrategy;
 using tandem::comm::MpiCommunicator;
-using tandem::comm::OptimizerConfig;
-using tandem::comm::SyncParameter;
+using tandem::runtime::OptimizerConfig;
+using tandem::runtime::SyncParameter;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -215,7 +215,7 @@ void RunRow(MpiCommunicator& comm, const Row& row, int layers, int64_t layer_cou
             const OptimizerConfig& optimizer, std::vector<float>& all_gradients) {
   const int iterations = absl::GetFlag(FLAGS_iterations);
   const int warmup = absl::GetFlag(FLAGS_warmup);
-  auto strategy = tandem::comm::ParseGradSyncStrategy(row.strategy);
+  auto strategy = tandem::runtime::ParseGradSyncStrategy(row.strategy);
   Check(strategy.status(), "--strategies");
   Model model(layers, layer_count, /*arena=*/row.layout == "arena");
   GradSyncOptions options;

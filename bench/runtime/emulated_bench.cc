@@ -119,13 +119,15 @@ int Run() {
       return std::unique_ptr<runtime::Stage>(new runtime::EmulatedStage(o));
     };
     runtime::EngineOptions options;
-    options.optimizer = comm::OptimizerConfig::Sgd(/*momentum=*/0.9);
+    options.optimizer = runtime::OptimizerConfig::Sgd(/*momentum=*/0.9);
     options.lr_schedule.base_lr = 1e-3;
     options.timeout = absl::Seconds(120);
     auto engine = runtime::Engine::Create(*plan, &world, factory, options);
     if (!engine.ok()) return Fail(engine.status());
     double total = 0;
     double bubble = 0;
+    std::vector<runtime::ActionTiming> timings;  // every measured iteration
+    std::vector<runtime::ActionTiming> last_timings;
     for (int it = 0; it <= iterations; ++it) {
       (*engine)->set_record_timeline(it > 0);
       auto result = (*engine)->RunIteration();
@@ -135,6 +137,8 @@ int Run() {
       if (it > 0) {
         total += *slowest;
         bubble += result->bubble_ratio;
+        timings.insert(timings.end(), result->timings.begin(), result->timings.end());
+        last_timings = result->timings;
       }
     }
     auto simulated = pipeline::Simulate((*engine)->schedule(), costs);
@@ -142,8 +146,12 @@ int Run() {
     const double measured = total / iterations;
     auto merged = (*engine)->GatherTimeline();
     if (!merged.ok()) return Fail(merged.status());
+    auto all_timings = (*engine)->GatherTimings(timings);
+    if (!all_timings.ok()) return Fail(all_timings.status());
+    auto last_world = (*engine)->GatherTimings(last_timings);
+    if (!last_world.ok()) return Fail(last_world.status());
     if (root) {
-      auto measured_costs = runtime::MeasuredCosts(*merged, spec);
+      auto measured_costs = runtime::MeasuredCosts(*all_timings, spec);
       if (!measured_costs.ok()) return Fail(measured_costs.status());
       auto with_measured = pipeline::Simulate((*engine)->schedule(), *measured_costs);
       if (!with_measured.ok()) return Fail(with_measured.status());
@@ -154,7 +162,7 @@ int Run() {
                   measured / with_measured->makespan_seconds, bubble / iterations);
       if (!timeline_dir.empty()) {
         ChromeTrace last = runtime::SelectIteration(*merged, iterations);
-        auto range = runtime::IterationRange(last, iterations);
+        auto range = runtime::IterationRange(*last_world);
         if (!range.ok()) return Fail(range.status());
         auto predicted =
             runtime::AddPrediction((*engine)->schedule(), costs, range->start_seconds, &last);

@@ -12,6 +12,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
+#include <torch/version.h>
+#include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -60,7 +62,12 @@ TORCH_MODULE(GptEmbedding);
 // Layers 1..N: pre-LN transformer block with causal self-attention and a GELU MLP.
 class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
  public:
-  explicit GptBlockImpl(const GptConfig& config) : config_(config) { reset(); }
+  explicit GptBlockImpl(const GptConfig& config)
+      : config_(config),
+        fused_(config.attention == GptAttention::kFused ||
+               (config.attention == GptAttention::kAuto && FusedAttentionByDefault())) {
+    reset();
+  }
 
   void reset() override {
     const int64_t hidden = config_.hidden;
@@ -89,13 +96,25 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
                                .view({batch, length, 3, heads, head_dim})
                                .permute({2, 0, 3, 1, 4});
     const auto query = qkv_heads[0], key = qkv_heads[1], value = qkv_heads[2];
-    auto scores = torch::matmul(query, key.transpose(-2, -1)) /
-                  std::sqrt(static_cast<double>(head_dim));
-    const auto future =
-        torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-            .triu(/*diagonal=*/1);
-    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-    const auto attended = torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
+    torch::Tensor attended;
+    if (fused_) {
+#if TORCH_VERSION_MAJOR >= 2
+      attended = at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{},
+                                                  /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+      attended = std::get<0>(at::_scaled_dot_product_attention(
+          query, key, value, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*need_attn_weights=*/false,
+          /*is_causal=*/true));
+#endif
+    } else {
+      auto scores = torch::matmul(query, key.transpose(-2, -1)) /
+                    std::sqrt(static_cast<double>(head_dim));
+      const auto future = torch::ones({length, length},
+                                      torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+                              .triu(/*diagonal=*/1);
+      scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+      attended = torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
+    }
     x = x + attention_out(attended.transpose(1, 2).reshape({batch, length, hidden}));
     return x + mlp_out(torch::gelu(mlp_in(mlp_norm(x))));
   }
@@ -105,6 +124,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
 
  private:
   GptConfig config_;
+  bool fused_ = false;
 };
 TORCH_MODULE(GptBlock);
 
@@ -132,6 +152,33 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
 TORCH_MODULE(GptHead);
 
 }  // namespace
+
+const char* GptAttentionName(GptAttention attention) {
+  switch (attention) {
+    case GptAttention::kAuto: return "auto";
+    case GptAttention::kExplicit: return "explicit";
+    case GptAttention::kFused: return "fused";
+  }
+  return "auto";
+}
+
+absl::StatusOr<GptAttention> ParseGptAttention(absl::string_view name) {
+  for (GptAttention a : {GptAttention::kAuto, GptAttention::kExplicit, GptAttention::kFused}) {
+    if (name == GptAttentionName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown attention '", name, "' (known: auto, explicit, fused)"));
+}
+
+bool FusedAttentionByDefault() { return TORCH_VERSION_MAJOR >= 2; }
+
+double GptTrainingFlopsPerToken(const GptConfig& config) {
+  const double h = static_cast<double>(config.hidden);
+  const double layers = static_cast<double>(config.layers);
+  // Per block: q/k/v 3h^2, output projection h^2, MLP 2 * 4h^2 = 12h^2; the LM head h * vocab.
+  const double matmul_parameters = layers * 12.0 * h * h + h * static_cast<double>(config.vocab);
+  return 6.0 * matmul_parameters + 12.0 * layers * h * static_cast<double>(config.seq_len);
+}
 
 absl::Status ValidateGptConfig(const GptConfig& config) {
   const std::pair<const char*, int64_t> sizes[] = {{"vocab", config.vocab},

@@ -18,9 +18,22 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/torch/model.h"
 
 namespace tandem::runtime::libtorch {
+
+// How a block computes causal self-attention. kFused: scaled_dot_product_attention (flash,
+// cuDNN or memory-efficient kernels on GPUs; LibTorch 1.13 has only its experimental math
+// version, at::_scaled_dot_product_attention). kExplicit: softmax(QK^T / sqrt(d) + mask) V as
+// separate operations. kAuto: kFused where LibTorch >= 2.0, else kExplicit. The forms agree
+// within float rounding (tested).
+enum class GptAttention { kAuto, kExplicit, kFused };
+const char* GptAttentionName(GptAttention attention);  // "auto", "explicit", "fused"
+absl::StatusOr<GptAttention> ParseGptAttention(absl::string_view name);
+// Whether kAuto resolves to the fused form in this build.
+bool FusedAttentionByDefault();
 
 struct GptConfig {
   int64_t vocab = 16;
@@ -29,7 +42,13 @@ struct GptConfig {
   int64_t heads = 4;
   int64_t seq_len = 32;
   double init_std = 0.02;
+  GptAttention attention = GptAttention::kAuto;  // not part of DescribeGpt: same numbers
 };
+
+// Training FLOPs per token (forward + backward, no recomputation), as PaLM's appendix B counts
+// them: 6 * parameters in the matrix multiplications (embeddings excluded, the LM head
+// included) + 12 * layers * hidden * seq_len for attention scores and values.
+double GptTrainingFlopsPerToken(const GptConfig& config);
 
 // InvalidArgument naming the field: positive sizes, hidden divisible by heads.
 absl::Status ValidateGptConfig(const GptConfig& config);

@@ -1,5 +1,7 @@
 #include "runtime/torch/reference.h"
 
+#include "runtime/torch/precision.h"
+
 #include <cmath>
 #include <memory>
 
@@ -85,7 +87,12 @@ absl::StatusOr<ReferenceResult> TrainReference(const LayeredModel& model, const 
           for (int s = 0; s < options.accumulation_slices; ++s) {
             const auto inputs = batch.inputs.narrow(0, s * slice, slice).to(options.device);
             const auto targets = batch.targets.narrow(0, s * slice, slice).to(options.device);
-            torch::Tensor loss = copy.loss(copy.Forward(inputs, 0, copy.num_layers()), targets);
+            torch::Tensor logits;
+            {
+              AutocastGuard autocast(options.device, options.precision);
+              logits = copy.Forward(inputs, 0, copy.num_layers());
+            }
+            torch::Tensor loss = copy.loss(logits.to(torch::kFloat32), targets);
             if (options.accumulation_slices > 1) loss = loss / options.accumulation_slices;
             loss.backward();
             loss_sum += loss.item<double>();

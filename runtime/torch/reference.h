@@ -17,6 +17,7 @@
 #include "runtime/lr_schedule.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/model.h"
+#include "runtime/torch/precision.h"
 
 namespace tandem::runtime::libtorch {
 
@@ -43,6 +44,8 @@ struct ReferenceOptions {
   // loss scaled by 1 / slices). 1: one forward of the whole batch.
   int accumulation_slices = 1;
   torch::Device device = torch::kCPU;
+  // bf16: the forward under autocast, the loss in float32 (runtime/torch/precision.h).
+  Precision precision = Precision::kFloat32;
 };
 
 struct ReferenceResult {

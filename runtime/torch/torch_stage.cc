@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "runtime/torch/device_ops.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -79,9 +80,30 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
                        parameter.is_contiguous() ? "" : " (not contiguous)",
                        "; the runtime needs contiguous float32 parameters"));
     }
-    parameter.mutable_grad() = torch::zeros_like(parameter);
+  }
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors("laying out parameters", [&] { stage->BuildArenas(); }));
+  if (options.device.is_cuda() || options.libtorch_device_ops) {
+    stage->device_ops_ = std::make_unique<TorchDeviceOps>(options.device, options.fused_adamw);
   }
   return stage;
+}
+
+void TorchStage::BuildArenas() {
+  torch::NoGradGuard no_grad;
+  int64_t total = 0;
+  for (const auto& named : parameters_) total += named.second.numel();
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+  value_arena_ = torch::empty({total}, options);
+  grad_arena_ = torch::zeros({total}, options);
+  int64_t offset = 0;
+  for (auto it = parameters_.rbegin(); it != parameters_.rend(); ++it) {  // backward order
+    torch::Tensor& parameter = it->second;
+    const int64_t count = parameter.numel();
+    value_arena_.narrow(0, offset, count).copy_(parameter.reshape({count}));
+    parameter.set_(value_arena_.storage(), offset, parameter.sizes(), parameter.strides());
+    parameter.mutable_grad() = grad_arena_.narrow(0, offset, count).view(parameter.sizes());
+    offset += count;
+  }
 }
 
 TorchStage::TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
@@ -211,7 +233,7 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
   microbatch_losses_.clear();
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(-1), [&] {
     torch::NoGradGuard no_grad;
-    for (auto& named : parameters_) named.second.mutable_grad().zero_();
+    grad_arena_.zero_();
   }));
   if (!is_first() && !is_last_) return absl::OkStatus();
   const int64_t replica_samples = options_.microbatches * options_.microbatch_size;
@@ -224,11 +246,15 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
 
 torch::Tensor TorchStage::RunSegment(const Segment& segment, torch::Tensor input,
                                      const torch::Tensor& targets) const {
-  for (int local = segment.begin; local < segment.end; ++local) {
-    torch::nn::AnyModule module = layers_[local];  // shares the module; forward is non-const
-    input = module.forward<torch::Tensor>(input);
+  {
+    AutocastGuard autocast(options_.device, options_.precision);
+    for (int local = segment.begin; local < segment.end; ++local) {
+      torch::nn::AnyModule module = layers_[local];  // shares the module; forward is non-const
+      input = module.forward<torch::Tensor>(input);
+    }
   }
-  if (segment.computes_loss) input = loss_(input, targets) * loss_scale_;
+  // The loss in float32, from float32 logits (a no-op conversion in float32 runs).
+  if (segment.computes_loss) input = loss_(input.to(torch::kFloat32), targets) * loss_scale_;
   return input;
 }
 

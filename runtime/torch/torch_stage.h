@@ -27,10 +27,18 @@
 // graph), BackwardWeight(m) later computes the weight gradients from the kept graph and frees
 // the stash.
 //
-// Parameters. Every parameter must be a contiguous float32 tensor; gradients are allocated at
-// creation, so ParameterView addresses stay fixed for the stage's lifetime. Gradients are
-// zeroed at BeginIteration. The engine's optimizer may update values in place between
-// iterations (no stash is alive then).
+// Parameters. Every parameter must be a contiguous float32 tensor. At creation the values and
+// the gradients are moved into two flat arenas on the stage's device, laid out in backward
+// order (the reverse of named_parameters()), so ParameterView addresses stay fixed for the
+// stage's lifetime and the gradient synchroniser's buckets are contiguous: its collectives run
+// on the arenas in place, without packing. Gradients are zeroed at BeginIteration (one fill of
+// the arena). The engine's optimizer updates values in place between iterations (no stash is
+// alive then).
+//
+// Device operations. A CUDA stage brings TorchDeviceOps (runtime/torch/device_ops.h) for the
+// gradient passes and the optimizer, so training state never leaves the GPU; a CPU stage uses
+// the runtime's CPU loops unless options.libtorch_device_ops asks for the LibTorch ones (the
+// GPU code path, run on the CPU in tests).
 //
 // Threading: one thread drives a TorchStage (the Stage contract). Device: CPU or one CUDA
 // device; LibTorch's current stream is used.
@@ -47,6 +55,7 @@
 #include "runtime/stage.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/model.h"
+#include "runtime/torch/precision.h"
 
 namespace tandem::runtime::libtorch {
 
@@ -59,6 +68,13 @@ struct TorchStageOptions {
   int microbatches = 1;               // M: micro-batches per replica per iteration
   int64_t microbatch_size = 1;        // b
   torch::Device device = torch::kCPU;
+  // CPU stages: LibTorch tensor operations for the gradient passes and the optimizer instead
+  // of the runtime's CPU loops (CUDA stages always use them).
+  bool libtorch_device_ops = false;
+  // Arithmetic of the forward computation (runtime/torch/precision.h); parameters, gradients
+  // and the loss stay float32.
+  Precision precision = Precision::kFloat32;
+  bool fused_adamw = true;  // at::_fused_adamw_ where LibTorch has it
 };
 
 class TorchStage final : public Stage {
@@ -81,6 +97,7 @@ class TorchStage final : public Stage {
   double IterationLoss() const override { return iteration_loss_; }
   std::vector<ParameterView> Parameters() override;
   comm::Device device() const override;
+  DeviceOps* device_ops() override { return device_ops_.get(); }
 
   bool is_first() const { return options_.first_layer == 0; }
   bool is_last() const { return is_last_; }
@@ -119,6 +136,8 @@ class TorchStage final : public Stage {
   TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
              TorchStageOptions options, std::vector<torch::nn::AnyModule> layers);
 
+  // Moves the parameters' values and gradients into the arenas.
+  void BuildArenas();
   std::string Where(int microbatch) const;  // "stage [2, 4) replica 0 iteration 5 micro-batch 3"
   torch::Tensor RunSegment(const Segment& segment, torch::Tensor input,
                            const torch::Tensor& targets) const;
@@ -142,6 +161,9 @@ class TorchStage final : public Stage {
   std::vector<Segment> segments_;
   std::vector<std::vector<torch::Tensor>> segment_parameters_;
   std::vector<std::pair<std::string, torch::Tensor>> parameters_;
+  torch::Tensor value_arena_;  // every parameter's values, backward order
+  torch::Tensor grad_arena_;   // and gradients
+  std::unique_ptr<DeviceOps> device_ops_;
   double loss_scale_ = 1.0;
 
   int64_t iteration_ = -1;

@@ -79,7 +79,7 @@ pipeline::Plan MakePlan(pipeline::ScheduleKind kind, int data_parallel) {
   return *plan;
 }
 
-EngineOptions Options(comm::OptimizerConfig optimizer, comm::GradSyncStrategy sync) {
+EngineOptions Options(runtime::OptimizerConfig optimizer, runtime::GradSyncStrategy sync) {
   EngineOptions o;
   o.optimizer = optimizer;
   o.grad_sync = sync;
@@ -100,10 +100,10 @@ std::vector<float> LocalParameters(Engine& engine) {
 }
 
 void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
-                                comm::OptimizerConfig optimizer, comm::GradSyncStrategy sync) {
+                                runtime::OptimizerConfig optimizer, runtime::GradSyncStrategy sync) {
   SCOPED_TRACE(absl::StrCat(pipeline::ScheduleKindName(kind), " D=", data_parallel, " ",
-                            comm::OptimizerName(optimizer.kind), " ",
-                            comm::GradSyncStrategyName(sync)));
+                            runtime::OptimizerName(optimizer.kind), " ",
+                            runtime::GradSyncStrategyName(sync)));
   const std::string dir = SharedTempDir();
   const pipeline::Plan plan = MakePlan(kind, data_parallel);
   constexpr int kBefore = 3;
@@ -111,7 +111,10 @@ void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
 
   auto full = Engine::Create(plan, World(), Factory(), Options(optimizer, sync));
   ASSERT_TRUE(full.ok()) << full.status();
-  for (int i = 0; i < kBefore; ++i) ASSERT_TRUE((*full)->RunIteration().ok());
+  for (int i = 0; i < kBefore; ++i) {
+    auto r = (*full)->RunIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
   ASSERT_TRUE((*full)->SaveCheckpoint(dir, kModel).ok());
   std::vector<double> losses;
   for (int i = 0; i < kAfter; ++i) {
@@ -145,7 +148,7 @@ void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
   auto shard = ReadShard(dir, *manifest->FindShard(0, 0));
   ASSERT_TRUE(shard.ok()) << shard.status();
   const char* buffer =
-      optimizer.kind == comm::OptimizerKind::kAdamW ? "exp_avg" : "momentum_buffer";
+      optimizer.kind == runtime::OptimizerKind::kAdamW ? "exp_avg" : "momentum_buffer";
   bool found = false;
   for (const ShardTensor& t : shard->tensors) {
     if (t.name.find(buffer) != std::string::npos && t.count == kParameters) found = true;
@@ -156,16 +159,16 @@ void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
 }
 
 TEST(EngineCheckpointTest, ResumeMatchesUninterruptedSgdMomentum) {
-  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, 1, comm::OptimizerConfig::Sgd(0.9),
-                             comm::GradSyncStrategy::kAllReduce);
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, 1, runtime::OptimizerConfig::Sgd(0.9),
+                             runtime::GradSyncStrategy::kAllReduce);
 }
 
 TEST(EngineCheckpointTest, ResumeMatchesUninterruptedAdamWDear) {
   const int dp = World()->size() >= 4 ? 2 : 1;
-  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, dp, comm::OptimizerConfig::AdamW(),
-                             comm::GradSyncStrategy::kDeAR);
-  ResumeMatchesUninterrupted(pipeline::ScheduleKind::kChimera, 1, comm::OptimizerConfig::AdamW(),
-                             comm::GradSyncStrategy::kAllReduce);
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::k1F1B, dp, runtime::OptimizerConfig::AdamW(),
+                             runtime::GradSyncStrategy::kDeAR);
+  ResumeMatchesUninterrupted(pipeline::ScheduleKind::kChimera, 1, runtime::OptimizerConfig::AdamW(),
+                             runtime::GradSyncStrategy::kAllReduce);
 }
 
 class EngineCheckpointErrorTest : public ::testing::Test {
@@ -174,8 +177,8 @@ class EngineCheckpointErrorTest : public ::testing::Test {
     dir_ = SharedTempDir();
     plan_ = MakePlan(pipeline::ScheduleKind::k1F1B, 1);
     auto engine = Engine::Create(plan_, World(), Factory(),
-                                 Options(comm::OptimizerConfig::Sgd(0.9),
-                                         comm::GradSyncStrategy::kAllReduce));
+                                 Options(runtime::OptimizerConfig::Sgd(0.9),
+                                         runtime::GradSyncStrategy::kAllReduce));
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE((*engine)->RunIteration().ok());
     ASSERT_TRUE((*engine)->SaveCheckpoint(dir_, kModel).ok());
@@ -185,9 +188,9 @@ class EngineCheckpointErrorTest : public ::testing::Test {
     if (World()->rank() == 0) std::filesystem::remove_all(dir_);
   }
   absl::Status Load(const std::string& dir, const std::string& model,
-                    comm::OptimizerConfig optimizer = comm::OptimizerConfig::Sgd(0.9)) {
+                    runtime::OptimizerConfig optimizer = runtime::OptimizerConfig::Sgd(0.9)) {
     auto engine = Engine::Create(plan_, World(), Factory(),
-                                 Options(optimizer, comm::GradSyncStrategy::kAllReduce));
+                                 Options(optimizer, runtime::GradSyncStrategy::kAllReduce));
     EXPECT_TRUE(engine.ok()) << engine.status();
     return (*engine)->LoadCheckpoint(dir, model);
   }
@@ -247,7 +250,7 @@ TEST_F(EngineCheckpointErrorTest, OtherModelOrOptimizerIsRejected) {
   absl::Status s = Load(dir_, "another model");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("another model"), std::string::npos) << s;
-  s = Load(dir_, kModel, comm::OptimizerConfig::AdamW());
+  s = Load(dir_, kModel, runtime::OptimizerConfig::AdamW());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("adamw"), std::string::npos) << s;
 }

@@ -96,19 +96,19 @@ double ExpectedGradient(int64_t iteration, int stage, int data_parallel, int mic
   return sum;
 }
 
-EngineOptions SgdOptions(comm::GradSyncStrategy strategy) {
+EngineOptions SgdOptions(runtime::GradSyncStrategy strategy) {
   EngineOptions o;
   o.grad_sync = strategy;
-  o.optimizer = comm::OptimizerConfig::Sgd(/*momentum=*/0.0);
+  o.optimizer = runtime::OptimizerConfig::Sgd(/*momentum=*/0.0);
   o.lr_schedule.base_lr = kLearningRate;
   o.timeout = absl::Seconds(60);
   return o;
 }
 
 // Runs `iterations` of a case and checks loss, norm and every local parameter.
-void RunAndCheck(const Case& c, comm::GradSyncStrategy strategy, int iterations,
+void RunAndCheck(const Case& c, runtime::GradSyncStrategy strategy, int iterations,
                  double clip_norm = 0) {
-  SCOPED_TRACE(Name(c) + " sync " + comm::GradSyncStrategyName(strategy));
+  SCOPED_TRACE(Name(c) + " sync " + runtime::GradSyncStrategyName(strategy));
   comm::Communicator* world = World();
   ASSERT_NE(world, nullptr);
   auto plan = PlanFor(c, world->size());
@@ -164,7 +164,7 @@ TEST(EngineTest, EverySchedulePipelineOnly) {
       {pipeline::ScheduleKind::k1F1B, 1, 1, 1, /*microbatches=*/p + 1},
       {pipeline::ScheduleKind::kInterleaved, 2, 1, 1, /*microbatches=*/p + 2},
   };
-  for (const Case& c : cases) RunAndCheck(c, comm::GradSyncStrategy::kAllReduce, 2);
+  for (const Case& c : cases) RunAndCheck(c, runtime::GradSyncStrategy::kAllReduce, 2);
 }
 
 TEST(EngineTest, DataParallelTimesPipeline) {
@@ -177,21 +177,21 @@ TEST(EngineTest, DataParallelTimesPipeline) {
       {pipeline::ScheduleKind::kGPipe, 1, 1, /*data_parallel=*/4},
   };
   for (const Case& c : cases) {
-    RunAndCheck(c, comm::GradSyncStrategy::kAllReduce, 2);
-    RunAndCheck(c, comm::GradSyncStrategy::kDeAR, 2);
+    RunAndCheck(c, runtime::GradSyncStrategy::kAllReduce, 2);
+    RunAndCheck(c, runtime::GradSyncStrategy::kDeAR, 2);
   }
 }
 
 TEST(EngineTest, DearMatchesClosedForm) {
-  RunAndCheck({pipeline::ScheduleKind::k1F1B}, comm::GradSyncStrategy::kDeAR, 3);
-  RunAndCheck({pipeline::ScheduleKind::kChimera}, comm::GradSyncStrategy::kDeAR, 3);
+  RunAndCheck({pipeline::ScheduleKind::k1F1B}, runtime::GradSyncStrategy::kDeAR, 3);
+  RunAndCheck({pipeline::ScheduleKind::kChimera}, runtime::GradSyncStrategy::kDeAR, 3);
 }
 
 TEST(EngineTest, ClippingUsesTheGlobalNorm) {
   // A clip norm well below the gradient norm: every stage is scaled by the same coefficient.
-  RunAndCheck({pipeline::ScheduleKind::k1F1B}, comm::GradSyncStrategy::kAllReduce, 2,
+  RunAndCheck({pipeline::ScheduleKind::k1F1B}, runtime::GradSyncStrategy::kAllReduce, 2,
               /*clip_norm=*/0.01);
-  RunAndCheck({pipeline::ScheduleKind::kInterleaved, 2}, comm::GradSyncStrategy::kDeAR, 2,
+  RunAndCheck({pipeline::ScheduleKind::kInterleaved, 2}, runtime::GradSyncStrategy::kDeAR, 2,
               /*clip_norm=*/0.01);
 }
 
@@ -205,7 +205,7 @@ TEST(EngineTest, StashingFollowsTheSchedule) {
     auto plan = PlanFor(c, p);
     ASSERT_TRUE(plan.ok()) << plan.status();
     auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0),
-                                 SgdOptions(comm::GradSyncStrategy::kAllReduce));
+                                 SgdOptions(runtime::GradSyncStrategy::kAllReduce));
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE((*engine)->RunIteration().ok());
     const int q = (*engine)->pipeline_position();
@@ -224,7 +224,7 @@ TEST(EngineTest, TimingsAndTimelineCoverEveryAction) {
   comm::Communicator* world = World();
   auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
   ASSERT_TRUE(plan.ok());
-  EngineOptions options = SgdOptions(comm::GradSyncStrategy::kAllReduce);
+  EngineOptions options = SgdOptions(runtime::GradSyncStrategy::kAllReduce);
   options.record_timeline = true;
   constexpr double kForward = 0.004;
   constexpr double kBackward = 0.008;
@@ -249,17 +249,30 @@ TEST(EngineTest, TimingsAndTimelineCoverEveryAction) {
   EXPECT_EQ((*engine)->timeline().events().size(), program.size());
   auto merged = (*engine)->GatherTimeline();
   ASSERT_TRUE(merged.ok()) << merged.status();
+  int64_t total = 0;
+  for (int q = 0; q < world->size(); ++q) total += (*engine)->schedule().programs[q].size();
+  if (world->rank() == 0) EXPECT_EQ(static_cast<int64_t>(merged->events().size()), total);
+  // The measured costs feed the simulator; its prediction lands beside the measurement.
+  auto timings = (*engine)->GatherTimings(result->timings);
+  ASSERT_TRUE(timings.ok()) << timings.status();
   if (world->rank() == 0) {
-    int64_t total = 0;
-    for (int q = 0; q < world->size(); ++q) total += (*engine)->schedule().programs[q].size();
-    EXPECT_EQ(static_cast<int64_t>(merged->events().size()), total);
-    // The measured costs feed the simulator; its prediction lands beside the measurement.
-    auto costs = MeasuredCosts(*merged, plan->schedule, /*iteration=*/0);
+    ASSERT_EQ(static_cast<int>(timings->size()), world->size());
+    for (int q = 0; q < world->size(); ++q) {
+      EXPECT_EQ((*timings)[q].size(), (*engine)->schedule().programs[q].size()) << "rank " << q;
+    }
+    auto costs = MeasuredCosts(*timings, plan->schedule);
     ASSERT_TRUE(costs.ok()) << costs.status();
     EXPECT_GE(costs->stages[0].forward_seconds, kForward * 0.9);
     EXPECT_GE(costs->stages[0].backward_seconds, kBackward * 0.9);
-    auto range = IterationRange(*merged, 0);
+    EXPECT_GT(costs->optimizer_seconds, 0.0);  // the iteration's tail is measured too
+    auto range = IterationRange(*timings);
     ASSERT_TRUE(range.ok());
+    // The simulator with the measured costs predicts the measured iteration (a loose sanity
+    // bound on a shared machine; the figure itself is runtime_emulated_bench's).
+    const double measured = range->end_seconds - range->start_seconds;
+    auto simulated = pipeline::Simulate((*engine)->schedule(), *costs);
+    ASSERT_TRUE(simulated.ok());
+    EXPECT_NEAR(simulated->makespan_seconds / measured, 1.0, 0.5);
     auto predicted = AddPrediction((*engine)->schedule(), *costs, range->start_seconds,
                                    &*merged);
     ASSERT_TRUE(predicted.ok()) << predicted.status();
@@ -276,7 +289,7 @@ TEST(EngineTest, PlanForAnotherWorldSizeFailsOnEveryRank) {
   auto plan = PlanFor(c, world->size() * 2);
   ASSERT_TRUE(plan.ok());
   auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0),
-                               SgdOptions(comm::GradSyncStrategy::kAllReduce));
+                               SgdOptions(runtime::GradSyncStrategy::kAllReduce));
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
   EXPECT_NE(engine.status().message().find("this run has"), std::string::npos)
@@ -293,7 +306,7 @@ TEST(EngineTest, FactoryFailureOnOneRankFailsEveryRank) {
     return good(spec);
   };
   auto engine = Engine::Create(*plan, world, factory,
-                               SgdOptions(comm::GradSyncStrategy::kAllReduce));
+                               SgdOptions(runtime::GradSyncStrategy::kAllReduce));
   ASSERT_FALSE(engine.ok());
   if (world->rank() == 1) {
     EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();

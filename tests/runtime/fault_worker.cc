@@ -87,7 +87,7 @@ int Run() {
     return std::unique_ptr<Stage>(new FaultyStage(o, kill, fail, at));
   };
   EngineOptions options;
-  options.optimizer = comm::OptimizerConfig::Sgd(0.9);
+  options.optimizer = runtime::OptimizerConfig::Sgd(0.9);
   options.lr_schedule.base_lr = 0.01;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   auto engine = Engine::Create(*plan, world->get(), factory, options);

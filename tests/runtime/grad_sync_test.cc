@@ -8,11 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "comm/backend.h"
 #include "comm/buffer.h"
-#include "comm/grad_sync.h"
+#include "runtime/grad_sync.h"
 #include "gtest/gtest.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 namespace {
+
+using namespace ::tandem::comm;  // Buffer, Communicator and the MPI backend
 
 constexpr int kSteps = 20;
 constexpr double kRelativeTolerance = 1e-6;
@@ -434,8 +436,10 @@ TEST(GradSyncTest, MisuseAndMismatchesGiveStatuses) {
   std::vector<float> v(4);
   std::vector<SyncParameter> cuda = {{"w", MakeBuffer(v.data(), 4, DataType::kFloat32, Device::Cuda(0)),
                                       MakeBuffer(v.data(), 4, DataType::kFloat32, Device::Cuda(0))}};
-  EXPECT_EQ(GradientSync::Create(world, cuda, GradSyncOptions()).status().code(),
-            absl::StatusCode::kUnimplemented);
+  // CUDA buffers with the default (CPU) device operations: refused, naming the device.
+  auto on_cuda = GradientSync::Create(world, cuda, GradSyncOptions());
+  EXPECT_EQ(on_cuda.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cuda.status().message().find("cpu loops"), std::string::npos) << on_cuda.status();
   GradSyncOptions bad;
   bad.optimizer = OptimizerConfig::Sgd(2.0);
   EXPECT_EQ(GradientSync::Create(world, model.Views(), bad).status().code(),
@@ -451,4 +455,4 @@ TEST(GradSyncTest, AssignBucketsFillsUpToTheThreshold) {
 }
 
 }  // namespace
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

@@ -2,12 +2,13 @@
 // placements.
 #include <vector>
 
-#include "comm/groups.h"
+#include "runtime/groups.h"
 #include "gtest/gtest.h"
 #include "pipeline/schedule.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 namespace {
+
 
 // D x p mesh with rank = d * p + q.
 std::vector<std::vector<int>> RowMajorMesh(int data_parallel, int pipeline_parallel) {
@@ -82,4 +83,4 @@ TEST(GroupsTest, InvalidMeshesAreNamed) {
 }
 
 }  // namespace
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

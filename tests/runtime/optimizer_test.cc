@@ -4,11 +4,12 @@
 #include <random>
 #include <vector>
 
-#include "comm/optimizer.h"
+#include "runtime/optimizer.h"
 #include "gtest/gtest.h"
 
-namespace tandem::comm {
+namespace tandem::runtime {
 namespace {
+
 
 // Straight from the torch.optim.SGD / AdamW pseudo-code, in double.
 struct Oracle {
@@ -130,4 +131,4 @@ TEST(OptimizerTest, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace tandem::comm
+}  // namespace tandem::runtime

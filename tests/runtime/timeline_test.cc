@@ -17,37 +17,67 @@ TraceEvent Compute(const std::string& type, int stage, int64_t iteration, double
   return e;
 }
 
-TEST(TimelineTest, MeasuredCostsAverageEachStage) {
+ActionTiming Timed(pipeline::ActionType type, int stage, double start, double duration) {
+  ActionTiming t;
+  t.action.type = type;
+  t.action.stage = stage;
+  t.start_seconds = start;
+  t.end_seconds = start + duration;
+  return t;
+}
+
+TEST(TimelineTest, MeasuredCostsAverageEachStageAndTakeTheLastOptimizerStep) {
+  using pipeline::ActionType;
   pipeline::ScheduleSpec spec;
   spec.kind = pipeline::ScheduleKind::k1F1B;
   spec.num_ranks = 2;
   spec.num_microbatches = 2;
-  ChromeTrace trace;
-  trace.Add(Compute("F", 0, 0, 0.0, 0.010));
-  trace.Add(Compute("F", 0, 0, 0.1, 0.030));
-  trace.Add(Compute("B", 0, 0, 0.2, 0.040));
-  trace.Add(Compute("F", 1, 0, 0.0, 0.005));
-  trace.Add(Compute("B", 1, 0, 0.2, 0.015));
-  trace.Add(Compute("F", 1, 1, 5.0, 1.0));  // another iteration
-  auto costs = MeasuredCosts(trace, spec, /*iteration=*/0);
+  WorldTimings timings(2);
+  timings[0] = {Timed(ActionType::kForward, 0, 0.0, 0.010),
+                Timed(ActionType::kForward, 0, 0.1, 0.030),
+                Timed(ActionType::kBackward, 0, 0.2, 0.040),
+                // Rank 0 reaches its step first and waits there for rank 1.
+                Timed(ActionType::kOptimizerStep, -1, 0.25, 0.050)};
+  timings[1] = {Timed(ActionType::kForward, 1, 0.0, 0.005),
+                Timed(ActionType::kBackward, 1, 0.2, 0.015),
+                Timed(ActionType::kOptimizerStep, -1, 0.28, 0.020)};
+  auto costs = MeasuredCosts(timings, spec);
   ASSERT_TRUE(costs.ok()) << costs.status();
   EXPECT_DOUBLE_EQ(costs->stages[0].forward_seconds, 0.020);
   EXPECT_DOUBLE_EQ(costs->stages[0].backward_seconds, 0.040);
   EXPECT_DOUBLE_EQ(costs->stages[1].forward_seconds, 0.005);
-  auto all = MeasuredCosts(trace, spec);
-  ASSERT_TRUE(all.ok());
-  EXPECT_DOUBLE_EQ(all->stages[1].forward_seconds, (0.005 + 1.0) / 2);
+  // The tail is the step of the rank that arrived last (rank 1), not rank 0's wait.
+  EXPECT_NEAR(costs->optimizer_seconds, 0.020, 1e-12);
 
-  auto range = IterationRange(trace, 0);
+  // Two iterations concatenated: means over both, the tail averaged per iteration.
+  WorldTimings two = timings;
+  for (int r = 0; r < 2; ++r) {
+    for (ActionTiming t : timings[r]) {
+      t.start_seconds += 1.0;
+      t.end_seconds += 1.0 + (t.action.type == ActionType::kOptimizerStep ? 0.010 : 0.0);
+      two[r].push_back(t);
+    }
+  }
+  auto both = MeasuredCosts(two, spec);
+  ASSERT_TRUE(both.ok());
+  EXPECT_NEAR(both->optimizer_seconds, 0.025, 1e-12);
+
+  auto range = IterationRange(timings);
   ASSERT_TRUE(range.ok());
   EXPECT_DOUBLE_EQ(range->start_seconds, 0.0);
-  EXPECT_DOUBLE_EQ(range->end_seconds, 0.24);
-  EXPECT_EQ(IterationRange(trace, 7).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(SelectIteration(trace, 1).events().size(), 1u);
+  EXPECT_DOUBLE_EQ(range->end_seconds, 0.30);
+  EXPECT_EQ(IterationRange(WorldTimings(2)).status().code(), absl::StatusCode::kNotFound);
 
-  ChromeTrace missing;
-  missing.Add(Compute("F", 0, 0, 0, 1));
+  WorldTimings missing(1);
+  missing[0] = {Timed(ActionType::kForward, 0, 0, 1)};
   EXPECT_EQ(MeasuredCosts(missing, spec).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(TimelineTest, SelectIterationKeepsOneIteration) {
+  ChromeTrace trace;
+  trace.Add(Compute("F", 0, 0, 0.0, 0.010));
+  trace.Add(Compute("F", 1, 1, 5.0, 1.0));
+  EXPECT_EQ(SelectIteration(trace, 1).events().size(), 1u);
 }
 
 TEST(TimelineTest, PredictionIsShiftedBesideTheMeasurement) {

@@ -82,7 +82,7 @@ TEST(TorchCudaTest, InterleavedChunksOnOneDeviceMatchTheReference) {
     return std::unique_ptr<Stage>(std::move(stage).value());
   };
   EngineOptions options;
-  options.optimizer = comm::OptimizerConfig::Sgd(0.9);
+  options.optimizer = runtime::OptimizerConfig::Sgd(0.9);
   options.lr_schedule.base_lr = 0.05;
   auto engine = Engine::Create(*plan, world->get(), factory, options);
   ASSERT_TRUE(engine.ok()) << engine.status();

@@ -1,0 +1,57 @@
+// TorchDeviceOps: the runtime's device layer (runtime/device_ops.h) as LibTorch tensor
+// operations on one device, so parameters, gradients and optimizer state stay where the stage
+// computes (a CUDA device; the CPU too, which is how CI tests this path).
+//
+// Optimizer: AdamW as one fused multi-tensor kernel (at::_fused_adamw_) where LibTorch has it
+// (2.x) and `fused` is set; otherwise, and for SGD with momentum, the tensor operations of
+// torch::optim in its order, so results equal torch::optim's (bit for bit on the CPU with
+// LibTorch 1.13; within float32 rounding for the fused kernel). Gradient scaling (clipping)
+// multiplies the gradients in place first. Work is issued on LibTorch's current stream; only
+// TakeSquaredNorm and CopyToHost wait (for their own results).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <torch/types.h>
+
+#include "runtime/device_ops.h"
+
+namespace tandem::runtime::libtorch {
+
+// Whether this LibTorch has a fused multi-tensor AdamW kernel (at::_fused_adamw_).
+bool HasFusedAdamW();
+
+// Peak memory of this process on `device`: the CUDA caching allocator's peak allocated bytes
+// on a GPU (0 where this LibTorch has no CUDA), the peak resident set size on the CPU.
+double PeakMemoryBytes(torch::Device device);
+
+class TorchDeviceOps final : public DeviceOps {
+ public:
+  // `fused_adamw`: use at::_fused_adamw_ where available (ignored elsewhere).
+  explicit TorchDeviceOps(torch::Device device, bool fused_adamw = true);
+
+  comm::Device device() const override;
+  std::string name() const override;
+  absl::StatusOr<DeviceArray> Zeros(int64_t count) override;
+  absl::Status Copy(float* dst, const float* src, int64_t count) override;
+  absl::Status CopyFromHost(float* dst, const float* host, int64_t count) override;
+  absl::Status CopyToHost(float* host, const float* src, int64_t count) override;
+  absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
+                                        float divisor, bool divide, bool add_to_norm) override;
+  absl::StatusOr<double> TakeSquaredNorm() override;
+  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
+      const OptimizerConfig& config, std::vector<int64_t> counts) override;
+  bool prefers_fused_steps() const override { return true; }
+  absl::Status Synchronize() override;
+
+  // A float32 tensor viewing `count` elements at `data` on this device (no copy).
+  torch::Tensor View(const float* data, int64_t count) const;
+
+ private:
+  torch::Device device_;
+  bool fused_adamw_;
+  torch::Tensor norm_;  // float64 accumulator on the device (undefined when zero)
+};
+
+}  // namespace tandem::runtime::libtorch
