@@ -73,7 +73,7 @@ int main() {
   auto plan = OrExit(pipeline::MakeUniformPlan(model->num_layers(), schedule,
                                                /*data_parallel=*/1, kMicrobatchSize));
   runtime::EngineOptions options;
-  options.optimizer = comm::OptimizerConfig::AdamW(/*weight_decay=*/0.0);
+  options.optimizer = runtime::OptimizerConfig::AdamW(/*weight_decay=*/0.0);
   options.lr_schedule.base_lr = 3e-3;
   auto engine = OrExit(
       runtime::Engine::Create(plan, world.get(), MakeTorchStageFactory(model, data), options));

@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, data, "",
 ABSL_FLAG(int, microbatch_size, 1, "samples per micro-batch");
 ABSL_FLAG(std::string, optimizer, "adamw", "optimizer: sgd (with momentum) or adamw");
 ABSL_FLAG(std::string, device, "cpu", "device: cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, attention, "auto",
+          "GPT: attention form: fused (scaled_dot_product_attention), explicit (softmax of "
+          "QK^T), or auto (fused where LibTorch >= 2.0)");
 
 namespace tandem::cli {
 
@@ -29,8 +32,8 @@ using runtime::libtorch::GptConfig;
 constexpr int64_t kSyntheticVocabulary = 16;
 
 const std::vector<std::string>& ModelFlagNames() {
-  static const std::vector<std::string> names = {"model",   "layers", "hidden", "heads",
-                                                 "seq_len", "vocab",  "data"};
+  static const std::vector<std::string> names = {"model", "layers", "hidden",   "heads",
+                                                 "seq_len", "vocab", "data", "attention"};
   return names;
 }
 
@@ -46,6 +49,9 @@ absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed) {
   gpt.hidden = absl::GetFlag(FLAGS_hidden);
   gpt.heads = absl::GetFlag(FLAGS_heads);
   gpt.seq_len = absl::GetFlag(FLAGS_seq_len);
+  auto attention = runtime::libtorch::ParseGptAttention(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return Annotate(attention.status(), "--attention");
+  gpt.attention = *attention;
   const std::string text = absl::GetFlag(FLAGS_data);
   const int vocab = absl::GetFlag(FLAGS_vocab);
   if (vocab < 0) return absl::InvalidArgumentError(absl::StrCat("--vocab: negative: ", vocab));

@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(std::string, data);      // "" (synthetic task) or a text file
 ABSL_DECLARE_FLAG(int, microbatch_size);   // samples per micro-batch (profile)
 ABSL_DECLARE_FLAG(std::string, optimizer); // "sgd" or "adamw"
 ABSL_DECLARE_FLAG(std::string, device);    // "cpu", "cuda", "cuda:N"
+ABSL_DECLARE_FLAG(std::string, attention); // "auto", "explicit", "fused"
 
 namespace tandem::cli {
 

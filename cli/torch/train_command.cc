@@ -3,7 +3,6 @@
 // profiles the model on rank 0 and plans for the world size; builds TorchStages and runs the
 // engine; prints a progress line per iteration on rank 0, a final summary, and optionally a
 // JSON log, a timeline (with the simulator's prediction beside it) and checkpoints.
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -24,8 +23,8 @@
 #include "cli/flags.h"
 #include "cli/torch/model_flags.h"
 #include "comm/backend.h"
-#include "comm/grad_sync.h"
-#include "comm/optimizer.h"
+#include "runtime/grad_sync.h"
+#include "runtime/optimizer.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -37,7 +36,11 @@
 #include "runtime/engine.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/timeline.h"
+#include "runtime/torch/device_ops.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/precision.h"
 #include "runtime/torch/profiler.h"
+#include "runtime/torch/stage_factory.h"
 #include "runtime/torch/torch_stage.h"
 
 ABSL_FLAG(int, global_batch, 0,
@@ -70,6 +73,15 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "train: write checkpoints into this f
 ABSL_FLAG(int, checkpoint_every, 0, "train: checkpoint every N iterations (0: at the end only)");
 ABSL_FLAG(std::string, resume, "", "train: resume from this checkpoint folder");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
+ABSL_FLAG(std::string, precision, "",
+          "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
+          "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
+ABSL_FLAG(bool, libtorch_device_ops, false,
+          "train: CPU stages run gradient averaging and the optimizer as LibTorch tensor "
+          "operations, as CUDA stages always do (default: the runtime's vectorised loops)");
+ABSL_FLAG(double, peak_tflops, 0,
+          "train: the device's peak TFLOP/s for the MFU figure (0: from a table of known GPUs "
+          "for the precision; no MFU on the CPU)");
 
 namespace tandem::cli {
 namespace {
@@ -79,29 +91,22 @@ using runtime::libtorch::LayeredModel;
 constexpr int kDefaultMicrobatchesPerRank = 4;  // auto plans: micro-batches per device
 constexpr double kBytesPerMiB = 1 << 20;
 
-// Peak resident memory of this process (CPU). Linux reports KiB.
-double PeakMemoryBytes() {
-  struct rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) * 1024.0;
-}
-
-absl::StatusOr<comm::OptimizerConfig> OptimizerFromFlags() {
-  TANDEM_ASSIGN_OR_RETURN(comm::OptimizerKind kind,
-                          comm::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
+absl::StatusOr<runtime::OptimizerConfig> OptimizerFromFlags() {
+  TANDEM_ASSIGN_OR_RETURN(runtime::OptimizerKind kind,
+                          runtime::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
   const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  comm::OptimizerConfig config =
-      kind == comm::OptimizerKind::kAdamW
-          ? comm::OptimizerConfig::AdamW(weight_decay)
-          : comm::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum), weight_decay);
-  TANDEM_RETURN_IF_ERROR(comm::ValidateOptimizerConfig(config));
+  runtime::OptimizerConfig config =
+      kind == runtime::OptimizerKind::kAdamW
+          ? runtime::OptimizerConfig::AdamW(weight_decay)
+          : runtime::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum), weight_decay);
+  TANDEM_RETURN_IF_ERROR(runtime::ValidateOptimizerConfig(config));
   return config;
 }
 
 absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   runtime::EngineOptions options;
   TANDEM_ASSIGN_OR_RETURN(options.optimizer, OptimizerFromFlags());
-  auto sync = comm::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
+  auto sync = runtime::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
   if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
   options.grad_sync = *sync;
   const double bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
@@ -324,31 +329,66 @@ std::string DescribePlan(const pipeline::Plan& plan) {
 struct LogLine {
   int64_t iteration;
   double loss, tokens_per_second, iteration_ms, grad_norm, learning_rate, bubble, peak_bytes;
+  double mfu;  // model FLOP utilisation; < 0: unknown peak
 };
 
 nlohmann::json ToJson(const LogLine& l) {
-  return {{"iteration", l.iteration},         {"loss", l.loss},
-          {"tokens_per_second", l.tokens_per_second},
-          {"iteration_ms", l.iteration_ms},   {"grad_norm", l.grad_norm},
-          {"learning_rate", l.learning_rate}, {"bubble", l.bubble},
-          {"peak_memory_bytes", l.peak_bytes}};
+  nlohmann::json j = {{"iteration", l.iteration},         {"loss", l.loss},
+                      {"tokens_per_second", l.tokens_per_second},
+                      {"iteration_ms", l.iteration_ms},   {"grad_norm", l.grad_norm},
+                      {"learning_rate", l.learning_rate}, {"bubble", l.bubble},
+                      {"peak_memory_bytes", l.peak_bytes}};
+  if (l.mfu >= 0) j["mfu"] = l.mfu;
+  return j;
 }
 
-absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int64_t iteration) {
+// MFU = model FLOPs per second / (ranks x the device's peak). The peak comes from
+// --peak-tflops or a table of known GPUs; on the CPU (or an unknown GPU) it is unknown: -1.
+struct MfuModel {
+  double flops_per_token = 0;
+  double total_peak_flops = 0;  // summed over ranks
+  double Of(double tokens_per_second) const {
+    return total_peak_flops > 0 ? tokens_per_second * flops_per_token / total_peak_flops : -1;
+  }
+  std::string Text(double tokens_per_second) const {
+    const double mfu = Of(tokens_per_second);
+    return mfu < 0 ? std::string() : absl::StrFormat("  MFU %.1f%%", mfu * 100);
+  }
+};
+
+MfuModel MfuFor(const runtime::libtorch::GptConfig& gpt, torch::Device device,
+                runtime::libtorch::Precision precision, int ranks) {
+  MfuModel m;
+  m.flops_per_token = runtime::libtorch::GptTrainingFlopsPerToken(gpt);
+  double peak = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  if (peak <= 0 && device.is_cuda()) {
+    peak = runtime::libtorch::KnownPeakFlops(comm::CudaDeviceName(device.index()), precision);
+  }
+  m.total_peak_flops = peak * ranks;
+  return m;
+}
+
+// Writes the last iteration's timeline with the simulator's prediction from that iteration's
+// measured costs (compute per stage, and the optimizer tail with the gradient synchronisation
+// it waits for) beside it. Collective.
+absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int64_t iteration,
+                           const std::vector<runtime::ActionTiming>& timings) {
   TANDEM_ASSIGN_OR_RETURN(ChromeTrace trace, engine.GatherTimeline());
+  TANDEM_ASSIGN_OR_RETURN(runtime::WorldTimings all, engine.GatherTimings(timings));
   if (engine.world_rank() != 0) return absl::OkStatus();
   TANDEM_ASSIGN_OR_RETURN(pipeline::CostModel costs,
-                          runtime::MeasuredCosts(trace, engine.plan().schedule, iteration));
-  TANDEM_ASSIGN_OR_RETURN(runtime::TimeRange range, runtime::IterationRange(trace, iteration));
+                          runtime::MeasuredCosts(all, engine.plan().schedule));
+  TANDEM_ASSIGN_OR_RETURN(runtime::TimeRange range, runtime::IterationRange(all));
   TANDEM_ASSIGN_OR_RETURN(
       pipeline::SimulationResult predicted,
       runtime::AddPrediction(engine.schedule(), costs, range.start_seconds, &trace));
   TANDEM_RETURN_IF_ERROR(trace.WriteFile(path));
+  const double measured = range.end_seconds - range.start_seconds;
   std::cout << absl::StrFormat(
                    "timeline of iteration %d: %s (measured %.1f ms; simulator with the "
-                   "measured stage times: %.1f ms)",
-                   iteration + 1, path, (range.end_seconds - range.start_seconds) * 1e3,
-                   predicted.makespan_seconds * 1e3)
+                   "measured stage times and optimizer step: %.1f ms, %.3fx)",
+                   iteration + 1, path, measured * 1e3, predicted.makespan_seconds * 1e3,
+                   predicted.makespan_seconds / measured)
             << std::endl;
   return absl::OkStatus();
 }
@@ -362,9 +402,19 @@ absl::Status Train(comm::Communicator& world) {
   TANDEM_ASSIGN_OR_RETURN(runtime::EngineOptions options, EngineOptionsFromFlags());
   TANDEM_ASSIGN_OR_RETURN(torch::Device device, DeviceFromFlags());
   if (device.is_cuda() && absl::GetFlag(FLAGS_device) == "cuda") {
-    // One device per rank: ranks on a node take the node's devices in turn.
+    // One device per rank: ranks on a node take the node's devices in turn (several ranks
+    // share one when there are fewer devices than ranks).
     const int devices = static_cast<int>(torch::cuda::device_count());
     device = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(rank % devices));
+  }
+  if (absl::GetFlag(FLAGS_peak_tflops) < 0) {
+    return absl::InvalidArgumentError("--peak-tflops must not be negative");
+  }
+  runtime::libtorch::Precision precision = runtime::libtorch::DefaultPrecision(device);
+  if (!absl::GetFlag(FLAGS_precision).empty()) {
+    auto parsed = runtime::libtorch::ParsePrecision(absl::GetFlag(FLAGS_precision));
+    if (!parsed.ok()) return Annotate(parsed.status(), "--precision");
+    precision = *parsed;
   }
   TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
@@ -372,23 +422,23 @@ absl::Status Train(comm::Communicator& world) {
                           PlanForRun(world, model, *model_and_data.data, device));
   const std::string model_text =
       absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
-  if (rank == 0) std::cout << model_text << "\n" << DescribePlan(plan) << std::flush;
+  if (rank == 0) {
+    std::cout << model_text << ", " << runtime::libtorch::PrecisionName(precision) << " on "
+              << device.str() << "\n"
+              << DescribePlan(plan) << std::flush;
+  }
 
   std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
+  const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
   runtime::StageFactory factory =
       [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
-    runtime::libtorch::TorchStageOptions o;
-    o.first_layer = s.first_layer;
-    o.end_layer = s.end_layer;
-    o.recompute_layers = s.recompute_layers;
-    o.data_parallel_index = s.data_parallel_index;
-    o.data_parallel = s.data_parallel;
-    o.microbatches = s.num_microbatches;
-    o.microbatch_size = plan.microbatch_size;
-    o.device = device;
+    runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
+    o.precision = precision;
+    o.libtorch_device_ops = libtorch_device_ops;
     TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
     return std::unique_ptr<runtime::Stage>(std::move(stage));
   };
+  const MfuModel mfu = MfuFor(model_and_data.gpt, device, precision, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
                           runtime::Engine::Create(plan, &world, factory, options));
   const std::string resume = absl::GetFlag(FLAGS_resume);
@@ -408,14 +458,24 @@ absl::Status Train(comm::Communicator& world) {
   double measured_seconds = 0, measured_bubble = 0;
   int measured = 0;
   double last_loss = 0;
+  std::vector<runtime::ActionTiming> last_timings;
   const int64_t first = engine->iteration();
   const int64_t end = first + steps;
   for (int64_t it = first; it < end; ++it) {
     engine->set_record_timeline(!timeline.empty() && it == end - 1);
     TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
-    const LogLine line{it, r.loss, tokens_per_iteration / r.seconds, r.seconds * 1e3,
-                       r.grad_norm, r.learning_rate, r.bubble_ratio, PeakMemoryBytes()};
+    const double tokens_per_second = tokens_per_iteration / r.seconds;
+    const LogLine line{it,
+                       r.loss,
+                       tokens_per_second,
+                       r.seconds * 1e3,
+                       r.grad_norm,
+                       r.learning_rate,
+                       r.bubble_ratio,
+                       runtime::libtorch::PeakMemoryBytes(device),
+                       mfu.Of(tokens_per_second)};
     last_loss = r.loss;
+    last_timings = r.timings;
     if (it > first || steps == 1) {  // the first iteration includes warm-up costs
       measured_seconds += r.seconds;
       measured_bubble += r.bubble_ratio;
@@ -424,9 +484,10 @@ absl::Status Train(comm::Communicator& world) {
     if (rank == 0) {
       std::cout << absl::StrFormat(
                        "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  bubble %.2f  "
-                       "peak %s",
+                       "peak %s%s",
                        it + 1, end, line.loss, line.iteration_ms, line.tokens_per_second,
-                       line.bubble, FormatBytes(line.peak_bytes))
+                       line.bubble, FormatBytes(line.peak_bytes),
+                       mfu.Text(line.tokens_per_second))
                 << std::endl;
       if (!log_json.empty()) {
         absl::StrAppend(&log_text, ToJson(line).dump(), "\n");
@@ -442,15 +503,18 @@ absl::Status Train(comm::Communicator& world) {
     }
   }
   if (!timeline.empty() && steps > 0) {
-    TANDEM_RETURN_IF_ERROR(WriteTimeline(*engine, timeline, end - 1));
+    TANDEM_RETURN_IF_ERROR(WriteTimeline(*engine, timeline, end - 1, last_timings));
   }
   if (rank == 0 && measured > 0) {
     const double mean = measured_seconds / measured;
     std::cout << absl::StrFormat(
                      "trained %d iteration(s) on %d rank(s): final loss %.5f, %.1f ms per "
-                     "iteration, %.0f tokens/s, measured bubble %.2f, peak memory %s (rank 0)",
+                     "iteration, %.0f tokens/s, measured bubble %.2f, peak %s memory %s "
+                     "(rank 0)%s",
                      steps, world.size(), last_loss, mean * 1e3, tokens_per_iteration / mean,
-                     measured_bubble / measured, FormatBytes(PeakMemoryBytes()))
+                     measured_bubble / measured, device.is_cuda() ? "device" : "host",
+                     FormatBytes(runtime::libtorch::PeakMemoryBytes(device)),
+                     mfu.Text(tokens_per_iteration / mean))
               << std::endl;
   }
   return absl::OkStatus();
@@ -486,7 +550,7 @@ std::vector<std::string> TrainFlags() {
         "waves", "data_parallel", "steps", "seed", "plan", "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every", "resume",
-        "timeout", "device"}) {
+        "timeout", "device", "precision", "libtorch_device_ops", "peak_tflops"}) {
     flags.push_back(name);
   }
   return flags;
@@ -501,13 +565,17 @@ const CommandRegistrar registrar({
         "    --data-parallel D [--chunks V] [--waves W] | --plan plan.json] [--steps K]\n"
         "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
         "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
-        "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n\n"
+        "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n"
+        "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n\n"
         "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
         "the given plan (checked against the world size and the model), with --schedule a\n"
         "uniform plan of P stages x D pipelines, and with neither rank 0 profiles the model,\n"
         "plans for the world size (AdaPipe: partition and recomputation), prints the plan and\n"
         "broadcasts it. Rank 0 prints a progress line per iteration (loss, time, tokens/s,\n"
-        "measured bubble, peak memory) and a summary. --log-json writes one JSON object per\n"
+        "measured bubble, peak memory: the GPU's peak allocated on CUDA, the host's RSS on the\n"
+        "CPU; MFU for known GPUs or --peak-tflops) and a summary. With --device cuda each rank\n"
+        "takes a GPU in turn; ranks sharing one communicate over MPI through pinned host\n"
+        "memory (NCCL refuses that), otherwise over NCCL. --log-json writes one JSON object per\n"
         "iteration; --timeline writes the last iteration of every rank as a Chrome trace\n"
         "(open in https://ui.perfetto.dev) with the simulator's prediction beside it.\n"
         "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
