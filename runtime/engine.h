@@ -64,7 +64,9 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/plan.h"
 #include "pipeline/schedule.h"
+#include "runtime/failure_notices.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/stage_checkpoint.h"
 #include "runtime/stage.h"
 #include "runtime/timeline.h"
 
@@ -176,7 +178,6 @@ class Engine {
  private:
   struct Local;
   struct Transfers;
-  struct Watchdog;
   Engine() = default;
 
   absl::StatusOr<IterationResult> RunIterationInternal();
@@ -185,11 +186,11 @@ class Engine {
   absl::Status LoadCheckpointInternal(const std::string& dir, const std::string& model);
   absl::StatusOr<ChromeTrace> GatherTimelineInternal();
   absl::StatusOr<WorldTimings> GatherTimingsInternal(const std::vector<ActionTiming>& timings);
-  // Failure notices (see engine.cc): a failing public call tells every other rank.
-  void StartWatchdog();
-  void AbortCommunicators(const absl::Status& reason);
-  void SendNotices(char kind, const std::string& text);
+  // A failing public call tells every other rank (runtime/failure_notices.h).
   absl::Status Report(absl::Status status);
+  void AbortCommunicators(const absl::Status& reason);
+  CheckpointScope checkpoint_scope() const;
+  std::vector<CheckpointedStage> checkpointed_stages() const;
 
   absl::Status Build(StageFactory factory);
   absl::Status Execute(const pipeline::Action& action, IterationResult* result);
@@ -200,9 +201,6 @@ class Engine {
   absl::Status WaitForInputs(const pipeline::Action& action);
   absl::Status OptimizerStep(IterationResult* result);
   absl::Status WaitForParameters(Local* local);
-  // Device operations per stage; CUDA stages: NCCL (or host-staged MPI) for payloads and
-  // gradient groups.
-  absl::Status ConnectDevices();
   comm::Communicator* payload_p2p() const;
   Local* Find(int replica, int stage);
   absl::Status Fail(const absl::Status& status, int step, const pipeline::Action& action) const;
@@ -226,7 +224,7 @@ class Engine {
   int64_t iteration_ = 0;
   double epoch_ = 0;
   ChromeTrace timeline_;
-  std::unique_ptr<Watchdog> watchdog_;  // declared last: its thread uses the members above
+  std::unique_ptr<FailureNotices> notices_;  // declared last: its thread uses the members above
 };
 
 }  // namespace tandem::runtime

@@ -1,0 +1,81 @@
+#include "runtime/control.h"
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tandem::runtime {
+
+comm::Buffer DoubleBuffer(double* data, int64_t count) {
+  comm::Buffer b;
+  b.data = data;
+  b.count = count;
+  b.dtype = comm::DataType::kFloat64;
+  return b;
+}
+
+absl::Status AgreeOnSuccess(comm::Communicator* world, const absl::Status& local,
+                            absl::string_view what) {
+  double failed_rank = local.ok() ? static_cast<double>(INT_MAX) : world->rank();
+  absl::Status s = world->AllReduce(DoubleBuffer(&failed_rank, 1), comm::ReduceOp::kMin)->Wait();
+  if (!local.ok()) return local;
+  if (!s.ok()) return Annotate(s, absl::StrCat("agreeing on ", what));
+  if (failed_rank != static_cast<double>(INT_MAX)) {
+    return absl::AbortedError(absl::StrCat("rank ", static_cast<int>(failed_rank), " failed ",
+                                           what, " (see its error)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Sends a string to `peer` / receives one from `peer` (size first, then bytes).
+absl::Status SendString(comm::Communicator& comm, int peer, const std::string& text) {
+  int64_t size = static_cast<int64_t>(text.size());
+  comm::Buffer size_buffer;
+  size_buffer.data = &size;
+  size_buffer.count = 1;
+  size_buffer.dtype = comm::DataType::kInt64;
+  TANDEM_RETURN_IF_ERROR(comm.Send(size_buffer, peer, kGatherTag)->Wait());
+  comm::Buffer bytes;
+  bytes.data = const_cast<char*>(text.data());
+  bytes.count = size;
+  bytes.dtype = comm::DataType::kUInt8;
+  return comm.Send(bytes, peer, kGatherTag)->Wait();
+}
+
+absl::StatusOr<std::string> ReceiveString(comm::Communicator& comm, int peer) {
+  int64_t size = 0;
+  comm::Buffer size_buffer;
+  size_buffer.data = &size;
+  size_buffer.count = 1;
+  size_buffer.dtype = comm::DataType::kInt64;
+  TANDEM_RETURN_IF_ERROR(comm.Recv(size_buffer, peer, kGatherTag)->Wait());
+  std::string text(static_cast<size_t>(size), '\0');
+  comm::Buffer bytes;
+  bytes.data = text.data();
+  bytes.count = size;
+  bytes.dtype = comm::DataType::kUInt8;
+  TANDEM_RETURN_IF_ERROR(comm.Recv(bytes, peer, kGatherTag)->Wait());
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> GatherStrings(comm::Communicator& comm,
+                                                       const std::string& mine) {
+  std::vector<std::string> all;
+  if (comm.rank() != 0) {
+    TANDEM_RETURN_IF_ERROR(SendString(comm, 0, mine));
+    return all;
+  }
+  all.resize(comm.size());
+  all[0] = mine;
+  for (int r = 1; r < comm.size(); ++r) {
+    TANDEM_ASSIGN_OR_RETURN(all[r], ReceiveString(comm, r));
+  }
+  return all;
+}
+
+}  // namespace tandem::runtime
