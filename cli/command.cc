@@ -129,6 +129,7 @@ int ReportError(const std::string& command, const absl::Status& status) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDataLoss:  // a corrupt or truncated input file
       return kExitBadInput;
     default:
       return kExitFailure;

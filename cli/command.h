@@ -48,7 +48,8 @@ absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
 std::string CommandHelp(const CommandInfo& info);
 
 // Prints "tandem NAME: error: MESSAGE" to stderr and returns kExitBadInput for
-// InvalidArgument/NotFound/OutOfRange/ResourceExhausted (bad input), kExitFailure otherwise.
+// InvalidArgument/NotFound/OutOfRange/ResourceExhausted/DataLoss (bad input), kExitFailure
+// otherwise.
 int ReportError(const std::string& command, const absl::Status& status);
 
 }  // namespace tandem::cli

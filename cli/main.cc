@@ -1,10 +1,15 @@
 // `tandem`: one program, many subcommands (see cli/command.h).
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <new>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/command.h"
 #include "common/config.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -54,5 +59,17 @@ int main(int argc, char** argv) {
     std::cout << CommandHelp(info);
     return kExitOk;
   }
-  return info.run(positional);
+  // A last line of defence: an exception escaping a command (a JSON accessor meeting a value
+  // of another type, an allocation a size check missed) ends in one line, never an abort.
+  try {
+    return info.run(positional);
+  } catch (const nlohmann::json::exception& e) {
+    return ReportError(info.name, absl::InvalidArgumentError(
+                                      absl::StrCat("malformed input: ", e.what())));
+  } catch (const std::bad_alloc&) {
+    return ReportError(info.name, absl::ResourceExhaustedError(
+                                      "out of memory (a size in the input is too large?)"));
+  } catch (const std::exception& e) {
+    return ReportError(info.name, absl::InternalError(e.what()));
+  }
 }

@@ -1,6 +1,7 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,12 +10,17 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -26,39 +32,98 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out.str();
 }
 
+namespace {
+
+// Writes all of `contents` to `fd`; errno on failure.
+bool WriteAll(int fd, absl::string_view contents) {
+  const char* p = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// The file a path names once symbolic links are followed (the last link's target when it
+// dangles, relative targets taken from the link's folder); the path itself otherwise.
+std::string FollowLinks(const std::string& path) {
+  std::string current = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st;
+    if (::lstat(current.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return current;
+    std::vector<char> target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4095) + 1);
+    const ssize_t n = ::readlink(current.c_str(), target.data(), target.size() - 1);
+    if (n < 0) return current;
+    std::string next(target.data(), static_cast<size_t>(n));
+    if (!next.empty() && next[0] != '/') {
+      const size_t slash = current.rfind('/');
+      if (slash != std::string::npos) next = current.substr(0, slash + 1) + next;
+    }
+    current = next;
+  }
+  return current;
+}
+
+}  // namespace
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   if (path == "-") {
     std::cout.write(contents.data(), static_cast<std::streamsize>(contents.size()));
     std::cout.flush();
     return absl::OkStatus();
   }
-  std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (path.empty()) return absl::InvalidArgumentError("empty output path");
+  // Through symbolic links to what they name: the link stays a link.
+  const std::string target = FollowLinks(path);
+  struct stat st;
+  const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory (give a file name for the output)"));
+  }
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A FIFO, a device (/dev/null, /dev/stdout) or a socket: written directly, never replaced.
+    const int fd = ::open(target.c_str(), O_WRONLY);
+    if (fd < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno)));
+    }
+    const bool written = WriteAll(fd, contents);
+    const int err = errno;
+    ::close(fd);
+    if (!written) {
+      return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
+    }
+    return absl::OkStatus();
+  }
+  // A regular file (or none yet): written beside it and renamed onto it, so a reader never
+  // sees half of it; an existing file keeps its permissions.
+  const std::string tmp = absl::StrCat(target, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   }
-  const char* p = contents.data();
-  size_t left = contents.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
+  if (exists) ::fchmod(fd, st.st_mode & 07777);
+  if (!WriteAll(fd, contents)) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
+    const int err = errno;
     ::unlink(tmp.c_str());
     return absl::DataLossError(absl::StrCat(path, ": flush failed: ", std::strerror(err)));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
     ::unlink(tmp.c_str());
     return absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(err)));
   }

@@ -33,7 +33,7 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source)
     try {
       Json ignored = Json::parse(text.begin(), text.end());
       (void)ignored;
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e400
       return absl::InvalidArgumentError(absl::StrCat(source, ": malformed JSON: ", e.what()));
     }
     return absl::InvalidArgumentError(absl::StrCat(source, ": malformed JSON"));

@@ -17,6 +17,8 @@ constexpr int kPlanFormatVersion = 1;
 // Bounds that keep a corrupt file from allocating absurd amounts of memory.
 constexpr int64_t kMaxWorldSize = int64_t{1} << 22;
 constexpr int64_t kMaxLayers = int64_t{1} << 22;
+// Samples per micro-batch (a bound on the format; the runtime checks memory against it).
+constexpr int64_t kMaxMicrobatchSize = int64_t{1} << 24;
 
 absl::Status Invalid(absl::string_view where, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", problem));
@@ -308,9 +310,9 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
     return Invalid("plan.world_size",
                    absl::StrCat("must be in [1, ", kMaxWorldSize, "], got ", plan.world_size));
   }
-  if (plan.microbatch_size < 1) {
-    return Invalid("plan.microbatch_size",
-                   absl::StrCat("must be at least 1, got ", plan.microbatch_size));
+  if (plan.microbatch_size < 1 || plan.microbatch_size > kMaxMicrobatchSize) {
+    return Invalid("plan.microbatch_size", absl::StrCat("must be in [1, ", kMaxMicrobatchSize,
+                                                        "], got ", plan.microbatch_size));
   }
   if (plan.tensor_parallel < 1) {
     return Invalid("plan.tensor_parallel",

@@ -3,10 +3,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -124,10 +127,13 @@ absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_
     t.name = *name;
     t.dtype = static_cast<comm::DataType>(*dtype);
     t.count = *count;
-    const uint64_t bytes = static_cast<uint64_t>(t.count) * comm::SizeOf(t.dtype);
-    if (bytes > data.size() - offset) {
-      return corrupt(absl::StrCat("tensor '", t.name, "' runs past the end of the file"));
+    // Compared by division: count * size could overflow for a crafted count.
+    const uint64_t element = comm::SizeOf(t.dtype);
+    if (element == 0 || static_cast<uint64_t>(t.count) > (data.size() - offset) / element) {
+      return corrupt(absl::StrCat("tensor '", t.name, "' (", t.count,
+                                  " elements) runs past the end of the file"));
     }
+    const uint64_t bytes = static_cast<uint64_t>(t.count) * element;
     t.bytes = std::string(data.substr(offset, bytes));
     offset += bytes;
     shard.tensors.push_back(std::move(t));
@@ -217,8 +223,9 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const nlohmann::json& j,
   m.format_version = static_cast<int>(version);
   TANDEM_ASSIGN_OR_RETURN(m.model, GetString(j, "model", where));
   TANDEM_ASSIGN_OR_RETURN(m.step, GetInt(j, "step", where));
-  if (m.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": step: must not be negative"));
+  if (m.step < 0 || m.step > kMaxCheckpointStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": step: must be in [0, ", kMaxCheckpointStep, "], got ", m.step));
   }
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* plan, GetObject(j, "plan", where));
   m.plan = *plan;
@@ -302,6 +309,107 @@ absl::Status RemoveManifest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return absl::InternalError(absl::StrCat(path, ": cannot remove: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string StepFolderName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+std::string PartialFolderName(int64_t step) {
+  return absl::StrFormat(".step-%08d.partial", step);
+}
+
+namespace {
+
+constexpr char kStepPrefix[] = "step-";
+
+// The step a folder name "step-NNNNNNNN" stands for; -1 for any other name.
+int64_t StepOfFolder(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0) return -1;
+  const std::string digits = name.substr(sizeof(kStepPrefix) - 1);
+  if (digits.empty() || digits.size() > 13) return -1;
+  int64_t step = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& root) {
+  const std::string latest_path = absl::StrCat(root, "/", kLatestFileName);
+  std::error_code ec;
+  if (!std::filesystem::exists(latest_path, ec)) return root;
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(latest_path));
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  if (StepOfFolder(text) < 0) {
+    return absl::DataLossError(absl::StrCat(latest_path, ": expected a step folder name (",
+                                            StepFolderName(12), "), got '",
+                                            text.substr(0, 64), "'"));
+  }
+  return absl::StrCat(root, "/", text);
+}
+
+absl::Status CleanCheckpointLeftovers(const std::string& root) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) return absl::OkStatus();
+  std::vector<std::filesystem::path> leftovers;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool partial = name.rfind(".step-", 0) == 0;
+    const bool temporary = name.find(".tmp.") != std::string::npos;
+    if (partial || temporary) leftovers.push_back(entry.path());
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(root, ": cannot list the checkpoint folder: ", ec.message()));
+  }
+  for (const auto& path : leftovers) {
+    std::filesystem::remove_all(path, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat(path.string(), ": cannot remove: ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PublishCheckpoint(const std::string& root, const std::string& partial,
+                               int64_t step, int keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path final_path = fs::path(root) / StepFolderName(step);
+  if (fs::exists(final_path, ec)) {
+    // An older save of this step (a run restarted from an earlier checkpoint). If `latest`
+    // names it, it stays loadable until the rename below replaces it: moved aside first.
+    const fs::path aside = fs::path(root) / absl::StrCat(PartialFolderName(step), ".old");
+    fs::remove_all(aside, ec);
+    fs::rename(final_path, aside, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat(final_path.string(), ": cannot replace: ", ec.message()));
+    }
+  }
+  fs::rename(partial, final_path, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat(partial, ": cannot rename to ", final_path.string(),
+                                            ": ", ec.message()));
+  }
+  TANDEM_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(root, "/", kLatestFileName),
+                                             StepFolderName(step) + "\n"));
+  TANDEM_RETURN_IF_ERROR(CleanCheckpointLeftovers(root));
+  if (keep <= 0) return absl::OkStatus();
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const int64_t s = StepOfFolder(entry.path().filename().string());
+    if (s >= 0 && entry.is_directory(ec)) steps.emplace_back(s, entry.path());
+  }
+  std::sort(steps.begin(), steps.end());
+  // The newest `keep` stay, and always the one just published.
+  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
+    if (steps[i].first == step) continue;
+    fs::remove_all(steps[i].second, ec);
   }
   return absl::OkStatus();
 }

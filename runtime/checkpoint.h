@@ -28,6 +28,8 @@
 namespace tandem::runtime {
 
 inline constexpr int kCheckpointFormatVersion = 1;
+// Largest step a manifest may hold (2^40: far beyond any run, far below overflow).
+inline constexpr int64_t kMaxCheckpointStep = int64_t{1} << 40;
 inline constexpr char kManifestFileName[] = "manifest.json";
 
 // One named tensor of a shard, as raw bytes.
@@ -110,5 +112,29 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& man
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 // Removes <dir>/manifest.json if present (before overwriting a checkpoint in place).
 absl::Status RemoveManifest(const std::string& dir);
+
+// Checkpoint folders. A checkpoint root holds one folder per saved step (step-00000012/, each
+// a complete checkpoint: shards and manifest) and a file `latest` naming the newest complete
+// one. A save writes a hidden partial folder, renames it to its step's name once its manifest
+// is written, and only then replaces `latest` (atomically): a crash at any moment leaves the
+// previous checkpoint loadable.
+inline constexpr char kLatestFileName[] = "latest";
+std::string StepFolderName(int64_t step);
+// A partial folder of a save in progress (hidden; removed by CleanCheckpointLeftovers).
+std::string PartialFolderName(int64_t step);
+
+// The folder to load from `root`: the step folder `latest` names or, when `root` has no
+// `latest`, `root` itself (a step folder given directly, or a folder in the older flat
+// layout); reading its manifest then tells whether it holds a checkpoint.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& root);
+
+// Removes what interrupted saves left in `root`: partial folders and temporary files.
+absl::Status CleanCheckpointLeftovers(const std::string& root);
+
+// Publishes the complete folder `partial` as step `step` of `root`: renamed to its step's
+// name (replacing an older save of the same step), then `latest` switched to it, then all but
+// the newest `keep` step folders removed (keep <= 0: none removed).
+absl::Status PublishCheckpoint(const std::string& root, const std::string& partial,
+                               int64_t step, int keep);
 
 }  // namespace tandem::runtime

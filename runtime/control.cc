@@ -1,6 +1,5 @@
 #include "runtime/control.h"
 
-#include <climits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -17,13 +16,19 @@ comm::Buffer DoubleBuffer(double* data, int64_t count) {
 
 absl::Status AgreeOnSuccess(comm::Communicator* world, const absl::Status& local,
                             absl::string_view what) {
-  double failed_rank = local.ok() ? static_cast<double>(INT_MAX) : world->rank();
-  absl::Status s = world->AllReduce(DoubleBuffer(&failed_rank, 1), comm::ReduceOp::kMin)->Wait();
+  // rank * 32 + status code: the minimum names the lowest failing rank and its code (codes
+  // are below 32), which every other rank reports, so bad input is bad input everywhere.
+  constexpr double kNone = 1e15;
+  double failed = local.ok() ? kNone
+                             : static_cast<double>(world->rank()) * 32 +
+                                   static_cast<double>(static_cast<int>(local.code()) & 31);
+  absl::Status s = world->AllReduce(DoubleBuffer(&failed, 1), comm::ReduceOp::kMin)->Wait();
   if (!local.ok()) return local;
   if (!s.ok()) return Annotate(s, absl::StrCat("agreeing on ", what));
-  if (failed_rank != static_cast<double>(INT_MAX)) {
-    return absl::AbortedError(absl::StrCat("rank ", static_cast<int>(failed_rank), " failed ",
-                                           what, " (see its error)"));
+  if (failed != kNone) {
+    const int64_t encoded = static_cast<int64_t>(failed);
+    return absl::Status(static_cast<absl::StatusCode>(encoded % 32),
+                        absl::StrCat("rank ", encoded / 32, " failed ", what, " (see its error)"));
   }
   return absl::OkStatus();
 }

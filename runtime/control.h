@@ -19,7 +19,8 @@ inline constexpr int kGatherTag = 2;
 comm::Buffer DoubleBuffer(double* data, int64_t count);
 
 // Every rank learns whether any rank failed a local step; the failing ranks keep their own
-// error, the others get Aborted naming the lowest failing rank. Collective over `world`.
+// error, the others get one naming the lowest failing rank, with that rank's status code (so
+// every rank exits alike). Collective over `world`.
 absl::Status AgreeOnSuccess(comm::Communicator* world, const absl::Status& local,
                             absl::string_view what);
 

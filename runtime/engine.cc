@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
+#include "runtime/checkpoint.h"
 #include "runtime/control.h"
 #include "runtime/devices.h"
 #include "runtime/engine_internal.h"
@@ -243,8 +244,12 @@ absl::Status Engine::Build(StageFactory factory) {
   // The timeline's epoch: right after a barrier, so ranks' clocks line up.
   TANDEM_RETURN_IF_ERROR(control_->Barrier()->Wait());
   epoch_ = clock_->NowSeconds();
-  notices_ = std::make_unique<FailureNotices>(
-      *control_, [this](const absl::Status& reason) { AbortCommunicators(reason); });
+  FailureNoticeOptions notice_options;
+  notice_options.heartbeat_timeout = options_.heartbeat_timeout;
+  TANDEM_ASSIGN_OR_RETURN(
+      notices_, FailureNotices::Start(*control_, notice_options, [this](const absl::Status& r) {
+        AbortCommunicators(r);
+      }));
   timeline_.NameProcess(world_rank_, absl::StrCat("rank ", world_rank_, " (dp ",
                                                   data_parallel_index_, ", position ",
                                                   pipeline_position_, ")"));
@@ -282,12 +287,14 @@ std::vector<CheckpointedStage> Engine::checkpointed_stages() const {
 
 absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
   TANDEM_RETURN_IF_ERROR(FlushInternal());
-  return SaveStages(dir, model, iteration_, checkpoint_scope(), checkpointed_stages());
+  return SaveCheckpointStep(dir, model, iteration_, options_.keep_checkpoints, checkpoint_scope(),
+                            checkpointed_stages());
 }
 
 absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::string& model) {
+  TANDEM_ASSIGN_OR_RETURN(const std::string folder, ResolveCheckpoint(dir));
   TANDEM_ASSIGN_OR_RETURN(const int64_t step,
-                          LoadStages(dir, model, checkpoint_scope(), checkpointed_stages()));
+                          LoadStages(folder, model, checkpoint_scope(), checkpointed_stages()));
   for (auto& l : locals_) l->parameters_current = true;
   iteration_ = step;
   return absl::OkStatus();

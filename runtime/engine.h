@@ -29,10 +29,11 @@
 //
 // Failures reach every rank: a rank whose call fails sends its error to all others, whose
 // communicators are then aborted by a watchdog thread, so their calls fail at once with
-// "rank R failed: ..." (code Aborted or FailedPrecondition). A rank that dies without a word
-// is noticed by its neighbours' timeouts, which then notify everyone: every survivor fails
-// within about one timeout. (Under plain mpirun, Open MPI ends the whole job as soon as a
-// rank dies; `mpirun --enable-recovery` lets the survivors report.)
+// "rank R failed: ..." (with that rank's status code). A rank that dies or is stopped
+// without a word is noticed by the heartbeats within EngineOptions::heartbeat_timeout (2 s),
+// a rank that hangs by its neighbours' timeouts, which then notify everyone. (Under plain
+// mpirun, Open MPI ends the whole job as soon as a rank dies; `mpirun --enable-recovery` lets
+// the survivors report.)
 //
 // Devices: training state stays on each stage's device. Gradient synchronisation and the
 // optimizer run there through the stage's DeviceOps (runtime/device_ops.h; the CPU loops for
@@ -102,8 +103,13 @@ struct EngineOptions {
   LrSchedule lr_schedule;  // learning rate per iteration (warm-up, cosine decay)
   double clip_norm = 0;    // <= 0: no clipping
   bool record_timeline = false;
-  // Timeout of every wait (transfers, synchronisation, collectives).
+  // Step folders a checkpoint root keeps (the newest; <= 0: all).
+  int keep_checkpoints = 2;
+  // Timeout of every wait (transfers, synchronisation, collectives): a peer that hangs.
   absl::Duration timeout = absl::Seconds(300);
+  // A peer whose heartbeats stop this long (killed, stopped) fails every rank
+  // (runtime/failure_notices.h); zero: only the timeouts notice it.
+  absl::Duration heartbeat_timeout = absl::Seconds(2);
   Clock* clock = nullptr;  // null: RealClock
 };
 
@@ -149,11 +155,14 @@ class Engine {
   // Next iteration to run (the data position).
   int64_t iteration() const { return iteration_; }
 
-  // Writes a checkpoint of every stage into `dir` (created if needed): shards by the lowest
-  // world rank holding each stage, then the manifest by rank 0. Collective.
+  // Writes a checkpoint of every stage as a new step folder of the root `dir` (created if
+  // needed; runtime/checkpoint.h): shards by the lowest world rank holding each stage, the
+  // manifest by rank 0, then `latest` switched to it. The previous checkpoint stays loadable
+  // until this one is complete. Collective.
   absl::Status SaveCheckpoint(const std::string& dir, const std::string& model);
-  // Loads parameters, optimizer state and the data position from `dir`. The manifest's model
-  // and stage layer ranges must match. Collective; an error on any rank fails every rank.
+  // Loads parameters, optimizer state and the data position from the root `dir` (its latest
+  // step) or from a step folder. The manifest's model and stage layer ranges must match.
+  // Collective; an error on any rank fails every rank.
   absl::Status LoadCheckpoint(const std::string& dir, const std::string& model);
 
   // This rank's timeline (when EngineOptions::record_timeline): one process per rank, lanes

@@ -6,14 +6,19 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status.h"
 
 namespace tandem::runtime {
 namespace {
@@ -21,12 +26,31 @@ namespace {
 constexpr int kNoticeBytes = 256;
 using NoticeBuffer = std::array<char, kNoticeBytes>;
 constexpr int kNoticeTag = 3;
+constexpr int kHeartbeatTag = 5;
 constexpr char kFailureNotice = 'F';
 constexpr char kClosingNotice = 'C';
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(20);
 // Bounds on the waits of the failure path and of the closing handshake.
 constexpr absl::Duration kNoticeSendWait = absl::Milliseconds(500);
 constexpr absl::Duration kClosingWait = absl::Seconds(10);
+
+// A heartbeat: the sender's process id and a hash of its host name (a silent peer on this
+// host can be killed).
+using Heartbeat = std::array<int64_t, 2>;
+
+comm::Buffer HeartbeatBufferOf(Heartbeat* beat) {
+  comm::Buffer b;
+  b.data = beat->data();
+  b.count = static_cast<int64_t>(beat->size());
+  b.dtype = comm::DataType::kInt64;
+  return b;
+}
+
+int64_t HostHash() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return static_cast<int64_t>(std::hash<std::string>()(host) & 0x7fffffffffffffff);
+}
 
 comm::Buffer NoticeBufferOf(NoticeBuffer* buffer) {
   comm::Buffer b;
@@ -44,47 +68,135 @@ struct FailureNotices::State {
     std::shared_ptr<NoticeBuffer> buffer;
     comm::WorkPtr work;
     bool seen = false;
+    // Heartbeats from this peer: the receive posted, when the last one arrived, and what it
+    // said; and this rank's heartbeat to it still in flight.
+    std::shared_ptr<Heartbeat> incoming;
+    comm::WorkPtr heartbeat_in;
+    comm::WorkPtr heartbeat_out;
+    absl::Time last_heard;
+    Heartbeat heard{-1, -1};
+    bool closed = false;  // sent its closing notice: silence is expected
   };
   std::vector<Notice> notices;
+  std::unique_ptr<comm::Communicator> heartbeats;  // used by the watchdog thread only
+  FailureNoticeOptions options;
   std::function<void(const absl::Status&)> abort;
+  std::shared_ptr<Heartbeat> mine = std::make_shared<Heartbeat>();
   std::thread thread;
   std::mutex mu;
   std::condition_variable wake;
   bool stop ABSL_GUARDED_BY(mu) = false;
   std::atomic<bool> failed{false};  // a failure was sent or received: skip the closing
+
+  void Watch();
+  void Beat(absl::Time now);
 };
 
+absl::StatusOr<std::unique_ptr<FailureNotices>> FailureNotices::Start(
+    comm::Communicator& control, FailureNoticeOptions options,
+    std::function<void(const absl::Status&)> abort) {
+  std::unique_ptr<comm::Communicator> heartbeats;
+  if (options.heartbeat_timeout > absl::ZeroDuration()) {
+    TANDEM_ASSIGN_OR_RETURN(heartbeats, control.Split(/*color=*/0, /*key=*/control.rank()));
+    heartbeats->set_timeout(options.heartbeat_timeout);
+  }
+  return std::unique_ptr<FailureNotices>(
+      new FailureNotices(control, std::move(heartbeats), options, std::move(abort)));
+}
+
 FailureNotices::FailureNotices(comm::Communicator& control,
+                               std::unique_ptr<comm::Communicator> heartbeats,
+                               FailureNoticeOptions options,
                                std::function<void(const absl::Status&)> abort)
     : control_(control), state_(std::make_unique<State>()) {
   state_->abort = std::move(abort);
+  state_->options = options;
+  state_->heartbeats = std::move(heartbeats);
+  *state_->mine = {static_cast<int64_t>(::getpid()), HostHash()};
+  const absl::Time now = absl::Now();
   for (int r = 0; r < control_.size(); ++r) {
     if (r == control_.rank()) continue;
     State::Notice n;
     n.peer = r;
     n.buffer = std::make_shared<NoticeBuffer>();
     n.work = control_.Recv(NoticeBufferOf(n.buffer.get()), r, kNoticeTag);
+    n.last_heard = now;
     state_->notices.push_back(std::move(n));
   }
-  state_->thread = std::thread([s = state_.get()] {
-    std::unique_lock<std::mutex> lock(s->mu);
-    while (!s->stop) {
-      s->wake.wait_for(lock, kWatchdogPoll);
-      for (State::Notice& n : s->notices) {
-        if (n.seen || !n.work->Test()) continue;
-        n.seen = true;
-        if (!n.work->error().ok() || (*n.buffer)[0] != kFailureNotice) continue;
-        const std::string text(n.buffer->data() + 1);
-        s->failed = true;
-        s->abort(absl::AbortedError(absl::StrCat("rank ", n.peer, " failed: ", text)));
-      }
+  state_->thread = std::thread([s = state_.get()] { s->Watch(); });
+}
+
+void FailureNotices::State::Beat(absl::Time now) {
+  for (Notice& n : notices) {
+    if (n.closed) continue;
+    if (n.heartbeat_in == nullptr) {
+      n.incoming = std::make_shared<Heartbeat>();
+      n.heartbeat_in = heartbeats->Recv(HeartbeatBufferOf(n.incoming.get()), n.peer,
+                                        kHeartbeatTag);
     }
-  });
+    while (n.heartbeat_in->Test()) {
+      if (!n.heartbeat_in->error().ok()) break;
+      n.last_heard = now;
+      n.heard = *n.incoming;
+      n.heartbeat_in = heartbeats->Recv(HeartbeatBufferOf(n.incoming.get()), n.peer,
+                                        kHeartbeatTag);
+    }
+    if (n.heartbeat_out == nullptr || n.heartbeat_out->Test()) {
+      n.heartbeat_out = heartbeats->Send(HeartbeatBufferOf(mine.get()), n.peer, kHeartbeatTag);
+    }
+  }
+}
+
+void FailureNotices::State::Watch() {
+  const bool beating = heartbeats != nullptr;
+  const absl::Duration interval = options.heartbeat_timeout / 4;
+  absl::Time next_beat = absl::Now();
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stop) {
+    wake.wait_for(lock, kWatchdogPoll);
+    for (Notice& n : notices) {
+      if (n.seen || !n.work->Test()) continue;
+      n.seen = true;
+      if (!n.work->error().ok()) continue;
+      if ((*n.buffer)[0] == kClosingNotice) {
+        n.closed = true;
+        continue;
+      }
+      if ((*n.buffer)[0] != kFailureNotice) continue;
+      // Byte 1: the failing rank's status code (bad input stays bad input on every rank).
+      const int code = static_cast<unsigned char>((*n.buffer)[1]);
+      const std::string text(n.buffer->data() + 2);
+      failed = true;
+      abort(absl::Status(code > 0 && code < 32 ? static_cast<absl::StatusCode>(code)
+                                               : absl::StatusCode::kAborted,
+                         absl::StrCat("rank ", n.peer, " failed: ", text)));
+    }
+    if (!beating || failed) continue;
+    const absl::Time now = absl::Now();
+    if (now >= next_beat) {
+      Beat(now);
+      next_beat = now + interval;
+    }
+    for (Notice& n : notices) {
+      if (n.closed || n.seen || now - n.last_heard <= options.heartbeat_timeout) continue;
+      std::string killed;
+      if (options.kill_silent_local_peers && n.heard[1] == (*mine)[1] && n.heard[0] > 0 &&
+          n.heard[0] != (*mine)[0] && ::kill(static_cast<pid_t>(n.heard[0]), SIGKILL) == 0) {
+        killed = absl::StrCat("; killed its process ", n.heard[0], " on this host so that the "
+                              "job can end");
+      }
+      failed = true;
+      abort(absl::UnavailableError(absl::StrCat(
+          "rank ", n.peer, " stopped responding: no heartbeat for ",
+          absl::FormatDuration(now - n.last_heard), " (killed or stopped)", killed)));
+      break;
+    }
+  }
 }
 
 FailureNotices::~FailureNotices() {
   if (!state_->failed) {
-    SendToAll(kClosingNotice, "shutting down");
+    SendToAll(kClosingNotice, absl::StatusCode::kOk, "shutting down");
     const absl::Time deadline = absl::Now() + kClosingWait;
     for (State::Notice& n : state_->notices) {
       n.work->Wait(std::max(deadline - absl::Now(), absl::Milliseconds(1))).IgnoreError();
@@ -96,9 +208,16 @@ FailureNotices::~FailureNotices() {
   }
   state_->wake.notify_all();
   state_->thread.join();
-  // Receives still posted (a peer died or never closed) keep their buffers alive.
+  // Receives still posted (a peer died or never closed) keep their buffers alive; so do the
+  // heartbeats' (their communicator, destroyed with the state, abandons them to MPI).
   for (State::Notice& n : state_->notices) {
     if (!n.work->Test()) new std::shared_ptr<NoticeBuffer>(n.buffer);
+    if (n.heartbeat_in != nullptr && !n.heartbeat_in->Test()) {
+      new std::shared_ptr<Heartbeat>(n.incoming);
+    }
+    if (n.heartbeat_out != nullptr && !n.heartbeat_out->Test()) {
+      new std::shared_ptr<Heartbeat>(state_->mine);
+    }
   }
 }
 
@@ -107,17 +226,18 @@ bool FailureNotices::failed() const { return state_->failed; }
 absl::Status FailureNotices::Report(absl::Status status) {
   if (status.ok()) return status;
   if (!state_->failed.exchange(true)) {
-    SendToAll(kFailureNotice, std::string(status.message()));
+    SendToAll(kFailureNotice, status.code(), std::string(status.message()));
   }
   return status;
 }
 
-void FailureNotices::SendToAll(char kind, const std::string& text) {
+void FailureNotices::SendToAll(char kind, absl::StatusCode code, const std::string& text) {
   // Freed only when every send completed: a send to a dead rank may stay pending.
   auto* buffer = new NoticeBuffer();
   buffer->fill('\0');
   (*buffer)[0] = kind;
-  std::strncpy(buffer->data() + 1, text.c_str(), buffer->size() - 2);
+  (*buffer)[1] = static_cast<char>(static_cast<int>(code) & 31);
+  std::strncpy(buffer->data() + 2, text.c_str(), buffer->size() - 3);
   std::vector<comm::WorkPtr> works;
   for (int r = 0; r < control_.size(); ++r) {
     if (r != control_.rank()) {

@@ -129,6 +129,23 @@ absl::Status SaveStages(const std::string& dir, const std::string& model, int64_
   return AgreeOnSuccess(control, local, "writing the checkpoint manifest");
 }
 
+absl::Status SaveCheckpointStep(const std::string& root, const std::string& model, int64_t step,
+                                int keep, const CheckpointScope& scope,
+                                const std::vector<CheckpointedStage>& stages) {
+  comm::Communicator* control = scope.control;
+  const std::string partial = absl::StrCat(root, "/", PartialFolderName(step));
+  absl::Status local = absl::OkStatus();
+  if (control->rank() == 0) {
+    local = EnsureDirectory(root);
+    if (local.ok()) local = CleanCheckpointLeftovers(root);
+    if (local.ok()) local = EnsureDirectory(partial);
+  }
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control, local, "preparing the checkpoint folder"));
+  TANDEM_RETURN_IF_ERROR(SaveStages(partial, model, step, scope, stages));
+  local = control->rank() == 0 ? PublishCheckpoint(root, partial, step, keep) : absl::OkStatus();
+  return AgreeOnSuccess(control, local, "publishing the checkpoint");
+}
+
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,
                                    const CheckpointScope& scope,
                                    const std::vector<CheckpointedStage>& stages) {
@@ -160,7 +177,11 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
             ") in the checkpoint but [", b.first_layer, ", ", b.end_layer, ") in this plan"));
       }
     }
-    const std::string saved_optimizer = manifest.optimizer.value("kind", "");
+    const nlohmann::json* kind = manifest.optimizer.is_object() && manifest.optimizer.contains("kind")
+                                     ? &manifest.optimizer["kind"]
+                                     : nullptr;
+    const std::string saved_optimizer =
+        kind != nullptr && kind->is_string() ? kind->get<std::string>() : "(none)";
     if (saved_optimizer != OptimizerName(scope.optimizer.kind)) {
       return absl::InvalidArgumentError(absl::StrCat(
           dir, ": the checkpoint's optimizer is '", saved_optimizer, "', this run uses '",
@@ -189,14 +210,28 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
         TANDEM_RETURN_IF_ERROR(
             l.ops->CopyFromHost(static_cast<float*>(v.value.data), host.data(), t->count));
       }
-      const nlohmann::json steps = shard.metadata.value("optimizer_steps",
-                                                        nlohmann::json::object());
+      const nlohmann::json steps =
+          shard.metadata.is_object() && shard.metadata.contains("optimizer_steps")
+              ? shard.metadata["optimizer_steps"]
+              : nlohmann::json::object();
+      if (!steps.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": optimizer_steps must be an object of step counts"));
+      }
       std::vector<ParameterOptimizerState>& state = states[i];
       const std::vector<ParameterView>& params = *l.parameters;
       for (auto it = params.rbegin(); it != params.rend(); ++it) {  // registration order
         ParameterOptimizerState p;
         p.name = it->name;
-        p.steps = steps.value(it->name, int64_t{0});
+        if (steps.contains(it->name)) {
+          const nlohmann::json& n = steps[it->name];
+          if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > step) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ": optimizer steps of '", it->name, "' must be an integer in [0, ", step,
+                "], got ", n.dump()));
+          }
+          p.steps = n.get<int64_t>();
+        }
         const std::string prefix = absl::StrCat(kOptimizerPrefix, it->name, ":");
         for (const ShardTensor& t : shard.tensors) {
           if (t.name.rfind(prefix, 0) != 0) continue;

@@ -43,7 +43,15 @@ absl::Status SaveStages(const std::string& dir, const std::string& model, int64_
                         const CheckpointScope& scope,
                         const std::vector<CheckpointedStage>& stages);
 
-// Loads parameters and optimizer state of every stage from `dir`; returns the step saved. The
+// Saves step `step` as a new step folder of the checkpoint root `root` (runtime/checkpoint.h:
+// a partial folder first, published with `latest` switched last), keeping the newest `keep`
+// step folders (<= 0: all). Leftovers of interrupted saves are removed first. Collective.
+absl::Status SaveCheckpointStep(const std::string& root, const std::string& model, int64_t step,
+                                int keep, const CheckpointScope& scope,
+                                const std::vector<CheckpointedStage>& stages);
+
+// Loads parameters and optimizer state of every stage from `dir` (a step folder: see
+// ResolveCheckpoint for a root); returns the step saved. The
 // manifest's model, stage layer ranges and optimizer must match. Collective; an error on any
 // rank fails every rank.
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,

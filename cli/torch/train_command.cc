@@ -33,6 +33,7 @@
 #include "pipeline/profile.h"
 #include "planner/cluster.h"
 #include "planner/planner.h"
+#include "runtime/control.h"
 #include "runtime/engine.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/timeline.h"
@@ -69,9 +70,14 @@ ABSL_FLAG(double, bucket_mb, 25, "train: gradient bucket size in MiB");
 ABSL_FLAG(std::string, recompute, "",
           "train: layers whose activations are recomputed in backward: none, all, or a comma "
           "list of layer indices (default: the plan's)");
-ABSL_FLAG(std::string, checkpoint_dir, "", "train: write checkpoints into this folder");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "train: write checkpoints into this folder (one step-NNNNNNNN folder per save, "
+          "`latest` naming the newest complete one)");
 ABSL_FLAG(int, checkpoint_every, 0, "train: checkpoint every N iterations (0: at the end only)");
-ABSL_FLAG(std::string, resume, "", "train: resume from this checkpoint folder");
+ABSL_FLAG(int, keep_checkpoints, 2,
+          "train: step folders kept in --checkpoint-dir, the newest (0: keep all)");
+ABSL_FLAG(std::string, resume, "",
+          "train: resume from this checkpoint folder (its latest step, or a step folder)");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
 ABSL_FLAG(std::string, precision, "",
           "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
@@ -126,6 +132,10 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   options.lr_schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
   options.clip_norm = clip;
   options.timeout = absl::Seconds(timeout);
+  if (absl::GetFlag(FLAGS_keep_checkpoints) < 0) {
+    return absl::InvalidArgumentError("--keep-checkpoints must not be negative");
+  }
+  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   return options;
 }
 
@@ -245,21 +255,9 @@ absl::StatusOr<std::string> BroadcastString(comm::Communicator& world, std::stri
   return text;
 }
 
-// Every rank learns whether any rank failed; non-failing ranks get Aborted naming one that did.
+// Every rank learns whether any rank failed; the others report the lowest failing rank and its code.
 absl::Status Agree(comm::Communicator& world, const absl::Status& local, absl::string_view what) {
-  double failed = local.ok() ? 1e9 : world.rank();
-  comm::Buffer b;
-  b.data = &failed;
-  b.count = 1;
-  b.dtype = comm::DataType::kFloat64;
-  absl::Status s = world.AllReduce(b, comm::ReduceOp::kMin)->Wait();
-  if (!local.ok()) return local;
-  TANDEM_RETURN_IF_ERROR(s);
-  if (failed < 1e9) {
-    return absl::AbortedError(absl::StrCat("rank ", static_cast<int>(failed), " failed ", what,
-                                           " (see its error)"));
-  }
-  return absl::OkStatus();
+  return runtime::AgreeOnSuccess(&world, local, what);
 }
 
 absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const LayeredModel& model,
@@ -393,6 +391,32 @@ absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int
   return absl::OkStatus();
 }
 
+// A first bound on the plan's micro-batch size before anything is allocated: the activations
+// one micro-batch keeps through the plan's largest stage (float32: about 16 tensors of
+// [b, s, h] and two of the attention scores per block, three of the logits on the last
+// stage) must fit the device's memory.
+absl::Status CheckMicrobatchFits(const pipeline::Plan& plan,
+                                 const runtime::libtorch::GptConfig& gpt, torch::Device device) {
+  const double memory = runtime::libtorch::DeviceMemoryBytes(device);
+  if (memory <= 0) return absl::OkStatus();
+  const double b = static_cast<double>(plan.microbatch_size);
+  const double s = static_cast<double>(gpt.seq_len);
+  const double per_layer = 4 * b * s * (16.0 * gpt.hidden + 2.0 * gpt.heads * s);
+  const double logits = 4 * 3 * b * s * gpt.vocab;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const pipeline::PlanStage& st = plan.stages[i];
+    const double bytes = per_layer * (st.end_layer - st.first_layer) +
+                         (i + 1 == plan.stages.size() ? logits : 0);
+    if (bytes > memory) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the plan's micro-batch of %d samples needs about %s of activations in stage %d "
+          "alone, more than the %s of %s: lower microbatch_size",
+          plan.microbatch_size, FormatBytes(bytes), i, FormatBytes(memory), device.str()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
 absl::Status Train(comm::Communicator& world) {
   const int rank = world.rank();
@@ -420,6 +444,7 @@ absl::Status Train(comm::Communicator& world) {
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
                           PlanForRun(world, model, *model_and_data.data, device));
+  TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data.gpt, device));
   const std::string model_text =
       absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
   if (rank == 0) {
@@ -549,7 +574,8 @@ std::vector<std::string> TrainFlags() {
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
         "waves", "data_parallel", "steps", "seed", "plan", "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
-        "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every", "resume",
+        "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
+        "keep_checkpoints", "resume",
         "timeout", "device", "precision", "libtorch_device_ops", "peak_tflops"}) {
     flags.push_back(name);
   }

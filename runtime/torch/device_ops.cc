@@ -5,11 +5,14 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <torch/torch.h>
 #include <torch/version.h>
 #if TANDEM_TORCH_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include "absl/strings/str_cat.h"
@@ -202,6 +205,22 @@ double PeakMemoryBytes(torch::Device device) {
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) * 1024.0;  // Linux reports KiB
+}
+
+double DeviceMemoryBytes(torch::Device device) {
+  if (device.is_cuda()) {
+#if TANDEM_TORCH_HAS_CUDA
+    size_t free_bytes = 0, total_bytes = 0;
+    c10::cuda::CUDAGuard guard(device.has_index() ? device.index() : 0);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+    return static_cast<double>(total_bytes);
+#else
+    return 0;
+#endif
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
 }
 
 TorchDeviceOps::TorchDeviceOps(torch::Device device, bool fused_adamw)

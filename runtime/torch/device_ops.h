@@ -25,6 +25,9 @@ bool HasFusedAdamW();
 // Peak memory of this process on `device`: the CUDA caching allocator's peak allocated bytes
 // on a GPU (0 where this LibTorch has no CUDA), the peak resident set size on the CPU.
 double PeakMemoryBytes(torch::Device device);
+// Memory of `device`: the GPU's total memory, or the host's physical memory on the CPU (0
+// where unknown).
+double DeviceMemoryBytes(torch::Device device);
 
 class TorchDeviceOps final : public DeviceOps {
  public:

@@ -143,9 +143,11 @@ void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
 
   // The shards carry the optimizer state (a resume that dropped it would step from a zero
   // momentum / moment estimate and miss the parameters above).
-  auto manifest = ReadManifest(dir);
+  auto folder = ResolveCheckpoint(dir);
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  auto manifest = ReadManifest(*folder);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
-  auto shard = ReadShard(dir, *manifest->FindShard(0, 0));
+  auto shard = ReadShard(*folder, *manifest->FindShard(0, 0));
   ASSERT_TRUE(shard.ok()) << shard.status();
   const char* buffer =
       optimizer.kind == runtime::OptimizerKind::kAdamW ? "exp_avg" : "momentum_buffer";
@@ -182,6 +184,10 @@ class EngineCheckpointErrorTest : public ::testing::Test {
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE((*engine)->RunIteration().ok());
     ASSERT_TRUE((*engine)->SaveCheckpoint(dir_, kModel).ok());
+    auto folder = ResolveCheckpoint(dir_);
+    ASSERT_TRUE(folder.ok()) << folder.status();
+    step_dir_ = *folder;
+    EXPECT_EQ(step_dir_, dir_ + "/" + StepFolderName(1));
   }
   void TearDown() override {
     EXPECT_TRUE(World()->Barrier()->Wait().ok());
@@ -201,7 +207,8 @@ class EngineCheckpointErrorTest : public ::testing::Test {
     EXPECT_TRUE(World()->Barrier()->Wait().ok());
   }
 
-  std::string dir_;
+  std::string dir_;       // the checkpoint root
+  std::string step_dir_;  // its step folder of the save in SetUp
   pipeline::Plan plan_;
 };
 
@@ -217,13 +224,13 @@ TEST_F(EngineCheckpointErrorTest, MissingFolderFailsEveryRank) {
 
 TEST_F(EngineCheckpointErrorTest, HalfWrittenCheckpointIsNotLoaded) {
   // A save that crashed after its shards: no manifest.
-  OnRankZero([&] { ASSERT_TRUE(RemoveManifest(dir_).ok()); });
+  OnRankZero([&] { ASSERT_TRUE(RemoveManifest(step_dir_).ok()); });
   EXPECT_EQ(Load(dir_, kModel).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(EngineCheckpointErrorTest, CorruptShardFailsItsRanksAndAbortsTheOthers) {
+TEST_F(EngineCheckpointErrorTest, CorruptShardFailsItsRanksAndTheOthersWithItsCode) {
   OnRankZero([&] {
-    const std::string path = dir_ + "/" + ShardFileName(1, 0, 1);
+    const std::string path = step_dir_ + "/" + ShardFileName(1, 0, 1);
     auto contents = ReadFile(path);
     ASSERT_TRUE(contents.ok());
     (*contents)[contents->size() - 2] ^= 0x10;
@@ -234,16 +241,71 @@ TEST_F(EngineCheckpointErrorTest, CorruptShardFailsItsRanksAndAbortsTheOthers) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
   } else {
-    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    // Every rank exits as the failing one does (bad input: exit 2 everywhere).
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
   }
 }
 
 TEST_F(EngineCheckpointErrorTest, MissingShardNamesTheFile) {
-  OnRankZero([&] { std::filesystem::remove(dir_ + "/" + ShardFileName(0, 0, 1)); });
+  OnRankZero([&] { std::filesystem::remove(step_dir_ + "/" + ShardFileName(0, 0, 1)); });
   absl::Status s = Load(dir_, kModel);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find(ShardFileName(0, 0, 1)), std::string::npos) << s;
+}
+
+// A save interrupted at any moment (here: its partial folder half written, a temporary file
+// left beside it) leaves the previous checkpoint loadable; the next save cleans up, switches
+// `latest` and keeps the newest two step folders.
+TEST_F(EngineCheckpointErrorTest, InterruptedSaveLeavesThePreviousCheckpointLoadable) {
+  const std::string partial = dir_ + "/" + PartialFolderName(2);
+  const std::string stray = dir_ + "/" + ShardFileName(0, 0, 1) + ".tmp.12345";
+  OnRankZero([&] {
+    ASSERT_TRUE(EnsureDirectory(partial).ok());
+    ASSERT_TRUE(WriteFileAtomically(partial + "/" + ShardFileName(0, 0, 1), "half").ok());
+    ASSERT_TRUE(WriteFileAtomically(stray, "half").ok());
+  });
+  {
+    auto engine = Engine::Create(plan_, World(), Factory(),
+                                 Options(runtime::OptimizerConfig::Sgd(0.9),
+                                         runtime::GradSyncStrategy::kAllReduce));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->LoadCheckpoint(dir_, kModel).ok());
+    EXPECT_EQ((*engine)->iteration(), 1);
+    for (int step = 2; step <= 4; ++step) {
+      ASSERT_TRUE((*engine)->RunIteration().ok());
+      ASSERT_TRUE((*engine)->SaveCheckpoint(dir_, kModel).ok());
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  EXPECT_FALSE(std::filesystem::exists(stray));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + StepFolderName(2)));  // pruned (keep 2)
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/" + StepFolderName(3)));
+  auto latest = ResolveCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, dir_ + "/" + StepFolderName(4));
+  auto engine = Engine::Create(plan_, World(), Factory(),
+                               Options(runtime::OptimizerConfig::Sgd(0.9),
+                                       runtime::GradSyncStrategy::kAllReduce));
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->LoadCheckpoint(dir_, kModel).ok());
+  EXPECT_EQ((*engine)->iteration(), 4);
+  // A step folder given directly loads that step.
+  auto older = Engine::Create(plan_, World(), Factory(),
+                              Options(runtime::OptimizerConfig::Sgd(0.9),
+                                      runtime::GradSyncStrategy::kAllReduce));
+  ASSERT_TRUE(older.ok());
+  ASSERT_TRUE((*older)->LoadCheckpoint(dir_ + "/" + StepFolderName(3), kModel).ok());
+  EXPECT_EQ((*older)->iteration(), 3);
+}
+
+TEST_F(EngineCheckpointErrorTest, LatestNamingSomethingElseIsRefused) {
+  OnRankZero([&] {
+    ASSERT_TRUE(WriteFileAtomically(dir_ + "/" + kLatestFileName, "../../etc\n").ok());
+  });
+  absl::Status s = Load(dir_, kModel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("latest"), std::string::npos) << s;
 }
 
 TEST_F(EngineCheckpointErrorTest, OtherModelOrOptimizerIsRejected) {

@@ -22,6 +22,7 @@ ABSL_FLAG(int, microbatches, 8, "micro-batches");
 ABSL_FLAG(double, forward_ms, 2, "emulated forward time (ms)");
 ABSL_FLAG(double, backward_ms, 4, "emulated backward time (ms)");
 ABSL_FLAG(int, kill_rank, -1, "rank that kills itself (SIGKILL)");
+ABSL_FLAG(int, stop_rank, -1, "rank that stops itself (SIGSTOP: alive, silent)");
 ABSL_FLAG(int, fail_rank, -1, "rank whose stage returns an error");
 ABSL_FLAG(int, at_iteration, 3, "iteration of the kill or the failure");
 ABSL_FLAG(double, timeout_s, 5, "engine timeout (seconds)");
@@ -32,8 +33,8 @@ namespace {
 // An emulated stage that kills its process or fails at one iteration's first forward.
 class FaultyStage : public EmulatedStage {
  public:
-  FaultyStage(EmulatedStageOptions options, bool kill, bool fail, int64_t at)
-      : EmulatedStage(options), kill_(kill), fail_(fail), at_(at) {}
+  FaultyStage(EmulatedStageOptions options, bool kill, bool stop, bool fail, int64_t at)
+      : EmulatedStage(options), kill_(kill), stop_(stop), fail_(fail), at_(at) {}
   absl::Status BeginIteration(int64_t iteration) override {
     iteration_ = iteration;
     return EmulatedStage::BeginIteration(iteration);
@@ -41,13 +42,14 @@ class FaultyStage : public EmulatedStage {
   absl::StatusOr<std::vector<Tensor>> Forward(int microbatch, std::vector<Tensor> in) override {
     if (iteration_ == at_ && microbatch == 1) {
       if (kill_) std::raise(SIGKILL);
+      if (stop_) std::raise(SIGSTOP);
       if (fail_) return absl::DataLossError("injected stage failure");
     }
     return EmulatedStage::Forward(microbatch, std::move(in));
   }
 
  private:
-  bool kill_, fail_;
+  bool kill_, stop_, fail_;
   int64_t at_;
   int64_t iteration_ = -1;
 };
@@ -72,6 +74,7 @@ int Run() {
   auto plan = pipeline::MakeUniformPlan(spec.NumStages(), spec, 1, 1);
   if (!plan.ok()) Exit(rank, plan.status());
   const bool kill = absl::GetFlag(FLAGS_kill_rank) == rank;
+  const bool stop = absl::GetFlag(FLAGS_stop_rank) == rank;
   const bool fail = absl::GetFlag(FLAGS_fail_rank) == rank;
   const int at = absl::GetFlag(FLAGS_at_iteration);
   StageFactory factory = [&](const StageSpec& s) -> absl::StatusOr<std::unique_ptr<Stage>> {
@@ -84,7 +87,7 @@ int Run() {
     o.backward_seconds = absl::GetFlag(FLAGS_backward_ms) * 1e-3;
     o.activation_elements = 64;
     o.parameter_elements = 64;
-    return std::unique_ptr<Stage>(new FaultyStage(o, kill, fail, at));
+    return std::unique_ptr<Stage>(new FaultyStage(o, kill, stop, fail, at));
   };
   EngineOptions options;
   options.optimizer = runtime::OptimizerConfig::Sgd(0.9);
