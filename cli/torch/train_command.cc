@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -35,6 +39,7 @@
 #include "planner/planner.h"
 #include "runtime/control.h"
 #include "runtime/engine.h"
+#include "runtime/failure_notices.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/timeline.h"
 #include "runtime/torch/device_ops.h"
@@ -79,6 +84,9 @@ ABSL_FLAG(int, keep_checkpoints, 2,
 ABSL_FLAG(std::string, resume, "",
           "train: resume from this checkpoint folder (its latest step, or a step folder)");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
+ABSL_FLAG(double, startup_timeout, 60,
+          "train: seconds MPI's start-up may take (a rank that dies while MPI starts leaves the "
+          "others inside MPI_Init; after it, heartbeats notice a dead rank within 2 s)");
 ABSL_FLAG(std::string, precision, "",
           "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
           "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
@@ -391,34 +399,55 @@ absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int
   return absl::OkStatus();
 }
 
-// A first bound on the plan's micro-batch size before anything is allocated: the activations
-// one micro-batch keeps through the plan's largest stage (float32: about 16 tensors of
-// [b, s, h] and two of the attention scores per block, three of the logits on the last
-// stage) must fit the device's memory.
+// Ranks of this job on this host (Open MPI's and MPICH's launchers say; 1 otherwise).
+int LocalRanks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* value = std::getenv(name);
+    int n = 0;
+    if (value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) return n;
+  }
+  return 1;
+}
+
+// A first bound on the plan's micro-batch size before anything is allocated (a sanity bound,
+// not a memory planner: it catches sizes such as 10^6 that would run out of memory or run for
+// minutes). The activations a stage keeps at the least (float32: 8 tensors of [b, s, h] and
+// two of the attention scores per block, three of the logits on the last stage; for
+// min(micro-batches, stages) micro-batches in flight, as 1F1B keeps them) must fit this rank's
+// share of the device's memory (the host's is shared by the ranks on it, a GPU's by the ranks
+// that use it).
 absl::Status CheckMicrobatchFits(const pipeline::Plan& plan,
                                  const runtime::libtorch::GptConfig& gpt, torch::Device device) {
   const double memory = runtime::libtorch::DeviceMemoryBytes(device);
   if (memory <= 0) return absl::OkStatus();
+  const int local_ranks = LocalRanks();
+  const int sharing =
+      device.is_cuda()
+          ? std::max(1, local_ranks / std::max(1, static_cast<int>(torch::cuda::device_count())))
+          : local_ranks;
+  const double share = memory / sharing;
   const double b = static_cast<double>(plan.microbatch_size);
   const double s = static_cast<double>(gpt.seq_len);
-  const double per_layer = 4 * b * s * (16.0 * gpt.hidden + 2.0 * gpt.heads * s);
+  const double in_flight = std::min(plan.schedule.num_microbatches, plan.schedule.NumStages());
+  const double per_layer = 4 * b * s * (8.0 * gpt.hidden + 2.0 * gpt.heads * s);
   const double logits = 4 * 3 * b * s * gpt.vocab;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const pipeline::PlanStage& st = plan.stages[i];
-    const double bytes = per_layer * (st.end_layer - st.first_layer) +
-                         (i + 1 == plan.stages.size() ? logits : 0);
-    if (bytes > memory) {
+    const double bytes = in_flight * (per_layer * (st.end_layer - st.first_layer) +
+                                      (i + 1 == plan.stages.size() ? logits : 0));
+    if (bytes > share) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "the plan's micro-batch of %d samples needs about %s of activations in stage %d "
-          "alone, more than the %s of %s: lower microbatch_size",
-          plan.microbatch_size, FormatBytes(bytes), i, FormatBytes(memory), device.str()));
+          "the plan's micro-batches of %d samples need at least %s of activations in stage %d, "
+          "more than this rank's share of %s (%s over %d rank(s)): lower microbatch_size",
+          plan.microbatch_size, FormatBytes(bytes), i,
+          device.str(), FormatBytes(memory), sharing));
     }
   }
   return absl::OkStatus();
 }
 
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
-absl::Status Train(comm::Communicator& world) {
+absl::Status Train(comm::Communicator& world, const std::function<void()>& engine_started) {
   const int rank = world.rank();
   const int seed = absl::GetFlag(FLAGS_seed);
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -466,6 +495,7 @@ absl::Status Train(comm::Communicator& world) {
   const MfuModel mfu = MfuFor(model_and_data.gpt, device, precision, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
                           runtime::Engine::Create(plan, &world, factory, options));
+  engine_started();  // the engine's own failure watch takes over
   const std::string resume = absl::GetFlag(FLAGS_resume);
   if (!resume.empty()) {
     TANDEM_RETURN_IF_ERROR(engine->LoadCheckpoint(resume, model_text));
@@ -545,20 +575,78 @@ absl::Status Train(comm::Communicator& world) {
   return absl::OkStatus();
 }
 
+// Ends the process with one line if MPI's start-up does not finish within `limit` (a rank
+// that dies while MPI starts leaves the others waiting inside MPI_Init).
+class StartupDeadline {
+ public:
+  explicit StartupDeadline(absl::Duration limit) {
+    thread_ = std::thread([this, limit] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!done_cv_.wait_for(lock, absl::ToChronoSeconds(limit), [this] { return done_; })) {
+        std::fprintf(stderr,
+                     "tandem train: error: MPI start-up did not finish within %s (a rank died "
+                     "or hangs while the job starts)\n",
+                     absl::FormatDuration(limit).c_str());
+        std::fflush(stderr);
+        std::_Exit(kExitFailure);
+      }
+    });
+  }
+  ~StartupDeadline() { Done(); }
+  void Done() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 int RunTrain(const std::vector<std::string>& args) {
   if (!args.empty()) {
     return ReportError("train", absl::InvalidArgumentError(
                                     absl::StrCat("unexpected argument '", args[0], "'")));
   }
+  const absl::Duration timeout = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_timeout)));
+  StartupDeadline deadline(absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_startup_timeout))));
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  deadline.Done();
   if (!world.ok()) return ReportError("train", world.status());
-  (*world)->set_timeout(absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_timeout))));
-  SetLogRank((*world)->size() > 1 ? (*world)->rank() : -1);
-  absl::Status status = Train(**world);
+  (*world)->set_timeout(timeout);
+  const int rank = (*world)->rank();
+  SetLogRank((*world)->size() > 1 ? rank : -1);
+  // Until the engine watches its peers: heartbeats on a duplicate of the world, and a silent
+  // rank (died during start-up: model building, planning) ends every other at once.
+  std::unique_ptr<comm::Communicator> watch_comm;
+  std::unique_ptr<runtime::FailureNotices> startup_watch;
+  if ((*world)->size() > 1) {
+    auto split = (*world)->Split(/*color=*/0, /*key=*/rank);
+    if (!split.ok()) return ReportError("train", split.status());
+    watch_comm = std::move(split).value();
+    auto watch = runtime::FailureNotices::Start(
+        *watch_comm, runtime::FailureNoticeOptions(), [rank](const absl::Status& reason) {
+          ReportError(absl::StrCat("train (rank ", rank, ")"),
+                      Annotate(reason, "during start-up"));
+          std::fflush(stdout);
+          std::_Exit(kExitFailure);
+        });
+    if (!watch.ok()) return ReportError("train", watch.status());
+    startup_watch = std::move(watch).value();
+  }
+  absl::Status status = Train(**world, [&] {
+    startup_watch.reset();
+    watch_comm.reset();
+  });
   if (status.ok()) return kExitOk;
   const int code = ReportError(
-      (*world)->size() > 1 ? absl::StrCat("train (rank ", (*world)->rank(), ")") : "train",
-      status);
+      (*world)->size() > 1 ? absl::StrCat("train (rank ", rank, ")") : "train", status);
   if ((*world)->size() > 1) {
     // Peers may be gone or stuck: leave without finalising MPI.
     std::fflush(stdout);
@@ -576,7 +664,8 @@ std::vector<std::string> TrainFlags() {
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",
-        "timeout", "device", "precision", "libtorch_device_ops", "peak_tflops"}) {
+        "timeout", "startup_timeout", "device", "precision", "libtorch_device_ops",
+        "peak_tflops"}) {
     flags.push_back(name);
   }
   return flags;

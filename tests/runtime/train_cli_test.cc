@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -164,8 +165,125 @@ TEST(TrainCliTest, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines.front()["iteration"].get<int>(), 4);
   ExpectLossesMatch(lines, ReferenceLosses(8), 4);
+
+  // Damaged checkpoints are bad input on every rank: exit 2 from each process.
+  const std::string latest = (std::filesystem::path(checkpoint) / "step-00000004").string();
+  ASSERT_TRUE(std::filesystem::exists(latest + "/manifest.json"));
+  const std::string every_rank = absl::StrCat(
+      TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 sh -c '",
+      g_tandem, " train", kModelFlags, " --global-batch ", kGlobalBatch,
+      " --microbatches 4 --schedule zb-h1 --stages 2 --seed ", kSeed,
+      " --grad-sync dear --steps 1 --resume ", checkpoint,
+      "; echo \"[exit $OMPI_COMM_WORLD_RANK] $?\"'");
+  auto expect_exit_two_everywhere = [&](const std::string& what) {
+    Outcome o = RunCommand(every_rank);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(o.output.find(absl::StrCat("[exit ", r, "] 2")), std::string::npos)
+          << what << ", rank " << r << ":\n" << o.output;
+    }
+    return o;
+  };
+  const std::string shard = latest + "/stage-001.part-0-of-1.bin";
+  auto shard_bytes = tandem::ReadFile(shard);
+  ASSERT_TRUE(shard_bytes.ok());
+  ASSERT_TRUE(tandem::WriteFileAtomically(shard, shard_bytes->substr(0, 100)).ok());
+  Outcome truncated = expect_exit_two_everywhere("truncated shard");
+  EXPECT_NE(truncated.output.find("truncated"), std::string::npos) << truncated.output;
+  ASSERT_TRUE(tandem::WriteFileAtomically(shard, *shard_bytes).ok());
+  auto manifest_text = tandem::ReadFile(latest + "/manifest.json");
+  ASSERT_TRUE(manifest_text.ok());
+  nlohmann::json manifest = nlohmann::json::parse(*manifest_text);
+  manifest["step"] = int64_t{9223372036854775807};
+  ASSERT_TRUE(tandem::WriteFileAtomically(latest + "/manifest.json", manifest.dump()).ok());
+  Outcome huge_step = expect_exit_two_everywhere("step 2^63-1");
+  EXPECT_NE(huge_step.output.find("step"), std::string::npos) << huge_step.output;
   std::filesystem::remove_all(checkpoint);
   std::filesystem::remove(log);
+}
+
+// `mpirun --enable-recovery` with rank `victim` killed (SIGKILL) `delay` seconds after it
+// starts; every other process must be gone soon after. Returns the output and the seconds.
+Outcome TrainWithKill(const std::string& flags, int victim, double delay) {
+  return RunCommand(absl::StrCat(
+      TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
+      " -np 2 sh -c 'if [ $OMPI_COMM_WORLD_RANK = ", victim, " ]; then (sleep ", delay,
+      "; kill -9 $$) & fi; exec ", g_tandem, " train", kModelFlags, flags, "'"));
+}
+
+// A rank killed at start-up (inside MPI's start-up or building the model) or mid-run ends the
+// job within seconds, not at --timeout (300 s here).
+TEST(TrainCliTest, KilledRankEndsTheJobWithinSeconds) {
+  for (double delay : {0.2, 1.5, 4.0}) {
+    const auto start = std::chrono::steady_clock::now();
+    Outcome o = TrainWithKill(" --global-batch 16 --microbatches 4 --schedule 1f1b --stages 2"
+                              " --steps 100000 --timeout 300 --startup-timeout 10",
+                              1, delay);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Killed inside MPI_Init: the start-up bound (10 s); after it: heartbeats (2 s).
+    EXPECT_LT(seconds, delay + 10 + 8) << "kill at " << delay << " s:\n" << o.output;
+    const bool startup = o.output.find("MPI start-up did not finish") != std::string::npos;
+    const bool silent = o.output.find("rank 1 stopped responding") != std::string::npos;
+    EXPECT_TRUE(startup || silent) << "kill at " << delay << " s:\n" << o.output;
+  }
+}
+
+// Killed at any moment of a run that checkpoints every step (rank 0 writes the manifest and
+// `latest`; both ranks write shards), the checkpoint folder always resumes.
+TEST(TrainCliTest, CheckpointFolderResumesAfterAKillAtAnyMoment) {
+  const std::string checkpoint = TempPath("kill_checkpoint");
+  const std::string flags = absl::StrCat(
+      " --global-batch 16 --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
+      " --checkpoint-dir ", checkpoint, " --checkpoint-every 1 --keep-checkpoints 2");
+  // A first run leaves a checkpoint; later runs resume from it and are killed mid-way.
+  Outcome first = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, flags, " --steps 2"));
+  ASSERT_EQ(first.exit_status, 0) << first.output;
+  for (const auto& [victim, delay] : std::vector<std::pair<int, double>>{
+           {0, 2.6}, {1, 2.9}, {0, 3.3}, {0, 3.7}}) {
+    TrainWithKill(absl::StrCat(flags, " --resume ", checkpoint, " --steps 100000"), victim,
+                  delay);
+    Outcome resumed = RunCommand(
+        absl::StrCat(Mpirun(2), kModelFlags, flags, " --resume ", checkpoint, " --steps 1"));
+    EXPECT_EQ(resumed.exit_status, 0) << "after killing rank " << victim << " at " << delay
+                                      << " s:\n" << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  }
+  // Leftovers of interrupted saves are gone after the last clean run; at most the kept step
+  // folders remain.
+  int steps = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoint)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
+    EXPECT_NE(name.rfind(".step-", 0), 0u) << name;
+    steps += name.rfind("step-", 0) == 0;
+  }
+  EXPECT_LE(steps, 2);
+  std::filesystem::remove_all(checkpoint);
+}
+
+TEST(TrainCliTest, MicroBatchBeyondMemoryIsBadInput) {
+  tandem::pipeline::ScheduleSpec spec;
+  spec.kind = tandem::pipeline::ScheduleKind::k1F1B;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 4;
+  auto plan = tandem::pipeline::MakeUniformPlan(4, spec, 1, 4);
+  ASSERT_TRUE(plan.ok());
+  plan->microbatch_size = int64_t{1} << 31;
+  const std::string path = TempPath("huge_microbatch.json");
+  // Written as JSON directly: WritePlanFile refuses what it validates.
+  ASSERT_TRUE(tandem::WriteFileAtomically(path, tandem::pipeline::ToJson(*plan).dump()).ok());
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;  // the format's bound (was bad_alloc)
+  EXPECT_NE(o.output.find("microbatch_size"), std::string::npos) << o.output;
+  plan->microbatch_size = 10000000;  // within the format (2^24), beyond any host's memory
+  ASSERT_TRUE(tandem::pipeline::WritePlanFile(*plan, path).ok());
+  const auto start = std::chrono::steady_clock::now();
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("lower microbatch_size"), std::string::npos) << o.output;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            60);  // refused up front, not after minutes of work
+  std::filesystem::remove(path);
 }
 
 TEST(TrainCliTest, PlanForAnotherWorldSizeOrModelIsBadInput) {
