@@ -95,7 +95,8 @@ bool LayerProfile::operator==(const LayerProfile& o) const {
          stashed_activation_bytes == o.stashed_activation_bytes &&
          parameter_bytes == o.parameter_bytes && optimizer_state_bytes == o.optimizer_state_bytes &&
          recompute_seconds == o.recompute_seconds &&
-         recompute_stashed_bytes == o.recompute_stashed_bytes && inputs == o.inputs &&
+         recompute_stashed_bytes == o.recompute_stashed_bytes &&
+         optimizer_seconds == o.optimizer_seconds && inputs == o.inputs &&
          tensor_parallel == o.tensor_parallel;
 }
 
@@ -157,6 +158,7 @@ absl::Status ValidateProfile(const Profile& profile, absl::string_view source) {
     TANDEM_RETURN_IF_ERROR(CheckNonNegative(layer.recompute_seconds, where, "recompute_seconds"));
     TANDEM_RETURN_IF_ERROR(
         CheckNonNegative(layer.recompute_stashed_bytes, where, "recompute_stashed_bytes"));
+    TANDEM_RETURN_IF_ERROR(CheckNonNegative(layer.optimizer_seconds, where, "optimizer_seconds"));
     const double split = layer.backward_input_seconds + layer.backward_weight_seconds;
     if (split > 0) {
       // Profilers time the halves separately; allow rounding but not a different total.
@@ -217,6 +219,7 @@ nlohmann::json ToJson(const Profile& profile) {
       l["backward_input_seconds"] = layer.backward_input_seconds;
       l["backward_weight_seconds"] = layer.backward_weight_seconds;
     }
+    if (layer.optimizer_seconds > 0) l["optimizer_seconds"] = layer.optimizer_seconds;
     if (!layer.inputs.empty()) l["inputs"] = layer.inputs;
     if (!layer.tensor_parallel.empty()) {
       nlohmann::json variants = nlohmann::json::array();
@@ -288,6 +291,8 @@ absl::StatusOr<Profile> ProfileFromJson(const nlohmann::json& j, absl::string_vi
         GetNonNegativeOr(l, "recompute_seconds", layer.forward_seconds, where));
     TANDEM_ASSIGN_OR_RETURN(layer.recompute_stashed_bytes,
                             GetNonNegativeOr(l, "recompute_stashed_bytes", 0, where));
+    TANDEM_ASSIGN_OR_RETURN(layer.optimizer_seconds,
+                            GetNonNegativeOr(l, "optimizer_seconds", 0, where));
     if (l.contains("inputs")) {
       const nlohmann::json& inputs = l["inputs"];
       if (!inputs.is_array()) {

@@ -37,6 +37,7 @@ struct LayerProfile {
   double optimizer_state_bytes = 0;
   double recompute_seconds = 0;        // added backward time if activations are recomputed
   double recompute_stashed_bytes = 0;  // stash left when recomputed (its input only)
+  double optimizer_seconds = 0;        // one optimizer step over its parameters (optional)
   // Indices of layers whose outputs this layer consumes. Empty means "the previous layer"
   // (a chain). Used for DAG models: a stage cut's cost counts every edge crossing it.
   std::vector<int> inputs;

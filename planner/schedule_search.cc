@@ -154,9 +154,13 @@ absl::StatusOr<ScheduleSearchResult> SearchSchedules(const LayerChain& chain,
           costs.p2p_bandwidth_bytes_per_second = options.p2p_bandwidth_bytes_per_second;
           costs.p2p_latency_seconds = options.p2p_latency_seconds;
           std::vector<double> static_bytes(stages);
+          std::vector<double> optimizer_seconds(stages, 0.0);
           int first = 0;
           for (int s = 0; s < stages; ++s) {
             const int end = variant.ends[s];
+            for (int l = first; l < end; ++l) {
+              optimizer_seconds[s] += chain.layer(l).optimizer_seconds;
+            }
             double recompute_seconds = 0, stash = chain.StashedBytes(first, end);
             for (int layer : variant.recompute[s]) {
               recompute_seconds += chain.layer(layer).recompute_seconds;
@@ -176,6 +180,15 @@ absl::StatusOr<ScheduleSearchResult> SearchSchedules(const LayerChain& chain,
                 kWeightCopies * chain.ParameterBytes(first, end) +
                 chain.OptimizerStateBytes(first, end);
             first = end;
+          }
+          // The iteration's tail: every rank steps its stages' parameters (the profile's
+          // per-layer optimizer step; zero when the profile has none), the slowest rank last.
+          for (int rank = 0; rank < options.ranks; ++rank) {
+            double seconds = 0;
+            for (const auto& [replica, stage] : placement.StagesOf(rank)) {
+              seconds += optimizer_seconds[stage];
+            }
+            costs.optimizer_seconds = std::max(costs.optimizer_seconds, seconds);
           }
           TANDEM_ASSIGN_OR_RETURN(pipeline::SimulationResult simulated, simulator.Run(costs));
           evaluation.makespan_seconds = simulated.makespan_seconds;

@@ -1,6 +1,7 @@
 #include "runtime/device_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -8,6 +9,22 @@
 #include "common/status.h"
 
 namespace tandem::runtime {
+
+absl::Status DeviceOptimizer::CheckStep(int first_span, size_t params, size_t grads, double lr,
+                                        double grad_scale) const {
+  const size_t spans = counts().size();
+  if (first_span < 0 || params != grads || first_span + params > spans) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: spans [", first_span, ", ", first_span + params,
+                     ") with ", grads, " gradients, of ", spans, " spans of state"));
+  }
+  if (!std::isfinite(lr) || !std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: non-finite lr ", lr, " or grad scale ", grad_scale));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The CPU optimizer: one OptimizerState (PyTorch-exact float loops) per span.
@@ -20,12 +37,7 @@ class CpuOptimizer final : public DeviceOptimizer {
 
   absl::Status Step(int first_span, absl::Span<float* const> params,
                     absl::Span<float* const> grads, double lr, double grad_scale) override {
-    if (first_span < 0 || params.size() != grads.size() ||
-        first_span + params.size() > counts_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer step: spans [", first_span, ", ", first_span + params.size(), ") with ",
-          grads.size(), " gradients, of ", counts_.size(), " spans of state"));
-    }
+    TANDEM_RETURN_IF_ERROR(CheckStep(first_span, params.size(), grads.size(), lr, grad_scale));
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t n = counts_[first_span + i];
       TANDEM_RETURN_IF_ERROR(states_[first_span + i]->Step(

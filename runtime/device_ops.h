@@ -65,6 +65,12 @@ class DeviceOptimizer {
   virtual absl::StatusOr<float*> StateBuffer(int span, absl::string_view name, bool create) = 0;
   // Drops span i's buffer `name` (SGD before its first step); AdamW buffers are zeroed instead.
   virtual absl::Status ResetStateBuffer(int span, absl::string_view name) = 0;
+
+ protected:
+  // The argument check every Step shares: a run of spans within counts(), one gradient per
+  // parameter, finite lr and scale.
+  absl::Status CheckStep(int first_span, size_t params, size_t grads, double lr,
+                         double grad_scale) const;
 };
 
 class DeviceOps {

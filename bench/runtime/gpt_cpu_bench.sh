@@ -24,18 +24,23 @@ run() {  # ranks label schedule extra-flags...
   local ranks=$1 label=$2 schedule=$3
   shift 3
   local name="np${ranks}_${label}"
-  local line
-  line=$(mpirun -np "$ranks" --bind-to none "$bin" train "${model[@]}" --schedule "$schedule" \
-           --timeline "$out/$name.trace.json" "$@" 2>&1 | grep "^trained" || true)
-  local tokens ms
+  local output line timeline
+  output=$(mpirun -np "$ranks" --bind-to none "$bin" train "${model[@]}" --schedule "$schedule" \
+             --timeline "$out/$name.trace.json" "$@" 2>&1 || true)
+  line=$(echo "$output" | grep "^trained" || true)
+  timeline=$(echo "$output" | grep "^timeline of iteration" || true)
+  local tokens ms ratio
   tokens=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
   ms=$(echo "$line" | sed -n 's/.* \([0-9.]*\) ms per iteration.*/\1/p')
-  printf "%-6s %-14s %10s %12s   %s\n" "$ranks" "$label" "${ms:-failed}" "${tokens:-failed}" \
-    "$out/$name.trace.json"
+  # The simulator's prediction of the last iteration (measured stage times and optimizer
+  # step) over its measured length.
+  ratio=$(echo "$timeline" | sed -n 's/.*, \([0-9.]*\)x).*/\1/p')
+  printf "%-6s %-14s %10s %12s %10s   %s\n" "$ranks" "$label" "${ms:-failed}" \
+    "${tokens:-failed}" "${ratio:--}" "$out/$name.trace.json"
 }
 
 echo "GPT L=6 H=64 A=4 S=32, global batch 32 (tokens per iteration 1024), $(getconf _NPROCESSORS_ONLN) cores"
-printf "%-6s %-14s %10s %12s   %s\n" ranks schedule ms/iter tokens/s timeline
+printf "%-6s %-14s %10s %12s %10s   %s\n" ranks schedule ms/iter tokens/s sim/meas timeline
 run 1 1f1b 1f1b --stages 1 --microbatches 4
 for ranks in 2 4; do
   for schedule in gpipe 1f1b chimera zb-h1; do

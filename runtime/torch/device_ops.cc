@@ -56,16 +56,7 @@ class TorchOptimizer final : public DeviceOptimizer {
 
   absl::Status Step(int first_span, absl::Span<float* const> params,
                     absl::Span<float* const> grads, double lr, double grad_scale) override {
-    if (first_span < 0 || params.size() != grads.size() ||
-        first_span + params.size() > counts_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer step: spans [", first_span, ", ", first_span + params.size(), ") with ",
-          grads.size(), " gradients, of ", counts_.size(), " spans of state"));
-    }
-    if (!std::isfinite(lr) || !std::isfinite(grad_scale)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer step: non-finite lr ", lr, " or grad scale ", grad_scale));
-    }
+    TANDEM_RETURN_IF_ERROR(CheckStep(first_span, params.size(), grads.size(), lr, grad_scale));
     return CatchTorchErrors("optimizer step", [&] {
       torch::NoGradGuard no_grad;
       std::vector<torch::Tensor> p, g;

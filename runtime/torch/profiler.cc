@@ -14,6 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "runtime/device_ops.h"
+#include "runtime/optimizer.h"
+#include "runtime/torch/device_ops.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -91,6 +94,50 @@ double OptimizerStateFactor(OptimizerStateKind kind) {
     case OptimizerStateKind::kAdam: return 2;
   }
   return 0;
+}
+
+// The optimizer the runtime would step a stage's parameters with (its device operations: the
+// CPU loops on the CPU, LibTorch's fused multi-tensor kernels on a GPU), for the profile.
+OptimizerConfig ProfiledOptimizer(OptimizerStateKind kind) {
+  switch (kind) {
+    case OptimizerStateKind::kNone: return OptimizerConfig::Sgd(/*momentum=*/0.0);
+    case OptimizerStateKind::kMomentum: return OptimizerConfig::Sgd(/*momentum=*/0.9);
+    case OptimizerStateKind::kAdam: return OptimizerConfig::AdamW();
+  }
+  return OptimizerConfig::AdamW();
+}
+
+// Median time of one optimizer step over `count` float32 parameters on `device`.
+absl::StatusOr<double> OptimizerStepSeconds(int64_t count, const ProfilerOptions& options,
+                                            const RegionTimer& timer) {
+  if (count == 0) return 0.0;
+  std::unique_ptr<TorchDeviceOps> torch_ops;
+  DeviceOps* ops = &DefaultCpuDeviceOps();
+  if (options.device.is_cuda()) {
+    torch_ops = std::make_unique<TorchDeviceOps>(options.device);
+    ops = torch_ops.get();
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOptimizer> optimizer,
+                          ops->NewOptimizer(ProfiledOptimizer(options.optimizer_state), {count}));
+  torch::Tensor params, grads;
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors("profiler: optimizer buffers", [&] {
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(options.device);
+    params = torch::randn({count}, f32);
+    grads = torch::randn({count}, f32);
+  }));
+  float* p = params.data_ptr<float>();
+  float* g = grads.data_ptr<float>();
+  std::vector<double> seconds;
+  absl::Status status = absl::OkStatus();
+  for (int round = 0; round < options.warmup + options.repeats && status.ok(); ++round) {
+    const double t = timer.Seconds([&] {
+      status = optimizer->Step(0, absl::MakeConstSpan(&p, 1), absl::MakeConstSpan(&g, 1), 1e-4,
+                               1.0);
+    });
+    if (round >= options.warmup) seconds.push_back(t);
+  }
+  TANDEM_RETURN_IF_ERROR(status);
+  return Median(seconds);
 }
 
 }  // namespace
@@ -240,6 +287,15 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
       });
     }));
     if (!retained.ok()) return Annotate(retained.status(), where);
+    int64_t parameter_count = 0;
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
+      for (const auto& parameter : copy.layers[layer].ptr()->parameters()) {
+        parameter_count += parameter.numel();
+      }
+    }));
+    auto step = OptimizerStepSeconds(parameter_count, options, timer);
+    if (!step.ok()) return Annotate(step.status(), where);
+    measured.optimizer_seconds = *step;
     measured.stashed_activation_bytes = static_cast<double>(std::max<int64_t>(0, *retained));
     kept = torch::Tensor();
     profile.layers.push_back(std::move(measured));

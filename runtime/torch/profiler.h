@@ -16,6 +16,9 @@
 //   parameter_bytes, optimizer_state_bytes (2x parameters for Adam(W), 1x for SGD with
 //                            momentum, 0 for plain SGD), recompute_seconds = forward_seconds,
 //                            recompute_stashed_bytes = bytes of the layer's input.
+//   optimizer_seconds        median step of the optimizer `optimizer_state` names (AdamW, SGD
+//                            with momentum, SGD) over the layer's parameters, with the device
+//                            operations the runtime uses there (CPU loops; LibTorch on CUDA)
 // On a CUDA device every timed region is bracketed by torch::cuda::synchronize().
 #pragma once
 

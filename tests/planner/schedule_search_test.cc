@@ -13,7 +13,7 @@ namespace {
 
 // `layers` identical layers: forward 1 s, backward 2 s, 10 bytes stashed, 100 bytes of
 // weights (with optimizer state), recomputation keeps 1 byte.
-LayerChain Uniform(int layers) {
+LayerChain Uniform(int layers, double optimizer_seconds = 0) {
   pipeline::Profile profile;
   for (int i = 0; i < layers; ++i) {
     pipeline::LayerProfile layer;
@@ -25,6 +25,7 @@ LayerChain Uniform(int layers) {
     layer.optimizer_state_bytes = 50;
     layer.recompute_seconds = 1;
     layer.recompute_stashed_bytes = 1;
+    layer.optimizer_seconds = optimizer_seconds;
     profile.layers.push_back(layer);
   }
   return *LayerChain::FromProfile(profile);
@@ -51,6 +52,30 @@ TEST(ScheduleSearch, PicksTheFastestCandidateThatFits) {
   EXPECT_DOUBLE_EQ(one_f_one_b, 11 * 12.0);
   // Something beats plain 1F1B (interleaving or zero-bubble) when memory is unlimited.
   EXPECT_LT(result->best.makespan_seconds, one_f_one_b);
+}
+
+// The profile's optimizer step per layer ends every iteration: a stage of four layers adds
+// four steps to 1F1B's makespan, and Chimera's ranks (two stages each) twice that.
+TEST(ScheduleSearch, OptimizerStepEndsTheIteration) {
+  ScheduleSearchOptions options;
+  options.ranks = 4;
+  options.samples_per_pipeline = 8;
+  options.kinds = {pipeline::ScheduleKind::k1F1B, pipeline::ScheduleKind::kChimera};
+  auto without = SearchSchedules(Uniform(16), options);
+  auto with = SearchSchedules(Uniform(16, /*optimizer_seconds=*/0.5), options);
+  ASSERT_TRUE(without.ok() && with.ok());
+  auto makespan = [](const ScheduleSearchResult& r, pipeline::ScheduleKind kind) {
+    for (const ScheduleEvaluation& e : r.evaluated) {
+      if (e.spec.kind == kind && e.partition == "balanced" && e.skipped.empty()) {
+        return e.makespan_seconds;
+      }
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(makespan(*with, pipeline::ScheduleKind::k1F1B),
+                   makespan(*without, pipeline::ScheduleKind::k1F1B) + 4 * 0.5);
+  EXPECT_DOUBLE_EQ(makespan(*with, pipeline::ScheduleKind::kChimera),
+                   makespan(*without, pipeline::ScheduleKind::kChimera) + 8 * 0.5);
 }
 
 TEST(ScheduleSearch, CountsChimerasTwoWeightCopies) {

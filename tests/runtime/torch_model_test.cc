@@ -318,6 +318,7 @@ TEST(ProfilerTest, TinyGptProfileIsValidAndConsistent) {
     EXPECT_GT(layer.forward_seconds, 0) << layer.name;
     EXPECT_GT(layer.backward_seconds, 0) << layer.name;
     EXPECT_DOUBLE_EQ(layer.recompute_seconds, layer.forward_seconds);
+    EXPECT_GT(layer.optimizer_seconds, 0) << layer.name;  // every GPT layer has parameters
   }
   // A block keeps several [b, S, H] activations, its attention scores and its MLP's 4H
   // activations: well above its output, and growing with the micro-batch.
