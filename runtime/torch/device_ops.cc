@@ -146,6 +146,9 @@ class TorchOptimizer final : public DeviceOptimizer {
                                    second_.begin() + first_span + p.size());
       std::vector<torch::Tensor> t(step_tensors_.begin() + first_span,
                                    step_tensors_.begin() + first_span + p.size());
+      // The kernel reads the step counts (bias corrections) but does not advance them: as
+      // torch.optim's fused path, count this step first (at step 0 the corrections divide by 0).
+      torch::_foreach_add_(t, 1);
       at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, t, lr, config_.beta1, config_.beta2,
                         config_.weight_decay, config_.eps, /*amsgrad=*/false,
                         /*maximize=*/false);

@@ -125,6 +125,50 @@ TEST(DeviceOptimizerTest, LibTorchOperationsEqualTorchOptimOnCuda) {
   }
 }
 
+// As a stage steps them: spans packed one after another in one arena (odd sizes, so most
+// spans start unaligned), a zero gradient on one span (the attention key bias), stepped
+// together in one call.
+TEST(DeviceOptimizerTest, ArenaSpansEqualTorchOptim) {
+  const std::vector<int64_t> counts = {48, 16, 16, 1, 4099, 33, 7, 256};
+  int64_t total = 0;
+  for (int64_t n : counts) total += n;
+  for (bool fused : {false, true}) {
+    torch::manual_seed(9);
+    TorchDeviceOps ops(torch::kCPU, fused);
+    torch::Tensor arena = torch::randn({total});
+    torch::Tensor grad_arena = torch::zeros({total});
+    std::vector<torch::Tensor> reference;
+    std::vector<float*> params, grads;
+    int64_t offset = 0;
+    for (int64_t n : counts) {
+      reference.push_back(arena.narrow(0, offset, n).clone().requires_grad_(true));
+      params.push_back(arena.data_ptr<float>() + offset);
+      grads.push_back(grad_arena.data_ptr<float>() + offset);
+      offset += n;
+    }
+    torch::optim::AdamW optim(reference, torch::optim::AdamWOptions(1.5e-3).weight_decay(0.01));
+    auto optimizer = ops.NewOptimizer(OptimizerConfig::AdamW(0.01), counts);
+    ASSERT_TRUE(optimizer.ok());
+    for (int step = 0; step < 20; ++step) {
+      grad_arena.normal_();
+      grad_arena.narrow(0, 0, counts[0]).zero_();
+      offset = 0;
+      for (size_t i = 0; i < counts.size(); ++i) {
+        reference[i].mutable_grad() = grad_arena.narrow(0, offset, counts[i]).clone();
+        offset += counts[i];
+      }
+      optim.step();
+      ASSERT_TRUE((*optimizer)->Step(0, params, grads, 1.5e-3, 1.0).ok());
+    }
+    offset = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      EXPECT_LE(RelativeDifference(arena.narrow(0, offset, counts[i]), reference[i]), 1e-6)
+          << "span " << i << (fused ? " (fused)" : "");
+      offset += counts[i];
+    }
+  }
+}
+
 TEST(DeviceOpsTest, CopiesAverageAndNormMatchTheCpuLoops) {
   TorchDeviceOps ops(torch::kCPU);
   DeviceOps& cpu = DefaultCpuDeviceOps();

@@ -78,6 +78,9 @@ struct Case {
 // the stages' activations are summed in another grouping; AdamW turns these last-bit
 // differences into parameter differences of this order over 10 steps.
 constexpr double kBf16Tolerance = 2e-3;
+// The global gradient norm sums squares of bfloat16-computed gradients: its relative error is
+// of the order of bfloat16's precision (2^-8 = 3.9e-3); LibTorch 2.x's CPU kernels reach 3e-3.
+constexpr double kBf16GradNormTolerance = 1e-2;
 
 std::string Name(const Case& c) {
   return absl::StrCat(pipeline::ScheduleKindName(c.kind), " D=", c.data_parallel,
@@ -179,7 +182,7 @@ void RunCase(const Case& c) {
         << "iteration " << it << ": loss " << r->loss << " vs reference " << want;
     EXPECT_NEAR(r->learning_rate, expected->learning_rates[it], 1e-12);
     const double norm = expected->grad_norms[it];
-    EXPECT_LE(std::abs(r->grad_norm - norm), (c.bf16 ? kBf16Tolerance : 1e-4) * norm)
+    EXPECT_LE(std::abs(r->grad_norm - norm), (c.bf16 ? kBf16GradNormTolerance : 1e-4) * norm)
         << "iteration " << it;
   }
   ASSERT_TRUE((*engine)->Flush().ok());
