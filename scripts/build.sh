@@ -4,7 +4,10 @@
 #
 # LibTorch: Debian's (libtorch-dev) when installed; otherwise that of a pip-installed PyTorch
 # (`torch.utils.cmake_prefix_path`), with the NCCL that PyTorch loads (the nvidia-nccl wheel)
-# so that one process never mixes two NCCLs. Set TANDEM_NO_PIP_TORCH=1 to skip the search.
+# so that one process never mixes two NCCLs. TANDEM_NO_PIP_TORCH=1 skips that search,
+# TANDEM_PIP_TORCH=1 prefers the pip PyTorch even beside Debian's (e.g. to test against
+# LibTorch 2.x: TANDEM_PIP_TORCH=1 TANDEM_BUILD_DIR=build-torch2 scripts/build.sh
+# -DCMAKE_CXX_STANDARD=20; set TORCH_CUDA_ARCH_LIST=9.0 where no GPU can be queried).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${TANDEM_BUILD_DIR:-build}"
@@ -13,7 +16,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 extra=()
-if [ ! -f /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ] &&
+if { [ ! -f /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ] || [ -n "${TANDEM_PIP_TORCH:-}" ]; } &&
    [ -z "${TANDEM_NO_PIP_TORCH:-}" ] && command -v python3 >/dev/null 2>&1; then
   python="${TANDEM_PYTHON:-python3}"
   if torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
