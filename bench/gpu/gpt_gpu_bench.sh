@@ -7,7 +7,7 @@
 #   bench/gpu/gpt_gpu_bench.sh [BUILD_DIR] [OUT_DIR]
 #
 # Environment: STEPS (default 10), SHAPES ("small medium"), PYTHON (python3), MPIRUN (mpirun),
-# and LD_LIBRARY_PATH as the build needs (see ../shared/gpu notes in the README).
+# and LD_LIBRARY_PATH as the build needs (e.g. where a locally unpacked Abseil lives).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
