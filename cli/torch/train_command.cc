@@ -84,6 +84,10 @@ ABSL_FLAG(int, keep_checkpoints, 2,
 ABSL_FLAG(std::string, resume, "",
           "train: resume from this checkpoint folder (its latest step, or a step folder)");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
+ABSL_FLAG(double, heartbeat_timeout, 2,
+          "train: seconds of silence (no heartbeat: the rank was killed or stopped) after which "
+          "a rank counts as failed; a silent rank on the same host is then killed so the job "
+          "ends (0: off, e.g. to stop a rank in a debugger)");
 ABSL_FLAG(double, startup_timeout, 60,
           "train: seconds MPI's start-up may take (a rank that dies while MPI starts leaves the "
           "others inside MPI_Init; after it, heartbeats notice a dead rank within 2 s)");
@@ -144,6 +148,11 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
     return absl::InvalidArgumentError("--keep-checkpoints must not be negative");
   }
   options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  const double heartbeat = absl::GetFlag(FLAGS_heartbeat_timeout);
+  if (!(heartbeat >= 0)) {
+    return absl::InvalidArgumentError("--heartbeat-timeout must not be negative");
+  }
+  options.heartbeat_timeout = absl::Seconds(heartbeat);
   return options;
 }
 
@@ -626,12 +635,15 @@ int RunTrain(const std::vector<std::string>& args) {
   // rank (died during start-up: model building, planning) ends every other at once.
   std::unique_ptr<comm::Communicator> watch_comm;
   std::unique_ptr<runtime::FailureNotices> startup_watch;
-  if ((*world)->size() > 1) {
+  runtime::FailureNoticeOptions watch_options;
+  watch_options.heartbeat_timeout =
+      absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_heartbeat_timeout)));
+  if ((*world)->size() > 1 && watch_options.heartbeat_timeout > absl::ZeroDuration()) {
     auto split = (*world)->Split(/*color=*/0, /*key=*/rank);
     if (!split.ok()) return ReportError("train", split.status());
     watch_comm = std::move(split).value();
     auto watch = runtime::FailureNotices::Start(
-        *watch_comm, runtime::FailureNoticeOptions(), [rank](const absl::Status& reason) {
+        *watch_comm, watch_options, [rank](const absl::Status& reason) {
           ReportError(absl::StrCat("train (rank ", rank, ")"),
                       Annotate(reason, "during start-up"));
           std::fflush(stdout);
@@ -664,8 +676,8 @@ std::vector<std::string> TrainFlags() {
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",
-        "timeout", "startup_timeout", "device", "precision", "libtorch_device_ops",
-        "peak_tflops"}) {
+        "timeout", "startup_timeout", "heartbeat_timeout", "device", "precision",
+        "libtorch_device_ops", "peak_tflops"}) {
     flags.push_back(name);
   }
   return flags;
