@@ -275,7 +275,7 @@ TEST(TrainCliTest, MicroBatchBeyondMemoryIsBadInput) {
   Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 1"));
   EXPECT_EQ(o.exit_status, 2) << o.output;  // the format's bound (was bad_alloc)
   EXPECT_NE(o.output.find("microbatch_size"), std::string::npos) << o.output;
-  plan->microbatch_size = 10000000;  // within the format (2^24), beyond any host's memory
+  plan->microbatch_size = int64_t{1} << 24;  // the format's largest, beyond any host's memory
   ASSERT_TRUE(tandem::pipeline::WritePlanFile(*plan, path).ok());
   const auto start = std::chrono::steady_clock::now();
   o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --plan ", path, " --steps 1"));
