@@ -1,0 +1,521 @@
+#include "elastic/agreement.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace tandem::elastic {
+namespace {
+
+constexpr int kTag = 11;  // every membership message, on the membership's own communicator
+constexpr absl::Duration kPoll = absl::Milliseconds(2);
+
+enum Kind : int64_t { kHeartbeat = 0, kProposal = 1, kDecided = 2, kLeave = 3 };
+
+// A message: five int64 words (kind, round, committed iteration, sender pid, sender host)
+// and one byte per rank (proposal: suspected ranks; decision: live ranks).
+constexpr size_t kHeaderWords = 5;
+constexpr size_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
+
+struct Header {
+  int64_t kind = kHeartbeat;
+  int64_t round = 0;
+  int64_t committed = -1;
+  int64_t pid = 0;
+  int64_t host = 0;
+};
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes Encode(const Header& h, const std::vector<uint8_t>& flags) {
+  Bytes out(kHeaderBytes + flags.size());
+  const int64_t words[kHeaderWords] = {h.kind, h.round, h.committed, h.pid, h.host};
+  std::memcpy(out.data(), words, kHeaderBytes);
+  std::copy(flags.begin(), flags.end(), out.begin() + kHeaderBytes);
+  return out;
+}
+
+Header DecodeHeader(const Bytes& in) {
+  int64_t words[kHeaderWords];
+  std::memcpy(words, in.data(), kHeaderBytes);
+  return {words[0], words[1], words[2], words[3], words[4]};
+}
+
+int64_t HostHash() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return static_cast<int64_t>(std::hash<std::string>()(host) & 0x7fffffffffffffffULL);
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
+}
+
+// What a rank proposes: whom anyone suspects, and the highest committed iteration known.
+struct Value {
+  std::vector<uint8_t> suspected;
+  int64_t committed = -1;
+  void Merge(const std::vector<uint8_t>& other, int64_t other_committed) {
+    for (size_t i = 0; i < suspected.size(); ++i) suspected[i] |= other[i];
+    committed = std::max(committed, other_committed);
+  }
+};
+
+}  // namespace
+
+struct Membership::State {
+  std::unique_ptr<comm::Communicator> comm;
+  MembershipOptions options;
+  std::function<void(const absl::Status&)> on_failure;
+  int me = 0;
+  int n = 1;
+  int64_t pid = 0;
+  int64_t host = 0;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> committed{-1};
+
+  // Shared with the training thread.
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool requested = false;
+  absl::Status request_why;
+  bool leave_requested = false;
+  bool leave_sent = false;
+  bool active = false;
+  bool done = false;  // decided, or excluded
+  absl::Status outcome;
+  MembershipDecision decision;
+
+  // The monitor thread's own.
+  struct Peer {
+    std::shared_ptr<Bytes> inbox;
+    comm::WorkPtr receive;
+    absl::Time last_heard;
+    bool suspected = false;  // final
+    bool left = false;       // ended cleanly
+    int64_t pid = 0;
+    int64_t host = 0;
+    comm::WorkPtr heartbeat;  // the last one, still in flight or done
+  };
+  std::vector<Peer> peers;
+  std::list<std::pair<comm::WorkPtr, std::shared_ptr<Bytes>>> sends;
+  absl::Time next_heartbeat;
+  // Agreement.
+  int round = 0;
+  Value mine;                               // the value sent in `round`
+  bool suspected_since_send = false;
+  std::map<int, std::set<int>> heard;       // round -> ranks heard in it
+  std::map<int, Value> received;            // round -> merged values heard in it
+  absl::Time entered;
+  std::string reason;
+
+  size_t message_bytes() const { return kHeaderBytes + static_cast<size_t>(n); }
+
+  void Post(int peer) {
+    Peer& p = peers[peer];
+    p.inbox = std::make_shared<Bytes>(message_bytes());
+    p.receive = comm->Recv({p.inbox->data(), static_cast<int64_t>(p.inbox->size()),
+                            comm::DataType::kUInt8, comm::Device::Cpu()},
+                           peer, kTag);
+  }
+
+  comm::WorkPtr Send(int peer, const Header& h, const std::vector<uint8_t>& flags) {
+    auto bytes = std::make_shared<Bytes>(Encode(h, flags));
+    comm::WorkPtr work = comm->Send({bytes->data(), static_cast<int64_t>(bytes->size()),
+                                     comm::DataType::kUInt8, comm::Device::Cpu()},
+                                    peer, kTag);
+    sends.emplace_back(work, bytes);
+    return work;
+  }
+
+  Header MakeHeader(int64_t kind) const {
+    Header h;
+    h.kind = kind;
+    h.round = round;
+    h.committed = committed.load();
+    h.pid = pid;
+    h.host = host;
+    return h;
+  }
+
+  bool Watched(int r) const { return r != me && !peers[r].suspected && !peers[r].left; }
+
+  void SendToWatched(int64_t kind, const std::vector<uint8_t>& flags, int64_t value_committed) {
+    Header h = MakeHeader(kind);
+    h.committed = value_committed;
+    for (int r = 0; r < n; ++r) {
+      if (Watched(r)) Send(r, h, flags);
+    }
+  }
+
+  void Run();
+  void Receive(int from, const Bytes& message);
+  void Suspect(int r, const std::string& why);
+  void Enter(const std::string& why);
+  void Progress();
+  void Decide(const std::vector<int>& live, int64_t committed_iteration, int rounds);
+  void Exclude(const std::string& why);
+  void Heartbeats(absl::Time now);
+  void SendLeave();
+};
+
+void Membership::State::SendLeave() {
+  SendToWatched(kLeave, std::vector<uint8_t>(n, 0), committed.load());
+  for (Peer& p : peers) p.left = true;  // watch no one any more
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  while (absl::Now() < deadline &&
+         std::any_of(sends.begin(), sends.end(), [](const auto& s) { return !s.first->Test(); })) {
+    absl::SleepFor(kPoll);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  leave_sent = true;
+  cv.notify_all();
+}
+
+void Membership::State::Run() {
+  for (int r = 0; r < n; ++r) {
+    if (r != me) Post(r);
+  }
+  while (!stop.load()) {
+    const absl::Time now = absl::Now();
+    for (int r = 0; r < n; ++r) {
+      Peer& p = peers[r];
+      if (r == me || !p.receive || !p.receive->Test()) continue;
+      const absl::Status status = p.receive->error();
+      if (!status.ok()) {
+        p.receive.reset();  // the communicator was aborted or the peer is gone
+        if (!p.suspected && !p.left) Suspect(r, absl::StrCat("receive failed: ", status.message()));
+        continue;
+      }
+      Bytes message = *p.inbox;
+      Post(r);
+      Receive(r, message);
+    }
+    bool leave;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      leave = leave_requested && !leave_sent;
+    }
+    if (leave) SendLeave();
+    bool finished;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = done;
+    }
+    if (!finished) Heartbeats(now);
+    for (int r = 0; r < n && !finished; ++r) {
+      Peer& p = peers[r];
+      if (!Watched(r) || now - p.last_heard <= options.heartbeat_timeout) continue;
+      Suspect(r, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - p.last_heard)));
+    }
+    bool enter = false;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (requested && !active && !done) {
+        enter = true;
+        why = request_why.ToString();
+      }
+    }
+    if (enter) Enter(why);
+    Progress();
+    sends.remove_if([](const auto& s) { return s.first->Test(); });
+    absl::SleepFor(kPoll);
+  }
+}
+
+void Membership::State::Heartbeats(absl::Time now) {
+  if (now < next_heartbeat) return;
+  next_heartbeat = now + options.heartbeat_timeout / 4;
+  const Bytes none(n, 0);
+  for (int r = 0; r < n; ++r) {
+    Peer& p = peers[r];
+    if (!Watched(r)) continue;
+    if (p.heartbeat && !p.heartbeat->Test()) continue;  // the last one has not gone yet
+    p.heartbeat = Send(r, MakeHeader(kHeartbeat), none);
+  }
+}
+
+void Membership::State::Receive(int from, const Bytes& message) {
+  Peer& p = peers[from];
+  if (p.suspected) return;  // a suspicion is final: a late message changes nothing
+  const Header h = DecodeHeader(message);
+  p.last_heard = absl::Now();
+  p.pid = h.pid;
+  p.host = h.host;
+  const std::vector<uint8_t> flags(message.begin() + kHeaderBytes, message.end());
+  switch (h.kind) {
+    case kHeartbeat:
+      return;
+    case kLeave:
+      p.left = true;
+      return;
+    case kProposal: {
+      if (flags[me]) {
+        Exclude(absl::StrCat("rank ", from, " declared this rank dead"));
+        return;
+      }
+      bool is_done;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        is_done = done;
+      }
+      if (is_done) return;
+      if (!active) Enter(absl::StrCat("rank ", from, " started an agreement"));
+      const int r = static_cast<int>(h.round);
+      heard[r].insert(from);
+      auto [it, inserted] = received.try_emplace(r);
+      if (inserted) it->second.suspected.assign(n, 0);
+      it->second.Merge(flags, h.committed);
+      // A peer's suspicion is ours too (the detector is perfect by construction).
+      for (int q = 0; q < n; ++q) {
+        if (flags[q] && q != me && !peers[q].suspected) {
+          Suspect(q, absl::StrCat("declared dead by rank ", from));
+        }
+      }
+      return;
+    }
+    case kDecided: {
+      bool is_done;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        is_done = done;
+      }
+      if (is_done) return;
+      if (!flags[me]) {
+        Exclude(absl::StrCat("rank ", from, "'s decision leaves this rank out"));
+        return;
+      }
+      if (!active) Enter(absl::StrCat("rank ", from, " decided"));
+      std::vector<int> live;
+      for (int q = 0; q < n; ++q) {
+        if (flags[q]) live.push_back(q);
+      }
+      Decide(live, h.committed, /*rounds=*/0);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void Membership::State::Suspect(int r, const std::string& why) {
+  Peer& p = peers[r];
+  if (p.suspected) return;
+  p.suspected = true;
+  std::string killed;
+  if (options.kill_silent_local_peers && p.host == host && p.pid > 0 && p.pid != pid &&
+      ::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) {
+    killed = absl::StrCat(" (killed its process ", p.pid, " on this host)");
+  }
+  const std::string text = absl::StrCat("rank ", r, " is dead: ", why, killed);
+  TANDEM_LOG(INFO) << "membership: rank " << me << ": " << text;
+  if (!mine.suspected.empty()) {
+    mine.suspected[r] = 1;
+    suspected_since_send = true;
+  }
+  if (!active) Enter(text);
+}
+
+void Membership::State::Enter(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (active || done) return;
+    active = true;
+  }
+  entered = absl::Now();
+  reason = why;
+  if (on_failure) on_failure(absl::UnavailableError(absl::StrCat("membership: ", why)));
+  round = 1;
+  mine.suspected.assign(n, 0);
+  for (int r = 0; r < n; ++r) {
+    if (r != me && peers[r].suspected) mine.suspected[r] = 1;
+  }
+  mine.committed = committed.load();
+  suspected_since_send = false;
+  SendToWatched(kProposal, mine.suspected, mine.committed);
+}
+
+void Membership::State::Progress() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!active || done) return;
+  }
+  std::set<int>& now_heard = heard[round];
+  for (int r = 0; r < n; ++r) {
+    if (Watched(r) && !now_heard.count(r)) return;  // still waiting for r's round
+  }
+  // Round 0: everyone (the world before the agreement).
+  std::set<int> before;
+  if (round == 1) {
+    for (int r = 0; r < n; ++r) {
+      if (r != me) before.insert(r);
+    }
+  } else {
+    before = heard[round - 1];
+  }
+  auto [it, inserted] = received.try_emplace(round);
+  if (inserted) it->second.suspected.assign(n, 0);
+  Value merged = mine;
+  merged.Merge(it->second.suspected, it->second.committed);
+  if (now_heard == before && !suspected_since_send) {
+    std::vector<int> live = {me};
+    for (int r : now_heard) {
+      if (!merged.suspected[r]) live.push_back(r);
+    }
+    std::sort(live.begin(), live.end());
+    Value decided;
+    decided.suspected.assign(n, 0);
+    for (int r : live) decided.suspected[r] = 1;  // a decision carries the live ranks
+    SendToWatched(kDecided, decided.suspected, merged.committed);
+    Decide(live, merged.committed, round);
+    return;
+  }
+  ++round;
+  mine = merged;
+  mine.committed = std::max(mine.committed, committed.load());
+  suspected_since_send = false;
+  SendToWatched(kProposal, mine.suspected, mine.committed);
+}
+
+void Membership::State::Decide(const std::vector<int>& live, int64_t committed_iteration,
+                               int rounds) {
+  if (rounds == 0) {
+    // Adopted: pass it on, so that ranks waiting for this one's next round learn it too.
+    std::vector<uint8_t> flags(n, 0);
+    for (int r : live) flags[r] = 1;
+    SendToWatched(kDecided, flags, committed_iteration);
+  }
+  MembershipDecision d;
+  d.live = live;
+  for (int r = 0; r < n; ++r) {
+    if (!std::binary_search(live.begin(), live.end(), r)) d.dead.push_back(r);
+  }
+  d.committed_iteration = committed_iteration;
+  d.rounds = rounds;
+  d.seconds = absl::ToDoubleSeconds(absl::Now() - entered);
+  d.reason = reason;
+  TANDEM_LOG(INFO) << "membership: rank " << me << " decided live {" << RankList(d.live)
+                   << "}, dead {" << RankList(d.dead) << "}, committed iteration "
+                   << committed_iteration << " after " << rounds << " round(s)";
+  std::lock_guard<std::mutex> lock(mu);
+  decision = std::move(d);
+  done = true;
+  cv.notify_all();
+}
+
+void Membership::State::Exclude(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    done = true;
+    outcome = absl::FailedPreconditionError(
+        absl::StrCat("membership: this rank (", me, ") was declared dead by the others (", why,
+                     "); it must leave the job"));
+    cv.notify_all();
+  }
+  if (on_failure) on_failure(outcome);
+  for (Peer& p : peers) p.left = true;  // stop taking part
+}
+
+// ---- Public -----------------------------------------------------------------------------
+
+Membership::Membership(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+absl::StatusOr<std::unique_ptr<Membership>> Membership::Start(
+    comm::Communicator& base, MembershipOptions options,
+    std::function<void(const absl::Status&)> on_failure) {
+  if (options.heartbeat_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("membership: the heartbeat timeout must be positive");
+  }
+  auto state = std::make_unique<State>();
+  TANDEM_ASSIGN_OR_RETURN(state->comm, base.Split(0, base.rank()));
+  state->options = options;
+  state->on_failure = std::move(on_failure);
+  state->me = state->comm->rank();
+  state->n = state->comm->size();
+  state->pid = ::getpid();
+  state->host = HostHash();
+  state->peers.resize(state->n);
+  const absl::Time now = absl::Now();
+  for (State::Peer& p : state->peers) p.last_heard = now;
+  state->next_heartbeat = now;
+  State* raw = state.get();
+  state->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<Membership>(new Membership(std::move(state)));
+}
+
+Membership::~Membership() {
+  state_->stop.store(true);
+  if (state_->thread.joinable()) state_->thread.join();
+  // Receives from the dead never complete: abort, and keep the buffers of what is still in
+  // flight alive for MPI (a few bytes per peer).
+  state_->comm->Abort(absl::CancelledError("membership ended"));
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<std::shared_ptr<Bytes>>;
+  std::lock_guard<std::mutex> lock(mu);
+  for (State::Peer& p : state_->peers) {
+    if (p.receive && !p.receive->Test()) graveyard->push_back(p.inbox);
+  }
+  for (auto& s : state_->sends) {
+    if (!s.first->Test()) graveyard->push_back(s.second);
+  }
+}
+
+int Membership::rank() const { return state_->me; }
+int Membership::size() const { return state_->n; }
+
+void Membership::SetCommitted(int64_t iteration) {
+  int64_t current = state_->committed.load();
+  while (iteration > current && !state_->committed.compare_exchange_weak(current, iteration)) {
+  }
+}
+
+void Membership::RequestAgreement(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->requested) return;
+  state_->requested = true;
+  state_->request_why = why;
+}
+
+bool Membership::in_agreement() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->active || state_->done;
+}
+
+absl::StatusOr<MembershipDecision> Membership::AwaitDecision(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  const bool finished = state_->cv.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                            [this] { return state_->done; });
+  if (!finished) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "membership: no agreement on the survivors within ", absl::FormatDuration(timeout)));
+  }
+  if (!state_->outcome.ok()) return state_->outcome;
+  return state_->decision;
+}
+
+void Membership::Leave() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->leave_requested = true;
+  state_->cv.wait_for(lock, std::chrono::seconds(3), [this] { return state_->leave_sent; });
+}
+
+}  // namespace tandem::elastic
