@@ -7,6 +7,9 @@
 //
 // The parser accepts only the flags a command lists, so `--help` shows exactly those and a
 // flag of another command is an error. Exit codes: 0 success, 1 runtime failure, 2 bad input.
+//
+// Two programs share this registry and cli/main.cc: `tandem` (cli/*_command.cc; no LibTorch)
+// and `tandem-torch` (cli/torch/*_command.cc), which `tandem` runs for train and profile.
 #pragma once
 
 #include <functional>
@@ -30,6 +33,12 @@ struct CommandInfo {
   std::map<std::string, std::string> aliases;  // short name -> flag ("o" -> "output")
   // Runs after flags are parsed; gets the positional arguments.
   std::function<int(const std::vector<std::string>& args)> run;
+  // Set for a command that another program beside this one runs (the LibTorch commands run in
+  // tandem-torch, see cli/torch_commands.h): the whole argv, unparsed, goes to it through exec.
+  std::string program;
+  // Set for a command this build lacks (built without LibTorch): why. Running it, `--help`
+  // included, prints that and exits kExitBadInput.
+  std::string unavailable;
 };
 
 class CommandRegistrar {

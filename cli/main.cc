@@ -1,8 +1,16 @@
-// `tandem`: one program, many subcommands (see cli/command.h).
+// `tandem` and `tandem-torch`: one main, the subcommands each program registers (see
+// cli/command.h). `tandem` hands the commands it lists but does not hold to the program beside
+// it that does (cli/torch_commands.h).
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
 #include <new>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,11 +26,45 @@ void PrintTopLevelHelp() {
                "Usage: tandem COMMAND [flags]    (tandem COMMAND --help for its flags)\n\n"
                "Commands:\n";
   for (const auto& [name, info] : tandem::cli::Commands()) {
-    std::cout << absl::StrFormat("  %-10s %s\n", name, info.summary);
+    std::cout << absl::StrFormat("  %-10s %s%s\n", name, info.summary,
+                                 info.unavailable.empty() ? "" : " [not in this build]");
   }
   std::cout << absl::StrFormat("\nBuilt with: MPI=%d LibTorch=%d CUDA=%d NCCL=%d\n",
                                TANDEM_HAVE_MPI, TANDEM_HAVE_TORCH, TANDEM_HAVE_CUDA,
                                TANDEM_HAVE_NCCL);
+}
+
+// Runs a command this program lists but does not hold: execs `info.program` from this
+// program's folder with argv as it came (same process, so `mpirun` and signals see no
+// difference), or reports why this build cannot. Returns only on failure.
+int RunElsewhere(const tandem::cli::CommandInfo& info, char** argv) {
+  using namespace tandem::cli;
+  if (!info.unavailable.empty()) {
+    return ReportError(info.name, absl::InvalidArgumentError(info.unavailable));
+  }
+  char self[PATH_MAX];
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    return ReportError(info.name, absl::InternalError(absl::StrCat(
+                                      "cannot find this program's path (/proc/self/exe): ",
+                                      std::strerror(errno))));
+  }
+  std::string path(self, length);
+  path = path.substr(0, path.find_last_of('/') + 1) + info.program;
+  std::fflush(nullptr);
+  ::execv(path.c_str(), argv);
+  const int error = errno;
+  if (error == ENOENT) {
+    return ReportError(info.name, absl::NotFoundError(absl::StrCat(
+                                      path, ", the program that runs 'tandem ", info.name,
+                                      "', is missing (build the ", info.program, " target)")));
+  }
+  return ReportError(info.name, absl::InternalError(absl::StrCat("cannot run ", path, ": ",
+                                                                 std::strerror(error))));
+}
+
+bool RunsElsewhere(const tandem::cli::CommandInfo& info) {
+  return !info.program.empty() || !info.unavailable.empty();
 }
 
 }  // namespace
@@ -34,6 +76,7 @@ int main(int argc, char** argv) {
     if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
       auto it = Commands().find(argv[2]);
       if (it != Commands().end()) {
+        if (RunsElsewhere(it->second)) return RunElsewhere(it->second, argv);
         std::cout << CommandHelp(it->second);
         return kExitOk;
       }
@@ -51,6 +94,7 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   }
   const CommandInfo& info = it->second;
+  if (RunsElsewhere(info)) return RunElsewhere(info, argv);
   std::vector<std::string> positional;
   bool help = false;
   absl::Status parsed = ParseCommandFlags(info, argc - 2, argv + 2, &positional, &help);

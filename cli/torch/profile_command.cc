@@ -10,6 +10,7 @@
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch_commands.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "pipeline/profile.h"
@@ -100,7 +101,7 @@ std::vector<std::string> ProfileFlags() {
 
 const CommandRegistrar registrar({
     .name = "profile",
-    .summary = "measure a LibTorch model layer by layer and write profile.json",
+    .summary = kProfileSummary,
     .usage =
         "tandem profile [--model gpt] --layers N --hidden H --heads A --seq-len S\n"
         "    [--vocab V] [--data FILE] --microbatch-size B [--warmup 3] [--repeats 10]\n"

@@ -26,6 +26,7 @@
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch_commands.h"
 #include "comm/backend.h"
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
@@ -685,7 +686,7 @@ std::vector<std::string> TrainFlags() {
 
 const CommandRegistrar registrar({
     .name = "train",
-    .summary = "train a LibTorch model with the pipeline runtime (run under mpirun)",
+    .summary = kTrainSummary,
     .usage =
         "mpirun -np N tandem train [--model gpt] --layers L --hidden H --heads A --seq-len S\n"
         "    [--global-batch G] [--microbatches M] [--schedule NAME --stages P\n"

@@ -374,7 +374,7 @@ TEST_F(ProgramTest, MutatedInputsExitTwoWithOneLineAndWriteNothing) {
       R"({"forward": [0.01, 0.012], "backward": [0.02, 0.024], "optimizer_seconds": 0.003})";
   const std::string graph = Data("pipedream/vgg16.graph.txt");
   int rejected = 0;
-  constexpr int kCases = 14;  // per format: each run starts the program (about 0.5 s)
+  constexpr int kCases = 14;  // per format: each case starts the program once
   for (int i = 0; i < 2 * kCases; ++i) {
     const bool schedule = i < kCases;
     const std::string input_path = absl::StrCat(dir_, "/input");
