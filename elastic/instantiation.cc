@@ -62,9 +62,20 @@ absl::Status ValidateTemplate(const PipelineTemplate& t, const std::string& name
 }
 
 // Checks every template and that they agree (node counts increasing, same layers, same node
-// size); returns the number of layers.
+// size, the node size the set records if any); returns the number of layers.
 absl::StatusOr<int> ValidateTemplateSet(const TemplateSet& set, int devices_per_node) {
   if (set.templates.empty()) return absl::InvalidArgumentError("templates: the set is empty");
+  if (set.microbatches < 0 || set.microbatch_size < 0 || set.devices_per_node < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "templates: micro-batches (", set.microbatches, "), micro-batch size (",
+        set.microbatch_size, ") and devices per node (", set.devices_per_node,
+        ") must be >= 0 (0: not recorded)"));
+  }
+  if (set.devices_per_node > 0 && set.devices_per_node != devices_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "templates: generated for nodes of ", set.devices_per_node, " devices, the nodes have ",
+        devices_per_node));
+  }
   if (set.min_nodes != set.templates.front().nodes) {
     return absl::InvalidArgumentError(absl::StrCat("templates: min_nodes is ", set.min_nodes,
                                                    " but the first template has ",
@@ -367,14 +378,37 @@ absl::StatusOr<Instantiation> TemplateChooser::Choose() {
 
 absl::Status ValidateOptions(const InstantiationOptions& o) {
   if (o.live_nodes < 1 || o.devices_per_node < 1 || o.global_microbatches < 1 ||
-      o.min_pipelines < 1 || o.template_microbatches < 1) {
+      o.min_pipelines < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "instantiation: live nodes (", o.live_nodes, "), devices per node (", o.devices_per_node,
-        "), global micro-batches (", o.global_microbatches, "), min pipelines (",
-        o.min_pipelines, ") and template micro-batches (", o.template_microbatches,
-        ") must be positive"));
+        "), global micro-batches (", o.global_microbatches, ") and min pipelines (",
+        o.min_pipelines, ") must be positive"));
+  }
+  if (o.template_microbatches < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "instantiation: template micro-batches must be >= 0 (0: the set's), got ",
+        o.template_microbatches));
   }
   return absl::OkStatus();
+}
+
+// The m the templates' iteration_seconds hold for: `requested`, or the set's when 0. A value
+// the set contradicts is refused: the iteration model would be wrong for every template.
+absl::StatusOr<int> TemplateMicrobatches(const TemplateSet& set, int requested) {
+  if (requested == 0) {
+    if (set.microbatches < 1) {
+      return absl::InvalidArgumentError(
+          "instantiation: the template set does not record its micro-batches "
+          "(TemplateSet::microbatches is 0); pass template_microbatches");
+    }
+    return set.microbatches;
+  }
+  if (set.microbatches > 0 && requested != set.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "instantiation: template_microbatches is ", requested,
+        " but the templates were generated for ", set.microbatches, " micro-batches"));
+  }
+  return requested;
 }
 
 // Whether the live nodes can hold min_pipelines pipelines at all.
@@ -957,13 +991,15 @@ absl::StatusOr<Instantiation> Instantiate(const TemplateSet& templates,
                                           const InstantiationOptions& options) {
   TANDEM_RETURN_IF_ERROR(ValidateOptions(options));
   TANDEM_RETURN_IF_ERROR(ValidateTemplateSet(templates, options.devices_per_node).status());
+  TANDEM_ASSIGN_OR_RETURN(const int template_microbatches,
+                          TemplateMicrobatches(templates, options.template_microbatches));
   TANDEM_RETURN_IF_ERROR(CheckCapacity(options, templates.templates.front().nodes));
   std::vector<Candidate> candidates;
   std::vector<IterationModel> models;
   for (size_t i = 0; i < templates.templates.size(); ++i) {
     const PipelineTemplate& t = templates.templates[i];
     if (t.nodes > options.live_nodes) break;
-    auto model = ModelIteration(t, options.template_microbatches);
+    auto model = ModelIteration(t, template_microbatches);
     if (!model.ok()) return Annotate(model.status(), absl::StrCat("templates[", i, "]"));
     candidates.push_back({static_cast<int>(i), t.nodes});
     models.push_back(*model);

@@ -90,7 +90,9 @@ struct InstantiationOptions {
   int devices_per_node = 1;
   int64_t global_microbatches = 0;  // B, the same before and after failures
   int min_pipelines = 1;            // f + 1 to survive f more failures
-  int template_microbatches = 0;    // TemplateOptions::microbatches of the template set
+  // TemplateOptions::microbatches of the template set. 0: the set's TemplateSet::microbatches
+  // (InvalidArgument when it records none); a value the set contradicts is InvalidArgument.
+  int template_microbatches = 0;
 };
 
 struct PipelineInstance {
@@ -110,7 +112,8 @@ struct Instantiation {
 
 // 3. above. ResourceExhausted when no template fits the live nodes; FailedPrecondition when
 // they cannot hold min_pipelines pipelines (the message says how many failures the largest
-// possible number of pipelines survives); InvalidArgument for malformed input.
+// possible number of pipelines survives); InvalidArgument for malformed input, including
+// devices_per_node or template_microbatches other than the ones the set records.
 absl::StatusOr<Instantiation> Instantiate(const planner::TemplateSet& templates,
                                           const InstantiationOptions& options);
 
@@ -188,7 +191,7 @@ struct ReinstantiationInput {
   HeldLayers held;                      // what each rank held before the failure
   int64_t global_microbatches = 0;
   int min_pipelines = 1;
-  int template_microbatches = 0;          // TemplateOptions::microbatches of the template set
+  int template_microbatches = 0;          // as InstantiationOptions: 0 = the set's
   std::vector<double> layer_state_bytes;  // per layer; empty = unknown
 };
 

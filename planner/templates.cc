@@ -41,6 +41,9 @@ absl::StatusOr<TemplateSet> GeneratePipelineTemplates(const LayerChain& chain,
     return *slot;
   };
   TemplateSet set;
+  set.microbatches = options.microbatches;
+  set.microbatch_size = options.microbatch_size;
+  set.devices_per_node = g;
   for (int n = 1; n <= cluster.nodes; ++n) {
     std::vector<int> shapes;  // devices per stage
     for (int c = 1; c <= g; ++c) {
@@ -86,11 +89,9 @@ absl::StatusOr<TemplateSet> GeneratePipelineTemplates(const LayerChain& chain,
           (options.microbatches - 1) * slowest / c + total + transfers + sync;
       if (candidate.iteration_seconds < best.iteration_seconds) best = std::move(candidate);
     }
-    if (!std::isfinite(best.iteration_seconds)) {
-      if (set.templates.empty()) continue;  // below the smallest node count that fits
-      // A larger node count without a template (e.g. more stages than layers): skip it.
-      continue;
-    }
+    // No shape fits n nodes: below the smallest node count that fits, or a larger count
+    // without a template (e.g. more stages than layers). Either way the set skips n.
+    if (!std::isfinite(best.iteration_seconds)) continue;
     best.throughput_samples_per_second =
         options.microbatches * options.microbatch_size / best.iteration_seconds;
     if (set.templates.empty()) set.min_nodes = n;
@@ -125,6 +126,9 @@ nlohmann::json ToJson(const TemplateSet& set) {
                          {"stages", std::move(stages)}});
   }
   return {{"min_nodes", set.min_nodes},
+          {"microbatches", set.microbatches},
+          {"microbatch_size", set.microbatch_size},
+          {"devices_per_node", set.devices_per_node},
           {"generation_seconds", set.generation_seconds},
           {"templates", std::move(templates)}};
 }

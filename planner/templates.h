@@ -15,6 +15,7 @@
 //     bytes; intra-node bandwidth when c <= g).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -41,9 +42,18 @@ struct PipelineTemplate {
   double throughput_samples_per_second = 0;
 };
 
+// What GeneratePipelineTemplates made, and for what: a template's iteration_seconds holds only
+// at `microbatches` micro-batches of `microbatch_size` samples, on nodes of `devices_per_node`
+// devices. A set built by hand may leave those 0 (not recorded).
 struct TemplateSet {
-  int min_nodes = 0;                        // the smallest node count with a template
-  std::vector<PipelineTemplate> templates;  // nodes = min_nodes .. cluster nodes
+  int min_nodes = 0;  // the smallest node count with a template
+  // Node counts increasing from min_nodes up to at most the cluster's, with gaps: a node count
+  // without a template (no shape fits it) is skipped, so templates[i] need not be for
+  // min_nodes + i nodes: look at PipelineTemplate::nodes.
+  std::vector<PipelineTemplate> templates;
+  int microbatches = 0;         // TemplateOptions::microbatches
+  int64_t microbatch_size = 0;  // TemplateOptions::microbatch_size
+  int devices_per_node = 0;     // ClusterSpec::devices_per_node
   double generation_seconds = 0;
 };
 

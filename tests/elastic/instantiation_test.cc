@@ -1,6 +1,7 @@
 // Re-instantiation from pipeline templates: the iteration model, batch distribution and
 // template choice against brute force, rank assignment keeping state in place (against brute
-// force on small cases and after losing a node), state moves, determinism and errors.
+// force on small cases and after losing a node), state moves, determinism and errors, and the
+// micro-batches and node size a template set records.
 #include "elastic/instantiation.h"
 
 #include <algorithm>
@@ -508,6 +509,107 @@ TemplateSet FourNodeFavouringSet(int g) {
                    MakeTemplate(4, g, 1, 16, {0.4}, 0.2), MakeTemplate(5, g, 1, 16, {0.45}, 0.2),
                    MakeTemplate(6, g, 1, 16, {0.4}, 0.2)};
   return set;
+}
+
+TEST(Instantiate, UsesTheMicrobatchesTheSetRecords) {
+  const planner::LayerChain chain = UniformChain(16);
+  const TemplateSet generated = GeneratedTemplates(chain, 6);
+  ASSERT_EQ(generated.microbatches, kTemplateMicrobatches);
+  InstantiationOptions options{.live_nodes = 5, .devices_per_node = 2,
+                               .global_microbatches = 16, .min_pipelines = 2};
+  ASSERT_EQ(options.template_microbatches, 0);  // the default: the set's
+  auto recorded = Instantiate(generated, options);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  options.template_microbatches = kTemplateMicrobatches;  // explicit and equal: the same plan
+  auto explicit_m = Instantiate(generated, options);
+  ASSERT_TRUE(explicit_m.ok()) << explicit_m.status();
+  EXPECT_EQ(ToJson(*recorded).dump(), ToJson(*explicit_m).dump());
+
+  // A hand-made set: the recorded m changes the iteration model, and so the plan. At m = 1 a
+  // template's whole iteration_seconds is the time of one micro-batch; at m = 4 three slowest
+  // stages of it are per micro-batch.
+  TemplateSet set = FourNodeFavouringSet(2);
+  options = {.live_nodes = 11, .devices_per_node = 2, .global_microbatches = 24,
+             .min_pipelines = 2};
+  auto unrecorded = Instantiate(set, options);
+  EXPECT_EQ(unrecorded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unrecorded.status().message().find("pass template_microbatches"), std::string::npos)
+      << unrecorded.status();
+  for (int m : {1, kTemplateMicrobatches}) {
+    set.microbatches = 0;
+    options.template_microbatches = m;
+    auto expected = Instantiate(set, options);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    set.microbatches = m;
+    options.template_microbatches = 0;
+    auto from_set = Instantiate(set, options);
+    ASSERT_TRUE(from_set.ok()) << from_set.status();
+    EXPECT_EQ(ToJson(*from_set).dump(), ToJson(*expected).dump()) << "m = " << m;
+    const std::vector<IterationModel> models = ModelsOf(set);  // at m = 4
+    const PipelineInstance& first = from_set->pipelines.front();
+    const double at_four = models[first.template_index].Seconds(first.microbatches);
+    if (m == 1) {
+      EXPECT_NE(first.predicted_seconds, at_four);
+    } else {
+      EXPECT_EQ(first.predicted_seconds, at_four);
+    }
+  }
+  set.microbatches = kTemplateMicrobatches;
+  options.template_microbatches = 1;  // contradicts the set
+  auto contradicted = Instantiate(set, options);
+  EXPECT_EQ(contradicted.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(contradicted.status().message().find("generated for 4 micro-batches"),
+            std::string::npos)
+      << contradicted.status();
+  options.template_microbatches = -1;
+  EXPECT_EQ(Instantiate(set, options).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // PlanReinstantiation takes the same default.
+  ReinstantiationInput input;
+  input.nodes = Nodes(11, 2);
+  input.global_microbatches = 24;
+  input.min_pipelines = 2;
+  auto plan = PlanReinstantiation(set, input);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  options.template_microbatches = 0;
+  EXPECT_EQ(ToJson(plan->instantiation).dump(), ToJson(*Instantiate(set, options)).dump());
+}
+
+TEST(Instantiate, RefusesNodesOfAnotherSizeThanTheSetRecords) {
+  const planner::LayerChain chain = UniformChain(16);
+  const TemplateSet generated = GeneratedTemplates(chain, 6);
+  ASSERT_EQ(generated.devices_per_node, 2);
+  InstantiationOptions options{.live_nodes = 6, .devices_per_node = 4,
+                               .global_microbatches = 16, .min_pipelines = 1};
+  auto wrong = Instantiate(generated, options);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("generated for nodes of 2 devices, the nodes have 4"),
+            std::string::npos)
+      << wrong.status();
+  ReinstantiationInput input;
+  input.nodes = Nodes(3, 4);
+  input.global_microbatches = 16;
+  auto plan = PlanReinstantiation(generated, input);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("nodes of 2 devices"), std::string::npos)
+      << plan.status();
+
+  // A set whose templates fill nodes of 2 devices but that records 4: its layout alone would
+  // pass with 2, the record does not.
+  TemplateSet mislabelled = FourNodeFavouringSet(2);
+  mislabelled.devices_per_node = 4;
+  options = {.live_nodes = 6, .devices_per_node = 2, .global_microbatches = 12,
+             .min_pipelines = 1, .template_microbatches = kTemplateMicrobatches};
+  EXPECT_EQ(Instantiate(mislabelled, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  mislabelled.devices_per_node = 0;  // not recorded: the layout decides
+  auto inst = Instantiate(mislabelled, options);
+  ASSERT_TRUE(inst.ok()) << inst.status();
+  mislabelled.devices_per_node = 4;
+  EXPECT_EQ(AssignRanks(mislabelled, *inst, Nodes(6, 2), {}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  mislabelled.devices_per_node = 2;
+  EXPECT_TRUE(AssignRanks(mislabelled, *inst, Nodes(6, 2), {}, {}).ok());
 }
 
 TEST(PlanReinstantiation, OneLostNodeMovesOnlyTheRebuiltPipeline) {

@@ -1,11 +1,13 @@
 // Pipeline templates: the smallest node count that fits, per-shape optimality against brute
-// force, and GPT-3 175B on A100 nodes.
+// force, GPT-3 175B on A100 nodes, and node counts without a template.
 #include "planner/templates.h"
 
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "planner/adapipe.h"
@@ -80,6 +82,9 @@ TEST(PipelineTemplates, MatchBruteForcePerShape) {
     }
     ASSERT_TRUE(set.ok()) << "trial " << trial << ": " << set.status();
     EXPECT_EQ(set->min_nodes, expected_min) << "trial " << trial;
+    EXPECT_EQ(set->microbatches, 8);
+    EXPECT_EQ(set->microbatch_size, 1);
+    EXPECT_EQ(set->devices_per_node, 2);
     for (const PipelineTemplate& t : set->templates) {
       const int p = static_cast<int>(t.stages.size());
       double slowest = 0;
@@ -123,6 +128,51 @@ TEST(PipelineTemplates, Gpt3OnA100Nodes) {
   // More nodes never make the best template slower here.
   EXPECT_LT(set->templates.back().iteration_seconds, set->templates.front().iteration_seconds);
   EXPECT_GT(set->generation_seconds, 0);
+  EXPECT_EQ(set->microbatches, 64);
+  EXPECT_EQ(set->devices_per_node, 1);
+}
+
+// Four equal layers of which a device holds two, on nodes of one device: n nodes need a shape
+// of 2..4 stages (c = n / p devices each), which 5 and 7 nodes do not have (5 or 7 stages, or
+// one stage of the whole model). The set skips them.
+TEST(PipelineTemplates, SkipsNodeCountsWithoutATemplateAndRecordsItsInputs) {
+  pipeline::Profile profile;
+  profile.model = "four";
+  for (int i = 0; i < 4; ++i) {
+    pipeline::LayerProfile layer;
+    layer.name = "l" + std::to_string(i);
+    layer.forward_seconds = 1;
+    layer.backward_seconds = 2;
+    layer.parameter_bytes = 10;  // 2 x 10 bytes per layer with gradients
+    profile.layers.push_back(layer);
+  }
+  auto chain = LayerChain::FromProfile(profile);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  ClusterSpec cluster;
+  cluster.nodes = 8;
+  cluster.devices_per_node = 1;
+  cluster.device_memory_bytes = 50;
+  cluster.levels = {{1e3, 0}};
+  auto set = GeneratePipelineTemplates(*chain, cluster, {.microbatches = 6, .microbatch_size = 3});
+  ASSERT_TRUE(set.ok()) << set.status();
+  std::vector<int> nodes;
+  for (const PipelineTemplate& t : set->templates) nodes.push_back(t.nodes);
+  EXPECT_EQ(nodes, (std::vector<int>{2, 3, 4, 6, 8}));
+  EXPECT_EQ(set->min_nodes, 2);
+  EXPECT_EQ(set->templates[3].nodes, 6);  // not min_nodes + 3
+  EXPECT_EQ(set->microbatches, 6);
+  EXPECT_EQ(set->microbatch_size, 3);
+  EXPECT_EQ(set->devices_per_node, 1);
+  // Throughput counts micro-batches of 3 samples.
+  EXPECT_DOUBLE_EQ(set->templates[0].throughput_samples_per_second,
+                   6 * 3 / set->templates[0].iteration_seconds);
+  const nlohmann::json json = ToJson(*set);
+  EXPECT_EQ(json["min_nodes"], 2);
+  EXPECT_EQ(json["microbatches"], 6);
+  EXPECT_EQ(json["microbatch_size"], 3);
+  EXPECT_EQ(json["devices_per_node"], 1);
+  ASSERT_EQ(json["templates"].size(), 5u);
+  EXPECT_EQ(json["templates"][4]["nodes"], 8);
 }
 
 }  // namespace
