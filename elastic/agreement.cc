@@ -28,15 +28,16 @@ constexpr absl::Duration kPoll = absl::Milliseconds(2);
 
 enum Kind : int64_t { kHeartbeat = 0, kProposal = 1, kDecided = 2, kLeave = 3 };
 
-// A message: five int64 words (kind, round, committed iteration, sender pid, sender host)
-// and one byte per rank (proposal: suspected ranks; decision: live ranks).
-constexpr size_t kHeaderWords = 5;
+// A message: eight 64-bit words (kind, round, committed iteration, sender pid, sender host,
+// the committed step's three sums as doubles) and one byte per rank (proposal: suspected
+// ranks; decision: live ranks).
+constexpr size_t kHeaderWords = 8;
 constexpr size_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
 
 struct Header {
   int64_t kind = kHeartbeat;
   int64_t round = 0;
-  int64_t committed = -1;
+  CommittedStep committed;
   int64_t pid = 0;
   int64_t host = 0;
 };
@@ -45,7 +46,8 @@ using Bytes = std::vector<uint8_t>;
 
 Bytes Encode(const Header& h, const std::vector<uint8_t>& flags) {
   Bytes out(kHeaderBytes + flags.size());
-  const int64_t words[kHeaderWords] = {h.kind, h.round, h.committed, h.pid, h.host};
+  int64_t words[kHeaderWords] = {h.kind, h.round, h.committed.iteration, h.pid, h.host};
+  std::memcpy(&words[5], h.committed.sums.data(), 3 * sizeof(double));
   std::memcpy(out.data(), words, kHeaderBytes);
   std::copy(flags.begin(), flags.end(), out.begin() + kHeaderBytes);
   return out;
@@ -54,7 +56,14 @@ Bytes Encode(const Header& h, const std::vector<uint8_t>& flags) {
 Header DecodeHeader(const Bytes& in) {
   int64_t words[kHeaderWords];
   std::memcpy(words, in.data(), kHeaderBytes);
-  return {words[0], words[1], words[2], words[3], words[4]};
+  Header h;
+  h.kind = words[0];
+  h.round = words[1];
+  h.committed.iteration = words[2];
+  h.pid = words[3];
+  h.host = words[4];
+  std::memcpy(h.committed.sums.data(), &words[5], 3 * sizeof(double));
+  return h;
 }
 
 int64_t HostHash() {
@@ -67,13 +76,17 @@ std::string RankList(const std::vector<int>& ranks) {
   return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
 }
 
+CommittedStep Later(const CommittedStep& a, const CommittedStep& b) {
+  return b.iteration > a.iteration ? b : a;
+}
+
 // What a rank proposes: whom anyone suspects, and the highest committed iteration known.
 struct Value {
   std::vector<uint8_t> suspected;
-  int64_t committed = -1;
-  void Merge(const std::vector<uint8_t>& other, int64_t other_committed) {
+  CommittedStep committed;
+  void Merge(const std::vector<uint8_t>& other, const CommittedStep& other_committed) {
     for (size_t i = 0; i < suspected.size(); ++i) suspected[i] |= other[i];
-    committed = std::max(committed, other_committed);
+    committed = Later(committed, other_committed);
   }
 };
 
@@ -89,7 +102,12 @@ struct Membership::State {
   int64_t host = 0;
   std::thread thread;
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> committed{-1};
+  mutable std::mutex committed_mu;
+  CommittedStep committed_step;  // guarded by committed_mu
+  CommittedStep Committed() const {
+    std::lock_guard<std::mutex> lock(committed_mu);
+    return committed_step;
+  }
 
   // Shared with the training thread.
   mutable std::mutex mu;
@@ -149,7 +167,7 @@ struct Membership::State {
     Header h;
     h.kind = kind;
     h.round = round;
-    h.committed = committed.load();
+    h.committed = Committed();
     h.pid = pid;
     h.host = host;
     return h;
@@ -157,7 +175,8 @@ struct Membership::State {
 
   bool Watched(int r) const { return r != me && !peers[r].suspected && !peers[r].left; }
 
-  void SendToWatched(int64_t kind, const std::vector<uint8_t>& flags, int64_t value_committed) {
+  void SendToWatched(int64_t kind, const std::vector<uint8_t>& flags,
+                     const CommittedStep& value_committed) {
     Header h = MakeHeader(kind);
     h.committed = value_committed;
     for (int r = 0; r < n; ++r) {
@@ -170,14 +189,14 @@ struct Membership::State {
   void Suspect(int r, const std::string& why);
   void Enter(const std::string& why);
   void Progress();
-  void Decide(const std::vector<int>& live, int64_t committed_iteration, int rounds);
+  void Decide(const std::vector<int>& live, const CommittedStep& committed_step, int rounds);
   void Exclude(const std::string& why);
   void Heartbeats(absl::Time now);
   void SendLeave();
 };
 
 void Membership::State::SendLeave() {
-  SendToWatched(kLeave, std::vector<uint8_t>(n, 0), committed.load());
+  SendToWatched(kLeave, std::vector<uint8_t>(n, 0), Committed());
   for (Peer& p : peers) p.left = true;  // watch no one any more
   const absl::Time deadline = absl::Now() + absl::Seconds(1);
   while (absl::Now() < deadline &&
@@ -348,7 +367,7 @@ void Membership::State::Enter(const std::string& why) {
   for (int r = 0; r < n; ++r) {
     if (r != me && peers[r].suspected) mine.suspected[r] = 1;
   }
-  mine.committed = committed.load();
+  mine.committed = Committed();
   suspected_since_send = false;
   SendToWatched(kProposal, mine.suspected, mine.committed);
 }
@@ -390,18 +409,19 @@ void Membership::State::Progress() {
   }
   ++round;
   mine = merged;
-  mine.committed = std::max(mine.committed, committed.load());
+  mine.committed = Later(mine.committed, Committed());
   suspected_since_send = false;
   SendToWatched(kProposal, mine.suspected, mine.committed);
 }
 
-void Membership::State::Decide(const std::vector<int>& live, int64_t committed_iteration,
+void Membership::State::Decide(const std::vector<int>& live, const CommittedStep& committed_step,
                                int rounds) {
+  const int64_t committed_iteration = committed_step.iteration;
   if (rounds == 0) {
     // Adopted: pass it on, so that ranks waiting for this one's next round learn it too.
     std::vector<uint8_t> flags(n, 0);
     for (int r : live) flags[r] = 1;
-    SendToWatched(kDecided, flags, committed_iteration);
+    SendToWatched(kDecided, flags, committed_step);
   }
   MembershipDecision d;
   d.live = live;
@@ -409,6 +429,7 @@ void Membership::State::Decide(const std::vector<int>& live, int64_t committed_i
     if (!std::binary_search(live.begin(), live.end(), r)) d.dead.push_back(r);
   }
   d.committed_iteration = committed_iteration;
+  d.committed_sums = committed_step.sums;
   d.rounds = rounds;
   d.seconds = absl::ToDoubleSeconds(absl::Now() - entered);
   d.reason = reason;
@@ -465,27 +486,28 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Start(
 Membership::~Membership() {
   state_->stop.store(true);
   if (state_->thread.joinable()) state_->thread.join();
-  // Receives from the dead never complete: abort, and keep the buffers of what is still in
+  // Receives from the dead never complete: abort, and keep the buffers of what may still be in
   // flight alive for MPI (a few bytes per peer).
   state_->comm->Abort(absl::CancelledError("membership ended"));
   static std::mutex mu;
   static auto* graveyard = new std::vector<std::shared_ptr<Bytes>>;
   std::lock_guard<std::mutex> lock(mu);
+  // An aborted operation reads as done, but MPI may still deliver into its buffer: every
+  // inbox stays, and every send not known to have completed.
   for (State::Peer& p : state_->peers) {
-    if (p.receive && !p.receive->Test()) graveyard->push_back(p.inbox);
+    if (p.inbox != nullptr) graveyard->push_back(p.inbox);
   }
   for (auto& s : state_->sends) {
-    if (!s.first->Test()) graveyard->push_back(s.second);
+    if (!s.first->Test() || !s.first->error().ok()) graveyard->push_back(s.second);
   }
 }
 
 int Membership::rank() const { return state_->me; }
 int Membership::size() const { return state_->n; }
 
-void Membership::SetCommitted(int64_t iteration) {
-  int64_t current = state_->committed.load();
-  while (iteration > current && !state_->committed.compare_exchange_weak(current, iteration)) {
-  }
+void Membership::SetCommitted(int64_t iteration, const std::array<double, 3>& sums) {
+  std::lock_guard<std::mutex> lock(state_->committed_mu);
+  if (iteration > state_->committed_step.iteration) state_->committed_step = {iteration, sums};
 }
 
 void Membership::RequestAgreement(const absl::Status& why) {

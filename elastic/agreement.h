@@ -31,6 +31,7 @@
 // Membership (after a decision the caller shrinks the communicator and starts a new one).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,12 +52,21 @@ struct MembershipOptions {
   bool kill_silent_local_peers = true;
 };
 
+// An iteration known committed on every rank, with the three sums its commit all-reduce
+// produced (e.g. loss, squared gradient norm, compute time), so that a rank that missed the
+// result can still apply the step exactly as the others did.
+struct CommittedStep {
+  int64_t iteration = -1;
+  std::array<double, 3> sums{};
+};
+
 struct MembershipDecision {
   std::vector<int> live;  // ranks of the membership's communicator, ascending
   std::vector<int> dead;  // the others, ascending
   // The highest iteration that some rank (live or dead) knew committed (SetCommitted); -1
   // when none.
   int64_t committed_iteration = -1;
+  std::array<double, 3> committed_sums{};  // the sums that iteration's commit produced
   int rounds = 0;            // agreement rounds this rank ran (0: it adopted a decision)
   double seconds = 0;        // from entering the agreement to the decision, on this rank
   std::string reason;        // what made this rank enter the agreement
@@ -80,7 +90,7 @@ class Membership {
 
   // The highest iteration this rank knows committed on every rank (e.g. after a small
   // all-reduce that follows gradient synchronisation). Carried in this rank's proposals.
-  void SetCommitted(int64_t iteration);
+  void SetCommitted(int64_t iteration, const std::array<double, 3>& sums = {});
   // Enters an agreement although no peer is known dead (an operation failed, `why`).
   void RequestAgreement(const absl::Status& why);
   // An agreement started here or reached this rank.

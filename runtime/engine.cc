@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,70 @@ void Engine::AbortCommunicators(const absl::Status& reason) {
     if (l->device.device_group != nullptr) l->device.device_group->Abort(reason);
   }
   if (control_ != nullptr) control_->Abort(reason);
+}
+
+void Engine::Abort(const absl::Status& reason) {
+  if (notices_ != nullptr) notices_->Abandon();
+  AbortCommunicators(reason);
+}
+
+std::vector<ParameterView> Engine::LocalParameters() const {
+  std::vector<ParameterView> out;
+  for (const auto& l : locals_) {
+    out.insert(out.end(), l->device.parameters.begin(), l->device.parameters.end());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ParameterState>> Engine::ExportState() {
+  std::vector<ParameterState> out;
+  for (auto& l : locals_) {
+    TANDEM_RETURN_IF_ERROR(l->sync->Flush());
+    TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterOptimizerState> optimizer,
+                            l->sync->GatherOptimizerState());
+    std::map<std::string, ParameterOptimizerState> by_name;
+    for (auto& o : optimizer) by_name[o.name] = std::move(o);
+    for (const ParameterView& v : l->device.parameters) {
+      ParameterState p;
+      p.name = v.name;
+      p.value.resize(static_cast<size_t>(v.value.count));
+      TANDEM_RETURN_IF_ERROR(l->device.ops->CopyToHost(
+          p.value.data(), static_cast<const float*>(v.value.data), v.value.count));
+      auto it = by_name.find(v.name);
+      if (it != by_name.end()) p.optimizer = std::move(it->second);
+      p.optimizer.name = v.name;
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+absl::Status Engine::ImportState(const std::vector<ParameterState>& state) {
+  std::map<std::string, const ParameterState*> by_name;
+  for (const ParameterState& p : state) by_name[p.name] = &p;
+  for (auto& l : locals_) {
+    std::vector<ParameterOptimizerState> optimizer;
+    for (const ParameterView& v : l->device.parameters) {
+      auto it = by_name.find(v.name);
+      if (it == by_name.end()) {
+        return absl::NotFoundError(absl::StrCat("rank ", world_rank_, ": no state for parameter '",
+                                                v.name, "' of stage ", l->spec.stage));
+      }
+      const ParameterState& p = *it->second;
+      if (static_cast<int64_t>(p.value.size()) != v.value.count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", world_rank_, ": parameter '", v.name, "' has ", p.value.size(),
+            " values in the state moved here, the stage holds ", v.value.count));
+      }
+      TANDEM_RETURN_IF_ERROR(l->device.ops->CopyFromHost(static_cast<float*>(v.value.data),
+                                                         p.value.data(), v.value.count));
+      optimizer.push_back(p.optimizer);
+    }
+    std::reverse(optimizer.begin(), optimizer.end());  // the synchroniser's (backward) order
+    TANDEM_RETURN_IF_ERROR(l->sync->LoadOptimizerState(optimizer));
+    l->parameters_current = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<IterationResult> Engine::RunIteration() {

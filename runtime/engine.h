@@ -48,6 +48,7 @@
 // aborts communicators.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -90,11 +91,32 @@ struct StageSpec {
   // the world are the mean over the global batch.
   int num_microbatches = 1;     // per pipeline and iteration
   int64_t microbatch_size = 1;  // samples per micro-batch
+  // A job of pipelines with different micro-batch counts (the elastic layer) sets these: the
+  // first sample of this pipeline's share of the global batch (-1: data_parallel_index *
+  // num_microbatches * microbatch_size) and the micro-batches of the whole global batch, over
+  // which each loss is averaged (0: num_microbatches * data_parallel).
+  int64_t sample_offset = -1;
+  int loss_microbatches = 0;
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == num_stages - 1; }
 };
 
 using StageFactory = std::function<absl::StatusOr<std::unique_ptr<Stage>>(const StageSpec&)>;
+
+// Hooks for a job made of several engines: the elastic layer runs one engine per pipeline,
+// each on its own communicator, so that pipelines of different shapes (Oobleck's templates)
+// train one model. Set both or neither.
+struct JobHooks {
+  // Called at the optimizer step after this rank's own gradient synchronisation: sums the
+  // local stages' gradients with their copies held by the job's other engines and returns
+  // this rank's share of the job's squared gradient norm (each parameter counted once).
+  std::function<absl::StatusOr<double>(class Engine&)> sync_gradients;
+  // Sums {loss, squared gradient norm, compute seconds} in place over every rank of the job
+  // (instead of the engine's world). Once it has succeeded on any rank the iteration is
+  // committed: every rank has synchronised its gradients and can apply the step.
+  std::function<absl::Status(int64_t iteration, std::array<double, 3>& sums)> sum_over_job;
+  int ranks = 0;  // ranks in the job (bubble estimate); 0: the engine's world
+};
 
 struct EngineOptions {
   runtime::GradSyncStrategy grad_sync = runtime::GradSyncStrategy::kAllReduce;
@@ -111,6 +133,14 @@ struct EngineOptions {
   // (runtime/failure_notices.h); zero: only the timeouts notice it.
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   Clock* clock = nullptr;  // null: RealClock
+  JobHooks job;
+};
+
+// One parameter's full training state, to move it to another rank (the elastic layer).
+struct ParameterState {
+  std::string name;
+  std::vector<float> value;
+  ParameterOptimizerState optimizer;
 };
 
 
@@ -154,6 +184,26 @@ class Engine {
 
   // Next iteration to run (the data position).
   int64_t iteration() const { return iteration_; }
+  void set_iteration(int64_t iteration) { iteration_ = iteration; }
+
+  // Aborts every communicator of the engine, from any thread: the training thread's waits end
+  // at once with `reason`. The engine is then only good for ApplyCommittedStep, ExportState
+  // and destruction, which does not wait for the other ranks.
+  void Abort(const absl::Status& reason);
+  // Whether the last RunIteration failed after the gradients were synchronised, while the
+  // loss and norm were being summed over the job (a peer died there): the step may have been
+  // committed elsewhere. ApplyCommittedStep then applies it with the sums the others got.
+  bool step_pending() const { return step_pending_; }
+  absl::StatusOr<IterationResult> ApplyCommittedStep(const std::array<double, 3>& sums);
+
+  // Every local parameter's value and optimizer state, on the host (after Flush). Local.
+  absl::StatusOr<std::vector<ParameterState>> ExportState();
+  // Sets every local parameter's value and optimizer state by name; each local parameter
+  // must be present with its size. Local.
+  absl::Status ImportState(const std::vector<ParameterState>& state);
+  // Views of every local parameter (value and gradient on the stage's device), stage by
+  // stage in the order the stages run them (forward).
+  std::vector<ParameterView> LocalParameters() const;
 
   // Writes a checkpoint of every stage as a new step folder of the root `dir` (created if
   // needed; runtime/checkpoint.h): shards by the lowest world rank holding each stage, the
@@ -209,6 +259,7 @@ class Engine {
   // Waits for the received tensors `action` consumes (before its clock starts).
   absl::Status WaitForInputs(const pipeline::Action& action);
   absl::Status OptimizerStep(IterationResult* result);
+  absl::Status ApplyStep(const std::array<double, 3>& sums, IterationResult* result);
   absl::Status WaitForParameters(Local* local);
   comm::Communicator* payload_p2p() const;
   Local* Find(int replica, int stage);
@@ -231,6 +282,7 @@ class Engine {
   std::vector<std::unique_ptr<Local>> locals_;
   std::unique_ptr<Transfers> transfers_;
   int64_t iteration_ = 0;
+  bool step_pending_ = false;
   double epoch_ = 0;
   ChromeTrace timeline_;
   std::unique_ptr<FailureNotices> notices_;  // declared last: its thread uses the members above

@@ -1,5 +1,6 @@
 // The program interpreter: runs this rank's program of the schedule IR action by action
 // (transfers batched per run), then the gradient norm, clipping and the optimizer step.
+#include <array>
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -126,7 +127,8 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
         " gradients were produced but never used (schedule mismatch)"));
   }
   result.seconds = Now() - start;
-  const double capacity = result.seconds * world_->size();
+  const double capacity =
+      result.seconds * (options_.job.ranks > 0 ? options_.job.ranks : world_->size());
   result.bubble_ratio = capacity > 0 ? 1.0 - result.world_compute_seconds / capacity : 0;
   ++iteration_;
   return result;
@@ -293,11 +295,32 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
     squared_norm += l->sync->LocalGradNormSquared();
     if (l->spec.is_last()) local_loss += l->impl->IterationLoss();
   }
+  if (options_.job.sync_gradients) {
+    // Copies of these layers in other engines of the job: their sum, and this rank's share
+    // of the job's norm.
+    absl::StatusOr<double> synced = options_.job.sync_gradients(*this);
+    if (!synced.ok()) {
+      return Annotate(synced.status(), "synchronising gradients with the job's other pipelines");
+    }
+    squared_norm = *synced;
+  }
   // One all-reduce for the loss, the squared norm and the compute time (bubble estimate).
-  double sums[3] = {local_loss, squared_norm, result->compute_seconds};
-  TANDEM_RETURN_IF_ERROR(
-      Annotate(control_->AllReduce(DoubleBuffer(sums, 3), comm::ReduceOp::kSum)->Wait(),
-               "summing loss and gradient norm over the world"));
+  // Once it completes anywhere, every rank has synchronised its gradients: the iteration is
+  // committed.
+  std::array<double, 3> sums = {local_loss, squared_norm, result->compute_seconds};
+  step_pending_ = true;
+  if (options_.job.sum_over_job) {
+    TANDEM_RETURN_IF_ERROR(Annotate(options_.job.sum_over_job(iteration_, sums),
+                                    "summing loss and gradient norm over the job"));
+  } else {
+    TANDEM_RETURN_IF_ERROR(
+        Annotate(control_->AllReduce(DoubleBuffer(sums.data(), 3), comm::ReduceOp::kSum)->Wait(),
+                 "summing loss and gradient norm over the world"));
+  }
+  return ApplyStep(sums, result);
+}
+
+absl::Status Engine::ApplyStep(const std::array<double, 3>& sums, IterationResult* result) {
   result->loss = sums[0];
   result->grad_norm = std::sqrt(std::max(0.0, sums[1]));
   result->world_compute_seconds = sums[2];
@@ -307,11 +330,25 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
         std::min(1.0, options_.clip_norm / (result->grad_norm + kClipEpsilon));
   }
   result->learning_rate = LearningRateAt(options_.lr_schedule, iteration_);
+  step_pending_ = false;
   for (auto& l : locals_) {
     TANDEM_RETURN_IF_ERROR(l->sync->Step(result->learning_rate, result->clip_coefficient));
     l->parameters_current = false;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<IterationResult> Engine::ApplyCommittedStep(const std::array<double, 3>& sums) {
+  if (!step_pending_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", world_rank_, ": no step of iteration ", iteration_,
+        " waits to be applied (its gradient synchronisation did not finish here)"));
+  }
+  IterationResult result;
+  result.iteration = iteration_;
+  TANDEM_RETURN_IF_ERROR(ApplyStep(sums, &result));
+  ++iteration_;
+  return result;
 }
 
 absl::Status Engine::FlushInternal() {

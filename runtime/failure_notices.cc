@@ -211,8 +211,10 @@ FailureNotices::~FailureNotices() {
   // Receives still posted (a peer died or never closed) keep their buffers alive; so do the
   // heartbeats' (their communicator, destroyed with the state, abandons them to MPI).
   for (State::Notice& n : state_->notices) {
-    if (!n.work->Test()) new std::shared_ptr<NoticeBuffer>(n.buffer);
-    if (n.heartbeat_in != nullptr && !n.heartbeat_in->Test()) {
+    // An aborted receive reads as done, but MPI may still deliver into its buffer.
+    if (!n.work->Test() || !n.work->error().ok()) new std::shared_ptr<NoticeBuffer>(n.buffer);
+    if (n.heartbeat_in != nullptr &&
+        (!n.heartbeat_in->Test() || !n.heartbeat_in->error().ok())) {
       new std::shared_ptr<Heartbeat>(n.incoming);
     }
     if (n.heartbeat_out != nullptr && !n.heartbeat_out->Test()) {
@@ -222,6 +224,8 @@ FailureNotices::~FailureNotices() {
 }
 
 bool FailureNotices::failed() const { return state_->failed; }
+
+void FailureNotices::Abandon() { state_->failed = true; }
 
 absl::Status FailureNotices::Report(absl::Status status) {
   if (status.ok()) return status;

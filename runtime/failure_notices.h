@@ -56,6 +56,9 @@ class FailureNotices {
   absl::Status Report(absl::Status status);
   // A failure was reported here or received from a peer, or a peer fell silent.
   bool failed() const;
+  // Marks this rank failed without telling anyone (the caller handles the failure, e.g. the
+  // elastic layer's agreement): the destructor then waits for no closing notices.
+  void Abandon();
 
  private:
   struct State;

@@ -227,6 +227,11 @@ std::string DescribeMetas(const std::vector<TensorMeta>& metas) {
 
 }  // namespace
 
+ArrivingTensors::~ArrivingTensors() {
+  if (ready_ == nullptr || (ready_->Test() && ready_->error().ok())) return;
+  for (Tensor& t : tensors_) Abandon(std::move(t.holder));
+}
+
 absl::Status ArrivingTensors::Wait() {
   if (ready_ == nullptr) return absl::OkStatus();
   const absl::Status s = ready_->Wait();
@@ -335,7 +340,9 @@ absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
     if (incoming_works[r] != nullptr) {
       const absl::Status s = incoming_works[r]->Wait();
       if (!s.ok()) {
-        Abandon(incoming[r]);
+        for (size_t k = r; k < receives.size(); ++k) {
+          if (incoming[k] != nullptr) Abandon(incoming[k]);
+        }
         return Annotate(s, absl::StrCat("waiting for ", expected_id, " from rank ", receive.peer));
       }
       auto header = TransferHeader::Decode(*incoming[r]);

@@ -115,6 +115,11 @@ class ArrivingTensors {
       : tensors_(std::move(tensors)), ready_(std::move(ready)), what_(std::move(what)) {}
   // Tensors produced on this rank: nothing to wait for.
   explicit ArrivingTensors(std::vector<Tensor> local) : tensors_(std::move(local)) {}
+  // Tensors still arriving when dropped (the engine gave up after an abort) are leaked: the
+  // library may still write into them.
+  ~ArrivingTensors();
+  ArrivingTensors(ArrivingTensors&&) = default;
+  ArrivingTensors& operator=(ArrivingTensors&&) = default;
 
   // Waits for the payload (if any). After a failed wait the tensors' memory is deliberately
   // leaked (the library may still write into it).

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "cli/torch/elastic_train.h"
 #include "cli/torch/model_flags.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
@@ -55,6 +56,17 @@ ABSL_FLAG(int, global_batch, 0,
           "micro-batches x data-parallel, or the plan's)");
 ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
 ABSL_FLAG(int, steps, 10, "train: iterations to run");
+ABSL_FLAG(bool, elastic, false,
+          "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
+          "templates for every node count, re-formed on the survivors after a failure "
+          "(docs/elastic.md); CPU, GPipe or 1F1B");
+ABSL_FLAG(int, elastic_min_pipelines, 2,
+          "train --elastic: pipelines at the start, f + 1 to survive f failures");
+ABSL_FLAG(double, device_memory_mb, 0,
+          "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
+          "limit)");
+ABSL_FLAG(int, devices_per_node, 1,
+          "train --elastic: ranks per node (a node that loses a rank is dropped whole)");
 ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
 ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
@@ -481,6 +493,57 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   }
   TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
+  std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
+  const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
+  runtime::StageFactory factory =
+      [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
+    runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
+    o.precision = precision;
+    o.libtorch_device_ops = libtorch_device_ops;
+    TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
+    return std::unique_ptr<runtime::Stage>(std::move(stage));
+  };
+  if (absl::GetFlag(FLAGS_elastic)) {
+    if (!absl::GetFlag(FLAGS_plan).empty()) {
+      return absl::InvalidArgumentError(
+          "--elastic plans its own pipelines from templates; drop --plan");
+    }
+    if (!absl::GetFlag(FLAGS_resume).empty() || !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+      return absl::UnimplementedError(
+          "--elastic does not write or resume checkpoints yet: its state lives in the "
+          "surviving replicas");
+    }
+    ElasticRun run;
+    run.world = &world;
+    run.model = &model;
+    run.data = data;
+    run.profiler.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+    run.profiler.warmup = 1;
+    run.profiler.repeats = 3;
+    run.profiler.device = device;
+    run.factory = factory;
+    run.engine = options;
+    const std::string schedule = absl::GetFlag(FLAGS_schedule);
+    if (!schedule.empty()) {
+      TANDEM_ASSIGN_OR_RETURN(run.schedule, pipeline::ParseScheduleKind(schedule));
+    }
+    run.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+    run.global_batch = absl::GetFlag(FLAGS_global_batch);
+    run.steps = steps;
+    run.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
+    run.devices_per_node = std::max(1, absl::GetFlag(FLAGS_devices_per_node));
+    run.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * 1048576.0;
+    run.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
+    run.tokens_per_sample = model_and_data.gpt.seq_len;
+    run.model_text = absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt),
+                                  " seed=", seed);
+    run.log_json = absl::GetFlag(FLAGS_log_json);
+    if (rank == 0) {
+      std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
+                << " on " << device.str() << ", elastic" << std::endl;
+    }
+    return RunElasticTraining(run, engine_started);
+  }
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
                           PlanForRun(world, model, *model_and_data.data, device));
   TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data.gpt, device));
@@ -492,16 +555,6 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
               << DescribePlan(plan) << std::flush;
   }
 
-  std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
-  const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
-  runtime::StageFactory factory =
-      [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
-    runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
-    o.precision = precision;
-    o.libtorch_device_ops = libtorch_device_ops;
-    TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
-    return std::unique_ptr<runtime::Stage>(std::move(stage));
-  };
   const MfuModel mfu = MfuFor(model_and_data.gpt, device, precision, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
                           runtime::Engine::Create(plan, &world, factory, options));
@@ -657,6 +710,12 @@ int RunTrain(const std::vector<std::string>& args) {
     startup_watch.reset();
     watch_comm.reset();
   });
+  if (status.ok() && ElasticJobLostRanks()) {
+    // MPI_Finalize would wait for the dead.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(kExitOk);
+  }
   if (status.ok()) return kExitOk;
   const int code = ReportError(
       (*world)->size() > 1 ? absl::StrCat("train (rank ", rank, ")") : "train", status);
@@ -673,7 +732,8 @@ std::vector<std::string> TrainFlags() {
   std::vector<std::string> flags = ModelFlagNames();
   for (const char* name :
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
-        "waves", "data_parallel", "steps", "seed", "plan", "timeline", "log_json", "optimizer",
+        "waves", "data_parallel", "steps", "elastic", "elastic_min_pipelines",
+        "devices_per_node", "device_memory_mb", "seed", "plan", "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",
@@ -694,7 +754,8 @@ const CommandRegistrar registrar({
         "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
         "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
         "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n"
-        "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n\n"
+        "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n"
+        "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]]\n\n"
         "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
         "the given plan (checked against the world size and the model), with --schedule a\n"
         "uniform plan of P stages x D pipelines, and with neither rank 0 profiles the model,\n"
@@ -706,6 +767,12 @@ const CommandRegistrar registrar({
         "memory (NCCL refuses that), otherwise over NCCL. --log-json writes one JSON object per\n"
         "iteration; --timeline writes the last iteration of every rank as a Chrome trace\n"
         "(open in https://ui.perfetto.dev) with the simulator's prediction beside it.\n"
+        "With --elastic (under `mpirun --enable-recovery`) the job survives dead ranks: rank 0\n"
+        "profiles the model, every rank builds pipeline templates for every node count, the\n"
+        "job starts with --elastic-min-pipelines pipelines and, when ranks die, the survivors\n"
+        "agree on who lives, re-form pipelines from the templates, copy the lost layers'\n"
+        "parameters and optimizer state from surviving replicas and redo the interrupted\n"
+        "iteration (docs/elastic.md).\n"
         "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
     .flags = TrainFlags(),
     .run = RunTrain});

@@ -28,6 +28,8 @@ inline TorchStageOptions TorchStageOptionsFor(const StageSpec& spec, torch::Devi
   options.data_parallel = spec.data_parallel;
   options.microbatches = spec.num_microbatches;
   options.microbatch_size = spec.microbatch_size;
+  options.sample_offset = spec.sample_offset;
+  options.loss_microbatches = spec.loss_microbatches;
   options.device = device;
   return options;
 }

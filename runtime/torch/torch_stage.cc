@@ -114,7 +114,10 @@ TorchStage::TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset>
       loss_(model.loss),
       layers_(std::move(layers)),
       parameters_(NamedLayerParameters(layers_, options_.first_layer)),
-      loss_scale_(1.0 / (static_cast<double>(options_.microbatches) * options_.data_parallel)) {
+      loss_scale_(1.0 / (options_.loss_microbatches > 0
+                             ? static_cast<double>(options_.loss_microbatches)
+                             : static_cast<double>(options_.microbatches) *
+                                   options_.data_parallel)) {
   const int count = static_cast<int>(layers_.size());
   auto recomputed = [&](int local) {
     const auto& list = options_.recompute_layers;
@@ -238,7 +241,10 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
   if (!is_first() && !is_last_) return absl::OkStatus();
   const int64_t replica_samples = options_.microbatches * options_.microbatch_size;
   absl::StatusOr<Batch> batch = data_->Samples(
-      iteration, options_.data_parallel_index * replica_samples, replica_samples);
+      iteration,
+      options_.sample_offset >= 0 ? options_.sample_offset
+                                  : options_.data_parallel_index * replica_samples,
+      replica_samples);
   if (!batch.ok()) return Annotate(batch.status(), Where(-1));
   replica_batch_ = *std::move(batch);
   return absl::OkStatus();

@@ -67,6 +67,10 @@ struct TorchStageOptions {
   int data_parallel = 1;              // D
   int microbatches = 1;               // M: micro-batches per replica per iteration
   int64_t microbatch_size = 1;        // b
+  // Pipelines of different micro-batch counts (the elastic layer): first sample of this
+  // replica's share (-1: d * M * b) and micro-batches of the global batch (0: M * D).
+  int64_t sample_offset = -1;
+  int loss_microbatches = 0;
   torch::Device device = torch::kCPU;
   // CPU stages: LibTorch tensor operations for the gradient passes and the optimizer instead
   // of the runtime's CPU loops (CUDA stages always use them).

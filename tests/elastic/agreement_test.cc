@@ -135,11 +135,15 @@ TEST(MembershipTest, Scenario) {
   const auto start = std::chrono::steady_clock::now();
 
   if (g_scenario == "no_failure") {
-    m->SetCommitted(10 * world.rank);
+    m->SetCommitted(10 * world.rank, {0.5 * world.rank, 1.5, -2.0 * world.rank});
     if (world.rank == 1) m->RequestAgreement(absl::DeadlineExceededError("a false alarm"));
     auto d = m->AwaitDecision(absl::Seconds(20));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_EQ(d->committed_iteration, 10 * (world.size - 1));
+    // The sums travel with the highest committed iteration, bit for bit.
+    EXPECT_EQ(d->committed_sums[0], 0.5 * (world.size - 1));
+    EXPECT_EQ(d->committed_sums[1], 1.5);
+    EXPECT_EQ(d->committed_sums[2], -2.0 * (world.size - 1));
     EXPECT_EQ(failures.load(), 1);
     const double seconds = Since(start);
     EXPECT_LT(seconds, 1.0) << "no one died: no one waits for a heartbeat timeout";

@@ -23,6 +23,7 @@
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/reference.h"
+#include "tests/support/train_cli.h"
 
 namespace {
 
@@ -33,22 +34,8 @@ constexpr double kRelativeTolerance = 1e-5;
 constexpr uint64_t kSeed = 11;
 constexpr int64_t kGlobalBatch = 16;
 
-struct Outcome {
-  int exit_status = -1;
-  std::string output;
-};
-
-Outcome RunCommand(const std::string& command) {
-  Outcome o;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return o;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) o.output.append(buffer, n);
-  const int status = pclose(pipe);
-  o.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return o;
-}
+using tandem::testing::Outcome;
+using tandem::testing::RunCommand;
 
 std::string Mpirun(int ranks) {
   return absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np ",
@@ -56,9 +43,7 @@ std::string Mpirun(int ranks) {
 }
 
 // The model of these tests: a 2-block GPT on the synthetic task.
-constexpr char kModelFlags[] =
-    " --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3"
-    " --warmup-steps 2 --weight-decay 0.01";
+constexpr const char* kModelFlags = tandem::testing::kSmallGptFlags;
 
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
@@ -67,41 +52,11 @@ std::string TempPath(const std::string& name) {
 }
 
 std::vector<nlohmann::json> ReadLog(const std::string& path) {
-  std::vector<nlohmann::json> lines;
-  auto text = tandem::ReadFile(path);
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return lines;
-  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
-    lines.push_back(nlohmann::json::parse(line));
-  }
-  return lines;
+  return tandem::testing::ReadJsonLines(path);
 }
 
 std::vector<double> ReferenceLosses(int steps) {
-  libtorch::GptConfig gpt;
-  gpt.vocab = 16;
-  gpt.layers = 2;
-  gpt.hidden = 16;
-  gpt.heads = 2;
-  gpt.seq_len = 8;
-  auto model = libtorch::GptModelSpec(gpt).Build(kSeed);
-  EXPECT_TRUE(model.ok()) << model.status();
-  libtorch::SyntheticTaskOptions task;
-  task.vocab = gpt.vocab;
-  task.seq_len = gpt.seq_len;
-  task.seed = kSeed;
-  auto data = libtorch::MakeSyntheticDataset(task);
-  EXPECT_TRUE(data.ok());
-  libtorch::ReferenceOptions options;
-  options.global_batch = kGlobalBatch;
-  options.steps = steps;
-  options.optimizer.kind = libtorch::OptimizerKind::kAdamW;
-  options.optimizer.weight_decay = 0.01;
-  options.lr.base_lr = 3e-3;
-  options.lr.warmup_steps = 2;
-  auto result = libtorch::TrainReference(*model, **data, options);
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? result->losses : std::vector<double>();
+  return tandem::testing::SmallGptReferenceLosses(steps, kGlobalBatch, kSeed);
 }
 
 void ExpectLossesMatch(const std::vector<nlohmann::json>& log, const std::vector<double>& want,

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Recovery time of `tandem train --elastic` after a real SIGKILL, beside a restart.
+
+For each kill point, runs `mpirun --enable-recovery -np N tandem train --elastic ...` with
+TANDEM_ELASTIC_KILL and prints, from the rank's own timestamps:
+  detect+agree  kill -> the survivors' reconfiguration line (heartbeat timeout + agreement)
+  re-form       the survivors' own figure for shrink, plan, state moves and new engines
+  lost          kill -> end of the first redone iteration, minus one normal iteration
+  restart       what a restart costs instead: a fresh mpirun to its first iteration's end
+and checks that the run finished with the uninterrupted run's losses.
+
+usage: bench/elastic/elastic_recovery_bench.py BUILD_DIR [--ranks 4] [--steps 20]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+MODEL = ("--model gpt --layers 4 --hidden 64 --heads 4 --seq-len 32 --optimizer adamw "
+         "--lr 3e-3 --warmup-steps 2 --global-batch 32 --microbatch-size 2 --seed 11")
+
+
+def run(build, ranks, steps, kill, memory, log):
+    env = dict(os.environ)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "--enable-recovery"]
+    if kill:
+        env["TANDEM_ELASTIC_KILL"] = kill
+        cmd += ["-x", "TANDEM_ELASTIC_KILL"]
+    cmd += ["-np", str(ranks), os.path.join(build, "bin", "tandem"), "train", "--elastic",
+            "--steps", str(steps), "--log-json", log, "--device-memory-mb", str(memory)]
+    cmd += MODEL.split()
+    start = time.time()
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=600).stdout
+    lines = [json.loads(l) for l in open(log) if l.strip()]
+    return start, out, lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--memory-mb", type=float, default=0.6,
+                    help="device memory the templates plan for (small: pipelines of stages)")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="tandem_elastic_bench_")
+
+    base_log = os.path.join(tmp, "base.jsonl")
+    start, out, lines = run(args.build, args.ranks, args.steps, "", args.memory_mb, base_log)
+    iters = [l for l in lines if "iteration" in l and "event" not in l]
+    if not iters:
+        sys.exit("the run without failures trained nothing:\n" + out)
+    layout = re.search(r"elastic: (\d+ pipeline\(s\): [^\n]*)", out)
+    restart = iters[0]["unix_time"] - start
+    normal = sorted(l["iteration_ms"] for l in iters[1:])[len(iters[1:]) // 2] / 1e3
+    reference = {l["iteration"]: l["loss"] for l in iters}
+    print(f"tandem train --elastic, {args.ranks} ranks, {MODEL}")
+    print(f"layout: {layout.group(1) if layout else '?'}")
+    print(f"restart (mpirun to the end of the first iteration, profiling and templates "
+          f"included): {restart:.2f} s; median iteration {normal * 1e3:.1f} ms")
+    print(f"{'kill':<18} {'detect+agree':>12} {'re-form':>9} {'lost':>8} {'lost/restart':>13}"
+          f"  losses  after")
+    victim = args.ranks - 1
+    third = max(2, args.steps // 3)
+    for point in ["forward", "backward", "sync", "commit"]:
+        kill = f"{victim}:{third}:{point}"
+        log = os.path.join(tmp, f"{point}.jsonl")
+        _, out, lines = run(args.build, args.ranks, args.steps, kill, args.memory_mb, log)
+        m = re.search(r"kills itself \(SIGKILL\) at .* \(unix time ([0-9.]+)\)", out)
+        recon = [l for l in lines if l.get("event") == "reconfiguration"]
+        finished = any(l.get("event") == "finished" for l in lines)
+        if not m or not recon or not finished:
+            print(f"{kill:<18} did not recover:\n{out}")
+            continue
+        killed = float(m.group(1))
+        r = recon[0]
+        redone = [l for l in lines if "event" not in l and l["iteration"] == r["resume_iteration"]]
+        after = [l for l in lines if "event" not in l and l["iteration"] > r["resume_iteration"]]
+        lost = redone[-1]["unix_time"] - killed - normal if redone else float("nan")
+        worst = max(abs(l["loss"] - reference[l["iteration"]]) / abs(reference[l["iteration"]])
+                    for l in lines if "event" not in l and l["iteration"] in reference)
+        print(f"{kill:<18} {r['unix_time'] - killed - r['rebuild_seconds']:>10.2f} s "
+              f"{r['rebuild_seconds'] * 1e3:>6.1f} ms {lost:>6.2f} s {lost / restart:>12.2f}x"
+              f"  {'equal' if worst <= 1e-5 else f'differ {worst:.1e}'}  {r['layout']}")
+        del after
+
+
+if __name__ == "__main__":
+    main()

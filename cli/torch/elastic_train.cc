@@ -1,0 +1,226 @@
+#include "cli/torch/elastic_train.h"
+
+#include <fstream>
+#include <iostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "elastic/trainer.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/profile.h"
+#include "planner/cluster.h"
+#include "planner/layer_chain.h"
+#include "planner/templates.h"
+#include "runtime/control.h"
+
+namespace tandem::cli {
+namespace {
+
+// Rank 0's profile, as JSON, on every rank (size, then bytes).
+absl::StatusOr<std::string> BroadcastText(comm::Communicator& world, std::string text) {
+  int64_t size = static_cast<int64_t>(text.size());
+  TANDEM_RETURN_IF_ERROR(world.Broadcast({&size, 1, comm::DataType::kInt64}, 0)->Wait());
+  text.resize(static_cast<size_t>(size));
+  TANDEM_RETURN_IF_ERROR(
+      world.Broadcast({text.data(), size, comm::DataType::kUInt8}, 0)->Wait());
+  return text;
+}
+
+bool lost_ranks = false;
+
+// Appends one JSON object to the log (when there is one).
+void AppendEvent(const std::string& log, const nlohmann::json& line) {
+  if (log.empty()) return;
+  std::ofstream out(log, std::ios::app);
+  out << line.dump() << "\n";
+}
+
+absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& started);
+
+}  // namespace
+
+bool ElasticJobLostRanks() { return lost_ranks; }
+
+absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void()>& started) {
+  // Under `mpirun --enable-recovery` Open MPI 4.1's mpirun exits 0 whatever the ranks do, so
+  // the log says how the job ended: {"event": "finished"} or {"event": "failed"} per failing
+  // rank.
+  absl::Status status = RunElastic(run, started);
+  if (!status.ok()) {
+    AppendEvent(run.log_json, {{"event", "failed"},
+                               {"rank", run.world->rank()},
+                               {"error", std::string(status.message())}});
+  }
+  return status;
+}
+
+namespace {
+
+absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& started) {
+  comm::Communicator& world = *run.world;
+  const int rank = world.rank();
+  if (run.global_batch <= 0 || run.global_batch % run.microbatch_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--elastic needs --global-batch, a multiple of --microbatch-size (", run.microbatch_size,
+        ")"));
+  }
+  if (run.min_pipelines < 1) {
+    return absl::InvalidArgumentError("--elastic-min-pipelines must be at least 1");
+  }
+  const int64_t global_microbatches = run.global_batch / run.microbatch_size;
+
+  // The profile (rank 0), then the same templates on every rank.
+  std::string text;
+  absl::Status local = absl::OkStatus();
+  if (rank == 0) {
+    std::cout << "elastic: profiling the model (micro-batch " << run.microbatch_size
+              << ") on rank 0 ..." << std::endl;
+    auto profile = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
+    if (profile.ok()) {
+      text = pipeline::ToJson(*profile).dump();
+    } else {
+      local = profile.status();
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
+  TANDEM_ASSIGN_OR_RETURN(text, BroadcastText(world, text));
+  TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
+                          pipeline::ProfileFromJson(nlohmann::json::parse(text), "profile"));
+  TANDEM_ASSIGN_OR_RETURN(planner::LayerChain chain, planner::LayerChain::FromProfile(profile));
+  if (world.size() % run.devices_per_node != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(world.size(), " ranks are not whole nodes of ",
+                                                   run.devices_per_node,
+                                                   " (--devices-per-node)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(planner::ClusterSpec cluster,
+                          planner::MakeCluster(world.size(), run.devices_per_node,
+                                               run.device_memory_bytes, {/*bandwidth=*/10e9}));
+  planner::TemplateOptions template_options;
+  template_options.microbatches = static_cast<int>(
+      std::max<int64_t>(1, global_microbatches / run.min_pipelines));
+  template_options.microbatch_size = run.microbatch_size;
+  const absl::Time t0 = absl::Now();
+  TANDEM_ASSIGN_OR_RETURN(planner::TemplateSet templates,
+                          planner::GeneratePipelineTemplates(chain, cluster, template_options));
+  if (rank == 0) {
+    std::cout << absl::StrFormat(
+                     "elastic: %d pipeline template(s) for %d..%d node(s) of %d device(s), in "
+                     "%.1f ms",
+                     templates.templates.size(), templates.min_nodes,
+                     templates.templates.empty() ? 0 : templates.templates.back().nodes,
+                     run.devices_per_node, absl::ToDoubleMilliseconds(absl::Now() - t0))
+              << std::endl;
+  }
+
+  elastic::ElasticOptions options;
+  options.engine = run.engine;
+  options.schedule = run.schedule;
+  options.model = run.model_text;
+  options.num_layers = run.model->num_layers();
+  options.microbatch_size = run.microbatch_size;
+  options.global_microbatches = global_microbatches;
+  options.devices_per_node = run.devices_per_node;
+  options.min_pipelines = run.min_pipelines;
+  options.steps = run.steps;
+  options.membership.heartbeat_timeout = run.heartbeat_timeout;
+  options.layer_state_bytes = elastic::LayerStateBytes(chain);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
+  started();  // the membership watches the ranks from here
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<elastic::ElasticTrainer> trainer,
+      elastic::ElasticTrainer::Create(std::move(job), std::move(templates), run.factory,
+                                      std::move(options)));
+  const int reporter = trainer->layout().pipelines.empty()
+                           ? -1
+                           : trainer->layout().pipelines[0].ranks[0];
+  if (rank == reporter) {
+    std::cout << "elastic: " << elastic::Describe(trainer->layout())
+              << " (global batch " << run.global_batch << ": " << global_microbatches
+              << " micro-batches of " << run.microbatch_size << ")" << std::endl;
+    if (!run.log_json.empty()) std::ofstream(run.log_json, std::ios::trunc).flush();
+  }
+  const double tokens = static_cast<double>(run.global_batch) * run.tokens_per_sample;
+  int reconfigurations = 0;
+  double last_loss = 0;
+  int64_t last_iteration = -1;
+  absl::Status log_status = absl::OkStatus();
+  auto on_iteration = [&](const elastic::ElasticIteration& e) {
+    last_loss = e.result.loss;
+    last_iteration = e.result.iteration;
+    if (!e.reporter) return;
+    const runtime::IterationResult& r = e.result;
+    std::cout << absl::StrFormat(
+                     "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  %d pipeline(s) on %d "
+                     "rank(s)",
+                     r.iteration + 1, run.steps, r.loss, r.seconds * 1e3,
+                     r.seconds > 0 ? tokens / r.seconds : 0.0, e.pipelines, e.ranks)
+              << std::endl;
+    if (!run.log_json.empty()) {
+      nlohmann::json line = {{"iteration", r.iteration},
+                             {"loss", r.loss},
+                             {"iteration_ms", r.seconds * 1e3},
+                             {"tokens_per_second", r.seconds > 0 ? tokens / r.seconds : 0.0},
+                             {"grad_norm", r.grad_norm},
+                             {"learning_rate", r.learning_rate},
+                             {"pipelines", e.pipelines},
+                             {"ranks", e.ranks},
+                             {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+      std::ofstream out(run.log_json, std::ios::app);
+      out << line.dump() << "\n";
+      out.flush();
+      if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
+    }
+  };
+  auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
+    ++reconfigurations;
+    lost_ranks = true;
+    if (!c.reporter) return;
+    if (!run.log_json.empty()) {
+      nlohmann::json line = {{"event", "reconfiguration"},
+                             {"dead", c.dead},
+                             {"live", c.live},
+                             {"committed_iteration", c.committed_iteration},
+                             {"resume_iteration", c.resume_iteration},
+                             {"agree_seconds", c.agree_seconds},
+                             {"rebuild_seconds", c.rebuild_seconds},
+                             {"layout", c.layout},
+                             {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+      std::ofstream out(run.log_json, std::ios::app);
+      out << line.dump() << "\n";
+      out.flush();
+      if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
+    }
+    std::cout << absl::StrFormat(
+                     "elastic: rank(s) %s died; %d survivor(s) agreed in %.2f s (%.2f s after "
+                     "this rank's operation failed) that iteration %d is the last committed; "
+                     "re-formed in %.2f s (%d layer(s) received here): %s; resuming at "
+                     "iteration %d",
+                     absl::StrJoin(c.dead, ", "), c.live.size(), c.agree_seconds,
+                     c.detect_seconds, c.committed_iteration + 1, c.rebuild_seconds,
+                     c.layers_received, c.layout, c.resume_iteration + 1)
+              << std::endl;
+  };
+  TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration));
+  TANDEM_RETURN_IF_ERROR(log_status);
+  if (trainer->layout().pipelines.empty() ||
+      trainer->layout().pipelines[0].ranks[0] == trainer->job_rank()) {
+    AppendEvent(run.log_json, {{"event", "finished"},
+                               {"iterations", last_iteration + 1},
+                               {"reconfigurations", reconfigurations},
+                               {"final_loss", last_loss}});
+    std::cout << absl::StrFormat(
+                     "trained to iteration %d elastically: final loss %.5f, %d "
+                     "reconfiguration(s), %s",
+                     last_iteration + 1, last_loss, reconfigurations,
+                     elastic::Describe(trainer->layout()))
+              << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem::cli

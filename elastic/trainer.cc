@@ -1,0 +1,876 @@
+#include "elastic/trainer.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "pipeline/plan.h"
+#include "runtime/control.h"
+
+namespace tandem::elastic {
+namespace {
+
+constexpr int kMoveTag = 21;  // state moves on the survivors' communicator (size, then bytes)
+
+// ---- encoding -------------------------------------------------------------------------
+
+void PutInt(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void PutString(std::string* out, const std::string& s) {
+  PutInt(out, static_cast<int64_t>(s.size()));
+  out->append(s);
+}
+void PutFloats(std::string* out, const std::vector<float>& v) {
+  PutInt(out, static_cast<int64_t>(v.size()));
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+struct Reader {
+  const std::string& in;
+  size_t at = 0;
+  absl::StatusOr<int64_t> Int() {
+    if (at + 8 > in.size()) return absl::DataLossError("moved state is truncated");
+    int64_t v;
+    std::memcpy(&v, in.data() + at, 8);
+    at += 8;
+    return v;
+  }
+  absl::StatusOr<std::string> String() {
+    TANDEM_ASSIGN_OR_RETURN(int64_t n, Int());
+    if (n < 0 || at + static_cast<size_t>(n) > in.size()) {
+      return absl::DataLossError("moved state is truncated");
+    }
+    std::string s = in.substr(at, static_cast<size_t>(n));
+    at += static_cast<size_t>(n);
+    return s;
+  }
+  absl::StatusOr<std::vector<float>> Floats() {
+    TANDEM_ASSIGN_OR_RETURN(int64_t n, Int());
+    if (n < 0 || at + static_cast<size_t>(n) * sizeof(float) > in.size()) {
+      return absl::DataLossError("moved state is truncated");
+    }
+    std::vector<float> v(static_cast<size_t>(n));
+    std::memcpy(v.data(), in.data() + at, v.size() * sizeof(float));
+    at += v.size() * sizeof(float);
+    return v;
+  }
+};
+
+// ---- fault injection ------------------------------------------------------------------
+
+struct KillPoint {
+  int rank = -1;
+  int64_t iteration = -1;
+  std::string point;
+  bool Hits(int me, int64_t it, const char* at) const {
+    return rank == me && iteration == it && point == at;
+  }
+};
+
+absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
+  KillPoint k;
+  if (text.empty()) return k;
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  static const std::set<std::string> kPoints = {"forward", "backward", "sync", "commit", "idle"};
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &k.rank) ||
+      !absl::SimpleAtoi(parts[1], &k.iteration) || !kPoints.count(parts[2])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fault injection '", text,
+        "': expected RANK:ITERATION:POINT, POINT one of forward, backward, sync, commit, idle"));
+  }
+  k.point = parts[2];
+  return k;
+}
+
+[[noreturn]] void KillSelf(int rank, int64_t iteration, const std::string& point) {
+  TANDEM_LOG(WARNING) << "fault injection: rank " << rank << " kills itself (SIGKILL) at "
+                      << point << " of iteration " << iteration << " (unix time "
+                      << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) * 1e-6) << ")";
+  ::kill(::getpid(), SIGKILL);
+  for (;;) ::pause();
+}
+
+// A stage that kills its process at a chosen forward or backward (fault injection).
+class KillingStage final : public runtime::Stage {
+ public:
+  KillingStage(std::unique_ptr<runtime::Stage> inner, KillPoint kill, int rank)
+      : inner_(std::move(inner)), kill_(std::move(kill)), rank_(rank) {}
+  absl::Status BeginIteration(int64_t iteration) override {
+    iteration_ = iteration;
+    return inner_->BeginIteration(iteration);
+  }
+  absl::StatusOr<std::vector<runtime::Tensor>> Forward(int m,
+                                                       std::vector<runtime::Tensor> in) override {
+    if (m == 0 && kill_.Hits(rank_, iteration_, "forward")) KillSelf(rank_, iteration_, "forward");
+    return inner_->Forward(m, std::move(in));
+  }
+  absl::StatusOr<std::vector<runtime::Tensor>> Backward(int m,
+                                                        std::vector<runtime::Tensor> g) override {
+    MaybeKillInBackward(m);
+    return inner_->Backward(m, std::move(g));
+  }
+  absl::StatusOr<std::vector<runtime::Tensor>> BackwardInput(
+      int m, std::vector<runtime::Tensor> g) override {
+    MaybeKillInBackward(m);
+    return inner_->BackwardInput(m, std::move(g));
+  }
+  absl::Status BackwardWeight(int m) override { return inner_->BackwardWeight(m); }
+  absl::StatusOr<runtime::Tensor> NewTensor(const runtime::TensorMeta& meta) override {
+    return inner_->NewTensor(meta);
+  }
+  double IterationLoss() const override { return inner_->IterationLoss(); }
+  std::vector<runtime::ParameterView> Parameters() override { return inner_->Parameters(); }
+  comm::Device device() const override { return inner_->device(); }
+  runtime::DeviceOps* device_ops() override { return inner_->device_ops(); }
+
+ private:
+  void MaybeKillInBackward(int m) {
+    if (m == 0 && kill_.Hits(rank_, iteration_, "backward")) {
+      KillSelf(rank_, iteration_, "backward");
+    }
+  }
+  std::unique_ptr<runtime::Stage> inner_;
+  KillPoint kill_;
+  int rank_;
+  int64_t iteration_ = 0;
+};
+
+std::string Ranks(const std::vector<int>& ranks) {
+  return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
+}
+
+// Memory an aborted operation may still write into stays allocated until the process ends.
+template <typename T>
+void Leak(std::shared_ptr<T> memory) {
+  new std::shared_ptr<T>(std::move(memory));
+}
+
+// Sums the squares of a host buffer.
+double SquaredNorm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return s;
+}
+
+}  // namespace
+
+// ---- pure parts ----------------------------------------------------------------------------
+
+absl::StatusOr<int> LayerOfParameter(const std::string& name) {
+  constexpr absl::string_view kPrefix = "layers.";
+  int layer = -1;
+  if (absl::StartsWith(name, kPrefix)) {
+    const size_t dot = name.find('.', kPrefix.size());
+    if (dot != std::string::npos &&
+        absl::SimpleAtoi(absl::string_view(name).substr(kPrefix.size(), dot - kPrefix.size()),
+                         &layer) &&
+        layer >= 0) {
+      return layer;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parameter '", name, "' is not named layers.<index>.<name>: the elastic layer moves and "
+      "synchronises state by layer"));
+}
+
+std::string EncodeState(const std::vector<runtime::ParameterState>& state) {
+  std::string out;
+  PutInt(&out, static_cast<int64_t>(state.size()));
+  for (const runtime::ParameterState& p : state) {
+    PutString(&out, p.name);
+    PutFloats(&out, p.value);
+    PutInt(&out, p.optimizer.steps);
+    PutInt(&out, static_cast<int64_t>(p.optimizer.buffers.size()));
+    for (const auto& [name, values] : p.optimizer.buffers) {
+      PutString(&out, name);
+      PutFloats(&out, values);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<runtime::ParameterState>> DecodeState(const std::string& bytes) {
+  Reader r{bytes};
+  TANDEM_ASSIGN_OR_RETURN(int64_t n, r.Int());
+  if (n < 0 || n > static_cast<int64_t>(bytes.size())) {
+    return absl::DataLossError("moved state: bad parameter count");
+  }
+  std::vector<runtime::ParameterState> out(static_cast<size_t>(n));
+  for (runtime::ParameterState& p : out) {
+    TANDEM_ASSIGN_OR_RETURN(p.name, r.String());
+    TANDEM_ASSIGN_OR_RETURN(p.value, r.Floats());
+    p.optimizer.name = p.name;
+    TANDEM_ASSIGN_OR_RETURN(p.optimizer.steps, r.Int());
+    TANDEM_ASSIGN_OR_RETURN(int64_t buffers, r.Int());
+    if (buffers < 0 || buffers > 64) return absl::DataLossError("moved state: bad buffer count");
+    for (int64_t b = 0; b < buffers; ++b) {
+      TANDEM_ASSIGN_OR_RETURN(std::string name, r.String());
+      TANDEM_ASSIGN_OR_RETURN(std::vector<float> values, r.Floats());
+      p.optimizer.buffers.emplace_back(std::move(name), std::move(values));
+    }
+  }
+  if (r.at != bytes.size()) return absl::DataLossError("moved state: trailing bytes");
+  return out;
+}
+
+absl::StatusOr<JobLayout> LayoutFromPlan(const ElasticPlan& plan,
+                                         const std::vector<int>& live_ranks) {
+  JobLayout layout;
+  layout.global_microbatches = plan.instantiation.global_microbatches;
+  std::set<int> used;
+  int64_t next = 0;
+  for (const PipelineRanks& p : plan.assignment.pipelines) {
+    if (p.stages.empty()) return absl::InvalidArgumentError("a pipeline without stages");
+    const size_t width = p.stages[0].ranks.size();
+    for (const StageRanks& s : p.stages) {
+      if (s.ranks.size() != width || width == 0) {
+        return absl::InvalidArgumentError(
+            "a template whose stages use different numbers of devices");
+      }
+    }
+    for (size_t k = 0; k < width; ++k) {
+      JobPipeline jp;
+      jp.microbatches = p.microbatches / static_cast<int64_t>(width) +
+                        (static_cast<int64_t>(k) < p.microbatches % static_cast<int64_t>(width));
+      for (const StageRanks& s : p.stages) {
+        jp.ranks.push_back(s.ranks[k]);
+        jp.stages.push_back(s.layers);
+      }
+      if (jp.microbatches == 0) continue;  // its ranks stay idle
+      jp.first_microbatch = next;
+      next += jp.microbatches;
+      for (int r : jp.ranks) used.insert(r);
+      layout.pipelines.push_back(std::move(jp));
+    }
+  }
+  if (next != layout.global_microbatches) {
+    return absl::InternalError(absl::StrCat("the pipelines take ", next, " micro-batches of ",
+                                            layout.global_microbatches));
+  }
+  for (int r : live_ranks) {
+    if (!used.count(r)) layout.idle_ranks.push_back(r);
+  }
+  return layout;
+}
+
+HeldLayers HeldUnder(const JobLayout& layout) {
+  HeldLayers held;
+  for (const JobPipeline& p : layout.pipelines) {
+    for (size_t s = 0; s < p.ranks.size(); ++s) held[p.ranks[s]].push_back(p.stages[s]);
+  }
+  return held;
+}
+
+std::string Describe(const JobLayout& layout) {
+  std::vector<std::string> parts;
+  for (const JobPipeline& p : layout.pipelines) {
+    std::vector<std::string> stages;
+    for (size_t s = 0; s < p.ranks.size(); ++s) {
+      stages.push_back(absl::StrCat("r", p.ranks[s], "[", p.stages[s].first_layer, ",",
+                                    p.stages[s].end_layer, ")"));
+    }
+    parts.push_back(absl::StrCat(absl::StrJoin(stages, " > "), " x", p.microbatches));
+  }
+  std::string text = absl::StrCat(layout.pipelines.size(), " pipeline(s): ",
+                                   absl::StrJoin(parts, " | "));
+  if (!layout.idle_ranks.empty()) {
+    absl::StrAppend(&text, "; idle ranks ", Ranks(layout.idle_ranks));
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<GradientSegment>> GradientSegments(const JobLayout& layout,
+                                                              int num_layers) {
+  std::vector<std::set<int>> holders(static_cast<size_t>(num_layers));
+  for (const JobPipeline& p : layout.pipelines) {
+    for (size_t s = 0; s < p.ranks.size(); ++s) {
+      for (int l = p.stages[s].first_layer; l < p.stages[s].end_layer; ++l) {
+        if (l < 0 || l >= num_layers) {
+          return absl::InvalidArgumentError(absl::StrCat("layer ", l, " outside the model's ",
+                                                         num_layers));
+        }
+        holders[static_cast<size_t>(l)].insert(p.ranks[s]);
+      }
+    }
+  }
+  std::vector<GradientSegment> out;
+  for (int l = 0; l < num_layers; ++l) {
+    if (holders[static_cast<size_t>(l)].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " is held by no rank"));
+    }
+    std::vector<int> ranks(holders[static_cast<size_t>(l)].begin(),
+                           holders[static_cast<size_t>(l)].end());
+    if (!out.empty() && out.back().ranks == ranks) {
+      out.back().layers.end_layer = l + 1;
+    } else {
+      out.push_back({{l, l + 1}, ranks});
+    }
+  }
+  return out;
+}
+
+// ---- the trainer -----------------------------------------------------------------------
+
+struct ElasticTrainer::State {
+  std::unique_ptr<comm::Communicator> base;     // the job's first communicator
+  std::unique_ptr<comm::Communicator> shrunk;   // the survivors' (after a failure)
+  comm::Communicator* current = nullptr;        // base or shrunk
+  std::vector<int> live;                        // job rank of each rank of `current`
+  int me = 0;                                   // job rank
+  planner::TemplateSet templates;
+  runtime::StageFactory factory;
+  ElasticOptions options;
+  KillPoint kill;
+  JobLayout layout;
+
+  // One configuration's objects.
+  std::unique_ptr<Membership> membership;
+  std::unique_ptr<comm::Communicator> everyone;  // duplicate of current: the final barrier
+  std::unique_ptr<comm::Communicator> training;  // ranks with a stage: the commit all-reduce
+  std::unique_ptr<comm::Communicator> pipeline;  // this rank's pipeline
+  struct Segment {
+    GradientSegment segment;
+    std::unique_ptr<comm::Communicator> comm;
+  };
+  std::vector<Segment> segments;  // those this rank holds, in layer order
+  std::unique_ptr<runtime::Engine> engine;
+  int pipeline_index = -1;
+  bool reporter = false;
+  bool has_last_result = false;
+  runtime::IterationResult last_result;  // this rank's last completed iteration
+
+  // What the membership's thread aborts when a failure starts an agreement.
+  std::mutex abort_mu;
+  bool aborted = false;
+  absl::Status abort_reason;
+
+  void AbortAll(const absl::Status& reason) {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    if (!aborted) abort_reason = reason;
+    aborted = true;
+    if (engine != nullptr) engine->Abort(reason);
+    for (comm::Communicator* c : {everyone.get(), training.get(), pipeline.get()}) {
+      if (c != nullptr) c->Abort(reason);
+    }
+    for (Segment& s : segments) {
+      if (s.comm != nullptr) s.comm->Abort(reason);
+    }
+  }
+
+  // Drops one configuration's objects (after an abort: nothing waits for the dead).
+  void TearDown() {
+    std::unique_ptr<runtime::Engine> old_engine;
+    std::vector<Segment> old_segments;
+    std::unique_ptr<comm::Communicator> a, b, c;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu);
+      old_engine = std::move(engine);
+      old_segments = std::move(segments);
+      a = std::move(everyone);
+      b = std::move(training);
+      c = std::move(pipeline);
+    }
+    old_engine.reset();
+    old_segments.clear();
+  }
+
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> SplitRegistered(int color, int key) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
+                            current->Split(color, key));
+    if (c != nullptr) c->set_timeout(options.engine.timeout);
+    return c;
+  }
+
+  absl::Status StartMembership();
+  absl::Status Configure(const std::map<std::string, runtime::ParameterState>* import,
+                         int64_t iteration);
+  runtime::StageFactory PipelineFactory(const JobPipeline& p);
+  absl::StatusOr<double> SyncGradients(runtime::Engine& engine);
+  absl::Status SumOverJob(int64_t iteration, std::array<double, 3>& sums);
+  absl::Status Train(const std::function<void(const ElasticIteration&)>& on_iteration);
+  absl::Status Reconfigure(const MembershipDecision& decision, double detect_seconds,
+                           const std::function<void(const ElasticIteration&)>& on_iteration,
+                           const std::function<void(const Reconfiguration&)>& on_reconfiguration);
+  ElasticIteration Report(const runtime::IterationResult& r) const {
+    ElasticIteration e;
+    e.result = r;
+    e.reporter = reporter;
+    e.pipelines = static_cast<int>(layout.pipelines.size());
+    e.ranks = 0;
+    for (const JobPipeline& p : layout.pipelines) e.ranks += static_cast<int>(p.ranks.size());
+    return e;
+  }
+};
+
+absl::Status ElasticTrainer::State::StartMembership() {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    aborted = false;
+    abort_reason = absl::OkStatus();
+  }
+  TANDEM_ASSIGN_OR_RETURN(membership,
+                          Membership::Start(*current, options.membership,
+                                            [this](const absl::Status& why) { AbortAll(why); }));
+  return absl::OkStatus();
+}
+
+runtime::StageFactory ElasticTrainer::State::PipelineFactory(const JobPipeline& p) {
+  const int64_t offset = p.first_microbatch * options.microbatch_size;
+  const int loss_microbatches = static_cast<int>(options.global_microbatches);
+  return [this, offset, loss_microbatches](const runtime::StageSpec& spec)
+             -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
+    runtime::StageSpec s = spec;
+    s.sample_offset = offset;
+    s.loss_microbatches = loss_microbatches;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Stage> stage, factory(s));
+    if (stage != nullptr && stage->device().kind != comm::DeviceKind::kCpu) {
+      return absl::UnimplementedError(
+          "elastic training runs CPU stages only for now (gradients cross pipelines through "
+          "host memory)");
+    }
+    if (kill.rank == me && (kill.point == "forward" || kill.point == "backward")) {
+      stage = std::make_unique<KillingStage>(std::move(stage), kill, me);
+    }
+    return stage;
+  };
+}
+
+absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) {
+  if (kill.Hits(me, e.iteration(), "sync")) KillSelf(me, e.iteration(), "sync");
+  std::vector<runtime::ParameterView> params = e.LocalParameters();
+  std::vector<int> layer_of(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TANDEM_ASSIGN_OR_RETURN(layer_of[i], LayerOfParameter(params[i].name));
+  }
+  double norm = 0;
+  for (Segment& seg : segments) {
+    std::vector<size_t> members;
+    int64_t count = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (layer_of[i] >= seg.segment.layers.first_layer &&
+          layer_of[i] < seg.segment.layers.end_layer) {
+        members.push_back(i);
+        count += params[i].grad.count;
+      }
+    }
+    // On the heap: after an abort the library may still write into it (then it is leaked).
+    auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(count));
+    std::vector<float>& flat = *buffer;
+    int64_t at = 0;
+    for (size_t i : members) {
+      std::memcpy(flat.data() + at, params[i].grad.data, params[i].grad.bytes());
+      at += params[i].grad.count;
+    }
+    if (seg.comm != nullptr && seg.comm->size() > 1 && count > 0) {
+      const absl::Status reduced =
+          seg.comm->AllReduce({flat.data(), count, comm::DataType::kFloat32}, comm::ReduceOp::kSum)
+              ->Wait();
+      if (!reduced.ok()) {
+        Leak(buffer);
+        return Annotate(reduced, absl::StrCat("summing the gradients of layers [",
+                                              seg.segment.layers.first_layer, ", ",
+                                              seg.segment.layers.end_layer, ") over ranks ",
+                                              Ranks(seg.segment.ranks)));
+      }
+      at = 0;
+      for (size_t i : members) {
+        std::memcpy(params[i].grad.data, flat.data() + at, params[i].grad.bytes());
+        at += params[i].grad.count;
+      }
+    }
+    // Each segment's norm counted once: by its lowest rank.
+    if (seg.segment.ranks.front() == me) norm += SquaredNorm(flat);
+  }
+  return norm;
+}
+
+absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<double, 3>& sums) {
+  auto buffer = std::make_shared<std::array<double, 3>>(sums);
+  const absl::Status reduced =
+      training->AllReduce(runtime::DoubleBuffer(buffer->data(), 3), comm::ReduceOp::kSum)->Wait();
+  if (!reduced.ok()) {
+    Leak(buffer);
+    return reduced;
+  }
+  sums = *buffer;
+  membership->SetCommitted(iteration, sums);
+  if (kill.Hits(me, iteration, "commit")) KillSelf(me, iteration, "commit");
+  return absl::OkStatus();
+}
+
+absl::Status ElasticTrainer::State::Configure(
+    const std::map<std::string, runtime::ParameterState>* import, int64_t iteration) {
+  pipeline_index = -1;
+  int stage_index = 0;
+  for (size_t i = 0; i < layout.pipelines.size(); ++i) {
+    const JobPipeline& p = layout.pipelines[i];
+    for (size_t s = 0; s < p.ranks.size(); ++s) {
+      if (p.ranks[s] == me) {
+        pipeline_index = static_cast<int>(i);
+        stage_index = static_cast<int>(s);
+      }
+    }
+  }
+  reporter = !layout.pipelines.empty() && layout.pipelines[0].ranks[0] == me;
+  const int my_rank = current->rank();
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> all, SplitRegistered(0, my_rank));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> train,
+                          SplitRegistered(pipeline_index >= 0 ? 0 : -1, my_rank));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> pipe,
+                          SplitRegistered(pipeline_index, stage_index));
+  TANDEM_ASSIGN_OR_RETURN(std::vector<GradientSegment> segs,
+                          GradientSegments(layout, options.num_layers));
+  std::vector<Segment> mine;
+  for (const GradientSegment& g : segs) {
+    const bool member = std::binary_search(g.ranks.begin(), g.ranks.end(), me);
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
+                            SplitRegistered(member ? 0 : -1, my_rank));
+    if (member) mine.push_back({g, std::move(c)});
+  }
+  {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    everyone = std::move(all);
+    training = std::move(train);
+    pipeline = std::move(pipe);
+    segments = std::move(mine);
+    if (aborted) return abort_reason;
+  }
+  if (pipeline_index < 0) return absl::OkStatus();
+
+  const JobPipeline& p = layout.pipelines[static_cast<size_t>(pipeline_index)];
+  const int stages = static_cast<int>(p.ranks.size());
+  pipeline::Plan plan;
+  plan.model = options.model;
+  plan.num_layers = options.num_layers;
+  plan.world_size = stages;
+  plan.data_parallel = 1;
+  plan.pipeline_parallel = stages;
+  plan.schedule.kind = options.schedule;
+  plan.schedule.num_ranks = stages;
+  plan.schedule.num_microbatches = static_cast<int>(p.microbatches);
+  plan.microbatch_size = options.microbatch_size;
+  plan.mesh.emplace_back();
+  for (int s = 0; s < stages; ++s) {
+    plan.mesh[0].push_back(s);
+    pipeline::PlanStage st;
+    st.first_layer = p.stages[static_cast<size_t>(s)].first_layer;
+    st.end_layer = p.stages[static_cast<size_t>(s)].end_layer;
+    st.ranks = {s};
+    plan.stages.push_back(st);
+  }
+  plan.algorithm = "elastic";
+  runtime::EngineOptions eo = options.engine;
+  eo.heartbeat_timeout = absl::ZeroDuration();  // the membership watches every rank
+  eo.job.ranks = 0;
+  for (const JobPipeline& q : layout.pipelines) eo.job.ranks += static_cast<int>(q.ranks.size());
+  eo.job.sync_gradients = [this](runtime::Engine& e) { return SyncGradients(e); };
+  eo.job.sum_over_job = [this](int64_t it, std::array<double, 3>& sums) {
+    return SumOverJob(it, sums);
+  };
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> built,
+                          runtime::Engine::Create(plan, pipeline.get(), PipelineFactory(p), eo));
+  if (import != nullptr) {
+    std::vector<runtime::ParameterState> state;
+    for (const auto& [name, s] : *import) state.push_back(s);
+    TANDEM_RETURN_IF_ERROR(built->ImportState(state));
+  }
+  built->set_iteration(iteration);
+  std::lock_guard<std::mutex> lock(abort_mu);
+  engine = std::move(built);
+  if (aborted) {
+    engine->Abort(abort_reason);
+    return abort_reason;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticTrainer::State::Train(
+    const std::function<void(const ElasticIteration&)>& on_iteration) {
+  if (engine != nullptr) {
+    while (engine->iteration() < options.steps) {
+      TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
+      last_result = r;
+      has_last_result = true;
+      if (on_iteration) on_iteration(Report(r));
+    }
+  } else if (kill.rank == me && kill.point == "idle") {
+    KillSelf(me, -1, "idle");
+  }
+  // Everyone, idle ranks included, meets here; a failure meanwhile aborts the wait.
+  comm::WorkPtr done = everyone->Barrier();
+  while (!done->Test()) absl::SleepFor(absl::Milliseconds(5));
+  return done->error();
+}
+
+absl::Status ElasticTrainer::State::Reconfigure(
+    const MembershipDecision& decision, double detect_seconds,
+    const std::function<void(const ElasticIteration&)>& on_iteration,
+    const std::function<void(const Reconfiguration&)>& on_reconfiguration) {
+  const absl::Time start = absl::Now();
+  Reconfiguration report;
+  for (int r : decision.live) report.live.push_back(live[static_cast<size_t>(r)]);
+  for (int r : decision.dead) report.dead.push_back(live[static_cast<size_t>(r)]);
+  report.committed_iteration = decision.committed_iteration;
+  report.detect_seconds = detect_seconds;
+  report.agree_seconds = decision.seconds;
+  const int64_t next = decision.committed_iteration + 1;
+  report.resume_iteration = next;
+
+  // 1. The committed step, applied everywhere; then this rank's state, by parameter name.
+  std::map<std::string, runtime::ParameterState> held;
+  std::map<int, std::vector<std::string>> names_of_layer;
+  if (engine != nullptr) {
+    if (engine->step_pending() && engine->iteration() == decision.committed_iteration) {
+      TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r,
+                              engine->ApplyCommittedStep(decision.committed_sums));
+      report.applied_committed_step = true;
+      last_result = r;
+      has_last_result = true;
+      if (on_iteration) on_iteration(Report(r));
+    }
+    if (engine->iteration() != next) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", me, " is at iteration ", engine->iteration(), " but the survivors resume at ",
+          next, " (committed ", decision.committed_iteration, ")"));
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
+    for (runtime::ParameterState& s : state) {
+      TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(s.name));
+      names_of_layer[layer].push_back(s.name);
+      std::string name = s.name;
+      held.emplace(std::move(name), std::move(s));
+    }
+  }
+  const JobLayout old_layout = layout;
+  membership.reset();
+  TearDown();
+
+  // 2. The survivors' communicator; nodes that lost a rank are left out whole.
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> survivors,
+                          current->Shrink(decision.dead));
+  survivors->set_timeout(options.engine.timeout);
+  std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
+  shrunk = std::move(survivors);
+  current = shrunk.get();
+  live = report.live;
+  TANDEM_RETURN_IF_ERROR(StartMembership());
+
+  // 3. The new layout, computed identically on every survivor.
+  const int dpn = std::max(1, options.devices_per_node);
+  std::map<int, std::vector<int>> by_node;
+  for (int r : live) by_node[r / dpn].push_back(r);
+  ReinstantiationInput input;
+  for (auto& [node, ranks] : by_node) {
+    if (static_cast<int>(ranks.size()) == dpn) input.nodes.push_back(ranks);
+  }
+  input.held = HeldUnder(old_layout);
+  {
+    // Layers with no live holder cannot be copied from anyone: say so before planning.
+    std::vector<bool> covered(static_cast<size_t>(options.num_layers), false);
+    for (const auto& [r, ranges] : input.held) {
+      if (std::find(live.begin(), live.end(), r) == live.end()) continue;
+      for (const LayerRange& range : ranges) {
+        for (int l = range.first_layer; l < range.end_layer; ++l) covered[static_cast<size_t>(l)] = true;
+      }
+    }
+    std::vector<std::string> lost;
+    for (int l = 0; l < options.num_layers; ++l) {
+      if (!covered[static_cast<size_t>(l)]) lost.push_back(absl::StrCat(l));
+    }
+    if (!lost.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no surviving rank holds layer(s) ", absl::StrJoin(lost, ", "), " (ranks ",
+          Ranks(report.dead), " died); restoring them from a checkpoint is not built yet: "
+          "run with more pipelines (--elastic-min-pipelines) to survive this"));
+    }
+  }
+  input.global_microbatches = options.global_microbatches;
+  input.min_pipelines = 1;
+  input.layer_state_bytes = options.layer_state_bytes;
+  TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanReinstantiation(templates, input));
+  if (!plan.moves.checkpoint_layers.empty()) {
+    std::vector<std::string> layers;
+    for (int l : plan.moves.checkpoint_layers) layers.push_back(absl::StrCat(l));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no surviving rank holds layer(s) ", absl::StrJoin(layers, ", "), " (ranks ",
+        Ranks(report.dead), " died); restoring them from a checkpoint is not built yet: "
+        "run with more pipelines (--elastic-min-pipelines) to survive this"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
+  report.plan = Describe(plan);
+  report.layout = Describe(layout);
+
+  // 4. State moves: each layer a rank now needs and did not hold, from a surviving holder.
+  auto rank_in_current = [&](int job_rank) -> int {
+    auto it = std::find(live.begin(), live.end(), job_rank);
+    return it == live.end() ? -1 : static_cast<int>(it - live.begin());
+  };
+  std::vector<std::shared_ptr<std::string>> outgoing;
+  std::vector<std::shared_ptr<int64_t>> sizes;
+  std::vector<comm::WorkPtr> sends;
+  for (const LayerMove& m : plan.moves.moves) {
+    if (m.source_rank != me) continue;
+    std::vector<runtime::ParameterState> layer_state;
+    for (const std::string& name : names_of_layer[m.layer]) layer_state.push_back(held.at(name));
+    auto bytes = std::make_shared<std::string>(EncodeState(layer_state));
+    auto size = std::make_shared<int64_t>(static_cast<int64_t>(bytes->size()));
+    const int peer = rank_in_current(m.destination_rank);
+    sends.push_back(current->Send({size.get(), 1, comm::DataType::kInt64}, peer, kMoveTag));
+    sends.push_back(current->Send({bytes->data(), static_cast<int64_t>(bytes->size()),
+                                   comm::DataType::kUInt8},
+                                  peer, kMoveTag));
+    outgoing.push_back(bytes);
+    sizes.push_back(size);
+  }
+  for (const LayerMove& m : plan.moves.moves) {
+    if (m.destination_rank != me) continue;
+    const int peer = rank_in_current(m.source_rank);
+    int64_t size = 0;
+    TANDEM_RETURN_IF_ERROR(Annotate(
+        current->Recv({&size, 1, comm::DataType::kInt64}, peer, kMoveTag)->Wait(),
+        absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
+    std::string bytes(static_cast<size_t>(size), '\0');
+    TANDEM_RETURN_IF_ERROR(Annotate(
+        current->Recv({bytes.data(), size, comm::DataType::kUInt8}, peer, kMoveTag)->Wait(),
+        absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
+    TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, DecodeState(bytes));
+    for (runtime::ParameterState& s : state) {
+      std::string name = s.name;
+      held[name] = std::move(s);
+    }
+    ++report.layers_received;
+    report.bytes_received += static_cast<double>(size);
+  }
+  for (const comm::WorkPtr& w : sends) {
+    TANDEM_RETURN_IF_ERROR(Annotate(w->Wait(), "sending layer state"));
+  }
+  previous.reset();
+
+  // 5. New engines at the iteration after the committed one.
+  const int old_reporter = old_layout.pipelines.empty() ? -1 : old_layout.pipelines[0].ranks[0];
+  TANDEM_RETURN_IF_ERROR(Configure(&held, next));
+  // A new reporter whose predecessor died reports the committed iteration again: the dead one
+  // may have died before it did (a reader keeps the last line of each iteration).
+  if (reporter && old_reporter != me && has_last_result &&
+      last_result.iteration == decision.committed_iteration &&
+      std::find(report.dead.begin(), report.dead.end(), old_reporter) != report.dead.end() &&
+      on_iteration) {
+    on_iteration(Report(last_result));
+  }
+  report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  report.reporter = reporter;
+  if (on_reconfiguration) on_reconfiguration(report);
+  return absl::OkStatus();
+}
+
+ElasticTrainer::ElasticTrainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+ElasticTrainer::~ElasticTrainer() {
+  if (state_ == nullptr) return;
+  state_->membership.reset();
+  state_->TearDown();
+}
+
+const JobLayout& ElasticTrainer::layout() const { return state_->layout; }
+int ElasticTrainer::job_rank() const { return state_->me; }
+
+absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
+    std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
+    runtime::StageFactory factory, ElasticOptions options) {
+  if (world == nullptr) return absl::InvalidArgumentError("elastic: no communicator");
+  if (!factory) return absl::InvalidArgumentError("elastic: no stage factory");
+  if (options.schedule != pipeline::ScheduleKind::kGPipe &&
+      options.schedule != pipeline::ScheduleKind::k1F1B) {
+    return absl::InvalidArgumentError(
+        "elastic training runs the GPipe and 1F1B schedules (each pipeline of the job has its "
+        "own shape)");
+  }
+  if (options.num_layers <= 0 || options.global_microbatches <= 0 || options.steps < 0) {
+    return absl::InvalidArgumentError("elastic: layers, global micro-batches and steps needed");
+  }
+  if (options.kill.empty()) {
+    const char* env = std::getenv("TANDEM_ELASTIC_KILL");
+    if (env != nullptr) options.kill = env;
+  }
+  auto state = std::make_unique<State>();
+  TANDEM_ASSIGN_OR_RETURN(state->kill, ParseKill(options.kill));
+  state->base = std::move(world);
+  state->current = state->base.get();
+  state->me = state->base->rank();
+  for (int r = 0; r < state->base->size(); ++r) state->live.push_back(r);
+  state->templates = std::move(templates);
+  state->factory = std::move(factory);
+  state->options = std::move(options);
+  State& s = *state;
+  s.base->set_timeout(s.options.engine.timeout);
+
+  // The first layout: every node, at least min_pipelines pipelines (checked the same way on
+  // every rank: the inputs are identical).
+  const int dpn = std::max(1, s.options.devices_per_node);
+  if (s.base->size() % dpn != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("elastic: ", s.base->size(),
+                                                   " ranks are not whole nodes of ", dpn));
+  }
+  ReinstantiationInput input;
+  for (int n = 0; n < s.base->size() / dpn; ++n) {
+    input.nodes.emplace_back();
+    for (int d = 0; d < dpn; ++d) input.nodes.back().push_back(n * dpn + d);
+  }
+  input.global_microbatches = s.options.global_microbatches;
+  input.min_pipelines = s.options.min_pipelines;
+  input.layer_state_bytes = s.options.layer_state_bytes;
+  absl::Status local = [&]() -> absl::Status {
+    TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanReinstantiation(s.templates, input));
+    TANDEM_ASSIGN_OR_RETURN(s.layout, LayoutFromPlan(plan, s.live));
+    return absl::OkStatus();
+  }();
+  TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(s.base.get(), local, "the elastic layout"));
+  TANDEM_RETURN_IF_ERROR(s.StartMembership());
+  TANDEM_RETURN_IF_ERROR(s.Configure(nullptr, 0));
+  return std::unique_ptr<ElasticTrainer>(new ElasticTrainer(std::move(state)));
+}
+
+absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on_iteration,
+                                 std::function<void(const Reconfiguration&)> on_reconfiguration) {
+  State& s = *state_;
+  for (;;) {
+    const absl::Status trained = s.Train(on_iteration);
+    if (trained.ok()) {
+      s.membership->Leave();
+      return absl::OkStatus();
+    }
+    const absl::Time failed = absl::Now();
+    if (!s.membership->in_agreement()) s.membership->RequestAgreement(trained);
+    TANDEM_ASSIGN_OR_RETURN(MembershipDecision decision,
+                            s.membership->AwaitDecision(s.options.agreement_timeout));
+    if (decision.dead.empty()) {
+      return Annotate(trained, "elastic: an operation failed and no rank died");
+    }
+    const double detect = absl::ToDoubleSeconds(absl::Now() - failed);
+    std::vector<int> dead;
+    for (int r : decision.dead) dead.push_back(s.live[static_cast<size_t>(r)]);
+    TANDEM_RETURN_IF_ERROR(
+        Annotate(s.Reconfigure(decision, detect, on_iteration, on_reconfiguration),
+                 absl::StrCat("elastic: rank ", s.me, " re-forming the job without rank(s) ",
+                              Ranks(dead))));
+  }
+}
+
+}  // namespace tandem::elastic

@@ -1,0 +1,165 @@
+// Elastic training: a job that survives the death of ranks without restarting (Oobleck, Jang
+// et al., SOSP 2023, on the runtime's engine).
+//
+// The job is a set of linear pipelines made from the planner's templates (planner/templates.h)
+// by the instantiation (elastic/instantiation.h). A template stage of c devices becomes c
+// pipelines that share its layers; each pipeline runs its own runtime::Engine on its own
+// communicator with its own micro-batch count, so pipelines of different shapes train one
+// model. The engines are tied together through runtime::JobHooks: after each engine's backward
+// the gradients of every layer are summed over all ranks holding it (one all-reduce per run of
+// layers held by the same ranks, in layer order), and the loss and norm are summed over the
+// job. That last all-reduce is the commit point: once it has completed anywhere, every rank
+// has its synchronised gradients, and the step is applied.
+//
+// Failures. A Membership (elastic/agreement.h) watches every rank. When a rank dies the
+// survivors abort their engines, agree on the live ranks and on the highest committed
+// iteration (with its sums), and then:
+//   1. a survivor that had not applied the committed step applies it (ApplyCommittedStep with
+//      the agreed sums), so the step is applied on every survivor or on none;
+//   2. the communicator is shrunk to the survivors; nodes that lost a rank are dropped whole;
+//   3. the templates are re-instantiated on the live nodes (PlanReinstantiation: batch
+//      redistributed so the global batch is unchanged, ranks assigned to keep the most state
+//      in place);
+//   4. every layer a rank now needs and did not hold is copied from a surviving holder:
+//      parameters and optimizer state (moments, step counts);
+//   5. new engines are built and the next iteration after the committed one runs again.
+// The learning-rate schedule and the data follow the iteration counter and each pipeline's
+// share of the global batch, so training continues as if nothing had happened (up to the order
+// of floating-point sums). A layer with no surviving copy ends the job with an error naming it
+// (restoring it from a checkpoint is not built yet).
+//
+// Limits: stages on the CPU (gradients are summed across pipelines through host memory over
+// MPI); schedules GPipe and 1F1B; no checkpoints of an elastic job yet; the job never grows.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
+#include "elastic/agreement.h"
+#include "elastic/instantiation.h"
+#include "pipeline/schedule.h"
+#include "planner/templates.h"
+#include "runtime/engine.h"
+
+namespace tandem::elastic {
+
+// One linear pipeline of the job: stage s runs layers stages[s] on rank ranks[s] (ranks of the
+// job's first communicator, which name ranks for the job's whole life).
+struct JobPipeline {
+  std::vector<int> ranks;
+  std::vector<LayerRange> stages;
+  int64_t microbatches = 0;
+  int64_t first_microbatch = 0;  // its share of the global batch starts here
+};
+
+struct JobLayout {
+  std::vector<JobPipeline> pipelines;
+  std::vector<int> idle_ranks;  // live ranks without a stage (spare nodes)
+  int64_t global_microbatches = 0;
+};
+
+// The pipelines of an elastic plan: template stage of c ranks -> c pipelines, the template's
+// micro-batches split among them as evenly as possible (earlier ones get one more); a pipeline
+// left without a micro-batch is not formed and its ranks are idle.
+absl::StatusOr<JobLayout> LayoutFromPlan(const ElasticPlan& plan,
+                                         const std::vector<int>& live_ranks);
+// What each rank holds under `layout` (the next re-instantiation's HeldLayers).
+HeldLayers HeldUnder(const JobLayout& layout);
+std::string Describe(const JobLayout& layout);
+
+// A run of layers with the ranks that hold all of it: gradients are summed over these ranks.
+struct GradientSegment {
+  LayerRange layers;
+  std::vector<int> ranks;  // ascending
+};
+// The maximal runs of layers whose holders are the same, in layer order. InvalidArgument when
+// some layer in [0, num_layers) has no holder.
+absl::StatusOr<std::vector<GradientSegment>> GradientSegments(const JobLayout& layout,
+                                                              int num_layers);
+
+// Parameter states as bytes, to move layers between ranks.
+std::string EncodeState(const std::vector<runtime::ParameterState>& state);
+absl::StatusOr<std::vector<runtime::ParameterState>> DecodeState(const std::string& bytes);
+
+// The model layer of a parameter named "layers.<index>.<name>" (runtime/torch/model.h);
+// InvalidArgument for other names.
+absl::StatusOr<int> LayerOfParameter(const std::string& name);
+
+struct ElasticOptions {
+  runtime::EngineOptions engine;  // its job hooks and heartbeat are the trainer's
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::k1F1B;  // GPipe or 1F1B
+  std::string model;  // description, for the engines' plans
+  int num_layers = 0;
+  int64_t microbatch_size = 1;
+  int64_t global_microbatches = 0;  // the global batch, kept across failures
+  int devices_per_node = 1;
+  int min_pipelines = 2;  // f + 1 at the start, to survive f failures
+  int64_t steps = 0;      // train until this iteration
+  MembershipOptions membership;
+  absl::Duration agreement_timeout = absl::Seconds(60);
+  std::vector<double> layer_state_bytes;  // per layer, for the rank assignment; empty: count
+  // Fault injection for tests: "RANK:ITERATION:POINT" kills (SIGKILL) job rank RANK at
+  // ITERATION, POINT one of forward, backward, sync (before the gradient all-reduce across
+  // pipelines), commit (right after the commit all-reduce, before the step is applied), idle
+  // (an idle rank, while it waits). Empty: none. TANDEM_ELASTIC_KILL in the environment sets it.
+  std::string kill;
+};
+
+// What a rank learns at each iteration (the loss is the job's, the same on every rank).
+struct ElasticIteration {
+  runtime::IterationResult result;
+  bool reporter = false;  // this rank reports for the job (the first rank of the first pipeline)
+  int pipelines = 0;
+  int ranks = 0;  // ranks training
+};
+
+struct Reconfiguration {
+  std::vector<int> dead;     // job ranks
+  std::vector<int> live;     // job ranks
+  int64_t committed_iteration = -1;
+  int64_t resume_iteration = 0;  // the next iteration to run
+  bool applied_committed_step = false;  // this rank applied it late (ApplyCommittedStep)
+  std::string layout;                    // Describe of the new layout
+  std::string plan;                      // Describe of the elastic plan
+  int64_t layers_received = 0;           // by this rank
+  double bytes_received = 0;
+  double detect_seconds = 0;   // from the failure of this rank's operation to the decision
+  double agree_seconds = 0;    // agreement alone (Membership's figure)
+  double rebuild_seconds = 0;  // shrink, plan, state moves, new engines
+  bool reporter = false;
+};
+
+class ElasticTrainer {
+ public:
+  // Collective over `world` (every rank of the job; the trainer keeps it for its life).
+  // `factory` builds the stages (it receives each pipeline's StageSpec with sample_offset and
+  // loss_microbatches set). The templates must hold the model's layers and record their
+  // micro-batches.
+  static absl::StatusOr<std::unique_ptr<ElasticTrainer>> Create(
+      std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
+      runtime::StageFactory factory, ElasticOptions options);
+  ~ElasticTrainer();
+
+  // Trains until options.steps, surviving failures. Each rank's callbacks run on its training
+  // thread. An error: the job cannot continue (no surviving copy of some layers, too few
+  // ranks, this rank excluded, a failure that is not a death).
+  absl::Status Run(std::function<void(const ElasticIteration&)> on_iteration,
+                   std::function<void(const Reconfiguration&)> on_reconfiguration);
+
+  const JobLayout& layout() const;
+  int job_rank() const;  // this rank in the job's first communicator
+
+ private:
+  struct State;
+  explicit ElasticTrainer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tandem::elastic

@@ -1,0 +1,90 @@
+// Helpers of the tests that run `tandem train` as a user does: a command with its output and
+// exit status, the JSON log it writes, and the single-process reference losses of the small
+// GPT those tests train (test-only; header-only, for torch-linked tests).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/reference.h"
+
+namespace tandem::testing {
+
+struct Outcome {
+  int exit_status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+inline Outcome RunCommand(const std::string& command) {
+  Outcome o;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) o.output.append(buffer, n);
+  const int status = pclose(pipe);
+  o.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return o;
+}
+
+// One JSON object per line.
+inline std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  auto text = tandem::ReadFile(path);
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return lines;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+// The model the train tests pass as flags:
+//   --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3
+//   --warmup-steps 2 --weight-decay 0.01
+inline constexpr char kSmallGptFlags[] =
+    " --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3"
+    " --warmup-steps 2 --weight-decay 0.01";
+
+// Its losses, trained by the single-process reference trainer.
+inline std::vector<double> SmallGptReferenceLosses(int steps, int64_t global_batch,
+                                                   uint64_t seed) {
+  namespace libtorch = tandem::runtime::libtorch;
+  libtorch::GptConfig gpt;
+  gpt.vocab = 16;
+  gpt.layers = 2;
+  gpt.hidden = 16;
+  gpt.heads = 2;
+  gpt.seq_len = 8;
+  auto model = libtorch::GptModelSpec(gpt).Build(seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  libtorch::SyntheticTaskOptions task;
+  task.vocab = gpt.vocab;
+  task.seq_len = gpt.seq_len;
+  task.seed = seed;
+  auto data = libtorch::MakeSyntheticDataset(task);
+  EXPECT_TRUE(data.ok());
+  if (!data.ok()) return {};
+  libtorch::ReferenceOptions options;
+  options.global_batch = global_batch;
+  options.steps = steps;
+  options.optimizer.kind = libtorch::OptimizerKind::kAdamW;
+  options.optimizer.weight_decay = 0.01;
+  options.lr.base_lr = 3e-3;
+  options.lr.warmup_steps = 2;
+  auto result = libtorch::TrainReference(*model, **data, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->losses : std::vector<double>();
+}
+
+}  // namespace tandem::testing
