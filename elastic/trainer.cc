@@ -23,7 +23,9 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "pipeline/plan.h"
+#include "runtime/checkpoint.h"
 #include "runtime/control.h"
+#include "runtime/stage_checkpoint.h"
 
 namespace tandem::elastic {
 namespace {
@@ -328,6 +330,13 @@ absl::StatusOr<std::vector<GradientSegment>> GradientSegments(const JobLayout& l
 
 // ---- the trainer -----------------------------------------------------------------------
 
+// What a rank reads from a checkpoint: its layers' state and the step to resume at.
+struct CheckpointedLayers {
+  int64_t step = 0;
+  std::string folder;
+  std::map<std::string, runtime::ParameterState> parameters;
+};
+
 struct ElasticTrainer::State {
   std::unique_ptr<comm::Communicator> base;     // the job's first communicator
   std::unique_ptr<comm::Communicator> shrunk;   // the survivors' (after a failure)
@@ -348,8 +357,12 @@ struct ElasticTrainer::State {
   struct Segment {
     GradientSegment segment;
     std::unique_ptr<comm::Communicator> comm;
+    int index = 0;  // among all segments of the layout
   };
   std::vector<Segment> segments;  // those this rank holds, in layer order
+  std::vector<GradientSegment> all_segments;
+  int64_t first_iteration = 0;
+  int64_t end_iteration = 0;  // first_iteration + options.steps
   std::unique_ptr<runtime::Engine> engine;
   int pipeline_index = -1;
   bool reporter = false;
@@ -405,6 +418,9 @@ struct ElasticTrainer::State {
   absl::StatusOr<double> SyncGradients(runtime::Engine& engine);
   absl::Status SumOverJob(int64_t iteration, std::array<double, 3>& sums);
   absl::Status Train(const std::function<void(const ElasticIteration&)>& on_iteration);
+  absl::Status SaveCheckpoint(int64_t step);
+  // The layers this rank runs under `layout`, read from the checkpoint at `root`.
+  absl::StatusOr<CheckpointedLayers> ReadCheckpoint(const std::string& root) const;
   absl::Status Reconfigure(const MembershipDecision& decision, double detect_seconds,
                            const std::function<void(const ElasticIteration&)>& on_iteration,
                            const std::function<void(const Reconfiguration&)>& on_reconfiguration);
@@ -538,12 +554,14 @@ absl::Status ElasticTrainer::State::Configure(
   TANDEM_ASSIGN_OR_RETURN(std::vector<GradientSegment> segs,
                           GradientSegments(layout, options.num_layers));
   std::vector<Segment> mine;
-  for (const GradientSegment& g : segs) {
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const GradientSegment& g = segs[i];
     const bool member = std::binary_search(g.ranks.begin(), g.ranks.end(), me);
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
                             SplitRegistered(member ? 0 : -1, my_rank));
-    if (member) mine.push_back({g, std::move(c)});
+    if (member) mine.push_back({g, std::move(c), static_cast<int>(i)});
   }
+  all_segments = segs;
   {
     std::lock_guard<std::mutex> lock(abort_mu);
     everyone = std::move(all);
@@ -604,11 +622,19 @@ absl::Status ElasticTrainer::State::Configure(
 absl::Status ElasticTrainer::State::Train(
     const std::function<void(const ElasticIteration&)>& on_iteration) {
   if (engine != nullptr) {
-    while (engine->iteration() < options.steps) {
+    while (engine->iteration() < end_iteration) {
       TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
       last_result = r;
       has_last_result = true;
-      if (on_iteration) on_iteration(Report(r));
+      const int64_t done = r.iteration + 1;
+      ElasticIteration e = Report(r);
+      if (!options.checkpoint_dir.empty() &&
+          ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) ||
+           done == end_iteration)) {
+        TANDEM_RETURN_IF_ERROR(SaveCheckpoint(done));
+        e.checkpoint_step = done;
+      }
+      if (on_iteration) on_iteration(e);
     }
   } else if (kill.rank == me && kill.point == "idle") {
     KillSelf(me, -1, "idle");
@@ -617,6 +643,83 @@ absl::Status ElasticTrainer::State::Train(
   comm::WorkPtr done = everyone->Barrier();
   while (!done->Test()) absl::SleepFor(absl::Milliseconds(5));
   return done->error();
+}
+
+// The partition a checkpoint of the job follows: one stage per gradient segment (a plan of
+// one pipeline, which is how any run reads it back).
+pipeline::Plan SegmentPlan(const std::vector<GradientSegment>& segments,
+                           const ElasticOptions& options) {
+  pipeline::Plan plan;
+  const int n = static_cast<int>(segments.size());
+  plan.model = options.model;
+  plan.num_layers = options.num_layers;
+  plan.world_size = n;
+  plan.pipeline_parallel = n;
+  plan.schedule.kind = pipeline::ScheduleKind::kGPipe;
+  plan.schedule.num_ranks = n;
+  plan.schedule.num_microbatches = 1;
+  plan.microbatch_size = options.microbatch_size;
+  plan.mesh.emplace_back();
+  for (int s = 0; s < n; ++s) {
+    plan.mesh[0].push_back(s);
+    pipeline::PlanStage st;
+    st.first_layer = segments[static_cast<size_t>(s)].layers.first_layer;
+    st.end_layer = segments[static_cast<size_t>(s)].layers.end_layer;
+    st.ranks = {s};
+    plan.stages.push_back(st);
+  }
+  plan.algorithm = "elastic checkpoint (one stage per run of layers with the same holders)";
+  return plan;
+}
+
+absl::Status ElasticTrainer::State::SaveCheckpoint(int64_t step) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
+  std::vector<runtime::CheckpointShard> shards;
+  for (const Segment& seg : segments) {
+    if (seg.segment.ranks.front() != me) continue;  // its lowest holder writes it
+    std::vector<runtime::ParameterState> parameters;
+    for (const runtime::ParameterState& p : state) {
+      TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(p.name));
+      if (layer >= seg.segment.layers.first_layer && layer < seg.segment.layers.end_layer) {
+        parameters.push_back(p);
+      }
+    }
+    shards.push_back(runtime::ShardOf(seg.index, seg.segment.layers.first_layer,
+                                      seg.segment.layers.end_layer, parameters));
+  }
+  const pipeline::Plan plan = SegmentPlan(all_segments, options);
+  runtime::CheckpointScope scope;
+  scope.control = training.get();
+  scope.plan = &plan;
+  scope.num_stages = static_cast<int>(all_segments.size());
+  scope.optimizer = options.engine.optimizer;
+  return Annotate(runtime::SaveShardsStep(options.checkpoint_dir, options.model, step,
+                                          options.keep_checkpoints, scope, shards),
+                  absl::StrCat("checkpoint of step ", step));
+}
+
+absl::StatusOr<CheckpointedLayers> ElasticTrainer::State::ReadCheckpoint(
+    const std::string& root) const {
+  CheckpointedLayers out;
+  TANDEM_ASSIGN_OR_RETURN(out.folder, runtime::ResolveCheckpoint(root));
+  for (const JobPipeline& p : layout.pipelines) {
+    for (size_t s = 0; s < p.ranks.size(); ++s) {
+      if (p.ranks[s] != me) continue;
+      TANDEM_ASSIGN_OR_RETURN(
+          runtime::CheckpointState saved,
+          runtime::ReadCheckpointState(out.folder, options.model, options.num_layers,
+                                       options.engine.optimizer, p.stages[s].first_layer,
+                                       p.stages[s].end_layer));
+      out.step = saved.step;
+      out.parameters = std::move(saved.parameters);
+      return out;
+    }
+  }
+  // An idle rank reads only the step.
+  TANDEM_ASSIGN_OR_RETURN(runtime::CheckpointManifest manifest,
+                          runtime::ReadManifest(out.folder));
+  out.step = manifest.step;
+  return out;
 }
 
 absl::Status ElasticTrainer::State::Reconfigure(
@@ -681,6 +784,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     if (static_cast<int>(ranks.size()) == dpn) input.nodes.push_back(ranks);
   }
   input.held = HeldUnder(old_layout);
+  bool restore = false;
   {
     // Layers with no live holder cannot be copied from anyone: say so before planning.
     std::vector<bool> covered(static_cast<size_t>(options.num_layers), false);
@@ -694,28 +798,41 @@ absl::Status ElasticTrainer::State::Reconfigure(
     for (int l = 0; l < options.num_layers; ++l) {
       if (!covered[static_cast<size_t>(l)]) lost.push_back(absl::StrCat(l));
     }
-    if (!lost.empty()) {
+    if (!lost.empty() && options.checkpoint_dir.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "no surviving rank holds layer(s) ", absl::StrJoin(lost, ", "), " (ranks ",
-          Ranks(report.dead), " died); restoring them from a checkpoint is not built yet: "
-          "run with more pipelines (--elastic-min-pipelines) to survive this"));
+          Ranks(report.dead), " died) and the job has no checkpoint to restore them from: "
+          "run with more pipelines (--elastic-min-pipelines) or --checkpoint-dir"));
     }
+    restore = !lost.empty();
   }
   input.global_microbatches = options.global_microbatches;
   input.min_pipelines = 1;
   input.layer_state_bytes = options.layer_state_bytes;
+  if (restore) input.held.clear();  // everything comes from the checkpoint
   TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanReinstantiation(templates, input));
-  if (!plan.moves.checkpoint_layers.empty()) {
-    std::vector<std::string> layers;
-    for (int l : plan.moves.checkpoint_layers) layers.push_back(absl::StrCat(l));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no surviving rank holds layer(s) ", absl::StrJoin(layers, ", "), " (ranks ",
-        Ranks(report.dead), " died); restoring them from a checkpoint is not built yet: "
-        "run with more pipelines (--elastic-min-pipelines) to survive this"));
-  }
   TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
   report.plan = Describe(plan);
   report.layout = Describe(layout);
+  if (restore) {
+    // Layers no survivor holds: the whole job rolls back to the latest checkpoint.
+    absl::StatusOr<CheckpointedLayers> read = ReadCheckpoint(options.checkpoint_dir);
+    TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(
+        current,
+        Annotate(read.status(), absl::StrCat("rank ", me, ": restoring lost layers from ",
+                                             options.checkpoint_dir)),
+        "restoring from the checkpoint"));
+    report.restored_step = read->step;
+    report.resume_iteration = read->step;
+    report.layers_received = static_cast<int64_t>(read->parameters.size());
+    previous.reset();
+    TANDEM_RETURN_IF_ERROR(Configure(&read->parameters, read->step));
+    report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    report.reporter = reporter;
+    has_last_result = false;  // iterations after the checkpoint run again
+    if (on_reconfiguration) on_reconfiguration(report);
+    return absl::OkStatus();
+  }
 
   // 4. State moves: each layer a rank now needs and did not hold, from a surviving holder.
   auto rank_in_current = [&](int job_rank) -> int {
@@ -790,6 +907,8 @@ ElasticTrainer::~ElasticTrainer() {
 
 const JobLayout& ElasticTrainer::layout() const { return state_->layout; }
 int ElasticTrainer::job_rank() const { return state_->me; }
+int64_t ElasticTrainer::first_iteration() const { return state_->first_iteration; }
+int64_t ElasticTrainer::end_iteration() const { return state_->end_iteration; }
 
 absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
@@ -842,8 +961,21 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(s.base.get(), local, "the elastic layout"));
+  CheckpointedLayers resumed;
+  if (!s.options.resume.empty()) {
+    absl::StatusOr<CheckpointedLayers> read = s.ReadCheckpoint(s.options.resume);
+    TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(
+        s.base.get(),
+        Annotate(read.status(), absl::StrCat("rank ", s.me, ": resuming from ",
+                                             s.options.resume)),
+        "resuming from the checkpoint"));
+    resumed = *std::move(read);
+    s.first_iteration = resumed.step;
+  }
+  s.end_iteration = s.first_iteration + s.options.steps;
   TANDEM_RETURN_IF_ERROR(s.StartMembership());
-  TANDEM_RETURN_IF_ERROR(s.Configure(nullptr, 0));
+  TANDEM_RETURN_IF_ERROR(
+      s.Configure(s.options.resume.empty() ? nullptr : &resumed.parameters, s.first_iteration));
   return std::unique_ptr<ElasticTrainer>(new ElasticTrainer(std::move(state)));
 }
 

@@ -25,11 +25,12 @@
 //   5. new engines are built and the next iteration after the committed one runs again.
 // The learning-rate schedule and the data follow the iteration counter and each pipeline's
 // share of the global batch, so training continues as if nothing had happened (up to the order
-// of floating-point sums). A layer with no surviving copy ends the job with an error naming it
-// (restoring it from a checkpoint is not built yet).
+// of floating-point sums). A layer with no surviving copy ends the job with an error naming it,
+// unless a checkpoint of the job exists: then every rank rolls back to it.
 //
 // Limits: stages on the CPU (gradients are summed across pipelines through host memory over
-// MPI); schedules GPipe and 1F1B; no checkpoints of an elastic job yet; the job never grows.
+// MPI); schedules GPipe and 1F1B; the job never grows while it runs (it can be resumed from a
+// checkpoint on any number of ranks).
 #pragma once
 
 #include <cstdint>
@@ -101,10 +102,20 @@ struct ElasticOptions {
   int64_t global_microbatches = 0;  // the global batch, kept across failures
   int devices_per_node = 1;
   int min_pipelines = 2;  // f + 1 at the start, to survive f failures
-  int64_t steps = 0;      // train until this iteration
+  int64_t steps = 0;      // iterations to run from the start (a resumed checkpoint's step)
   MembershipOptions membership;
   absl::Duration agreement_timeout = absl::Seconds(60);
   std::vector<double> layer_state_bytes;  // per layer, for the rank assignment; empty: count
+  // Checkpoints of the job (a root, as `tandem train --checkpoint-dir`): one shard per run of
+  // layers held by the same ranks, written by the lowest of them, in the format any partition
+  // loads (runtime/stage_checkpoint.h). Layers no survivor holds are restored from the latest
+  // one, the whole job rolling back to its step. Empty: none.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;  // iterations; 0: at the end only
+  int keep_checkpoints = 2;
+  // A checkpoint root or step folder to start from, saved under any partition (elastic or
+  // not, any world size). Empty: start from the model's initial values.
+  std::string resume;
   // Fault injection for tests: "RANK:ITERATION:POINT" kills (SIGKILL) job rank RANK at
   // ITERATION, POINT one of forward, backward, sync (before the gradient all-reduce across
   // pipelines), commit (right after the commit all-reduce, before the step is applied), idle
@@ -118,6 +129,7 @@ struct ElasticIteration {
   bool reporter = false;  // this rank reports for the job (the first rank of the first pipeline)
   int pipelines = 0;
   int ranks = 0;  // ranks training
+  int64_t checkpoint_step = -1;  // >= 0: a checkpoint of this step was just written
 };
 
 struct Reconfiguration {
@@ -134,6 +146,8 @@ struct Reconfiguration {
   double agree_seconds = 0;    // agreement alone (Membership's figure)
   double rebuild_seconds = 0;  // shrink, plan, state moves, new engines
   bool reporter = false;
+  // >= 0: no survivor held some layers; every rank rolled back to this checkpoint step.
+  int64_t restored_step = -1;
 };
 
 class ElasticTrainer {
@@ -147,13 +161,15 @@ class ElasticTrainer {
       runtime::StageFactory factory, ElasticOptions options);
   ~ElasticTrainer();
 
-  // Trains until options.steps, surviving failures. Each rank's callbacks run on its training
+  // Trains until end_iteration(), surviving failures. Each rank's callbacks run on its training
   // thread. An error: the job cannot continue (no surviving copy of some layers, too few
   // ranks, this rank excluded, a failure that is not a death).
   absl::Status Run(std::function<void(const ElasticIteration&)> on_iteration,
                    std::function<void(const Reconfiguration&)> on_reconfiguration);
 
   const JobLayout& layout() const;
+  int64_t first_iteration() const;  // where training starts (a resumed checkpoint's step)
+  int64_t end_iteration() const;    // first_iteration() + options.steps
   int job_rank() const;  // this rank in the job's first communicator
 
  private:

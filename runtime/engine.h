@@ -136,12 +136,7 @@ struct EngineOptions {
   JobHooks job;
 };
 
-// One parameter's full training state, to move it to another rank (the elastic layer).
-struct ParameterState {
-  std::string name;
-  std::vector<float> value;
-  ParameterOptimizerState optimizer;
-};
+
 
 
 struct IterationResult {
@@ -211,7 +206,8 @@ class Engine {
   // until this one is complete. Collective.
   absl::Status SaveCheckpoint(const std::string& dir, const std::string& model);
   // Loads parameters, optimizer state and the data position from the root `dir` (its latest
-  // step) or from a step folder. The manifest's model and stage layer ranges must match.
+  // step) or from a step folder. The manifest's model and layer count must match; its stages
+  // may split the layers differently (a checkpoint of another world size or plan loads).
   // Collective; an error on any rank fails every rank.
   absl::Status LoadCheckpoint(const std::string& dir, const std::string& model);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -41,9 +42,66 @@ nlohmann::json OptimizerJson(const OptimizerConfig& c) {
 
 }  // namespace
 
-absl::Status SaveStages(const std::string& dir, const std::string& model, int64_t step,
-                        const CheckpointScope& scope,
-                        const std::vector<CheckpointedStage>& stages) {
+CheckpointShard ShardOf(int stage, int first_layer, int end_layer,
+                        const std::vector<ParameterState>& parameters) {
+  CheckpointShard shard;
+  shard.stage = stage;
+  nlohmann::json steps = nlohmann::json::object();
+  for (const ParameterState& p : parameters) {
+    shard.tensors.push_back(FloatTensor(absl::StrCat(kParameterPrefix, p.name), p.value.data(),
+                                        static_cast<int64_t>(p.value.size())));
+  }
+  for (const ParameterState& p : parameters) {
+    steps[p.name] = p.optimizer.steps;
+    for (const auto& [buffer, values] : p.optimizer.buffers) {
+      shard.tensors.push_back(FloatTensor(absl::StrCat(kOptimizerPrefix, p.name, ":", buffer),
+                                          values.data(), static_cast<int64_t>(values.size())));
+    }
+  }
+  shard.metadata = {{"optimizer_steps", steps}, {"layers", {first_layer, end_layer}}};
+  return shard;
+}
+
+namespace {
+
+// The shards of the stages this rank writes: every member of a gradient group gathers the
+// stage's optimizer state (collective for DeAR, whose state is sharded); the group's first
+// rank keeps the shard.
+absl::StatusOr<std::vector<CheckpointShard>> StageShards(
+    const std::vector<CheckpointedStage>& stages) {
+  std::vector<CheckpointShard> shards;
+  for (const CheckpointedStage& l : stages) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterOptimizerState> state,
+                            l.sync->GatherOptimizerState());
+    if (l.group->rank() != 0) continue;
+    std::map<std::string, ParameterOptimizerState> by_name;
+    for (ParameterOptimizerState& o : state) by_name[o.name] = std::move(o);
+    std::vector<ParameterState> parameters;
+    for (const ParameterView& v : *l.parameters) {
+      if (v.value.dtype != comm::DataType::kFloat32) {
+        return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
+                                                     "': only float32 parameters"));
+      }
+      ParameterState p;
+      p.name = v.name;
+      p.value.resize(static_cast<size_t>(v.value.count));
+      TANDEM_RETURN_IF_ERROR(l.ops->CopyToHost(
+          p.value.data(), static_cast<const float*>(v.value.data), v.value.count));
+      auto it = by_name.find(v.name);
+      if (it != by_name.end()) p.optimizer = std::move(it->second);
+      parameters.push_back(std::move(p));
+    }
+    // Optimizer state in the synchroniser's (backward) order, as before.
+    std::reverse(parameters.begin(), parameters.end());
+    shards.push_back(ShardOf(l.stage, l.first_layer, l.end_layer, parameters));
+  }
+  return shards;
+}
+
+}  // namespace
+
+absl::Status SaveShards(const std::string& dir, const std::string& model, int64_t step,
+                        const CheckpointScope& scope, const std::vector<CheckpointShard>& shards) {
   comm::Communicator* control = scope.control;
   const int world_rank = control->rank();
   // The folder exists and holds no manifest before any shard is written.
@@ -54,36 +112,9 @@ absl::Status SaveStages(const std::string& dir, const std::string& model, int64_
   }
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control, local, "preparing the checkpoint folder"));
 
-  // Every member of a gradient group gathers the stage's optimizer state (collective for
-  // DeAR, whose state is sharded); the group's first rank writes the shard.
   nlohmann::json records = nlohmann::json::array();
   local = [&]() -> absl::Status {
-    for (const CheckpointedStage& l : stages) {
-      TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterOptimizerState> state,
-                              l.sync->GatherOptimizerState());
-      if (l.group->rank() != 0) continue;
-      CheckpointShard shard;
-      shard.stage = l.stage;
-      nlohmann::json steps = nlohmann::json::object();
-      for (const ParameterView& v : *l.parameters) {
-        if (v.value.dtype != comm::DataType::kFloat32) {
-          return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
-                                                       "': only float32 parameters"));
-        }
-        TANDEM_ASSIGN_OR_RETURN(
-            ShardTensor tensor,
-            DeviceFloatTensor(*l.ops, absl::StrCat(kParameterPrefix, v.name), v.value));
-        shard.tensors.push_back(std::move(tensor));
-      }
-      for (const ParameterOptimizerState& p : state) {
-        steps[p.name] = p.steps;
-        for (const auto& [buffer, values] : p.buffers) {
-          shard.tensors.push_back(
-              FloatTensor(absl::StrCat(kOptimizerPrefix, p.name, ":", buffer), values.data(),
-                          static_cast<int64_t>(values.size())));
-        }
-      }
-      shard.metadata = {{"optimizer_steps", steps}, {"layers", {l.first_layer, l.end_layer}}};
+    for (const CheckpointShard& shard : shards) {
       TANDEM_ASSIGN_OR_RETURN(ShardRecord record, WriteShard(dir, shard));
       records.push_back({{"stage", record.stage}, {"part", record.part},
                          {"num_parts", record.num_parts}, {"file", record.file},
@@ -129,9 +160,21 @@ absl::Status SaveStages(const std::string& dir, const std::string& model, int64_
   return AgreeOnSuccess(control, local, "writing the checkpoint manifest");
 }
 
-absl::Status SaveCheckpointStep(const std::string& root, const std::string& model, int64_t step,
-                                int keep, const CheckpointScope& scope,
-                                const std::vector<CheckpointedStage>& stages) {
+absl::Status SaveStages(const std::string& dir, const std::string& model, int64_t step,
+                        const CheckpointScope& scope,
+                        const std::vector<CheckpointedStage>& stages) {
+  absl::StatusOr<std::vector<CheckpointShard>> shards = StageShards(stages);
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      scope.control,
+      Annotate(shards.status(), absl::StrCat("rank ", scope.control->rank(),
+                                             ": gathering checkpoint state")),
+      "gathering checkpoint state"));
+  return SaveShards(dir, model, step, scope, *shards);
+}
+
+absl::Status SaveShardsStep(const std::string& root, const std::string& model, int64_t step,
+                            int keep, const CheckpointScope& scope,
+                            const std::vector<CheckpointShard>& shards) {
   comm::Communicator* control = scope.control;
   const std::string partial = absl::StrCat(root, "/", PartialFolderName(step));
   absl::Status local = absl::OkStatus();
@@ -141,9 +184,102 @@ absl::Status SaveCheckpointStep(const std::string& root, const std::string& mode
     if (local.ok()) local = EnsureDirectory(partial);
   }
   TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(control, local, "preparing the checkpoint folder"));
-  TANDEM_RETURN_IF_ERROR(SaveStages(partial, model, step, scope, stages));
+  TANDEM_RETURN_IF_ERROR(SaveShards(partial, model, step, scope, shards));
   local = control->rank() == 0 ? PublishCheckpoint(root, partial, step, keep) : absl::OkStatus();
   return AgreeOnSuccess(control, local, "publishing the checkpoint");
+}
+
+absl::Status SaveCheckpointStep(const std::string& root, const std::string& model, int64_t step,
+                                int keep, const CheckpointScope& scope,
+                                const std::vector<CheckpointedStage>& stages) {
+  absl::StatusOr<std::vector<CheckpointShard>> shards = StageShards(stages);
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      scope.control,
+      Annotate(shards.status(), absl::StrCat("rank ", scope.control->rank(),
+                                             ": gathering checkpoint state")),
+      "gathering checkpoint state"));
+  return SaveShardsStep(root, model, step, keep, scope, *shards);
+}
+
+absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
+                                                    const std::string& model, int num_layers,
+                                                    const OptimizerConfig& optimizer,
+                                                    int first_layer, int end_layer) {
+  TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
+  if (manifest.model != model) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint is of model '",
+                                                   manifest.model, "', this run trains '", model,
+                                                   "'"));
+  }
+  auto saved_plan = pipeline::PlanFromJson(manifest.plan, absl::StrCat(dir, ": plan"));
+  if (!saved_plan.ok()) return saved_plan.status();
+  // The checkpoint may come from another partition (another world size, another plan).
+  if (saved_plan->num_layers != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint's model has ",
+                                                   saved_plan->num_layers, " layers, this run ",
+                                                   num_layers));
+  }
+  const nlohmann::json* kind = manifest.optimizer.is_object() && manifest.optimizer.contains("kind")
+                                   ? &manifest.optimizer["kind"]
+                                   : nullptr;
+  const std::string saved_optimizer =
+      kind != nullptr && kind->is_string() ? kind->get<std::string>() : "(none)";
+  if (saved_optimizer != OptimizerName(optimizer.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint's optimizer is '",
+                                                   saved_optimizer, "', this run uses '",
+                                                   OptimizerName(optimizer.kind), "'"));
+  }
+  CheckpointState out;
+  out.step = manifest.step;
+  for (size_t s = 0; s < saved_plan->stages.size(); ++s) {
+    const auto& saved = saved_plan->stages[s];
+    if (saved.end_layer <= first_layer || end_layer <= saved.first_layer) continue;
+    const ShardRecord* record = manifest.FindShard(static_cast<int>(s), 0);
+    if (record == nullptr) {
+      return absl::NotFoundError(absl::StrCat(dir, ": the manifest lists no shard of stage ", s));
+    }
+    TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ReadShard(dir, *record));
+    const std::string where = absl::StrCat(dir, "/", record->file);
+    const nlohmann::json steps =
+        shard.metadata.is_object() && shard.metadata.contains("optimizer_steps")
+            ? shard.metadata["optimizer_steps"]
+            : nlohmann::json::object();
+    if (!steps.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": optimizer_steps must be an object of step counts"));
+    }
+    for (const ShardTensor& t : shard.tensors) {
+      if (t.name.rfind(kParameterPrefix, 0) != 0) continue;
+      if (t.dtype != comm::DataType::kFloat32) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", t.name,
+                                                       "' is not float32"));
+      }
+      ParameterState p;
+      p.name = t.name.substr(sizeof(kParameterPrefix) - 1);
+      p.value.resize(static_cast<size_t>(t.count));
+      std::memcpy(p.value.data(), t.bytes.data(), t.bytes.size());
+      p.optimizer.name = p.name;
+      if (steps.contains(p.name)) {
+        const nlohmann::json& n = steps[p.name];
+        if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > out.step) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": optimizer steps of '", p.name, "' must be an integer in [0, ", out.step,
+              "], got ", n.dump()));
+        }
+        p.optimizer.steps = n.get<int64_t>();
+      }
+      const std::string prefix = absl::StrCat(kOptimizerPrefix, p.name, ":");
+      for (const ShardTensor& o : shard.tensors) {
+        if (o.name.rfind(prefix, 0) != 0) continue;
+        std::vector<float> values(static_cast<size_t>(o.count));
+        std::memcpy(values.data(), o.bytes.data(), o.bytes.size());
+        p.optimizer.buffers.emplace_back(o.name.substr(prefix.size()), std::move(values));
+      }
+      std::string name = p.name;
+      out.parameters.emplace(std::move(name), std::move(p));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,
@@ -151,95 +287,33 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
                                    const std::vector<CheckpointedStage>& stages) {
   comm::Communicator* control = scope.control;
   const int world_rank = control->rank();
-  const pipeline::Plan& plan = *scope.plan;
   int64_t step = 0;
   std::vector<std::vector<ParameterOptimizerState>> states(stages.size());
   absl::Status local = [&]() -> absl::Status {
-    TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
-    if (manifest.model != model) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint is of model '",
-                                                     manifest.model, "', this run trains '",
-                                                     model, "'"));
-    }
-    auto saved_plan = pipeline::PlanFromJson(manifest.plan, absl::StrCat(dir, ": plan"));
-    if (!saved_plan.ok()) return saved_plan.status();
-    if (saved_plan->stages.size() != plan.stages.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, ": the checkpoint has ", saved_plan->stages.size(), " stages, this plan ",
-          plan.stages.size()));
-    }
-    for (size_t s = 0; s < plan.stages.size(); ++s) {
-      const auto& a = saved_plan->stages[s];
-      const auto& b = plan.stages[s];
-      if (a.first_layer != b.first_layer || a.end_layer != b.end_layer) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            dir, ": stage ", s, " holds layers [", a.first_layer, ", ", a.end_layer,
-            ") in the checkpoint but [", b.first_layer, ", ", b.end_layer, ") in this plan"));
-      }
-    }
-    const nlohmann::json* kind = manifest.optimizer.is_object() && manifest.optimizer.contains("kind")
-                                     ? &manifest.optimizer["kind"]
-                                     : nullptr;
-    const std::string saved_optimizer =
-        kind != nullptr && kind->is_string() ? kind->get<std::string>() : "(none)";
-    if (saved_optimizer != OptimizerName(scope.optimizer.kind)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir, ": the checkpoint's optimizer is '", saved_optimizer, "', this run uses '",
-          OptimizerName(scope.optimizer.kind), "'"));
-    }
-    step = manifest.step;
     for (size_t i = 0; i < stages.size(); ++i) {
       const CheckpointedStage& l = stages[i];
-      const ShardRecord* record = manifest.FindShard(l.stage, 0);
-      if (record == nullptr) {
-        return absl::NotFoundError(absl::StrCat(dir, ": the manifest lists no shard of stage ",
-                                                l.stage));
-      }
-      TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ReadShard(dir, *record));
-      const std::string where = absl::StrCat(dir, "/", record->file);
+      TANDEM_ASSIGN_OR_RETURN(CheckpointState saved,
+                              ReadCheckpointState(dir, model, scope.plan->num_layers,
+                                                  scope.optimizer, l.first_layer, l.end_layer));
+      step = saved.step;
       for (const ParameterView& v : *l.parameters) {
-        const ShardTensor* t = shard.Find(absl::StrCat(kParameterPrefix, v.name));
-        if (t == nullptr || t->count != v.value.count ||
-            t->dtype != comm::DataType::kFloat32) {
+        auto it = saved.parameters.find(v.name);
+        if (it == saved.parameters.end()) {
           return absl::InvalidArgumentError(absl::StrCat(
-              where, ": parameter '", v.name, "' is missing or has another size (",
-              t == nullptr ? 0 : t->count, " vs ", v.value.count, ")"));
+              dir, ": parameter '", v.name, "' of layers [", l.first_layer, ", ", l.end_layer,
+              ") is in none of the checkpoint's stages holding those layers"));
         }
-        std::vector<float> host(static_cast<size_t>(t->count));
-        std::memcpy(host.data(), t->bytes.data(), t->bytes.size());
-        TANDEM_RETURN_IF_ERROR(
-            l.ops->CopyFromHost(static_cast<float*>(v.value.data), host.data(), t->count));
+        if (static_cast<int64_t>(it->second.value.size()) != v.value.count) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              dir, ": parameter '", v.name, "' has another size (", it->second.value.size(),
+              " vs ", v.value.count, ")"));
+        }
+        TANDEM_RETURN_IF_ERROR(l.ops->CopyFromHost(static_cast<float*>(v.value.data),
+                                                   it->second.value.data(), v.value.count));
       }
-      const nlohmann::json steps =
-          shard.metadata.is_object() && shard.metadata.contains("optimizer_steps")
-              ? shard.metadata["optimizer_steps"]
-              : nlohmann::json::object();
-      if (!steps.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": optimizer_steps must be an object of step counts"));
-      }
-      std::vector<ParameterOptimizerState>& state = states[i];
       const std::vector<ParameterView>& params = *l.parameters;
       for (auto it = params.rbegin(); it != params.rend(); ++it) {  // registration order
-        ParameterOptimizerState p;
-        p.name = it->name;
-        if (steps.contains(it->name)) {
-          const nlohmann::json& n = steps[it->name];
-          if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > step) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                where, ": optimizer steps of '", it->name, "' must be an integer in [0, ", step,
-                "], got ", n.dump()));
-          }
-          p.steps = n.get<int64_t>();
-        }
-        const std::string prefix = absl::StrCat(kOptimizerPrefix, it->name, ":");
-        for (const ShardTensor& t : shard.tensors) {
-          if (t.name.rfind(prefix, 0) != 0) continue;
-          std::vector<float> values(static_cast<size_t>(t.count));
-          std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
-          p.buffers.emplace_back(t.name.substr(prefix.size()), std::move(values));
-        }
-        state.push_back(std::move(p));
+        states[i].push_back(saved.parameters.at(it->name).optimizer);
       }
     }
     return absl::OkStatus();

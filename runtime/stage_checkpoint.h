@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "pipeline/plan.h"
+#include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
@@ -50,9 +52,44 @@ absl::Status SaveCheckpointStep(const std::string& root, const std::string& mode
                                 int keep, const CheckpointScope& scope,
                                 const std::vector<CheckpointedStage>& stages);
 
+// One parameter's full training state on the host: value and optimizer state.
+struct ParameterState {
+  std::string name;
+  std::vector<float> value;
+  ParameterOptimizerState optimizer;
+};
+
+struct CheckpointState {
+  int64_t step = 0;  // iterations completed: training resumes at this one
+  std::map<std::string, ParameterState> parameters;  // by name
+};
+
+// Every parameter (value and optimizer state) of the checkpoint's saved stages that overlap
+// layers [first_layer, end_layer) of the step folder `dir`, whatever partition saved it. The
+// manifest's model, layer count and optimizer must match (InvalidArgument otherwise). Local.
+absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
+                                                    const std::string& model, int num_layers,
+                                                    const OptimizerConfig& optimizer,
+                                                    int first_layer, int end_layer);
+
+// A shard of `parameters` (values, optimizer buffers, step counts) for `stage`, which holds
+// layers [first_layer, end_layer).
+CheckpointShard ShardOf(int stage, int first_layer, int end_layer,
+                        const std::vector<ParameterState>& parameters);
+// Writes this rank's `shards` into `dir`, then rank 0 of scope.control writes the manifest over
+// every rank's shards (scope.num_stages of them in all, one per stage of scope.plan).
+// Collective over scope.control.
+absl::Status SaveShards(const std::string& dir, const std::string& model, int64_t step,
+                        const CheckpointScope& scope, const std::vector<CheckpointShard>& shards);
+// SaveCheckpointStep for shards the caller built (e.g. the elastic layer's, by layer run).
+absl::Status SaveShardsStep(const std::string& root, const std::string& model, int64_t step,
+                            int keep, const CheckpointScope& scope,
+                            const std::vector<CheckpointShard>& shards);
+
 // Loads parameters and optimizer state of every stage from `dir` (a step folder: see
-// ResolveCheckpoint for a root); returns the step saved. The
-// manifest's model, stage layer ranges and optimizer must match. Collective; an error on any
+// ResolveCheckpoint for a root); returns the step saved. The manifest's model, layer count
+// and optimizer must match; its stages may split the layers differently (another world size or
+// plan): each stage reads its parameters by name from the saved stages overlapping its layers. Collective; an error on any
 // rank fails every rank.
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,
                                    const CheckpointScope& scope,

@@ -128,6 +128,10 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.steps = run.steps;
   options.membership.heartbeat_timeout = run.heartbeat_timeout;
   options.layer_state_bytes = elastic::LayerStateBytes(chain);
+  options.checkpoint_dir = run.checkpoint_dir;
+  options.checkpoint_every = run.checkpoint_every;
+  options.keep_checkpoints = run.keep_checkpoints;
+  options.resume = run.resume;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
   started();  // the membership watches the ranks from here
   TANDEM_ASSIGN_OR_RETURN(
@@ -142,6 +146,10 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
               << " (global batch " << run.global_batch << ": " << global_microbatches
               << " micro-batches of " << run.microbatch_size << ")" << std::endl;
     if (!run.log_json.empty()) std::ofstream(run.log_json, std::ios::trunc).flush();
+    if (!run.resume.empty()) {
+      std::cout << "resumed from " << run.resume << " at iteration "
+                << trainer->first_iteration() + 1 << std::endl;
+    }
   }
   const double tokens = static_cast<double>(run.global_batch) * run.tokens_per_sample;
   int reconfigurations = 0;
@@ -156,9 +164,13 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     std::cout << absl::StrFormat(
                      "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  %d pipeline(s) on %d "
                      "rank(s)",
-                     r.iteration + 1, run.steps, r.loss, r.seconds * 1e3,
+                     r.iteration + 1, trainer->end_iteration(), r.loss, r.seconds * 1e3,
                      r.seconds > 0 ? tokens / r.seconds : 0.0, e.pipelines, e.ranks)
               << std::endl;
+    if (e.checkpoint_step >= 0) {
+      std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << e.checkpoint_step << ")"
+                << std::endl;
+    }
     if (!run.log_json.empty()) {
       nlohmann::json line = {{"iteration", r.iteration},
                              {"loss", r.loss},
@@ -169,6 +181,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                              {"pipelines", e.pipelines},
                              {"ranks", e.ranks},
                              {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+      if (e.checkpoint_step >= 0) line["checkpoint_step"] = e.checkpoint_step;
       std::ofstream out(run.log_json, std::ios::app);
       out << line.dump() << "\n";
       out.flush();
@@ -188,21 +201,30 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                              {"agree_seconds", c.agree_seconds},
                              {"rebuild_seconds", c.rebuild_seconds},
                              {"layout", c.layout},
+                             {"restored_step", c.restored_step},
                              {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
       std::ofstream out(run.log_json, std::ios::app);
       out << line.dump() << "\n";
       out.flush();
       if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
     }
+    const std::string received =
+        c.restored_step >= 0
+            ? absl::StrCat(c.layers_received, " parameter(s) read from the checkpoint here")
+            : absl::StrCat(c.layers_received, " layer(s) received here");
     std::cout << absl::StrFormat(
                      "elastic: rank(s) %s died; %d survivor(s) agreed in %.2f s (%.2f s after "
                      "this rank's operation failed) that iteration %d is the last committed; "
-                     "re-formed in %.2f s (%d layer(s) received here): %s; resuming at "
-                     "iteration %d",
+                     "re-formed in %.2f s (%s): %s; resuming at iteration %d",
                      absl::StrJoin(c.dead, ", "), c.live.size(), c.agree_seconds,
-                     c.detect_seconds, c.committed_iteration + 1, c.rebuild_seconds,
-                     c.layers_received, c.layout, c.resume_iteration + 1)
+                     c.detect_seconds, c.committed_iteration + 1, c.rebuild_seconds, received,
+                     c.layout, c.resume_iteration + 1)
               << std::endl;
+    if (c.restored_step >= 0) {
+      std::cout << "elastic: no survivor held some layers: every rank rolled back to the "
+                   "checkpoint of step "
+                << c.restored_step << " in " << run.checkpoint_dir << std::endl;
+    }
   };
   TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration));
   TANDEM_RETURN_IF_ERROR(log_status);

@@ -36,7 +36,11 @@ struct ElasticRun {
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   double tokens_per_sample = 0;  // sequence length
   std::string model_text;
-  std::string log_json;  // one JSON object per iteration, appended by the reporting rank
+  std::string log_json;
+  std::string checkpoint_dir;  // job checkpoints; lost layers are restored from them
+  int checkpoint_every = 0;
+  int keep_checkpoints = 2;
+  std::string resume;  // a checkpoint of any partition to start from  // one JSON object per iteration, appended by the reporting rank
 };
 
 // Runs the elastic job to its end on this rank. Collective; survives the death of ranks.

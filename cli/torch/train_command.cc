@@ -508,11 +508,6 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       return absl::InvalidArgumentError(
           "--elastic plans its own pipelines from templates; drop --plan");
     }
-    if (!absl::GetFlag(FLAGS_resume).empty() || !absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
-      return absl::UnimplementedError(
-          "--elastic does not write or resume checkpoints yet: its state lives in the "
-          "surviving replicas");
-    }
     ElasticRun run;
     run.world = &world;
     run.model = &model;
@@ -538,6 +533,10 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.model_text = absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt),
                                   " seed=", seed);
     run.log_json = absl::GetFlag(FLAGS_log_json);
+    run.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    run.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+    run.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    run.resume = absl::GetFlag(FLAGS_resume);
     if (rank == 0) {
       std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
                 << " on " << device.str() << ", elastic" << std::endl;

@@ -166,6 +166,56 @@ TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
   EXPECT_EQ(l.failures[0]["rank"], 0);
 }
 
+TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
+  // Three ranks, one pipeline (no replica): the killed rank's layers exist only in the job's
+  // checkpoint of step 4; every survivor rolls back to it and iterations 4.. run again.
+  const std::string log = TempPath("restore.jsonl");
+  const std::string checkpoint = TempPath("restore_checkpoint");
+  Outcome o = RunElastic(3, "1:5:forward",
+                         absl::StrCat(kPipelined, " --elastic-min-pipelines 1 --checkpoint-dir ",
+                                      checkpoint, " --checkpoint-every 2"),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("rolled back to the checkpoint of step 4"), std::string::npos)
+      << o.output;
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);  // redone iterations log the same losses again
+  EXPECT_EQ(l.finished, 1) << o.output;
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["restored_step"].get<int>(), 4);
+  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4);
+  std::filesystem::remove_all(checkpoint);
+}
+
+TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
+  // Saved by a plain run on 2 ranks (2 stages), resumed elastically on 4 ranks.
+  const std::string checkpoint = TempPath("plain_checkpoint");
+  const std::string log = TempPath("resumed.jsonl");
+  Outcome plain = RunCommand(absl::StrCat(
+      "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
+      g_tandem, " train", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
+      " --steps 4 --checkpoint-dir ", checkpoint));
+  ASSERT_EQ(plain.exit_status, 0) << plain.output;
+  Outcome o = RunCommand(absl::StrCat(
+      "timeout 120 ", TANDEM_MPIEXEC,
+      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 4 ", g_tandem,
+      " train --elastic", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatch-size 2 --steps ", kSteps - 4, " --seed ", kSeed, " --log-json ", log,
+      kPipelined, " --resume ", checkpoint));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("resumed from"), std::string::npos) << o.output;
+  const Log l = ReadElasticLog(log);
+  ASSERT_EQ(l.loss.size(), static_cast<size_t>(kSteps - 4)) << o.output;
+  EXPECT_EQ(l.loss.begin()->first, 4);
+  for (const auto& [it, loss] : l.loss) {
+    EXPECT_LE(std::abs(loss - Reference()[it]), kRelativeTolerance * std::abs(Reference()[it]))
+        << "iteration " << it;
+  }
+  EXPECT_EQ(l.finished, 1);
+  std::filesystem::remove_all(checkpoint);
+}
+
 TEST(ElasticTrainTest, APlanThatCannotSurviveIsRefusedUpFront) {
   // Two ranks cannot hold two pipelines of two stages.
   const std::string log = TempPath("refused.jsonl");

@@ -104,6 +104,32 @@ TEST(TrainCliTest, FourRanksMatchTheReferenceAndWriteATimeline) {
   std::filesystem::remove(timeline);
 }
 
+TEST(TrainCliTest, ResumeOnAnotherWorldSizeRepartitionsTheCheckpoint) {
+  // Saved by 4 ranks (2 stages x 2 pipelines, 1F1B), resumed by 3 ranks as 3 stages (GPipe):
+  // the stages read their layers from whichever saved stages hold them.
+  const std::string checkpoint = TempPath("checkpoint_repartition");
+  const std::string log = TempPath("repartition.jsonl");
+  const std::string model = absl::StrCat(kModelFlags, " --global-batch ", kGlobalBatch,
+                                         " --seed ", kSeed);
+  Outcome first = RunCommand(absl::StrCat(Mpirun(4), model,
+                                          " --microbatches 4 --schedule 1f1b --stages 2"
+                                          " --data-parallel 2 --steps 4 --checkpoint-dir ",
+                                          checkpoint));
+  ASSERT_EQ(first.exit_status, 0) << first.output;
+  Outcome second = RunCommand(absl::StrCat(Mpirun(3), model,
+                                           " --microbatches 8 --schedule gpipe --stages 3"
+                                           " --steps 4 --resume ", checkpoint, " --log-json ",
+                                           log));
+  ASSERT_EQ(second.exit_status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  const std::vector<nlohmann::json> lines = ReadLog(log);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines.front()["iteration"].get<int>(), 4);
+  ExpectLossesMatch(lines, ReferenceLosses(8), 4);
+  std::filesystem::remove_all(checkpoint);
+  std::filesystem::remove(log);
+}
+
 TEST(TrainCliTest, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   const std::string checkpoint = TempPath("checkpoint");
   const std::string log = TempPath("resume.jsonl");
