@@ -46,7 +46,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--memory-mb", type=float, default=0.6,
+    ap.add_argument("--memory-mb", type=float, default=2.0,
                     help="device memory the templates plan for (small: pipelines of stages)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="tandem_elastic_bench_")
