@@ -98,6 +98,18 @@ absl::StatusOr<std::vector<CheckpointShard>> StageShards(
   return shards;
 }
 
+// StageShards, with every rank of scope.control learning whether any failed.
+absl::StatusOr<std::vector<CheckpointShard>> AgreedStageShards(
+    const CheckpointScope& scope, const std::vector<CheckpointedStage>& stages) {
+  absl::StatusOr<std::vector<CheckpointShard>> shards = StageShards(stages);
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
+      scope.control,
+      Annotate(shards.status(), absl::StrCat("rank ", scope.control->rank(),
+                                             ": gathering checkpoint state")),
+      "gathering checkpoint state"));
+  return shards;
+}
+
 }  // namespace
 
 absl::Status SaveShards(const std::string& dir, const std::string& model, int64_t step,
@@ -163,13 +175,8 @@ absl::Status SaveShards(const std::string& dir, const std::string& model, int64_
 absl::Status SaveStages(const std::string& dir, const std::string& model, int64_t step,
                         const CheckpointScope& scope,
                         const std::vector<CheckpointedStage>& stages) {
-  absl::StatusOr<std::vector<CheckpointShard>> shards = StageShards(stages);
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
-      scope.control,
-      Annotate(shards.status(), absl::StrCat("rank ", scope.control->rank(),
-                                             ": gathering checkpoint state")),
-      "gathering checkpoint state"));
-  return SaveShards(dir, model, step, scope, *shards);
+  TANDEM_ASSIGN_OR_RETURN(std::vector<CheckpointShard> shards, AgreedStageShards(scope, stages));
+  return SaveShards(dir, model, step, scope, shards);
 }
 
 absl::Status SaveShardsStep(const std::string& root, const std::string& model, int64_t step,
@@ -192,13 +199,8 @@ absl::Status SaveShardsStep(const std::string& root, const std::string& model, i
 absl::Status SaveCheckpointStep(const std::string& root, const std::string& model, int64_t step,
                                 int keep, const CheckpointScope& scope,
                                 const std::vector<CheckpointedStage>& stages) {
-  absl::StatusOr<std::vector<CheckpointShard>> shards = StageShards(stages);
-  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(
-      scope.control,
-      Annotate(shards.status(), absl::StrCat("rank ", scope.control->rank(),
-                                             ": gathering checkpoint state")),
-      "gathering checkpoint state"));
-  return SaveShardsStep(root, model, step, keep, scope, *shards);
+  TANDEM_ASSIGN_OR_RETURN(std::vector<CheckpointShard> shards, AgreedStageShards(scope, stages));
+  return SaveShardsStep(root, model, step, keep, scope, shards);
 }
 
 absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
