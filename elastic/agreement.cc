@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -102,6 +103,7 @@ struct Membership::State {
   int64_t host = 0;
   std::thread thread;
   std::atomic<bool> stop{false};
+  double first_silence_seconds = 0;  // monitor thread only
   mutable std::mutex committed_mu;
   CommittedStep committed_step;  // guarded by committed_mu
   CommittedStep Committed() const {
@@ -339,6 +341,9 @@ void Membership::State::Suspect(int r, const std::string& why) {
   Peer& p = peers[r];
   if (p.suspected) return;
   p.suspected = true;
+  if (first_silence_seconds == 0 && absl::StartsWith(why, "no heartbeat")) {
+    first_silence_seconds = absl::ToDoubleSeconds(absl::Now() - p.last_heard);
+  }
   std::string killed;
   if (options.kill_silent_local_peers && p.host == host && p.pid > 0 && p.pid != pid &&
       ::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) {
@@ -430,6 +435,7 @@ void Membership::State::Decide(const std::vector<int>& live, const CommittedStep
   }
   d.committed_iteration = committed_iteration;
   d.committed_sums = committed_step.sums;
+  d.detection_seconds = first_silence_seconds;
   d.rounds = rounds;
   d.seconds = absl::ToDoubleSeconds(absl::Now() - entered);
   d.reason = reason;

@@ -68,6 +68,9 @@ struct MembershipDecision {
   int64_t committed_iteration = -1;
   std::array<double, 3> committed_sums{};  // the sums that iteration's commit produced
   int rounds = 0;            // agreement rounds this rank ran (0: it adopted a decision)
+  // How long the first peer this rank found dead had been silent then (about the heartbeat
+  // timeout); 0 when this rank learned of the deaths from others.
+  double detection_seconds = 0;
   double seconds = 0;        // from entering the agreement to the decision, on this rank
   std::string reason;        // what made this rank enter the agreement
 };

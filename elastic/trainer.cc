@@ -421,7 +421,7 @@ struct ElasticTrainer::State {
   absl::Status SaveCheckpoint(int64_t step);
   // The layers this rank runs under `layout`, read from the checkpoint at `root`.
   absl::StatusOr<CheckpointedLayers> ReadCheckpoint(const std::string& root) const;
-  absl::Status Reconfigure(const MembershipDecision& decision, double detect_seconds,
+  absl::Status Reconfigure(const MembershipDecision& decision,
                            const std::function<void(const ElasticIteration&)>& on_iteration,
                            const std::function<void(const Reconfiguration&)>& on_reconfiguration);
   ElasticIteration Report(const runtime::IterationResult& r) const {
@@ -723,15 +723,22 @@ absl::StatusOr<CheckpointedLayers> ElasticTrainer::State::ReadCheckpoint(
 }
 
 absl::Status ElasticTrainer::State::Reconfigure(
-    const MembershipDecision& decision, double detect_seconds,
+    const MembershipDecision& decision,
     const std::function<void(const ElasticIteration&)>& on_iteration,
     const std::function<void(const Reconfiguration&)>& on_reconfiguration) {
   const absl::Time start = absl::Now();
+  absl::Time mark = start;
+  auto lap = [&mark]() {
+    const absl::Time now = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(now - mark);
+    mark = now;
+    return seconds;
+  };
   Reconfiguration report;
   for (int r : decision.live) report.live.push_back(live[static_cast<size_t>(r)]);
   for (int r : decision.dead) report.dead.push_back(live[static_cast<size_t>(r)]);
   report.committed_iteration = decision.committed_iteration;
-  report.detect_seconds = detect_seconds;
+  report.detection_seconds = decision.detection_seconds;
   report.agree_seconds = decision.seconds;
   const int64_t next = decision.committed_iteration + 1;
   report.resume_iteration = next;
@@ -774,6 +781,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
   current = shrunk.get();
   live = report.live;
   TANDEM_RETURN_IF_ERROR(StartMembership());
+  lap();  // the committed step and this rank's state export count with the shrink
+  report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
 
   // 3. The new layout, computed identically on every survivor.
   const int dpn = std::max(1, options.devices_per_node);
@@ -814,6 +823,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
   TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
   report.plan = Describe(plan);
   report.layout = Describe(layout);
+  report.plan_seconds = lap();
   if (restore) {
     // Layers no survivor holds: the whole job rolls back to the latest checkpoint.
     absl::StatusOr<CheckpointedLayers> read = ReadCheckpoint(options.checkpoint_dir);
@@ -825,8 +835,10 @@ absl::Status ElasticTrainer::State::Reconfigure(
     report.restored_step = read->step;
     report.resume_iteration = read->step;
     report.layers_received = static_cast<int64_t>(read->parameters.size());
+    report.move_seconds = lap();
     previous.reset();
     TANDEM_RETURN_IF_ERROR(Configure(&read->parameters, read->step));
+    report.build_seconds = lap();
     report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     report.reporter = reporter;
     has_last_result = false;  // iterations after the checkpoint run again
@@ -878,11 +890,22 @@ absl::Status ElasticTrainer::State::Reconfigure(
   for (const comm::WorkPtr& w : sends) {
     TANDEM_RETURN_IF_ERROR(Annotate(w->Wait(), "sending layer state"));
   }
+  // The job's total, for the report (every survivor takes part).
+  auto moved = std::make_shared<double>(report.bytes_received);
+  const absl::Status summed =
+      current->AllReduce(runtime::DoubleBuffer(moved.get(), 1), comm::ReduceOp::kSum)->Wait();
+  if (!summed.ok()) {
+    Leak(moved);
+    return Annotate(summed, "summing the bytes moved");
+  }
+  report.bytes_moved = *moved;
+  report.move_seconds = lap();
   previous.reset();
 
   // 5. New engines at the iteration after the committed one.
   const int old_reporter = old_layout.pipelines.empty() ? -1 : old_layout.pipelines[0].ranks[0];
   TANDEM_RETURN_IF_ERROR(Configure(&held, next));
+  report.build_seconds = lap();
   // A new reporter whose predecessor died reports the committed iteration again: the dead one
   // may have died before it did (a reader keeps the last line of each iteration).
   if (reporter && old_reporter != me && has_last_result &&
@@ -988,18 +1011,16 @@ absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on
       s.membership->Leave();
       return absl::OkStatus();
     }
-    const absl::Time failed = absl::Now();
     if (!s.membership->in_agreement()) s.membership->RequestAgreement(trained);
     TANDEM_ASSIGN_OR_RETURN(MembershipDecision decision,
                             s.membership->AwaitDecision(s.options.agreement_timeout));
     if (decision.dead.empty()) {
       return Annotate(trained, "elastic: an operation failed and no rank died");
     }
-    const double detect = absl::ToDoubleSeconds(absl::Now() - failed);
     std::vector<int> dead;
     for (int r : decision.dead) dead.push_back(s.live[static_cast<size_t>(r)]);
     TANDEM_RETURN_IF_ERROR(
-        Annotate(s.Reconfigure(decision, detect, on_iteration, on_reconfiguration),
+        Annotate(s.Reconfigure(decision, on_iteration, on_reconfiguration),
                  absl::StrCat("elastic: rank ", s.me, " re-forming the job without rank(s) ",
                               Ranks(dead))));
   }

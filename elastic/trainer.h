@@ -141,10 +141,17 @@ struct Reconfiguration {
   std::string layout;                    // Describe of the new layout
   std::string plan;                      // Describe of the elastic plan
   int64_t layers_received = 0;           // by this rank
-  double bytes_received = 0;
-  double detect_seconds = 0;   // from the failure of this rank's operation to the decision
-  double agree_seconds = 0;    // agreement alone (Membership's figure)
-  double rebuild_seconds = 0;  // shrink, plan, state moves, new engines
+  double bytes_received = 0;             // by this rank
+  double bytes_moved = 0;                // by the whole job (state copied between ranks)
+  // Times, on this rank: how long the first victim had been silent when this rank declared
+  // it dead (0: others told it), the agreement, then the re-formation's parts.
+  double detection_seconds = 0;
+  double agree_seconds = 0;
+  double shrink_seconds = 0;  // the survivors' communicator
+  double plan_seconds = 0;    // re-instantiation (templates, batch, ranks, moves)
+  double move_seconds = 0;    // state copied from survivors, or read from the checkpoint
+  double build_seconds = 0;   // new communicators and engines
+  double rebuild_seconds = 0;  // all of the re-formation
   bool reporter = false;
   // >= 0: no survivor held some layers; every rank rolled back to this checkpoint step.
   int64_t restored_step = -1;

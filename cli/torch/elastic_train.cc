@@ -1,6 +1,9 @@
 #include "cli/torch/elastic_train.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <utility>
 
@@ -9,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "common/units.h"
 #include "elastic/trainer.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/profile.h"
@@ -72,6 +76,15 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     return absl::InvalidArgumentError("--elastic-min-pipelines must be at least 1");
   }
   const int64_t global_microbatches = run.global_batch / run.microbatch_size;
+  // Under Open MPI, a death ends the whole job unless mpirun keeps the survivors running.
+  const char* launcher = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
+  if (world.size() > 1 && launcher != nullptr &&
+      (recovery == nullptr || std::string(recovery) != "1")) {
+    return absl::InvalidArgumentError(
+        "--elastic needs `mpirun --enable-recovery ...`: without it Open MPI ends every rank "
+        "when one dies, and there is nothing to recover");
+  }
 
   // The profile (rank 0), then the same templates on every rank.
   std::string text;
@@ -156,6 +169,19 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   double last_loss = 0;
   int64_t last_iteration = -1;
   absl::Status log_status = absl::OkStatus();
+  // The log keeps one line per completed iteration: a reporter that takes over from a dead one
+  // first reads where it stopped, and iterations run again after a roll-back are not repeated.
+  int64_t last_logged = -1;
+  bool log_read = false;
+  auto append = [&](const nlohmann::json& line) {
+    if (run.log_json.empty()) return;
+    std::ofstream out(run.log_json, std::ios::app);
+    out << line.dump() << "\n";
+    out.flush();
+    if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
+  };
+  // A recovery's event, written once the first iteration after it has completed.
+  std::optional<nlohmann::json> pending_recovery;
   auto on_iteration = [&](const elastic::ElasticIteration& e) {
     last_loss = e.result.loss;
     last_iteration = e.result.iteration;
@@ -171,54 +197,71 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
       std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << e.checkpoint_step << ")"
                 << std::endl;
     }
-    if (!run.log_json.empty()) {
-      nlohmann::json line = {{"iteration", r.iteration},
-                             {"loss", r.loss},
-                             {"iteration_ms", r.seconds * 1e3},
-                             {"tokens_per_second", r.seconds > 0 ? tokens / r.seconds : 0.0},
-                             {"grad_norm", r.grad_norm},
-                             {"learning_rate", r.learning_rate},
-                             {"pipelines", e.pipelines},
-                             {"ranks", e.ranks},
-                             {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
-      if (e.checkpoint_step >= 0) line["checkpoint_step"] = e.checkpoint_step;
-      std::ofstream out(run.log_json, std::ios::app);
-      out << line.dump() << "\n";
-      out.flush();
-      if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
+    if (run.log_json.empty()) return;
+    if (!log_read) {
+      log_read = true;
+      std::ifstream in(run.log_json);
+      std::string text;
+      while (std::getline(in, text)) {
+        const nlohmann::json line = nlohmann::json::parse(text, nullptr, false);
+        if (line.is_object() && line.contains("iteration") && !line.contains("event")) {
+          last_logged = std::max<int64_t>(last_logged, line["iteration"].get<int64_t>());
+        }
+      }
     }
+    if (pending_recovery.has_value()) {
+      (*pending_recovery)["first_step_after_iteration"] = r.iteration;
+      (*pending_recovery)["first_step_after_seconds"] = r.seconds;
+      append(*pending_recovery);
+      pending_recovery.reset();
+    }
+    if (r.iteration <= last_logged) return;  // run again after a roll-back: logged already
+    last_logged = r.iteration;
+    nlohmann::json line = {{"iteration", r.iteration},
+                           {"loss", r.loss},
+                           {"iteration_ms", r.seconds * 1e3},
+                           {"tokens_per_second", r.seconds > 0 ? tokens / r.seconds : 0.0},
+                           {"grad_norm", r.grad_norm},
+                           {"learning_rate", r.learning_rate},
+                           {"pipelines", e.pipelines},
+                           {"ranks", e.ranks},
+                           {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+    if (e.checkpoint_step >= 0) line["checkpoint_step"] = e.checkpoint_step;
+    append(line);
   };
   auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
     ++reconfigurations;
     lost_ranks = true;
     if (!c.reporter) return;
-    if (!run.log_json.empty()) {
-      nlohmann::json line = {{"event", "reconfiguration"},
-                             {"dead", c.dead},
-                             {"live", c.live},
-                             {"committed_iteration", c.committed_iteration},
-                             {"resume_iteration", c.resume_iteration},
-                             {"agree_seconds", c.agree_seconds},
-                             {"rebuild_seconds", c.rebuild_seconds},
-                             {"layout", c.layout},
-                             {"restored_step", c.restored_step},
-                             {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
-      std::ofstream out(run.log_json, std::ios::app);
-      out << line.dump() << "\n";
-      out.flush();
-      if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
-    }
+    pending_recovery = nlohmann::json{{"event", "recovery"},
+                                      {"dead", c.dead},
+                                      {"live", c.live},
+                                      {"committed_iteration", c.committed_iteration},
+                                      {"resume_iteration", c.resume_iteration},
+                                      {"detection_seconds", c.detection_seconds},
+                                      {"agreement_seconds", c.agree_seconds},
+                                      {"shrink_seconds", c.shrink_seconds},
+                                      {"replan_seconds", c.plan_seconds},
+                                      {"state_copy_seconds", c.move_seconds},
+                                      {"build_seconds", c.build_seconds},
+                                      {"reform_seconds", c.rebuild_seconds},
+                                      {"bytes_moved", c.bytes_moved},
+                                      {"layout", c.layout},
+                                      {"restored_step", c.restored_step},
+                                      {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
     const std::string received =
         c.restored_step >= 0
             ? absl::StrCat(c.layers_received, " parameter(s) read from the checkpoint here")
-            : absl::StrCat(c.layers_received, " layer(s) received here");
+            : absl::StrCat(FormatBytes(c.bytes_moved), " of state copied");
     std::cout << absl::StrFormat(
-                     "elastic: rank(s) %s died; %d survivor(s) agreed in %.2f s (%.2f s after "
-                     "this rank's operation failed) that iteration %d is the last committed; "
-                     "re-formed in %.2f s (%s): %s; resuming at iteration %d",
+                     "elastic: rank(s) %s died; %d survivor(s) agreed in %.3f s (found dead "
+                     "after %.2f s of silence) that iteration %d is the last committed; "
+                     "re-formed in %.3f s (plan %.3f s, state %.3f s, engines %.3f s; %s): %s; "
+                     "resuming at iteration %d",
                      absl::StrJoin(c.dead, ", "), c.live.size(), c.agree_seconds,
-                     c.detect_seconds, c.committed_iteration + 1, c.rebuild_seconds, received,
-                     c.layout, c.resume_iteration + 1)
+                     c.detection_seconds, c.committed_iteration + 1, c.rebuild_seconds,
+                     c.plan_seconds, c.move_seconds, c.build_seconds, received, c.layout,
+                     c.resume_iteration + 1)
               << std::endl;
     if (c.restored_step >= 0) {
       std::cout << "elastic: no survivor held some layers: every rank rolled back to the "
@@ -227,6 +270,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     }
   };
   TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration));
+  if (pending_recovery.has_value()) append(*pending_recovery);  // nothing ran after it
   TANDEM_RETURN_IF_ERROR(log_status);
   if (trainer->layout().pipelines.empty() ||
       trainer->layout().pipelines[0].ranks[0] == trainer->job_rank()) {

@@ -56,7 +56,7 @@ const std::vector<double>& Reference() {
 }
 
 struct Log {
-  std::map<int, double> loss;   // by iteration (a repeated line must agree)
+  std::map<int, double> loss;   // by iteration (each exactly once)
   std::map<int, int> ranks;     // ranks training, by iteration
   std::vector<nlohmann::json> reconfigurations;
   std::vector<nlohmann::json> failures;  // {"event": "failed"}, one per failing rank
@@ -68,15 +68,15 @@ Log ReadElasticLog(const std::string& path) {
   for (const nlohmann::json& line : tandem::testing::ReadJsonLines(path)) {
     if (line.contains("event")) {
       const std::string event = line["event"].get<std::string>();
-      if (event == "reconfiguration") log.reconfigurations.push_back(line);
+      if (event == "recovery") log.reconfigurations.push_back(line);
       if (event == "failed") log.failures.push_back(line);
       if (event == "finished") ++log.finished;
       continue;
     }
     const int it = line["iteration"].get<int>();
     const double loss = line["loss"].get<double>();
-    auto [at, inserted] = log.loss.emplace(it, loss);
-    if (!inserted) EXPECT_EQ(at->second, loss) << "iteration " << it << " logged twice, differently";
+    const bool inserted = log.loss.emplace(it, loss).second;
+    EXPECT_TRUE(inserted) << "iteration " << it << " logged twice";
     log.ranks[it] = line["ranks"].get<int>();
   }
   return log;
@@ -134,6 +134,13 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   EXPECT_EQ(r["live"].size(), 3u);
   EXPECT_EQ(r["committed_iteration"].get<int>(), c.committed) << o.output;
   EXPECT_EQ(r["resume_iteration"].get<int>(), c.committed + 1);
+  // The recovery's parts, and the first step after it.
+  // (No bytes may move: survivors often keep a part of what they held.)
+  for (const char* key : {"detection_seconds", "agreement_seconds", "replan_seconds",
+                          "state_copy_seconds", "build_seconds", "bytes_moved"}) {
+    EXPECT_GE(r[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(r["first_step_after_iteration"].get<int>(), c.committed + 1);
   // After the death three ranks train.
   EXPECT_EQ(l.ranks.at(kSteps - 1), 3);
 }
@@ -214,6 +221,17 @@ TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
   }
   EXPECT_EQ(l.finished, 1);
   std::filesystem::remove_all(checkpoint);
+}
+
+TEST(ElasticTrainTest, WithoutEnableRecoveryItSaysHowToLaunch) {
+  const std::string log = TempPath("norecovery.jsonl");
+  Outcome o = RunCommand(absl::StrCat(
+      "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
+      g_tandem, " train --elastic", tandem::testing::kSmallGptFlags, " --global-batch ",
+      kGlobalBatch, " --microbatch-size 2 --steps 2 --log-json ", log));
+  EXPECT_EQ(o.exit_status, 2) << o.output;  // plain mpirun passes the exit status on
+  EXPECT_NE(o.output.find("mpirun --enable-recovery"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("iter "), std::string::npos) << o.output;
 }
 
 TEST(ElasticTrainTest, APlanThatCannotSurviveIsRefusedUpFront) {
