@@ -77,35 +77,66 @@ struct Reader {
 
 // ---- fault injection ------------------------------------------------------------------
 
+// Where ranks kill themselves (fault injection): RANK:ITERATION:POINT, several separated by
+// commas.
 struct KillPoint {
-  int rank = -1;
-  int64_t iteration = -1;
-  std::string point;
+  struct Entry {
+    int rank = -1;
+    int64_t iteration = -1;
+    std::string point;
+  };
+  std::vector<Entry> entries;
   bool Hits(int me, int64_t it, const char* at) const {
-    return rank == me && iteration == it && point == at;
+    for (const Entry& e : entries) {
+      if (e.rank == me && e.iteration == it && e.point == at) return true;
+    }
+    return false;
+  }
+  // Whether `me` dies in a stage's computation (forward, backward or stop) at some iteration.
+  bool InStage(int me) const {
+    for (const Entry& e : entries) {
+      if (e.rank == me && (e.point == "forward" || e.point == "backward" || e.point == "stop")) {
+        return true;
+      }
+    }
+    return false;
+  }
+  bool Idle(int me) const {
+    for (const Entry& e : entries) {
+      if (e.rank == me && e.point == "idle") return true;
+    }
+    return false;
   }
 };
 
 absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   KillPoint k;
   if (text.empty()) return k;
-  std::vector<std::string> parts = absl::StrSplit(text, ':');
-  static const std::set<std::string> kPoints = {"forward", "backward", "sync", "commit", "idle"};
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &k.rank) ||
-      !absl::SimpleAtoi(parts[1], &k.iteration) || !kPoints.count(parts[2])) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fault injection '", text,
-        "': expected RANK:ITERATION:POINT, POINT one of forward, backward, sync, commit, idle"));
+  static const std::set<std::string> kPoints = {"forward", "backward", "sync",  "commit",
+                                                "idle",    "stop",     "reform"};
+  for (absl::string_view one : absl::StrSplit(text, ',')) {
+    std::vector<std::string> parts = absl::StrSplit(one, ':');
+    KillPoint::Entry e;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &e.rank) ||
+        !absl::SimpleAtoi(parts[1], &e.iteration) || !kPoints.count(parts[2])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fault injection '", text,
+          "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
+          "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
+          "re-formation that resumes at ITERATION)"));
+    }
+    e.point = parts[2];
+    k.entries.push_back(std::move(e));
   }
-  k.point = parts[2];
   return k;
 }
 
 [[noreturn]] void KillSelf(int rank, int64_t iteration, const std::string& point) {
-  TANDEM_LOG(WARNING) << "fault injection: rank " << rank << " kills itself (SIGKILL) at "
+  const bool stop = point == "stop";
+  TANDEM_LOG(WARNING) << "fault injection: rank " << rank << (stop ? " stops itself (SIGSTOP)" : " kills itself (SIGKILL)") << " at "
                       << point << " of iteration " << iteration << " (unix time "
                       << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) * 1e-6) << ")";
-  ::kill(::getpid(), SIGKILL);
+  ::kill(::getpid(), stop ? SIGSTOP : SIGKILL);
   for (;;) ::pause();
 }
 
@@ -121,6 +152,7 @@ class KillingStage final : public runtime::Stage {
   absl::StatusOr<std::vector<runtime::Tensor>> Forward(int m,
                                                        std::vector<runtime::Tensor> in) override {
     if (m == 0 && kill_.Hits(rank_, iteration_, "forward")) KillSelf(rank_, iteration_, "forward");
+    if (m == 0 && kill_.Hits(rank_, iteration_, "stop")) KillSelf(rank_, iteration_, "stop");
     return inner_->Forward(m, std::move(in));
   }
   absl::StatusOr<std::vector<runtime::Tensor>> Backward(int m,
@@ -361,6 +393,16 @@ struct ElasticTrainer::State {
   };
   std::vector<Segment> segments;  // those this rank holds, in layer order
   std::vector<GradientSegment> all_segments;
+  // Between a failure and the new engines (possibly over several re-formations, when ranks die
+  // during one): this rank's parameters, the layout they follow and the iteration to resume.
+  bool reforming = false;
+  std::vector<int> reform_dead;  // every rank that died since the last configuration ran
+  std::map<std::string, runtime::ParameterState> held_state;
+  JobLayout held_layout;
+  int64_t held_next = 0;
+  // A duplicate of `current` for the re-formation's and Configure's collectives, so that a
+  // death aborts them too.
+  std::unique_ptr<comm::Communicator> config;
   int64_t first_iteration = 0;
   int64_t end_iteration = 0;  // first_iteration + options.steps
   std::unique_ptr<runtime::Engine> engine;
@@ -379,7 +421,7 @@ struct ElasticTrainer::State {
     if (!aborted) abort_reason = reason;
     aborted = true;
     if (engine != nullptr) engine->Abort(reason);
-    for (comm::Communicator* c : {everyone.get(), training.get(), pipeline.get()}) {
+    for (comm::Communicator* c : {everyone.get(), training.get(), pipeline.get(), config.get()}) {
       if (c != nullptr) c->Abort(reason);
     }
     for (Segment& s : segments) {
@@ -391,7 +433,7 @@ struct ElasticTrainer::State {
   void TearDown() {
     std::unique_ptr<runtime::Engine> old_engine;
     std::vector<Segment> old_segments;
-    std::unique_ptr<comm::Communicator> a, b, c;
+    std::unique_ptr<comm::Communicator> a, b, c, d;
     {
       std::lock_guard<std::mutex> lock(abort_mu);
       old_engine = std::move(engine);
@@ -399,14 +441,14 @@ struct ElasticTrainer::State {
       a = std::move(everyone);
       b = std::move(training);
       c = std::move(pipeline);
+      d = std::move(config);
     }
     old_engine.reset();
     old_segments.clear();
   }
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> SplitRegistered(int color, int key) {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
-                            current->Split(color, key));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, config->Split(color, key));
     if (c != nullptr) c->set_timeout(options.engine.timeout);
     return c;
   }
@@ -444,6 +486,12 @@ absl::Status ElasticTrainer::State::StartMembership() {
   TANDEM_ASSIGN_OR_RETURN(membership,
                           Membership::Start(*current, options.membership,
                                             [this](const absl::Status& why) { AbortAll(why); }));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
+                          current->Split(0, current->rank()));
+  c->set_timeout(options.engine.timeout);
+  std::lock_guard<std::mutex> lock(abort_mu);
+  config = std::move(c);
+  if (aborted) config->Abort(abort_reason);
   return absl::OkStatus();
 }
 
@@ -461,7 +509,7 @@ runtime::StageFactory ElasticTrainer::State::PipelineFactory(const JobPipeline& 
           "elastic training runs CPU stages only for now (gradients cross pipelines through "
           "host memory)");
     }
-    if (kill.rank == me && (kill.point == "forward" || kill.point == "backward")) {
+    if (kill.InStage(me)) {
       stage = std::make_unique<KillingStage>(std::move(stage), kill, me);
     }
     return stage;
@@ -636,7 +684,7 @@ absl::Status ElasticTrainer::State::Train(
       }
       if (on_iteration) on_iteration(e);
     }
-  } else if (kill.rank == me && kill.point == "idle") {
+  } else if (kill.Idle(me)) {
     KillSelf(me, -1, "idle");
   }
   // Everyone, idle ranks included, meets here; a failure meanwhile aborts the wait.
@@ -736,39 +784,55 @@ absl::Status ElasticTrainer::State::Reconfigure(
   };
   Reconfiguration report;
   for (int r : decision.live) report.live.push_back(live[static_cast<size_t>(r)]);
-  for (int r : decision.dead) report.dead.push_back(live[static_cast<size_t>(r)]);
+  if (!reforming) reform_dead.clear();
+  for (int r : decision.dead) reform_dead.push_back(live[static_cast<size_t>(r)]);
+  report.dead = reform_dead;
+  std::sort(report.dead.begin(), report.dead.end());
   report.committed_iteration = decision.committed_iteration;
   report.detection_seconds = decision.detection_seconds;
   report.agree_seconds = decision.seconds;
-  const int64_t next = decision.committed_iteration + 1;
-  report.resume_iteration = next;
-
-  // 1. The committed step, applied everywhere; then this rank's state, by parameter name.
-  std::map<std::string, runtime::ParameterState> held;
-  std::map<int, std::vector<std::string>> names_of_layer;
-  if (engine != nullptr) {
-    if (engine->step_pending() && engine->iteration() == decision.committed_iteration) {
-      TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r,
-                              engine->ApplyCommittedStep(decision.committed_sums));
-      report.applied_committed_step = true;
-      last_result = r;
-      has_last_result = true;
-      if (on_iteration) on_iteration(Report(r));
+  // 1. The committed step, applied everywhere; then this rank's state, by parameter name. A
+  // re-formation cut short by a further death keeps what the first one exported.
+  if (!reforming) {
+    held_state.clear();
+    held_layout = layout;
+    held_next = decision.committed_iteration + 1;
+    if (engine != nullptr) {
+      if (engine->step_pending() && engine->iteration() == decision.committed_iteration) {
+        TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r,
+                                engine->ApplyCommittedStep(decision.committed_sums));
+        report.applied_committed_step = true;
+        last_result = r;
+        has_last_result = true;
+        if (on_iteration) on_iteration(Report(r));
+      }
+      if (engine->iteration() != held_next) {
+        return absl::InternalError(absl::StrCat(
+            "rank ", me, " is at iteration ", engine->iteration(),
+            " but the survivors resume at ", held_next, " (committed ",
+            decision.committed_iteration, ")"));
+      }
+      TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
+      for (runtime::ParameterState& p : state) {
+        std::string name = p.name;
+        held_state.emplace(std::move(name), std::move(p));
+      }
     }
-    if (engine->iteration() != next) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", me, " is at iteration ", engine->iteration(), " but the survivors resume at ",
-          next, " (committed ", decision.committed_iteration, ")"));
-    }
-    TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
-    for (runtime::ParameterState& s : state) {
-      TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(s.name));
-      names_of_layer[layer].push_back(s.name);
-      std::string name = s.name;
-      held.emplace(std::move(name), std::move(s));
-    }
+    reforming = true;
+  } else if (decision.committed_iteration + 1 != held_next) {
+    return absl::InternalError(absl::StrCat("rank ", me, " resumes at ", held_next,
+                                            " but the survivors agreed on ",
+                                            decision.committed_iteration + 1));
   }
-  const JobLayout old_layout = layout;
+  const int64_t next = held_next;
+  report.resume_iteration = next;
+  std::map<int, std::vector<std::string>> names_of_layer;
+  for (const auto& [name, p] : held_state) {
+    TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(name));
+    names_of_layer[layer].push_back(name);
+  }
+  std::map<std::string, runtime::ParameterState>& held = held_state;
+  const JobLayout old_layout = held_layout;
   membership.reset();
   TearDown();
 
@@ -781,6 +845,10 @@ absl::Status ElasticTrainer::State::Reconfigure(
   current = shrunk.get();
   live = report.live;
   TANDEM_RETURN_IF_ERROR(StartMembership());
+  // The iteration to resume travels with the next agreement, should a rank die before the
+  // new engines run.
+  membership->SetCommitted(next - 1);
+  if (kill.Hits(me, next, "reform")) KillSelf(me, next, "reform");
   lap();  // the committed step and this rank's state export count with the shrink
   report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
 
@@ -841,6 +909,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
     report.build_seconds = lap();
     report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     report.reporter = reporter;
+    reforming = false;
+    held_state.clear();
     has_last_result = false;  // iterations after the checkpoint run again
     if (on_reconfiguration) on_reconfiguration(report);
     return absl::OkStatus();
@@ -861,8 +931,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
     auto bytes = std::make_shared<std::string>(EncodeState(layer_state));
     auto size = std::make_shared<int64_t>(static_cast<int64_t>(bytes->size()));
     const int peer = rank_in_current(m.destination_rank);
-    sends.push_back(current->Send({size.get(), 1, comm::DataType::kInt64}, peer, kMoveTag));
-    sends.push_back(current->Send({bytes->data(), static_cast<int64_t>(bytes->size()),
+    sends.push_back(config->Send({size.get(), 1, comm::DataType::kInt64}, peer, kMoveTag));
+    sends.push_back(config->Send({bytes->data(), static_cast<int64_t>(bytes->size()),
                                    comm::DataType::kUInt8},
                                   peer, kMoveTag));
     outgoing.push_back(bytes);
@@ -871,13 +941,29 @@ absl::Status ElasticTrainer::State::Reconfigure(
   for (const LayerMove& m : plan.moves.moves) {
     if (m.destination_rank != me) continue;
     const int peer = rank_in_current(m.source_rank);
-    int64_t size = 0;
+    auto size_buffer = std::make_shared<int64_t>(0);
+    const absl::Status sized =
+        config->Recv({size_buffer.get(), 1, comm::DataType::kInt64}, peer, kMoveTag)->Wait();
+    if (!sized.ok()) {
+      Leak(size_buffer);
+      for (auto& b : outgoing) Leak(b);
+      for (auto& b : sizes) Leak(b);
+    }
     TANDEM_RETURN_IF_ERROR(Annotate(
-        current->Recv({&size, 1, comm::DataType::kInt64}, peer, kMoveTag)->Wait(),
-        absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
-    std::string bytes(static_cast<size_t>(size), '\0');
+        sized, absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
+    const int64_t size = *size_buffer;
+    // On the heap: after an abort the library may still write into it (then it is leaked).
+    auto incoming = std::make_shared<std::string>(static_cast<size_t>(size), '\0');
+    std::string& bytes = *incoming;
+    const absl::Status received =
+        config->Recv({bytes.data(), size, comm::DataType::kUInt8}, peer, kMoveTag)->Wait();
+    if (!received.ok()) {
+      Leak(incoming);
+      for (auto& b : outgoing) Leak(b);
+      for (auto& b : sizes) Leak(b);
+    }
     TANDEM_RETURN_IF_ERROR(Annotate(
-        current->Recv({bytes.data(), size, comm::DataType::kUInt8}, peer, kMoveTag)->Wait(),
+        received,
         absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
     TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, DecodeState(bytes));
     for (runtime::ParameterState& s : state) {
@@ -888,12 +974,17 @@ absl::Status ElasticTrainer::State::Reconfigure(
     report.bytes_received += static_cast<double>(size);
   }
   for (const comm::WorkPtr& w : sends) {
-    TANDEM_RETURN_IF_ERROR(Annotate(w->Wait(), "sending layer state"));
+    const absl::Status sent = w->Wait();
+    if (!sent.ok()) {
+      for (auto& b : outgoing) Leak(b);
+      for (auto& b : sizes) Leak(b);
+      return Annotate(sent, "sending layer state");
+    }
   }
   // The job's total, for the report (every survivor takes part).
   auto moved = std::make_shared<double>(report.bytes_received);
   const absl::Status summed =
-      current->AllReduce(runtime::DoubleBuffer(moved.get(), 1), comm::ReduceOp::kSum)->Wait();
+      config->AllReduce(runtime::DoubleBuffer(moved.get(), 1), comm::ReduceOp::kSum)->Wait();
   if (!summed.ok()) {
     Leak(moved);
     return Annotate(summed, "summing the bytes moved");
@@ -916,6 +1007,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
   }
   report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   report.reporter = reporter;
+  reforming = false;
+  held_state.clear();
   if (on_reconfiguration) on_reconfiguration(report);
   return absl::OkStatus();
 }
@@ -1005,24 +1098,32 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
 absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on_iteration,
                                  std::function<void(const Reconfiguration&)> on_reconfiguration) {
   State& s = *state_;
+  absl::Status failure = s.Train(on_iteration);
   for (;;) {
-    const absl::Status trained = s.Train(on_iteration);
-    if (trained.ok()) {
+    if (failure.ok()) {
       s.membership->Leave();
       return absl::OkStatus();
     }
-    if (!s.membership->in_agreement()) s.membership->RequestAgreement(trained);
+    if (!s.membership->in_agreement()) s.membership->RequestAgreement(failure);
     TANDEM_ASSIGN_OR_RETURN(MembershipDecision decision,
                             s.membership->AwaitDecision(s.options.agreement_timeout));
     if (decision.dead.empty()) {
-      return Annotate(trained, "elastic: an operation failed and no rank died");
+      return Annotate(failure, "elastic: an operation failed and no rank died");
     }
     std::vector<int> dead;
     for (int r : decision.dead) dead.push_back(s.live[static_cast<size_t>(r)]);
-    TANDEM_RETURN_IF_ERROR(
-        Annotate(s.Reconfigure(decision, on_iteration, on_reconfiguration),
-                 absl::StrCat("elastic: rank ", s.me, " re-forming the job without rank(s) ",
-                              Ranks(dead))));
+    const absl::Status reformed = s.Reconfigure(decision, on_iteration, on_reconfiguration);
+    if (!reformed.ok()) {
+      // A further death during the re-formation: agree again and start it over.
+      if (s.membership != nullptr && s.membership->in_agreement()) {
+        failure = reformed;
+        continue;
+      }
+      return Annotate(reformed, absl::StrCat("elastic: rank ", s.me,
+                                             " re-forming the job without rank(s) ",
+                                             Ranks(dead)));
+    }
+    failure = s.Train(on_iteration);
   }
 }
 

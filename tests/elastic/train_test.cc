@@ -107,12 +107,14 @@ TEST(ElasticTrainTest, WithoutFailuresMatchesTheReference) {
   EXPECT_TRUE(l.failures.empty());
 }
 
-// A death at each point of an iteration; the survivors re-form and finish.
+// A death at each point of an iteration, several deaths, a hung rank; the survivors re-form
+// and finish.
 struct KillCase {
   const char* name;
-  const char* kill;      // RANK:ITERATION:POINT
-  int dead_rank;
-  int committed;         // the last iteration every survivor applies before redoing
+  const char* kill;  // RANK:ITERATION:POINT[,...]
+  int ranks;
+  std::vector<int> dead;
+  int committed;     // the last iteration every survivor applies before redoing
 };
 
 class ElasticKillTest : public ::testing::TestWithParam<KillCase> {};
@@ -120,9 +122,9 @@ class ElasticKillTest : public ::testing::TestWithParam<KillCase> {};
 TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   const KillCase& c = GetParam();
   const std::string log = TempPath(absl::StrCat(c.name, ".jsonl"));
-  Outcome o = RunElastic(4, c.kill, kPipelined, log);
+  Outcome o = RunElastic(c.ranks, c.kill, kPipelined, log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
-  EXPECT_NE(o.output.find("kills itself (SIGKILL)"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("1 reconfiguration(s)"), std::string::npos) << o.output;
   const Log l = ReadElasticLog(log);
   ExpectReferenceLosses(l);
@@ -130,31 +132,47 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   EXPECT_TRUE(l.failures.empty()) << o.output;
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   const nlohmann::json& r = l.reconfigurations[0];
-  EXPECT_EQ(r["dead"], nlohmann::json::array({c.dead_rank}));
-  EXPECT_EQ(r["live"].size(), 3u);
+  EXPECT_EQ(r["dead"], nlohmann::json(c.dead)) << o.output;
+  EXPECT_EQ(r["live"].size(), static_cast<size_t>(c.ranks) - c.dead.size());
   EXPECT_EQ(r["committed_iteration"].get<int>(), c.committed) << o.output;
   EXPECT_EQ(r["resume_iteration"].get<int>(), c.committed + 1);
-  // The recovery's parts, and the first step after it.
-  // (No bytes may move: survivors often keep a part of what they held.)
+  // The recovery's parts, and the first step after it. (No bytes may move: survivors often
+  // keep a part of what they held.)
   for (const char* key : {"detection_seconds", "agreement_seconds", "replan_seconds",
                           "state_copy_seconds", "build_seconds", "bytes_moved"}) {
     EXPECT_GE(r[key].get<double>(), 0) << key;
   }
   EXPECT_EQ(r["first_step_after_iteration"].get<int>(), c.committed + 1);
-  // After the death three ranks train.
-  EXPECT_EQ(l.ranks.at(kSteps - 1), 3);
+  // After the deaths the survivors train.
+  EXPECT_EQ(l.ranks.at(kSteps - 1), c.ranks - static_cast<int>(c.dead.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Points, ElasticKillTest,
-    ::testing::Values(KillCase{"forward", "3:4:forward", 3, 3},
-                      KillCase{"backward", "1:6:backward", 1, 5},
-                      KillCase{"sync", "2:3:sync", 2, 2},
+    ::testing::Values(KillCase{"forward", "3:4:forward", 4, {3}, 3},
+                      KillCase{"backward", "1:6:backward", 4, {1}, 5},
+                      KillCase{"sync", "2:3:sync", 4, {2}, 2},
                       // The victim dies after the commit all-reduce: the step of iteration 5
                       // was committed and is applied on every survivor, then 6 runs.
-                      KillCase{"commit", "1:5:commit", 1, 5},
+                      KillCase{"commit", "1:5:commit", 4, {1}, 5},
                       // Rank 0 (the reporter, writing the log) dies: another takes over.
-                      KillCase{"rank0", "0:2:forward", 0, 1}),
+                      KillCase{"rank0", "0:2:forward", 4, {0}, 1},
+                      // A hung rank (SIGSTOP): declared dead after the heartbeat timeout and
+                      // killed.
+                      KillCase{"stopped", "2:3:stop", 4, {2}, 2}),
+    [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
+
+// Six ranks as three pipelines of two stages.
+INSTANTIATE_TEST_SUITE_P(
+    Several, ElasticKillTest,
+    ::testing::Values(
+        // Two ranks of different pipelines at once.
+        KillCase{"two_pipelines", "1:4:forward,3:4:forward", 6, {1, 3}, 3},
+        // A whole pipeline, both ranks at once (right after the commit of iteration 4: a
+        // forward kill would reach the second stage only after the recovery).
+        KillCase{"whole_pipeline", "2:4:commit,3:4:commit", 6, {2, 3}, 4},
+        // A second death during the re-formation after the first.
+        KillCase{"during_recovery", "1:4:forward,4:4:reform", 6, {1, 4}, 3}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
 TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
