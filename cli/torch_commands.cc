@@ -22,6 +22,7 @@ CommandInfo TorchCommand(const char* name, const char* summary) {
 
 const CommandRegistrar train_registrar(TorchCommand("train", kTrainSummary));
 const CommandRegistrar profile_registrar(TorchCommand("profile", kProfileSummary));
+const CommandRegistrar checkpoint_registrar(TorchCommand("checkpoint", kCheckpointSummary));
 
 }  // namespace
 }  // namespace tandem::cli

@@ -1,4 +1,4 @@
-// The subcommands that need LibTorch (train, profile) live in a second program, `tandem-torch`,
+// The subcommands that need LibTorch or the runtime (train, profile, checkpoint) live in a second program, `tandem-torch`,
 // built beside `tandem` in the same folder. `tandem` does not link LibTorch: it lists these
 // commands with the summaries below and, to run one (flags, `--help` and all), replaces itself
 // with `tandem-torch` and the same argv (exec: same process, environment and `mpirun` rank).
@@ -16,5 +16,7 @@ inline constexpr char kTrainSummary[] =
     "train a LibTorch model with the pipeline runtime (run under mpirun)";
 inline constexpr char kProfileSummary[] =
     "measure a LibTorch model layer by layer and write profile.json";
+inline constexpr char kCheckpointSummary[] =
+    "inspect a checkpoint, or compare two tensor by tensor (inspect DIR | diff A B)";
 
 }  // namespace tandem::cli

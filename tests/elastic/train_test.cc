@@ -55,6 +55,24 @@ const std::vector<double>& Reference() {
   return losses;
 }
 
+// The final checkpoint of a run that never failed (4 ranks, checkpoints every 2 iterations: the
+// last two, steps 8 and 10, are kept), made once.
+const std::string& ReferenceCheckpoint() {
+  static const std::string dir = [] {
+    const std::string d = TempPath("reference_checkpoint");
+    Outcome o = RunElastic(4, "", absl::StrCat(kPipelined, " --checkpoint-every 2 --checkpoint-dir ", d),
+                           TempPath("reference.jsonl"));
+    EXPECT_EQ(o.exit_status, 0) << o.output;
+    return d;
+  }();
+  return dir;
+}
+
+// `tandem checkpoint diff A B --tolerance 1e-5`.
+Outcome DiffCheckpoints(const std::string& a, const std::string& b) {
+  return RunCommand(absl::StrCat(g_tandem, " checkpoint diff ", a, " ", b, " --tolerance 1e-5"));
+}
+
 struct Log {
   std::map<int, double> loss;   // by iteration (each exactly once)
   std::map<int, int> ranks;     // ranks training, by iteration
@@ -122,9 +140,15 @@ class ElasticKillTest : public ::testing::TestWithParam<KillCase> {};
 TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   const KillCase& c = GetParam();
   const std::string log = TempPath(absl::StrCat(c.name, ".jsonl"));
-  Outcome o = RunElastic(c.ranks, c.kill, kPipelined, log);
+  const std::string checkpoint = TempPath(absl::StrCat(c.name, "_checkpoint"));
+  Outcome o = RunElastic(c.ranks, c.kill, absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint),
+                         log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
+  // The final parameters and optimizer state equal those of the run that never failed.
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  std::filesystem::remove_all(checkpoint);
   EXPECT_NE(o.output.find("1 reconfiguration(s)"), std::string::npos) << o.output;
   const Log l = ReadElasticLog(log);
   ExpectReferenceLosses(l);
@@ -239,6 +263,26 @@ TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
   }
   EXPECT_EQ(l.finished, 1);
   std::filesystem::remove_all(checkpoint);
+}
+
+TEST(ElasticTrainTest, CheckpointInspectAndDiff) {
+  const std::string& ref = ReferenceCheckpoint();
+  Outcome inspect = RunCommand(absl::StrCat(g_tandem, " checkpoint inspect ", ref));
+  EXPECT_EQ(inspect.exit_status, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("step: 10"), std::string::npos) << inspect.output;
+  EXPECT_NE(inspect.output.find("param:layers.1.qkv.weight"), std::string::npos)
+      << inspect.output;
+  EXPECT_EQ(DiffCheckpoints(ref, ref).exit_status, 0);
+  // Two steps of one run: another step, other values.
+  Outcome differ = DiffCheckpoints(ref, ref + "/step-00000008");
+  EXPECT_EQ(differ.exit_status, 1) << differ.output;
+  EXPECT_NE(differ.output.find("step differs: 10 vs 8"), std::string::npos) << differ.output;
+  EXPECT_NE(differ.output.find("above the tolerance"), std::string::npos) << differ.output;
+  // Bad input: exit 2 and one line naming it.
+  Outcome missing = RunCommand(absl::StrCat(g_tandem, " checkpoint inspect ", ref, "/nothing"));
+  EXPECT_EQ(missing.exit_status, 2) << missing.output;
+  Outcome usage = RunCommand(absl::StrCat(g_tandem, " checkpoint diff ", ref));
+  EXPECT_EQ(usage.exit_status, 2) << usage.output;
 }
 
 TEST(ElasticTrainTest, WithoutEnableRecoveryItSaysHowToLaunch) {
