@@ -461,6 +461,17 @@ struct ElasticTrainer::State {
   absl::Status SumOverJob(int64_t iteration, std::array<double, 3>& sums);
   absl::Status Train(const std::function<void(const ElasticIteration&)>& on_iteration);
   absl::Status SaveCheckpoint(int64_t step);
+  // `value` reduced over the survivors (the re-formation's communicator).
+  absl::StatusOr<double> OverSurvivors(double value, comm::ReduceOp op) {
+    auto buffer = std::make_shared<double>(value);
+    const absl::Status reduced =
+        config->AllReduce(runtime::DoubleBuffer(buffer.get(), 1), op)->Wait();
+    if (!reduced.ok()) {
+      Leak(buffer);  // the library may still write into it
+      return Annotate(reduced, "reducing over the survivors");
+    }
+    return *buffer;
+  }
   // The layers this rank runs under `layout`, read from the checkpoint at `root`.
   absl::StatusOr<CheckpointedLayers> ReadCheckpoint(const std::string& root) const;
   absl::Status Reconfigure(const MembershipDecision& decision,
@@ -904,6 +915,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
     report.resume_iteration = read->step;
     report.layers_received = static_cast<int64_t>(read->parameters.size());
     report.move_seconds = lap();
+    TANDEM_ASSIGN_OR_RETURN(report.detection_seconds,
+                            OverSurvivors(report.detection_seconds, comm::ReduceOp::kMax));
     previous.reset();
     TANDEM_RETURN_IF_ERROR(Configure(&read->parameters, read->step));
     report.build_seconds = lap();
@@ -982,15 +995,12 @@ absl::Status ElasticTrainer::State::Reconfigure(
     }
   }
   // The job's total, for the report (every survivor takes part).
-  auto moved = std::make_shared<double>(report.bytes_received);
-  const absl::Status summed =
-      config->AllReduce(runtime::DoubleBuffer(moved.get(), 1), comm::ReduceOp::kSum)->Wait();
-  if (!summed.ok()) {
-    Leak(moved);
-    return Annotate(summed, "summing the bytes moved");
-  }
-  report.bytes_moved = *moved;
+  TANDEM_ASSIGN_OR_RETURN(report.bytes_moved,
+                          OverSurvivors(report.bytes_received, comm::ReduceOp::kSum));
   report.move_seconds = lap();
+  // The detection as the first survivor to notice saw it (others learned it from that one).
+  TANDEM_ASSIGN_OR_RETURN(report.detection_seconds,
+                          OverSurvivors(report.detection_seconds, comm::ReduceOp::kMax));
   previous.reset();
 
   // 5. New engines at the iteration after the committed one.

@@ -9,7 +9,8 @@ TANDEM_ELASTIC_KILL and prints, from the rank's own timestamps:
   restart       what a restart costs instead: a fresh mpirun to its first iteration's end
 and checks that the run finished with the uninterrupted run's losses.
 
-usage: bench/elastic/elastic_recovery_bench.py BUILD_DIR [--ranks 4] [--steps 20]
+usage: bench/elastic/elastic_recovery_bench.py BUILD_DIR [--ranks 4] [--steps 24]
+       [--heartbeat-timeout 2]
 """
 import argparse
 import json
@@ -24,6 +25,9 @@ MODEL = ("--model gpt --layers 4 --hidden 64 --heads 4 --seq-len 32 --optimizer 
          "--lr 3e-3 --warmup-steps 2 --global-batch 32 --microbatch-size 2 --seed 11")
 
 
+HEARTBEAT = 2.0
+
+
 def run(build, ranks, steps, kill, memory, log):
     env = dict(os.environ)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
@@ -32,7 +36,8 @@ def run(build, ranks, steps, kill, memory, log):
         env["TANDEM_ELASTIC_KILL"] = kill
         cmd += ["-x", "TANDEM_ELASTIC_KILL"]
     cmd += ["-np", str(ranks), os.path.join(build, "bin", "tandem"), "train", "--elastic",
-            "--steps", str(steps), "--log-json", log, "--device-memory-mb", str(memory)]
+            "--steps", str(steps), "--log-json", log, "--device-memory-mb", str(memory),
+            "--heartbeat-timeout", str(HEARTBEAT)]
     cmd += MODEL.split()
     start = time.time()
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -45,10 +50,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--memory-mb", type=float, default=2.0,
                     help="device memory the templates plan for (small: pipelines of stages)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=2.0,
+                    help="seconds of silence before a rank is declared dead")
     args = ap.parse_args()
+    global HEARTBEAT
+    HEARTBEAT = args.heartbeat_timeout
     tmp = tempfile.mkdtemp(prefix="tandem_elastic_bench_")
 
     base_log = os.path.join(tmp, "base.jsonl")
@@ -68,6 +77,7 @@ def main():
           f" {'1st step':>8} {'total':>7} {'lost':>6} {'lost/restart':>12}  losses  after")
     victim = args.ranks - 1
     third = max(2, args.steps // 3)
+    throughput = []
     for point in ["forward", "backward", "sync", "commit"]:
         kill = f"{victim}:{third}:{point}"
         log = os.path.join(tmp, f"{point}.jsonl")
@@ -86,13 +96,24 @@ def main():
         lost = total - normal
         worst = max(abs(l["loss"] - reference[l["iteration"]]) / abs(reference[l["iteration"]])
                     for l in lines if "event" not in l and l["iteration"] in reference)
+        before = sorted(l["iteration_ms"] for l in lines
+                        if "event" not in l and 0 < l["iteration"] < r["committed_iteration"])
+        after = sorted(l["iteration_ms"] for l in lines
+                       if "event" not in l and l["iteration"] > r["resume_iteration"])
+        if before and after:
+            ratio = before[len(before) // 2] / after[len(after) // 2]
+            throughput.append((kill, ratio, len(r["live"]) / args.ranks))
         ms = lambda x: f"{x * 1e3:>5.0f}ms"
         print(f"{kill:<18} {r['detection_seconds']:>6.2f}s {ms(r['agreement_seconds'])} "
               f"{ms(r['shrink_seconds'] + r['replan_seconds'])} {ms(r['state_copy_seconds'])} "
               f"{ms(r['build_seconds'])} {ms(r['first_step_after_seconds'])}  {total:>5.2f}s "
               f"{lost:>5.2f}s {lost / restart:>11.2f}x  "
               f"{'equal' if worst <= 1e-5 else f'differ {worst:.1e}'}  {r['layout']}")
-    print("detect: the victim's silence when a survivor declared it dead (heartbeat timeout 2 s);"
+    for kill, ratio, share in throughput:
+        print(f"throughput after / before ({kill}): {ratio:.2f} (surviving / initial ranks "
+              f"{share:.2f}; goal >= 0.9 x that = {0.9 * share:.2f})")
+    print(f"detect: the victim's silence when a survivor declared it dead (heartbeat timeout "
+          f"{HEARTBEAT:g} s);"
           " total: kill to the end of the first step after; lost: total less one normal "
           "iteration")
 
