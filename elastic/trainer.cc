@@ -112,8 +112,8 @@ struct KillPoint {
 absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   KillPoint k;
   if (text.empty()) return k;
-  static const std::set<std::string> kPoints = {"forward", "backward", "sync",  "commit",
-                                                "idle",    "stop",     "reform"};
+  static const std::set<std::string> kPoints = {"forward", "backward", "sync",      "commit",
+                                                "idle",    "stop",     "reform",    "checkpoint"};
   for (absl::string_view one : absl::StrSplit(text, ',')) {
     std::vector<std::string> parts = absl::StrSplit(one, ':');
     KillPoint::Entry e;
@@ -123,7 +123,8 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
           "fault injection '", text,
           "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
           "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
-          "re-formation that resumes at ITERATION)"));
+          "re-formation that resumes at ITERATION), checkpoint (writing the checkpoint of step "
+          "ITERATION)"));
     }
     e.point = parts[2];
     k.entries.push_back(std::move(e));
@@ -397,6 +398,7 @@ struct ElasticTrainer::State {
   // during one): this rank's parameters, the layout they follow and the iteration to resume.
   bool reforming = false;
   std::vector<int> reform_dead;  // every rank that died since the last configuration ran
+  std::function<void(int64_t)> on_checkpoint;
   std::map<std::string, runtime::ParameterState> held_state;
   JobLayout held_layout;
   int64_t held_next = 0;
@@ -405,6 +407,7 @@ struct ElasticTrainer::State {
   std::unique_ptr<comm::Communicator> config;
   int64_t first_iteration = 0;
   int64_t end_iteration = 0;  // first_iteration + options.steps
+  int64_t saved_step = -1;    // the last checkpoint written (-1 also after a re-formation)
   std::unique_ptr<runtime::Engine> engine;
   int pipeline_index = -1;
   bool reporter = false;
@@ -686,14 +689,17 @@ absl::Status ElasticTrainer::State::Train(
       last_result = r;
       has_last_result = true;
       const int64_t done = r.iteration + 1;
-      ElasticIteration e = Report(r);
+      if (on_iteration) on_iteration(Report(r));
       if (!options.checkpoint_dir.empty() &&
           ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) ||
            done == end_iteration)) {
         TANDEM_RETURN_IF_ERROR(SaveCheckpoint(done));
-        e.checkpoint_step = done;
       }
-      if (on_iteration) on_iteration(e);
+    }
+    // A death during the final checkpoint: the survivors write it again.
+    if (!options.checkpoint_dir.empty() && saved_step != end_iteration &&
+        engine->iteration() == end_iteration) {
+      TANDEM_RETURN_IF_ERROR(SaveCheckpoint(end_iteration));
     }
   } else if (kill.Idle(me)) {
     KillSelf(me, -1, "idle");
@@ -733,6 +739,7 @@ pipeline::Plan SegmentPlan(const std::vector<GradientSegment>& segments,
 
 absl::Status ElasticTrainer::State::SaveCheckpoint(int64_t step) {
   TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
+  if (kill.Hits(me, step, "checkpoint")) KillSelf(me, step, "checkpoint");
   std::vector<runtime::CheckpointShard> shards;
   for (const Segment& seg : segments) {
     if (seg.segment.ranks.front() != me) continue;  // its lowest holder writes it
@@ -752,9 +759,13 @@ absl::Status ElasticTrainer::State::SaveCheckpoint(int64_t step) {
   scope.plan = &plan;
   scope.num_stages = static_cast<int>(all_segments.size());
   scope.optimizer = options.engine.optimizer;
-  return Annotate(runtime::SaveShardsStep(options.checkpoint_dir, options.model, step,
-                                          options.keep_checkpoints, scope, shards),
-                  absl::StrCat("checkpoint of step ", step));
+  TANDEM_RETURN_IF_ERROR(Annotate(runtime::SaveShardsStep(options.checkpoint_dir, options.model,
+                                                          step, options.keep_checkpoints, scope,
+                                                          shards),
+                                  absl::StrCat("checkpoint of step ", step)));
+  saved_step = step;
+  if (on_checkpoint && reporter) on_checkpoint(step);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointedLayers> ElasticTrainer::State::ReadCheckpoint(
@@ -924,6 +935,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     report.reporter = reporter;
     reforming = false;
     held_state.clear();
+    saved_step = -1;
     has_last_result = false;  // iterations after the checkpoint run again
     if (on_reconfiguration) on_reconfiguration(report);
     return absl::OkStatus();
@@ -1019,6 +1031,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
   report.reporter = reporter;
   reforming = false;
   held_state.clear();
+  saved_step = -1;
   if (on_reconfiguration) on_reconfiguration(report);
   return absl::OkStatus();
 }
@@ -1106,8 +1119,10 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
 }
 
 absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on_iteration,
-                                 std::function<void(const Reconfiguration&)> on_reconfiguration) {
+                                 std::function<void(const Reconfiguration&)> on_reconfiguration,
+                                 std::function<void(int64_t step)> on_checkpoint) {
   State& s = *state_;
+  s.on_checkpoint = std::move(on_checkpoint);
   absl::Status failure = s.Train(on_iteration);
   for (;;) {
     if (failure.ok()) {

@@ -129,7 +129,6 @@ struct ElasticIteration {
   bool reporter = false;  // this rank reports for the job (the first rank of the first pipeline)
   int pipelines = 0;
   int ranks = 0;  // ranks training
-  int64_t checkpoint_step = -1;  // >= 0: a checkpoint of this step was just written
 };
 
 struct Reconfiguration {
@@ -171,8 +170,10 @@ class ElasticTrainer {
   // Trains until end_iteration(), surviving failures. Each rank's callbacks run on its training
   // thread. An error: the job cannot continue (no surviving copy of some layers, too few
   // ranks, this rank excluded, a failure that is not a death).
+  // `on_checkpoint` runs on the reporting rank after each checkpoint written.
   absl::Status Run(std::function<void(const ElasticIteration&)> on_iteration,
-                   std::function<void(const Reconfiguration&)> on_reconfiguration);
+                   std::function<void(const Reconfiguration&)> on_reconfiguration,
+                   std::function<void(int64_t step)> on_checkpoint = {});
 
   const JobLayout& layout() const;
   int64_t first_iteration() const;  // where training starts (a resumed checkpoint's step)

@@ -193,10 +193,6 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                      r.iteration + 1, trainer->end_iteration(), r.loss, r.seconds * 1e3,
                      r.seconds > 0 ? tokens / r.seconds : 0.0, e.pipelines, e.ranks)
               << std::endl;
-    if (e.checkpoint_step >= 0) {
-      std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << e.checkpoint_step << ")"
-                << std::endl;
-    }
     if (run.log_json.empty()) return;
     if (!log_read) {
       log_read = true;
@@ -226,7 +222,6 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                            {"pipelines", e.pipelines},
                            {"ranks", e.ranks},
                            {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
-    if (e.checkpoint_step >= 0) line["checkpoint_step"] = e.checkpoint_step;
     append(line);
   };
   auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
@@ -269,7 +264,11 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                 << c.restored_step << " in " << run.checkpoint_dir << std::endl;
     }
   };
-  TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration));
+  auto on_checkpoint = [&](int64_t step) {
+    std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << step << ")" << std::endl;
+    append(nlohmann::json{{"event", "checkpoint"}, {"step", step}});
+  };
+  TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration, on_checkpoint));
   if (pending_recovery.has_value()) append(*pending_recovery);  // nothing ran after it
   TANDEM_RETURN_IF_ERROR(log_status);
   if (trainer->layout().pipelines.empty() ||

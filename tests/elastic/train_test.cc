@@ -133,6 +133,7 @@ struct KillCase {
   int ranks;
   std::vector<int> dead;
   int committed;     // the last iteration every survivor applies before redoing
+  const char* flags = "";
 };
 
 class ElasticKillTest : public ::testing::TestWithParam<KillCase> {};
@@ -141,8 +142,8 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   const KillCase& c = GetParam();
   const std::string log = TempPath(absl::StrCat(c.name, ".jsonl"));
   const std::string checkpoint = TempPath(absl::StrCat(c.name, "_checkpoint"));
-  Outcome o = RunElastic(c.ranks, c.kill, absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint),
-                         log);
+  Outcome o = RunElastic(c.ranks, c.kill,
+                         absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint, c.flags), log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
   // The final parameters and optimizer state equal those of the run that never failed.
@@ -183,7 +184,11 @@ INSTANTIATE_TEST_SUITE_P(
                       KillCase{"rank0", "0:2:forward", 4, {0}, 1},
                       // A hung rank (SIGSTOP): declared dead after the heartbeat timeout and
                       // killed.
-                      KillCase{"stopped", "2:3:stop", 4, {2}, 2}),
+                      KillCase{"stopped", "2:3:stop", 4, {2}, 2},
+                      // Writing the checkpoint of step 4 (the later ones, and the final one,
+                      // are written by the survivors).
+                      KillCase{"checkpoint", "3:4:checkpoint", 4, {3}, 3,
+                               " --checkpoint-every 4"}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
 // Six ranks as three pipelines of two stages.
