@@ -173,6 +173,47 @@ TEST(EngineCheckpointTest, ResumeMatchesUninterruptedAdamWDear) {
                              runtime::GradSyncStrategy::kAllReduce);
 }
 
+// The elastic layer's state move: ExportState from one engine, ImportState into a fresh one at
+// the same iteration continues exactly as the first (parameters and optimizer state).
+TEST(EngineStateTest, ExportImportContinuesExactly) {
+  const pipeline::Plan plan = MakePlan(pipeline::ScheduleKind::k1F1B, 1);
+  const EngineOptions options =
+      Options(runtime::OptimizerConfig::AdamW(), runtime::GradSyncStrategy::kAllReduce);
+  auto first = Engine::Create(plan, World(), Factory(), options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*first)->RunIteration().ok());
+  EXPECT_FALSE((*first)->step_pending());
+  // No step waits to be applied after a complete iteration.
+  EXPECT_EQ((*first)->ApplyCommittedStep({0, 0, 0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto state = (*first)->ExportState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_FALSE(state->empty());
+  for (const ParameterState& p : *state) {
+    EXPECT_EQ(p.optimizer.steps, 3) << p.name;
+    EXPECT_FALSE(p.optimizer.buffers.empty()) << p.name;
+  }
+
+  auto second = Engine::Create(plan, World(), Factory(), options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  // A missing parameter is refused, naming it.
+  std::vector<ParameterState> partial(state->begin() + 1, state->end());
+  absl::Status refused = (*second)->ImportState(partial);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  ASSERT_TRUE((*second)->ImportState(*state).ok());
+  (*second)->set_iteration((*first)->iteration());
+  for (int i = 0; i < 3; ++i) {
+    auto a = (*first)->RunIteration();
+    auto b = (*second)->RunIteration();
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->iteration, b->iteration);
+    EXPECT_DOUBLE_EQ(a->loss, b->loss);
+  }
+  ASSERT_TRUE((*first)->Flush().ok());
+  ASSERT_TRUE((*second)->Flush().ok());
+  EXPECT_EQ(LocalParameters(**first), LocalParameters(**second));
+}
+
 class EngineCheckpointErrorTest : public ::testing::Test {
  protected:
   void SetUp() override {
