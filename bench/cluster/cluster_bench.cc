@@ -1,0 +1,111 @@
+// Runs each policy on Pollux's eight workloads (16 nodes x 4 GPUs, 60 s rounds, 30 s restarts)
+// and prints the average job completion time beside the Pollux artifact's published figures
+// (simulator/results-jobload/*-1.0/summary.json), plus the wall time of each simulation.
+//
+//   cluster_bench [--policies tiresias,optimus,fifo] [--workloads 1,2,...,8] [--data DIR]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cluster/application.h"
+#include "cluster/metrics.h"
+#include "cluster/policies.h"
+#include "cluster/simulator.h"
+#include "cluster/workload.h"
+
+namespace {
+
+// Published average JCT (seconds) per workload 1..8, Pollux artifact at relative load 1.0.
+const std::map<std::string, std::vector<double>>& Published() {
+  static const auto* published = new std::map<std::string, std::vector<double>>{
+      {"pollux", {2088.8, 3322.9, 2188.5, 2721.0, 2673.7, 2446.1, 3616.1, 2951.9}},
+      {"tiresias", {2473.7, 5145.0, 3876.3, 3280.3, 3501.0, 3469.7, 5479.9, 5079.7}},
+      {"optimus", {4087.1, 6913.9, 3944.0, 5967.8, 5656.2, 5301.9, 7290.9, 6293.8}},
+  };
+  return *published;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tandem::cluster;
+  std::string data = TANDEM_BENCH_DATA_DIR;
+  std::vector<std::string> policies = {"tiresias", "optimus", "fifo"};
+  std::vector<int> workloads = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--policies") == 0) {
+      policies = absl::StrSplit(argv[i + 1], ',');
+    } else if (std::strcmp(argv[i], "--workloads") == 0) {
+      workloads.clear();
+      for (absl::string_view w : absl::StrSplit(argv[i + 1], ',')) {
+        int n = 0;
+        if (absl::SimpleAtoi(w, &n)) workloads.push_back(n);
+      }
+    } else if (std::strcmp(argv[i], "--data") == 0) {
+      data = argv[i + 1];
+    }
+  }
+  auto apps = LoadPolluxApplications(data + "/cluster/pollux/apps");
+  if (!apps.ok()) {
+    std::fprintf(stderr, "cluster_bench: %s\n", std::string(apps.status().message()).c_str());
+    return 2;
+  }
+  const ClusterView cluster = ClusterView::Homogeneous(16, 4);
+  std::printf("Average JCT (hours), 16 nodes x 4 GPUs; published: Pollux artifact summary.json\n");
+  std::printf("%-10s %-9s %9s %9s %8s %8s %6s %8s %9s\n", "policy", "workload", "avg_jct_h",
+              "published", "error", "p99_h", "util", "max_ftf", "seconds");
+  for (const std::string& name : policies) {
+    double sum = 0, sum_published = 0, sum_seconds = 0;
+    int count = 0;
+    for (int w : workloads) {
+      auto workload = ReadPolluxWorkload(
+          absl::StrFormat("%s/cluster/pollux/workloads/workload-%d.csv", data, w));
+      auto policy = MakePolicy(name);
+      if (!workload.ok() || !policy.ok()) {
+        std::fprintf(stderr, "cluster_bench: %s\n",
+                     std::string((workload.ok() ? policy.status() : workload.status()).message())
+                         .c_str());
+        return 2;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      auto result = Simulate(*workload, *apps, cluster, **policy);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!result.ok()) {
+        std::fprintf(stderr, "cluster_bench: %s\n", std::string(result.status().message()).c_str());
+        return 1;
+      }
+      const ClusterMetrics m = ComputeMetrics(*result);
+      auto published = Published().find(name);
+      const double reference = published == Published().end() ? 0 : published->second[w - 1];
+      std::printf("%-10s %-9d %9.3f %9s %8s %8.3f %6.3f %8.2f %9.2f\n", name.c_str(), w,
+                  m.avg_jct_seconds / 3600,
+                  reference > 0 ? absl::StrFormat("%.3f", reference / 3600).c_str() : "-",
+                  reference > 0
+                      ? absl::StrFormat("%+.1f%%", 100 * (m.avg_jct_seconds / reference - 1)).c_str()
+                      : "-",
+                  m.p99_jct_seconds / 3600, m.utilisation, m.max_ftf, seconds);
+      sum += m.avg_jct_seconds;
+      sum_published += reference;
+      sum_seconds += seconds;
+      ++count;
+    }
+    if (count > 0) {
+      std::printf("%-10s %-9s %9.3f %9s %8s %8s %6s %8s %9.2f\n", name.c_str(), "mean",
+                  sum / count / 3600,
+                  sum_published > 0 ? absl::StrFormat("%.3f", sum_published / count / 3600).c_str()
+                                    : "-",
+                  sum_published > 0
+                      ? absl::StrFormat("%+.1f%%", 100 * (sum / sum_published - 1)).c_str()
+                      : "-",
+                  "", "", "", sum_seconds);
+    }
+  }
+  return 0;
+}

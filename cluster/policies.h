@@ -1,0 +1,41 @@
+// The scheduling policies the cluster module knows, by name, and their options.
+//
+//   fifo      first come, first served; a job runs with its requested GPUs once every job
+//             before it runs (no backfilling, no preemption), packed onto the fewest nodes
+//   tiresias  Tiresias's two-dimensional least-attained-service (NSDI'19) as Pollux's
+//             artifact runs it: discretised queues by GPU-seconds attained, gangs of the
+//             requested size, preemption, placement from the nodes with most free GPUs
+//   optimus   Optimus (EuroSys'18) with an oracle, as Pollux's artifact: one GPU per job, then
+//             GPUs one at a time to the job whose remaining time drops most
+// Other policies (Pollux, Gavel) register in cluster/policies.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/policy.h"
+
+namespace tandem::cluster {
+
+struct TiresiasOptions {
+  // GPU-seconds of attained service at which a job moves down a queue; Pollux's artifact uses
+  // one threshold, 16 GPU-hours (two queues).
+  std::vector<double> queue_thresholds_gpu_seconds = {16 * 3600.0};
+  // Tiresias's starvation guard: a demoted job that has waited this many times its executed
+  // time goes back to the first queue. 0 turns it off (the artifact's setting).
+  double starvation_factor = 0;
+};
+
+std::unique_ptr<Policy> MakeFifoPolicy();
+std::unique_ptr<Policy> MakeTiresiasPolicy(const TiresiasOptions& options = {});
+std::unique_ptr<Policy> MakeOptimusPolicy();
+
+// Policy names MakePolicy knows.
+std::vector<std::string> PolicyNames();
+
+// A policy by name with default options; InvalidArgument listing the known names otherwise.
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(const std::string& name);
+
+}  // namespace tandem::cluster

@@ -1,0 +1,104 @@
+// The scheduling-policy interface shared by the cluster simulator and (later) a live scheduler.
+//
+// Every round the caller hands a policy the active jobs (submitted, not finished) in submission
+// order, the cluster, and the current allocations; the policy returns new allocations. An
+// allocation lists one node index per GPU, as Pollux does ({0, 0, 3}: two GPUs on node 0, one
+// on node 3). A job absent from the result gets no GPUs. A policy may keep state between rounds
+// (Tiresias's queues); it is called from one thread at a time.
+//
+// What a job shows a policy (JobView) is enough for FIFO, Tiresias, Optimus, Pollux and Gavel:
+// requested gang size and batch size, attained service, restarts, a speedup function
+// (nodes, replicas) -> goodput relative to one GPU, Optimus's per-iteration time, and per-device
+// type throughput for heterogeneous clusters.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tandem::cluster {
+
+inline constexpr char kDefaultDeviceType[] = "gpu";
+
+struct NodeView {
+  int gpus = 0;
+  std::string device_type = kDefaultDeviceType;
+};
+
+struct ClusterView {
+  std::vector<NodeView> nodes;
+
+  static ClusterView Homogeneous(int num_nodes, int gpus_per_node,
+                                 const std::string& device_type = kDefaultDeviceType);
+  int total_gpus() const;
+  int max_gpus_per_node() const;
+};
+
+using Allocation = std::vector<int>;                  // node index per GPU
+using Allocations = std::map<std::string, Allocation>;  // job name -> allocation
+
+// How the simulator sets up jobs' batch sizes for a policy (Pollux's simulator does this per
+// policy): Tiresias and FIFO run the workload's replicas and batch size; Optimus keeps the
+// batch size and chooses replicas; Pollux adapts the batch size to the allocation.
+enum class BatchSizeMode { kFixedReplicasAndBatch, kFixedBatch, kAdaptive };
+
+struct JobView {
+  std::string name;
+  std::string application;  // empty for a fixed-duration trace job
+  double submission_seconds = 0;
+  double age_seconds = 0;                   // now - submission
+  double attained_service_gpu_seconds = 0;  // GPU-seconds held so far
+  int restarts = 0;                         // reallocations after the first
+  int requested_replicas = 1;               // the workload's gang size
+  int requested_batch_size = 0;             // the workload's batch size (0: none)
+  int min_replicas = 0;
+  int max_replicas = 1;
+  bool preemptible = true;
+  // Goodput with (nodes, replicas) relative to one GPU on one node (0 for 0 replicas). Pollux's
+  // speedup function; linear (= replicas) before a job has been profiled. May be evaluated
+  // lazily; valid during the Optimize call only.
+  std::function<double(int nodes, int replicas)> speedup;
+  // Optimus's oracle: seconds per iteration on `replicas` GPUs packed onto as few nodes as
+  // possible, at the requested batch size; with remaining_iterations, the time left.
+  std::function<double(int replicas)> iteration_seconds;
+  double remaining_iterations = 0;
+  // Throughput on each device type relative to the reference type (absent: 1.0).
+  std::map<std::string, double> device_throughput;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  virtual BatchSizeMode batch_size_mode() const = 0;
+  // New allocations for `jobs` at time `now_seconds`. `current` holds the allocations of the
+  // jobs in `jobs` that have some. Errors are the policy's own failures (Internal) or bad
+  // input (InvalidArgument, e.g. a job wider than the cluster).
+  virtual absl::StatusOr<Allocations> Optimize(const std::vector<JobView>& jobs,
+                                               const ClusterView& cluster,
+                                               const Allocations& current,
+                                               double now_seconds) = 0;
+};
+
+// Free GPUs per node after `allocations`.
+std::vector<int> FreeGpus(const ClusterView& cluster, const Allocations& allocations);
+
+// Takes `gpus` GPUs the way Tiresias's and Optimus's simulators place a gang: repeatedly from
+// the node with the most free GPUs (the lowest index on ties). FailedPrecondition if fewer are
+// free.
+absl::StatusOr<Allocation> TakeFromMostFree(int gpus, std::vector<int>* free);
+
+// GPUs per node of an allocation in the order nodes first appear: {3, 3, 1} -> {2, 1}.
+std::vector<int> PlacementOf(const Allocation& allocation);
+
+// Checks an allocation result: known jobs only, node indices in range, no node over its GPUs.
+absl::Status ValidateAllocations(const Allocations& allocations,
+                                 const std::vector<JobView>& jobs, const ClusterView& cluster,
+                                 const std::string& policy);
+
+}  // namespace tandem::cluster
