@@ -1,0 +1,115 @@
+// `tandem cluster simulate` end to end: text and JSON figures, the SVG, exit codes and
+// messages for bad input.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+struct CommandRun {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+CommandRun Tandem(const std::string& args) {
+  const std::string command = std::string(TANDEM_BIN) + " " + args + " 2>&1";
+  CommandRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string Data(const std::string& name) {
+  return std::string(TANDEM_TEST_DATA_DIR) + "/cluster/" + name;
+}
+
+std::string Temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+TEST(ClusterCommand, JsonFiguresOfAPolluxWorkload) {
+  const CommandRun run = Tandem("cluster simulate --workload " +
+                                Data("pollux/workloads/workload-3.csv") +
+                                " --policy tiresias --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const nlohmann::json j = nlohmann::json::parse(run.out);
+  // Published (Pollux artifact): 3876.3 s.
+  EXPECT_NEAR(j["avg_jct_seconds"].get<double>() / 3876.3, 1.0, 0.05);
+  EXPECT_EQ(j["jcts"].size(), 160u);
+  for (const char* key : {"median_jct_seconds", "p99_jct_seconds", "makespan_seconds",
+                          "utilisation", "avg_ftf", "max_ftf"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_GT(j["utilisation"].get<double>(), 0.0);
+  EXPECT_LE(j["utilisation"].get<double>(), 1.0);
+  EXPECT_LE(j["median_jct_seconds"].get<double>(), j["p99_jct_seconds"].get<double>());
+}
+
+TEST(ClusterCommand, TextAndSvgForATiresiasTrace) {
+  const std::string svg = Temp("cluster.svg");
+  std::remove(svg.c_str());
+  const CommandRun run = Tandem("cluster simulate --workload " + Data("tiresias/60_job.csv") +
+                                " --policy fifo --cluster-spec " + Data("tiresias/n32g4.csv") +
+                                " --svg " + svg);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("average JCT"), std::string::npos);
+  EXPECT_NE(run.out.find("utilisation"), std::string::npos);
+  EXPECT_NE(run.out.find("finish-time fairness"), std::string::npos);
+  std::ifstream in(svg);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("<svg"), std::string::npos);
+  EXPECT_NE(text.str().find("<rect"), std::string::npos);
+}
+
+TEST(ClusterCommand, BadInputExitsTwoWithOneLine) {
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const std::string bad_row = Temp("bad_workload.csv");
+  std::ofstream(bad_row) << "name,time,application,num_replicas,batch_size\na,x,cifar10,1,128\n";
+  const std::string wide = Temp("wide_workload.csv");
+  std::ofstream(wide) << "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                         "0,128,0,10,vgg,100,1\n";
+  const std::vector<Case> cases = {
+      {"cluster simulate --policy fifo", "missing --workload"},
+      {"cluster simulate --workload " + Data("tiresias/60_job.csv"), "missing --policy"},
+      {"cluster simulate --workload " + Data("tiresias/60_job.csv") + " --policy nope",
+       "unknown policy 'nope'"},
+      {"cluster simulate --workload " + bad_row + " --policy fifo", "bad_workload.csv:2"},
+      {"cluster simulate --workload " + wide + " --policy fifo", "asks for 128 GPUs"},
+      {"cluster simulate --workload " + Data("tiresias/60_job.csv") +
+           " --policy fifo --gpus 10 --gpus-per-node 4",
+       "multiple of --gpus-per-node"},
+      {"cluster simulate --workload /nonexistent/w.csv --policy fifo", "/nonexistent/w.csv"},
+      {"cluster bogus", "unknown subcommand"},
+  };
+  for (const Case& c : cases) {
+    const CommandRun run = Tandem(c.args);
+    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.out;
+    EXPECT_NE(run.out.find("tandem cluster: error: "), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find(c.message), std::string::npos) << c.args << "\n" << run.out;
+  }
+}
+
+TEST(ClusterCommand, HelpListsTheFlags) {
+  const CommandRun run = Tandem("cluster --help");
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  for (const char* flag : {"--workload", "--policy", "--gpus", "--gpus-per-node", "--interval",
+                           "--format", "--svg"}) {
+    EXPECT_NE(run.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
