@@ -41,7 +41,8 @@ ABSL_FLAG(std::string, apps, "",
           "Pollux application traces (one folder per application); default: apps/ beside the "
           "workload's folder");
 ABSL_FLAG(int, max_jobs, 0, "Philly traces: simulate only the first N jobs (0: all)");
-ABSL_FLAG(int, max_rounds, 100000, "give up after this many rounds");
+ABSL_FLAG(int, max_rounds, 100000,
+          "give up this many rounds after the last submission if jobs are still unfinished");
 ABSL_DECLARE_FLAG(std::string, svg);  // defined with `tandem schedule`
 
 namespace tandem::cli {

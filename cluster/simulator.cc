@@ -390,19 +390,25 @@ absl::StatusOr<SimulationResult> Simulate(const Workload& workload,
   result.total_gpus = cluster.total_gpus();
   result.interval_seconds = options.interval_seconds;
 
+  double last_submission = 0;
+  for (const WorkloadJob& spec : workload.jobs) {
+    last_submission = std::max(last_submission, spec.submission_seconds);
+  }
+  const double round_limit =
+      std::ceil(last_submission / options.interval_seconds) + options.max_rounds;
   Allocations allocations;
   double now = 0;
   int finished = 0;
   const int total = static_cast<int>(jobs.size());
   while (finished < total) {
-    if (result.rounds >= options.max_rounds) {
+    if (result.rounds >= round_limit) {
       std::vector<std::string> left;
       for (const auto& job : jobs) {
         if (!job->completed() && left.size() < 5) left.push_back(job->spec().name);
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "simulation of ", workload.source, " under ", policy.name(), " did not finish in ",
-          options.max_rounds, " rounds (", now, " s); ", total - finished,
+          options.max_rounds, " rounds after the last submission (", now, " s); ",total - finished,
           " jobs unfinished, e.g. ", absl::StrJoin(left, ", ")));
     }
     ++result.rounds;

@@ -10,7 +10,8 @@
 // requested GPUs and slow down linearly on fewer.
 //
 // Checked every round: a policy never places more GPUs on a node than it has, nor GPUs for a
-// job that is not active; the simulation stops with DeadlineExceeded after `max_rounds`.
+// job that is not active; the simulation stops with DeadlineExceeded `max_rounds` rounds after
+// the last submission.
 #pragma once
 
 #include <functional>
@@ -39,6 +40,7 @@ struct SimulationOptions {
   double interval_seconds = 60;  // scheduling round
   double restart_seconds = 30;   // pause after every reallocation
   double interference = 0.0;     // slowdown of jobs sharing a node with another multi-node job
+  // Give up (DeadlineExceeded) after this many rounds past the last job's submission.
   int max_rounds = 100000;
   // Adaptive (Pollux) mode keeps these applications at a fixed batch size, as Pollux's
   // simulator does for ncf.
