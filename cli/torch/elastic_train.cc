@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "common/units.h"
 #include "elastic/trainer.h"
 #include "nlohmann/json.hpp"
@@ -35,6 +36,91 @@ absl::StatusOr<std::string> BroadcastText(comm::Communicator& world, std::string
 }
 
 bool lost_ranks = false;
+
+// The job's timeline on this rank's clock (seconds since the trainer started): one lane of
+// iterations, one of recovery phases. Every rank keeps it, so whichever rank reports at the end
+// writes the whole run.
+class JobTimeline {
+ public:
+  static constexpr int kIterationLane = 0;
+  static constexpr int kRecoveryLane = 1;
+
+  JobTimeline() : start_(absl::Now()) {
+    trace_.NameProcess(0, "elastic job");
+    trace_.NameThread(0, kIterationLane, "iterations");
+    trace_.NameThread(0, kRecoveryLane, "recovery");
+  }
+
+  void Iteration(const elastic::ElasticIteration& e) {
+    // A new reporter reports the committed iteration again after a recovery: it ran once.
+    if (e.result.iteration == last_iteration_) return;
+    last_iteration_ = e.result.iteration;
+    const double end = Now();
+    trace_.Add({.name = absl::StrCat("iteration ", e.result.iteration + 1),
+                .category = "iteration",
+                .tid = kIterationLane,
+                .start_seconds = end - e.result.seconds,
+                .duration_seconds = e.result.seconds,
+                .args = {{"iteration", e.result.iteration},
+                         {"loss", e.result.loss},
+                         {"pipelines", e.pipelines},
+                         {"ranks", e.ranks}}});
+    if (first_step_after_.has_value()) {
+      // From the end of the re-formation to the end of the first iteration after it.
+      trace_.Add({.name = "first step after",
+                  .category = "recovery",
+                  .tid = kRecoveryLane,
+                  .start_seconds = *first_step_after_,
+                  .duration_seconds = end - *first_step_after_,
+                  .args = {{"iteration", e.result.iteration}}});
+      first_step_after_.reset();
+    }
+  }
+
+  // Called right after the re-formation: its phases are laid out backwards from now, in the
+  // order the trainer runs them (detection, agreement, then shrink, re-plan, state, engines).
+  void Recovery(const elastic::Reconfiguration& c) {
+    const double end = Now();
+    const double reform_start = end - c.rebuild_seconds;
+    const double agree_start = reform_start - c.agree_seconds;
+    const nlohmann::json args = {{"dead", c.dead},
+                                 {"live", c.live},
+                                 {"committed_iteration", c.committed_iteration},
+                                 {"bytes_moved", c.bytes_moved},
+                                 {"layout", c.layout}};
+    auto add = [&](const std::string& name, double start, double seconds) {
+      trace_.Add({.name = name,
+                  .category = "recovery",
+                  .tid = kRecoveryLane,
+                  .start_seconds = start,
+                  .duration_seconds = std::max(0.0, seconds),
+                  .args = args});
+    };
+    add(absl::StrCat("detection (rank ", absl::StrJoin(c.dead, ", "), ")"),
+        agree_start - c.detection_seconds, c.detection_seconds);
+    add("agreement", agree_start, c.agree_seconds);
+    double at = reform_start;
+    for (const auto& [name, seconds] :
+         {std::pair<const char*, double>{"shrink", c.shrink_seconds},
+          {"re-plan", c.plan_seconds},
+          {c.restored_step >= 0 ? "restore from checkpoint" : "state copy", c.move_seconds},
+          {"engines", c.build_seconds}}) {
+      add(name, at, seconds);
+      at += seconds;
+    }
+    first_step_after_ = end;
+  }
+
+  absl::Status Write(const std::string& path) const { return trace_.WriteFile(path); }
+
+ private:
+  double Now() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+
+  absl::Time start_;
+  ChromeTrace trace_;
+  std::optional<double> first_step_after_;
+  int64_t last_iteration_ = -1;
+};
 
 // Appends one JSON object to the log (when there is one).
 void AppendEvent(const std::string& log, const nlohmann::json& line) {
@@ -182,7 +268,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   };
   // A recovery's event, written once the first iteration after it has completed.
   std::optional<nlohmann::json> pending_recovery;
+  JobTimeline timeline;
   auto on_iteration = [&](const elastic::ElasticIteration& e) {
+    timeline.Iteration(e);
     last_loss = e.result.loss;
     last_iteration = e.result.iteration;
     if (!e.reporter) return;
@@ -225,6 +313,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     append(line);
   };
   auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
+    timeline.Recovery(c);
     ++reconfigurations;
     lost_ranks = true;
     if (!c.reporter) return;
@@ -277,6 +366,11 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                                {"iterations", last_iteration + 1},
                                {"reconfigurations", reconfigurations},
                                {"final_loss", last_loss}});
+    if (!run.timeline.empty()) {
+      TANDEM_RETURN_IF_ERROR(timeline.Write(run.timeline));
+      std::cout << "timeline: " << run.timeline << " (" << reconfigurations
+                << " recovery(ies) beside the iterations)" << std::endl;
+    }
     std::cout << absl::StrFormat(
                      "trained to iteration %d elastically: final loss %.5f, %d "
                      "reconfiguration(s), %s",

@@ -40,7 +40,11 @@ struct ElasticRun {
   std::string checkpoint_dir;  // job checkpoints; lost layers are restored from them
   int checkpoint_every = 0;
   int keep_checkpoints = 2;
-  std::string resume;  // a checkpoint of any partition to start from  // one JSON object per iteration, appended by the reporting rank
+  std::string resume;  // a checkpoint of any partition to start from
+  // A Chrome trace of the job written at the end by the reporting rank: every iteration and
+  // every recovery's phases (detection, agreement, shrink, re-plan, state copy, engines, first
+  // step after) on that rank's clock. Empty: none.
+  std::string timeline;
 };
 
 // Runs the elastic job to its end on this rank. Collective; survives the death of ranks.

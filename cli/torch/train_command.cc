@@ -70,7 +70,8 @@ ABSL_FLAG(int, devices_per_node, 1,
 ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
 ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
-          "simulator's prediction beside it)");
+          "simulator's prediction beside it); with --elastic, every iteration and every "
+          "recovery's phases");
 ABSL_FLAG(std::string, log_json, "",
           "train: write one JSON object per iteration here (iteration, loss, tokens_per_second, "
           "iteration_ms, ...)");
@@ -537,6 +538,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
     run.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
     run.resume = absl::GetFlag(FLAGS_resume);
+    run.timeline = absl::GetFlag(FLAGS_timeline);
     if (rank == 0) {
       std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
                 << " on " << device.str() << ", elastic" << std::endl;

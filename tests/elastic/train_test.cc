@@ -112,6 +112,39 @@ void ExpectReferenceLosses(const Log& log) {
   }
 }
 
+// The timeline holds every iteration once and the recovery's phases in order: detection, then
+// agreement, then the re-formation, then the first step after it.
+void ExpectRecoveryInTimeline(const std::string& path) {
+  auto text = tandem::ReadFile(path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json trace = nlohmann::json::parse(*text);
+  std::map<std::string, std::pair<double, double>> phase;  // name -> [start, end] in us
+  std::map<int, int> iterations;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const double start = e["ts"].get<double>();
+    const double end = start + e["dur"].get<double>();
+    if (e["cat"] == "iteration") ++iterations[e["args"]["iteration"].get<int>()];
+    if (e["cat"] == "recovery") {
+      std::string name = e["name"].get<std::string>();
+      if (name.rfind("detection", 0) == 0) name = "detection";
+      phase[name] = {start, end};
+    }
+  }
+  EXPECT_EQ(iterations.size(), static_cast<size_t>(kSteps)) << path;
+  for (const auto& [it, count] : iterations) EXPECT_EQ(count, 1) << "iteration " << it;
+  for (const char* name : {"detection", "agreement", "shrink", "re-plan", "engines",
+                           "first step after"}) {
+    ASSERT_TRUE(phase.count(name)) << name << " missing in " << path;
+  }
+  const double slack = 1;  // microseconds of rounding
+  EXPECT_LE(phase["detection"].second, phase["agreement"].first + slack);
+  EXPECT_LE(phase["agreement"].second, phase["shrink"].first + slack);
+  EXPECT_LE(phase["shrink"].second, phase["re-plan"].first + slack);
+  EXPECT_LE(phase["engines"].second, phase["first step after"].first + slack);
+  EXPECT_GT(phase["first step after"].second, phase["first step after"].first);
+}
+
 TEST(ElasticTrainTest, WithoutFailuresMatchesTheReference) {
   const std::string log = TempPath("none.jsonl");
   Outcome o = RunElastic(4, "", kPipelined, log);
@@ -142,8 +175,11 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   const KillCase& c = GetParam();
   const std::string log = TempPath(absl::StrCat(c.name, ".jsonl"));
   const std::string checkpoint = TempPath(absl::StrCat(c.name, "_checkpoint"));
+  const std::string timeline = TempPath(absl::StrCat(c.name, "_timeline.json"));
   Outcome o = RunElastic(c.ranks, c.kill,
-                         absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint, c.flags), log);
+                         absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint,
+                                      " --timeline ", timeline, c.flags),
+                         log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
   // The final parameters and optimizer state equal those of the run that never failed.
@@ -170,6 +206,7 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   EXPECT_EQ(r["first_step_after_iteration"].get<int>(), c.committed + 1);
   // After the deaths the survivors train.
   EXPECT_EQ(l.ranks.at(kSteps - 1), c.ranks - static_cast<int>(c.dead.size()));
+  ExpectRecoveryInTimeline(timeline);
 }
 
 INSTANTIATE_TEST_SUITE_P(
