@@ -11,7 +11,10 @@ namespace {
 
 struct Entry {
   const char* name;
-  std::function<std::unique_ptr<Policy>()> make;
+  std::function<absl::StatusOr<std::unique_ptr<Policy>>()> make;
+  // False when this build lacks what the policy needs: MakePolicy returns its error, and
+  // PolicyNames leaves it out.
+  bool available = true;
 };
 
 // Every policy MakePolicy knows. A new policy adds its line here.
@@ -20,6 +23,7 @@ const std::vector<Entry>& Table() {
       {"fifo", [] { return MakeFifoPolicy(); }},
       {"tiresias", [] { return MakeTiresiasPolicy(); }},
       {"optimus", [] { return MakeOptimusPolicy(); }},
+      {"gavel", [] { return MakeGavelPolicy(); }, GavelPolicyAvailable()},
   };
   return *table;
 }
@@ -28,7 +32,9 @@ const std::vector<Entry>& Table() {
 
 std::vector<std::string> PolicyNames() {
   std::vector<std::string> names;
-  for (const Entry& entry : Table()) names.push_back(entry.name);
+  for (const Entry& entry : Table()) {
+    if (entry.available) names.push_back(entry.name);
+  }
   return names;
 }
 

@@ -7,7 +7,9 @@
 //             requested size, preemption, placement from the nodes with most free GPUs
 //   optimus   Optimus (EuroSys'18) with an oracle, as Pollux's artifact: one GPU per job, then
 //             GPUs one at a time to the job whose remaining time drops most
-// Other policies (Pollux, Gavel) register in cluster/policies.cc.
+//   gavel     Gavel (OSDI'20): heterogeneity-aware max-min fairness over device types (an LP,
+//             GLPK), jobs time-sliced in rounds by Gavel's priorities, gangs on one type
+// Other policies register in cluster/policies.cc.
 #pragma once
 
 #include <memory>
@@ -32,7 +34,18 @@ std::unique_ptr<Policy> MakeFifoPolicy();
 std::unique_ptr<Policy> MakeTiresiasPolicy(const TiresiasOptions& options = {});
 std::unique_ptr<Policy> MakeOptimusPolicy();
 
-// Policy names MakePolicy knows.
+struct GavelPolicyOptions {
+  // Jobs are reassigned every round (Gavel's default round: 360 s); between rounds running jobs
+  // keep their GPUs and free GPUs go to waiting jobs.
+  double round_seconds = 360;
+  // Gavel's water-filling (lexicographic max-min) rather than the single max-min LP.
+  bool water_filling = true;
+};
+// FailedPrecondition when tandem was built without GLPK (GavelPolicyAvailable() is false).
+absl::StatusOr<std::unique_ptr<Policy>> MakeGavelPolicy(const GavelPolicyOptions& options = {});
+bool GavelPolicyAvailable();
+
+// Policy names MakePolicy knows (those this build can make).
 std::vector<std::string> PolicyNames();
 
 // A policy by name with default options; InvalidArgument listing the known names otherwise.
