@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cluster/application.h"
+#include "cluster/cluster_file.h"
 #include "cluster/metrics.h"
 #include "cluster/policies.h"
 #include "cluster/simulator.h"
@@ -29,7 +30,7 @@ ABSL_FLAG(std::string, workload, "",
           "workload CSV: Pollux (name,time,application,num_replicas,batch_size), Philly "
           "(timestamp,duration,num_gpus,gpu_time,cluster) or Tiresias "
           "(job_id,num_gpu,submit_time,...)");
-ABSL_FLAG(std::string, policy, "", "scheduling policy (fifo, tiresias, optimus, ...)");
+ABSL_FLAG(std::string, policy, "", "scheduling policy (fifo, tiresias, optimus, gavel, ...)");
 ABSL_FLAG(int, gpus, 64, "GPUs in the cluster");
 ABSL_FLAG(int, gpus_per_node, 4, "GPUs per node");
 ABSL_FLAG(std::string, cluster_spec, "",
@@ -43,7 +44,8 @@ ABSL_FLAG(std::string, apps, "",
 ABSL_FLAG(int, max_jobs, 0, "Philly traces: simulate only the first N jobs (0: all)");
 ABSL_FLAG(int, max_rounds, 100000,
           "give up this many rounds after the last submission if jobs are still unfinished");
-ABSL_DECLARE_FLAG(std::string, svg);  // defined with `tandem schedule`
+ABSL_DECLARE_FLAG(std::string, svg);      // defined with `tandem schedule`
+ABSL_DECLARE_FLAG(std::string, cluster);  // defined with `tandem plan`
 
 namespace tandem::cli {
 namespace {
@@ -65,9 +67,25 @@ absl::StatusOr<cluster::ApplicationCatalog> LoadApplications(const std::string& 
   return cluster::LoadPolluxApplications(apps);
 }
 
-absl::StatusOr<cluster::ClusterView> ClusterFromFlags() {
+// The cluster: --cluster (heterogeneous, with device speeds), --cluster-spec (Tiresias's), or
+// --gpus and --gpus-per-node.
+absl::StatusOr<cluster::ClusterDescription> ClusterFromFlags() {
+  const std::string file = absl::GetFlag(FLAGS_cluster);
   const std::string spec = absl::GetFlag(FLAGS_cluster_spec);
-  if (!spec.empty()) return cluster::ReadTiresiasClusterSpec(spec);
+  if (!file.empty() && !spec.empty()) {
+    return absl::InvalidArgumentError("give --cluster or --cluster-spec, not both");
+  }
+  if (!file.empty()) return cluster::ReadClusterDescription(file);
+  auto homogeneous = [](int nodes, int gpus_per_node) {
+    cluster::ClusterDescription description;
+    description.device_types.push_back(
+        {cluster::kDefaultDeviceType, nodes, gpus_per_node, /*speed=*/1.0});
+    return description;
+  };
+  if (!spec.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(cluster::ClusterView view, cluster::ReadTiresiasClusterSpec(spec));
+    return homogeneous(static_cast<int>(view.nodes.size()), view.max_gpus_per_node());
+  }
   const int gpus = absl::GetFlag(FLAGS_gpus);
   const int per_node = absl::GetFlag(FLAGS_gpus_per_node);
   if (gpus < 1 || per_node < 1) {
@@ -78,7 +96,7 @@ absl::StatusOr<cluster::ClusterView> ClusterFromFlags() {
                                                    ") must be a multiple of --gpus-per-node (",
                                                    per_node, ")"));
   }
-  return cluster::ClusterView::Homogeneous(gpus / per_node, per_node);
+  return homogeneous(gpus / per_node, per_node);
 }
 
 // A progress line on a terminal, redrawn at most every 0.2 s.
@@ -123,11 +141,13 @@ absl::Status SimulateOrError() {
   }
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Policy> policy,
                           cluster::MakePolicy(policy_name));
-  TANDEM_ASSIGN_OR_RETURN(cluster::ClusterView view, ClusterFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(cluster::ClusterDescription description, ClusterFromFlags());
+  const cluster::ClusterView view = description.View();
   cluster::PhillyOptions philly;
   philly.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   if (philly.max_jobs < 0) return absl::InvalidArgumentError("--max-jobs must not be negative");
   TANDEM_ASSIGN_OR_RETURN(cluster::Workload workload, cluster::ReadWorkload(path, philly));
+  cluster::ApplyDeviceSpeeds(description, &workload);
   cluster::ApplicationCatalog apps;
   if (cluster::NeedsApplications(workload)) {
     TANDEM_ASSIGN_OR_RETURN(apps, LoadApplications(path));
@@ -185,13 +205,20 @@ const CommandRegistrar registrar({
     .summary = "simulate a GPU cluster shared by training jobs under a scheduling policy",
     .usage =
         "tandem cluster simulate --workload FILE --policy NAME [--gpus 64]\n"
-        "    [--gpus-per-node 4] [--cluster-spec FILE] [--interval 60] [--restart-seconds 30]\n"
-        "    [--apps DIR] [--max-jobs N] [--max-rounds N] [--format text|json] [--svg FILE]\n\n"
+        "    [--gpus-per-node 4] [--cluster FILE | --cluster-spec FILE] [--interval 60]\n"
+        "    [--restart-seconds 30]"
+        " [--apps DIR] [--max-jobs N] [--max-rounds N] [--format text|json]\n"
+        "    [--svg FILE]\n\n"
         "Replays a workload on a simulated cluster the way Pollux's simulator does: every\n"
         "--interval seconds jobs advance at the goodput measured for their placement and the\n"
         "policy reallocates GPUs; a job pauses --restart-seconds after each reallocation.\n"
         "Policies: fifo (first come first served, gangs, no preemption), tiresias (2D-LAS\n"
-        "with discretised queues), optimus (greedy marginal gain with an oracle).\n"
+        "with discretised queues), optimus (greedy marginal gain with an oracle), gavel\n"
+        "(heterogeneity-aware max-min fairness in rounds; needs GLPK).\n"
+        "--cluster FILE describes a heterogeneous cluster in JSON: {\"device_types\": [{\"name\":\n"
+        "\"v100\", \"nodes\": 4, \"gpus_per_node\": 4, \"speed\": 1.0}, ...],\n"
+        "\"application_speeds\": {\"cifar10\": {\"k80\": 0.1}}}; a job runs at its type's speed\n"
+        "(the slowest type it spans). See tests/data/cluster/gavel/.\n"
         "Workloads: Pollux's (jobs of measured applications; their traces from --apps, by\n"
         "default apps/ beside the workload's folder), Philly's and Tiresias's traces\n"
         "(fixed-duration jobs that scale linearly up to their requested GPUs).\n"
@@ -201,7 +228,7 @@ const CommandRegistrar registrar({
         "Example:\n"
         "  tandem cluster simulate --workload tests/data/cluster/pollux/workloads/workload-1.csv \\\n"
         "      --policy tiresias",
-    .flags = {"workload", "policy", "gpus", "gpus_per_node", "cluster_spec", "interval",
+    .flags = {"workload", "policy", "gpus", "gpus_per_node", "cluster", "cluster_spec", "interval",
               "restart_seconds", "apps", "max_jobs", "max_rounds", "format", "svg"},
     .run = RunCluster});
 

@@ -37,8 +37,10 @@ ABSL_FLAG(int, devices_per_node, 0,
           "devices per node (needed when two --bandwidth levels, intra-node and inter-node, are "
           "given; 0 = all devices in one node)");
 ABSL_FLAG(std::string, cluster, "",
-          "cluster description JSON (nodes, devices_per_node, device_memory, levels, "
-          "device_speeds); replaces --devices/--memory/--bandwidth");
+          "cluster description JSON. tandem plan: nodes, devices_per_node, device_memory, "
+          "levels, device_speeds; replaces --devices/--memory/--bandwidth. tandem cluster "
+          "simulate: device_types (name, nodes, gpus_per_node, speed), application_speeds; "
+          "replaces --gpus/--gpus-per-node");
 ABSL_FLAG(std::string, knapsack, "exact",
           "Piper: per-layer configuration choice, exact or greedy (Piper's heuristic)");
 ABSL_FLAG(int, tensor_parallel, 0,

@@ -103,11 +103,65 @@ TEST(ClusterCommand, BadInputExitsTwoWithOneLine) {
   }
 }
 
+TEST(ClusterCommand, GavelOnAHeterogeneousCluster) {
+  const CommandRun run = Tandem("cluster simulate --workload " +
+                                Data("pollux/workloads/workload-2.csv") + " --policy gavel --cluster " +
+                                Data("gavel/v100-p100-k80.json") + " --format json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const nlohmann::json j = nlohmann::json::parse(run.out);
+  EXPECT_EQ(j["jcts"].size(), 160u);
+  EXPECT_GT(j["utilisation"].get<double>(), 0.0);
+  EXPECT_LE(j["utilisation"].get<double>(), 1.0);
+}
+
+TEST(ClusterCommand, BadClusterFilesExitTwo) {
+  struct Case {
+    std::string json;
+    std::string message;
+  };
+  const std::string workload = Data("tiresias/60_job.csv");
+  const std::vector<Case> cases = {
+      {"{\"device_types\": [{\"name\": \"v100\", \"nodes\": 0, \"gpus_per_node\": 4}]}",
+       "'nodes' must be a whole number >= 1"},
+      {"{\"device_types\": [{\"name\": \"v100\", \"nodes\": 2, \"gpus_per_node\": 4, "
+       "\"speed\": 0}]}",
+       "speed must be a positive number"},
+      {"{\"device_types\": []}", "'device_types' must be a non-empty list"},
+      {"not json", "not valid JSON"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = Temp("bad_cluster_" + std::to_string(i) + ".json");
+    std::ofstream(path) << cases[i].json;
+    const CommandRun run =
+        Tandem("cluster simulate --workload " + workload + " --policy gavel --cluster " + path);
+    EXPECT_EQ(run.exit_code, 2) << cases[i].json << "\n" << run.out;
+    EXPECT_NE(run.out.find(path), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find(cases[i].message), std::string::npos) << run.out;
+  }
+  // A gang wider than every device type: Gavel cannot place it.
+  const std::string small = Temp("small_types.json");
+  std::ofstream(small) << "{\"device_types\": [{\"name\": \"a\", \"nodes\": 1, "
+                          "\"gpus_per_node\": 4}, {\"name\": \"b\", \"nodes\": 1, "
+                          "\"gpus_per_node\": 4}]}";
+  const std::string wide = Temp("six_gpu_job.csv");
+  std::ofstream(wide) << "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                         "0,6,0,10,vgg,100,1\n";
+  const CommandRun run =
+      Tandem("cluster simulate --workload " + wide + " --policy gavel --cluster " + small);
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+  EXPECT_NE(run.out.find("no type has that many"), std::string::npos) << run.out;
+  const CommandRun both = Tandem("cluster simulate --workload " + workload +
+                                 " --policy fifo --cluster " + small + " --cluster-spec " +
+                                 Data("tiresias/n32g4.csv"));
+  EXPECT_EQ(both.exit_code, 2) << both.out;
+  EXPECT_NE(both.out.find("not both"), std::string::npos) << both.out;
+}
+
 TEST(ClusterCommand, HelpListsTheFlags) {
   const CommandRun run = Tandem("cluster --help");
   EXPECT_EQ(run.exit_code, 0) << run.out;
-  for (const char* flag : {"--workload", "--policy", "--gpus", "--gpus-per-node", "--interval",
-                           "--format", "--svg"}) {
+  for (const char* flag : {"--workload", "--policy", "--gpus", "--gpus-per-node", "--cluster",
+                           "--interval", "--format", "--svg"}) {
     EXPECT_NE(run.out.find(flag), std::string::npos) << flag;
   }
 }
