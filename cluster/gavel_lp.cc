@@ -32,19 +32,25 @@ double Weight(const GavelProblem& problem, int job) {
   return problem.priority_weight.empty() ? 1.0 : problem.priority_weight[job];
 }
 
+int Count(const GavelProblem& problem, int job) {
+  return problem.job_count.empty() ? 1 : problem.job_count[job];
+}
+
 // Throughput of each job in its equal share (see the header).
 std::vector<double> EqualShareThroughput(const GavelProblem& problem) {
   const int jobs = static_cast<int>(problem.throughput.size());
   const int types = static_cast<int>(problem.devices_per_type.size());
   double total_devices = 0;
   for (int devices : problem.devices_per_type) total_devices += devices;
+  double total_jobs = 0;
+  for (int j = 0; j < jobs; ++j) total_jobs += Count(problem, j);
   std::vector<double> equal_share(jobs, 0.0);
   for (int j = 0; j < jobs; ++j) {
     for (int k = 0; k < types; ++k) {
       if (!CanRun(problem, j, k)) continue;
       const double devices = problem.devices_per_type[k];
       const double share = std::min(devices / total_devices,
-                                    devices / (static_cast<double>(jobs) * problem.scale_factor[j]));
+                                    devices / (total_jobs * problem.scale_factor[j]));
       equal_share[j] += problem.throughput[j][k] * share;
     }
   }
@@ -191,7 +197,8 @@ class FairnessLp {
         if (coefficient_[j][k] <= 0) continue;
         add(FairnessRow(j), XColumn(j, k), coefficient_[j][k]);
         add(TimeRow(j), XColumn(j, k), 1.0);
-        add(CapacityRow(k), XColumn(j, k), problem_.scale_factor[j]);
+        add(CapacityRow(k), XColumn(j, k),
+            static_cast<double>(problem_.scale_factor[j]) * Count(problem_, j));
       }
       add(FairnessRow(j), LevelColumn(j), -1.0);
       add(LinkRow(j), LevelColumn(j), 1.0);
@@ -264,6 +271,11 @@ absl::Status ValidateGavelProblem(const GavelProblem& problem) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "scale_factor has %d entries for %d jobs", problem.scale_factor.size(), jobs));
   }
+  if (!problem.job_count.empty() && problem.job_count.size() != jobs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "job_count has %d entries for %d rows (leave it empty for one job per row)",
+        problem.job_count.size(), jobs));
+  }
   if (!problem.priority_weight.empty() && problem.priority_weight.size() != jobs) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "priority_weight has %d entries for %d jobs (leave it empty for all 1)",
@@ -281,6 +293,10 @@ absl::Status ValidateGavelProblem(const GavelProblem& problem) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "job %d: throughput on device type %d is %g, must be finite and >= 0", j, k, row[k]));
       }
+    }
+    if (!problem.job_count.empty() && problem.job_count[j] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("job %d: job_count is %d, must be >= 1", j, problem.job_count[j]));
     }
     if (problem.scale_factor[j] < 1) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -362,6 +378,12 @@ absl::StatusOr<std::vector<int>> AssignRound(
   if (absl::Status status = ValidateGavelProblem(problem); !status.ok()) return status;
   const int jobs = static_cast<int>(problem.throughput.size());
   const int types = static_cast<int>(problem.devices_per_type.size());
+  for (int j = 0; j < jobs; ++j) {
+    if (Count(problem, j) != 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "AssignRound takes one row per job; row %d has job_count %d", j, Count(problem, j)));
+    }
+  }
   if (static_cast<int>(solution.time_share.size()) != jobs) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "solution has time shares for %d jobs, the problem has %d", solution.time_share.size(),

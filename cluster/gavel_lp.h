@@ -57,6 +57,14 @@ struct GavelProblem {
   std::vector<double> priority_weight;
   // Cluster capacity per device type (>= 0).
   std::vector<int> devices_per_type;
+  // Row j stands for job_count[j] identical jobs (>= 1; empty = all 1). Identical jobs get the
+  // same time shares in the lexicographic max-min allocation (it is unique in normalised
+  // throughputs, and averaging the time shares of symmetric jobs keeps an allocation
+  // feasible), so one row per class of identical jobs gives each of them the time shares they
+  // would get one row each, with an LP the size of the number of classes. n in equal_share
+  // counts jobs, not rows; the capacity rows count job_count[j] x scale_factor[j] devices.
+  // AssignRound takes one row per job (job_count empty).
+  std::vector<int> job_count;
 };
 
 struct GavelOptions {

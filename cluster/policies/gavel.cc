@@ -16,6 +16,7 @@
 // round.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -86,13 +87,11 @@ class GavelPolicy : public Policy {
       }
     }
     if (names != solved_names_ || num_types != solved_types_) {
-      GavelOptions lp_options;
-      lp_options.water_filling = options_.water_filling;
-      TANDEM_ASSIGN_OR_RETURN(solution_, SolveMaxMinFairness(problem, lp_options));
+      TANDEM_ASSIGN_OR_RETURN(time_share_, SolveByClass(problem));
       solved_names_ = names;
       solved_types_ = num_types;
     }
-    for (int j = 0; j < num_jobs; ++j) share_[jobs[j].name] = solution_.time_share[j];
+    for (int j = 0; j < num_jobs; ++j) share_[jobs[j].name] = time_share_[j];
 
     // A new round reassigns everybody; between rounds running jobs stay (pinned) and the
     // others compete for the free GPUs.
@@ -128,8 +127,8 @@ class GavelPolicy : public Policy {
     for (int j : waiting) {
       round.throughput.push_back(problem.throughput[j]);
       round.scale_factor.push_back(problem.scale_factor[j]);
-      shares.time_share.push_back(solution_.time_share[j]);
-      rounds_received.push_back(EffectiveRounds(jobs[j].name, solution_.time_share[j]));
+      shares.time_share.push_back(time_share_[j]);
+      rounds_received.push_back(EffectiveRounds(jobs[j].name, time_share_[j]));
     }
     // AssignRound refuses jobs that fit nowhere; with pinned jobs holding GPUs, those simply
     // wait this round.
@@ -233,6 +232,34 @@ class GavelPolicy : public Policy {
     share_ = std::move(share);
   }
 
+  // The LP over classes of identical jobs (same throughputs and scale factor; see
+  // GavelProblem::job_count), its time shares handed back per job. At scale most jobs share a
+  // class (Philly's have only their GPU count), so the LP stays small.
+  absl::StatusOr<std::vector<std::vector<double>>> SolveByClass(const GavelProblem& problem) {
+    GavelProblem classes;
+    classes.devices_per_type = problem.devices_per_type;
+    std::map<std::pair<std::vector<double>, int>, int> class_of;
+    std::vector<int> job_class;
+    for (size_t j = 0; j < problem.throughput.size(); ++j) {
+      auto [it, added] = class_of.emplace(
+          std::make_pair(problem.throughput[j], problem.scale_factor[j]),
+          static_cast<int>(classes.throughput.size()));
+      if (added) {
+        classes.throughput.push_back(problem.throughput[j]);
+        classes.scale_factor.push_back(problem.scale_factor[j]);
+        classes.job_count.push_back(0);
+      }
+      ++classes.job_count[it->second];
+      job_class.push_back(it->second);
+    }
+    GavelOptions lp_options;
+    lp_options.water_filling = options_.water_filling;
+    TANDEM_ASSIGN_OR_RETURN(GavelSolution solution, SolveMaxMinFairness(classes, lp_options));
+    std::vector<std::vector<double>> time_share;
+    for (int c : job_class) time_share.push_back(solution.time_share[c]);
+    return time_share;
+  }
+
   // rounds_received for AssignRound such that its priority share / rounds equals
   // entitled / received (with the coming round counted as entitled), and 0 (never ran) where
   // the job has not run on the type.
@@ -282,7 +309,7 @@ class GavelPolicy : public Policy {
   GavelPolicyOptions options_;
   absl::flat_hash_map<std::string, JobState> state_;
   absl::flat_hash_map<std::string, std::vector<double>> share_;  // time shares in force
-  GavelSolution solution_;
+  std::vector<std::vector<double>> time_share_;  // per job of solved_names_, per type
   std::vector<std::string> solved_names_;
   int solved_types_ = 0;
   std::optional<double> last_now_;

@@ -379,6 +379,57 @@ TEST(GavelLpTest, WaterFillingIsLexicographicMaxMinOnRandomClusters) {
   }
 }
 
+// One row per class of identical jobs (job_count) gives every job the normalised throughput it
+// gets with one row each (the lexicographic max-min throughputs are unique).
+TEST(GavelLpTest, GroupedIdenticalJobsMatchOneRowEach) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 10; ++trial) {
+    SCOPED_TRACE(testing::Message() << "trial " << trial);
+    GavelProblem grouped = RandomCluster(rng, 2 + trial % 4, /*weighted=*/false);
+    GavelProblem expanded;
+    expanded.devices_per_type = grouped.devices_per_type;
+    std::vector<int> row_of_job;
+    for (size_t c = 0; c < grouped.throughput.size(); ++c) {
+      const int count = 1 + static_cast<int>(rng() % 4);
+      grouped.job_count.push_back(count);
+      for (int i = 0; i < count; ++i) {
+        expanded.throughput.push_back(grouped.throughput[c]);
+        expanded.scale_factor.push_back(grouped.scale_factor[c]);
+        row_of_job.push_back(static_cast<int>(c));
+      }
+    }
+    const GavelSolution by_class = SolveOrDie(grouped);
+    const GavelSolution by_job = SolveOrDie(expanded);
+    ExpectFeasible(expanded, by_job);
+    EXPECT_NEAR(by_class.objective, by_job.objective, 1e-6 * by_job.objective);
+    std::vector<double> used(grouped.devices_per_type.size(), 0.0);
+    for (size_t j = 0; j < row_of_job.size(); ++j) {
+      const int c = row_of_job[j];
+      EXPECT_NEAR(by_class.normalized_throughput[c], by_job.normalized_throughput[j],
+                  1e-5 * by_job.normalized_throughput[j])
+          << "job " << j << " of class " << c;
+      for (size_t k = 0; k < used.size(); ++k) {
+        used[k] += grouped.scale_factor[c] * by_class.time_share[c][k];
+      }
+    }
+    for (size_t k = 0; k < used.size(); ++k) {
+      EXPECT_LE(used[k], grouped.devices_per_type[k] + kTolerance) << "type " << k;
+    }
+  }
+  GavelProblem bad;
+  bad.throughput = {{1.0}};
+  bad.scale_factor = {1};
+  bad.devices_per_type = {2};
+  bad.job_count = {0};
+  EXPECT_EQ(SolveMaxMinFairness(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.job_count = {2};
+  auto solution = SolveMaxMinFairness(bad);
+  ASSERT_TRUE(solution.ok()) << solution.status();
+  EXPECT_NEAR(solution->time_share[0][0], 1.0, kTolerance);  // two jobs, two devices
+  EXPECT_EQ(AssignRound(bad, *solution, {{0.0}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GavelLpTest, NoJobsIsAnEmptySolution) {
   GavelProblem problem;
   problem.devices_per_type = {4};
