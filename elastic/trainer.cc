@@ -408,6 +408,12 @@ struct ElasticTrainer::State {
   int64_t first_iteration = 0;
   int64_t end_iteration = 0;  // first_iteration + options.steps
   int64_t saved_step = -1;    // the last checkpoint written (-1 also after a re-formation)
+  // The end agreed at a commit after a stop request (-1: none); forgotten by a re-formation.
+  int64_t stop_end = -1;
+  int64_t stopped_at = -1;
+  int64_t train_end() const {
+    return stop_end >= 0 ? std::min(stop_end, end_iteration) : end_iteration;
+  }
   std::unique_ptr<runtime::Engine> engine;
   int pipeline_index = -1;
   bool reporter = false;
@@ -580,14 +586,19 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
 }
 
 absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<double, 3>& sums) {
-  auto buffer = std::make_shared<std::array<double, 3>>(sums);
+  // The three sums, and the number of ranks asked to stop: every rank learns a stop request at
+  // the same commit.
+  const bool stop = options.stop_requested != nullptr && options.stop_requested->load();
+  auto buffer = std::make_shared<std::array<double, 4>>(
+      std::array<double, 4>{sums[0], sums[1], sums[2], stop ? 1.0 : 0.0});
   const absl::Status reduced =
-      training->AllReduce(runtime::DoubleBuffer(buffer->data(), 3), comm::ReduceOp::kSum)->Wait();
+      training->AllReduce(runtime::DoubleBuffer(buffer->data(), 4), comm::ReduceOp::kSum)->Wait();
   if (!reduced.ok()) {
     Leak(buffer);
     return reduced;
   }
-  sums = *buffer;
+  sums = {(*buffer)[0], (*buffer)[1], (*buffer)[2]};
+  if ((*buffer)[3] > 0 && stop_end < 0) stop_end = iteration + 1;
   membership->SetCommitted(iteration, sums);
   if (kill.Hits(me, iteration, "commit")) KillSelf(me, iteration, "commit");
   return absl::OkStatus();
@@ -683,8 +694,9 @@ absl::Status ElasticTrainer::State::Configure(
 
 absl::Status ElasticTrainer::State::Train(
     const std::function<void(const ElasticIteration&)>& on_iteration) {
+  stopped_at = -1;
   if (engine != nullptr) {
-    while (engine->iteration() < end_iteration) {
+    while (engine->iteration() < train_end()) {
       TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
       last_result = r;
       has_last_result = true;
@@ -692,15 +704,16 @@ absl::Status ElasticTrainer::State::Train(
       if (on_iteration) on_iteration(Report(r));
       if (!options.checkpoint_dir.empty() &&
           ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) ||
-           done == end_iteration)) {
+           done == train_end())) {
         TANDEM_RETURN_IF_ERROR(SaveCheckpoint(done));
       }
     }
     // A death during the final checkpoint: the survivors write it again.
-    if (!options.checkpoint_dir.empty() && saved_step != end_iteration &&
-        engine->iteration() == end_iteration) {
-      TANDEM_RETURN_IF_ERROR(SaveCheckpoint(end_iteration));
+    if (!options.checkpoint_dir.empty() && saved_step != train_end() &&
+        engine->iteration() == train_end()) {
+      TANDEM_RETURN_IF_ERROR(SaveCheckpoint(train_end()));
     }
+    if (train_end() < end_iteration) stopped_at = train_end();
   } else if (kill.Idle(me)) {
     KillSelf(me, -1, "idle");
   }
@@ -805,6 +818,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     return seconds;
   };
   Reconfiguration report;
+  stop_end = -1;  // some survivors may not have seen the commit that agreed it
   for (int r : decision.live) report.live.push_back(live[static_cast<size_t>(r)]);
   if (!reforming) reform_dead.clear();
   for (int r : decision.dead) reform_dead.push_back(live[static_cast<size_t>(r)]);
@@ -1048,6 +1062,7 @@ const JobLayout& ElasticTrainer::layout() const { return state_->layout; }
 int ElasticTrainer::job_rank() const { return state_->me; }
 int64_t ElasticTrainer::first_iteration() const { return state_->first_iteration; }
 int64_t ElasticTrainer::end_iteration() const { return state_->end_iteration; }
+int64_t ElasticTrainer::stopped_at() const { return state_->stopped_at; }
 
 absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,

@@ -33,6 +33,7 @@
 // checkpoint on any number of ranks).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -116,6 +117,13 @@ struct ElasticOptions {
   // A checkpoint root or step folder to start from, saved under any partition (elastic or
   // not, any world size). Empty: start from the model's initial values.
   std::string resume;
+  // A request to stop early, set from a signal handler (`tandem train --elastic` sets it on
+  // SIGUSR1; a cluster scheduler uses it to resize a job through a checkpoint). When it is true
+  // on any training rank at a commit, every training rank learns it from that commit's
+  // all-reduce: the job ends after that iteration as if it were the last (the checkpoint of its
+  // step written, with a checkpoint_dir). A re-formation forgets an agreed stop; a flag still
+  // set is carried by the next commit. Null: never.
+  const std::atomic<bool>* stop_requested = nullptr;
   // Fault injection for tests: "RANK:ITERATION:POINT" kills (SIGKILL) job rank RANK at
   // ITERATION, POINT one of forward, backward, sync (before the gradient all-reduce across
   // pipelines), commit (right after the commit all-reduce, before the step is applied), idle
@@ -178,6 +186,9 @@ class ElasticTrainer {
   const JobLayout& layout() const;
   int64_t first_iteration() const;  // where training starts (a resumed checkpoint's step)
   int64_t end_iteration() const;    // first_iteration() + options.steps
+  // The iteration an agreed stop request (ElasticOptions::stop_requested) ended the job at, or
+  // -1 when it ran to end_iteration().
+  int64_t stopped_at() const;
   int job_rank() const;  // this rank in the job's first communicator
 
  private:

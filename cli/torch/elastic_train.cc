@@ -1,6 +1,8 @@
 #include "cli/torch/elastic_train.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -36,6 +38,12 @@ absl::StatusOr<std::string> BroadcastText(comm::Communicator& world, std::string
 }
 
 bool lost_ranks = false;
+
+// SIGUSR1 asks the job to stop at its next commit with a checkpoint (ElasticOptions::
+// stop_requested): a scheduler resizes a job that way, resuming it on other ranks.
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void OnStopSignal(int) { stop_requested.store(true); }
 
 // The job's timeline on this rank's clock (seconds since the trainer started): one lane of
 // iterations, one of recovery phases. Every rank keeps it, so whichever rank reports at the end
@@ -231,6 +239,8 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.checkpoint_every = run.checkpoint_every;
   options.keep_checkpoints = run.keep_checkpoints;
   options.resume = run.resume;
+  options.stop_requested = &stop_requested;
+  std::signal(SIGUSR1, OnStopSignal);
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
   started();  // the membership watches the ranks from here
   TANDEM_ASSIGN_OR_RETURN(
@@ -362,10 +372,22 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   TANDEM_RETURN_IF_ERROR(log_status);
   if (trainer->layout().pipelines.empty() ||
       trainer->layout().pipelines[0].ranks[0] == trainer->job_rank()) {
-    AppendEvent(run.log_json, {{"event", "finished"},
+    nlohmann::json finished = {{"event", "finished"},
                                {"iterations", last_iteration + 1},
                                {"reconfigurations", reconfigurations},
-                               {"final_loss", last_loss}});
+                               {"final_loss", last_loss},
+                               {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+    if (trainer->stopped_at() >= 0) {
+      // Stopped on request (SIGUSR1) before --steps: `--resume` continues at this step.
+      finished["stopped"] = true;
+      std::cout << "stopped on request after iteration " << trainer->stopped_at()
+                << (run.checkpoint_dir.empty()
+                        ? std::string(" (no --checkpoint-dir: nothing saved)")
+                        : absl::StrCat(" (checkpoint of step ", trainer->stopped_at(), " in ",
+                                       run.checkpoint_dir, ")"))
+                << std::endl;
+    }
+    AppendEvent(run.log_json, finished);
     if (!run.timeline.empty()) {
       TANDEM_RETURN_IF_ERROR(timeline.Write(run.timeline));
       std::cout << "timeline: " << run.timeline << " (" << reconfigurations

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -304,6 +305,58 @@ TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
         << "iteration " << it;
   }
   EXPECT_EQ(l.finished, 1);
+  std::filesystem::remove_all(checkpoint);
+}
+
+TEST(ElasticTrainTest, AStopRequestEndsAtACheckpointThatResumesOnOtherRanks) {
+  // SIGUSR1 (forwarded by mpirun to every rank) once the log exists, i.e. once every rank's
+  // handler is installed: the job stops after the commit that carried the request, with a
+  // checkpoint of that step; a run on 3 ranks resumes there. Together the two logs hold every
+  // iteration once, with the reference losses.
+  constexpr int kLongSteps = 200;
+  const std::string checkpoint = TempPath("stop_checkpoint");
+  const std::string first = TempPath("stop_first.jsonl");
+  const std::string second = TempPath("stop_second.jsonl");
+  const std::string flags = absl::StrCat(
+      tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatch-size 2 --seed ", kSeed, " --elastic-min-pipelines 1 --checkpoint-dir ",
+      checkpoint);
+  Outcome stopped = RunCommand(absl::StrCat(
+      "timeout 120 bash -c '", TANDEM_MPIEXEC,
+      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 4 ", g_tandem,
+      " train --elastic", flags, " --steps ", kLongSteps, " --log-json ", first,
+      " & pid=$!; while [ ! -e ", first, " ]; do sleep 0.01; done; kill -USR1 $pid; wait $pid'"));
+  ASSERT_EQ(stopped.exit_status, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopped on request after iteration"), std::string::npos)
+      << stopped.output;
+  const Log a = ReadElasticLog(first);
+  ASSERT_EQ(a.finished, 1) << stopped.output;
+  ASSERT_FALSE(a.loss.empty()) << stopped.output;
+  const int stop = a.loss.rbegin()->first + 1;
+  ASSERT_LT(stop, kLongSteps) << "the request came too late: " << stopped.output;
+  EXPECT_EQ(static_cast<int>(a.loss.size()), stop);
+  auto latest = tandem::ReadFile(checkpoint + "/latest");
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, absl::StrFormat("step-%08d\n", stop));
+  Outcome resumed = RunCommand(absl::StrCat(
+      "timeout 120 ", TANDEM_MPIEXEC,
+      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 3 ", g_tandem,
+      " train --elastic", flags, " --steps ", kLongSteps - stop, " --resume ", checkpoint,
+      " --log-json ", second));
+  ASSERT_EQ(resumed.exit_status, 0) << resumed.output;
+  const Log b = ReadElasticLog(second);
+  EXPECT_EQ(b.finished, 1) << resumed.output;
+  ASSERT_FALSE(b.loss.empty()) << resumed.output;
+  EXPECT_EQ(b.loss.begin()->first, stop);
+  EXPECT_EQ(b.loss.size(), static_cast<size_t>(kLongSteps - stop));
+  const std::vector<double> want =
+      tandem::testing::SmallGptReferenceLosses(kLongSteps, kGlobalBatch, kSeed);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kLongSteps));
+  for (const Log* log : {&a, &b}) {
+    for (const auto& [it, loss] : log->loss) {
+      EXPECT_LE(std::abs(loss - want[it]), 1e-4 * std::abs(want[it])) << "iteration " << it;
+    }
+  }
   std::filesystem::remove_all(checkpoint);
 }
 
