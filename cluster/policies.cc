@@ -23,6 +23,7 @@ const std::vector<Entry>& Table() {
       {"fifo", [] { return MakeFifoPolicy(); }},
       {"tiresias", [] { return MakeTiresiasPolicy(); }},
       {"optimus", [] { return MakeOptimusPolicy(); }},
+      {"pollux", [] { return MakePolluxPolicy(); }},
       {"gavel", [] { return MakeGavelPolicy(); }, GavelPolicyAvailable()},
   };
   return *table;

@@ -7,6 +7,9 @@
 //             requested size, preemption, placement from the nodes with most free GPUs
 //   optimus   Optimus (EuroSys'18) with an oracle, as Pollux's artifact: one GPU per job, then
 //             GPUs one at a time to the job whose remaining time drops most
+//   pollux    Pollux (OSDI'21) as its artifact simulates it: a genetic search over replicas per
+//             (job, node) for the best power mean of goodput speedups (normalised to the fair
+//             share), restarts penalised; batch sizes adapted to the allocation
 //   gavel     Gavel (OSDI'20): heterogeneity-aware max-min fairness over device types (an LP,
 //             GLPK), jobs time-sliced in rounds by Gavel's priorities, gangs on one type
 // Other policies register in cluster/policies.cc.
@@ -18,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "cluster/policy.h"
+#include "cluster/pollux_search.h"
 
 namespace tandem::cluster {
 
@@ -33,6 +37,16 @@ struct TiresiasOptions {
 std::unique_ptr<Policy> MakeFifoPolicy();
 std::unique_ptr<Policy> MakeTiresiasPolicy(const TiresiasOptions& options = {});
 std::unique_ptr<Policy> MakeOptimusPolicy();
+
+struct PolluxOptions {
+  // The allocation search: population 100, 100 generations, p = -1, 30 s restart penalty,
+  // seeded (the same calls give the same allocations), as the artifact.
+  PolluxSearchOptions search;
+  // Speedups relative to the goodput at the job's fair share (the artifact's Problem); false:
+  // relative to one GPU.
+  bool normalise_to_fair_share = true;
+};
+std::unique_ptr<Policy> MakePolluxPolicy(const PolluxOptions& options = {});
 
 struct GavelPolicyOptions {
   // Jobs are reassigned every round (Gavel's default round: 360 s); between rounds running jobs
