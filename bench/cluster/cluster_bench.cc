@@ -2,7 +2,8 @@
 // and prints the average job completion time beside the Pollux artifact's published figures
 // (simulator/results-jobload/*-1.0/summary.json), plus the wall time of each simulation.
 //
-//   cluster_bench [--policies tiresias,optimus,fifo] [--workloads 1,2,...,8] [--data DIR]
+//   cluster_bench [--policies pollux,tiresias,optimus,fifo] [--workloads 1,2,...,8] [--data DIR]
+//                 [--seed N]   (the seed of Pollux's search; default 1)
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -36,8 +37,9 @@ const std::map<std::string, std::vector<double>>& Published() {
 int main(int argc, char** argv) {
   using namespace tandem::cluster;
   std::string data = TANDEM_BENCH_DATA_DIR;
-  std::vector<std::string> policies = {"tiresias", "optimus", "fifo"};
+  std::vector<std::string> policies = {"pollux", "tiresias", "optimus", "fifo"};
   std::vector<int> workloads = {1, 2, 3, 4, 5, 6, 7, 8};
+  PolluxOptions pollux;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--policies") == 0) {
       policies = absl::StrSplit(argv[i + 1], ',');
@@ -49,6 +51,11 @@ int main(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--data") == 0) {
       data = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--seed") == 0) {
+      if (!absl::SimpleAtoi(argv[i + 1], &pollux.search.seed)) {
+        std::fprintf(stderr, "cluster_bench: --seed needs a non-negative integer\n");
+        return 2;
+      }
     }
   }
   auto apps = LoadPolluxApplications(data + "/cluster/pollux/apps");
@@ -66,7 +73,8 @@ int main(int argc, char** argv) {
     for (int w : workloads) {
       auto workload = ReadPolluxWorkload(
           absl::StrFormat("%s/cluster/pollux/workloads/workload-%d.csv", data, w));
-      auto policy = MakePolicy(name);
+      absl::StatusOr<std::unique_ptr<Policy>> policy =
+          name == "pollux" ? MakePolluxPolicy(pollux) : MakePolicy(name);
       if (!workload.ok() || !policy.ok()) {
         std::fprintf(stderr, "cluster_bench: %s\n",
                      std::string((workload.ok() ? policy.status() : workload.status()).message())

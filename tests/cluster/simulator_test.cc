@@ -1,11 +1,14 @@
 // The simulator: a lone job's completion time against its isolated run, the restart delay,
 // invariants (over-full nodes, jobs that never finish), fixed-duration and heterogeneous jobs,
-// the adaptive (Pollux) batch-size path, metrics, and a validation of Tiresias and Optimus
-// against the Pollux artifact's published average JCTs on its eight workloads.
+// the adaptive (Pollux) batch-size path, metrics, and a validation of Tiresias, Optimus and
+// Pollux against the Pollux artifact's published average JCTs on its eight workloads.
 #include "cluster/simulator.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "cluster/metrics.h"
@@ -255,6 +258,50 @@ TEST(Validation, TiresiasAndOptimusReproducePublishedAverageJct) {
     }
     EXPECT_NEAR(sum / sum_published, 1.0, 0.02) << published.policy;
   }
+}
+
+// Pollux artifact, results-jobload/pollux-1.0/summary.json (mean 2751.1 s = 0.764 h).
+constexpr double kPublishedPollux[8] = {2088.8, 3322.9, 2188.5, 2721.0,
+                                        2673.7, 2446.1, 3616.1, 2951.9};
+
+// Tolerance: 6% per workload, 3% on the mean (the issue asks for 10% on the mean). Pollux's
+// search is random: the artifact's figures are one draw of pymoo's NSGA-II, ours one seeded draw
+// of the same search; across seeds single workloads move by a few percent (docs/cluster.md).
+// The eight simulations (about 20 s each on one core) run on up to four threads.
+TEST(Validation, PolluxReproducesPublishedAverageJct) {
+  const ClusterView cluster = ClusterView::Homogeneous(16, 4);
+  std::vector<Workload> workloads;
+  for (int w = 1; w <= 8; ++w) {
+    auto workload = ReadPolluxWorkload(
+        DataPath(absl::StrFormat("pollux/workloads/workload-%d.csv", w)));
+    ASSERT_TRUE(workload.ok()) << workload.status();
+    workloads.push_back(std::move(*workload));
+  }
+  const ApplicationCatalog& apps = PolluxApps();
+  std::vector<absl::StatusOr<SimulationResult>> results(
+      8, absl::UnknownError("not simulated"));
+  std::atomic<int> next{0};
+  auto worker = [&] {
+    for (int w = next++; w < 8; w = next++) {
+      auto policy = MakePolluxPolicy();
+      results[w] = Simulate(workloads[w], apps, cluster, *policy);
+    }
+  };
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& thread : pool) thread.join();
+  double sum = 0, sum_published = 0;
+  for (int w = 0; w < 8; ++w) {
+    ASSERT_TRUE(results[w].ok()) << "workload-" << w + 1 << ": " << results[w].status();
+    const double avg = ComputeMetrics(*results[w]).avg_jct_seconds;
+    EXPECT_NEAR(avg / kPublishedPollux[w], 1.0, 0.06)
+        << "pollux workload-" << w + 1 << ": " << avg << " s vs " << kPublishedPollux[w];
+    sum += avg;
+    sum_published += kPublishedPollux[w];
+  }
+  EXPECT_NEAR(sum / sum_published, 1.0, 0.03)
+      << "pollux mean: " << sum / 8 << " s vs " << sum_published / 8;
 }
 
 }  // namespace
