@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/cluster_run.h"
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "cluster/application.h"
@@ -185,17 +186,18 @@ absl::Status SimulateOrError() {
 int RunCluster(const std::vector<std::string>& args) {
   if (args.empty()) {
     return ReportError("cluster", absl::InvalidArgumentError(
-                                      "missing subcommand: tandem cluster simulate ..."));
+                                      "missing subcommand: tandem cluster simulate|run ..."));
   }
-  if (args[0] != "simulate") {
-    return ReportError("cluster", absl::InvalidArgumentError(absl::StrCat(
-                                      "unknown subcommand '", args[0], "' (known: simulate)")));
+  if (args[0] != "simulate" && args[0] != "run") {
+    return ReportError("cluster",
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "unknown subcommand '", args[0], "' (known: simulate, run)")));
   }
   if (args.size() > 1) {
     return ReportError("cluster", absl::InvalidArgumentError(
                                       absl::StrCat("unexpected argument '", args[1], "'")));
   }
-  const absl::Status status = SimulateOrError();
+  const absl::Status status = args[0] == "run" ? RunLiveClusterCommand() : SimulateOrError();
   if (!status.ok()) return ReportError("cluster", status);
   return kExitOk;
 }
@@ -227,9 +229,12 @@ const CommandRegistrar registrar({
         "draws each job's GPUs over time. A progress line appears on a terminal.\n\n"
         "Example:\n"
         "  tandem cluster simulate --workload tests/data/cluster/pollux/workloads/workload-1.csv \\\n"
-        "      --policy tiresias",
+        "      --policy tiresias\n\n" +
+        std::string(kClusterRunUsage),
     .flags = {"workload", "policy", "gpus", "gpus_per_node", "cluster", "cluster_spec", "interval",
-              "restart_seconds", "apps", "max_jobs", "max_rounds", "format", "svg"},
+              "restart_seconds", "apps", "max_jobs", "max_rounds", "format", "svg",
+              // tandem cluster run (cli/cluster_run_command.cc)
+              "jobs", "hosts", "slots", "log_json", "work_dir", "deadline"},
     .run = RunCluster});
 
 }  // namespace
