@@ -23,6 +23,8 @@ constexpr double kEdgeTransfers = 2.0;
 // The load search stops when the bracket is this tight (relative).
 constexpr double kLoadPrecision = 1e-9;
 constexpr int kMaxSearchIterations = 200;
+// The first limit tried is the lower bound times (1 + kFirstStep); the step grows 4x.
+constexpr double kFirstStep = 1.0 / 64;
 
 struct ConfigData {
   double time = 0, parameters = 0, memory_a = 0, memory_b = 0;
@@ -53,13 +55,21 @@ class PiperSolver {
   };
 
   absl::Status Prepare();
+  // A load no plan can beat (0 when unknown).
+  double LowerBound() const;
   void PrepareStage(int a, int b, int ti);
   // Per node of the current stage: cost of each configuration at d, and memory terms.
-  void StageCosts(int a, int b, int ti, int d);
+  // With `edges_current`, edge_bytes_ already holds the stage's crossing bytes per layer.
+  void StageCosts(int a, int b, int ti, int d, bool edges_current);
+  // edge_bytes_[2v + l]: bytes of v's edges crossing [a, b) in configuration l (both ways).
+  void SetEdgeBytes(int v, int a, int b, int ti);
   double Load(int a, int b, int ti, int di, int y, std::vector<int>* choice);
-  int MaxInFlight(int a, int b, int ti, int di, double limit);
+  // The largest y whose load is at most `limit`; `next` = the load at y + 1 (infinity when
+  // y cannot grow), the smallest limit at which the answer changes.
+  int MaxInFlight(int a, int b, int ti, int di, double limit, double* next);
   // Fewest devices covering every layer with each stage's load <= limit; fills
-  // best_/choice arrays when `record`.
+  // best_/choice arrays when `record`. Sets next_limit_: the answer is the same for every
+  // limit in [limit, next_limit_).
   int MinDevices(double limit, bool record);
   // The plan with the fewest devices whose stage loads are all <= limit.
   absl::StatusOr<PiperResult> Reconstruct(double limit);
@@ -78,15 +88,20 @@ class PiperSolver {
   std::vector<std::vector<int>> missing_prefix_;  // [ti][v]: nodes < v lacking degree ti
   std::vector<Key> keys_;
   CoverSolver cover_{KnapsackMode::kExact};
+  double next_limit_ = kInfinity;
 
   // Scratch for the current stage.
   std::vector<double> cost_scratch_;  // [node][config]
+  std::vector<double> edge_bytes_;    // [node][config]
   std::vector<int> fast_scratch_;
   std::vector<SwitchOption> items_;
   std::vector<int> item_node_;
 
   // Dynamic program tables (size (n+1) x (S+1)).
   std::vector<int> g_, h_, h_arg_, choice_b_, choice_t_, choice_d_;
+  // Per row a of h: the degree sums s where h drops (h[a][s] < h[a][s - 1]).
+  std::vector<int> drops_, drops_begin_, drops_end_;
+  void RecordDrops(int a);
 };
 
 absl::Status PiperSolver::Prepare() {
@@ -146,10 +161,17 @@ absl::Status PiperSolver::Prepare() {
   }
   cover_ = CoverSolver(options_.knapsack);
   keys_.assign((n_ + 1) * (n_ + 1) * degrees_.size() * divisors_.size(), Key{});
-  for (int a = 0; a < n_; ++a) {
-    for (int b = a + 1; b <= n_; ++b) {
-      for (size_t ti = 0; ti < degrees_.size(); ++ti) {
-        if (missing_prefix_[ti][b] - missing_prefix_[ti][a] > 0) continue;
+  edge_bytes_.assign(2 * n_, 0.0);
+  for (size_t ti = 0; ti < degrees_.size(); ++ti) {
+    for (int a = 0; a < n_; ++a) {
+      // Stages [a, b) for growing b; every layer's edge bytes are kept current, so a layer's
+      // edges are summed again only when b passes one of its consumers.
+      for (int b = a + 1; b <= n_; ++b) {
+        if (!data_[b - 1][ti].present) break;  // no longer stage from a has degree ti
+        SetEdgeBytes(b - 1, a, b, static_cast<int>(ti));
+        for (const auto& [u, bytes] : data_[b - 1][ti].configs[0].in) {
+          if (u >= a) SetEdgeBytes(u, a, b, static_cast<int>(ti));
+        }
         PrepareStage(a, b, static_cast<int>(ti));
       }
     }
@@ -157,22 +179,34 @@ absl::Status PiperSolver::Prepare() {
   return absl::OkStatus();
 }
 
-void PiperSolver::StageCosts(int a, int b, int ti, int d) {
+void PiperSolver::SetEdgeBytes(int v, int a, int b, int ti) {
+  const NodeDegree& nd = data_[v][ti];
+  for (size_t l = 0; l < nd.configs.size(); ++l) {
+    const ConfigData& c = nd.configs[l];
+    double edge_bytes = 0;
+    for (const auto& [u, bytes] : c.in) {
+      if (u < a) edge_bytes += kEdgeTransfers * bytes;
+    }
+    for (const auto& [w, bytes] : c.out) {
+      if (w >= b) edge_bytes += kEdgeTransfers * bytes;
+    }
+    edge_bytes_[2 * v + l] = edge_bytes;
+  }
+}
+
+void PiperSolver::StageCosts(int a, int b, int ti, int d, bool edges_current) {
   const double bandwidth = instance_.bandwidth_bytes_per_second;
   const double mbs = instance_.microbatches_per_batch;
   cost_scratch_.assign(2 * (b - a), kInfinity);
   fast_scratch_.assign(b - a, 0);
+  if (!edges_current) {
+    for (int v = a; v < b; ++v) SetEdgeBytes(v, a, b, ti);
+  }
   for (int v = a; v < b; ++v) {
     const NodeDegree& nd = data_[v][ti];
     for (size_t l = 0; l < nd.configs.size(); ++l) {
       const ConfigData& c = nd.configs[l];
-      double edge_bytes = 0;
-      for (const auto& [u, bytes] : c.in) {
-        if (u < a) edge_bytes += kEdgeTransfers * bytes;
-      }
-      for (const auto& [w, bytes] : c.out) {
-        if (w >= b) edge_bytes += kEdgeTransfers * bytes;
-      }
+      const double edge_bytes = edge_bytes_[2 * v + l];
       const double resync = kResyncFactor * (d - 1) * c.parameters / d / mbs;
       cost_scratch_[2 * (v - a) + l] = (edge_bytes / d + resync) / bandwidth + c.time / d;
     }
@@ -213,7 +247,7 @@ void PiperSolver::PrepareStage(int a, int b, int ti) {
   for (size_t di = 0; di < divisors_.size(); ++di) {
     const int d = divisors_[di];
     if (int64_t{degrees_[ti]} * d > instance_.max_devices) break;
-    StageCosts(a, b, ti, d);
+    StageCosts(a, b, ti, d, /*edges_current=*/true);
     Key& key = keys_[KeyIndex(a, b, ti, static_cast<int>(di))];
     key.y_lean = y_lean;
     double total = 0, sum_a = 0, sum_b = 0;
@@ -237,7 +271,7 @@ void PiperSolver::PrepareStage(int a, int b, int ti) {
 
 double PiperSolver::Load(int a, int b, int ti, int di, int y, std::vector<int>* choice) {
   const int d = divisors_[di];
-  StageCosts(a, b, ti, d);
+  StageCosts(a, b, ti, d, /*edges_current=*/false);
   double need = -instance_.memory_per_device_bytes;
   double total = 0;
   items_.clear();
@@ -274,21 +308,28 @@ double PiperSolver::Load(int a, int b, int ti, int di, int y, std::vector<int>* 
   return total + cover.extra_cost;
 }
 
-int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit) {
+int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit, double* next) {
   Key& key = keys_[KeyIndex(a, b, ti, di)];
-  if (!(key.fast_total <= limit)) return 0;
   const int d = divisors_[di];
   const int y_cap = (budget_s_ + d - 1) / d;
   const int hi_bound = std::min(key.y_lean, y_cap);
-  if (key.y_fast >= hi_bound) return hi_bound;
+  *next = kInfinity;
+  if (!(key.fast_total <= limit)) {
+    if (hi_bound > 0) *next = key.fast_total;
+    return 0;
+  }
+  // Up to y_lean the leanest configurations fit, so every load there is finite.
+  if (key.y_fast >= hi_bound || limit == kInfinity) return hi_bound;
   // Largest y in [y_fast, hi_bound] with load <= limit; load(y_fast) <= limit already. Use
   // what is known first.
   int lo = key.y_fast, hi = hi_bound + 1;  // load(lo) <= limit < load(hi) (hi unknown = inf)
+  double hi_load = kInfinity;
   for (const auto& [y, load] : key.known) {
     if (load <= limit) {
       lo = std::max(lo, y);
-    } else {
-      hi = std::min(hi, y);
+    } else if (y < hi) {
+      hi = y;
+      hi_load = load;
     }
   }
   while (hi - lo > 1) {
@@ -300,9 +341,24 @@ int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit) {
       lo = mid;
     } else {
       hi = mid;
+      hi_load = load;
     }
   }
+  *next = hi_load;
   return lo;
+}
+
+void PiperSolver::RecordDrops(int a) {
+  // Rows are filled from the last layer down; row a's drops go to [a * width, ...).
+  const size_t width = budget_s_ + 1;
+  const int* h_row = &h_[a * width];
+  int* out = &drops_[a * width];
+  int count = 0;
+  for (int s = 1; s <= budget_s_; ++s) {
+    if (h_row[s] < h_row[s - 1]) out[count++] = s;
+  }
+  drops_begin_[a] = static_cast<int>(a * width);
+  drops_end_[a] = static_cast<int>(a * width) + count;
 }
 
 int PiperSolver::MinDevices(double limit, bool record) {
@@ -323,12 +379,19 @@ int PiperSolver::MinDevices(double limit, bool record) {
     if (record) h_arg_[n_ * width + s] = 0;
   }
   g_[n_ * width + 0] = 0;
+  drops_.assign((n_ + 1) * width, 0);
+  drops_begin_.assign(n_ + 1, 0);
+  drops_end_.assign(n_ + 1, 0);
+  RecordDrops(n_);
   // Per degree index: the largest degree sum it serves (d * y_max(d); 0 = none).
   std::vector<int> reach(divisors_.size());
+  next_limit_ = kInfinity;
   for (int a = n_ - 1; a >= 0; --a) {
     int* g_row = &g_[a * width];
     for (int b = a + 1; b <= n_; ++b) {
       const int* h_next = &h_[b * width];
+      const int* drops_next = drops_.data() + drops_begin_[b];
+      const int* drops_next_end = drops_.data() + drops_end_[b];
       for (size_t ti = 0; ti < degrees_.size(); ++ti) {
         if (missing_prefix_[ti][b] - missing_prefix_[ti][a] > 0) continue;
         const int t = degrees_[ti];
@@ -338,30 +401,48 @@ int PiperSolver::MinDevices(double limit, bool record) {
         bool any = false;
         for (size_t di = 0; di < divisors_.size(); ++di) {
           const int d = divisors_[di];
-          if (int64_t{t} * d > N) break;
+          // Stages with more devices than the budget leaves after the cheapest rest can be
+          // part of no plan within the budget (and t * d + h_next[S - d] grows with d).
+          if (d > S || int64_t{t} * d + h_next[S - d] > N) break;
           usable = static_cast<int>(di) + 1;
-          const int y = MaxInFlight(a, b, static_cast<int>(ti), static_cast<int>(di), limit);
+          double next;
+          const int y =
+              MaxInFlight(a, b, static_cast<int>(ti), static_cast<int>(di), limit, &next);
           reach[di] = static_cast<int>(std::min<int64_t>(S, int64_t{d} * y));
+          // Past S a larger y changes nothing.
+          if (int64_t{d} * y < S) next_limit_ = std::min(next_limit_, next);
           any = any || y > 0;
         }
         if (!any) continue;
-        // Sweep s upwards; a degree whose reach is below s never serves again.
-        int current = 0;
-        for (int s = 1; s <= S; ++s) {
-          while (current < usable && reach[current] < s) ++current;
-          if (current == usable) break;
-          const int d = divisors_[current];
-          if (d > s) continue;
-          const int rest = h_next[s - d];
-          if (rest >= kNoDevices) continue;
-          const int devices = t * d + rest;
-          if (devices < g_row[s]) {
-            g_row[s] = devices;
-            if (record) {
-              choice_b_[a * width + s] = b;
-              choice_t_[a * width + s] = static_cast<int>(ti);
-              choice_d_[a * width + s] = current;
+        // Degree index k serves s in (max reach of smaller degrees, reach[k]], s >= d. There
+        // g(s) = t*d + h_next(s - d) changes only where h_next drops, and only the prefix
+        // minima of g matter, so it is evaluated at the start of the range and after each drop.
+        int covered = 0;
+        for (int k = 0; k < usable && covered < S; ++k) {
+          if (reach[k] <= covered) continue;
+          const int d = divisors_[k];
+          const int first = std::max(covered + 1, d);
+          const int last = reach[k];
+          covered = last;
+          if (first > last) continue;
+          const int* drop = std::upper_bound(drops_next, drops_next_end, first - d);
+          int s = first;
+          while (true) {
+            const int rest = h_next[s - d];
+            if (rest < kNoDevices) {
+              const int devices = t * d + rest;
+              if (devices < g_row[s]) {
+                g_row[s] = devices;
+                if (record) {
+                  choice_b_[a * width + s] = b;
+                  choice_t_[a * width + s] = static_cast<int>(ti);
+                  choice_d_[a * width + s] = k;
+                }
+              }
             }
+            if (drop == drops_next_end || *drop + d > last) break;
+            s = *drop + d;
+            ++drop;
           }
         }
       }
@@ -374,6 +455,7 @@ int PiperSolver::MinDevices(double limit, bool record) {
       h_row[s] = take ? g_row[s] : h_row[s - 1];
       if (record) h_arg_[a * width + s] = take ? s : h_arg_[a * width + s - 1];
     }
+    RecordDrops(a);
   }
   return h_[S];
 }
@@ -430,6 +512,34 @@ absl::StatusOr<PiperResult> PiperSolver::Reconstruct(double limit) {
   return result;
 }
 
+double PiperSolver::LowerBound() const {
+  // A stage on t * d devices has load at least (sum of its layers' times) / d, so its
+  // device-time t * d * load is at least the sum of t * time over its layers; all stages share
+  // max_devices. One layer alone needs time / (largest usable d).
+  const int N = instance_.max_devices;
+  double work = 0, single = 0;
+  for (int v = 0; v < n_; ++v) {
+    double best_work = kInfinity, best_single = kInfinity;
+    for (size_t ti = 0; ti < degrees_.size(); ++ti) {
+      const int t = degrees_[ti];
+      int d_max = 0;
+      for (int d : divisors_) {
+        if (int64_t{t} * d <= N) d_max = d;
+      }
+      if (d_max == 0) continue;
+      for (const ConfigData& c : data_[v][ti].configs) {
+        best_work = std::min(best_work, t * c.time);
+        best_single = std::min(best_single, c.time / d_max);
+      }
+    }
+    if (best_work == kInfinity) return 0;
+    work += best_work;
+    single = std::max(single, best_single);
+  }
+  // Slightly below, so that rounding cannot put it above the optimum.
+  return std::max(work / N, single) * (1 - 1e-12);
+}
+
 absl::StatusOr<PiperResult> PiperSolver::Run() {
   const auto start = std::chrono::steady_clock::now();
   TANDEM_RETURN_IF_ERROR(ValidatePiperInstance(instance_, "piper"));
@@ -440,19 +550,42 @@ absl::StatusOr<PiperResult> PiperSolver::Run() {
         "no Piper plan fits ", FormatBytes(instance_.memory_per_device_bytes), " per device on ",
         N, " devices"));
   }
-  // Every feasible limit yields a plan whose slowest stage is at or below it: jump the upper
-  // end of the bracket to that load, bisect the rest.
-  TANDEM_ASSIGN_OR_RETURN(PiperResult best, Reconstruct(kInfinity));
-  double hi = best.time_per_sample;
-  double lo = 0;
-  for (int iteration = 0; iteration < kMaxSearchIterations && hi - lo > kLoadPrecision * hi;
+  // Every limit below lo is infeasible; hi is the slowest stage of a plan found. Each feasible
+  // limit yields a plan whose slowest stage is at or below it (hi jumps there); an infeasible
+  // limit also rules out every limit below the next load at which some stage's in-flight bound
+  // changes (lo jumps there), so the search ends as soon as no stage load lies strictly
+  // between the bounds. Limits are tried upwards from the lower bound first, with growing
+  // steps: near the optimum few stages are fast enough to need their configurations chosen.
+  PiperResult best;
+  const double bound = LowerBound();
+  double lo = bound;
+  double hi = kInfinity;
+  double step = kFirstStep;
+  int iteration = 0;
+  for (; iteration < kMaxSearchIterations && bound > 0 && hi == kInfinity; ++iteration) {
+    const double limit = std::max(lo, bound * (1 + step));
+    if (MinDevices(limit, false) <= N) {
+      TANDEM_ASSIGN_OR_RETURN(best, Reconstruct(limit));
+      hi = std::min(limit, best.time_per_sample);
+    } else {
+      if (next_limit_ == kInfinity) break;  // as infeasible as it gets (cannot happen)
+      lo = std::max(limit, next_limit_);
+      step *= 4;
+    }
+  }
+  if (hi == kInfinity) {
+    TANDEM_ASSIGN_OR_RETURN(best, Reconstruct(kInfinity));
+    hi = best.time_per_sample;
+    lo = std::min(lo, hi);
+  }
+  for (; iteration < kMaxSearchIterations && lo < hi && hi - lo > kLoadPrecision * hi;
        ++iteration) {
     const double mid = lo + (hi - lo) / 2;
     if (MinDevices(mid, false) <= N) {
       TANDEM_ASSIGN_OR_RETURN(best, Reconstruct(mid));
       hi = std::min(mid, best.time_per_sample);
     } else {
-      lo = mid;
+      lo = std::max(mid, next_limit_);
     }
   }
   // The fewest devices reaching the optimum.

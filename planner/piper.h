@@ -22,7 +22,11 @@
 // data-parallel degrees of the suffix): for a candidate stage and t, the smallest feasible d
 // is the best (fewest devices, most of the degree budget left), so one sweep per (stage, t)
 // suffices. Per-stage loads as functions of y come from the knapsack (planner/knapsack.h:
-// Piper's greedy or the exact solver).
+// Piper's greedy or the exact solver). The search starts at a lower bound (total device-time
+// over devices) and climbs with growing steps, so that only stages near the optimal load need
+// their configurations chosen; an infeasible T also rules out every T below the next load at
+// which a stage's in-flight bound changes, which ends the search exactly. The dynamic program
+// visits each stage's range of degree sums only where the rest's device count drops.
 #pragma once
 
 #include <map>
