@@ -3,6 +3,8 @@
 // `tandem cluster simulate`.
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -54,6 +56,11 @@ const char kClusterRunUsage[] =
 
 namespace {
 
+// SIGINT or SIGTERM: the controller kills its jobs (they run in their own process groups, out
+// of reach of a terminal's Ctrl-C) and ends.
+std::atomic<bool> interrupted{false};
+extern "C" void OnInterrupt(int) { interrupted.store(true); }
+
 // The `tandem` program itself (the jobs run `tandem train --elastic`).
 std::string ThisProgram() {
   char self[4096];
@@ -104,6 +111,9 @@ absl::Status RunLiveClusterCommand() {
         (fs::temp_directory_path() / absl::StrCat("tandem-cluster-", ::getpid())).string();
   }
   options.on_event = [](const std::string& line) { std::cout << line << std::endl; };
+  options.cancel = &interrupted;
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
   std::cout << "tandem cluster run: " << jobs.size() << " job(s) on " << view.total_gpus()
             << " slot(s), policy " << policy->name() << ", a round every "
             << options.interval_seconds << " s; logs in " << options.work_dir << std::endl;

@@ -274,6 +274,9 @@ class Controller {
           })) {
         break;
       }
+      if (options_.cancel != nullptr && options_.cancel->load()) {
+        return absl::CancelledError("interrupted: every job stopped");
+      }
       if (now > last_submission + options_.deadline_seconds) {
         return absl::DeadlineExceededError(absl::StrFormat(
             "jobs unfinished %.0f s after the last submission (every job stopped)",

@@ -27,6 +27,7 @@
 // process at the same time (they share the process's children).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <string>
@@ -79,6 +80,8 @@ struct LiveOptions {
   double deadline_seconds = 3600;
   // Called with each line of the controller's event log as it happens (may be empty).
   std::function<void(const std::string&)> on_event;
+  // Set (e.g. from a SIGINT handler) to stop: every job is killed and the run ends Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // A change the controller made or saw, at seconds since its start.
