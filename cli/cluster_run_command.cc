@@ -34,8 +34,8 @@ ABSL_FLAG(std::string, work_dir, "",
           "temporary directory)");
 ABSL_FLAG(double, deadline, 3600,
           "cluster run: stop every job and fail this many seconds after the last submission");
-ABSL_DECLARE_FLAG(std::string, policy);   // cli/cluster_command.cc
-ABSL_DECLARE_FLAG(double, interval);      // cli/cluster_command.cc
+ABSL_DECLARE_FLAG(std::string, policy);  // cli/cluster_command.cc
+ABSL_DECLARE_FLAG(double, interval);     // cli/cluster_command.cc
 
 namespace tandem::cli {
 

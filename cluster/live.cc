@@ -37,9 +37,9 @@ constexpr double kTickSeconds = 0.1;
 
 // Flags the controller sets on every launch; a jobs file may not.
 const std::vector<std::string>& ReservedFlags() {
-  static const auto* flags = new std::vector<std::string>{
-      "--steps", "--global-batch", "--resume", "--checkpoint-dir", "--log-json", "--elastic",
-      "-np",     "-n"};
+  static const auto* flags =
+      new std::vector<std::string>{"--steps",    "--global-batch", "--resume", "--checkpoint-dir",
+                                   "--log-json", "--elastic",      "-np",      "-n"};
   return *flags;
 }
 
@@ -82,8 +82,8 @@ absl::StatusOr<std::vector<LiveJobSpec>> ReadLiveJobs(const std::string& path, i
     if (job.name.empty() || !std::all_of(job.name.begin(), job.name.end(), [](char c) {
           return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
         })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          table.Where(r), "job name '", job.name, "' must be letters, digits, '-', '_', '.'"));
+      return absl::InvalidArgumentError(absl::StrCat(table.Where(r), "job name '", job.name,
+                                                     "' must be letters, digits, '-', '_', '.'"));
     }
     if (!names.insert(job.name).second) {
       return absl::InvalidArgumentError(
@@ -104,8 +104,7 @@ absl::StatusOr<std::vector<LiveJobSpec>> ReadLiveJobs(const std::string& path, i
     }
     if (min_ranks < 1 || max_ranks < min_ranks) {
       return absl::InvalidArgumentError(absl::StrCat(
-          table.Where(r), "need 1 <= min_ranks <= max_ranks, got ", min_ranks, " and ",
-          max_ranks));
+          table.Where(r), "need 1 <= min_ranks <= max_ranks, got ", min_ranks, " and ", max_ranks));
     }
     if (max_ranks > total_slots) {
       return absl::InvalidArgumentError(
@@ -119,10 +118,10 @@ absl::StatusOr<std::vector<LiveJobSpec>> ReadLiveJobs(const std::string& path, i
     job.train_flags = absl::StrSplit(table.Field(r, col["train_flags"]), ' ', absl::SkipEmpty());
     for (const std::string& reserved : ReservedFlags()) {
       if (HasFlag(job.train_flags, reserved)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            table.Where(r), "train_flags may not set ", reserved,
-            " (the controller sets --elastic, -np, --steps, --global-batch, --resume, "
-            "--checkpoint-dir and --log-json)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(table.Where(r), "train_flags may not set ", reserved,
+                         " (the controller sets --elastic, -np, --steps, --global-batch, --resume, "
+                         "--checkpoint-dir and --log-json)"));
       }
     }
     jobs.push_back(std::move(job));
@@ -141,7 +140,8 @@ absl::StatusOr<std::vector<LiveHost>> ReadHostFile(const std::string& path) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
     line = line.substr(0, line.find('#'));
-    std::vector<std::string> words = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<std::string> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (words.empty()) continue;
     LiveHost host;
     host.name = words[0];
@@ -188,9 +188,9 @@ struct Launch {
   double start_seconds = 0;
   std::string log;
   std::string output;
-  std::vector<int> nodes;                   // node of each job rank
-  std::set<int> killed;                     // ranks the controller killed
-  std::map<int, pid_t> killed_pids;         // until they have exited (they hold their slots)
+  std::vector<int> nodes;            // node of each job rank
+  std::set<int> killed;              // ranks the controller killed
+  std::map<int, pid_t> killed_pids;  // until they have exited (they hold their slots)
   size_t log_offset = 0;
   bool iterated = false;
   int recoveries = 0;
@@ -221,7 +221,7 @@ struct Job {
   int shrink_recoveries = 0;  // launch->recoveries when the shrink is complete
   int shrink_from = 0;        // ranks before it
   double attained_slot_seconds = 0;
-  std::map<int64_t, int> logged;  // iteration -> times logged
+  std::map<int64_t, int> logged;                         // iteration -> times logged
   std::map<int, std::vector<double>> iteration_seconds;  // by ranks training
   LiveJobResult result;
 };
@@ -251,7 +251,8 @@ class Controller {
   absl::StatusOr<LiveResult> Run() {
     start_ = absl::Now();
     double last_submission = 0;
-    for (const Job& j : jobs_) last_submission = std::max(last_submission, j.spec->submission_seconds);
+    for (const Job& j : jobs_)
+      last_submission = std::max(last_submission, j.spec->submission_seconds);
     double next_round = 0;
     double last_tick = 0;
     for (;;) {
@@ -278,9 +279,9 @@ class Controller {
         return absl::CancelledError("interrupted: every job stopped");
       }
       if (now > last_submission + options_.deadline_seconds) {
-        return absl::DeadlineExceededError(absl::StrFormat(
-            "jobs unfinished %.0f s after the last submission (every job stopped)",
-            options_.deadline_seconds));
+        return absl::DeadlineExceededError(
+            absl::StrFormat("jobs unfinished %.0f s after the last submission (every job stopped)",
+                            options_.deadline_seconds));
       }
       if (now >= next_round) {
         TANDEM_RETURN_IF_ERROR(Round(now));
@@ -305,7 +306,8 @@ class Controller {
       r.duplicate_iterations = 0;
       for (const auto& [it, n] : j.logged) r.duplicate_iterations += n - 1;
       r.missing_iterations = 0;
-      for (int64_t it = 0; it < j.spec->steps; ++it) r.missing_iterations += j.logged.count(it) == 0;
+      for (int64_t it = 0; it < j.spec->steps; ++it)
+        r.missing_iterations += j.logged.count(it) == 0;
       for (const auto& [ranks, seconds] : j.iteration_seconds) {
         r.seconds_per_iteration[ranks] = Median(seconds);
       }
@@ -393,8 +395,8 @@ class Controller {
       // just that far.
       int64_t logged_end = 0;
       for (const auto& [it, n] : j.logged) logged_end = std::max(logged_end, it + 1);
-      absl::StatusOr<std::string> latest =
-          ReadFile((fs::path(options_.work_dir) / j.spec->name / "checkpoints" / "latest").string());
+      absl::StatusOr<std::string> latest = ReadFile(
+          (fs::path(options_.work_dir) / j.spec->name / "checkpoints" / "latest").string());
       int64_t step = -1;
       if (latest.ok()) {
         absl::string_view name = absl::StripAsciiWhitespace(*latest);
@@ -430,8 +432,8 @@ class Controller {
     const size_t end = chunk.rfind('\n');
     if (end == std::string::npos) return;
     l.log_offset += end + 1;
-    for (absl::string_view text : absl::StrSplit(absl::string_view(chunk).substr(0, end), '\n',
-                                                 absl::SkipEmpty())) {
+    for (absl::string_view text :
+         absl::StrSplit(absl::string_view(chunk).substr(0, end), '\n', absl::SkipEmpty())) {
       const nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (!line.is_object()) continue;
       if (line.contains("event")) {
@@ -440,7 +442,8 @@ class Controller {
         if (event == "finished") {
           l.finished = true;
           l.stopped = line.value("stopped", false);
-          l.finished_unix = line.value("unix_time", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+          l.finished_unix =
+              line.value("unix_time", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
         }
         if (event == "failed" && l.failure.empty()) {
           l.failure = absl::StrCat("rank ", line.value("rank", -1), ": ",
@@ -546,10 +549,10 @@ class Controller {
         --remove[l.nodes[r]];
         victims.push_back(r);
       }
-      const std::map<int, pid_t> pids = internal::ProcessesTagged(
-          kLaunchTag, LaunchTag(j, l), "OMPI_COMM_WORLD_RANK");
-      const bool all_here = std::all_of(victims.begin(), victims.end(),
-                                        [&](int r) { return pids.count(r) > 0; });
+      const std::map<int, pid_t> pids =
+          internal::ProcessesTagged(kLaunchTag, LaunchTag(j, l), "OMPI_COMM_WORLD_RANK");
+      const bool all_here =
+          std::all_of(victims.begin(), victims.end(), [&](int r) { return pids.count(r) > 0; });
       if (!all_here) return Stop(j, "shrink through a checkpoint (ranks not on this host)");
       const int from = l.live_ranks();
       for (int r : victims) {
@@ -639,9 +642,7 @@ class Controller {
                              absl::StrCat(s.steps - j.checkpoint_step), "--checkpoint-dir",
                              checkpoints, "--log-json", l.log});
     if (j.checkpoint_step > 0) argv.insert(argv.end(), {"--resume", checkpoints});
-    {
-      std::ofstream(l.output, std::ios::app) << "$ " << absl::StrJoin(argv, " ") << "\n";
-    }
+    { std::ofstream(l.output, std::ios::app) << "$ " << absl::StrJoin(argv, " ") << "\n"; }
     TANDEM_ASSIGN_OR_RETURN(l.mpirun,
                             internal::Spawn(argv, {{kLaunchTag, LaunchTag(j, l)}}, l.output));
     l.start_seconds = Now();
@@ -770,8 +771,8 @@ std::string FormatLiveResult(const LiveResult& live, const LivePrediction* predi
   std::string out = absl::StrFormat(
       "policy %s on %d slot(s), interval %g s: %d job(s), %d round(s)\n", live.policy,
       live.total_slots, live.interval_seconds, live.jobs.size(), live.rounds);
-  absl::StrAppendFormat(&out, "%-12s %8s %10s %10s %8s %7s %6s %11s\n", "job", "submit",
-                        "JCT real", "JCT sim", "launches", "shrinks", "grows", "iterations");
+  absl::StrAppendFormat(&out, "%-12s %8s %10s %10s %8s %7s %6s %11s\n", "job", "submit", "JCT real",
+                        "JCT sim", "launches", "shrinks", "grows", "iterations");
   double real_sum = 0, sim_sum = 0;
   int real_n = 0, sim_n = 0;
   for (const LiveJobResult& r : live.jobs) {
@@ -781,9 +782,10 @@ std::string FormatLiveResult(const LiveResult& live, const LivePrediction* predi
     const std::string sim = p != nullptr ? absl::StrFormat("%.2f s", p->jct_seconds) : "-";
     absl::StrAppendFormat(&out, "%-12s %8.1f %10s %10s %8d %7d %6d %11s\n", r.name,
                           r.submission_seconds, real, sim, r.launches, r.live_shrinks, r.grows,
-                          absl::StrCat(r.iterations_logged, r.duplicate_iterations > 0
-                                                                 ? absl::StrCat(" (", r.duplicate_iterations, " twice)")
-                                                                 : ""));
+                          absl::StrCat(r.iterations_logged,
+                                       r.duplicate_iterations > 0
+                                           ? absl::StrCat(" (", r.duplicate_iterations, " twice)")
+                                           : ""));
     if (r.finished) {
       real_sum += r.jct_seconds;
       ++real_n;
@@ -808,12 +810,12 @@ std::string FormatLiveResult(const LiveResult& live, const LivePrediction* predi
     const ClusterMetrics m = ComputeMetrics(prediction->simulation);
     absl::StrAppendFormat(&out, "   simulated %.2f s", m.makespan_seconds);
   }
-  absl::StrAppendFormat(&out, "\nslots: at most %d of %d in use (the controller's accounting), %s\n",
-                        live.max_slots_used, live.total_slots,
-                        live.oversubscribed_steps == 0
-                            ? "never oversubscribed"
-                            : absl::StrCat("OVERSUBSCRIBED in ", live.oversubscribed_steps,
-                                           " step(s)"));
+  absl::StrAppendFormat(
+      &out, "\nslots: at most %d of %d in use (the controller's accounting), %s\n",
+      live.max_slots_used, live.total_slots,
+      live.oversubscribed_steps == 0
+          ? "never oversubscribed"
+          : absl::StrCat("OVERSUBSCRIBED in ", live.oversubscribed_steps, " step(s)"));
   if (prediction != nullptr) {
     absl::StrAppendFormat(
         &out,

@@ -75,7 +75,7 @@ struct LiveOptions {
   std::string tandem_program;  // the `tandem` binary the jobs run (`tandem train --elastic`)
   std::string mpirun = "mpirun";
   std::vector<std::string> mpirun_flags;  // added to every launch (e.g. --allow-run-as-root)
-  std::string work_dir;  // per job: checkpoints, each launch's log and output
+  std::string work_dir;                   // per job: checkpoints, each launch's log and output
   // Give up (DeadlineExceeded; every job stopped) this long after the last submission.
   double deadline_seconds = 3600;
   // Called with each line of the controller's event log as it happens (may be empty).
@@ -102,10 +102,10 @@ struct LiveJobResult {
   bool finished = false;
   std::string error;  // why it failed
   int launches = 0;
-  int live_shrinks = 0;     // recovery events after the controller's kills
-  int grows = 0;            // restarts on more ranks than the previous launch
-  int restarts = 0;         // launches after the first
-  int64_t iterations_logged = 0;    // distinct iterations across launches
+  int live_shrinks = 0;              // recovery events after the controller's kills
+  int grows = 0;                     // restarts on more ranks than the previous launch
+  int restarts = 0;                  // launches after the first
+  int64_t iterations_logged = 0;     // distinct iterations across launches
   int64_t duplicate_iterations = 0;  // iterations logged twice (0 expected)
   int64_t missing_iterations = 0;    // of [0, steps) never logged (0 for a finished job)
   // Measured: per rank count, seconds per iteration (median of the logged iterations).
@@ -122,7 +122,7 @@ struct LiveResult {
   std::vector<LiveJobResult> jobs;  // jobs-file order
   std::vector<LiveEvent> events;
   int rounds = 0;
-  int max_slots_used = 0;      // the controller's accounting, sampled every step of its loop
+  int max_slots_used = 0;        // the controller's accounting, sampled every step of its loop
   int oversubscribed_steps = 0;  // steps where some node had more ranks than slots (0 expected)
   double makespan_seconds = 0;
 };

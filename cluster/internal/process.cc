@@ -57,8 +57,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   if (error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("starting ", argv[0], ": ", std::strerror(error)));
+    return absl::UnavailableError(absl::StrCat("starting ", argv[0], ": ", std::strerror(error)));
   }
   return pid;
 }

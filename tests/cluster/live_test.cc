@@ -45,7 +45,8 @@ CommandRun Tandem(const std::string& args) {
 }
 
 std::string Temp(const std::string& name) {
-  return (fs::temp_directory_path() / ("tandem_cluster_live_" + std::to_string(::getpid()) + "_" + name))
+  return (fs::temp_directory_path() /
+          ("tandem_cluster_live_" + std::to_string(::getpid()) + "_" + name))
       .string();
 }
 
@@ -73,17 +74,18 @@ constexpr char kModel[] =
 
 TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
   if (!TANDEM_HAVE_MPI || !TANDEM_HAVE_TORCH) GTEST_SKIP() << "needs MPI and LibTorch";
-  const std::string jobs = Write(
-      "jobs.csv", std::string(kHeader) + "# a wide job, then two narrow ones\n" +
-                      "wide,0,260,16,1,4," + kModel + "\n" +  //
-                      "narrow1,5,40,16,1,1," + kModel + "\n" +
-                      "narrow2,7,40,16,1,1," + kModel + "\n");
+  const std::string jobs =
+      Write("jobs.csv", std::string(kHeader) + "# a wide job, then two narrow ones\n" +
+                            "wide,0,260,16,1,4," + kModel + "\n" +  //
+                            "narrow1,5,40,16,1,1," + kModel + "\n" + "narrow2,7,40,16,1,1," +
+                            kModel + "\n");
   const std::string work = Temp("work");
   const std::string log = Temp("run.json");
   fs::remove_all(work);
   const CommandRun run = Tandem("cluster run --jobs " + jobs +
                                 " --slots 4 --policy optimus --interval 1 --deadline 240"
-                                " --work-dir " + work + " --log-json " + log);
+                                " --work-dir " +
+                                work + " --log-json " + log);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   std::cout << run.out;  // the events and the JCT table, real beside simulated
   EXPECT_NE(run.out.find("JCT real"), std::string::npos) << run.out;
@@ -179,8 +181,8 @@ TEST(ClusterRun, BadInputIsRefusedWithTheReason) {
   const CommandRun nofile = Tandem("cluster run --slots 4 --jobs " + Temp("absent.csv"));
   EXPECT_EQ(nofile.exit_code, 2) << nofile.out;
   const std::string hosts = Write("hosts", "nodeA slots=2\nnodeB slots=two\n");
-  const CommandRun badhosts = Tandem("cluster run --hosts " + hosts + " --jobs " +
-                                     Write("okjobs.csv", ok));
+  const CommandRun badhosts =
+      Tandem("cluster run --hosts " + hosts + " --jobs " + Write("okjobs.csv", ok));
   EXPECT_EQ(badhosts.exit_code, 2) << badhosts.out;
   EXPECT_NE(badhosts.out.find(":2: expected 'HOST slots=N'"), std::string::npos) << badhosts.out;
 }
