@@ -48,6 +48,43 @@ TEST(Piper, MatchesReferenceOnBert32) {
   }
 }
 
+// Piper's algo.cpp (msr-fiddle/piper @ d7fc8cf, runDP() through a command-line driver, see
+// bench/planner/piper_compare.py) on the same input at several device counts: its optimal
+// maximum load and the devices it uses. Greedy knapsack, as algo.cpp.
+TEST(Piper, MatchesReferenceOnBert32AtSeveralDeviceCounts) {
+  struct Case {
+    int devices;
+    double memory_bytes, bandwidth;  // the file's own: 80e9 bytes, 25e9 bytes/s
+    double time_per_sample;
+    int devices_used;
+  };
+  const Case cases[] = {
+      {1, 80e9, 25e9, 0.972864, 1},
+      {2, 80e9, 25e9, 0.4866769784, 2},
+      {4, 80e9, 25e9, 0.2435834676, 4},
+      {8, 80e9, 25e9, 0.1220367122, 8},
+      {16, 80e9, 25e9, 0.0612633345, 16},
+      {32, 80e9, 25e9, 0.03087664565, 32},
+      {64, 80e9, 25e9, 0.015683301225, 64},
+      {8, 8 * kGiB, 25 * kGiB, 0.16585575, 8},
+      {32, 8 * kGiB, 25 * kGiB, 0.0415154504417, 32},
+      {64, 8 * kGiB, 25 * kGiB, 0.0202005502945, 64},
+      {128, 8 * kGiB, 25 * kGiB, 0.0101208803239, 128},
+  };
+  for (const Case& c : cases) {
+    PiperInstance instance = Bert(c.devices);
+    instance.memory_per_device_bytes = c.memory_bytes;
+    instance.bandwidth_bytes_per_second = c.bandwidth;
+    PiperOptions options;
+    options.knapsack = KnapsackMode::kGreedy;
+    auto result = RunPiper(instance, options);
+    ASSERT_TRUE(result.ok()) << c.devices << " devices: " << result.status();
+    EXPECT_NEAR(result->time_per_sample, c.time_per_sample, c.time_per_sample * 1e-9)
+        << c.devices << " devices, " << c.memory_bytes << " bytes";
+    EXPECT_EQ(result->devices_used, c.devices_used) << c.devices << " devices";
+  }
+}
+
 // ---- Brute force ---------------------------------------------------------------------------
 
 PiperInstance RandomInstance(int nodes, std::mt19937* rng) {
@@ -152,6 +189,28 @@ TEST(Piper, ExactMatchesBruteForceOnRandomInstances) {
     ++feasible;
   }
   EXPECT_GT(feasible, 20);
+}
+
+// More devices and degree sums: exercises the search's jumps and the degree-sum ranges.
+TEST(Piper, ExactMatchesBruteForceWithMoreDevices) {
+  std::mt19937 rng(11);
+  int feasible = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    PiperInstance instance = RandomInstance(3 + trial % 2, &rng);
+    instance.max_devices = 6 + trial % 4;
+    instance.microbatches_per_batch = trial % 2 == 0 ? 8 : 12;
+    instance.memory_per_device_bytes = 8 + 6 * (trial % 5);
+    const double expected = BruteForce(instance);
+    auto result = RunPiper(instance);
+    if (!std::isfinite(expected)) {
+      EXPECT_FALSE(result.ok()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(result.ok()) << "trial " << trial << ": " << result.status();
+    EXPECT_NEAR(result->time_per_sample, expected, 1e-8 * expected) << "trial " << trial;
+    ++feasible;
+  }
+  EXPECT_GT(feasible, 12);
 }
 
 TEST(Piper, WithoutRecomputationNeedsMoreMemory) {
