@@ -3,7 +3,9 @@
 // (simulator/results-jobload/*-1.0/summary.json), plus the wall time of each simulation.
 //
 //   cluster_bench [--policies pollux,tiresias,optimus,fifo] [--workloads 1,2,...,8] [--data DIR]
-//                 [--seed N]   (the seed of Pollux's search; default 1)
+//                 [--seed N] [--pollux-speedups fair-share|one-gpu]
+//   --seed: the seed of Pollux's search (default 1); --pollux-speedups: what Pollux's speedups
+//   are relative to (the artifact: the goodput at the job's fair share).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -56,6 +58,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cluster_bench: --seed needs a non-negative integer\n");
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--pollux-speedups") == 0) {
+      const std::string value = argv[i + 1];
+      if (value != "fair-share" && value != "one-gpu") {
+        std::fprintf(stderr, "cluster_bench: --pollux-speedups is fair-share or one-gpu\n");
+        return 2;
+      }
+      pollux.normalise_to_fair_share = value == "fair-share";
     }
   }
   auto apps = LoadPolluxApplications(data + "/cluster/pollux/apps");
@@ -99,6 +108,7 @@ int main(int argc, char** argv) {
                       ? absl::StrFormat("%+.1f%%", 100 * (m.avg_jct_seconds / reference - 1)).c_str()
                       : "-",
                   m.p99_jct_seconds / 3600, m.utilisation, m.max_ftf, seconds);
+      std::fflush(stdout);  // rows as they finish when the output is a file
       sum += m.avg_jct_seconds;
       sum_published += reference;
       sum_seconds += seconds;
