@@ -1,12 +1,16 @@
 #include "planner/importers.h"
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
+#include <optional>
 #include <cmath>
 #include <map>
 #include <queue>
 #include <set>
 #include <tuple>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -374,10 +378,33 @@ absl::Status ValidatePiperInstance(const PiperInstance& instance, absl::string_v
   return absl::OkStatus();
 }
 
+namespace {
+
+// A Piper file as read: nodes in file order, sync maps keyed by node id, edges by index.
+struct RawPiper {
+  PiperInstance instance;
+  std::map<int64_t, int> index_of_id;
+  std::vector<std::string> names;  // for messages: "name (id 7)" or "node 7"
+  std::vector<std::pair<int, int>> edge_pairs;
+};
+
+std::string NodeLabel(const std::string& name, int64_t id) {
+  return name.empty() ? absl::StrCat("node ", id) : absl::StrCat(name, " (id ", id, ")");
+}
+
+// Renumbers the nodes in the linearized order and checks the result.
+absl::StatusOr<PiperInstance> FinishPiperImport(RawPiper raw_piper, absl::string_view source);
+
+}  // namespace
+
 absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::string_view source) {
   const std::string top = absl::StrCat(source, ": piper");
   if (!j.is_object()) return Invalid(source, "expected a JSON object");
-  PiperInstance raw;
+  RawPiper raw_piper;
+  PiperInstance& raw = raw_piper.instance;
+  std::map<int64_t, int>& index_of_id = raw_piper.index_of_id;
+  std::vector<std::string>& names = raw_piper.names;
+  std::vector<std::pair<int, int>>& edge_pairs = raw_piper.edge_pairs;
   TANDEM_ASSIGN_OR_RETURN(int64_t max_devices, GetInt(j, "maxDevices", top));
   if (max_devices < 1 || max_devices > (1 << 20)) {
     return Invalid(absl::StrCat(top, ".maxDevices"), "must be in [1, 1048576]");
@@ -394,8 +421,6 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
   raw.microbatches_per_batch = static_cast<int>(mbs);
 
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* nodes, GetArray(j, "nodes", top));
-  std::map<int64_t, int> index_of_id;
-  std::vector<std::string> names;
   for (size_t i = 0; i < nodes->size(); ++i) {
     const nlohmann::json& node_json = (*nodes)[i];
     const std::string where = absl::StrCat(top, ".nodes[", i, "]");
@@ -406,8 +431,7 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
     index_of_id[id] = static_cast<int>(i);
     PiperNode node;
     TANDEM_ASSIGN_OR_RETURN(node.name, GetStringOr(node_json, "name", "", where));
-    names.push_back(node.name.empty() ? absl::StrCat("node ", id)
-                                      : absl::StrCat(node.name, " (id ", id, ")"));
+    names.push_back(NodeLabel(node.name, id));
     TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* tmpcs, GetObject(node_json, "TMPCs", where));
     for (auto it = tmpcs->begin(); it != tmpcs->end(); ++it) {
       int64_t degree;
@@ -434,7 +458,6 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
   }
   if (raw.nodes.empty()) return Invalid(absl::StrCat(top, ".nodes"), "no nodes");
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* edges, GetArray(j, "edges", top));
-  std::vector<std::pair<int, int>> edge_pairs;
   std::set<std::pair<int, int>> seen;
   for (size_t e = 0; e < edges->size(); ++e) {
     const std::string where = absl::StrCat(top, ".edges[", e, "]");
@@ -459,11 +482,21 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
     raw.edges.push_back(edge);
     edge_pairs.push_back({f->second, t->second});
   }
+  return FinishPiperImport(std::move(raw_piper), source);
+}
+
+namespace {
+
+absl::StatusOr<PiperInstance> FinishPiperImport(RawPiper raw_piper, absl::string_view source) {
+  const std::string top = absl::StrCat(source, ": piper");
+  PiperInstance& raw = raw_piper.instance;
+  const std::map<int64_t, int>& index_of_id = raw_piper.index_of_id;
   const int n = static_cast<int>(raw.nodes.size());
   std::vector<int64_t> priority(n);
   for (int v = 0; v < n; ++v) priority[v] = v;
   TANDEM_ASSIGN_OR_RETURN(std::vector<int> order,
-                          LateTopologicalOrder(n, edge_pairs, priority, names, source));
+                          LateTopologicalOrder(n, raw_piper.edge_pairs, priority,
+                                               raw_piper.names, source));
   std::vector<int> position(n);
   for (int i = 0; i < n; ++i) position[order[i]] = i;
 
@@ -473,7 +506,7 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
   instance.bandwidth_bytes_per_second = raw.bandwidth_bytes_per_second;
   instance.microbatches_per_batch = raw.microbatches_per_batch;
   for (int i = 0; i < n; ++i) {
-    PiperNode node = raw.nodes[order[i]];
+    PiperNode node = std::move(raw.nodes[order[i]]);
     const std::string where = absl::StrCat(top, ".nodes[", order[i], "]");
     for (auto& [degree, configs] : node.configs) {
       for (PiperConfig& c : configs) {
@@ -511,8 +544,296 @@ absl::StatusOr<PiperInstance> ImportPiperJson(const nlohmann::json& j, absl::str
   return instance;
 }
 
+
+// A direct reader for well-formed Piper files: the JSON document costs more than the plan on
+// small problems. It accepts a strict subset (no escapes or non-ASCII bytes in strings, no
+// repeated keys, integers where ids and counts are due) and applies every check of
+// ImportPiperJson; on anything else it gives up (nullopt) and the caller takes the document
+// path, so results and messages are the same either way.
+class PiperTextReader {
+ public:
+  explicit PiperTextReader(absl::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  std::optional<RawPiper> Read() {
+    RawPiper raw;
+    bool have_devices = false, have_memory = false, have_bandwidth = false, have_mbs = false;
+    bool have_nodes = false, have_edges = false;
+    std::vector<std::tuple<int64_t, int64_t, double>> edges;
+    const bool ok = Object([&](absl::string_view key) {
+      PiperInstance& in = raw.instance;
+      if (key == "maxDevices") {
+        int64_t v = 0;
+        have_devices = Int(&v) && v >= 1 && v <= (1 << 20);
+        in.max_devices = static_cast<int>(v);
+        return have_devices;
+      }
+      if (key == "maxMemoryPerDevice") return have_memory = NonNegative(&in.memory_per_device_bytes);
+      if (key == "bandwidth") return have_bandwidth = NonNegative(&in.bandwidth_bytes_per_second);
+      if (key == "mbsInBatch") {
+        int64_t v = 0;
+        have_mbs = Int(&v) && v >= 1 && v <= (1 << 24);
+        in.microbatches_per_batch = static_cast<int>(v);
+        return have_mbs;
+      }
+      if (key == "nodes") return have_nodes = Array([&] { return Node(&raw); });
+      if (key == "edges") {
+        return have_edges = Array([&] {
+          int64_t from = 0, to = 0;
+          double bytes = 0;
+          bool f = false, t = false, c = false;
+          return Object([&](absl::string_view k) {
+                   if (k == "sourceId") return f = Int(&from);
+                   if (k == "destId") return t = Int(&to);
+                   if (k == "communicationCost") return c = NonNegative(&bytes);
+                   return Skip();
+                 }) &&
+                 f && t && c && (edges.emplace_back(from, to, bytes), true);
+        });
+      }
+      return Skip();
+    });
+    SkipSpace();
+    if (!ok || p_ != end_ || !have_devices || !have_memory || !have_bandwidth || !have_mbs ||
+        !have_nodes || !have_edges || raw.instance.nodes.empty()) {
+      return std::nullopt;
+    }
+    std::set<std::pair<int, int>> seen;
+    for (const auto& [from, to, bytes] : edges) {
+      auto f = raw.index_of_id.find(from);
+      auto t = raw.index_of_id.find(to);
+      if (f == raw.index_of_id.end() || t == raw.index_of_id.end() || f->second == t->second ||
+          !seen.insert({f->second, t->second}).second) {
+        return std::nullopt;
+      }
+      PiperEdge edge;
+      edge.source = f->second;
+      edge.destination = t->second;
+      edge.bytes = bytes;
+      raw.instance.edges.push_back(edge);
+      raw.edge_pairs.push_back({f->second, t->second});
+    }
+    return raw;
+  }
+
+ private:
+  bool Node(RawPiper* raw) {
+    PiperNode node;
+    int64_t id = 0;
+    bool have_id = false, have_configs = false;
+    const bool ok = Object([&](absl::string_view key) {
+      if (key == "id") return have_id = Int(&id);
+      if (key == "name") return String(&node.name);
+      if (key == "TMPCs") {
+        have_configs = true;
+        return Object([&](absl::string_view degree_key) {
+          int64_t degree;
+          if (!Digits(degree_key, &degree) || degree < 1 || degree > (1 << 20)) return false;
+          std::vector<PiperConfig>& configs = node.configs[static_cast<int>(degree)];
+          std::set<std::string> ids;
+          return Array([&] {
+            PiperConfig c;
+            if (!Config(&c) || !ids.insert(c.id).second) return false;
+            configs.push_back(std::move(c));
+            return true;
+          });
+        });
+      }
+      return Skip();
+    });
+    if (!ok || !have_id || !have_configs || raw->index_of_id.count(id) ||
+        !node.configs.count(1) || node.configs[1].empty()) {
+      return false;
+    }
+    raw->index_of_id[id] = static_cast<int>(raw->instance.nodes.size());
+    raw->names.push_back(NodeLabel(node.name, id));
+    raw->instance.nodes.push_back(std::move(node));
+    return true;
+  }
+
+  bool Config(PiperConfig* c) {
+    int have = 0;
+    auto sync = [&](std::map<int, double>* out) {
+      return Object([&](absl::string_view key) {
+        int64_t node;
+        double bytes;
+        if (!Digits(key, &node) || node > std::numeric_limits<int>::max() ||
+            !NonNegative(&bytes)) {
+          return false;
+        }
+        (*out)[static_cast<int>(node)] = bytes;
+        return true;
+      });
+    };
+    const bool ok = Object([&](absl::string_view key) {
+      if (key == "id") return ++have, String(&c->id) && !c->id.empty();
+      if (key == "timePerSample") return ++have, NonNegative(&c->time_per_sample);
+      if (key == "parameterSize") return ++have, NonNegative(&c->parameter_bytes);
+      if (key == "memoryUsageA") return ++have, NonNegative(&c->memory_per_microbatch_bytes);
+      if (key == "memoryUsageB") return ++have, NonNegative(&c->memory_fixed_bytes);
+      if (key == "syncTimeFw") return ++have, sync(&c->sync_forward_bytes);
+      if (key == "syncTimeBw") return ++have, sync(&c->sync_backward_bytes);
+      return Skip();
+    });
+    return ok && have == 7;
+  }
+
+  void SkipSpace() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  bool Eat(char c) {
+    SkipSpace();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  // Calls member(key) with the reader at each value; repeated keys are refused.
+  template <typename Member>
+  bool Object(Member member) {
+    if (!Eat('{')) return false;
+    if (Eat('}')) return true;
+    absl::InlinedVector<absl::string_view, 8> keys;
+    do {
+      absl::string_view key;
+      if (!View(&key) || std::find(keys.begin(), keys.end(), key) != keys.end() || !Eat(':') ||
+          !member(key)) {
+        return false;
+      }
+      keys.push_back(key);
+    } while (Eat(','));
+    return Eat('}');
+  }
+  template <typename Element>
+  bool Array(Element element) {
+    if (!Eat('[')) return false;
+    if (Eat(']')) return true;
+    do {
+      if (!element()) return false;
+    } while (Eat(','));
+    return Eat(']');
+  }
+  // A string without escapes, as a view of the text.
+  bool View(absl::string_view* out) {
+    if (!Eat('"')) return false;
+    const char* start = p_;
+    while (p_ != end_ && *p_ != '"') {
+      const unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '\\' || c < 0x20 || c >= 0x80) return false;
+      ++p_;
+    }
+    if (p_ == end_) return false;
+    *out = absl::string_view(start, p_ - start);
+    ++p_;
+    return true;
+  }
+  bool String(std::string* out) {
+    absl::string_view view;
+    if (!View(&view)) return false;
+    out->assign(view.data(), view.size());
+    return true;
+  }
+  // A JSON number token; `integer` tells whether it has no fraction or exponent.
+  bool Number(absl::string_view* token, bool* integer) {
+    SkipSpace();
+    const char* start = p_;
+    if (p_ != end_ && *p_ == '-') ++p_;
+    if (p_ == end_ || !absl::ascii_isdigit(*p_)) return false;
+    if (*p_ == '0') {
+      ++p_;
+    } else {
+      while (p_ != end_ && absl::ascii_isdigit(*p_)) ++p_;
+    }
+    *integer = true;
+    if (p_ != end_ && *p_ == '.') {
+      *integer = false;
+      ++p_;
+      if (p_ == end_ || !absl::ascii_isdigit(*p_)) return false;
+      while (p_ != end_ && absl::ascii_isdigit(*p_)) ++p_;
+    }
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      *integer = false;
+      ++p_;
+      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (p_ == end_ || !absl::ascii_isdigit(*p_)) return false;
+      while (p_ != end_ && absl::ascii_isdigit(*p_)) ++p_;
+    }
+    *token = absl::string_view(start, p_ - start);
+    return true;
+  }
+  bool Int(int64_t* out) {
+    absl::string_view token;
+    bool integer;
+    if (!Number(&token, &integer) || !integer || token.size() > 15) return false;
+    return std::from_chars(token.data(), token.data() + token.size(), *out).ec == std::errc();
+  }
+  // A finite number >= 0, rounded as nlohmann (strtod) rounds it.
+  bool NonNegative(double* out) {
+    absl::string_view token;
+    bool integer;
+    if (!Number(&token, &integer)) return false;
+    const auto result = std::from_chars(token.data(), token.data() + token.size(), *out);
+    return result.ec == std::errc() && std::isfinite(*out) && *out >= 0;
+  }
+  // A key made of decimal digits only (no sign), at most 15 of them.
+  static bool Digits(absl::string_view key, int64_t* out) {
+    if (key.empty() || key.size() > 15) return false;
+    for (char c : key) {
+      if (!absl::ascii_isdigit(c)) return false;
+    }
+    return std::from_chars(key.data(), key.data() + key.size(), *out).ec == std::errc();
+  }
+  // Any JSON value, unread.
+  bool Skip() {
+    SkipSpace();
+    if (p_ == end_) return false;
+    switch (*p_) {
+      case '{':
+        return Object([&](absl::string_view) { return Skip(); });
+      case '[':
+        return Array([&] { return Skip(); });
+      case '"': {
+        absl::string_view ignored;
+        return View(&ignored);
+      }
+      case 't':
+        return Literal("true");
+      case 'f':
+        return Literal("false");
+      case 'n':
+        return Literal("null");
+      default: {
+        absl::string_view token;
+        bool integer;
+        return Number(&token, &integer);
+      }
+    }
+  }
+  bool Literal(absl::string_view word) {
+    if (static_cast<size_t>(end_ - p_) < word.size() ||
+        absl::string_view(p_, word.size()) != word) {
+      return false;
+    }
+    p_ += word.size();
+    return true;
+  }
+
+  const char* p_;
+  const char* end_;
+};
+
+std::optional<RawPiper> ReadPiperText(absl::string_view text) {
+  return PiperTextReader(text).Read();
+}
+
+}  // namespace
+
 absl::StatusOr<PiperInstance> ReadPiperFile(const std::string& path) {
-  TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path));
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  // Well-formed files take the direct reader; anything it does not accept goes through the
+  // JSON document and ImportPiperJson, which names what is wrong.
+  if (std::optional<RawPiper> raw = ReadPiperText(text); raw.has_value()) {
+    return FinishPiperImport(std::move(*raw), path);
+  }
+  TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, path));
   return ImportPiperJson(j, path);
 }
 

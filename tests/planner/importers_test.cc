@@ -2,7 +2,13 @@
 // samples, conversions, cut costs, cluster descriptions.
 #include "planner/importers.h"
 
+#include <cstdio>
+#include <fstream>
+
+#include <unistd.h>
+
 #include "absl/strings/match.h"
+#include "common/json_util.h"
 #include "gtest/gtest.h"
 #include "planner/cluster.h"
 #include "planner/layer_chain.h"
@@ -88,6 +94,15 @@ TEST(PipeDreamImport, BadGraphsNameTheLine) {
   }
 }
 
+std::string WriteTemp(const std::string& text) {
+  char path[] = "/tmp/tandem_piper_XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
 TEST(PiperImport, BertPlacesTheMaskRightBeforeTheFirstTransformer) {
   auto instance = ReadPiperFile(testing::DataPath("piper/bert32a100.json"));
   ASSERT_TRUE(instance.ok()) << instance.status();
@@ -155,7 +170,66 @@ TEST(PiperImport, BadInputNamesTheField) {
     ASSERT_FALSE(result.ok()) << c.message;
     EXPECT_TRUE(absl::StrContains(result.status().message(), c.message))
         << result.status().message();
+    // The same file read from disk (direct reader or document) says the same.
+    const std::string path = WriteTemp(j.dump());
+    auto from_file = ReadPiperFile(path);
+    ASSERT_FALSE(from_file.ok()) << c.message;
+    EXPECT_EQ(from_file.status().message(), ImportPiperJson(j, path).status().message());
+    std::remove(path.c_str());
   }
+}
+
+void ExpectSameInstance(const PiperInstance& a, const PiperInstance& b) {
+  EXPECT_EQ(a.max_devices, b.max_devices);
+  EXPECT_EQ(a.memory_per_device_bytes, b.memory_per_device_bytes);
+  EXPECT_EQ(a.bandwidth_bytes_per_second, b.bandwidth_bytes_per_second);
+  EXPECT_EQ(a.microbatches_per_batch, b.microbatches_per_batch);
+  ASSERT_EQ(a.nodes.size(), b.nodes.size());
+  for (size_t v = 0; v < a.nodes.size(); ++v) {
+    EXPECT_EQ(a.nodes[v].name, b.nodes[v].name);
+    ASSERT_EQ(a.nodes[v].configs.size(), b.nodes[v].configs.size()) << v;
+    for (const auto& [degree, configs] : a.nodes[v].configs) {
+      const std::vector<PiperConfig>& other = b.nodes[v].configs.at(degree);
+      ASSERT_EQ(configs.size(), other.size());
+      for (size_t l = 0; l < configs.size(); ++l) {
+        EXPECT_EQ(configs[l].id, other[l].id);
+        EXPECT_EQ(configs[l].time_per_sample, other[l].time_per_sample);
+        EXPECT_EQ(configs[l].parameter_bytes, other[l].parameter_bytes);
+        EXPECT_EQ(configs[l].memory_per_microbatch_bytes, other[l].memory_per_microbatch_bytes);
+        EXPECT_EQ(configs[l].memory_fixed_bytes, other[l].memory_fixed_bytes);
+        EXPECT_EQ(configs[l].sync_forward_bytes, other[l].sync_forward_bytes);
+        EXPECT_EQ(configs[l].sync_backward_bytes, other[l].sync_backward_bytes);
+      }
+    }
+  }
+  ASSERT_EQ(a.edges.size(), b.edges.size());
+  for (size_t e = 0; e < a.edges.size(); ++e) {
+    EXPECT_EQ(a.edges[e].source, b.edges[e].source);
+    EXPECT_EQ(a.edges[e].destination, b.edges[e].destination);
+    EXPECT_EQ(a.edges[e].bytes, b.edges[e].bytes);
+  }
+}
+
+// ReadPiperFile reads well-formed files directly; the result is the JSON document's.
+TEST(PiperImport, FileReaderMatchesTheDocument) {
+  const std::string bert = testing::DataPath("piper/bert32a100.json");
+  auto direct = ReadPiperFile(bert);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  auto document = ReadJsonFile(bert);
+  ASSERT_TRUE(document.ok());
+  auto imported = ImportPiperJson(*document, bert);
+  ASSERT_TRUE(imported.ok());
+  ExpectSameInstance(*direct, *imported);
+  // What the direct reader leaves to the document: escapes, extra fields, integral floats.
+  nlohmann::json j = *document;
+  j["nodes"][0]["name"] = "quoted \"name\"";
+  j["comment"] = {{"list", {1, true, nullptr, "x"}}};
+  j["maxDevices"] = 16.0;
+  const std::string path = WriteTemp(j.dump(1));
+  auto odd = ReadPiperFile(path);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  ExpectSameInstance(*odd, *ImportPiperJson(j, path));
+  std::remove(path.c_str());
 }
 
 TEST(MetisImport, Gpt3SampleBecomesTenLayers) {
