@@ -105,8 +105,9 @@ TEST(ClusterCommand, BadInputExitsTwoWithOneLine) {
 
 TEST(ClusterCommand, GavelOnAHeterogeneousCluster) {
   const CommandRun run = Tandem("cluster simulate --workload " +
-                                Data("pollux/workloads/workload-2.csv") + " --policy gavel --cluster " +
-                                Data("gavel/v100-p100-k80.json") + " --format json");
+                                Data("pollux/workloads/workload-2.csv") +
+                                " --policy gavel --cluster " + Data("gavel/v100-p100-k80.json") +
+                                " --format json");
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const nlohmann::json j = nlohmann::json::parse(run.out);
   EXPECT_EQ(j["jcts"].size(), 160u);

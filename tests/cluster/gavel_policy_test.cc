@@ -78,7 +78,8 @@ TEST(GavelPolicy, RoundsDeliverTheTimeShares) {
   GavelProblem problem;
   problem.devices_per_type = {1, 1};
   for (const JobView& job : jobs) {
-    problem.throughput.push_back({job.device_throughput.at("fast"), job.device_throughput.at("slow")});
+    problem.throughput.push_back(
+        {job.device_throughput.at("fast"), job.device_throughput.at("slow")});
     problem.scale_factor.push_back(1);
   }
   auto solution = SolveMaxMinFairness(problem);
