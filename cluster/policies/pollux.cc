@@ -23,7 +23,8 @@ namespace {
 
 class PolluxPolicy : public Policy {
  public:
-  explicit PolluxPolicy(const PolluxOptions& options) : options_(options), search_(options.search) {}
+  explicit PolluxPolicy(const PolluxOptions& options)
+      : options_(options), search_(options.search) {}
 
   std::string name() const override { return "pollux"; }
   BatchSizeMode batch_size_mode() const override { return BatchSizeMode::kAdaptive; }
