@@ -44,6 +44,8 @@ class PiperSolver {
       : instance_(instance), options_(options), n_(static_cast<int>(instance.nodes.size())) {}
 
   absl::StatusOr<PiperResult> Run();
+  // Whether some plan fits the memory on the devices (any load).
+  absl::StatusOr<bool> Fits();
 
  private:
   // One candidate stage [a, b) at degree index ti and data-parallel index di.
@@ -51,7 +53,7 @@ class PiperSolver {
     double fast_total = kInfinity;  // load with every node in its fastest configuration
     int y_fast = 0;                 // largest y at which the fastest configurations fit
     int y_lean = 0;                 // largest y at which the leanest configurations fit
-    std::vector<std::pair<int, double>> known;  // evaluated (y, load), sorted by y
+    int known = -1;                 // index into known_ once a load has been evaluated
   };
 
   absl::Status Prepare();
@@ -73,9 +75,11 @@ class PiperSolver {
   int MinDevices(double limit, bool record);
   // The plan with the fewest devices whose stage loads are all <= limit.
   absl::StatusOr<PiperResult> Reconstruct(double limit);
+  // Stages [a, b) with a < b, numbered row by row.
   size_t KeyIndex(int a, int b, int ti, int di) const {
-    return ((static_cast<size_t>(a) * (n_ + 1) + b) * degrees_.size() + ti) * divisors_.size() +
-           di;
+    const size_t pair = static_cast<size_t>(a) * n_ - static_cast<size_t>(a) * (a - 1) / 2 +
+                        (b - a - 1);
+    return (pair * degrees_.size() + ti) * divisors_.size() + di;
   }
 
   const PiperInstance& instance_;
@@ -87,6 +91,9 @@ class PiperSolver {
   std::vector<std::vector<NodeDegree>> data_;  // data_[v][ti]
   std::vector<std::vector<int>> missing_prefix_;  // [ti][v]: nodes < v lacking degree ti
   std::vector<Key> keys_;
+  // Evaluated (y, load) per key that needed the knapsack, sorted by y.
+  std::vector<std::vector<std::pair<int, double>>> known_;
+  bool fits_only_ = false;  // Prepare only what the memory check needs
   CoverSolver cover_{KnapsackMode::kExact};
   double next_limit_ = kInfinity;
 
@@ -160,7 +167,9 @@ absl::Status PiperSolver::Prepare() {
     }
   }
   cover_ = CoverSolver(options_.knapsack);
-  keys_.assign((n_ + 1) * (n_ + 1) * degrees_.size() * divisors_.size(), Key{});
+  keys_.assign(static_cast<size_t>(n_) * (n_ + 1) / 2 * degrees_.size() * divisors_.size(),
+               Key{});
+  known_.clear();
   edge_bytes_.assign(2 * n_, 0.0);
   for (size_t ti = 0; ti < degrees_.size(); ++ti) {
     for (int a = 0; a < n_; ++a) {
@@ -168,9 +177,11 @@ absl::Status PiperSolver::Prepare() {
       // edges are summed again only when b passes one of its consumers.
       for (int b = a + 1; b <= n_; ++b) {
         if (!data_[b - 1][ti].present) break;  // no longer stage from a has degree ti
-        SetEdgeBytes(b - 1, a, b, static_cast<int>(ti));
-        for (const auto& [u, bytes] : data_[b - 1][ti].configs[0].in) {
-          if (u >= a) SetEdgeBytes(u, a, b, static_cast<int>(ti));
+        if (!fits_only_) {
+          SetEdgeBytes(b - 1, a, b, static_cast<int>(ti));
+          for (const auto& [u, bytes] : data_[b - 1][ti].configs[0].in) {
+            if (u >= a) SetEdgeBytes(u, a, b, static_cast<int>(ti));
+          }
         }
         PrepareStage(a, b, static_cast<int>(ti));
       }
@@ -247,9 +258,10 @@ void PiperSolver::PrepareStage(int a, int b, int ti) {
   for (size_t di = 0; di < divisors_.size(); ++di) {
     const int d = divisors_[di];
     if (int64_t{degrees_[ti]} * d > instance_.max_devices) break;
-    StageCosts(a, b, ti, d, /*edges_current=*/true);
     Key& key = keys_[KeyIndex(a, b, ti, static_cast<int>(di))];
     key.y_lean = y_lean;
+    if (fits_only_) continue;  // with no load limit only y_lean counts
+    StageCosts(a, b, ti, d, /*edges_current=*/true);
     double total = 0, sum_a = 0, sum_b = 0;
     for (int v = a; v < b; ++v) {
       const int l = fast_scratch_[v - a];
@@ -324,7 +336,12 @@ int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit, double*
   // what is known first.
   int lo = key.y_fast, hi = hi_bound + 1;  // load(lo) <= limit < load(hi) (hi unknown = inf)
   double hi_load = kInfinity;
-  for (const auto& [y, load] : key.known) {
+  if (key.known < 0) {
+    key.known = static_cast<int>(known_.size());
+    known_.emplace_back();
+  }
+  std::vector<std::pair<int, double>>& known = known_[key.known];
+  for (const auto& [y, load] : known) {
     if (load <= limit) {
       lo = std::max(lo, y);
     } else if (y < hi) {
@@ -335,8 +352,8 @@ int PiperSolver::MaxInFlight(int a, int b, int ti, int di, double limit, double*
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     const double load = Load(a, b, ti, di, mid, nullptr);
-    auto pos = std::lower_bound(key.known.begin(), key.known.end(), std::make_pair(mid, -1.0));
-    key.known.insert(pos, {mid, load});
+    auto pos = std::lower_bound(known.begin(), known.end(), std::make_pair(mid, -1.0));
+    known.insert(pos, {mid, load});
     if (load <= limit) {
       lo = mid;
     } else {
@@ -512,6 +529,13 @@ absl::StatusOr<PiperResult> PiperSolver::Reconstruct(double limit) {
   return result;
 }
 
+absl::StatusOr<bool> PiperSolver::Fits() {
+  TANDEM_RETURN_IF_ERROR(ValidatePiperInstance(instance_, "piper"));
+  fits_only_ = true;
+  TANDEM_RETURN_IF_ERROR(Prepare());
+  return MinDevices(kInfinity, false) <= instance_.max_devices;
+}
+
 double PiperSolver::LowerBound() const {
   // A stage on t * d devices has load at least (sum of its layers' times) / d, so its
   // device-time t * d * load is at least the sum of t * time over its layers; all stages share
@@ -600,6 +624,11 @@ absl::StatusOr<PiperResult> PiperSolver::Run() {
 absl::StatusOr<PiperResult> RunPiper(const PiperInstance& instance, const PiperOptions& options) {
   PiperSolver solver(instance, options);
   return solver.Run();
+}
+
+absl::StatusOr<bool> PiperFits(const PiperInstance& instance, const PiperOptions& options) {
+  PiperSolver solver(instance, options);
+  return solver.Fits();
 }
 
 absl::StatusOr<PiperStageCost> EvaluatePiperStage(const PiperInstance& instance, int first,

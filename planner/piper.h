@@ -105,6 +105,10 @@ struct PiperResult {
 absl::StatusOr<PiperResult> RunPiper(const PiperInstance& instance,
                                      const PiperOptions& options = {});
 
+// Whether any plan fits the memory per device on the instance's devices (the load aside): the
+// check behind RunPiper's ResourceExhausted, without the search.
+absl::StatusOr<bool> PiperFits(const PiperInstance& instance, const PiperOptions& options = {});
+
 // The load and memory of stage [first, end) with degrees (t, d), `in_flight` = y and the
 // given configuration index per node of the stage (into instance.nodes[v].configs[t]).
 // For tests and baselines; InvalidArgument when a node has no configuration for t.

@@ -205,7 +205,9 @@ absl::StatusOr<PlanOutcome> PlanPipeDream(const PlanRequest& request) {
 
 // ---- Piper ---------------------------------------------------------------------------------
 
-absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
+// The Piper problem of a request: the imported instance with the cluster's settings, or one
+// built from the profile.
+PiperInstance PiperInstanceFor(const PlanRequest& request) {
   const ClusterSpec& cluster = request.cluster;
   PiperInstance instance;
   if (request.piper_instance.has_value()) {
@@ -232,6 +234,11 @@ absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
                                           : kDefaultMicrobatchesPerStage * cluster.NumDevices();
     instance = PiperFromProfile(AtSlowestSpeed(request.profile, cluster), settings);
   }
+  return instance;
+}
+
+absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
+  const PiperInstance instance = PiperInstanceFor(request);
   PiperOptions options;
   options.knapsack = request.knapsack;
   TANDEM_ASSIGN_OR_RETURN(PiperResult result, RunPiper(instance, options));
@@ -513,6 +520,20 @@ absl::StatusOr<PlanOutcome> Dispatch(const PlanRequest& request) {
 
 // The smallest memory per device with which `request` finds a plan (bisection to 1%), or
 // nullopt when none does.
+// Whether a plan fits request.cluster's memory: true, false (ResourceExhausted) or an error.
+// Piper answers without its search.
+absl::StatusOr<bool> Fits(const PlanRequest& request) {
+  if (request.algorithm == Algorithm::kPiper) {
+    PiperOptions options;
+    options.knapsack = request.knapsack;
+    return PiperFits(PiperInstanceFor(request), options);
+  }
+  auto outcome = Dispatch(request);
+  if (outcome.ok()) return true;
+  if (outcome.status().code() == absl::StatusCode::kResourceExhausted) return false;
+  return outcome.status();
+}
+
 std::optional<double> SmallestFittingMemory(PlanRequest request) {
   double low = request.cluster.device_memory_bytes;
   if (!(low > 0)) return std::nullopt;
@@ -521,21 +542,17 @@ std::optional<double> SmallestFittingMemory(PlanRequest request) {
   for (int i = 0; i < kMemorySearchDoublings && !found; ++i) {
     high *= 2;
     request.cluster.device_memory_bytes = high;
-    auto outcome = Dispatch(request);
-    if (outcome.ok()) found = true;
-    if (!outcome.ok() && outcome.status().code() != absl::StatusCode::kResourceExhausted) {
-      return std::nullopt;
-    }
+    auto fits = Fits(request);
+    if (!fits.ok()) return std::nullopt;
+    found = *fits;
   }
   if (!found) return std::nullopt;
   while (high - low > kMemorySearchPrecision * high) {
     const double mid = (low + high) / 2;
     request.cluster.device_memory_bytes = mid;
-    if (Dispatch(request).ok()) {
-      high = mid;
-    } else {
-      low = mid;
-    }
+    auto fits = Fits(request);
+    if (!fits.ok()) return std::nullopt;
+    (*fits ? high : low) = mid;
   }
   return high;
 }
