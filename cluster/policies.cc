@@ -23,6 +23,8 @@ const std::vector<Entry>& Table() {
       {"fifo", [] { return MakeFifoPolicy(); }},
       {"tiresias", [] { return MakeTiresiasPolicy(); }},
       {"optimus", [] { return MakeOptimusPolicy(); }},
+      {"tandem", [] { return MakeTandemPolicy(); }},
+      {"tandem-elastic", [] { return MakeTandemPolicy(TandemElasticOptions()); }},
       {"pollux", [] { return MakePolluxPolicy(); }},
       {"gavel", [] { return MakeGavelPolicy(); }, GavelPolicyAvailable()},
   };

@@ -10,6 +10,12 @@
 //   pollux    Pollux (OSDI'21) as its artifact simulates it: a genetic search over replicas per
 //             (job, node) for the best power mean of goodput speedups (normalised to the fair
 //             share), restarts penalised; batch sizes adapted to the allocation
+//   tandem    tandem's own: goodput-driven (adaptive batch sizes; planner-fed throughput for
+//             planned jobs), GPU counts chosen exactly (dynamic programming) for a power mean of
+//             speedups, node-aware placement, reallocations weighed by what they cost; jobs pay
+//             the simulator's uniform restart
+//   tandem-elastic  the same on tandem's elastic layer: a shrink is live (2 s), a grow or a
+//             start is a checkpoint-and-resume (30 s); declared to the simulator
 //   gavel     Gavel (OSDI'20): heterogeneity-aware max-min fairness over device types (an LP,
 //             GLPK), jobs time-sliced in rounds by Gavel's priorities, gangs on one type
 // Other policies register in cluster/policies.cc.
@@ -47,6 +53,32 @@ struct PolluxOptions {
   bool normalise_to_fair_share = true;
 };
 std::unique_ptr<Policy> MakePolluxPolicy(const PolluxOptions& options = {});
+
+struct TandemOptions {
+  // The costs the policy weighs a change against. With declare_costs the policy also declares
+  // them to the simulator (Policy::reallocation_costs) and is named tandem-elastic; otherwise
+  // its jobs pay the simulator's uniform restart.
+  ReallocationCosts costs = ReallocationCosts::Uniform(30);
+  bool declare_costs = false;
+  // Power mean exponent over jobs' speedups (-1: harmonic, as Pollux; 0: geometric).
+  double fairness_power = -1;
+  // A job's weight: (1 + attained GPU-seconds / scale)^-exponent (0: all jobs equal). A
+  // positive exponent lowers the average JCT and raises the p99 (docs/cluster.md).
+  double service_scale_gpu_seconds = 3600;
+  double service_exponent = 0;
+  // A change's cost is discounted over the job's age, at least this long.
+  double min_horizon_seconds = 600;
+  // Weigh each job by its speedup at the fair share (cluster GPUs / jobs, packed), as Pollux
+  // normalises speedups: jobs that scale well count for more.
+  bool normalise_to_fair_share = true;
+  // Discount a change by Pollux's penalty instead: max(age - restarts x grow cost, 0) /
+  // (age + cost), which holds back jobs that have restarted often.
+  bool restart_history = true;
+};
+// tandem on its elastic layer: shrink 2 s (measured live shrink, docs/elastic.md), grow and
+// start 30 s (checkpoint-and-resume), declared.
+TandemOptions TandemElasticOptions();
+std::unique_ptr<Policy> MakeTandemPolicy(const TandemOptions& options = {});
 
 struct GavelPolicyOptions {
   // Jobs are reassigned every round (Gavel's default round: 360 s); between rounds running jobs

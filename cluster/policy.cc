@@ -1,6 +1,7 @@
 #include "cluster/policy.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,22 @@ int ClusterView::max_gpus_per_node() const {
   int most = 0;
   for (const NodeView& node : nodes) most = std::max(most, node.gpus);
   return most;
+}
+
+bool ReallocationCosts::IsShrink(const Allocation& before, const Allocation& after) {
+  if (after.empty() || after.size() >= before.size()) return false;
+  std::map<int, int> held;
+  for (int node : before) ++held[node];
+  for (int node : after) {
+    if (--held[node] < 0) return false;
+  }
+  return true;
+}
+
+double ReallocationCosts::Seconds(const Allocation& before, const Allocation& after) const {
+  if (after.empty() || before == after) return 0;
+  if (before.empty()) return start_seconds;
+  return IsShrink(before, after) ? shrink_seconds : grow_seconds;
 }
 
 std::vector<int> FreeGpus(const ClusterView& cluster, const Allocations& allocations) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,22 @@ using Allocations = std::map<std::string, Allocation>;  // job name -> allocatio
 // batch size and chooses replicas; Pollux adapts the batch size to the allocation.
 enum class BatchSizeMode { kFixedReplicasAndBatch, kFixedBatch, kAdaptive };
 
+// What a reallocation costs a job, in seconds during which it holds its new GPUs without
+// progressing, by what the change is. Pollux's simulator charges one restart for every change
+// (checkpoint and restart, 30 s); a runtime that can shrink a job live (tandem's elastic layer)
+// pays less for a shrink.
+struct ReallocationCosts {
+  double start_seconds = 30;   // from no GPUs: the first start, or a resume after preemption
+  double grow_seconds = 30;    // any other change that is not a shrink (more GPUs, or moved)
+  double shrink_seconds = 30;  // fewer GPUs, each on a node where the job already had as many
+
+  static ReallocationCosts Uniform(double seconds) { return {seconds, seconds, seconds}; }
+  // True when `after` (non-empty, different) keeps, per node, at most the GPUs `before` had.
+  static bool IsShrink(const Allocation& before, const Allocation& after);
+  // The cost of going from `before` to `after` (0 when they are equal or `after` is empty).
+  double Seconds(const Allocation& before, const Allocation& after) const;
+};
+
 struct JobView {
   std::string name;
   std::string application;  // empty for a fixed-duration trace job
@@ -69,6 +86,11 @@ struct JobView {
   double remaining_iterations = 0;
   // Throughput on each device type relative to the reference type (absent: 1.0).
   std::map<std::string, double> device_throughput;
+  // Samples/s on (nodes, replicas) as tandem's planner predicts it
+  // (cluster/planned_throughput.h), for jobs planned from a model profile; empty for the
+  // others. `speedup` of such a job stays what a policy knows without the plan (linear up to
+  // the requested GPUs).
+  std::function<double(int nodes, int replicas)> planned_throughput;
 };
 
 class Policy {
@@ -76,6 +98,9 @@ class Policy {
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   virtual BatchSizeMode batch_size_mode() const = 0;
+  // The costs of a reallocation under the mechanism this policy's jobs run on; none: the
+  // simulator's uniform restart (SimulationOptions::restart_seconds).
+  virtual std::optional<ReallocationCosts> reallocation_costs() const { return std::nullopt; }
   // New allocations for `jobs` at time `now_seconds`. `current` holds the allocations of the
   // jobs in `jobs` that have some. Errors are the policy's own failures (Internal) or bad
   // input (InvalidArgument, e.g. a job wider than the cluster).

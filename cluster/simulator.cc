@@ -64,7 +64,7 @@ class SimJob {
  public:
   SimJob(const WorkloadJob& spec, std::shared_ptr<const Application> app, BatchSizeMode mode,
          const SimulationOptions& options)
-      : spec_(spec), app_(std::move(app)), restart_seconds_(options.restart_seconds) {
+      : spec_(spec), app_(std::move(app)) {
     if (app_ == nullptr) return;
     switch (mode) {
       case BatchSizeMode::kFixedReplicasAndBatch:
@@ -148,12 +148,13 @@ class SimJob {
     current_time_ += seconds;
   }
 
-  void Reallocate(const Allocation& allocation) {
+  // `delay_seconds`: the reallocation's cost (ReallocationCosts), spent holding the new GPUs.
+  void Reallocate(const Allocation& allocation, double delay_seconds) {
     if (!allocation.empty()) {
       allocation_ = allocation;
       placement_ = PlacementOf(allocation);
       UpdateLocalBatch();
-      rescale_time_ = restart_seconds_;
+      rescale_time_ = delay_seconds;
       ++restarts_;
     } else {
       allocation_.clear();
@@ -197,7 +198,9 @@ class SimJob {
   // Optimus's oracle: seconds per iteration with `replicas` packed GPUs at the target batch.
   double IterationSeconds(int replicas, int gpus_per_node) const {
     if (app_ == nullptr) {
-      return static_cast<double>(spec_.num_replicas) / std::min(replicas, spec_.num_replicas);
+      const int nodes = (replicas + gpus_per_node - 1) / gpus_per_node;
+      const double rate = FixedDurationRate(nodes, replicas);
+      return rate > 0 ? 1.0 / rate : std::numeric_limits<double>::infinity();
     }
     const FixedSplit split =
         SplitBatch(*app_, *target_batch_, replicas, /*single_replica_accumulates=*/true);
@@ -215,9 +218,28 @@ class SimJob {
   }
 
  private:
+  // Relative rate of a fixed-duration job on `gpus` GPUs over `nodes` nodes: linear up to the
+  // requested GPUs, or the plan's throughput relative to the requested GPUs packed.
+  double FixedDurationRate(int nodes, int gpus) const {
+    if (spec_.planned == nullptr) {
+      return static_cast<double>(std::min(gpus, spec_.num_replicas)) / spec_.num_replicas;
+    }
+    const PlannedThroughput& plan = *spec_.planned;
+    const int per_node = std::max(1, plan.gpus_per_node);
+    const double reference =
+        plan.SamplesPerSecond((spec_.num_replicas + per_node - 1) / per_node, spec_.num_replicas);
+    return plan.SamplesPerSecond(nodes, gpus) / reference;
+  }
+
   void StepFixedDuration(double* seconds, double interference, int gpus) {
-    const double rate = static_cast<double>(std::min(gpus, spec_.num_replicas)) /
-                        spec_.num_replicas * (1.0 - interference) * device_scale_;
+    const double rate = FixedDurationRate(static_cast<int>(placement_.size()), gpus) *
+                        (1.0 - interference) * device_scale_;
+    if (!(rate > 0)) {  // no plan fits this placement: the job holds its GPUs without progress
+      current_time_ += *seconds;
+      attained_ += *seconds * gpus;
+      *seconds = 0;
+      return;
+    }
     const double remaining = spec_.duration_seconds - work_done_;
     if (rate * *seconds < remaining) {
       work_done_ += rate * *seconds;
@@ -284,7 +306,6 @@ class SimJob {
 
   const WorkloadJob& spec_;
   std::shared_ptr<const Application> app_;
-  double restart_seconds_;
   std::optional<int> target_replicas_;
   std::optional<int> target_batch_;
   double current_time_ = 0;
@@ -343,7 +364,9 @@ JobView MakeView(SimJob& job, BatchSizeMode mode, double now, const ClusterView&
       if (app != nullptr && app->name() == "ncf") view.max_replicas = 1;
       break;
     case BatchSizeMode::kAdaptive:
-      if (app == nullptr) {
+      if (spec.planned != nullptr) {
+        view.max_replicas = std::min(options.adaptive_max_replicas, cluster.total_gpus());
+      } else if (app == nullptr) {
         view.max_replicas = spec.num_replicas;
       } else {
         view.max_replicas = std::min({std::max(2 * job.max_profiled_replicas(), 1),
@@ -352,6 +375,13 @@ JobView MakeView(SimJob& job, BatchSizeMode mode, double now, const ClusterView&
         if (app->name() == "ncf") view.max_replicas = 1;
       }
       break;
+  }
+  if (spec.planned != nullptr) {
+    std::shared_ptr<const PlannedThroughput> plan = spec.planned;
+    view.planned_throughput = [plan](int nodes, int replicas) {
+      return plan->SamplesPerSecond(nodes, replicas);
+    };
+    view.min_replicas = std::min(plan->MinReplicas(), spec.num_replicas);
   }
   if (mode == BatchSizeMode::kFixedBatch || app == nullptr) {
     const int per_node = std::max(1, cluster.max_gpus_per_node());
@@ -378,6 +408,12 @@ absl::StatusOr<SimulationResult> Simulate(const Workload& workload,
         "max_rounds >= 1");
   }
   const BatchSizeMode mode = policy.batch_size_mode();
+  const ReallocationCosts costs =
+      policy.reallocation_costs().value_or(ReallocationCosts::Uniform(options.restart_seconds));
+  if (costs.start_seconds < 0 || costs.grow_seconds < 0 || costs.shrink_seconds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy ", policy.name(), ": reallocation costs must be >= 0"));
+  }
   std::vector<std::unique_ptr<SimJob>> jobs;
   for (const WorkloadJob& spec : workload.jobs) {
     std::shared_ptr<const Application> app;
@@ -472,7 +508,9 @@ absl::StatusOr<SimulationResult> Simulate(const Workload& workload,
         auto after = next->find(name);
         const bool had = before != current.end(), has = after != next->end();
         if (had != has || (had && before->second != after->second)) {
-          job->Reallocate(has ? after->second : Allocation{});
+          const Allocation& old_allocation = had ? before->second : Allocation{};
+          const Allocation& new_allocation = has ? after->second : Allocation{};
+          job->Reallocate(new_allocation, costs.Seconds(old_allocation, new_allocation));
           if (has) job->SetDeviceScale(DeviceScale(job->spec(), cluster, after->second));
         }
       }
@@ -535,7 +573,7 @@ absl::StatusOr<double> IsolatedRunSeconds(const WorkloadJob& job,
   for (size_t node = 0; node < placement.size(); ++node) {
     allocation.insert(allocation.end(), placement[node], static_cast<int>(node));
   }
-  sim.Reallocate(allocation);
+  sim.Reallocate(allocation, /*delay_seconds=*/0);
   constexpr double kChunk = 1e6;
   for (int i = 0; i < 1000 && !sim.completed(); ++i) sim.Step(kChunk, 0.0);
   if (!sim.completed()) {

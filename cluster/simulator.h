@@ -1,7 +1,8 @@
 // A discrete-time cluster simulator in the manner of Pollux's (OSDI'21 artifact, simulator/):
 // every `interval_seconds` each job advances by its true (measured) goodput on its current
 // placement, then the policy reallocates GPUs; a job whose allocation changes pauses for
-// `restart_seconds` (checkpoint-restart). Runs until every job has finished.
+// `restart_seconds` (checkpoint-restart), or what the policy's mechanism declares a start, a
+// grow and a shrink cost (Policy::reallocation_costs). Runs until every job has finished.
 //
 // Jobs of a Pollux application progress through epochs of statistical progress: per interval,
 // goodput = efficiency gain / step time from the application's traces, so a larger batch
@@ -38,7 +39,9 @@ struct SimulationProgress {
 
 struct SimulationOptions {
   double interval_seconds = 60;  // scheduling round
-  double restart_seconds = 30;   // pause after every reallocation
+  // Pause after every reallocation, unless the policy declares its own costs
+  // (Policy::reallocation_costs).
+  double restart_seconds = 30;
   double interference = 0.0;     // slowdown of jobs sharing a node with another multi-node job
   // Give up (DeadlineExceeded) after this many rounds past the last job's submission.
   int max_rounds = 100000;

@@ -221,6 +221,14 @@ absl::Status ValidateWorkload(const Workload& workload, const ApplicationCatalog
       if (!(job.duration_seconds > 0)) {
         return absl::InvalidArgumentError(absl::StrCat(where, "needs a positive duration"));
       }
+      if (job.planned != nullptr) {
+        const int per_node = std::max(1, job.planned->gpus_per_node);
+        const int nodes = (job.num_replicas + per_node - 1) / per_node;
+        if (!(job.planned->SamplesPerSecond(nodes, job.num_replicas) > 0)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, "the plan has no throughput on its ", job.num_replicas, " GPUs"));
+        }
+      }
       continue;
     }
     auto found = applications.find(job.application);

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cluster/application.h"
+#include "cluster/planned_throughput.h"
 #include "cluster/policy.h"
 
 namespace tandem::cluster {
@@ -30,6 +32,9 @@ struct WorkloadJob {
   double duration_seconds = 0;  // fixed-duration jobs: run time on num_replicas GPUs
   // Throughput on each device type relative to the reference (absent: 1.0).
   std::map<std::string, double> device_throughput;
+  // A job planned by tandem's planner (no application): a fixed-duration job whose rate on a
+  // placement is the plan's throughput there relative to its requested GPUs packed.
+  std::shared_ptr<const PlannedThroughput> planned;
 };
 
 struct Workload {

@@ -1,0 +1,335 @@
+// tandem's own policy: goodput-driven, with an exact allocation of GPU counts, node-aware
+// placement, and reallocations weighed by what they cost on the job's mechanism (see
+// docs/cluster.md, "tandem's policy").
+//
+// Every round, each active job j and GPU count n gets a value
+//   U_j(n) = w_j * f(S_j(nodes, n) * keep_j)
+// where S_j is the job's speedup on the nodes the placement would use: goodput relative to one
+// GPU with the batch size chosen for the allocation (adaptive mode), or for a job planned by
+// tandem's planner its planned throughput (JobView::planned_throughput) in GPU-equivalents.
+// f(x) = -(x + 1e-3)^p for p < 0 (p = -1: Pollux's harmonic mean), log for p = 0, x^p for
+// p > 0. w_j = S_j at the fair share (as Pollux normalises) x (1 + attained GPU-seconds /
+// scale)^-e (e = 0 by default: e > 0 favours jobs with little service). keep_j discounts a
+// change of a running job by its cost: Pollux's max(age - restarts x grow cost, 0) /
+// (age + cost), or H / (H + cost) over a horizon H (the age, at least min_horizon_seconds).
+// Three ways to hold n GPUs are valued: keep the current placement (n unchanged, no cost),
+// shrink onto GPUs the job already holds (fewest nodes; the shrink cost), or a fresh packed
+// placement on ceil(n / GPUs per node) nodes (the grow cost; none from no GPUs, where every n
+// pays the same start).
+//
+// The counts maximise sum_j U_j(n_j) subject to sum_j n_j <= the cluster's GPUs, exactly, by
+// dynamic programming over jobs and GPUs (a multiple-choice knapsack; O(jobs x GPUs^2)), so
+// non-concave speedups (a drop when a job crosses a node) and the step of a reallocation cost
+// need no heuristics. Placement: kept jobs first, then shrinks onto their own nodes, then fresh
+// placements largest first, each on whole free nodes and the best-fitting partial node; then a
+// repair: a kept or shrunk job is moved too when that lets a fresh one pack and raises the
+// total value as the jobs would actually run.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/policies.h"
+#include "common/status.h"
+
+namespace tandem::cluster {
+namespace {
+
+enum class Variant { kNone, kKeep, kShrink, kFresh };
+
+struct Choice {
+  double value = 0;
+  Variant variant = Variant::kNone;
+};
+
+// Nodes (most GPUs first) that hold `gpus` of the job's current GPUs, as {node, count}.
+std::vector<std::pair<int, int>> ShrinkNodes(const Allocation& current, int gpus) {
+  std::map<int, int> held;
+  for (int node : current) ++held[node];
+  std::vector<std::pair<int, int>> nodes(held.begin(), held.end());
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<std::pair<int, int>> taken;
+  for (const auto& [node, count] : nodes) {
+    if (gpus <= 0) break;
+    const int take = std::min(count, gpus);
+    taken.emplace_back(node, take);
+    gpus -= take;
+  }
+  return taken;
+}
+
+int DistinctNodes(const Allocation& allocation) {
+  std::vector<int> nodes = allocation;
+  std::sort(nodes.begin(), nodes.end());
+  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+}
+
+// One job as a round values it.
+struct JobContext {
+  const JobView* job = nullptr;
+  Allocation now;  // current allocation (empty: none)
+  double weight = 1;
+  double horizon_seconds = 0;
+  // Planned jobs: samples/s per GPU at the fewest GPUs the plan runs on, so that the planned
+  // throughput divided by it is a speedup like the others' (GPU-equivalents).
+  double planned_reference = 0;
+};
+
+class TandemPolicy : public Policy {
+ public:
+  TandemPolicy(std::string name, TandemOptions options)
+      : name_(std::move(name)), options_(options) {}
+
+  std::string name() const override { return name_; }
+  BatchSizeMode batch_size_mode() const override { return BatchSizeMode::kAdaptive; }
+  std::optional<ReallocationCosts> reallocation_costs() const override {
+    if (options_.declare_costs) return options_.costs;
+    return std::nullopt;
+  }
+
+  absl::StatusOr<Allocations> Optimize(const std::vector<JobView>& jobs,
+                                       const ClusterView& cluster, const Allocations& current,
+                                       double /*now_seconds*/) override {
+    const int capacity = cluster.total_gpus();
+    const int per_node = std::max(1, cluster.max_gpus_per_node());
+    const size_t n_jobs = jobs.size();
+    std::vector<JobContext> contexts(n_jobs);
+    // choices[j][n]: the best way for job j to hold n GPUs.
+    std::vector<std::vector<Choice>> choices(n_jobs);
+    for (size_t j = 0; j < n_jobs; ++j) {
+      const JobView& job = jobs[j];
+      JobContext& context = contexts[j];
+      context.job = &job;
+      auto found = current.find(job.name);
+      if (found != current.end()) context.now = found->second;
+      context.weight =
+          std::pow(1.0 + job.attained_service_gpu_seconds / options_.service_scale_gpu_seconds,
+                   -options_.service_exponent);
+      context.horizon_seconds = std::max(job.age_seconds, options_.min_horizon_seconds);
+      if (job.planned_throughput) {
+        const int fewest = std::max(1, job.min_replicas);
+        context.planned_reference =
+            job.planned_throughput((fewest + per_node - 1) / per_node, fewest) / fewest;
+      }
+      if (options_.normalise_to_fair_share) {
+        const int fair = std::max(1, capacity / static_cast<int>(n_jobs));
+        const double at_fair = Speedup(context, (fair + per_node - 1) / per_node, fair);
+        if (at_fair > 0) context.weight *= at_fair;
+      }
+      const int held = static_cast<int>(context.now.size());
+      const int most = std::clamp(std::max(job.max_replicas, held), 0, capacity);
+      std::vector<Choice>& row = choices[j];
+      row.assign(most + 1, Choice{});
+      row[0] = {context.weight * Utility(0), Variant::kNone};
+      for (int n = 1; n <= most; ++n) {
+        if (n < job.min_replicas || (n > job.max_replicas && n != held)) {
+          row[n] = {-std::numeric_limits<double>::infinity(), Variant::kNone};
+          continue;
+        }
+        const double fresh_cost = held == 0 ? 0 : options_.costs.grow_seconds;
+        Choice best{Value(context, (n + per_node - 1) / per_node, n, fresh_cost),
+                    Variant::kFresh};
+        if (n == held) {
+          const double keep = Value(context, DistinctNodes(context.now), n, 0);
+          if (keep >= best.value) best = {keep, Variant::kKeep};
+        } else if (n < held && options_.costs.shrink_seconds <= options_.costs.grow_seconds) {
+          const double shrink = Value(context, static_cast<int>(ShrinkNodes(context.now, n).size()),
+                                      n, options_.costs.shrink_seconds);
+          if (shrink >= best.value) best = {shrink, Variant::kShrink};
+        }
+        row[n] = best;
+      }
+    }
+    // Exact allocation of counts: best[j][g] = the best total of jobs [0, j) on g GPUs.
+    const double kMinus = -std::numeric_limits<double>::infinity();
+    std::vector<std::vector<double>> best(n_jobs + 1, std::vector<double>(capacity + 1, kMinus));
+    std::vector<std::vector<int>> pick(n_jobs + 1, std::vector<int>(capacity + 1, 0));
+    std::fill(best[0].begin(), best[0].end(), 0.0);
+    for (size_t j = 0; j < n_jobs; ++j) {
+      const std::vector<Choice>& row = choices[j];
+      for (int g = 0; g <= capacity; ++g) {
+        for (int n = 0; n < static_cast<int>(row.size()) && n <= g; ++n) {
+          if (best[j][g - n] == kMinus || row[n].value == kMinus) continue;
+          const double total = best[j][g - n] + row[n].value;
+          if (total > best[j + 1][g]) {
+            best[j + 1][g] = total;
+            pick[j + 1][g] = n;
+          }
+        }
+      }
+    }
+    std::vector<int> counts(n_jobs, 0);
+    std::vector<Variant> variants(n_jobs, Variant::kNone);
+    int g = capacity;
+    for (size_t j = n_jobs; j > 0; --j) {
+      counts[j - 1] = pick[j][g];
+      variants[j - 1] = choices[j - 1][counts[j - 1]].variant;
+      g -= counts[j - 1];
+    }
+    // Placement, then a repair for fragmentation: a kept or shrunk job whose GPUs keep a
+    // fresh job from being packed is moved too when that raises the total value.
+    TANDEM_ASSIGN_OR_RETURN(Allocations placed, Place(contexts, cluster, counts, variants));
+    double placed_value = TotalValue(contexts, placed);
+    for (size_t j = 0; j < n_jobs; ++j) {
+      if (variants[j] != Variant::kKeep && variants[j] != Variant::kShrink) continue;
+      std::vector<Variant> tried = variants;
+      tried[j] = Variant::kFresh;
+      absl::StatusOr<Allocations> other = Place(contexts, cluster, counts, tried);
+      if (!other.ok()) continue;
+      const double other_value = TotalValue(contexts, *other);
+      if (other_value > placed_value + 1e-12 * std::abs(placed_value)) {
+        variants = std::move(tried);
+        placed = std::move(*other);
+        placed_value = other_value;
+      }
+    }
+    return placed;
+  }
+
+ private:
+  double Utility(double speedup) const {
+    constexpr double kFloor = 1e-3;
+    const double p = options_.fairness_power;
+    if (p < 0) return -std::pow(speedup + kFloor, p);
+    if (p == 0) return std::log(speedup + kFloor);
+    return std::pow(speedup, p);
+  }
+
+  // The job's speedup: from its plan when it has one, else the simulator's (goodput model).
+  static double Speedup(const JobContext& context, int nodes, int gpus) {
+    if (gpus <= 0 || nodes <= 0) return 0;
+    const JobView& job = *context.job;
+    double speedup = gpus;
+    if (job.planned_throughput) {
+      speedup = context.planned_reference > 0
+                    ? job.planned_throughput(nodes, gpus) / context.planned_reference
+                    : 0;
+    } else if (job.speedup) {
+      speedup = job.speedup(nodes, gpus);
+    }
+    return std::isfinite(speedup) && speedup > 0 ? speedup : 0;
+  }
+
+  // U_j for `gpus` GPUs on `nodes` nodes after a change costing `cost_seconds`.
+  double Value(const JobContext& context, int nodes, int gpus, double cost_seconds) const {
+    const double speedup = Speedup(context, nodes, gpus);
+    const double horizon = context.horizon_seconds;
+    double keep = horizon / (horizon + cost_seconds);
+    if (options_.restart_history && cost_seconds > 0) {
+      // Pollux's penalty: the share of the job's life not spent in its past restarts.
+      const JobView& job = *context.job;
+      keep = std::max(job.age_seconds - job.restarts * options_.costs.grow_seconds, 0.0) /
+             (job.age_seconds + cost_seconds);
+    }
+    return context.weight * Utility(speedup * keep);
+  }
+
+  // The value of placed allocations as the jobs would run them (actual nodes, actual costs).
+  double TotalValue(const std::vector<JobContext>& contexts, const Allocations& placed) const {
+    double total = 0;
+    for (const JobContext& context : contexts) {
+      auto found = placed.find(context.job->name);
+      if (found == placed.end()) {
+        total += Value(context, 0, 0, 0);
+        continue;
+      }
+      const Allocation& after = found->second;
+      double cost = 0;
+      if (!context.now.empty() && after != context.now) {
+        cost = ReallocationCosts::IsShrink(context.now, after) ? options_.costs.shrink_seconds
+                                                                : options_.costs.grow_seconds;
+      }
+      total += Value(context, DistinctNodes(after), static_cast<int>(after.size()), cost);
+    }
+    return total;
+  }
+
+  absl::StatusOr<Allocations> Place(const std::vector<JobContext>& contexts,
+                                    const ClusterView& cluster, const std::vector<int>& counts,
+                                    const std::vector<Variant>& variants) const {
+    Allocations allocations;
+    std::vector<int> free(cluster.nodes.size());
+    for (size_t i = 0; i < free.size(); ++i) free[i] = cluster.nodes[i].gpus;
+    std::vector<size_t> fresh;
+    // Kept placements and shrinks first: they only use GPUs their job holds now.
+    for (size_t j = 0; j < contexts.size(); ++j) {
+      if (counts[j] == 0) continue;
+      const std::string& name = contexts[j].job->name;
+      if (variants[j] == Variant::kKeep) {
+        allocations[name] = contexts[j].now;
+      } else if (variants[j] == Variant::kShrink) {
+        Allocation& allocation = allocations[name];
+        for (const auto& [node, count] : ShrinkNodes(contexts[j].now, counts[j])) {
+          allocation.insert(allocation.end(), count, node);
+        }
+      } else {
+        fresh.push_back(j);
+        continue;
+      }
+      for (int node : allocations[name]) --free[node];
+    }
+    std::stable_sort(fresh.begin(), fresh.end(),
+                     [&](size_t a, size_t b) { return counts[a] > counts[b]; });
+    for (size_t j : fresh) {
+      Allocation allocation;
+      int left = counts[j];
+      while (left > 0) {
+        // Whole free nodes while the job needs at least a node; then the node that fits the
+        // rest most tightly; the node with most free GPUs when none fits.
+        int chosen = -1;
+        for (size_t i = 0; i < free.size() && chosen < 0; ++i) {
+          if (free[i] > 0 && free[i] == cluster.nodes[i].gpus && free[i] <= left) {
+            chosen = static_cast<int>(i);
+          }
+        }
+        if (chosen < 0) {
+          for (size_t i = 0; i < free.size(); ++i) {
+            if (free[i] >= left && (chosen < 0 || free[i] < free[chosen])) {
+              chosen = static_cast<int>(i);
+            }
+          }
+        }
+        if (chosen < 0) {
+          for (size_t i = 0; i < free.size(); ++i) {
+            if (free[i] > 0 && (chosen < 0 || free[i] > free[chosen])) {
+              chosen = static_cast<int>(i);
+            }
+          }
+        }
+        if (chosen < 0) {
+          return absl::InternalError(absl::StrCat("tandem: no free GPU left for job ",
+                                                  contexts[j].job->name, " (", counts[j],
+                                                  " GPUs)"));
+        }
+        const int take = std::min(free[chosen], left);
+        allocation.insert(allocation.end(), take, chosen);
+        free[chosen] -= take;
+        left -= take;
+      }
+      allocations[contexts[j].job->name] = std::move(allocation);
+    }
+    return allocations;
+  }
+
+  std::string name_;
+  TandemOptions options_;
+};
+
+}  // namespace
+
+TandemOptions TandemElasticOptions() {
+  TandemOptions options;
+  options.costs.shrink_seconds = 2;
+  options.declare_costs = true;
+  return options;
+}
+
+std::unique_ptr<Policy> MakeTandemPolicy(const TandemOptions& options) {
+  return std::make_unique<TandemPolicy>(options.declare_costs ? "tandem-elastic" : "tandem",
+                                        options);
+}
+
+}  // namespace tandem::cluster
