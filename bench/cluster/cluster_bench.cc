@@ -39,7 +39,8 @@ const std::map<std::string, std::vector<double>>& Published() {
 int main(int argc, char** argv) {
   using namespace tandem::cluster;
   std::string data = TANDEM_BENCH_DATA_DIR;
-  std::vector<std::string> policies = {"pollux", "tiresias", "optimus", "fifo"};
+  std::vector<std::string> policies = {"pollux",   "tandem",  "tandem-elastic",
+                                       "tiresias", "optimus", "fifo"};
   std::vector<int> workloads = {1, 2, 3, 4, 5, 6, 7, 8};
   PolluxOptions pollux;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
   std::printf("Average JCT (hours), 16 nodes x 4 GPUs; published: Pollux artifact summary.json\n");
   std::printf("%-10s %-9s %9s %9s %8s %8s %6s %8s %9s\n", "policy", "workload", "avg_jct_h",
               "published", "error", "p99_h", "util", "max_ftf", "seconds");
+  // policy -> workload -> {average, p99} JCT, for the check of tandem's policy at the end.
+  std::map<std::string, std::map<int, std::pair<double, double>>> jcts;
   for (const std::string& name : policies) {
     double sum = 0, sum_published = 0, sum_seconds = 0;
     int count = 0;
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       const ClusterMetrics m = ComputeMetrics(*result);
+      jcts[name][w] = {m.avg_jct_seconds, m.p99_jct_seconds};
       auto published = Published().find(name);
       const double reference = published == Published().end() ? 0 : published->second[w - 1];
       std::printf("%-10s %-9d %9.3f %9s %8s %8.3f %6.3f %8.2f %9.2f\n", name.c_str(), w,
@@ -123,6 +127,25 @@ int main(int argc, char** argv) {
                       ? absl::StrFormat("%+.1f%%", 100 * (sum / sum_published - 1)).c_str()
                       : "-",
                   "", "", "", sum_seconds);
+    }
+  }
+  // tandem's goal (issue #11): average and p99 JCT at or below Pollux's, below every other
+  // policy's, on each workload; with the uniform 30 s restart (tandem) and with the elastic
+  // layer's costs (tandem-elastic).
+  for (const std::string& mine : {"tandem", "tandem-elastic"}) {
+    if (jcts.count(mine) == 0) continue;
+    for (int w : workloads) {
+      const auto [avg, p99] = jcts[mine][w];
+      std::string verdict;
+      for (const auto& [other, rows] : jcts) {
+        if (other == "tandem" || other == "tandem-elastic" || rows.count(w) == 0) continue;
+        const auto [other_avg, other_p99] = rows.at(w);
+        const bool ok = other == "pollux" ? avg <= other_avg && p99 <= other_p99
+                                          : avg < other_avg && p99 < other_p99;
+        verdict += absl::StrFormat(" %s:%s(%+.1f%%/%+.1f%%)", other, ok ? "ok" : "NOT",
+                                   100 * (avg / other_avg - 1), 100 * (p99 / other_p99 - 1));
+      }
+      std::printf("check %-14s workload %d avg/p99 vs%s\n", mine.c_str(), w, verdict.c_str());
     }
   }
   return 0;
