@@ -65,6 +65,9 @@ class PiperSolver {
   void StageCosts(int a, int b, int ti, int d, bool edges_current);
   // edge_bytes_[2v + l]: bytes of v's edges crossing [a, b) in configuration l (both ways).
   void SetEdgeBytes(int v, int a, int b, int ti);
+  // fast_cost_/fast_index_[di * n + v]: v's fastest configuration at every d, from
+  // edge_bytes_ (kept current while Prepare grows stages).
+  void FastCosts(int v, int ti);
   double Load(int a, int b, int ti, int di, int y, std::vector<int>* choice);
   // The largest y whose load is at most `limit`; `next` = the load at y + 1 (infinity when
   // y cannot grow), the smallest limit at which the answer changes.
@@ -100,6 +103,8 @@ class PiperSolver {
   // Scratch for the current stage.
   std::vector<double> cost_scratch_;  // [node][config]
   std::vector<double> edge_bytes_;    // [node][config]
+  std::vector<double> fast_cost_;
+  std::vector<int> fast_index_;
   std::vector<int> fast_scratch_;
   std::vector<SwitchOption> items_;
   std::vector<int> item_node_;
@@ -171,6 +176,8 @@ absl::Status PiperSolver::Prepare() {
                Key{});
   known_.clear();
   edge_bytes_.assign(2 * n_, 0.0);
+  fast_cost_.assign(divisors_.size() * n_, 0.0);
+  fast_index_.assign(divisors_.size() * n_, 0);
   for (size_t ti = 0; ti < degrees_.size(); ++ti) {
     for (int a = 0; a < n_; ++a) {
       // Stages [a, b) for growing b; every layer's edge bytes are kept current, so a layer's
@@ -179,8 +186,12 @@ absl::Status PiperSolver::Prepare() {
         if (!data_[b - 1][ti].present) break;  // no longer stage from a has degree ti
         if (!fits_only_) {
           SetEdgeBytes(b - 1, a, b, static_cast<int>(ti));
+          FastCosts(b - 1, static_cast<int>(ti));
           for (const auto& [u, bytes] : data_[b - 1][ti].configs[0].in) {
-            if (u >= a) SetEdgeBytes(u, a, b, static_cast<int>(ti));
+            if (u >= a) {
+              SetEdgeBytes(u, a, b, static_cast<int>(ti));
+              FastCosts(u, static_cast<int>(ti));
+            }
           }
         }
         PrepareStage(a, b, static_cast<int>(ti));
@@ -202,6 +213,30 @@ void PiperSolver::SetEdgeBytes(int v, int a, int b, int ti) {
       if (w >= b) edge_bytes += kEdgeTransfers * bytes;
     }
     edge_bytes_[2 * v + l] = edge_bytes;
+  }
+}
+
+void PiperSolver::FastCosts(int v, int ti) {
+  const double bandwidth = instance_.bandwidth_bytes_per_second;
+  const double mbs = instance_.microbatches_per_batch;
+  const NodeDegree& nd = data_[v][ti];
+  for (size_t di = 0; di < divisors_.size(); ++di) {
+    const int d = divisors_[di];
+    if (int64_t{degrees_[ti]} * d > instance_.max_devices) break;
+    double best = kInfinity;
+    int best_index = 0;
+    for (size_t l = 0; l < nd.configs.size(); ++l) {
+      const ConfigData& c = nd.configs[l];
+      const double resync = kResyncFactor * (d - 1) * c.parameters / d / mbs;
+      const double cost = (edge_bytes_[2 * v + l] / d + resync) / bandwidth + c.time / d;
+      // Fastest configuration (the first on ties, as Piper).
+      if (l == 0 || cost < best) {
+        best = cost;
+        best_index = static_cast<int>(l);
+      }
+    }
+    fast_cost_[di * n_ + v] = best;
+    fast_index_[di * n_ + v] = best_index;
   }
 }
 
@@ -261,13 +296,14 @@ void PiperSolver::PrepareStage(int a, int b, int ti) {
     Key& key = keys_[KeyIndex(a, b, ti, static_cast<int>(di))];
     key.y_lean = y_lean;
     if (fits_only_) continue;  // with no load limit only y_lean counts
-    StageCosts(a, b, ti, d, /*edges_current=*/true);
+    const double* cost = &fast_cost_[di * n_];
+    const int* index = &fast_index_[di * n_];
     double total = 0, sum_a = 0, sum_b = 0;
     for (int v = a; v < b; ++v) {
-      const int l = fast_scratch_[v - a];
-      total += cost_scratch_[2 * (v - a) + l];
-      sum_a += data_[v][ti].configs[l].memory_a;
-      sum_b += data_[v][ti].configs[l].memory_b;
+      const ConfigData& c = data_[v][ti].configs[index[v]];
+      total += cost[v];
+      sum_a += c.memory_a;
+      sum_b += c.memory_b;
     }
     key.fast_total = total;
     const int y_cap = (budget_s_ + d - 1) / d;
