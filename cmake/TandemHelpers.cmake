@@ -93,3 +93,25 @@ function(tandem_prefer_static_archives PREFIX)
     endforeach()
   endforeach()
 endfunction()
+
+# GLPK::GLPK (cmake/FindGLPK.cmake) as the static archive with the archives of what Debian's
+# libglpk needs (SuiteSparse AMD/COLAMD, zlib, libltdl, GMP), when every one is installed;
+# otherwise unchanged. Call after find_package(GLPK).
+function(tandem_prefer_static_glpk)
+  if(NOT TARGET GLPK::GLPK)
+    return()
+  endif()
+  get_target_property(_location GLPK::GLPK IMPORTED_LOCATION)
+  get_filename_component(_dir "${_location}" DIRECTORY)
+  set(_archives)
+  foreach(_name glpk colamd amd suitesparseconfig z ltdl gmp)
+    if(NOT EXISTS "${_dir}/lib${_name}.a")
+      return()
+    endif()
+    list(APPEND _archives "${_dir}/lib${_name}.a")
+  endforeach()
+  list(POP_FRONT _archives _glpk)
+  set_target_properties(GLPK::GLPK PROPERTIES
+    IMPORTED_LOCATION "${_glpk}"
+    INTERFACE_LINK_LIBRARIES "${_archives};${CMAKE_DL_LIBS}")
+endfunction()
