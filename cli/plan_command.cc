@@ -55,12 +55,12 @@ namespace {
 // PipeDream's default bandwidth (bytes/s) when neither --bandwidth nor the profile gives one.
 constexpr double kDefaultBandwidth = 1e9;
 
-absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(
-    const std::optional<planner::PiperInstance>& piper) {
+// `piper`: a Piper file's settings, the defaults for Piper runs (null for others).
+absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(const planner::PiperInstance* piper) {
   const std::string cluster_file = absl::GetFlag(FLAGS_cluster);
   if (!cluster_file.empty()) return planner::ReadClusterFile(cluster_file);
   int devices = absl::GetFlag(FLAGS_devices);
-  if (devices == 0 && piper.has_value()) devices = piper->max_devices;
+  if (devices == 0 && piper != nullptr) devices = piper->max_devices;
   if (devices < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--devices must be at least 1 (or give --cluster), got ", devices));
@@ -72,7 +72,7 @@ absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(
     if (!parsed.ok()) return Annotate(parsed.status(), "--memory");
     if (*parsed <= 0) return absl::InvalidArgumentError("--memory must be positive");
     memory = *parsed;
-  } else if (piper.has_value()) {
+  } else if (piper != nullptr) {
     memory = piper->memory_per_device_bytes;
   }
   std::vector<double> bandwidths;
@@ -83,8 +83,8 @@ absl::StatusOr<planner::ClusterSpec> ClusterFromFlags(
     bandwidths.push_back(*parsed);
   }
   if (bandwidths.empty()) {
-    bandwidths.push_back(piper.has_value() ? piper->bandwidth_bytes_per_second
-                                           : kDefaultBandwidth);
+    bandwidths.push_back(piper != nullptr ? piper->bandwidth_bytes_per_second
+                                          : kDefaultBandwidth);
   }
   if (bandwidths.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -151,9 +151,10 @@ absl::Status RunPlanOrError() {
     TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadProfileAs(path, format));
   }
   // A Piper file's settings are the defaults for Piper runs only.
-  std::optional<planner::PiperInstance> defaults;
-  if (request.piper_instance.has_value()) defaults = request.piper_instance;
-  TANDEM_ASSIGN_OR_RETURN(request.cluster, ClusterFromFlags(defaults));
+  TANDEM_ASSIGN_OR_RETURN(request.cluster,
+                          ClusterFromFlags(request.piper_instance.has_value()
+                                               ? &*request.piper_instance
+                                               : nullptr));
   request.microbatches = absl::GetFlag(FLAGS_microbatches);
   request.straight = absl::GetFlag(FLAGS_straight);
   request.use_fewer_machines = absl::GetFlag(FLAGS_use_fewer_machines);

@@ -21,15 +21,38 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a file"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return out.str();
+  // One read of the size fstat reports, then on until end of file (the size may change, and
+  // pipes report none).
+  std::string contents;
+  struct stat opened;
+  if (::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size > 0) {
+    contents.reserve(static_cast<size_t>(opened.st_size) + 1);
+  }
+  constexpr size_t kChunk = 1 << 16;
+  while (true) {
+    const size_t room = contents.capacity() > contents.size()
+                            ? contents.capacity() - contents.size()
+                            : kChunk;
+    const size_t old_size = contents.size();
+    contents.resize(old_size + room);
+    const ssize_t got = ::read(fd, contents.data() + old_size, room);
+    if (got < 0) {
+      const int error = errno;
+      contents.resize(old_size);
+      if (error == EINTR) continue;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(path, ": read error: ", std::strerror(error)));
+    }
+    contents.resize(old_size + static_cast<size_t>(got));
+    if (got == 0) break;
+  }
+  ::close(fd);
+  return contents;
 }
 
 namespace {

@@ -340,7 +340,8 @@ absl::Status ValidatePiperInstance(const PiperInstance& instance, absl::string_v
   if (instance.microbatches_per_batch < 1) {
     return Invalid(source, "mbsInBatch: must be at least 1");
   }
-  std::set<std::pair<int, int>> edge_set;
+  std::vector<std::pair<int, int>> edge_set;  // sorted below
+  edge_set.reserve(instance.edges.size());
   for (size_t e = 0; e < instance.edges.size(); ++e) {
     const PiperEdge& edge = instance.edges[e];
     if (edge.source < 0 || edge.destination >= n || edge.source >= edge.destination) {
@@ -349,8 +350,12 @@ absl::Status ValidatePiperInstance(const PiperInstance& instance, absl::string_v
                                           edge.source, " -> ", edge.destination, ")"));
     }
     if (!(edge.bytes >= 0)) return Invalid(source, absl::StrCat("edges[", e, "]: negative cost"));
-    edge_set.insert({edge.source, edge.destination});
+    edge_set.push_back({edge.source, edge.destination});
   }
+  std::sort(edge_set.begin(), edge_set.end());
+  auto has_edge = [&](int from, int to) {
+    return std::binary_search(edge_set.begin(), edge_set.end(), std::make_pair(from, to));
+  };
   for (int v = 0; v < n; ++v) {
     if (!instance.nodes[v].configs.count(1) || instance.nodes[v].configs.at(1).empty()) {
       return Invalid(source, absl::StrCat("nodes[", v, "]: no configuration for degree 1"));
@@ -359,14 +364,14 @@ absl::Status ValidatePiperInstance(const PiperInstance& instance, absl::string_v
       if (degree < 1) return Invalid(source, absl::StrCat("nodes[", v, "]: degree ", degree));
       for (const PiperConfig& c : configs) {
         for (const auto& [u, bytes] : c.sync_forward_bytes) {
-          if (!edge_set.count({u, v})) {
+          if (!has_edge(u, v)) {
             return Invalid(source, absl::StrCat("nodes[", v, "] configuration '", c.id,
                                                 "': syncTimeFw names node ", u,
                                                 ", which has no edge into it"));
           }
         }
         for (const auto& [w, bytes] : c.sync_backward_bytes) {
-          if (!edge_set.count({v, w})) {
+          if (!has_edge(v, w)) {
             return Invalid(source, absl::StrCat("nodes[", v, "] configuration '", c.id,
                                                 "': syncTimeBw names node ", w,
                                                 ", which has no edge from it"));
