@@ -521,14 +521,14 @@ absl::StatusOr<PiperInstance> FinishPiperImport(RawPiper raw_piper, absl::string
           if (it == index_of_id.end()) {
             return Invalid(where, absl::StrCat("syncTimeFw names unknown node id ", id));
           }
-          forward[position[it->second]] = bytes;
+          forward.insert_or_assign(forward.end(), position[it->second], bytes);
         }
         for (const auto& [id, bytes] : c.sync_backward_bytes) {
           auto it = index_of_id.find(id);
           if (it == index_of_id.end()) {
             return Invalid(where, absl::StrCat("syncTimeBw names unknown node id ", id));
           }
-          backward[position[it->second]] = bytes;
+          backward.insert_or_assign(backward.end(), position[it->second], bytes);
         }
         c.sync_forward_bytes = std::move(forward);
         c.sync_backward_bytes = std::move(backward);
@@ -665,7 +665,7 @@ class PiperTextReader {
             !NonNegative(&bytes)) {
           return false;
         }
-        (*out)[static_cast<int>(node)] = bytes;
+        out->insert_or_assign(out->end(), static_cast<int>(node), bytes);  // keys mostly ascend
         return true;
       });
     };
