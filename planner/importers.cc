@@ -512,26 +512,29 @@ absl::StatusOr<PiperInstance> FinishPiperImport(RawPiper raw_piper, absl::string
   instance.microbatches_per_batch = raw.microbatches_per_batch;
   for (int i = 0; i < n; ++i) {
     PiperNode node = std::move(raw.nodes[order[i]]);
-    const std::string where = absl::StrCat(top, ".nodes[", order[i], "]");
+    // Sync maps are keyed by node id; rekey them by position (kept when nothing moves).
+    auto rekey = [&](std::map<int, double>* sync, absl::string_view field) -> absl::Status {
+      bool same = true;
+      for (const auto& [id, bytes] : *sync) {
+        auto it = index_of_id.find(id);
+        if (it == index_of_id.end()) {
+          return Invalid(absl::StrCat(top, ".nodes[", order[i], "]"),
+                         absl::StrCat(field, " names unknown node id ", id));
+        }
+        same = same && position[it->second] == id;
+      }
+      if (same) return absl::OkStatus();
+      std::map<int, double> rekeyed;
+      for (const auto& [id, bytes] : *sync) {
+        rekeyed.insert_or_assign(rekeyed.end(), position[index_of_id.at(id)], bytes);
+      }
+      *sync = std::move(rekeyed);
+      return absl::OkStatus();
+    };
     for (auto& [degree, configs] : node.configs) {
       for (PiperConfig& c : configs) {
-        std::map<int, double> forward, backward;
-        for (const auto& [id, bytes] : c.sync_forward_bytes) {
-          auto it = index_of_id.find(id);
-          if (it == index_of_id.end()) {
-            return Invalid(where, absl::StrCat("syncTimeFw names unknown node id ", id));
-          }
-          forward.insert_or_assign(forward.end(), position[it->second], bytes);
-        }
-        for (const auto& [id, bytes] : c.sync_backward_bytes) {
-          auto it = index_of_id.find(id);
-          if (it == index_of_id.end()) {
-            return Invalid(where, absl::StrCat("syncTimeBw names unknown node id ", id));
-          }
-          backward.insert_or_assign(backward.end(), position[it->second], bytes);
-        }
-        c.sync_forward_bytes = std::move(forward);
-        c.sync_backward_bytes = std::move(backward);
+        TANDEM_RETURN_IF_ERROR(rekey(&c.sync_forward_bytes, "syncTimeFw"));
+        TANDEM_RETURN_IF_ERROR(rekey(&c.sync_backward_bytes, "syncTimeBw"));
       }
     }
     instance.nodes.push_back(std::move(node));
