@@ -262,6 +262,7 @@ class SimJob {
     const auto key = std::make_tuple(num_nodes, num_replicas, atomic_bsz);
     if (profile_.count(key) > 0) return;
     profile_[key] = times;
+    if (perf_.has_value()) previous_perf_ = perf_;
     perf_.reset();
   }
 
@@ -273,7 +274,9 @@ class SimJob {
                            static_cast<double>(std::get<2>(key)),
                            times.step_seconds - times.sync_seconds, times.step_seconds});
       }
-      perf_ = FitPerfParams(samples);
+      // Refit on every new (nodes, replicas, local batch), as Pollux's simulator does, warm
+      // from the previous fit.
+      perf_ = FitPerfParams(samples, previous_perf_.has_value() ? &*previous_perf_ : nullptr);
     }
     return GoodputFunction(*perf_, grad_, app_->init_batch_size());
   }
@@ -315,7 +318,8 @@ class SimJob {
   int atomic_bsz_ = 0;
   int accum_steps_ = 0;
   std::map<std::tuple<int, int, int>, StepTimes> profile_;
-  std::optional<PerfParams> perf_;
+  std::optional<PerfParams> perf_;           // the fit of profile_ (none: refit when asked)
+  std::optional<PerfParams> previous_perf_;  // the last fit, a warm start for the next
   GradParams grad_;
   double progress_ = 0;
   int epoch_ = 0;
