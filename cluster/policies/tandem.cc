@@ -18,12 +18,15 @@
 // pays the same start).
 //
 // The counts maximise sum_j U_j(n_j) subject to sum_j n_j <= the cluster's GPUs, exactly, by
-// dynamic programming over jobs and GPUs (a multiple-choice knapsack; O(jobs x GPUs^2)), so
-// non-concave speedups (a drop when a job crosses a node) and the step of a reallocation cost
-// need no heuristics. Placement: kept jobs first, then shrinks onto their own nodes, then fresh
-// placements largest first, each on whole free nodes and the best-fitting partial node; then a
-// repair: a kept or shrunk job is moved too when that lets a fresh one pack and raises the
-// total value as the jobs would actually run.
+// dynamic programming over jobs and GPUs (a multiple-choice knapsack; O(GPUs x the sum of the
+// jobs' largest counts)), so non-concave speedups (a drop when a job crosses a node) and the
+// step of a reallocation cost need no heuristics. Past a size limit (thousands of jobs on
+// thousands of GPUs) the counts come from each job's upper concave hull of U_j instead, its
+// segments taken steepest first (exact for concave values; O(L log L) for rows of total length
+// L). Placement: kept jobs first, then shrinks onto their own nodes, then fresh placements
+// largest first, each on whole free nodes and the best-fitting partial node; then a repair: a
+// kept or shrunk job is moved too when that lets a fresh one pack and raises the total value as
+// the jobs would actually run (with many jobs, only a few next to a fresh job that was spread).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -65,6 +68,119 @@ int DistinctNodes(const Allocation& allocation) {
   std::vector<int> nodes = allocation;
   std::sort(nodes.begin(), nodes.end());
   return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+}
+
+// The dynamic programme's size limits: table cells (jobs x (GPUs + 1)) and steps (the sum of
+// the rows' lengths x (GPUs + 1)). 40 jobs on 64 GPUs take 0.2 M steps; 1,000 jobs on 1,024
+// GPUs would take 30 M (about 1 s), 10,000 on 8,192 GPUs 80 M cells (1 GB) and 10^9 steps.
+constexpr double kExactMaxCells = 1e6;
+constexpr double kExactMaxSteps = 4e6;
+// With more jobs than this the repair tries at most kLargeRepairTries kept or shrunk jobs, those
+// next to a fresh job that was spread (with fewer, every kept or shrunk job is tried).
+constexpr size_t kFullRepairMaxJobs = 256;
+constexpr size_t kLargeRepairTries = 16;
+
+bool ExactIsSmall(const std::vector<std::vector<Choice>>& choices, int capacity) {
+  double steps = 0;
+  for (const std::vector<Choice>& row : choices) steps += static_cast<double>(row.size());
+  steps *= capacity + 1.0;
+  const double cells = static_cast<double>(choices.size()) * (capacity + 1.0);
+  return cells <= kExactMaxCells && steps <= kExactMaxSteps;
+}
+
+// The counts maximising sum_j choices[j][n_j].value with sum_j n_j <= capacity, exactly: a
+// multiple-choice knapsack by dynamic programming over jobs and GPUs (best[j][g]: the best total
+// of jobs [0, j) on g GPUs).
+std::vector<int> ExactCounts(const std::vector<std::vector<Choice>>& choices, int capacity) {
+  const size_t n_jobs = choices.size();
+  const double kMinus = -std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(n_jobs + 1, std::vector<double>(capacity + 1, kMinus));
+  std::vector<std::vector<int>> pick(n_jobs + 1, std::vector<int>(capacity + 1, 0));
+  std::fill(best[0].begin(), best[0].end(), 0.0);
+  for (size_t j = 0; j < n_jobs; ++j) {
+    const std::vector<Choice>& row = choices[j];
+    for (int g = 0; g <= capacity; ++g) {
+      for (int n = 0; n < static_cast<int>(row.size()) && n <= g; ++n) {
+        if (best[j][g - n] == kMinus || row[n].value == kMinus) continue;
+        const double total = best[j][g - n] + row[n].value;
+        if (total > best[j + 1][g]) {
+          best[j + 1][g] = total;
+          pick[j + 1][g] = n;
+        }
+      }
+    }
+  }
+  std::vector<int> counts(n_jobs, 0);
+  int g = capacity;
+  for (size_t j = n_jobs; j > 0; --j) {
+    counts[j - 1] = pick[j][g];
+    g -= counts[j - 1];
+  }
+  return counts;
+}
+
+// The same problem for large clusters, in O(L log L) for rows of total length L: each job's
+// values are replaced by their upper concave hull from 0 GPUs, and the hulls' segments are
+// taken steepest first while they fit (a job's segments in order: a segment that does not fit
+// ends that job's growth); GPUs left over then go, job by job, to the best count within reach.
+// Exact for concave values and when the GPUs are not all wanted; otherwise short of the optimum
+// by at most about one segment's value per job whose growth the capacity ended.
+std::vector<int> HullCounts(const std::vector<std::vector<Choice>>& choices, int capacity) {
+  struct Segment {
+    double slope;
+    int job;
+    int from;
+    int to;
+  };
+  std::vector<Segment> segments;
+  std::vector<int> hull;
+  for (size_t j = 0; j < choices.size(); ++j) {
+    const std::vector<Choice>& row = choices[j];
+    hull.clear();
+    for (int n = 0; n < static_cast<int>(row.size()); ++n) {
+      if (!std::isfinite(row[n].value)) continue;
+      // Pop points on or below the chord from the one before them to n.
+      while (hull.size() >= 2) {
+        const int a = hull[hull.size() - 2], b = hull.back();
+        const double cross = (row[b].value - row[a].value) * (n - a) -
+                             (row[n].value - row[a].value) * (b - a);
+        if (cross > 0) break;
+        hull.pop_back();
+      }
+      hull.push_back(n);
+    }
+    for (size_t k = 1; k < hull.size(); ++k) {
+      const int from = hull[k - 1], to = hull[k];
+      const double slope = (row[to].value - row[from].value) / (to - from);
+      if (!(slope > 0)) break;  // the hull only falls from here
+      segments.push_back({slope, static_cast<int>(j), from, to});
+    }
+  }
+  std::stable_sort(segments.begin(), segments.end(),
+                   [](const Segment& a, const Segment& b) { return a.slope > b.slope; });
+  std::vector<int> counts(choices.size(), 0);
+  std::vector<bool> ended(choices.size(), false);
+  int left = capacity;
+  for (const Segment& segment : segments) {
+    if (ended[segment.job] || counts[segment.job] != segment.from) continue;
+    if (segment.to - segment.from <= left) {
+      left -= segment.to - segment.from;
+      counts[segment.job] = segment.to;
+    } else {
+      ended[segment.job] = true;
+    }
+  }
+  for (size_t j = 0; j < choices.size() && left > 0; ++j) {
+    const std::vector<Choice>& row = choices[j];
+    int chosen = counts[j];
+    const int most = std::min(static_cast<int>(row.size()) - 1, counts[j] + left);
+    for (int n = counts[j] + 1; n <= most; ++n) {
+      if (row[n].value > row[chosen].value) chosen = n;
+    }
+    left -= chosen - counts[j];
+    counts[j] = chosen;
+  }
+  return counts;
 }
 
 // One job as a round values it.
@@ -143,38 +259,18 @@ class TandemPolicy : public Policy {
         row[n] = best;
       }
     }
-    // Exact allocation of counts: best[j][g] = the best total of jobs [0, j) on g GPUs.
-    const double kMinus = -std::numeric_limits<double>::infinity();
-    std::vector<std::vector<double>> best(n_jobs + 1, std::vector<double>(capacity + 1, kMinus));
-    std::vector<std::vector<int>> pick(n_jobs + 1, std::vector<int>(capacity + 1, 0));
-    std::fill(best[0].begin(), best[0].end(), 0.0);
-    for (size_t j = 0; j < n_jobs; ++j) {
-      const std::vector<Choice>& row = choices[j];
-      for (int g = 0; g <= capacity; ++g) {
-        for (int n = 0; n < static_cast<int>(row.size()) && n <= g; ++n) {
-          if (best[j][g - n] == kMinus || row[n].value == kMinus) continue;
-          const double total = best[j][g - n] + row[n].value;
-          if (total > best[j + 1][g]) {
-            best[j + 1][g] = total;
-            pick[j + 1][g] = n;
-          }
-        }
-      }
-    }
-    std::vector<int> counts(n_jobs, 0);
+    // The counts: exact while the dynamic programme is small, else from the jobs' concave hulls.
+    const bool exact = ExactIsSmall(choices, capacity);
+    const std::vector<int> counts =
+        exact ? ExactCounts(choices, capacity) : HullCounts(choices, capacity);
     std::vector<Variant> variants(n_jobs, Variant::kNone);
-    int g = capacity;
-    for (size_t j = n_jobs; j > 0; --j) {
-      counts[j - 1] = pick[j][g];
-      variants[j - 1] = choices[j - 1][counts[j - 1]].variant;
-      g -= counts[j - 1];
-    }
+    for (size_t j = 0; j < n_jobs; ++j) variants[j] = choices[j][counts[j]].variant;
     // Placement, then a repair for fragmentation: a kept or shrunk job whose GPUs keep a
     // fresh job from being packed is moved too when that raises the total value.
     TANDEM_ASSIGN_OR_RETURN(Allocations placed, Place(contexts, cluster, counts, variants));
     double placed_value = TotalValue(contexts, placed);
-    for (size_t j = 0; j < n_jobs; ++j) {
-      if (variants[j] != Variant::kKeep && variants[j] != Variant::kShrink) continue;
+    const bool full_repair = n_jobs <= kFullRepairMaxJobs;
+    for (size_t j : RepairCandidates(contexts, cluster, counts, variants, placed, full_repair)) {
       std::vector<Variant> tried = variants;
       tried[j] = Variant::kFresh;
       absl::StatusOr<Allocations> other = Place(contexts, cluster, counts, tried);
@@ -225,6 +321,50 @@ class TandemPolicy : public Policy {
              (job.age_seconds + cost_seconds);
     }
     return context.weight * Utility(speedup * keep);
+  }
+
+  // The kept and shrunk jobs the repair tries moving: every one (in job order) when `all`;
+  // else those holding GPUs on a node that a fresh job spread over more nodes than it needs
+  // uses, at most kLargeRepairTries of them.
+  std::vector<size_t> RepairCandidates(const std::vector<JobContext>& contexts,
+                                       const ClusterView& cluster,
+                                       const std::vector<int>& counts,
+                                       const std::vector<Variant>& variants,
+                                       const Allocations& placed, bool all) const {
+    std::vector<size_t> candidates;
+    auto movable = [&](size_t j) {
+      return variants[j] == Variant::kKeep || variants[j] == Variant::kShrink;
+    };
+    if (all) {
+      for (size_t j = 0; j < contexts.size(); ++j) {
+        if (movable(j)) candidates.push_back(j);
+      }
+      return candidates;
+    }
+    const int per_node = std::max(1, cluster.max_gpus_per_node());
+    std::vector<bool> contested(cluster.nodes.size(), false);
+    bool any = false;
+    for (size_t j = 0; j < contexts.size(); ++j) {
+      if (variants[j] != Variant::kFresh || counts[j] == 0) continue;
+      auto found = placed.find(contexts[j].job->name);
+      if (found == placed.end()) continue;
+      if (DistinctNodes(found->second) <= (counts[j] + per_node - 1) / per_node) continue;
+      for (int node : found->second) contested[node] = true;
+      any = true;
+    }
+    if (!any) return candidates;
+    for (size_t j = 0; j < contexts.size() && candidates.size() < kLargeRepairTries; ++j) {
+      if (!movable(j)) continue;
+      auto found = placed.find(contexts[j].job->name);
+      if (found == placed.end()) continue;
+      for (int node : found->second) {
+        if (contested[node]) {
+          candidates.push_back(j);
+          break;
+        }
+      }
+    }
+    return candidates;
   }
 
   // The value of placed allocations as the jobs would run them (actual nodes, actual costs).
