@@ -1,6 +1,10 @@
 // Speed of the schedule engine on one core: for each schedule and size, the time to generate
 // the programs, to validate them (buffered sends; grouped rendezvous) and to simulate them,
-// and the simulated actions per second (the goal: at least one million).
+// and the simulated actions per second (the goal: at least one million). Generation
+// plus validation has a goal of its own: at most 2 s per schedule at p=1024, m=4096; each line
+// says whether it is met ("goal 2s: ok" or "goal 2s: MISSED"; the exit status stays 0 for a
+// missed goal, which depends on the machine). Each line ends with a digest of the programs, so
+// that two builds can be checked to generate the same schedules.
 //
 //   pipeline_schedule_bench                       # the sizes, every schedule
 //   pipeline_schedule_bench 1f1b:64:512 zb-v:1024:4096:1   # kind:p:m[:v or W]
@@ -9,6 +13,8 @@
 // several runs with uniform costs, and once through Simulate() (indexing included).
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,9 +37,34 @@ double Now() {
       .count();
 }
 
-struct Case {
-  ScheduleSpec spec;
-};
+// Seconds allowed for generation plus validation (the goal at p=1024, m=4096).
+constexpr double kGenerateValidateGoalSeconds = 2.0;
+
+// FNV-1a over every action of every rank (as tests/pipeline/generators_test.cc).
+uint64_t Digest(const Schedule& schedule) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t value) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= static_cast<uint64_t>(value >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& row : schedule.placement.stage_to_rank) {
+    for (int rank : row) mix(rank);
+    mix(-1);
+  }
+  for (const auto& program : schedule.programs) {
+    mix(static_cast<int64_t>(program.size()));
+    for (const auto& a : program) {
+      mix(static_cast<int64_t>(a.type));
+      mix(a.stage);
+      mix(a.microbatch);
+      mix(a.replica);
+      mix(a.peer);
+    }
+  }
+  return h;
+}
 
 ScheduleSpec Make(ScheduleKind kind, int p, int m, int extra = 1) {
   ScheduleSpec spec;
@@ -123,11 +154,12 @@ int RunCase(const ScheduleSpec& spec) {
   std::printf(
       "%-12s p=%-5d m=%-5d actions=%-10lld generate=%8.3fs validate=%8.3fs "
       "validate-grouped=%8.3fs gen+validate=%8.3fs simulate=%8.3fs (with indexing %8.3fs) "
-      "%7.1f M actions/s  makespan=%.1f bubble=%.4f\n",
+      "%7.1f M actions/s  makespan=%.1f bubble=%.4f  goal %.0fs: %s  digest=%016" PRIx64 "\n",
       std::string(tandem::pipeline::ScheduleKindName(spec.kind)).c_str(), spec.num_ranks,
       spec.num_microbatches, static_cast<long long>(schedule->NumActions()), t1 - t0, t2 - t1,
       t3 - t2, t2 - t0, per_run, t5 - t4, actions / (t7 - t6) / 1e6, once->makespan_seconds,
-      once->bubble_ratio);
+      once->bubble_ratio, kGenerateValidateGoalSeconds,
+      t2 - t0 <= kGenerateValidateGoalSeconds ? "ok" : "MISSED", Digest(*schedule));
   std::fflush(stdout);
   return 0;
 }

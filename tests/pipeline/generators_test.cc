@@ -1,7 +1,11 @@
 #include "pipeline/generators.h"
 
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -196,6 +200,171 @@ TEST(GeneratorsTest, LargeSchedulesStayValid) {
         Spec(ScheduleKind::kZBV, 32, 128), Spec(ScheduleKind::kHanayo, 16, 64, 1, 2),
         Spec(ScheduleKind::kChimera, 32, 128)}) {
     ExpectValid(spec);
+  }
+}
+
+// ---- Golden digests ------------------------------------------------------------------------
+//
+// Pins the generators' output: a digest of every program (and the placement) for a grid of
+// specs, captured from the implementation before its speed-ups. A change in any action of any
+// rank changes the digest; a generator whose schedules change on purpose updates its rows here
+// and says why in its commit.
+
+// FNV-1a over the fields of every action of every rank, with rank boundaries, and the
+// placement.
+uint64_t Digest(const Schedule& schedule) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t value) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= static_cast<uint64_t>(value >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& row : schedule.placement.stage_to_rank) {
+    for (int rank : row) mix(rank);
+    mix(-1);
+  }
+  for (const auto& program : schedule.programs) {
+    mix(static_cast<int64_t>(program.size()));
+    for (const Action& a : program) {
+      mix(static_cast<int64_t>(a.type));
+      mix(a.stage);
+      mix(a.microbatch);
+      mix(a.replica);
+      mix(a.peer);
+    }
+  }
+  return h;
+}
+
+struct Golden {
+  const char* kind;
+  int p, m, extra;  // extra: chunks (interleaved) or waves (hanayo)
+  uint64_t digest;
+};
+
+ScheduleSpec SpecOf(const Golden& g) {
+  ScheduleSpec spec;
+  spec.kind = *ParseScheduleKind(g.kind);
+  spec.num_ranks = g.p;
+  spec.num_microbatches = g.m;
+  if (spec.kind == ScheduleKind::kInterleaved) spec.chunks = g.extra;
+  if (spec.kind == ScheduleKind::kHanayo) spec.waves = g.extra;
+  return spec;
+}
+
+// clang-format off
+const Golden kGolden[] = {
+    {"gpipe", 1, 1, 1, 0xc16f204bef421927ull},
+    {"1f1b", 1, 1, 1, 0xc16f204bef421927ull},
+    {"zb-h1", 1, 1, 1, 0xaaaa884702f1ccfeull},
+    {"zb-v", 1, 1, 1, 0xcb39d0a856266a03ull},
+    {"interleaved", 1, 1, 2, 0xdc92b17b8e2e3dacull},
+    {"interleaved", 1, 1, 3, 0x200a63c0fa402b0aull},
+    {"hanayo", 1, 1, 1, 0xdc92b17b8e2e3dacull},
+    {"hanayo", 1, 1, 2, 0xc1e4b7e80b980387ull},
+    {"gpipe", 2, 3, 1, 0x9d34db8d3881fc7bull},
+    {"1f1b", 2, 3, 1, 0x6075aa651fff61dbull},
+    {"zb-h1", 2, 3, 1, 0x674b9754be740f9aull},
+    {"zb-v", 2, 3, 1, 0x0c93cbfa1a540c8bull},
+    {"interleaved", 2, 3, 2, 0x529dc752a51c461bull},
+    {"interleaved", 2, 3, 3, 0x1bc459314b524febull},
+    {"hanayo", 2, 3, 1, 0xb15c6e965a7da16bull},
+    {"hanayo", 2, 3, 2, 0x0dc63857559f65fbull},
+    {"gpipe", 4, 8, 1, 0xefe44c3c6cb7ed9bull},
+    {"1f1b", 4, 8, 1, 0x61f836386bd2c57bull},
+    {"zb-h1", 4, 8, 1, 0x0188be8477409b7bull},
+    {"zb-v", 4, 8, 1, 0xfdbd93fb4afa619bull},
+    {"interleaved", 4, 8, 2, 0x508f89c47f06379bull},
+    {"interleaved", 4, 8, 3, 0x5b2479a09eb2c4cbull},
+    {"hanayo", 4, 8, 1, 0xedf1b6760b4a559bull},
+    {"hanayo", 4, 8, 2, 0x6d8f0a478f69967bull},
+    {"chimera", 4, 8, 1, 0x6e4d90c931ebf233ull},
+    {"gpipe", 5, 7, 1, 0xd9a6dc55a6b507dfull},
+    {"1f1b", 5, 7, 1, 0xca51c8e422cd805full},
+    {"zb-h1", 5, 7, 1, 0xeae826fa59e495dbull},
+    {"zb-v", 5, 7, 1, 0x268a70771bc17e9full},
+    {"interleaved", 5, 7, 2, 0x9cbdb8cf60d4ea3cull},
+    {"interleaved", 5, 7, 3, 0xc3b74fe3a69515daull},
+    {"hanayo", 5, 7, 1, 0x25ec07881a08b9ccull},
+    {"hanayo", 5, 7, 2, 0xf8eab812327e1737ull},
+    {"gpipe", 6, 12, 1, 0x5a2375ceb66eb26bull},
+    {"1f1b", 6, 12, 1, 0x979c43bfdc514debull},
+    {"zb-h1", 6, 12, 1, 0x5400adf56a186bfbull},
+    {"zb-v", 6, 12, 1, 0x4b57a0ddad2a20dbull},
+    {"interleaved", 6, 12, 2, 0x36763b866346168bull},
+    {"interleaved", 6, 12, 3, 0xb744e9ef0972004bull},
+    {"hanayo", 6, 12, 1, 0x6f4bfe18460cfa7bull},
+    {"hanayo", 6, 12, 2, 0x06ac71202b36120bull},
+    {"chimera", 6, 12, 1, 0xf36784d3026a63d3ull},
+    {"gpipe", 8, 32, 1, 0x8209aa17fd3edffbull},
+    {"1f1b", 8, 32, 1, 0xd25a6de3873f185bull},
+    {"zb-h1", 8, 32, 1, 0x7b9b9adcf252bd9bull},
+    {"zb-v", 8, 32, 1, 0xaf9352354b32a44bull},
+    {"interleaved", 8, 32, 2, 0x96a30de1d3964febull},
+    {"interleaved", 8, 32, 3, 0xcb3ab515cfe3f253ull},
+    {"hanayo", 8, 32, 1, 0x2201bab27786db6bull},
+    {"hanayo", 8, 32, 2, 0x93198a24a4423373ull},
+    {"chimera", 8, 32, 1, 0x138ad145f82cf393ull},
+    {"gpipe", 16, 48, 1, 0x247feadf4e841893ull},
+    {"1f1b", 16, 48, 1, 0x19f82e6bdd8af2d3ull},
+    {"zb-h1", 16, 48, 1, 0x24b579d7c7628bd3ull},
+    {"zb-v", 16, 48, 1, 0xed36172de83458cbull},
+    {"interleaved", 16, 48, 2, 0x924f673f308f4177ull},
+    {"interleaved", 16, 48, 3, 0xa0cb30e3606a6cbbull},
+    {"hanayo", 16, 48, 1, 0x3716ecba400bc74bull},
+    {"hanayo", 16, 48, 2, 0x726ef2506f97f6a3ull},
+    {"chimera", 16, 48, 1, 0x6e55762763f77793ull},
+    {"gpipe", 32, 128, 1, 0x2e001ab3969c4b43ull},
+    {"1f1b", 32, 128, 1, 0xae08126e14edcd63ull},
+    {"zb-h1", 32, 128, 1, 0xcc058b86fe10ca83ull},
+    {"zb-v", 32, 128, 1, 0xc2506592f1913757ull},
+    {"interleaved", 32, 128, 2, 0x100d719b93a11a17ull},
+    {"interleaved", 32, 128, 3, 0xb0386db48dfe1d67ull},
+    {"hanayo", 32, 128, 1, 0x9c499aa9ae290ec7ull},
+    {"hanayo", 32, 128, 2, 0x1446e59ed4a30d5bull},
+    {"chimera", 32, 128, 1, 0x5c3069965f7234f3ull},
+    {"gpipe", 64, 256, 1, 0x04087bd736d2ee6bull},
+    {"1f1b", 64, 256, 1, 0xc98d5abd68eac04bull},
+    {"zb-h1", 64, 256, 1, 0x83dbe907628a9b2bull},
+    {"zb-v", 64, 256, 1, 0x35095c6e2a57026bull},
+    {"interleaved", 64, 256, 2, 0xe473b998bbb6b87bull},
+    {"interleaved", 64, 256, 3, 0x4d8571dd99d1753bull},
+    {"hanayo", 64, 256, 1, 0xe959e5df090d87bbull},
+    {"hanayo", 64, 256, 2, 0xff2ef5cdd766c5cbull},
+    {"chimera", 64, 256, 1, 0xa673d27d96432c4bull},
+};
+// clang-format on
+
+std::vector<Golden> Grid() {
+  std::vector<Golden> grid;
+  const std::pair<int, int> sizes[] = {{1, 1}, {2, 3}, {4, 8}, {5, 7}, {6, 12}, {8, 32},
+                                       {16, 48}, {32, 128}, {64, 256}};
+  for (auto [p, m] : sizes) {
+    for (const char* kind : {"gpipe", "1f1b", "zb-h1", "zb-v"}) grid.push_back({kind, p, m, 1, 0});
+    for (int v : {2, 3}) grid.push_back({"interleaved", p, m, v, 0});
+    for (int w : {1, 2}) grid.push_back({"hanayo", p, m, w, 0});
+    if (p % 2 == 0 && m % p == 0) grid.push_back({"chimera", p, m, 1, 0});
+  }
+  return grid;
+}
+
+TEST(GeneratorsTest, ProgramsMatchTheirDigests) {
+  for (const Golden& g : kGolden) {
+    SCOPED_TRACE(absl::StrCat(g.kind, " p=", g.p, " m=", g.m, " extra=", g.extra));
+    auto schedule = GenerateSchedule(SpecOf(g));
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    EXPECT_EQ(Digest(*schedule), g.digest);
+  }
+}
+
+// Prints the rows of kGolden: run with --gtest_also_run_disabled_tests.
+TEST(GeneratorsTest, DISABLED_PrintDigests) {
+  for (Golden g : Grid()) {
+    auto schedule = GenerateSchedule(SpecOf(g));
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    std::printf("{\"%s\", %d, %d, %d, 0x%016" PRIx64 "ull},\n", g.kind, g.p, g.m, g.extra,
+                Digest(*schedule));
   }
 }
 
