@@ -47,11 +47,17 @@ class MpiWork : public Work {
       : op_(std::move(op)), default_timeout_(default_timeout) {}
 
   bool Test() override {
-    if (op_->done.load(std::memory_order_acquire)) return true;
-    ProgressEngine::Get().TryProgress();
+    if (mpi_internal::TryCompleteDirectly(*op_)) return true;
+    if (ProgressEngine::Get().SteppingPending() ||
+        op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
+      ProgressEngine::Get().TryProgress();
+    }
     return op_->done.load(std::memory_order_acquire);
   }
 
+  // Tests this operation's request from the waiting thread (no hand-off to the engine's
+  // thread); runs the engine's steps too while some operation needs them (a signature check,
+  // a queued collective, a ring step of another operation that the peers may be waiting for).
   absl::Status Wait(absl::Duration timeout) override {
     if (timeout == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(
@@ -61,10 +67,14 @@ class MpiWork : public Work {
       const absl::Time deadline = absl::Now() + timeout;
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
-      while (!op_->done.load(std::memory_order_acquire)) {
+      while (!mpi_internal::TryCompleteDirectly(*op_)) {
+        bool progressed = false;
         bool busy = false;
-        const bool progressed = ProgressEngine::Get().TryProgress(&busy);
-        if (op_->done.load(std::memory_order_acquire)) break;
+        if (ProgressEngine::Get().SteppingPending() ||
+            op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
+          progressed = ProgressEngine::Get().TryProgress(&busy);
+          if (op_->done.load(std::memory_order_acquire)) break;
+        }
         if (absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               op_->description, " timed out after ", absl::FormatDuration(timeout)));
@@ -309,12 +319,29 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std:
     op->signature[i] = fields[i];
     op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
   }
-  // Everything else (signature check, posting in issue order) happens on the progress side.
-  const absl::Status queued = state_->Enqueue(op);
+  op->stepped = op->verify || op->progress != nullptr;
+  // Without a signature check, this thread posts it now: operations are issued from one thread
+  // at a time, so posting order is issue order on every rank. With one, the progress side
+  // posts it once the check passed and every earlier collective was posted.
+  std::function<absl::Status(Op&)> post_now;
+  if (!op->verify) {
+    post_now = [](Op& o) -> absl::Status {
+      const int rc = o.post(&o.request);
+      if (rc != MPI_SUCCESS) {
+        const absl::Status error = TANDEM_MPI_STATUS(rc);
+        return absl::Status(error.code(), absl::StrCat(o.description, ": ", error.message()));
+      }
+      o.phase = Op::Phase::kPosted;
+      return absl::OkStatus();
+    };
+  }
+  const absl::Status queued = state_->Enqueue(op, post_now);
   if (!queued.ok()) {
+    const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
     return internal::MakeCompletedWork(
-        absl::FailedPreconditionError(
-            absl::StrCat(op->description, ": communicator aborted: ", queued.message())),
+        aborted ? absl::FailedPreconditionError(absl::StrCat(
+                      op->description, ": communicator aborted: ", queued.message()))
+                : queued,
         op->description);
   }
   return std::make_shared<MpiWork>(std::move(op), options_.timeout);

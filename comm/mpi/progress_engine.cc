@@ -48,6 +48,8 @@ std::string MismatchMessage(const Op& op) {
   return "";
 }
 
+// Polls before the first sched_yield (every mode).
+constexpr int kPollsBeforeYield = 16;
 // Polite waits: polls before the first pause, and the pause range.
 constexpr int kPollsBeforePause = 64;
 constexpr auto kMinPause = std::chrono::microseconds(20);
@@ -57,6 +59,10 @@ constexpr auto kMaxPause = std::chrono::microseconds(1000);
 
 void Backoff::Pause(bool progressed) {
   if (progressed) idle_polls_ = 0;
+  if (idle_polls_ < kPollsBeforeYield) {
+    ++idle_polls_;  // a message a few polls away: yielding would only add a system call
+    return;
+  }
   if (!ProgressEngine::Get().polite() || idle_polls_ < kPollsBeforePause) {
     ++idle_polls_;
     sched_yield();
@@ -73,10 +79,52 @@ const char* SignatureFieldName(int field) {
   return field >= 0 && field < kSignatureFields ? kNames[field] : "?";
 }
 
+void Op::Claim() {
+  while (!TryClaim()) sched_yield();
+}
+
 void Op::Complete(absl::Status result) {
+  const bool uncount = counted;
+  const bool was_stepped = stepped;
   status = std::move(result);
-  phase = Phase::kDone;
+  phase.store(Phase::kDone, std::memory_order_relaxed);
   done.store(true, std::memory_order_release);
+  if (uncount) ProgressEngine::Get().OperationFinished(was_stepped);
+}
+
+bool StepPosted(Op& op) {
+  if (op.progress) {
+    absl::StatusOr<bool> complete = op.progress();
+    if (!complete.ok()) {
+      op.Complete(absl::Status(complete.status().code(),
+                               absl::StrCat(op.description, ": ", complete.status().message())));
+      return true;
+    }
+    if (!*complete) return false;
+    op.Complete(op.finish ? op.finish(MPI_Status{}) : absl::OkStatus());
+    return true;
+  }
+  int flag = 0;
+  MPI_Status status;
+  const int rc = MPI_Test(&op.request, &flag, &status);
+  if (rc != MPI_SUCCESS) {
+    const absl::Status error = TANDEM_MPI_STATUS(rc);
+    op.Complete(absl::Status(error.code(), absl::StrCat(op.description, ": ", error.message())));
+    return true;
+  }
+  if (!flag) return false;
+  op.Complete(op.finish ? op.finish(status) : absl::OkStatus());
+  return true;
+}
+
+bool TryCompleteDirectly(Op& op) {
+  if (op.done.load(std::memory_order_acquire)) return true;
+  if (op.phase.load(std::memory_order_acquire) != Op::Phase::kPosted || !op.TryClaim()) {
+    return false;
+  }
+  if (op.phase.load(std::memory_order_relaxed) == Op::Phase::kPosted) StepPosted(op);
+  op.Release();
+  return op.done.load(std::memory_order_acquire);
 }
 
 CommState::~CommState() {
@@ -87,14 +135,28 @@ CommState::~CommState() {
   if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
 }
 
+namespace {
+
+int64_t CountPending(const std::shared_ptr<Op>& op) {
+  return op->done.load(std::memory_order_acquire) ? 0 : 1;
+}
+
+// Issued operations wait in `incoming` until the progress side takes them, which a waiter that
+// completes its own operations never asks for: past this many, done ones are dropped there.
+constexpr size_t kIncomingPruneSize = 64;
+
+}  // namespace
+
 int64_t CommState::PendingCount() {
   int64_t count = 0;
   {
     std::lock_guard<std::mutex> lock(incoming_mu);
-    count += static_cast<int64_t>(incoming.size());
+    for (const auto& op : incoming) count += CountPending(op);
   }
   std::lock_guard<std::mutex> lock(mu);
-  return count + static_cast<int64_t>(collectives.size() + point_to_point.size());
+  for (const auto& op : collectives) count += CountPending(op);
+  for (const auto& op : point_to_point) count += CountPending(op);
+  return count;
 }
 
 absl::Status CommState::AbortStatus() {
@@ -104,13 +166,20 @@ absl::Status CommState::AbortStatus() {
 
 absl::Status CommState::Enqueue(std::shared_ptr<Op> op,
                                 const std::function<absl::Status(Op&)>& post_now) {
-  {
-    std::lock_guard<std::mutex> lock(incoming_mu);
-    if (!aborted.ok()) return aborted;
-    if (post_now) TANDEM_RETURN_IF_ERROR(post_now(*op));
-    incoming.push_back(std::move(op));
+  std::lock_guard<std::mutex> lock(incoming_mu);
+  if (!aborted.ok()) return aborted;
+  if (post_now) TANDEM_RETURN_IF_ERROR(post_now(*op));
+  // Counted before anyone else can see (and complete) it.
+  op->counted = true;
+  ProgressEngine::Get().OperationAdded(op->stepped);
+  if (incoming.size() >= kIncomingPruneSize) {
+    incoming.erase(std::remove_if(incoming.begin(), incoming.end(),
+                                  [](const std::shared_ptr<Op>& queued) {
+                                    return queued->done.load(std::memory_order_acquire);
+                                  }),
+                   incoming.end());
   }
-  ProgressEngine::Get().OperationAdded();
+  incoming.push_back(std::move(op));
   return absl::OkStatus();
 }
 
@@ -122,6 +191,7 @@ bool CommState::Advance() {
   }
   std::lock_guard<std::mutex> lock(mu);
   for (auto& op : arrived) {
+    if (op->done.load(std::memory_order_acquire)) continue;  // completed by its waiter
     if (op->collective) {
       collectives.push_back(std::move(op));
     } else {
@@ -132,19 +202,10 @@ bool CommState::Advance() {
   if (aborting.load()) {
     // Abort ran between the swap and here: fail what arrived like the rest.
     const absl::Status reason = AbortStatus();
-    int64_t finished = 0;
-    for (auto& op : collectives) {
-      Fail(*op, reason);
-      ++finished;
-    }
-    for (auto& op : point_to_point) {
-      abandoned.push_back(op);
-      Fail(*op, reason);
-      ++finished;
-    }
+    for (auto& op : collectives) Fail(op, reason);
+    for (auto& op : point_to_point) Fail(op, reason);
     collectives.clear();
     point_to_point.clear();
-    ProgressEngine::Get().OperationsFinished(finished);
     return true;
   }
   const bool collectives_changed = AdvanceCollectives();
@@ -155,8 +216,10 @@ bool CommState::Advance() {
 bool CommState::AdvanceCollectives() {
   bool changed = false;
   bool earlier_unposted = false;
-  int64_t finished = 0;
   for (auto& op : collectives) {
+    if (op->done.load(std::memory_order_acquire)) continue;
+    // Waiters claim posted operations only, so one that is claimed elsewhere is posted.
+    if (!op->TryClaim()) continue;
     if (op->phase == Op::Phase::kQueued) {
       // Signature checks are posted here, in issue order, like the collectives themselves.
       if (op->verify) {
@@ -199,80 +262,55 @@ bool CommState::AdvanceCollectives() {
       }
       changed = true;
     }
-    if (op->phase == Op::Phase::kPosted && op->progress) {
-      absl::StatusOr<bool> complete = op->progress();
-      if (!complete.ok()) {
-        op->Complete(absl::Status(complete.status().code(),
-                                  absl::StrCat(op->description, ": ", complete.status().message())));
-        changed = true;
-      } else if (*complete) {
-        op->Complete(op->finish ? op->finish(MPI_Status{}) : absl::OkStatus());
-        changed = true;
-      }
-    } else if (op->phase == Op::Phase::kPosted) {
-      int flag = 0;
-      MPI_Status status;
-      const int rc = MPI_Test(&op->request, &flag, &status);
-      if (rc != MPI_SUCCESS) {
-        op->Complete(absl::Status(TANDEM_MPI_STATUS(rc).code(),
-                                  absl::StrCat(op->description, ": ",
-                                               TANDEM_MPI_STATUS(rc).message())));
-        changed = true;
-      } else if (flag) {
-        op->Complete(op->finish ? op->finish(status) : absl::OkStatus());
-        changed = true;
-      }
-    }
-    if (op->phase == Op::Phase::kQueued || op->phase == Op::Phase::kVerify ||
-        op->phase == Op::Phase::kReady) {
+    if (op->phase == Op::Phase::kPosted) changed = StepPosted(*op) || changed;
+    const Op::Phase phase = op->phase;
+    if (phase == Op::Phase::kQueued || phase == Op::Phase::kVerify ||
+        phase == Op::Phase::kReady) {
       earlier_unposted = true;
     }
-  }
-  while (!collectives.empty() && collectives.front()->phase == Op::Phase::kDone) {
-    collectives.pop_front();
-    ++finished;
+    op->Release();
   }
   // Finished operations behind an unfinished one stay queued until it is done, which keeps
   // "earlier collectives were posted" simple; they are already complete for their waiters.
-  if (finished > 0) ProgressEngine::Get().OperationsFinished(finished);
+  while (!collectives.empty() && collectives.front()->done.load(std::memory_order_acquire)) {
+    collectives.pop_front();
+  }
   return changed;
 }
 
 bool CommState::AdvancePointToPoint() {
   bool changed = false;
-  int64_t finished = 0;
+  bool any_done = false;
   for (auto& op : point_to_point) {
-    int flag = 0;
-    MPI_Status status;
-    const int rc = MPI_Test(&op->request, &flag, &status);
-    if (rc != MPI_SUCCESS) {
-      const absl::Status error = TANDEM_MPI_STATUS(rc);
-      op->Complete(absl::Status(error.code(), absl::StrCat(op->description, ": ", error.message())));
-    } else if (flag) {
-      op->Complete(op->finish ? op->finish(status) : absl::OkStatus());
+    if (!op->done.load(std::memory_order_acquire) && op->TryClaim()) {
+      if (op->phase == Op::Phase::kPosted) changed = StepPosted(*op) || changed;
+      op->Release();
     }
-    if (op->phase == Op::Phase::kDone) {
-      changed = true;
-      ++finished;
-    }
+    any_done = any_done || op->done.load(std::memory_order_acquire);
   }
-  if (finished > 0) {
-    point_to_point.erase(
-        std::remove_if(point_to_point.begin(), point_to_point.end(),
-                       [](const std::shared_ptr<Op>& op) { return op->phase == Op::Phase::kDone; }),
-        point_to_point.end());
-    ProgressEngine::Get().OperationsFinished(finished);
+  if (any_done) {
+    point_to_point.erase(std::remove_if(point_to_point.begin(), point_to_point.end(),
+                                        [](const std::shared_ptr<Op>& op) {
+                                          return op->done.load(std::memory_order_acquire);
+                                        }),
+                         point_to_point.end());
   }
   return changed;
 }
 
-void CommState::Fail(Op& op, const absl::Status& reason) {
-  if (op.phase == Op::Phase::kDone) return;
-  if (op.phase == Op::Phase::kPosted || op.phase == Op::Phase::kVerify) {
-    abandoned_requests = true;
+void CommState::Fail(const std::shared_ptr<Op>& op, const absl::Status& reason) {
+  op->Claim();  // a waiter holds it at most for one MPI_Test
+  if (!op->done.load(std::memory_order_acquire)) {
+    const Op::Phase phase = op->phase;
+    if (phase == Op::Phase::kPosted || phase == Op::Phase::kVerify) {
+      // MPI may still use its buffers: they must outlive the request.
+      abandoned_requests = true;
+      abandoned.push_back(op);
+    }
+    op->Complete(absl::FailedPreconditionError(
+        absl::StrCat(op->description, ": communicator aborted: ", reason.message())));
   }
-  op.Complete(absl::FailedPreconditionError(
-      absl::StrCat(op.description, ": communicator aborted: ", reason.message())));
+  op->Release();
 }
 
 void CommState::Abort(const absl::Status& reason) {
@@ -285,31 +323,11 @@ void CommState::Abort(const absl::Status& reason) {
   }
   const absl::Status why = AbortStatus();
   std::lock_guard<std::mutex> lock(mu);
-  int64_t finished = 0;
-  for (auto& op : queued) {
-    if (!op->collective) abandoned.push_back(op);  // posted by the issuer
-    Fail(*op, why);
-    ++finished;
-  }
-  for (auto& op : collectives) {
-    if (op->phase == Op::Phase::kPosted || op->phase == Op::Phase::kVerify) {
-      abandoned.push_back(op);
-    }
-    Fail(*op, why);
-    ++finished;
-  }
-  for (auto& op : point_to_point) {
-    abandoned.push_back(op);
-    Fail(*op, why);
-    ++finished;
-  }
-  if (std::any_of(queued.begin(), queued.end(),
-                  [](const std::shared_ptr<Op>& op) { return !op->collective; })) {
-    abandoned_requests = true;
-  }
+  for (auto& op : queued) Fail(op, why);
+  for (auto& op : collectives) Fail(op, why);
+  for (auto& op : point_to_point) Fail(op, why);
   collectives.clear();
   point_to_point.clear();
-  if (finished > 0) ProgressEngine::Get().OperationsFinished(finished);
 }
 
 // ---- ProgressEngine -------------------------------------------------------------------------
@@ -346,14 +364,20 @@ void ProgressEngine::Register(const std::shared_ptr<CommState>& state) {
   states_.push_back(state);
 }
 
-void ProgressEngine::OperationAdded() {
-  if (pending_.fetch_add(1) == 0) {
+void ProgressEngine::OperationAdded(bool stepped) {
+  if (stepped) stepping_.fetch_add(1);
+  // Only a long idle sleep is cut short; otherwise the engine's thread looks on its own within
+  // kLingerPause (and a waiter needs no help).
+  if (pending_.fetch_add(1) == 0 && deep_idle_.load()) {
     std::lock_guard<std::mutex> lock(wake_mu_);
     wake_.notify_one();
   }
 }
 
-void ProgressEngine::OperationsFinished(int64_t count) { pending_.fetch_sub(count); }
+void ProgressEngine::OperationFinished(bool stepped) {
+  if (stepped) stepping_.fetch_sub(1);
+  pending_.fetch_sub(1);
+}
 
 void ProgressEngine::OnFinalize() {
   finalizing_.store(true);
@@ -410,13 +434,26 @@ void ProgressEngine::Loop() {
     if (pending_.load() <= 0) {
       idle = true;
       const bool lingering = std::chrono::steady_clock::now() - last_active < kLinger;
+      if (lingering) {
+        // A waiting thread is inside MPI already: no need to poke, nor to look often.
+        const bool waiting = waiters_.load() > 0;
+        if (!waiting) {
+          lock.unlock();
+          Poke();
+          lock.lock();
+        }
+        wake_.wait_for(lock, waiting ? std::chrono::duration_cast<std::chrono::microseconds>(
+                                           kWaiterHandoffSleep)
+                                     : std::chrono::duration_cast<std::chrono::microseconds>(
+                                           kLingerPause));
+        continue;
+      }
       lock.unlock();
       Poke();
       lock.lock();
-      wake_.wait_for(lock, lingering ? std::chrono::duration_cast<std::chrono::microseconds>(
-                                           kLingerPause)
-                                     : std::chrono::duration_cast<std::chrono::microseconds>(
-                                           kIdleSleep));
+      deep_idle_.store(true);
+      if (pending_.load() <= 0 && !stop_) wake_.wait_for(lock, kIdleSleep);
+      deep_idle_.store(false);
       continue;
     }
     const auto now = std::chrono::steady_clock::now();

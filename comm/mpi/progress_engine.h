@@ -1,21 +1,29 @@
 // Progress for the MPI backend (internal). Open MPI advances non-blocking operations only
 // while some thread is inside MPI, so every posted request is tested by:
-//   * the thread that waits on it (Work::Wait spins on TryProgress: lowest latency), or
-//   * the engine's own thread, which polls whenever requests are pending and nobody waits,
+//   * the thread that waits on it: Work::Wait tests its own operation's request directly
+//     (MPI_Test, or the step function of a multi-step algorithm) with no hand-off to another
+//     thread, which gives MPI's own latency; or
+//   * the engine's own thread, which polls whenever operations are pending and nobody waits,
 //     so that communication overlaps computation for real.
-// One thread progresses at a time (progress_mu_); both use MPI_Test, which is legal under
-// MPI_THREAD_MULTIPLE while the issuing thread posts new requests.
+// An operation is touched by one thread at a time: whoever tests or fails it first claims it
+// (Op::TryClaim). Tandem-level steps that are not a single request (signature checks, posting
+// collectives queued behind them, ring steps of other operations) run under progress_mu_
+// (TryProgress); a waiter calls it only while such steps are pending anywhere.
 //
 // A rank whose operation completed may still owe its peers protocol messages (e.g. the
 // acknowledgement of a rendezvous send), which only leave while it calls into MPI. So after the
 // last pending operation the engine's thread keeps driving MPI's progress (MPI_Iprobe on
 // MPI_COMM_SELF) every kLingerPause for kLinger, then every kIdleSleep while idle. It stops
-// calling MPI when MPI_Finalize begins (a delete callback on MPI_COMM_SELF).
+// calling MPI when MPI_Finalize begins (a delete callback on MPI_COMM_SELF). Issuing an
+// operation does not wake the engine's thread unless it is in its long idle sleep: a wake-up per
+// operation costs a context switch that, on a rank with one core, is paid by the waiter.
 //
 // Collectives of one communicator are posted in issue order on every rank (MPI requires it).
+// Without verification the issuing thread posts them at once (like point-to-point operations).
 // With verification on, a collective first runs a small all-reduce of its signature (kind,
 // count, type, reduction, root) on a separate control communicator; its data request is
-// posted only after the signature agreed and after every earlier collective was posted.
+// posted by the progress side only after the signature agreed and after every earlier
+// collective was posted.
 #pragma once
 
 #include <mpi.h>
@@ -51,7 +59,8 @@ struct Op {
   enum class Phase { kQueued, kVerify, kReady, kPosted, kDone };
 
   std::string description;  // "all_reduce #3 (group of 4, 1024 x float32)"
-  Phase phase = Phase::kQueued;
+  // Written only by the thread holding the claim; read without it to decide whether to try.
+  std::atomic<Phase> phase{Phase::kQueued};
   bool collective = true;
   bool verify = false;  // run the signature check before posting
   // Verification: signature, then its negation, all-reduced with MPI_MAX (max and -min).
@@ -69,9 +78,30 @@ struct Op {
 
   std::atomic<bool> done{false};
   absl::Status status;  // written once, before done is set (release)
+  // Counted in the engine's pending operations (set when queued); `stepped` also in its
+  // operations that need TryProgress (verification, or a `progress` function).
+  bool counted = false;
+  bool stepped = false;
 
+  // Exclusive right to touch the request, phase and algorithm state; never held across a wait.
+  bool TryClaim() { return !claimed.exchange(true, std::memory_order_acquire); }
+  void Claim();  // spins (yielding) until claimed
+  void Release() { claimed.store(false, std::memory_order_release); }
+
+  // Under the claim: records the result, marks it done and uncounts it. Once per operation.
   void Complete(absl::Status result);
+
+ private:
+  std::atomic<bool> claimed{false};
 };
+
+// Under the claim of a posted operation: tests its request (or runs its `progress` step) and
+// completes it when finished. True if it completed.
+bool StepPosted(Op& op);
+
+// From a waiting thread: if `op` is posted and nobody else is testing it, tests it here.
+// True once the operation is done.
+bool TryCompleteDirectly(Op& op);
 
 // A communicator's MPI handles and queues, shared between the communicator (which issues) and
 // the engine (which progresses). Issuers only take `incoming_mu` (briefly), so they never wait
@@ -96,9 +126,9 @@ struct CommState {
   std::vector<std::shared_ptr<Op>> abandoned ABSL_GUARDED_BY(mu);
 
   ~CommState();
-  // Queues an issued operation (a point-to-point one already posted by `post_now`, called
-  // under incoming_mu so that Abort cannot slip in between). Returns the abort status if the
-  // communicator was aborted (then nothing was queued).
+  // Queues an issued operation (already posted by `post_now` if given, called under
+  // incoming_mu so that Abort cannot slip in between and posts keep the issue order). Returns
+  // the abort status if the communicator was aborted (then nothing was queued).
   absl::Status Enqueue(std::shared_ptr<Op> op,
                        const std::function<absl::Status(Op&)>& post_now = nullptr);
   // Tests pending requests and posts ready collectives; true if anything changed.
@@ -106,12 +136,14 @@ struct CommState {
   // Fails every pending operation with `reason`; later operations fail immediately.
   void Abort(const absl::Status& reason);
   absl::Status AbortStatus();
+  // Operations issued and not yet done.
   int64_t PendingCount();
 
  private:
   bool AdvanceCollectives() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   bool AdvancePointToPoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void Fail(Op& op, const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Fail(const std::shared_ptr<Op>& op, const absl::Status& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 // Pauses between polls of a waiting thread. Spinning (sched_yield) gives the lowest latency
@@ -137,8 +169,10 @@ class ProgressEngine {
   void Register(const std::shared_ptr<CommState>& state);
   // Counts operations added to / finished in any registered communicator, so the engine's
   // thread sleeps only when nothing is pending.
-  void OperationAdded();
-  void OperationsFinished(int64_t count);
+  void OperationAdded(bool stepped);
+  void OperationFinished(bool stepped);
+  // Whether some pending operation needs TryProgress (see the header comment).
+  bool SteppingPending() const { return stepping_.load(std::memory_order_relaxed) > 0; }
 
   // Advances every registered communicator if no other thread is doing so; returns whether
   // anything changed. `busy` (optional) tells whether another thread was progressing.
@@ -169,6 +203,8 @@ class ProgressEngine {
   std::vector<std::weak_ptr<CommState>> states_ ABSL_GUARDED_BY(list_mu_);
   std::mutex progress_mu_;
   std::atomic<int64_t> pending_{0};
+  std::atomic<int64_t> stepping_{0};
+  std::atomic<bool> deep_idle_{false};  // the engine's thread sleeps kIdleSleep: wake it
   std::atomic<int> waiters_{0};
   std::atomic<bool> polite_{false};
   std::atomic<bool> finalizing_{false};
