@@ -17,16 +17,6 @@ namespace {
 
 using internal::CsvTable;
 
-absl::StatusOr<std::vector<int>> Columns(const CsvTable& table,
-                                         const std::vector<std::string>& names) {
-  std::vector<int> index;
-  for (const std::string& name : names) {
-    TANDEM_ASSIGN_OR_RETURN(int column, table.Column(name));
-    index.push_back(column);
-  }
-  return index;
-}
-
 // Linear weight of `x` between `lo` and `hi` (0 at lo).
 double Weight(double x, double lo, double hi) { return hi > lo ? (x - lo) / (hi - lo) : 0.0; }
 
@@ -90,7 +80,7 @@ absl::StatusOr<std::shared_ptr<const Application>> Application::Load(
     TANDEM_ASSIGN_OR_RETURN(CsvTable table, CsvTable::Read(entry.path().string()));
     TANDEM_ASSIGN_OR_RETURN(
         std::vector<int> col,
-        Columns(table, {"progress", "iteration", "metric", "grad_sqr", "grad_var"}));
+        table.Columns({"progress", "iteration", "metric", "grad_sqr", "grad_var"}));
     std::vector<ValidationRow> rows;
     for (int r = 0; r < table.rows(); ++r) {
       ValidationRow row;
@@ -117,7 +107,7 @@ absl::StatusOr<std::shared_ptr<const Application>> Application::Load(
     const std::string path = (fs::path(directory) / "placements.csv").string();
     TANDEM_ASSIGN_OR_RETURN(CsvTable table, CsvTable::Read(path));
     TANDEM_ASSIGN_OR_RETURN(std::vector<int> col,
-                            Columns(table, {"placement", "local_bsz", "step_time", "sync_time"}));
+                            table.Columns({"placement", "local_bsz", "step_time", "sync_time"}));
     for (int r = 0; r < table.rows(); ++r) {
       const std::string& digits = table.Field(r, col[0]);
       std::vector<int> placement;
@@ -152,7 +142,7 @@ absl::StatusOr<std::shared_ptr<const Application>> Application::Load(
     TANDEM_ASSIGN_OR_RETURN(CsvTable table, CsvTable::Read(path));
     TANDEM_ASSIGN_OR_RETURN(
         std::vector<int> col,
-        Columns(table, {"num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"}));
+        table.Columns({"num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"}));
     for (int r = 0; r < table.rows(); ++r) {
       TANDEM_ASSIGN_OR_RETURN(long long nodes, table.Integer(r, col[0]));
       TANDEM_ASSIGN_OR_RETURN(long long replicas, table.Integer(r, col[1]));

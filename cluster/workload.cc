@@ -15,16 +15,6 @@ namespace {
 
 using internal::CsvTable;
 
-absl::StatusOr<std::vector<int>> Columns(const CsvTable& table,
-                                         const std::vector<std::string>& names) {
-  std::vector<int> index;
-  for (const std::string& name : names) {
-    TANDEM_ASSIGN_OR_RETURN(int column, table.Column(name));
-    index.push_back(column);
-  }
-  return index;
-}
-
 void SortBySubmission(Workload* workload) {
   std::stable_sort(workload->jobs.begin(), workload->jobs.end(),
                    [](const WorkloadJob& a, const WorkloadJob& b) {
@@ -43,7 +33,7 @@ absl::Status PositiveGpus(const CsvTable& table, int row, long long gpus) {
 absl::StatusOr<Workload> PolluxFromTable(const CsvTable& table) {
   TANDEM_ASSIGN_OR_RETURN(
       std::vector<int> col,
-      Columns(table, {"name", "time", "application", "num_replicas", "batch_size"}));
+      table.Columns({"name", "time", "application", "num_replicas", "batch_size"}));
   Workload workload;
   workload.source = table.path();
   for (int r = 0; r < table.rows(); ++r) {
@@ -77,7 +67,7 @@ absl::StatusOr<Workload> PolluxFromTable(const CsvTable& table) {
 
 absl::StatusOr<Workload> PhillyFromTable(const CsvTable& table, const PhillyOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(std::vector<int> col,
-                          Columns(table, {"timestamp", "duration", "num_gpus", "cluster"}));
+                          table.Columns({"timestamp", "duration", "num_gpus", "cluster"}));
   Workload workload;
   workload.source = table.path();
   std::vector<std::pair<absl::Time, WorkloadJob>> jobs;
@@ -115,7 +105,7 @@ absl::StatusOr<Workload> PhillyFromTable(const CsvTable& table, const PhillyOpti
 absl::StatusOr<Workload> TiresiasFromTable(const CsvTable& table) {
   TANDEM_ASSIGN_OR_RETURN(
       std::vector<int> col,
-      Columns(table, {"job_id", "num_gpu", "submit_time", "model_name", "duration"}));
+      table.Columns({"job_id", "num_gpu", "submit_time", "model_name", "duration"}));
   Workload workload;
   workload.source = table.path();
   for (int r = 0; r < table.rows(); ++r) {
@@ -177,7 +167,7 @@ absl::StatusOr<Workload> ReadWorkload(const std::string& path, const PhillyOptio
 absl::StatusOr<ClusterView> ReadTiresiasClusterSpec(const std::string& path) {
   TANDEM_ASSIGN_OR_RETURN(CsvTable table, CsvTable::Read(path));
   TANDEM_ASSIGN_OR_RETURN(std::vector<int> col,
-                          Columns(table, {"num_switch", "num_node_p_switch", "num_gpu_p_node"}));
+                          table.Columns({"num_switch", "num_node_p_switch", "num_gpu_p_node"}));
   if (table.rows() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected one row, got ", table.rows()));
   }

@@ -57,6 +57,16 @@ absl::StatusOr<int> CsvTable::Column(const std::string& name) const {
                                                  ")"));
 }
 
+absl::StatusOr<std::vector<int>> CsvTable::Columns(const std::vector<std::string>& names) const {
+  std::vector<int> index;
+  index.reserve(names.size());
+  for (const std::string& name : names) {
+    TANDEM_ASSIGN_OR_RETURN(int column, Column(name));
+    index.push_back(column);
+  }
+  return index;
+}
+
 std::string CsvTable::Where(int row) const { return absl::StrCat(path_, ":", lines_[row], ": "); }
 
 absl::StatusOr<double> CsvTable::Number(int row, int column) const {

@@ -22,6 +22,8 @@ class CsvTable {
   int rows() const { return static_cast<int>(rows_.size()); }
   // Index of a column, or InvalidArgument naming the file and the columns it has.
   absl::StatusOr<int> Column(const std::string& name) const;
+  // Indices of several columns, in the order named.
+  absl::StatusOr<std::vector<int>> Columns(const std::vector<std::string>& names) const;
   const std::string& Field(int row, int column) const { return rows_[row][column]; }
   int Line(int row) const { return lines_[row]; }
   // "path:line: " for messages about a row.

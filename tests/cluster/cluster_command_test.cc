@@ -10,25 +10,15 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/command.h"
 
 namespace {
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using tandem::testing::Outcome;
 
-CommandRun Tandem(const std::string& args) {
-  const std::string command = std::string(TANDEM_BIN) + " " + args + " 2>&1";
-  CommandRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+// `tandem ARGS`: exit status and output.
+Outcome Tandem(const std::string& args) {
+  return tandem::testing::RunCommand(std::string(TANDEM_BIN) + " " + args);
 }
 
 std::string Data(const std::string& name) {
@@ -38,11 +28,11 @@ std::string Data(const std::string& name) {
 std::string Temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
 TEST(ClusterCommand, JsonFiguresOfAPolluxWorkload) {
-  const CommandRun run = Tandem("cluster simulate --workload " +
+  const Outcome run = Tandem("cluster simulate --workload " +
                                 Data("pollux/workloads/workload-3.csv") +
                                 " --policy tiresias --format json");
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const nlohmann::json j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  const nlohmann::json j = nlohmann::json::parse(run.output);
   // Published (Pollux artifact): 3876.3 s.
   EXPECT_NEAR(j["avg_jct_seconds"].get<double>() / 3876.3, 1.0, 0.05);
   EXPECT_EQ(j["jcts"].size(), 160u);
@@ -58,13 +48,13 @@ TEST(ClusterCommand, JsonFiguresOfAPolluxWorkload) {
 TEST(ClusterCommand, TextAndSvgForATiresiasTrace) {
   const std::string svg = Temp("cluster.svg");
   std::remove(svg.c_str());
-  const CommandRun run = Tandem("cluster simulate --workload " + Data("tiresias/60_job.csv") +
+  const Outcome run = Tandem("cluster simulate --workload " + Data("tiresias/60_job.csv") +
                                 " --policy fifo --cluster-spec " + Data("tiresias/n32g4.csv") +
                                 " --svg " + svg);
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  EXPECT_NE(run.out.find("average JCT"), std::string::npos);
-  EXPECT_NE(run.out.find("utilisation"), std::string::npos);
-  EXPECT_NE(run.out.find("finish-time fairness"), std::string::npos);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  EXPECT_NE(run.output.find("average JCT"), std::string::npos);
+  EXPECT_NE(run.output.find("utilisation"), std::string::npos);
+  EXPECT_NE(run.output.find("finish-time fairness"), std::string::npos);
   std::ifstream in(svg);
   std::stringstream text;
   text << in.rdbuf();
@@ -96,20 +86,20 @@ TEST(ClusterCommand, BadInputExitsTwoWithOneLine) {
       {"cluster bogus", "unknown subcommand"},
   };
   for (const Case& c : cases) {
-    const CommandRun run = Tandem(c.args);
-    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.out;
-    EXPECT_NE(run.out.find("tandem cluster: error: "), std::string::npos) << run.out;
-    EXPECT_NE(run.out.find(c.message), std::string::npos) << c.args << "\n" << run.out;
+    const Outcome run = Tandem(c.args);
+    EXPECT_EQ(run.exit_status, 2) << c.args << "\n" << run.output;
+    EXPECT_NE(run.output.find("tandem cluster: error: "), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(c.message), std::string::npos) << c.args << "\n" << run.output;
   }
 }
 
 TEST(ClusterCommand, GavelOnAHeterogeneousCluster) {
-  const CommandRun run = Tandem("cluster simulate --workload " +
+  const Outcome run = Tandem("cluster simulate --workload " +
                                 Data("pollux/workloads/workload-2.csv") +
                                 " --policy gavel --cluster " + Data("gavel/v100-p100-k80.json") +
                                 " --format json");
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const nlohmann::json j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  const nlohmann::json j = nlohmann::json::parse(run.output);
   EXPECT_EQ(j["jcts"].size(), 160u);
   EXPECT_GT(j["utilisation"].get<double>(), 0.0);
   EXPECT_LE(j["utilisation"].get<double>(), 1.0);
@@ -133,11 +123,11 @@ TEST(ClusterCommand, BadClusterFilesExitTwo) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = Temp("bad_cluster_" + std::to_string(i) + ".json");
     std::ofstream(path) << cases[i].json;
-    const CommandRun run =
+    const Outcome run =
         Tandem("cluster simulate --workload " + workload + " --policy gavel --cluster " + path);
-    EXPECT_EQ(run.exit_code, 2) << cases[i].json << "\n" << run.out;
-    EXPECT_NE(run.out.find(path), std::string::npos) << run.out;
-    EXPECT_NE(run.out.find(cases[i].message), std::string::npos) << run.out;
+    EXPECT_EQ(run.exit_status, 2) << cases[i].json << "\n" << run.output;
+    EXPECT_NE(run.output.find(path), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find(cases[i].message), std::string::npos) << run.output;
   }
   // A gang wider than every device type: Gavel cannot place it.
   const std::string small = Temp("small_types.json");
@@ -147,23 +137,23 @@ TEST(ClusterCommand, BadClusterFilesExitTwo) {
   const std::string wide = Temp("six_gpu_job.csv");
   std::ofstream(wide) << "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
                          "0,6,0,10,vgg,100,1\n";
-  const CommandRun run =
+  const Outcome run =
       Tandem("cluster simulate --workload " + wide + " --policy gavel --cluster " + small);
-  EXPECT_EQ(run.exit_code, 2) << run.out;
-  EXPECT_NE(run.out.find("no type has that many"), std::string::npos) << run.out;
-  const CommandRun both = Tandem("cluster simulate --workload " + workload +
+  EXPECT_EQ(run.exit_status, 2) << run.output;
+  EXPECT_NE(run.output.find("no type has that many"), std::string::npos) << run.output;
+  const Outcome both = Tandem("cluster simulate --workload " + workload +
                                  " --policy fifo --cluster " + small + " --cluster-spec " +
                                  Data("tiresias/n32g4.csv"));
-  EXPECT_EQ(both.exit_code, 2) << both.out;
-  EXPECT_NE(both.out.find("not both"), std::string::npos) << both.out;
+  EXPECT_EQ(both.exit_status, 2) << both.output;
+  EXPECT_NE(both.output.find("not both"), std::string::npos) << both.output;
 }
 
 TEST(ClusterCommand, HelpListsTheFlags) {
-  const CommandRun run = Tandem("cluster --help");
-  EXPECT_EQ(run.exit_code, 0) << run.out;
+  const Outcome run = Tandem("cluster --help");
+  EXPECT_EQ(run.exit_status, 0) << run.output;
   for (const char* flag : {"--workload", "--policy", "--gpus", "--gpus-per-node", "--cluster",
                            "--interval", "--format", "--svg"}) {
-    EXPECT_NE(run.out.find(flag), std::string::npos) << flag;
+    EXPECT_NE(run.output.find(flag), std::string::npos) << flag;
   }
 }
 

@@ -21,27 +21,17 @@
 #include "common/config.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/command.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using tandem::testing::Outcome;
 
-CommandRun Tandem(const std::string& args) {
-  const std::string command = std::string(TANDEM_BIN) + " " + args + " 2>&1";
-  CommandRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+// `tandem ARGS`: exit status and output.
+Outcome Tandem(const std::string& args) {
+  return tandem::testing::RunCommand(std::string(TANDEM_BIN) + " " + args);
 }
 
 std::string Temp(const std::string& name) {
@@ -82,15 +72,15 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
   const std::string work = Temp("work");
   const std::string log = Temp("run.json");
   fs::remove_all(work);
-  const CommandRun run = Tandem("cluster run --jobs " + jobs +
+  const Outcome run = Tandem("cluster run --jobs " + jobs +
                                 " --slots 4 --policy optimus --interval 1 --deadline 240"
                                 " --work-dir " +
                                 work + " --log-json " + log);
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  std::cout << run.out;  // the events and the JCT table, real beside simulated
-  EXPECT_NE(run.out.find("JCT real"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("JCT sim"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("never oversubscribed"), std::string::npos) << run.out;
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  std::cout << run.output;  // the events and the JCT table, real beside simulated
+  EXPECT_NE(run.output.find("JCT real"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("JCT sim"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("never oversubscribed"), std::string::npos) << run.output;
 
   std::ifstream in(log);
   const nlohmann::json result = nlohmann::json::parse(in);
@@ -136,10 +126,10 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
     for (const auto& [it, n] : seen) EXPECT_EQ(n, 1) << name << " iteration " << it;
     if (name == "wide") {
       // Shrunk live when the narrow jobs came, grown back (resumed) when they finished.
-      EXPECT_GE(recoveries, 1) << run.out;
-      EXPECT_GE(job["live_shrinks"].get<int>(), 1) << run.out;
-      EXPECT_GE(resumes, 1) << run.out;
-      EXPECT_GE(job["grows"].get<int>(), 1) << run.out;
+      EXPECT_GE(recoveries, 1) << run.output;
+      EXPECT_GE(job["live_shrinks"].get<int>(), 1) << run.output;
+      EXPECT_GE(resumes, 1) << run.output;
+      EXPECT_GE(job["grows"].get<int>(), 1) << run.output;
     }
   }
   fs::remove_all(work);
@@ -171,20 +161,20 @@ TEST(ClusterRun, BadInputIsRefusedWithTheReason) {
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string jobs = Write("bad" + std::to_string(i) + ".csv", cases[i].file);
-    const CommandRun run = Tandem("cluster run --jobs " + jobs + " " + cases[i].flags);
-    EXPECT_EQ(run.exit_code, 2) << i << ": " << run.out;
-    EXPECT_NE(run.out.find(cases[i].message), std::string::npos) << i << ": " << run.out;
+    const Outcome run = Tandem("cluster run --jobs " + jobs + " " + cases[i].flags);
+    EXPECT_EQ(run.exit_status, 2) << i << ": " << run.output;
+    EXPECT_NE(run.output.find(cases[i].message), std::string::npos) << i << ": " << run.output;
   }
-  const CommandRun missing = Tandem("cluster run --slots 4");
-  EXPECT_EQ(missing.exit_code, 2) << missing.out;
-  EXPECT_NE(missing.out.find("missing --jobs"), std::string::npos) << missing.out;
-  const CommandRun nofile = Tandem("cluster run --slots 4 --jobs " + Temp("absent.csv"));
-  EXPECT_EQ(nofile.exit_code, 2) << nofile.out;
+  const Outcome missing = Tandem("cluster run --slots 4");
+  EXPECT_EQ(missing.exit_status, 2) << missing.output;
+  EXPECT_NE(missing.output.find("missing --jobs"), std::string::npos) << missing.output;
+  const Outcome nofile = Tandem("cluster run --slots 4 --jobs " + Temp("absent.csv"));
+  EXPECT_EQ(nofile.exit_status, 2) << nofile.output;
   const std::string hosts = Write("hosts", "nodeA slots=2\nnodeB slots=two\n");
-  const CommandRun badhosts =
+  const Outcome badhosts =
       Tandem("cluster run --hosts " + hosts + " --jobs " + Write("okjobs.csv", ok));
-  EXPECT_EQ(badhosts.exit_code, 2) << badhosts.out;
-  EXPECT_NE(badhosts.out.find(":2: expected 'HOST slots=N'"), std::string::npos) << badhosts.out;
+  EXPECT_EQ(badhosts.exit_status, 2) << badhosts.output;
+  EXPECT_NE(badhosts.output.find(":2: expected 'HOST slots=N'"), std::string::npos) << badhosts.output;
 }
 
 }  // namespace

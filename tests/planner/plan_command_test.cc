@@ -12,26 +12,16 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/plan.h"
 #include "tests/planner/test_util.h"
+#include "tests/support/command.h"
 
 namespace tandem::planner {
 namespace {
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr
-};
+using tandem::testing::Outcome;
 
-CommandRun Tandem(const std::string& args) {
-  const std::string command = std::string(TANDEM_BIN) + " " + args + " 2>&1";
-  CommandRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+// `tandem ARGS`: exit status and output.
+Outcome Tandem(const std::string& args) {
+  return tandem::testing::RunCommand(std::string(TANDEM_BIN) + " " + args);
 }
 
 std::string Data(const std::string& name) { return testing::DataPath(name); }
@@ -43,11 +33,11 @@ void WriteText(const std::string& path, const std::string& text) {
 }
 
 TEST(PlanCommand, PipeDreamReferenceAsJson) {
-  const CommandRun run = Tandem("plan --profile " + Data("pipedream/vgg16.graph.txt") +
+  const Outcome run = Tandem("plan --profile " + Data("pipedream/vgg16.graph.txt") +
                          " --profile-format pipedream --algorithm pipedream --devices 8 "
                          "--bandwidth 1e9 --format json");
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const nlohmann::json j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  const nlohmann::json j = nlohmann::json::parse(run.output);
   EXPECT_NEAR(j["bottleneck_seconds"].get<double>(), 0.09351323, 1e-8);
   EXPECT_EQ(j["algorithm"], "pipedream");
   EXPECT_FALSE(j["stages"].empty());
@@ -56,11 +46,11 @@ TEST(PlanCommand, PipeDreamReferenceAsJson) {
 TEST(PlanCommand, PiperReferenceWritesAPlanFile) {
   const std::string path = Temp("bert_plan.json");
   std::remove(path.c_str());
-  const CommandRun run = Tandem("plan --profile " + Data("piper/bert32a100.json") +
+  const Outcome run = Tandem("plan --profile " + Data("piper/bert32a100.json") +
                          " --profile-format piper --algorithm piper --devices 512 --memory 8GiB "
                          "--microbatches 1920 --bandwidth 25GiB/s -o " + path);
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  EXPECT_TRUE(absl::StrContains(run.out, "maximum load (time per sample) 0.002561"));
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "maximum load (time per sample) 0.002561"));
   auto plan = pipeline::ReadPlanFile(path);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_NEAR(plan->time_per_sample, 0.00256113, 0.00256113 * 1e-3);
@@ -69,12 +59,12 @@ TEST(PlanCommand, PiperReferenceWritesAPlanFile) {
 }
 
 TEST(PlanCommand, AdaPipeOnGpt3WithScheduleSearch) {
-  const CommandRun run = Tandem(
+  const Outcome run = Tandem(
       "plan --profile gpt3-175b --profile-format builtin --algorithm adapipe --devices 256 "
       "--devices-per-node 8 --bandwidth 300GB/s --bandwidth 25GB/s --memory 80GB "
       "--microbatches 256 --schedule auto --format json");
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const nlohmann::json j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  const nlohmann::json j = nlohmann::json::parse(run.output);
   auto plan = pipeline::PlanFromJson(j);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->IsUniform());
@@ -146,10 +136,10 @@ TEST(PlanCommand, BadInputExitsTwoWithAClearMessageAndWritesNothing) {
   const std::string output = Temp("must_not_exist.json");
   for (const BadCase& c : cases) {
     std::remove(output.c_str());
-    const CommandRun run = Tandem(c.args + " -o " + output);
-    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.out;
-    EXPECT_TRUE(absl::StrContains(run.out, c.message)) << c.args << "\n" << run.out;
-    EXPECT_TRUE(absl::StrContains(run.out, "tandem plan: error: ")) << run.out;
+    const Outcome run = Tandem(c.args + " -o " + output);
+    EXPECT_EQ(run.exit_status, 2) << c.args << "\n" << run.output;
+    EXPECT_TRUE(absl::StrContains(run.output, c.message)) << c.args << "\n" << run.output;
+    EXPECT_TRUE(absl::StrContains(run.output, "tandem plan: error: ")) << run.output;
     EXPECT_FALSE(std::ifstream(output).good()) << c.args;
   }
 }

@@ -16,25 +16,9 @@
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/reference.h"
+#include "tests/support/command.h"
 
 namespace tandem::testing {
-
-struct Outcome {
-  int exit_status = -1;
-  std::string output;  // stdout and stderr together
-};
-
-inline Outcome RunCommand(const std::string& command) {
-  Outcome o;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return o;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) o.output.append(buffer, n);
-  const int status = pclose(pipe);
-  o.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return o;
-}
 
 // One JSON object per line.
 inline std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
