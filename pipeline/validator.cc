@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -181,9 +182,16 @@ class Validator {
     pc_.assign(num_ranks_, 0);
     outstanding_.assign(num_ranks_, 0);
     group_end_.assign(num_ranks_, -1);
+    peer_channels_.assign(num_ranks_, {});
   }
 
+  // Channel of transfers from `from` to `to`. Each rank talks to few peers: a short list per
+  // rank is searched first, the map only for ranks with many peers.
   int ChannelId(int from, int to) {
+    std::vector<std::pair<int, int>>& known = peer_channels_[from];
+    for (const auto& [peer, id] : known) {
+      if (peer == to) return id;
+    }
     const int64_t key = static_cast<int64_t>(from) * num_ranks_ + to;
     auto [it, inserted] = channel_ids_.try_emplace(key, static_cast<int>(channels_.size()));
     if (inserted) {
@@ -192,6 +200,7 @@ class Validator {
       c.to = to;
       channels_.push_back(std::move(c));
     }
+    if (known.size() < kPeersPerRankListed) known.emplace_back(to, it->second);
     return it->second;
   }
 
@@ -282,6 +291,15 @@ class Validator {
       Deliver(sa);
       Complete(recv.rank);
       if (options_.grouped_rendezvous) Complete(send.rank);
+    }
+    // Keep only what is still unmatched, so the queues stay short.
+    if (c.head_send == c.sends.size()) {
+      c.sends.clear();
+      c.head_send = 0;
+    }
+    if (c.head_recv == c.recvs.size()) {
+      c.recvs.clear();
+      c.head_recv = 0;
     }
     return absl::OkStatus();
   }
@@ -499,6 +517,8 @@ class Validator {
   std::vector<int> touched_;
   std::vector<Channel> channels_;
   absl::flat_hash_map<int64_t, int> channel_ids_;
+  static constexpr size_t kPeersPerRankListed = 8;
+  std::vector<std::vector<std::pair<int, int>>> peer_channels_;  // per sender: (receiver, id)
 };
 
 }  // namespace

@@ -1,10 +1,11 @@
 // Speed of the schedule engine on one core: for each schedule and size, the time to generate
 // the programs, to validate them (buffered sends; grouped rendezvous) and to simulate them,
 // and the simulated actions per second (the goal: at least one million). Generation
-// plus validation has a goal of its own: at most 2 s per schedule at p=1024, m=4096; each line
-// says whether it is met ("goal 2s: ok" or "goal 2s: MISSED"; the exit status stays 0 for a
-// missed goal, which depends on the machine). Each line ends with a digest of the programs, so
-// that two builds can be checked to generate the same schedules.
+// plus validation has a goal of its own: at most 2 s per schedule at p=1024, m=4096. Each line
+// says whether it is met, on processor time since the machine may be shared ("goal 2s: ok" or
+// "goal 2s: MISSED"; the exit status stays 0 for a missed goal, which depends on the machine).
+// Each line ends with a digest of the programs, so that two builds can be checked to generate
+// the same schedules.
 //
 //   pipeline_schedule_bench                       # the sizes, every schedule
 //   pipeline_schedule_bench 1f1b:64:512 zb-v:1024:4096:1   # kind:p:m[:v or W]
@@ -16,6 +17,7 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,9 @@ using tandem::pipeline::CostModel;
 using tandem::pipeline::Schedule;
 using tandem::pipeline::ScheduleKind;
 using tandem::pipeline::ScheduleSpec;
+
+// Processor time of this process: on a shared machine, what the wall time would be alone.
+double CpuNow() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -105,6 +110,7 @@ bool ParseCase(const std::string& text, ScheduleSpec* spec) {
 }
 
 int RunCase(const ScheduleSpec& spec) {
+  const double c0 = CpuNow();
   const double t0 = Now();
   auto schedule = tandem::pipeline::GenerateSchedule(spec);
   const double t1 = Now();
@@ -117,6 +123,7 @@ int RunCase(const ScheduleSpec& spec) {
   }
   absl::Status valid = tandem::pipeline::ValidateSchedule(*schedule);
   const double t2 = Now();
+  const double c2 = CpuNow();
   tandem::pipeline::ValidationOptions strict;
   strict.grouped_rendezvous = true;
   absl::Status grouped = tandem::pipeline::ValidateSchedule(*schedule, strict);
@@ -153,13 +160,13 @@ int RunCase(const ScheduleSpec& spec) {
   const double per_run = (t7 - t6) / runs;
   std::printf(
       "%-12s p=%-5d m=%-5d actions=%-10lld generate=%8.3fs validate=%8.3fs "
-      "validate-grouped=%8.3fs gen+validate=%8.3fs simulate=%8.3fs (with indexing %8.3fs) "
+      "validate-grouped=%8.3fs gen+validate=%8.3fs (cpu %7.3fs) simulate=%8.3fs (with indexing %8.3fs) "
       "%7.1f M actions/s  makespan=%.1f bubble=%.4f  goal %.0fs: %s  digest=%016" PRIx64 "\n",
       std::string(tandem::pipeline::ScheduleKindName(spec.kind)).c_str(), spec.num_ranks,
       spec.num_microbatches, static_cast<long long>(schedule->NumActions()), t1 - t0, t2 - t1,
-      t3 - t2, t2 - t0, per_run, t5 - t4, actions / (t7 - t6) / 1e6, once->makespan_seconds,
+      t3 - t2, t2 - t0, c2 - c0, per_run, t5 - t4, actions / (t7 - t6) / 1e6, once->makespan_seconds,
       once->bubble_ratio, kGenerateValidateGoalSeconds,
-      t2 - t0 <= kGenerateValidateGoalSeconds ? "ok" : "MISSED", Digest(*schedule));
+      c2 - c0 <= kGenerateValidateGoalSeconds ? "ok" : "MISSED", Digest(*schedule));
   std::fflush(stdout);
   return 0;
 }
