@@ -203,7 +203,8 @@ absl::StatusOr<std::vector<int>> LateTopologicalOrder(
 }
 
 absl::StatusOr<pipeline::Profile> ImportPipeDreamGraph(absl::string_view text,
-                                                       absl::string_view source) {
+                                                       absl::string_view source,
+                                                       PipeDreamGraph* graph) {
   std::vector<GraphNode> nodes;
   std::map<std::string, int> index_of;
   struct PendingEdge {
@@ -258,7 +259,7 @@ absl::StatusOr<pipeline::Profile> ImportPipeDreamGraph(absl::string_view text,
     ++in_degree[to];
   }
   // As PipeDream's optimizer: "__getitem__" sinks go, "Input" sources carry no work.
-  std::vector<bool> dropped(n, false);
+  std::vector<bool> dropped(n, false), input_source(n, false);
   for (int v = 0; v < n; ++v) {
     if (out_degree[v] == 0 && absl::StartsWith(nodes[v].description, "__getitem__")) {
       dropped[v] = true;
@@ -266,6 +267,7 @@ absl::StatusOr<pipeline::Profile> ImportPipeDreamGraph(absl::string_view text,
     if (in_degree[v] == 0 && absl::StartsWith(nodes[v].description, "Input")) {
       nodes[v].forward_ms = nodes[v].backward_ms = 0;
       nodes[v].activation_bytes = nodes[v].parameter_bytes = 0;
+      input_source[v] = true;
     }
   }
   std::vector<int> kept_index(n, -1);
@@ -319,12 +321,35 @@ absl::StatusOr<pipeline::Profile> ImportPipeDreamGraph(absl::string_view text,
     profile.layers.push_back(std::move(layer));
   }
   TANDEM_RETURN_IF_ERROR(pipeline::ValidateProfile(profile, source));
+  if (graph != nullptr) {
+    // PipeDream's view: input nodes removed, its states starting from the first remaining
+    // source in the file.
+    graph->inputs.assign(order.size(), {});
+    graph->ignored.assign(order.size(), false);
+    int first_line = std::numeric_limits<int>::max();
+    graph->start_layer = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      graph->ignored[i] = input_source[kept[order[i]]];
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (graph->ignored[i]) continue;
+      for (int u : inputs[i]) {
+        if (!graph->ignored[u]) graph->inputs[i].push_back(u);
+      }
+      const int line = nodes[kept[order[i]]].line;
+      if (graph->inputs[i].empty() && line < first_line) {
+        first_line = line;
+        graph->start_layer = static_cast<int>(i);
+      }
+    }
+  }
   return profile;
 }
 
-absl::StatusOr<pipeline::Profile> ReadPipeDreamGraphFile(const std::string& path) {
+absl::StatusOr<pipeline::Profile> ReadPipeDreamGraphFile(const std::string& path,
+                                                         PipeDreamGraph* graph) {
   TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  return ImportPipeDreamGraph(text, path);
+  return ImportPipeDreamGraph(text, path, graph);
 }
 
 absl::Status ValidatePiperInstance(const PiperInstance& instance, absl::string_view source) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/profile.h"
+#include "planner/pipedream.h"
 #include "planner/piper.h"
 
 namespace tandem::planner {
@@ -31,10 +32,14 @@ absl::StatusOr<std::vector<int>> LateTopologicalOrder(
 // (activation sizes of several outputs written "[a; b]" are summed), then tab-indented edge
 // lines "nodeA -- nodeB". As PipeDream's optimizer does, source nodes whose description starts
 // with "Input" carry no work and "__getitem__" sinks are dropped. Times become seconds; a
-// layer's stashed activation is its activation size (PipeDream's model).
+// layer's stashed activation is its activation size (PipeDream's model). With `graph`, also
+// the DAG as PipeDream's optimizer partitions it (planner/pipedream.h: input nodes ignored,
+// the first source of the file where its states start), one entry per profile layer.
 absl::StatusOr<pipeline::Profile> ImportPipeDreamGraph(absl::string_view text,
-                                                       absl::string_view source);
-absl::StatusOr<pipeline::Profile> ReadPipeDreamGraphFile(const std::string& path);
+                                                       absl::string_view source,
+                                                       PipeDreamGraph* graph = nullptr);
+absl::StatusOr<pipeline::Profile> ReadPipeDreamGraphFile(const std::string& path,
+                                                         PipeDreamGraph* graph = nullptr);
 
 // Piper's input JSON (maxDevices, maxMemoryPerDevice, bandwidth, mbsInBatch, nodes with TMPCs
 // per tensor-parallel degree, edges with communicationCost). Nodes are renumbered in the

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status.h"
 #include "common/units.h"
 
 namespace tandem::planner {
@@ -62,14 +64,36 @@ class Solver {
   absl::StatusOr<PipeDreamResult> Run();
 
  private:
+  // Positions are where stages may start and end: 0..L over the chain's layers, or, with a
+  // graph, 0 (nothing) and PipeDream's antichain states in a topological order. Sums up to a
+  // position: over its layers (chain) or its state's down-set.
+  absl::Status BuildPositions();
+  absl::Status BuildStates();
+  double Compute(int i, int j) const { return compute_[j] - compute_[i]; }
+  double Parameters(int i, int j) const { return parameters_[j] - parameters_[i]; }
   // Compute time of [i, j) on one machine of `level`.
   double RangeTime(int level, int i, int j) const {
-    if (level == 0) return chain_.ComputeSeconds(i, j) / uniform_speed_;
+    if (level == 0) return Compute(i, j) / uniform_speed_;
     return tables_[level - 1].Value(i, j, options_.levels[level - 1].machines - 1);
   }
-  double StageStash(int i, int j) const {
-    return chain_.StashedBytes(i, j) + chain_.ParameterBytes(i, j) +
-           chain_.OptimizerStateBytes(i, j);
+  double StageStash(int i, int j) const { return stash_[j] - stash_[i]; }
+  // Whether a stage may run from position i to position j.
+  bool Precedes(int i, int j) const {
+    if (!states_) return i < j;
+    if (i == 0) return j > 0;
+    const int a = i - 1, b = j - 1;
+    return (reach_[static_cast<size_t>(a) * reach_words_ + b / 64] >> (b % 64)) & 1;
+  }
+  // Calls fn(k) for every k with i < k < j where [i, k) and [k, j) may both be stages.
+  template <typename Fn>
+  void ForEachSplit(int i, int j, Fn fn) const {
+    if (!states_) {
+      for (int k = i + 1; k < j; ++k) fn(k);
+      return;
+    }
+    for (int k : earlier_[j]) {
+      if (k > i && (i == 0 || Precedes(i, k))) fn(k);
+    }
   }
   // Time per stage of [i, j) on r replicas at `level`, with `prefix_machines` machines used by
   // this stage and those before it (for PipeDream's memory estimate); infinity when it does
@@ -78,10 +102,28 @@ class Solver {
   void SolveLevel(int level);
   void Collect(int level, int i, int j, int machines, int replica_factor,
                std::vector<PipeDreamStage>* stages) const;
+  // Stages over positions become stages over `layer_order`.
+  void MapStatesToLayers(PipeDreamResult* result) const;
+  bool InIdeal(int position, int layer) const {
+    return position > 0 &&
+           (ideal_[static_cast<size_t>(position - 1) * layer_words_ + layer / 64] >> (layer % 64)) &
+               1;
+  }
 
   const LayerChain& chain_;
   const PipeDreamOptions& options_;
   int num_layers_;
+  // Positions 0..num_positions_ (num_positions_ plays the part of the layer count).
+  int num_positions_ = 0;
+  bool states_ = false;
+  std::vector<double> compute_, parameters_, stash_, cut_;
+  // With a graph: per state (position - 1), its down-set; reach_[a] has bit b
+  // when state b descends from state a; earlier_[j] lists the positions k < j preceding j.
+  size_t layer_words_ = 0;
+  std::vector<uint64_t> ideal_;  // per state, its down-set (layer_words_ words each)
+  size_t reach_words_ = 0;
+  std::vector<uint64_t> reach_;
+  std::vector<std::vector<int>> earlier_;
   double uniform_speed_ = 1.0;
   bool per_device_speed_ = false;
   std::vector<LevelTable> tables_;
@@ -92,32 +134,261 @@ double Solver::StageTime(int level, int i, int j, int r, int prefix_machines,
   const PipeDreamLevel& lv = options_.levels[level];
   double compute = RangeTime(level, i, j);
   if (!std::isfinite(compute)) return kInfinity;
-  if (per_device_speed_) compute = chain_.ComputeSeconds(i, j) / options_.device_speeds[device];
+  if (per_device_speed_) compute = Compute(i, j) / options_.device_speeds[device];
   if (options_.use_memory_constraint) {
     const int later = lv.machines - prefix_machines;
     const double in_flight = std::ceil(static_cast<double>(later) / r);
     if (StageStash(i, j) * in_flight > options_.memory_bytes) return kInfinity;
   }
   const int within = level == 0 ? 1 : options_.levels[level - 1].machines;
-  const double all_reduce = kAllReduceFactor * (r - 1) * chain_.ParameterBytes(i, j) /
+  const double all_reduce = kAllReduceFactor * (r - 1) * Parameters(i, j) /
                             (lv.bandwidth_bytes_per_second * r) / within;
   double time = (compute + all_reduce) / r;
   if (options_.activation_compression_ratio > 0) {
     const double per_byte =
         kActivationTransfers / (lv.bandwidth_bytes_per_second * r) /
         options_.activation_compression_ratio;
-    if (i > 0) time = std::max(time, chain_.CutBytes(i) * per_byte);
-    if (j < num_layers_) time = std::max(time, chain_.CutBytes(j) * per_byte);
+    if (i > 0) time = std::max(time, cut_[i] * per_byte);
+    if (j < num_positions_) time = std::max(time, cut_[j] * per_byte);
   }
   return time;
+}
+
+absl::Status Solver::BuildPositions() {
+  if (options_.graph.inputs.empty()) {
+    num_positions_ = num_layers_;
+    compute_.resize(num_layers_ + 1);
+    parameters_.resize(num_layers_ + 1);
+    stash_.resize(num_layers_ + 1);
+    cut_.assign(num_layers_ + 1, 0);
+    for (int p = 0; p <= num_layers_; ++p) {
+      compute_[p] = chain_.ComputeSeconds(0, p);
+      parameters_[p] = chain_.ParameterBytes(0, p);
+      stash_[p] = chain_.StashedBytes(0, p) + chain_.ParameterBytes(0, p) +
+                  chain_.OptimizerStateBytes(0, p);
+      if (p > 0 && p < num_layers_) cut_[p] = chain_.CutBytes(p);
+    }
+    return absl::OkStatus();
+  }
+  return BuildStates();
+}
+
+// Bit sets over layers or states.
+using Bits = std::vector<uint64_t>;
+bool Test(const uint64_t* bits, int i) { return (bits[i / 64] >> (i % 64)) & 1; }
+void Set(uint64_t* bits, int i) { bits[i / 64] |= uint64_t{1} << (i % 64); }
+
+absl::Status Solver::BuildStates() {
+  const PipeDreamGraph& graph = options_.graph;
+  const int n = num_layers_;
+  if (static_cast<int>(graph.inputs.size()) != n ||
+      (!graph.ignored.empty() && static_cast<int>(graph.ignored.size()) != n)) {
+    return absl::InvalidArgumentError(absl::StrCat("PipeDream graph: expected ", n,
+                                                   " layers, got ", graph.inputs.size()));
+  }
+  auto ignored = [&](int v) { return !graph.ignored.empty() && graph.ignored[v]; };
+  const size_t words = (n + 63) / 64;
+  layer_words_ = words;
+  // Direct consumers, ancestors and descendants of every kept layer (inputs come earlier in
+  // the chain, which is topological).
+  std::vector<std::vector<int>> consumers(n);
+  Bits ancestors(words * n, 0), descendants(words * n, 0);
+  for (int v = 0; v < n; ++v) {
+    for (int u : graph.inputs[v]) {
+      if (u < 0 || u >= v) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PipeDream graph: layer ", v, " consumes layer ", u, ", which is not earlier"));
+      }
+      if (ignored(u) || ignored(v)) continue;
+      consumers[u].push_back(v);
+      for (size_t w = 0; w < words; ++w) ancestors[v * words + w] |= ancestors[u * words + w];
+      Set(&ancestors[v * words], u);
+    }
+  }
+  for (int v = n - 1; v >= 0; --v) {
+    std::sort(consumers[v].begin(), consumers[v].end());
+    consumers[v].erase(std::unique(consumers[v].begin(), consumers[v].end()),
+                       consumers[v].end());
+    for (int c : consumers[v]) {
+      for (size_t w = 0; w < words; ++w) descendants[v * words + w] |= descendants[c * words + w];
+      Set(&descendants[v * words], c);
+    }
+  }
+  const int start = graph.start_layer;
+  if (start < 0 || start >= n || ignored(start) || !graph.inputs[start].empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PipeDream graph: start layer ", start, " is not a kept source"));
+  }
+  auto is_ancestor = [&](int u, int v) { return Test(&ancestors[v * words], u); };
+  // The augmented antichain: the antichain and the earlier layers with a consumer that is
+  // neither the antichain layer they lead to nor one of its ancestors.
+  auto augment = [&](const std::vector<int>& antichain) {
+    std::vector<int> out = antichain;
+    for (int a : antichain) {
+      for (size_t w = 0; w < words; ++w) {
+        for (uint64_t bits = ancestors[a * words + w]; bits != 0; bits &= bits - 1) {
+          const int p = static_cast<int>(w * 64 + __builtin_ctzll(bits));
+          for (int c : consumers[p]) {
+            if (c != a && !is_ancestor(c, a)) {
+              out.push_back(p);
+              break;
+            }
+          }
+        }
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  };
+  // The layers of `set` that none of the others descends from.
+  auto maximal = [&](const std::vector<int>& set) {
+    std::vector<int> out;
+    for (int x : set) {
+      bool covered = false;
+      for (int y : set) covered = covered || Test(&descendants[x * words], y);
+      if (!covered) out.push_back(x);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  };
+  std::map<std::vector<int>, int> id_of;
+  std::vector<std::vector<int>> antichains;
+  std::vector<std::vector<int>> next;  // edges of the state DAG
+  id_of[{start}] = 0;
+  antichains.push_back({start});
+  next.emplace_back();
+  for (size_t s = 0; s < antichains.size(); ++s) {
+    const std::vector<int> antichain = antichains[s];
+    const std::vector<int> augmented = augment(antichain);
+    for (int x : augmented) {
+      for (int c : consumers[x]) {
+        if (std::binary_search(antichain.begin(), antichain.end(), c)) continue;
+        bool blocked = false;
+        for (int y : augmented) blocked = blocked || Test(&descendants[c * words], y);
+        if (blocked) continue;
+        std::vector<int> moved = augmented;
+        std::replace(moved.begin(), moved.end(), x, c);
+        std::vector<int> key = maximal(moved);
+        auto [it, inserted] = id_of.emplace(key, static_cast<int>(antichains.size()));
+        if (inserted) {
+          if (static_cast<int>(antichains.size()) >= options_.max_states) {
+            return absl::ResourceExhaustedError(absl::StrCat(
+                "PipeDream's antichain DAG of this model has more than ", options_.max_states,
+                " states"));
+          }
+          antichains.push_back(std::move(key));
+          next.emplace_back();
+        }
+        next[s].push_back(it->second);
+      }
+    }
+  }
+  const int num_states = static_cast<int>(antichains.size());
+  // A topological order of the states (Kahn's, from the first).
+  std::vector<int> in_degree(num_states, 0);
+  for (auto& out : next) {
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    for (int t : out) ++in_degree[t];
+  }
+  std::vector<int> order, ready = {0};
+  while (!ready.empty()) {
+    const int s = ready.back();
+    ready.pop_back();
+    order.push_back(s);
+    for (int t : next[s]) {
+      if (--in_degree[t] == 0) ready.push_back(t);
+    }
+  }
+  std::vector<int> position(num_states);
+  for (int k = 0; k < num_states; ++k) position[order[k]] = k + 1;
+  // Down-sets and their sums.
+  num_positions_ = num_states;
+  states_ = true;
+  ideal_.assign(words * num_states, 0);
+  compute_.assign(num_states + 1, 0);
+  parameters_.assign(num_states + 1, 0);
+  stash_.assign(num_states + 1, 0);
+  cut_.assign(num_states + 1, 0);
+  int kept = 0;
+  for (int v = 0; v < n; ++v) kept += ignored(v) ? 0 : 1;
+  for (int s = 0; s < num_states; ++s) {
+    const int p = position[s];
+    uint64_t* ideal = &ideal_[(p - 1) * words];
+    for (int a : antichains[s]) {
+      for (size_t w = 0; w < words; ++w) ideal[w] |= ancestors[a * words + w];
+      Set(ideal, a);
+      cut_[p] += chain_.layer(a).output_activation_bytes;
+    }
+    int size = 0;
+    for (int v = 0; v < n; ++v) {
+      if (!Test(ideal, v)) continue;
+      ++size;
+      const pipeline::LayerProfile& layer = chain_.layer(v);
+      compute_[p] += layer.forward_seconds + layer.backward_seconds;
+      parameters_[p] += layer.parameter_bytes;
+      stash_[p] += layer.stashed_activation_bytes + layer.parameter_bytes +
+                   layer.optimizer_state_bytes;
+    }
+    if (p == num_states && size != kept) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PipeDream graph: the antichain states do not reach every layer (", size, " of ",
+          kept, "); is the graph connected?"));
+    }
+  }
+  // Which states descend from which.
+  reach_words_ = (num_states + 63) / 64;
+  reach_.assign(reach_words_ * num_states, 0);
+  for (int k = num_states - 1; k >= 0; --k) {
+    const int a = order[k];
+    uint64_t* row = &reach_[static_cast<size_t>(k) * reach_words_];
+    for (int t : next[a]) {
+      const int b = position[t] - 1;
+      const uint64_t* other = &reach_[static_cast<size_t>(b) * reach_words_];
+      for (size_t w = 0; w < reach_words_; ++w) row[w] |= other[w];
+      Set(row, b);
+    }
+  }
+  earlier_.assign(num_states + 1, {});
+  for (int a = 0; a < num_states; ++a) {
+    const uint64_t* row = &reach_[static_cast<size_t>(a) * reach_words_];
+    for (size_t w = 0; w < reach_words_; ++w) {
+      for (uint64_t bits = row[w]; bits != 0; bits &= bits - 1) {
+        earlier_[w * 64 + __builtin_ctzll(bits) + 1].push_back(a + 1);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Solver::MapStatesToLayers(PipeDreamResult* result) const {
+  const PipeDreamGraph& graph = options_.graph;
+  std::vector<int> order;
+  for (int v = 0; v < num_layers_; ++v) {
+    if (!graph.ignored.empty() && graph.ignored[v]) order.push_back(v);
+  }
+  int previous_end = 0;
+  for (PipeDreamStage& stage : result->stages) {
+    const int first = static_cast<int>(order.size());
+    for (int v = 0; v < num_layers_; ++v) {
+      if (InIdeal(stage.end_layer, v) && !InIdeal(stage.first_layer, v)) order.push_back(v);
+    }
+    stage.first_layer = previous_end == 0 ? 0 : first;
+    stage.end_layer = previous_end = static_cast<int>(order.size());
+  }
+  bool identity = true;
+  for (int v = 0; v < num_layers_; ++v) identity = identity && order[v] == v;
+  if (!identity) result->layer_order = std::move(order);
 }
 
 void Solver::SolveLevel(int level) {
   const int n = options_.levels[level].machines;
   const bool final_level = level + 1 == static_cast<int>(options_.levels.size());
-  tables_.emplace_back(num_layers_, n, /*all_starts=*/!final_level);
+  tables_.emplace_back(num_positions_, n, /*all_starts=*/!final_level);
   LevelTable& table = tables_.back();
-  const int max_start = final_level ? 0 : num_layers_ - 1;
+  const int max_start = final_level ? 0 : num_positions_ - 1;
   const bool straight = options_.straight;
   const bool fast = options_.use_fewer_machines && !options_.use_memory_constraint && !straight &&
                     !per_device_speed_;
@@ -125,9 +396,10 @@ void Solver::SolveLevel(int level) {
   // new one (see below).
   std::vector<int> crossing;
   for (int i = 0; i <= max_start; ++i) {
-    if (fast) crossing.assign(static_cast<size_t>(num_layers_ + 1) * (num_layers_ + 1), 1);
+    if (fast) crossing.assign(static_cast<size_t>(num_positions_ + 1) * (num_positions_ + 1), 1);
     // One stage on m+1 replicas.
-    for (int j = i + 1; j <= num_layers_; ++j) {
+    for (int j = i + 1; j <= num_positions_; ++j) {
+      if (!Precedes(i, j)) continue;
       const int max_replicas = straight ? 1 : n;
       for (int m = 0; m < max_replicas; ++m) {
         table.Value(i, j, m) = StageTime(level, i, j, m + 1, m + 1, /*device=*/m);
@@ -135,17 +407,18 @@ void Solver::SolveLevel(int level) {
       }
     }
     for (int m = 1; m < n; ++m) {
-      for (int j = i + 1; j <= num_layers_; ++j) {
+      for (int j = i + 1; j <= num_positions_; ++j) {
+        if (!Precedes(i, j)) continue;
         double best = table.Value(i, j, m);
         Choice best_choice = table.At(i, j, m);
         if (options_.use_fewer_machines && table.Value(i, j, m - 1) < best) {
           best = table.Value(i, j, m - 1);
           best_choice = table.At(i, j, m - 1);
         }
-        for (int k = i + 1; k < j; ++k) {
+        ForEachSplit(i, j, [&](int k) {
           if (straight) {
             const double earlier = table.Value(i, k, m - 1);
-            if (!(earlier < best)) continue;
+            if (!(earlier < best)) return;
             const double candidate =
                 std::max(earlier, StageTime(level, k, j, 1, m + 1, /*device=*/m));
             if (candidate < best) {
@@ -161,7 +434,7 @@ void Solver::SolveLevel(int level) {
             auto stage_at_most = [&](int r) {
               return r == 1 ? one : std::min(one, StageTime(level, k, j, r, m + 1, 0));
             };
-            int& lo = crossing[static_cast<size_t>(k) * (num_layers_ + 1) + j];
+            int& lo = crossing[static_cast<size_t>(k) * (num_positions_ + 1) + j];
             while (lo < m && table.Value(i, k, m - lo) < stage_at_most(lo)) ++lo;
             for (int r = std::max(1, lo - 1); r <= std::min(lo, m); ++r) {
               const double candidate = std::max(table.Value(i, k, m - r), stage_at_most(r));
@@ -187,7 +460,7 @@ void Solver::SolveLevel(int level) {
               }
             }
           }
-        }
+        });
         table.Value(i, j, m) = best;
         table.At(i, j, m) = best_choice;
       }
@@ -219,9 +492,8 @@ void Solver::Collect(int level, int i, int j, int machines, int replica_factor,
       stage.end_layer = range.second;
       stage.replicas = replicas * replica_factor;
       const PipeDreamLevel& inner = options_.levels[0];
-      stage.seconds = (chain_.ComputeSeconds(range.first, range.second) / uniform_speed_ +
-                       kAllReduceFactor * (replicas - 1) *
-                           chain_.ParameterBytes(range.first, range.second) /
+      stage.seconds = (Compute(range.first, range.second) / uniform_speed_ +
+                       kAllReduceFactor * (replicas - 1) * Parameters(range.first, range.second) /
                            (inner.bandwidth_bytes_per_second * replicas)) /
                       replicas;
       stages->push_back(stage);
@@ -257,12 +529,13 @@ absl::StatusOr<PipeDreamResult> Solver::Run() {
         *std::min_element(options_.device_speeds.begin(), options_.device_speeds.end());
     per_device_speed_ = options_.straight && options_.levels.size() == 1;
   }
-  if (options_.straight && options_.levels.back().machines > num_layers_ &&
+  TANDEM_RETURN_IF_ERROR(BuildPositions());
+  if (options_.straight && options_.levels.back().machines > num_positions_ &&
       !options_.use_fewer_machines) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a straight pipeline on ", options_.levels.back().machines, " machines needs at least ",
-        options_.levels.back().machines, " layers; the model has ", num_layers_,
-        " (use fewer devices or allow unused machines)"));
+        options_.levels.back().machines, states_ ? " antichain states" : " layers",
+        "; the model has ", num_positions_, " (use fewer devices or allow unused machines)"));
   }
   for (size_t level = 0; level < options_.levels.size(); ++level) {
     SolveLevel(static_cast<int>(level));
@@ -270,13 +543,15 @@ absl::StatusOr<PipeDreamResult> Solver::Run() {
   const int top = static_cast<int>(options_.levels.size()) - 1;
   const int top_machines = options_.levels[top].machines;
   PipeDreamResult result;
-  result.bottleneck_seconds = tables_[top].Value(0, num_layers_, top_machines - 1);
+  result.bottleneck_seconds = tables_[top].Value(0, num_positions_, top_machines - 1);
+  result.num_states = num_positions_;
   if (!std::isfinite(result.bottleneck_seconds)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("no PipeDream partition of ", num_layers_, " layers on ", devices,
                      " devices fits ", FormatBytes(options_.memory_bytes), " per device"));
   }
-  Collect(top, 0, num_layers_, top_machines, 1, &result.stages);
+  Collect(top, 0, num_positions_, top_machines, 1, &result.stages);
+  if (states_) MapStatesToLayers(&result);
   for (const PipeDreamStage& stage : result.stages) result.devices_used += stage.replicas;
   result.single_machine_seconds = chain_.ComputeSeconds(0, num_layers_);
   double data_parallel = result.single_machine_seconds;

@@ -26,6 +26,15 @@
 // One difference from PipeDream's script: at an outer level it divides the all-reduce term by
 // w only for the unsplit case; here both cases divide (single-level results are identical).
 //
+// DAG models: with `graph` given, stages are not contiguous ranges of the chain's order but
+// differences of PipeDream's antichain states, enumerated as its optimizer does (from the first
+// source, each state the down-set of an antichain; a state's successors advance one node of
+// its augmented antichain, the antichain plus the earlier nodes whose outputs are still
+// needed, to one of its consumers, taking along that consumer's other ancestors; a stage is
+// the difference of a state and one of its ancestors in that DAG). The bottleneck is then
+// PipeDream's on every profile it publishes, and `layer_order` gives an order of the layers in
+// which every stage is contiguous.
+//
 // Complexity: O(L^2 N^2) per level with all machines used; with use_fewer_machines and no
 // memory constraint the replica split is found at the crossing of the earlier stages' time
 // (rising as the new stage takes more of the machines) and the new stage's (falling), which
@@ -44,6 +53,17 @@ struct PipeDreamLevel {
   double bandwidth_bytes_per_second = 0;
 };
 
+// A model's DAG as PipeDream's optimizer sees it (planner/importers.h fills it from graph.txt).
+struct PipeDreamGraph {
+  // Per layer of the chain, the layers whose outputs it consumes; empty for a source.
+  std::vector<std::vector<int>> inputs;
+  // Layers outside the state space (PipeDream drops input tensors' nodes); they carry no work
+  // and go to the first stage.
+  std::vector<bool> ignored;
+  // Where the state space starts: the first source of the file that is not ignored.
+  int start_layer = 0;
+};
+
 struct PipeDreamOptions {
   std::vector<PipeDreamLevel> levels;  // innermost first; devices = product of machines
   bool straight = false;
@@ -52,10 +72,15 @@ struct PipeDreamOptions {
   bool use_fewer_machines = false;
   double activation_compression_ratio = 0;
   std::vector<double> device_speeds;  // empty = all 1; else one per device (level-0 order)
+  // Optional: plan over PipeDream's antichain states of this DAG (one entry per layer)
+  // instead of contiguous ranges of the chain's order.
+  PipeDreamGraph graph;
+  // Refuse graphs with more antichain states than this (ResourceExhausted).
+  int max_states = 20000;
 };
 
 struct PipeDreamStage {
-  int first_layer = 0;  // [first_layer, end_layer)
+  int first_layer = 0;  // [first_layer, end_layer) of `layer_order` (of the chain if empty)
   int end_layer = 0;
   int replicas = 1;     // devices running copies of this stage (all levels)
   double seconds = 0;   // time per stage (per sample) at the innermost level
@@ -67,6 +92,10 @@ struct PipeDreamResult {
   double data_parallel_seconds = 0;   // PipeDream's data-parallel estimate on all devices
   int devices_used = 0;
   std::vector<PipeDreamStage> stages;
+  // With a graph: the chain's layers in an order that keeps every stage contiguous (empty when
+  // that is the chain's own order).
+  std::vector<int> layer_order;
+  int num_states = 0;  // positions the search split at (antichain states, or layers)
 };
 
 // InvalidArgument for bad options; ResourceExhausted when no partition satisfies the memory

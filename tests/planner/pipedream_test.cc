@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "planner/importers.h"
@@ -260,6 +261,161 @@ TEST(PipeDream, PlansTheGnmtDag) {
   EXPECT_NEAR(with_transfers->bottleneck_seconds, BruteForce(*chain, o),
               1e-12 * with_transfers->bottleneck_seconds);
 }
+
+}  // namespace
+}  // namespace tandem::planner
+
+namespace tandem::planner {
+namespace {
+
+// PipeDream's partitioner against PipeDream's own optimizer (optimizer_graph_hierarchical.py
+// at msr-fiddle/pipedream 7db6a1c, run under Python 3 with one bandwidth level of 1e9 bytes/s
+// and its default flags, straight (--straight_pipeline) and replicated) on the profiles it
+// publishes: the "time per stage in pipeline" it prints, to 1e-9 relative. Rerun with
+// bench/planner/pipedream_compare.py.
+
+constexpr double kInfeasible = -1;  // PipeDream finds no partition (None)
+
+struct Reference {
+  const char* model;
+  int machines;
+  bool straight;
+  double time_per_stage_seconds;
+};
+
+// Generated from PipeDream's optimizer; profiles in tests/data/pipedream/ (see README.md).
+const Reference kReferences[] = {
+    {"alexnet", 2, /*straight=*/false, 0.04307500000000001},
+    {"alexnet", 4, /*straight=*/false, 0.023165751999999998},
+    {"alexnet", 8, /*straight=*/false, 0.011620000000000005},
+    {"alexnet", 16, /*straight=*/false, 0.007324568000000002},
+    {"alexnet", 32, /*straight=*/false, 0.004808999999999994},
+    {"alexnet", 64, /*straight=*/false, 0.004808999999999994},
+    {"alexnet", 2, /*straight=*/true, 0.04307500000000002},
+    {"alexnet", 4, /*straight=*/true, 0.028721},
+    {"alexnet", 8, /*straight=*/true, 0.028721},
+    {"alexnet", 16, /*straight=*/true, 0.028721},
+    {"alexnet", 32, /*straight=*/true, kInfeasible},
+    {"alexnet", 64, /*straight=*/true, kInfeasible},
+    {"gnmt", 2, /*straight=*/false, 0.045936},
+    {"gnmt", 4, /*straight=*/false, 0.025868000000000016},
+    {"gnmt", 8, /*straight=*/false, 0.019032000000000007},
+    {"gnmt", 16, /*straight=*/false, 0.018379575537190083},
+    {"gnmt", 32, /*straight=*/false, 0.011080999999999994},
+    {"gnmt", 64, /*straight=*/false, 0.011080999999999994},
+    {"gnmt", 2, /*straight=*/true, 0.045936000000000005},
+    {"gnmt", 4, /*straight=*/true, 0.025868000000000002},
+    {"gnmt", 8, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 16, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 32, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 64, /*straight=*/true, kInfeasible},
+    {"gnmt_large", 2, /*straight=*/true, 0.26335299999999995},
+    {"gnmt_large", 4, /*straight=*/true, 0.13712900000000006},
+    {"gnmt_large", 8, /*straight=*/true, 0.08284500000000003},
+    {"gnmt_large", 16, /*straight=*/true, 0.07682500000000003},
+    {"gnmt_large", 32, /*straight=*/true, 0.07682500000000003},
+    {"gnmt_large", 64, /*straight=*/true, 0.07682500000000003},
+    {"resnet18", 2, /*straight=*/false, 0.13019899999999998},
+    {"resnet18", 4, /*straight=*/false, 0.06591799999999998},
+    {"resnet18", 8, /*straight=*/false, 0.033883000000000024},
+    {"resnet18", 16, /*straight=*/false, 0.018237135111111108},
+    {"resnet18", 32, /*straight=*/false, 0.009212447999999996},
+    {"resnet18", 64, /*straight=*/false, 0.005996000000000085},
+    {"resnet18", 2, /*straight=*/true, 0.13019899999999998},
+    {"resnet18", 4, /*straight=*/true, 0.069523},
+    {"resnet18", 8, /*straight=*/true, 0.035207000000000016},
+    {"resnet18", 16, /*straight=*/true, 0.03233},
+    {"resnet18", 32, /*straight=*/true, 0.03233},
+    {"resnet18", 64, /*straight=*/true, 0.03233},
+    {"resnet50", 2, /*straight=*/true, 0.22193300000000002},
+    {"resnet50", 4, /*straight=*/true, 0.11149699999999982},
+    {"resnet50", 8, /*straight=*/true, 0.056683999999999964},
+    {"resnet50", 16, /*straight=*/true, 0.029641999999999946},
+    {"resnet50", 32, /*straight=*/true, 0.01613899999999996},
+    {"resnet50", 64, /*straight=*/true, 0.014256999999999999},
+    {"resnext50", 2, /*straight=*/true, 0.296329},
+    {"resnext50", 4, /*straight=*/true, 0.15198800000000035},
+    {"resnext50", 8, /*straight=*/true, 0.07609500000000036},
+    {"resnext50", 16, /*straight=*/true, 0.040547},
+    {"resnext50", 32, /*straight=*/true, 0.021014000000000088},
+    {"resnext50", 64, /*straight=*/true, 0.016373},
+    {"squeezenet1_0", 2, /*straight=*/false, 0.14414300000000008},
+    {"squeezenet1_0", 4, /*straight=*/false, 0.07232884266666666},
+    {"squeezenet1_0", 8, /*straight=*/false, 0.035963061119999994},
+    {"squeezenet1_0", 16, /*straight=*/false, 0.018563236000000028},
+    {"squeezenet1_0", 32, /*straight=*/false, 0.009301333333333337},
+    {"squeezenet1_0", 64, /*straight=*/false, 0.004729964827340691},
+    {"squeezenet1_0", 2, /*straight=*/true, 0.14414300000000002},
+    {"squeezenet1_0", 4, /*straight=*/true, 0.07295399999999998},
+    {"squeezenet1_0", 8, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 16, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 32, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 64, /*straight=*/true, 0.051094},
+    {"vgg16", 2, /*straight=*/false, 0.37093100000000007},
+    {"vgg16", 4, /*straight=*/false, 0.175732624},
+    {"vgg16", 8, /*straight=*/false, 0.09351323000000002},
+    {"vgg16", 16, /*straight=*/false, 0.04738646000000002},
+    {"vgg16", 32, /*straight=*/false, 0.024579256132231407},
+    {"vgg16", 64, /*straight=*/false, 0.012868204800000024},
+    {"vgg16", 2, /*straight=*/true, 0.370931},
+    {"vgg16", 4, /*straight=*/true, 0.21645},
+    {"vgg16", 8, /*straight=*/true, 0.159531},
+    {"vgg16", 16, /*straight=*/true, 0.159531},
+    {"vgg16", 32, /*straight=*/true, 0.159531},
+    {"vgg16", 64, /*straight=*/true, kInfeasible},
+};
+
+class PipeDreamReference : public ::testing::TestWithParam<Reference> {};
+
+TEST_P(PipeDreamReference, BottleneckIsPipeDreams) {
+  const Reference& ref = GetParam();
+  PipeDreamGraph graph;
+  auto profile = ReadPipeDreamGraphFile(
+      testing::DataPath(std::string("pipedream/") + ref.model + ".graph.txt"), &graph);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto chain = LayerChain::FromProfile(*profile);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  PipeDreamOptions options;
+  options.levels = {{ref.machines, 1e9}};
+  options.straight = ref.straight;
+  options.graph = graph;
+  auto result = RunPipeDream(*chain, options);
+  if (ref.time_per_stage_seconds == kInfeasible) {
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+    return;
+  }
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NEAR(result->bottleneck_seconds, ref.time_per_stage_seconds,
+              1e-9 * ref.time_per_stage_seconds);
+  // The stages cover every layer once, in an order that keeps each one contiguous.
+  std::vector<int> order = result->layer_order;
+  if (order.empty()) {
+    for (int v = 0; v < chain->num_layers(); ++v) order.push_back(v);
+  }
+  std::vector<int> position(order.size());
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
+  for (int v = 0; v < chain->num_layers(); ++v) {
+    for (int u : graph.inputs[v]) EXPECT_LT(position[u], position[v]);
+  }
+  ASSERT_FALSE(result->stages.empty());
+  EXPECT_EQ(result->stages.front().first_layer, 0);
+  EXPECT_EQ(result->stages.back().end_layer, chain->num_layers());
+  int devices = 0;
+  for (size_t s = 0; s < result->stages.size(); ++s) {
+    if (s > 0) EXPECT_EQ(result->stages[s].first_layer, result->stages[s - 1].end_layer);
+    devices += result->stages[s].replicas;
+  }
+  EXPECT_EQ(devices, ref.machines);
+}
+
+std::string Name(const ::testing::TestParamInfo<Reference>& info) {
+  return std::string(info.param.model) + "_" + std::to_string(info.param.machines) +
+         (info.param.straight ? "_straight" : "_replicated");
+}
+
+INSTANTIATE_TEST_SUITE_P(PublishedProfiles, PipeDreamReference,
+                         ::testing::ValuesIn(kReferences), Name);
 
 }  // namespace
 }  // namespace tandem::planner
