@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <queue>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -120,6 +119,128 @@ std::vector<int> Iota(int n) {
 // the pipeline). The rank whose best head starts earliest goes first. Forwards may be held
 // back by a cap on stashed activations (in chunks); the cap is soft: if every rank is stuck
 // on it, the earliest capped forward runs anyway, so the scheduler always finishes.
+// A fixed sequence of compute actions the list scheduler takes in order: either listed, or
+// the actions of one type for one (replica, stage) over micro-batches 0, 1, ... (not
+// materialised: at p=1024, m=4096 ZB-V's would take half a gigabyte).
+struct Stream {
+  std::vector<Action> actions;  // listed; empty for a sequence
+  ActionType type = ActionType::kForward;
+  int replica = 0;
+  int stage = 0;
+  size_t length = 0;
+  size_t next = 0;  // index of the head
+
+  static Stream Listed(std::vector<Action> actions) {
+    Stream s;
+    s.length = actions.size();
+    s.actions = std::move(actions);
+    return s;
+  }
+  static Stream Sequence(ActionType type, int replica, int stage, int num_microbatches) {
+    Stream s;
+    s.type = type;
+    s.replica = replica;
+    s.stage = stage;
+    s.length = static_cast<size_t>(num_microbatches);
+    return s;
+  }
+  bool done() const { return next >= length; }
+  Action Head() const {
+    return actions.empty() ? Compute(type, replica, stage, static_cast<int>(next))
+                           : actions[next];
+  }
+};
+using Streams = std::vector<std::vector<Stream>>;  // [rank][stream]
+
+// The head a rank would run next and when it could start.
+struct Entry {
+  double start;
+  int priority;
+  int tie;
+  int rank;
+  int stream;
+  uint64_t version;
+};
+
+// At most one entry per rank, ordered by (start, rank): the earliest start first, the lower
+// rank on ties. An indexed binary heap, so that replacing a rank's entry moves it in place.
+class RankHeap {
+ public:
+  void Reset(int num_ranks) {
+    heap_.clear();
+    position_.assign(num_ranks, kAbsent);
+    entries_.assign(num_ranks, Entry{});
+  }
+  bool empty() const { return heap_.empty(); }
+  void Set(int rank, const Entry& entry) {
+    entries_[rank] = entry;
+    int i = position_[rank];
+    if (i == kAbsent) {
+      i = static_cast<int>(heap_.size());
+      heap_.push_back(rank);
+      position_[rank] = i;
+    }
+    SiftDown(SiftUp(i));
+  }
+  void Remove(int rank) {
+    const int i = position_[rank];
+    if (i == kAbsent) return;
+    const int last = heap_.back();
+    heap_.pop_back();
+    position_[rank] = kAbsent;
+    if (last == rank) return;
+    heap_[i] = last;
+    position_[last] = i;
+    SiftDown(SiftUp(i));
+  }
+  Entry PopMin() {
+    const Entry top = entries_[heap_[0]];
+    Remove(heap_[0]);
+    return top;
+  }
+
+ private:
+  static constexpr int kAbsent = -1;
+  bool Less(int a, int b) const {
+    const Entry& x = entries_[a];
+    const Entry& y = entries_[b];
+    return x.start < y.start || (x.start == y.start && a < b);
+  }
+  int SiftUp(int i) {
+    const int rank = heap_[i];
+    while (i > 0) {
+      const int parent = (i - 1) / 2;
+      if (!Less(rank, heap_[parent])) break;
+      heap_[i] = heap_[parent];
+      position_[heap_[i]] = i;
+      i = parent;
+    }
+    heap_[i] = rank;
+    position_[rank] = i;
+    return i;
+  }
+  int SiftDown(int i) {
+    const int rank = heap_[i];
+    const int n = static_cast<int>(heap_.size());
+    while (true) {
+      int child = 2 * i + 1;
+      if (child >= n) break;
+      if (child + 1 < n && Less(heap_[child + 1], heap_[child])) ++child;
+      if (!Less(heap_[child], rank)) break;
+      heap_[i] = heap_[child];
+      position_[heap_[i]] = i;
+      i = child;
+    }
+    heap_[i] = rank;
+    position_[rank] = i;
+    return i;
+  }
+
+  std::vector<int> heap_;      // ranks
+  std::vector<int> position_;  // rank -> index in heap_, or kAbsent
+  std::vector<Entry> entries_; // rank -> its entry
+};
+
 class ListScheduler {
  public:
   struct Config {
@@ -137,30 +258,29 @@ class ListScheduler {
     std::vector<int64_t> stash_caps;  // per-rank caps; overrides stash_cap when not empty
   };
 
-  ListScheduler(Config config, std::vector<std::vector<std::vector<Action>>> streams)
+  ListScheduler(Config config, Streams streams)
       : config_(config), streams_(std::move(streams)) {
     const size_t triples = static_cast<size_t>(config_.num_replicas) * config_.num_stages *
                            config_.num_microbatches;
     forward_done_.assign(triples, kNotScheduled);
     backward_done_.assign(triples, kNotScheduled);
     input_done_.assign(triples, kNotScheduled);
-    stream_next_.resize(streams_.size());
-    for (size_t r = 0; r < streams_.size(); ++r) stream_next_[r].assign(streams_[r].size(), 0);
     free_at_.assign(config_.num_ranks, 0.0);
     stash_.assign(config_.num_ranks, 0);
     version_.assign(config_.num_ranks, 0);
+    queue_.Reset(config_.num_ranks);
   }
 
   // Returns per-rank compute orders.
   absl::StatusOr<ComputeOrders> Run() {
     int64_t remaining = 0;
     for (const auto& rank_streams : streams_) {
-      for (const auto& stream : rank_streams) remaining += static_cast<int64_t>(stream.size());
+      for (const auto& stream : rank_streams) remaining += static_cast<int64_t>(stream.length);
     }
     ComputeOrders orders(config_.num_ranks);
     for (int r = 0; r < config_.num_ranks; ++r) {
       int64_t n = 0;
-      for (const auto& stream : streams_[r]) n += static_cast<int64_t>(stream.size());
+      for (const auto& stream : streams_[r]) n += static_cast<int64_t>(stream.length);
       orders[r].reserve(n);
       Refresh(r, /*ignore_cap=*/false);
     }
@@ -175,14 +295,11 @@ class ListScheduler {
         }
         relaxed = true;
       }
-      Entry top = queue_.top();
-      queue_.pop();
-      if (top.version != version_[top.rank]) continue;  // stale
+      const Entry top = queue_.PopMin();
       const int r = top.rank;
-      std::vector<Action>& stream = streams_[r][top.stream];
-      size_t& next = stream_next_[r][top.stream];
-      const Action action = stream[next];
-      ++next;
+      Stream& stream = streams_[r][top.stream];
+      const Action action = stream.Head();
+      ++stream.next;
       --remaining;
       const double finish = top.start + NominalCost(action.type);
       free_at_[r] = finish;
@@ -211,18 +328,6 @@ class ListScheduler {
  private:
   static constexpr double kNotScheduled = std::numeric_limits<double>::infinity();
 
-  struct Entry {
-    double start;
-    int priority;
-    int tie;
-    int rank;
-    int stream;
-    uint64_t version;
-    // Min-heap on (start, rank): the earliest start first, lower rank on ties.
-    bool operator<(const Entry& o) const {
-      return std::tie(start, rank) > std::tie(o.start, o.rank);
-    }
-  };
 
   size_t Index(int replica, int stage, int microbatch) const {
     return (static_cast<size_t>(replica) * config_.num_stages + stage) *
@@ -292,14 +397,14 @@ class ListScheduler {
     ++version_[r];
     bool found = false;
     Entry best{};
-    for (size_t k = 0; k < streams_[r].size(); ++k) {
-      const size_t next = stream_next_[r][k];
-      if (next >= streams_[r][k].size()) continue;
-      const Action& head = streams_[r][k][next];
-      const int64_t cap = config_.stash_caps.empty() ? config_.stash_cap : config_.stash_caps[r];
-      if (head.type == ActionType::kForward && !ignore_cap && stash_[r] >= cap) {
-        continue;
-      }
+    const int64_t cap = config_.stash_caps.empty() ? config_.stash_cap : config_.stash_caps[r];
+    const bool capped = !ignore_cap && stash_[r] >= cap;
+    const std::vector<Stream>& streams = streams_[r];
+    for (size_t k = 0; k < streams.size(); ++k) {
+      const Stream& stream = streams[k];
+      if (stream.done()) continue;
+      const Action head = stream.Head();
+      if (head.type == ActionType::kForward && capped) continue;
       const double ready = ReadyTime(head);
       if (ready == kNotScheduled) continue;
       Entry e{std::max(ready, free_at_[r]), PriorityClass(head.type), Tie(head), r,
@@ -310,7 +415,11 @@ class ListScheduler {
         found = true;
       }
     }
-    if (found) queue_.push(best);
+    if (found) {
+      queue_.Set(r, best);
+    } else {
+      queue_.Remove(r);
+    }
   }
 
   void RefreshOwner(int replica, int stage) {
@@ -319,37 +428,30 @@ class ListScheduler {
   }
 
   Config config_;
-  std::vector<std::vector<std::vector<Action>>> streams_;  // [rank][stream][i]
-  std::vector<std::vector<size_t>> stream_next_;
+  Streams streams_;
   std::vector<std::vector<int>> owner_;  // [replica][stage] -> rank
   std::vector<double> forward_done_, backward_done_, input_done_;
   std::vector<double> free_at_;
   std::vector<int64_t> stash_;
   std::vector<uint64_t> version_;
-  std::priority_queue<Entry> queue_;
+  RankHeap queue_;
 };
 
 // Streams of one forward sequence and one backward (and W) sequence per stage a rank holds,
 // each in micro-batch order.
-std::vector<std::vector<std::vector<Action>>> PerStageStreams(const Placement& placement,
-                                                              int num_microbatches,
-                                                              bool split_backward) {
-  std::vector<std::vector<std::vector<Action>>> streams(placement.num_ranks);
+Streams PerStageStreams(const Placement& placement, int num_microbatches, bool split_backward) {
+  Streams streams(placement.num_ranks);
   for (int r = 0; r < placement.num_ranks; ++r) {
     for (const auto& [replica, stage] : placement.StagesOf(r)) {
-      std::vector<Action> forward, backward, weight;
-      for (int mb = 0; mb < num_microbatches; ++mb) {
-        forward.push_back(Compute(ActionType::kForward, replica, stage, mb));
-        backward.push_back(Compute(
-            split_backward ? ActionType::kBackwardInput : ActionType::kBackward, replica, stage,
-            mb));
-        if (split_backward) {
-          weight.push_back(Compute(ActionType::kBackwardWeight, replica, stage, mb));
-        }
+      streams[r].push_back(
+          Stream::Sequence(ActionType::kForward, replica, stage, num_microbatches));
+      streams[r].push_back(Stream::Sequence(
+          split_backward ? ActionType::kBackwardInput : ActionType::kBackward, replica, stage,
+          num_microbatches));
+      if (split_backward) {
+        streams[r].push_back(
+            Stream::Sequence(ActionType::kBackwardWeight, replica, stage, num_microbatches));
       }
-      streams[r].push_back(std::move(forward));
-      streams[r].push_back(std::move(backward));
-      if (split_backward) streams[r].push_back(std::move(weight));
     }
   }
   return streams;
@@ -602,13 +704,22 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
   schedule.placement = std::move(placement);
   schedule.programs.resize(num_ranks);
   const Placement& pl = schedule.placement;
+  std::vector<size_t> bucket;
+  std::vector<PendingReceive> sorted;
   for (int r = 0; r < num_ranks; ++r) {
-    auto& pending = receives[r];
-    std::sort(pending.begin(), pending.end(),
-              [](const PendingReceive& a, const PendingReceive& b) {
-                return std::tie(a.before, a.peer, a.order) < std::tie(b.before, b.peer, b.order);
-              });
+    // Order by (before, peer, order): the list is already in (peer, order) order (senders
+    // ascending, each channel in its sender's order), so a stable counting sort on `before`.
     const auto& order = compute_orders[r];
+    {
+      const auto& unsorted = receives[r];
+      bucket.assign(order.size() + 2, 0);
+      for (const PendingReceive& p : unsorted) ++bucket[p.before + 1];
+      for (size_t b = 1; b < bucket.size(); ++b) bucket[b] += bucket[b - 1];
+      sorted.resize(unsorted.size());
+      for (const PendingReceive& p : unsorted) sorted[bucket[p.before]++] = p;
+      std::vector<PendingReceive>().swap(receives[r]);
+    }
+    const std::vector<PendingReceive>& pending = sorted;
     std::vector<Action>& program = schedule.programs[r];
     // Compute + its sends + receives (+ up to a few syncs), plus the step.
     program.reserve(order.size() * 2 + pending.size() + 8);
@@ -755,7 +866,7 @@ absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches
     // forward and backward sequences through the list scheduler instead, forward first and
     // at most Megatron's warm-up + 1 forwards in flight: identical to Megatron where it runs,
     // and never slower on the grid we checked.
-    std::vector<std::vector<std::vector<Action>>> streams(p);
+    Streams streams(p);
     ListScheduler::Config config = ConfigFor(spec, placement);
     config.forward_class = 0;
     config.backward_class = 1;
@@ -767,8 +878,8 @@ absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches
         forwards.push_back(forward(r, k));
         backwards.push_back(backward(r, k));
       }
-      streams[r].push_back(std::move(forwards));
-      streams[r].push_back(std::move(backwards));
+      streams[r].push_back(Stream::Listed(std::move(forwards)));
+      streams[r].push_back(Stream::Listed(std::move(backwards)));
       config.stash_caps.push_back(warmup_of(r) + 1);
     }
     ListScheduler scheduler(config, std::move(streams));
@@ -794,12 +905,12 @@ absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
   std::vector<int> down, up;
   for (int mb = 0; mb < m; ++mb) (mb % d < d / 2 ? down : up).push_back(mb);
   Placement placement = Placement::Bidirectional(d);
-  std::vector<std::vector<std::vector<Action>>> streams(d);
+  Streams streams(d);
   for (int replica = 0; replica < 2; ++replica) {
     for (int stage = 0; stage < d; ++stage) {
       std::vector<Action> stream;
       Append1F1B(replica, stage, replica == 0 ? down : up, /*warmup=*/d - stage - 1, &stream);
-      streams[placement.RankOf(replica, stage)].push_back(std::move(stream));
+      streams[placement.RankOf(replica, stage)].push_back(Stream::Listed(std::move(stream)));
     }
   }
   ListScheduler::Config config = ConfigFor(spec, placement);
