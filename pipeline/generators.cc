@@ -473,17 +473,14 @@ ListScheduler::Config ConfigFor(const ScheduleSpec& spec, const Placement& place
 // compute that consumes it.
 struct PendingReceive {
   int before;  // insert before this compute index on the receiver
-  int peer;    // sender
-  int order;   // position in the sender's sequence on this channel
   Action action;
 };
 
-// Start and end times of every compute in `orders` run with data-flow semantics at nominal
+// Start times of every compute in `orders` run with data-flow semantics at nominal
 // costs (a compute starts when its rank is free and its inputs exist; transfers are free).
 // FailedPrecondition if the orders cannot run to the end (a cycle between ranks).
 absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
-                             const ComputeOrders& orders, std::vector<std::vector<double>>* start,
-                             std::vector<std::vector<double>>* end) {
+                             const ComputeOrders& orders, std::vector<std::vector<double>>* start) {
   const int num_ranks = placement.num_ranks;
   const int num_stages = placement.num_stages;
   const size_t triples =
@@ -497,10 +494,8 @@ absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
   std::vector<size_t> pc(num_ranks, 0);
   std::vector<double> free_at(num_ranks, 0.0);
   start->assign(num_ranks, {});
-  end->assign(num_ranks, {});
   for (int r = 0; r < num_ranks; ++r) {
     (*start)[r].resize(orders[r].size());
-    (*end)[r].resize(orders[r].size());
   }
   // Ranks waiting for a given (kind, triple) to finish: woken through a per-rank re-scan.
   std::vector<int> worklist;
@@ -543,7 +538,6 @@ absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
       const double t0 = std::max(ready, free_at[r]);
       const double t1 = t0 + NominalCost(a.type);
       (*start)[r][pc[r]] = t0;
-      (*end)[r][pc[r]] = t1;
       free_at[r] = t1;
       ++pc[r];
       ++done;
@@ -625,24 +619,20 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
   // before the receiver's first compute that starts at or after the send (so that the peer's
   // send and this receive meet in groups issued at about the same time, as NCCL wants), and
   // never after the consumer.
-  std::vector<std::vector<double>> start, end;
-  TANDEM_RETURN_IF_ERROR(NominalTimeline(placement, m, compute_orders, &start, &end));
+  std::vector<std::vector<double>> start;
+  TANDEM_RETURN_IF_ERROR(NominalTimeline(placement, m, compute_orders, &start));
   // Receives per receiving rank, collected channel by channel in the sender's order.
   std::vector<std::vector<PendingReceive>> receives(num_ranks);
-  // Per sender: its sends in program order with their nominal times, grouped by destination.
-  struct TimedSend {
-    Action action;
-    double time;
-  };
-  std::vector<std::pair<int, std::vector<TimedSend>>> by_peer;
+  // Per sender: the computes whose output it sends, in program order, grouped by destination.
+  std::vector<std::pair<int, std::vector<int>>> by_peer;
   std::vector<int> slot;
   for (int r = 0; r < num_ranks; ++r) {
     by_peer.clear();
-    auto channel = [&](int peer) -> std::vector<TimedSend>& {
+    auto channel = [&](int peer) -> std::vector<int>& {
       for (auto& [p, list] : by_peer) {
         if (p == peer) return list;
       }
-      by_peer.emplace_back(peer, std::vector<TimedSend>{});
+      by_peer.emplace_back(peer, std::vector<int>{});
       return by_peer.back().second;
     };
     const auto& order = compute_orders[r];
@@ -650,30 +640,31 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
       const Action& a = order[ci];
       if (a.type == ActionType::kForward && a.stage + 1 < num_stages) {
         int peer = placement.RankOf(a.replica, a.stage + 1);
-        if (peer != r) {
-          Action send = a;
-          send.type = ActionType::kSendActivation;
-          send.peer = peer;
-          channel(peer).push_back({send, end[r][ci]});
-        }
+        if (peer != r) channel(peer).push_back(static_cast<int>(ci));
       }
       if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
           a.stage > 0) {
         int peer = placement.RankOf(a.replica, a.stage - 1);
-        if (peer != r) {
-          Action send = a;
-          send.type = ActionType::kSendGradient;
-          send.peer = peer;
-          channel(peer).push_back({send, end[r][ci]});
-        }
+        if (peer != r) channel(peer).push_back(static_cast<int>(ci));
       }
     }
+    // A compute sends at most one message to a given peer (forwards go down the stages,
+    // backwards up, and neighbouring stages on one rank need no transfer).
+    auto sent_action = [&](int ci) {
+      Action send = order[ci];
+      send.type = send.type == ActionType::kForward ? ActionType::kSendActivation
+                                                    : ActionType::kSendGradient;
+      return send;
+    };
     for (auto& [peer, sends] : by_peer) {
       const int n = static_cast<int>(sends.size());
       const std::vector<double>& peer_start = start[peer];
       slot.assign(n, 0);
+      // Sends of a channel leave in program order, so at nondecreasing times: the first
+      // receiver compute starting at or after each only moves forward.
+      size_t available = 0;
       for (int k = 0; k < n; ++k) {
-        const Action& s = sends[k].action;
+        const Action s = sent_action(sends[k]);
         const size_t i = index(s.replica, s.stage, s.microbatch);
         int consumer = s.type == ActionType::kSendActivation ? activation_consumer[i]
                                                              : gradient_consumer[i];
@@ -681,20 +672,18 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
           return absl::InvalidArgumentError(absl::StrCat(
               "rank ", peer, " never consumes ", ToString(s), " sent by rank ", r));
         }
-        // First compute on the receiver starting at or after the send.
-        int available = static_cast<int>(
-            std::lower_bound(peer_start.begin(), peer_start.end(), sends[k].time) -
-            peer_start.begin());
-        slot[k] = std::min(consumer, available);
+        const double time = start[r][sends[k]] + NominalCost(order[sends[k]].type);
+        while (available < peer_start.size() && peer_start[available] < time) ++available;
+        slot[k] = std::min(consumer, static_cast<int>(available));
       }
       // FIFO: receive k must precede receive k+1.
       for (int k = n - 2; k >= 0; --k) slot[k] = std::min(slot[k], slot[k + 1]);
       for (int k = 0; k < n; ++k) {
-        Action recv = sends[k].action;
+        Action recv = sent_action(sends[k]);
         recv.type = recv.type == ActionType::kSendActivation ? ActionType::kRecvActivation
                                                              : ActionType::kRecvGradient;
         recv.peer = r;
-        receives[peer].push_back({slot[k], r, k, recv});
+        receives[peer].push_back({slot[k], recv});
       }
     }
   }
