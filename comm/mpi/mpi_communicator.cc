@@ -39,6 +39,7 @@ constexpr absl::Duration kSendDrainTime = absl::Milliseconds(100);
 // How long a waiter sleeps when another thread is progressing (it is woken earlier when that
 // thread completes something).
 constexpr std::chrono::microseconds kBusyWaitPause(50);
+constexpr int kPollsPerClockRead = 8;
 
 // A Work over an Op: waiting drives progress itself.
 class MpiWork : public Work {
@@ -48,7 +49,7 @@ class MpiWork : public Work {
 
   bool Test() override {
     if (mpi_internal::TryCompleteDirectly(*op_)) return true;
-    if (ProgressEngine::Get().SteppingPending() ||
+    if (ProgressEngine::Get().SteppingPending(/*besides=*/op_->stepped ? 1 : 0) ||
         op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
       ProgressEngine::Get().TryProgress();
     }
@@ -61,23 +62,25 @@ class MpiWork : public Work {
   absl::Status Wait(absl::Duration timeout) override {
     if (timeout == absl::InfiniteDuration()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(op_->description, ": refusing to wait forever (pass a finite timeout)"));
+          absl::StrCat(op_->Describe(), ": refusing to wait forever (pass a finite timeout)"));
     }
     if (!op_->done.load(std::memory_order_acquire)) {
       const absl::Time deadline = absl::Now() + timeout;
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
+      int polls = 0;
       while (!mpi_internal::TryCompleteDirectly(*op_)) {
         bool progressed = false;
         bool busy = false;
-        if (ProgressEngine::Get().SteppingPending() ||
+        if (ProgressEngine::Get().SteppingPending(/*besides=*/op_->stepped ? 1 : 0) ||
             op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
           progressed = ProgressEngine::Get().TryProgress(&busy);
           if (op_->done.load(std::memory_order_acquire)) break;
         }
-        if (absl::Now() >= deadline) {
+        // Reading the clock costs about as much as a poll: every kPollsPerClockRead polls.
+        if (++polls % kPollsPerClockRead == 0 && absl::Now() >= deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
-              op_->description, " timed out after ", absl::FormatDuration(timeout)));
+              op_->Describe(), " timed out after ", absl::FormatDuration(timeout)));
         }
         if (busy) {
           ProgressEngine::Get().SleepWhileBusy(kBusyWaitPause);
@@ -96,7 +99,7 @@ class MpiWork : public Work {
     return op_->status;
   }
 
-  std::string Describe() const override { return op_->description; }
+  std::string Describe() const override { return op_->Describe(); }
 
  private:
   std::shared_ptr<Op> op_;
@@ -272,19 +275,35 @@ absl::Status MpiCommunicator::CheckUsable(const std::string& what) {
 
 // ---- Issuing ------------------------------------------------------------------------------------
 
-WorkPtr MpiCommunicator::IssuePointToPoint(std::string description,
-                                           std::function<int(MPI_Request*)> post,
-                                           std::function<absl::Status(const MPI_Status&)> finish) {
+WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool send,
+                                           const Buffer& buffer, MPI_Datatype type, int peer,
+                                           int tag) {
   auto op = std::make_shared<Op>();
-  op->description = std::move(description);
-  op->finish = std::move(finish);
+  op->label = std::move(label);
   op->collective = false;
+  if (!send) {
+    // A shorter message than the buffer is an error (a longer one fails in MPI).
+    op->finish = [expected = buffer.count, type](const MPI_Status& mpi_status) -> absl::Status {
+      int received = 0;
+      MPI_Status copy = mpi_status;
+      MPI_Get_count(&copy, type, &received);
+      if (received != expected) {
+        return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
+                                                       " elements, expected ", expected,
+                                                       " (mismatched sizes or types)"));
+      }
+      return absl::OkStatus();
+    };
+  }
+  MPI_Comm comm = state_->comm;
   // Posted right away by this thread (pairs match in posting order), then handed over.
   const absl::Status queued = state_->Enqueue(op, [&](Op& o) -> absl::Status {
-    const int rc = post(&o.request);
+    const int count = static_cast<int>(buffer.count);
+    const int rc = send ? MPI_Isend(buffer.data, count, type, peer, tag, comm, &o.request)
+                        : MPI_Irecv(buffer.data, count, type, peer, tag, comm, &o.request);
     if (rc != MPI_SUCCESS) {
       const absl::Status error = TANDEM_MPI_STATUS(rc);
-      return absl::Status(error.code(), absl::StrCat(o.description, ": ", error.message()));
+      return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
     }
     o.phase = Op::Phase::kPosted;
     return absl::OkStatus();
@@ -293,21 +312,22 @@ WorkPtr MpiCommunicator::IssuePointToPoint(std::string description,
     const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
     return internal::MakeCompletedWork(
         aborted ? absl::FailedPreconditionError(absl::StrCat(
-                      op->description, ": communicator aborted: ", queued.message()))
+                      op->Describe(), ": communicator aborted: ", queued.message()))
                 : queued,
-        op->description);
+        op->Describe());
   }
   return std::make_shared<MpiWork>(std::move(op), options_.timeout);
 }
 
-WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std::string& detail,
+WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                                          int64_t count, DataType dtype, ReduceOp reduce, int root,
                                          std::function<int(MPI_Request*)> post,
                                          std::function<absl::Status(const MPI_Status&)> finish,
                                          std::function<absl::StatusOr<bool>()> progress) {
   auto op = std::make_shared<Op>();
-  op->description = absl::StrCat(name, " #", collective_sequence_++, " (", GroupText(),
-                                  detail.empty() ? "" : ", ", detail, ")");
+  op->label = std::move(label);
+  op->label.sequence = collective_sequence_++;
+  op->label.group_size = size();
   op->post = std::move(post);
   op->finish = std::move(finish);
   op->progress = std::move(progress);
@@ -329,7 +349,7 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std:
       const int rc = o.post(&o.request);
       if (rc != MPI_SUCCESS) {
         const absl::Status error = TANDEM_MPI_STATUS(rc);
-        return absl::Status(error.code(), absl::StrCat(o.description, ": ", error.message()));
+        return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
       }
       o.phase = Op::Phase::kPosted;
       return absl::OkStatus();
@@ -340,9 +360,9 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, const char* name, const std:
     const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
     return internal::MakeCompletedWork(
         aborted ? absl::FailedPreconditionError(absl::StrCat(
-                      op->description, ": communicator aborted: ", queued.message()))
+                      op->Describe(), ": communicator aborted: ", queued.message()))
                 : queued,
-        op->description);
+        op->Describe());
   }
   return std::make_shared<MpiWork>(std::move(op), options_.timeout);
 }
@@ -361,50 +381,49 @@ absl::StatusOr<MPI_Datatype> MpiCommunicator::CheckPointToPoint(const Buffer& bu
 }
 
 WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
-  const std::string description = absl::StrCat("send #", p2p_sequence_++, " to rank ", peer,
-                                               " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
+  mpi_internal::OpLabel label = PointToPointLabel("send", buffer, peer, tag);
   auto type = CheckPointToPoint(buffer, peer, tag, "send buffer");
   if (!type.ok()) {
+    const std::string description = label.Describe();
     return internal::MakeCompletedWork(Annotate(type.status(), description), description);
   }
-  MPI_Comm comm = state_->comm;
-  MPI_Datatype mpi_type = *type;
-  return IssuePointToPoint(
-      description,
-      [=](MPI_Request* request) {
-        return MPI_Isend(buffer.data, static_cast<int>(buffer.count), mpi_type, peer, tag, comm,
-                         request);
-      },
-      nullptr);
+  return IssuePointToPoint(std::move(label), /*send=*/true, buffer, *type, peer, tag);
 }
 
 WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
-  const std::string description = absl::StrCat("recv #", p2p_sequence_++, " from rank ", peer,
-                                               " tag ", tag, " (", internal::DescribeBuffer(buffer), ")");
+  mpi_internal::OpLabel label = PointToPointLabel("recv", buffer, peer, tag);
   auto type = CheckPointToPoint(buffer, peer, tag, "receive buffer");
   if (!type.ok()) {
+    const std::string description = label.Describe();
     return internal::MakeCompletedWork(Annotate(type.status(), description), description);
   }
-  MPI_Comm comm = state_->comm;
-  MPI_Datatype mpi_type = *type;
-  const int64_t expected = buffer.count;
-  return IssuePointToPoint(
-      description,
-      [=](MPI_Request* request) {
-        return MPI_Irecv(buffer.data, static_cast<int>(buffer.count), mpi_type, peer, tag, comm,
-                         request);
-      },
-      [=](const MPI_Status& mpi_status) -> absl::Status {
-        int received = 0;
-        MPI_Status copy = mpi_status;
-        MPI_Get_count(&copy, mpi_type, &received);
-        if (received != expected) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(description, ": sender sent ", received, " elements, expected ",
-                           expected, " (mismatched sizes or types)"));
-        }
-        return absl::OkStatus();
-      });
+  return IssuePointToPoint(std::move(label), /*send=*/false, buffer, *type, peer, tag);
+}
+
+mpi_internal::OpLabel MpiCommunicator::PointToPointLabel(const char* name, const Buffer& buffer,
+                                                         int peer, int tag) {
+  mpi_internal::OpLabel label;
+  label.name = name;
+  label.sequence = p2p_sequence_++;
+  label.peer = peer;
+  label.tag = tag;
+  label.count = buffer.count;
+  label.dtype = buffer.dtype;
+  return label;
+}
+
+mpi_internal::OpLabel MpiCommunicator::CollectiveLabel(const char* name, const Buffer* buffer,
+                                                       const char* reduction, int root) const {
+  mpi_internal::OpLabel label;
+  label.name = name;
+  label.group_size = size();
+  if (buffer != nullptr) {
+    label.count = buffer->count;
+    label.dtype = buffer->dtype;
+  }
+  label.reduction = reduction;
+  label.root = root;
+  return label;
 }
 
 // ---- Collectives ------------------------------------------------------------------------------------
@@ -422,12 +441,12 @@ absl::StatusOr<MpiCommunicator::MpiReduction> MpiCommunicator::CheckReduction(
 }
 
 WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
-  const std::string detail =
-      absl::StrCat(internal::DescribeBuffer(buffer), ", ", internal::ReduceOpName(op));
+  mpi_internal::OpLabel label =
+      CollectiveLabel("all_reduce", &buffer, internal::ReduceOpName(op), /*root=*/-1);
   absl::Status status = CheckCpu(buffer, "all_reduce buffer");
   absl::StatusOr<MpiReduction> reduction = CheckReduction(buffer.dtype, op, "all_reduce");
   if (status.ok() && !reduction.ok()) status = reduction.status();
-  if (!status.ok()) return internal::MakeCompletedWork(status, "all_reduce (" + detail + ")");
+  if (!status.ok()) return internal::MakeCompletedWork(status, "all_reduce (" + label.Detail() + ")");
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = reduction->type;
   const MPI_Op mpi_reduction = reduction->op;
@@ -440,7 +459,7 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
     };
   }
   return IssueCollective(
-      Kind::kAllReduce, "all_reduce", detail, buffer.count, buffer.dtype, op, /*root=*/0,
+      Kind::kAllReduce, std::move(label), buffer.count, buffer.dtype, op, /*root=*/0,
       [=](MPI_Request* request) {
         mpi_internal::IallreduceAlgorithmScope algorithm(buffer.bytes(), buffer.count, group_size);
         return MPI_Iallreduce(MPI_IN_PLACE, buffer.data, static_cast<int>(buffer.count),
@@ -450,8 +469,8 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
 }
 
 WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output, ReduceOp op) {
-  const std::string detail =
-      absl::StrCat(internal::DescribeBuffer(input), ", ", internal::ReduceOpName(op));
+  mpi_internal::OpLabel label =
+      CollectiveLabel("reduce_scatter", &input, internal::ReduceOpName(op), /*root=*/-1);
   absl::Status status = CheckCpu(input, "reduce_scatter input");
   if (status.ok()) status = CheckCpu(output, "reduce_scatter output");
   const ShardRange shard = Shard(input.count, size(), rank());
@@ -470,7 +489,7 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   }
   absl::StatusOr<MpiReduction> reduction = CheckReduction(input.dtype, op, "reduce_scatter");
   if (status.ok() && !reduction.ok()) status = reduction.status();
-  if (!status.ok()) return internal::MakeCompletedWork(status, "reduce_scatter (" + detail + ")");
+  if (!status.ok()) return internal::MakeCompletedWork(status, "reduce_scatter (" + label.Detail() + ")");
   auto counts = std::make_shared<std::vector<int>>(size());
   for (int r = 0; r < size(); ++r) {
     (*counts)[r] = static_cast<int>(Shard(input.count, size(), r).count);
@@ -495,7 +514,7 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
                     static_cast<int64_t>(input.bytes()) >= mpi_internal::kRingReduceScatterMinBytes;
   if (!ring) {
     return IssueCollective(
-        Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op,
+        Kind::kReduceScatter, std::move(label), input.count, input.dtype, op,
         /*root=*/0,
         [=](MPI_Request* request) {
           return MPI_Ireduce_scatter(send, recv, counts->data(), mpi_type, mpi_reduction, comm,
@@ -511,13 +530,13 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
       state_->control, rank(), group_size, tag, mpi_type, mpi_reduction, SizeOf(input.dtype),
       input.data, output.data, input.count);
   return IssueCollective(
-      Kind::kReduceScatter, "reduce_scatter", detail, input.count, input.dtype, op, /*root=*/0,
+      Kind::kReduceScatter, std::move(label), input.count, input.dtype, op, /*root=*/0,
       [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
       [algorithm]() { return algorithm->Progress(); });
 }
 
 WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
-  const std::string detail = internal::DescribeBuffer(output);
+  mpi_internal::OpLabel label = CollectiveLabel("all_gather", &output, nullptr, /*root=*/-1);
   absl::Status status = CheckCpu(input, "all_gather input");
   if (status.ok()) status = CheckCpu(output, "all_gather output");
   const ShardRange shard = Shard(output.count, size(), rank());
@@ -541,7 +560,7 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
   if (status.ok()) status = CheckUsable("all_gather");
   auto type = mpi_internal::ToMpiType(output.dtype);
   if (status.ok() && !type.ok()) status = type.status();
-  if (!status.ok()) return internal::MakeCompletedWork(status, "all_gather (" + detail + ")");
+  if (!status.ok()) return internal::MakeCompletedWork(status, "all_gather (" + label.Detail() + ")");
   auto counts = std::make_shared<std::vector<int>>(size());
   auto displacements = std::make_shared<std::vector<int>>(size());
   for (int r = 0; r < size(); ++r) {
@@ -555,19 +574,33 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
   void* send = in_place ? MPI_IN_PLACE : (input.count > 0 ? input.data : empty_buffer);
   void* recv = output.count > 0 ? output.data : empty_buffer + 8;
   const int send_count = static_cast<int>(input.count);
+  const bool ring = size() > 1 && output.count > 0 &&
+                    (size() == 2 || static_cast<int64_t>(output.bytes()) >=
+                                        mpi_internal::kRingAllGatherMinBytes);
+  if (!ring) {
+    return IssueCollective(
+        Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum,
+        /*root=*/0,
+        [=](MPI_Request* request) {
+          return MPI_Iallgatherv(send, send_count, mpi_type, recv, counts->data(),
+                                 displacements->data(), mpi_type, comm, request);
+        },
+        nullptr);
+  }
+  // Ring messages on the control communicator, tagged like the reduce-scatter ring's.
+  const int tag = mpi_internal::kRingTagBase +
+                  static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
+  auto algorithm = std::make_shared<mpi_internal::RingAllGather>(
+      state_->control, rank(), size(), tag, mpi_type, element, input.data, output.data,
+      output.count);
   return IssueCollective(
-      Kind::kAllGather, "all_gather", detail, output.count, output.dtype, ReduceOp::kSum,
-      /*root=*/0,
-      [=](MPI_Request* request) {
-        return MPI_Iallgatherv(send, send_count, mpi_type, recv, counts->data(),
-                               displacements->data(), mpi_type, comm, request);
-      },
-      nullptr);
+      Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum, /*root=*/0,
+      [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
+      [algorithm]() { return algorithm->Progress(); });
 }
 
 WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
-  const std::string detail =
-      absl::StrCat(internal::DescribeBuffer(buffer), ", root ", root);
+  mpi_internal::OpLabel label = CollectiveLabel("broadcast", &buffer, nullptr, root);
   absl::Status status = CheckCpu(buffer, "broadcast buffer");
   if (status.ok() && (root < 0 || root >= size())) {
     status = absl::InvalidArgumentError(
@@ -576,11 +609,11 @@ WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
   if (status.ok()) status = CheckUsable("broadcast");
   auto type = mpi_internal::ToMpiType(buffer.dtype);
   if (status.ok() && !type.ok()) status = type.status();
-  if (!status.ok()) return internal::MakeCompletedWork(status, "broadcast (" + detail + ")");
+  if (!status.ok()) return internal::MakeCompletedWork(status, "broadcast (" + label.Detail() + ")");
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = *type;
   return IssueCollective(
-      Kind::kBroadcast, "broadcast", detail, buffer.count, buffer.dtype, ReduceOp::kSum, root,
+      Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
       [=](MPI_Request* request) {
         return MPI_Ibcast(buffer.data, static_cast<int>(buffer.count), mpi_type, root, comm,
                           request);
@@ -593,7 +626,7 @@ WorkPtr MpiCommunicator::Barrier() {
   if (!status.ok()) return internal::MakeCompletedWork(status, "barrier");
   MPI_Comm comm = state_->comm;
   return IssueCollective(
-      Kind::kBarrier, "barrier", "", 0, DataType::kUInt8, ReduceOp::kSum, 0,
+      Kind::kBarrier, CollectiveLabel("barrier", nullptr, nullptr, /*root=*/-1), 0, DataType::kUInt8, ReduceOp::kSum, 0,
       [=](MPI_Request* request) { return MPI_Ibarrier(comm, request); }, nullptr);
 }
 
@@ -607,9 +640,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   auto mine = std::make_shared<std::vector<int>>(std::vector<int>{color, key});
   auto everyone = std::make_shared<std::vector<int>>(2 * size());
   MPI_Comm comm = state_->comm;
-  const std::string detail = absl::StrCat("colour ", color, ", key ", key);
+  mpi_internal::OpLabel label = CollectiveLabel("split", nullptr, nullptr, /*root=*/-1);
+  label.extra = absl::StrCat("colour ", color, ", key ", key);
   WorkPtr gather = IssueCollective(
-      Kind::kSplit, "split", detail, 2 * size(), DataType::kInt32, ReduceOp::kSum, 0,
+      Kind::kSplit, std::move(label), 2 * size(), DataType::kInt32, ReduceOp::kSum, 0,
       [mine, everyone, comm](MPI_Request* request) {
         return MPI_Iallgather(mine->data(), 2, MPI_INT, everyone->data(), 2, MPI_INT, comm,
                               request);

@@ -30,6 +30,7 @@ namespace tandem::comm {
 
 namespace mpi_internal {
 struct CommState;
+struct OpLabel;
 }
 
 class MpiCommunicator : public Communicator {
@@ -81,13 +82,18 @@ class MpiCommunicator : public Communicator {
     kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit,
   };
   // Queues a collective: its signature check (if enabled) and its data request.
-  WorkPtr IssueCollective(Kind kind, const char* name, const std::string& detail, int64_t count,
+  WorkPtr IssueCollective(Kind kind, mpi_internal::OpLabel label, int64_t count,
                           DataType dtype, ReduceOp op, int root,
                           std::function<int(MPI_Request*)> post,
                           std::function<absl::Status(const MPI_Status&)> finish,
                           std::function<absl::StatusOr<bool>()> progress = nullptr);
-  WorkPtr IssuePointToPoint(std::string description, std::function<int(MPI_Request*)> post,
-                            std::function<absl::Status(const MPI_Status&)> finish);
+  // Posts MPI_Isend (`send`) or MPI_Irecv of `buffer` now and hands it to the progress side.
+  WorkPtr IssuePointToPoint(mpi_internal::OpLabel label, bool send, const Buffer& buffer,
+                            MPI_Datatype type, int peer, int tag);
+  mpi_internal::OpLabel PointToPointLabel(const char* name, const Buffer& buffer, int peer,
+                                          int tag);
+  mpi_internal::OpLabel CollectiveLabel(const char* name, const Buffer* buffer,
+                                        const char* reduction, int root) const;
   // Non-OK if the communicator was aborted.
   absl::Status CheckUsable(const std::string& what);
   std::string GroupText() const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,7 @@ std::string MismatchMessage(const Op& op) {
     const int64_t max_value = op.agreed[field];
     const int64_t min_value = -op.agreed[kSignatureFields + field];
     if (max_value != min_value) {
-      return absl::StrCat(op.description, ": ranks disagree on ", SignatureFieldName(field),
+      return absl::StrCat(op.Describe(), ": ranks disagree on ", SignatureFieldName(field),
                           " (this rank ", op.signature[field], ", min ", min_value, ", max ",
                           max_value, ")");
     }
@@ -49,7 +50,7 @@ std::string MismatchMessage(const Op& op) {
 }
 
 // Polls before the first sched_yield (every mode).
-constexpr int kPollsBeforeYield = 16;
+constexpr int kPollsBeforeYield = 2000;
 // Polite waits: polls before the first pause, and the pause range.
 constexpr int kPollsBeforePause = 64;
 constexpr auto kMinPause = std::chrono::microseconds(20);
@@ -92,16 +93,48 @@ void Op::Complete(absl::Status result) {
   if (uncount) ProgressEngine::Get().OperationFinished(was_stepped);
 }
 
+std::string OpLabel::Detail() const {
+  std::string out;
+  if (count >= 0) absl::StrAppend(&out, count, " x ", DataTypeName(dtype));
+  if (reduction != nullptr) absl::StrAppend(&out, out.empty() ? "" : ", ", reduction);
+  if (root >= 0) absl::StrAppend(&out, out.empty() ? "" : ", ", "root ", root);
+  if (!extra.empty()) absl::StrAppend(&out, out.empty() ? "" : ", ", extra);
+  return out;
+}
+
+std::string OpLabel::Describe() const {
+  const std::string detail = Detail();
+  if (peer >= 0) {
+    const bool outgoing = std::string_view(name) == "send";
+    return absl::StrCat(name, " #", sequence, outgoing ? " to rank " : " from rank ", peer,
+                        " tag ", tag, " (", detail, ")");
+  }
+  return absl::StrCat(name, " #", sequence, " (group of ", group_size, detail.empty() ? "" : ", ",
+                      detail, ")");
+}
+
+namespace {
+
+// The result of an operation's `finish`, its errors prefixed with the operation.
+absl::Status Finish(const Op& op, const MPI_Status& status) {
+  if (!op.finish) return absl::OkStatus();
+  absl::Status result = op.finish(status);
+  if (result.ok()) return result;
+  return absl::Status(result.code(), absl::StrCat(op.Describe(), ": ", result.message()));
+}
+
+}  // namespace
+
 bool StepPosted(Op& op) {
   if (op.progress) {
     absl::StatusOr<bool> complete = op.progress();
     if (!complete.ok()) {
       op.Complete(absl::Status(complete.status().code(),
-                               absl::StrCat(op.description, ": ", complete.status().message())));
+                               absl::StrCat(op.Describe(), ": ", complete.status().message())));
       return true;
     }
     if (!*complete) return false;
-    op.Complete(op.finish ? op.finish(MPI_Status{}) : absl::OkStatus());
+    op.Complete(Finish(op, MPI_Status{}));
     return true;
   }
   int flag = 0;
@@ -109,11 +142,11 @@ bool StepPosted(Op& op) {
   const int rc = MPI_Test(&op.request, &flag, &status);
   if (rc != MPI_SUCCESS) {
     const absl::Status error = TANDEM_MPI_STATUS(rc);
-    op.Complete(absl::Status(error.code(), absl::StrCat(op.description, ": ", error.message())));
+    op.Complete(absl::Status(error.code(), absl::StrCat(op.Describe(), ": ", error.message())));
     return true;
   }
   if (!flag) return false;
-  op.Complete(op.finish ? op.finish(status) : absl::OkStatus());
+  op.Complete(Finish(op, status));
   return true;
 }
 
@@ -308,7 +341,7 @@ void CommState::Fail(const std::shared_ptr<Op>& op, const absl::Status& reason) 
       abandoned.push_back(op);
     }
     op->Complete(absl::FailedPreconditionError(
-        absl::StrCat(op->description, ": communicator aborted: ", reason.message())));
+        absl::StrCat(op->Describe(), ": communicator aborted: ", reason.message())));
   }
   op->Release();
 }

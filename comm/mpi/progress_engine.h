@@ -44,12 +44,33 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/communicator.h"
 
 namespace tandem::comm::mpi_internal {
 
 // Fields of a collective's signature: every rank must agree on each.
 inline constexpr int kSignatureFields = 5;  // kind, count, dtype, reduce op, root
 const char* SignatureFieldName(int field);
+
+// What an operation is, for messages. Formatted only when asked: issuing and completing an
+// operation never builds a string.
+struct OpLabel {
+  const char* name = "";  // "send", "recv", "all_reduce", ...
+  int64_t sequence = -1;
+  int peer = -1;  // point to point: the other rank ("to" for sends, "from" otherwise)
+  int tag = 0;
+  int group_size = 0;  // collectives
+  int64_t count = -1;  // elements of the buffer described; -1: none
+  DataType dtype = DataType::kFloat32;
+  const char* reduction = nullptr;  // "sum", ...
+  int root = -1;                    // broadcast
+  std::string extra;                // rare details ("colour 1, key 0")
+
+  // "1024 x float32, sum"
+  std::string Detail() const;
+  // "send #3 to rank 1 tag 0 (1024 x float32)", "all_reduce #2 (group of 4, 8 x float32, sum)"
+  std::string Describe() const;
+};
 
 // One asynchronous operation.
 struct Op {
@@ -58,7 +79,8 @@ struct Op {
   // to be posted) to kPosted; point-to-point operations are posted by the issuer.
   enum class Phase { kQueued, kVerify, kReady, kPosted, kDone };
 
-  std::string description;  // "all_reduce #3 (group of 4, 1024 x float32)"
+  OpLabel label;
+  std::string Describe() const { return label.Describe(); }
   // Written only by the thread holding the claim; read without it to decide whether to try.
   std::atomic<Phase> phase{Phase::kQueued};
   bool collective = true;
@@ -69,7 +91,8 @@ struct Op {
   MPI_Request verify_request = MPI_REQUEST_NULL;
   // Posts the data request; returns an MPI error code.
   std::function<int(MPI_Request*)> post;
-  // Runs after the data request completed (averaging, received-count checks).
+  // Runs after the data request completed (averaging, received-count checks); an error is
+  // prefixed with the operation's description.
   std::function<absl::Status(const MPI_Status&)> finish;
   MPI_Request request = MPI_REQUEST_NULL;
   // Multi-step algorithms (e.g. the ring reduce-scatter) progress themselves: when set, it
@@ -171,8 +194,11 @@ class ProgressEngine {
   // thread sleeps only when nothing is pending.
   void OperationAdded(bool stepped);
   void OperationFinished(bool stepped);
-  // Whether some pending operation needs TryProgress (see the header comment).
-  bool SteppingPending() const { return stepping_.load(std::memory_order_relaxed) > 0; }
+  // Whether more than `besides` pending operations need TryProgress (see the header comment);
+  // a waiter steps its own operation itself and passes 1 if it is one of them.
+  bool SteppingPending(int besides = 0) const {
+    return stepping_.load(std::memory_order_relaxed) > besides;
+  }
 
   // Advances every registered communicator if no other thread is doing so; returns whether
   // anything changed. `busy` (optional) tells whether another thread was progressing.

@@ -1,6 +1,7 @@
 #include "comm/mpi/ring.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "comm/check.h"
 
@@ -58,6 +59,53 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
     TANDEM_MPI_CHECK(MPI_Reduce_local(InputShard(receive_shard), received, count, type_, op_));
   }
   if (last) return true;
+  ++step_;
+  const int rc = Post();
+  if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
+  return false;
+}
+
+RingAllGather::RingAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+                             size_t element_bytes, const void* input, void* output, int64_t count)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      tag_(tag),
+      type_(type),
+      element_bytes_(element_bytes),
+      input_(static_cast<const char*>(input)),
+      output_(static_cast<char*>(output)) {
+  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
+}
+
+int RingAllGather::Start() {
+  // Step 0 sends the input itself; this rank's own copy into the output overlaps with it.
+  const int rc = Post();
+  const ShardRange& mine = shards_[rank_];
+  if (rc == MPI_SUCCESS && mine.count > 0 && input_ != OutputShard(rank_)) {
+    std::memcpy(OutputShard(rank_), input_, mine.count * element_bytes_);
+  }
+  return rc;
+}
+
+int RingAllGather::Post() {
+  const int next = (rank_ + 1) % size_;
+  const int previous = (rank_ + size_ - 1) % size_;
+  const int send_shard = ((rank_ - step_) % size_ + size_) % size_;
+  const int receive_shard = ((rank_ - step_ - 1) % size_ + size_) % size_;
+  int rc = MPI_Irecv(OutputShard(receive_shard), static_cast<int>(shards_[receive_shard].count),
+                     type_, previous, tag_, comm_, &requests_[0]);
+  if (rc != MPI_SUCCESS) return rc;
+  const char* send = step_ == 0 ? input_ : OutputShard(send_shard);
+  return MPI_Isend(send, static_cast<int>(shards_[send_shard].count), type_, next, tag_, comm_,
+                   &requests_[1]);
+}
+
+absl::StatusOr<bool> RingAllGather::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE));
+  if (!done) return false;
+  if (step_ == size_ - 2) return true;
   ++step_;
   const int rc = Post();
   if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
