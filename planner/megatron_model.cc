@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
+#include "pipeline/profile.h"
 #include "pipeline/simulator.h"
 
 namespace tandem::planner {
@@ -23,7 +24,88 @@ double RingAllReduceSeconds(double bytes, int group, double bandwidth, double la
   return 2.0 * (group - 1) / group * bytes / bandwidth + 2.0 * (group - 1) * latency;
 }
 
+// One transformer layer (and the logits) at tensor-parallel degree t, micro-batch b.
+struct LayerCosts {
+  double compute = 0;            // one pass without communication (backward: twice)
+  double all_reduce = 0;         // one tensor-parallel all-reduce of the layer output
+  double activation_bytes = 0;   // stashed per micro-batch without recomputation
+  double head_compute = 0;       // logits, one pass
+};
+
+LayerCosts CostsAt(const MegatronGpt& model, int t, double b, const A100Cluster& cluster) {
+  const double s = model.sequence, h = model.hidden, a = model.heads, vocab = model.vocabulary;
+  const double sbh = s * b * h;
+  const double effective_flops = cluster.peak_flops * cluster.gemm_efficiency;
+  LayerCosts costs;
+  costs.all_reduce = RingAllReduceSeconds(kBytesPerValue * sbh, t,
+                                          cluster.nvlink_bytes_per_second,
+                                          cluster.latency_seconds);
+  costs.activation_bytes = sbh * (10 + 24.0 / t + 5 * a * s / (h * t));
+  costs.compute = (24 * b * s * h * h + 4 * b * s * s * h) / t / effective_flops +
+                  cluster.elementwise_traffic * costs.activation_bytes /
+                      cluster.hbm_bytes_per_second;
+  costs.head_compute = 2 * b * s * h * vocab / t / effective_flops +
+                       cluster.elementwise_traffic * kLogitBytesPerValue * s * b * vocab / t /
+                           cluster.hbm_bytes_per_second;
+  return costs;
+}
+
 }  // namespace
+
+pipeline::Profile MegatronProfile(const MegatronGpt& model, int microbatch_size,
+                                  const A100Cluster& cluster) {
+  const double b = microbatch_size, s = model.sequence, h = model.hidden,
+               vocab = model.vocabulary;
+  const double boundary_bytes = kBytesPerValue * s * b * h;
+  pipeline::Profile profile;
+  profile.model = absl::StrCat("gpt L=", model.layers, " h=", model.hidden, " a=", model.heads,
+                               " s=", model.sequence);
+  profile.microbatch_size = microbatch_size;
+  profile.device = "A100-80GB (Megatron-LM cost model)";
+  auto make_layer = [&](const std::string& name, double parameters, bool transformer) {
+    pipeline::LayerProfile layer;
+    layer.name = name;
+    const LayerCosts one = CostsAt(model, 1, b, cluster);
+    layer.forward_seconds = transformer ? one.compute : (name == "head" ? one.head_compute : 0);
+    layer.backward_seconds = 2 * layer.forward_seconds;
+    layer.output_activation_bytes = boundary_bytes;
+    layer.stashed_activation_bytes =
+        transformer ? one.activation_bytes
+                    : (name == "head" ? kLogitBytesPerValue * s * b * vocab : boundary_bytes);
+    layer.recompute_seconds = transformer ? layer.forward_seconds : 0;
+    layer.recompute_stashed_bytes =
+        transformer ? boundary_bytes : layer.stashed_activation_bytes;
+    layer.parameter_bytes = kBytesPerValue * parameters;
+    layer.optimizer_state_bytes = (kStateBytesPerParameter - 2 * kBytesPerValue) * parameters;
+    for (int t : {2, 4, 8}) {
+      if (t > cluster.gpus_per_node) continue;
+      const LayerCosts at_t = CostsAt(model, t, b, cluster);
+      pipeline::TensorParallelVariant variant;
+      variant.degree = t;
+      if (transformer) {
+        variant.forward_seconds = at_t.compute;
+        variant.stashed_activation_bytes = at_t.activation_bytes;
+        variant.communication_seconds = 2 * kAllReducesPerPass * at_t.all_reduce;
+      } else if (name == "head") {
+        variant.forward_seconds = at_t.head_compute;
+        variant.stashed_activation_bytes = layer.stashed_activation_bytes / t;
+      } else {  // embedding: one all-reduce of its output
+        variant.stashed_activation_bytes = boundary_bytes;
+        variant.communication_seconds = at_t.all_reduce;
+      }
+      variant.backward_seconds = 2 * variant.forward_seconds;
+      variant.parameter_bytes = layer.parameter_bytes / t;
+      layer.tensor_parallel.push_back(variant);
+    }
+    return layer;
+  };
+  profile.layers.push_back(make_layer("embedding", (vocab + s) * h, false));
+  for (int i = 0; i < model.layers; ++i) {
+    profile.layers.push_back(make_layer(absl::StrCat("layer", i), 12 * h * h + 13 * h, true));
+  }
+  profile.layers.push_back(make_layer("head", 2 * h, false));  // tied weights: layer norm only
+  return profile;
+}
 
 double MegatronGpt::Parameters() const {
   const double l = layers, h = hidden, v = vocabulary, s = sequence;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pipeline/profile.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::planner {
@@ -120,6 +121,14 @@ std::vector<MegatronTableRow> MegatronTable1();
 // + 1 chunks; 1F1B: p micro-batches; the layer inputs only with recomputation), and one layer's
 // full activations.
 double MegatronMemoryBytes(const MegatronGpt& model, const MegatronConfig& config);
+
+// The same costs as a tandem profile (pipeline/profile.h) at one micro-batch size, so that the
+// planner's own algorithms (AdaPipe with the schedule search) can plan the model: an embedding
+// layer, the transformer layers, the logits, with tensor-parallel variants of degree 2, 4 and 8
+// whose communication is the all-reduces above (the recomputed forward adds half of it, as
+// ProfileAtTensorParallel counts). The embedding holds the tied weights.
+pipeline::Profile MegatronProfile(const MegatronGpt& model, int microbatch_size,
+                                  const A100Cluster& cluster);
 
 // The configuration tandem picks under the same cost model: exhaustive over t in {1, 2, 4, 8}
 // (inside a node), p dividing the layers, d = GPUs / (t p) dividing the batch, micro-batch size
