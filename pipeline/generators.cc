@@ -71,12 +71,12 @@ absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int n
 
 using ComputeOrders = std::vector<std::vector<Action>>;
 
-double NominalCost(ActionType type) {
+double NominalCost(ActionType type, double full_backward = kNominalBackward) {
   switch (type) {
     case ActionType::kForward:
       return kNominalForward;
     case ActionType::kBackward:
-      return kNominalBackward;
+      return full_backward;
     case ActionType::kBackwardInput:
       return kNominalBackwardInput;
     default:
@@ -480,7 +480,8 @@ struct PendingReceive {
 // costs (a compute starts when its rank is free and its inputs exist; transfers are free).
 // FailedPrecondition if the orders cannot run to the end (a cycle between ranks).
 absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
-                             const ComputeOrders& orders, std::vector<std::vector<double>>* start) {
+                             const ComputeOrders& orders, double full_backward,
+                             std::vector<std::vector<double>>* start) {
   const int num_ranks = placement.num_ranks;
   const int num_stages = placement.num_stages;
   const size_t triples =
@@ -536,7 +537,7 @@ absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
       }
       if (ready == kPending) break;
       const double t0 = std::max(ready, free_at[r]);
-      const double t1 = t0 + NominalCost(a.type);
+      const double t1 = t0 + NominalCost(a.type, full_backward);
       (*start)[r][pc[r]] = t0;
       free_at[r] = t1;
       ++pc[r];
@@ -569,10 +570,27 @@ absl::Status NominalTimeline(const Placement& placement, int num_microbatches,
   return absl::OkStatus();
 }
 
+// CompleteSchedule, with receives placed against nominal timelines in which a full backward
+// costs each of `full_backward_costs` (forward 1): a receive goes before the receiver's first
+// compute that starts after the send in every timeline (never after its consumer), so that
+// none of those cost ratios makes the receiver wait on it early.
+absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement placement,
+                                             std::vector<std::vector<Action>> compute_orders,
+                                             const std::vector<double>& full_backward_costs);
+
 }  // namespace
 
 absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement placement,
                                           std::vector<std::vector<Action>> compute_orders) {
+  return CompleteScheduleFor(spec, std::move(placement), std::move(compute_orders),
+                             {kNominalBackward});
+}
+
+namespace {
+
+absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement placement,
+                                             std::vector<std::vector<Action>> compute_orders,
+                                             const std::vector<double>& full_backward_costs) {
   const int num_ranks = placement.num_ranks;
   const int num_stages = placement.num_stages;
   const int num_replicas = placement.NumReplicas();
@@ -619,13 +637,17 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
   // before the receiver's first compute that starts at or after the send (so that the peer's
   // send and this receive meet in groups issued at about the same time, as NCCL wants), and
   // never after the consumer.
-  std::vector<std::vector<double>> start;
-  TANDEM_RETURN_IF_ERROR(NominalTimeline(placement, m, compute_orders, &start));
+  std::vector<std::vector<std::vector<double>>> starts(full_backward_costs.size());
+  for (size_t c = 0; c < full_backward_costs.size(); ++c) {
+    TANDEM_RETURN_IF_ERROR(
+        NominalTimeline(placement, m, compute_orders, full_backward_costs[c], &starts[c]));
+  }
   // Receives per receiving rank, collected channel by channel in the sender's order.
   std::vector<std::vector<PendingReceive>> receives(num_ranks);
   // Per sender: the computes whose output it sends, in program order, grouped by destination.
   std::vector<std::pair<int, std::vector<int>>> by_peer;
   std::vector<int> slot;
+  std::vector<size_t> available;
   for (int r = 0; r < num_ranks; ++r) {
     by_peer.clear();
     auto channel = [&](int peer) -> std::vector<int>& {
@@ -658,11 +680,10 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
     };
     for (auto& [peer, sends] : by_peer) {
       const int n = static_cast<int>(sends.size());
-      const std::vector<double>& peer_start = start[peer];
       slot.assign(n, 0);
       // Sends of a channel leave in program order, so at nondecreasing times: the first
       // receiver compute starting at or after each only moves forward.
-      size_t available = 0;
+      available.assign(full_backward_costs.size(), 0);
       for (int k = 0; k < n; ++k) {
         const Action s = sent_action(sends[k]);
         const size_t i = index(s.replica, s.stage, s.microbatch);
@@ -672,9 +693,16 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
           return absl::InvalidArgumentError(absl::StrCat(
               "rank ", peer, " never consumes ", ToString(s), " sent by rank ", r));
         }
-        const double time = start[r][sends[k]] + NominalCost(order[sends[k]].type);
-        while (available < peer_start.size() && peer_start[available] < time) ++available;
-        slot[k] = std::min(consumer, static_cast<int>(available));
+        size_t latest = 0;
+        for (size_t c = 0; c < full_backward_costs.size(); ++c) {
+          const std::vector<double>& peer_start = starts[c][peer];
+          const double time =
+              starts[c][r][sends[k]] + NominalCost(order[sends[k]].type, full_backward_costs[c]);
+          size_t& at = available[c];
+          while (at < peer_start.size() && peer_start[at] < time) ++at;
+          latest = std::max(latest, at);
+        }
+        slot[k] = std::min(consumer, static_cast<int>(latest));
       }
       // FIFO: receive k must precede receive k+1.
       for (int k = n - 2; k >= 0; --k) slot[k] = std::min(slot[k], slot[k + 1]);
@@ -773,6 +801,8 @@ absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement pl
   }
   return schedule;
 }
+
+}  // namespace
 
 absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_microbatches) {
   TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
@@ -908,7 +938,10 @@ absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
   ListScheduler scheduler(config, std::move(streams));
   scheduler.SetOwners(placement.stage_to_rank);
   TANDEM_ASSIGN_OR_RETURN(ComputeOrders orders, scheduler.Run());
-  return CompleteSchedule(spec, std::move(placement), std::move(orders));
+  // Receives placed for equal forward and backward costs too (the paper's figures), so
+  // that the order runs in 2N + D - 2 there as well as in 3N + 2D - 4 at F=1, B=2.
+  return CompleteScheduleFor(spec, std::move(placement), std::move(orders),
+                             {kNominalBackward, kNominalForward});
 }
 
 absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int waves) {

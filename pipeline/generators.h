@@ -11,6 +11,8 @@
 //   chimera      per replica a 1F1B order over its micro-batches; the two orders of a rank are
 //                merged by a list scheduler at nominal costs (F=1, B=2): whichever can start
 //                first, backward before forward on ties, then the op closest to the end.
+//                Receives are placed for both F=1, B=2 and F=B=1, so the schedule takes the
+//                paper's 2N + D - 2 with equal costs and at most 3N + 2(D - 2) with B = 2F.
 //   hanayo       list scheduler over the wave placement: forward first, stashed activations
 //                capped at 1.5x a 1F1B first stage (1.5 * p * 2W chunks).
 //   zb-h1        1F1B with backward split; rank r runs W of micro-batch i after Bi of i+r.
