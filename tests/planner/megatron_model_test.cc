@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "planner/adapipe.h"
+#include "planner/planner.h"
 
 namespace tandem::planner {
 namespace {
@@ -79,6 +81,35 @@ TEST(MegatronModel, SearchReportsTheSmallestMemoryWhenNothingFits) {
   MegatronGpt model;
   auto best = SearchMegatronConfig(model, 64, 64, cluster);
   EXPECT_EQ(best.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(MegatronModel, AdaPipePlansTheProfileOfTheCostModel) {
+  const A100Cluster figures = SeleneA100();
+  const MegatronTableRow row = MegatronTable1()[4];  // 39.1B on 512 GPUs
+  PlanRequest request;
+  request.algorithm = Algorithm::kAdaPipe;
+  request.profile = MegatronProfile(row.model, /*microbatch_size=*/1, figures);
+  ASSERT_TRUE(pipeline::ValidateProfile(request.profile).ok());
+  ASSERT_EQ(request.profile.layers.size(), size_t(row.model.layers) + 2);
+  // Forward time of a layer at t = 8 equals the model's (compute + 2 all-reduces).
+  auto hand = PredictMegatron(row.model, row.config, figures);
+  ASSERT_TRUE(hand.ok());
+  auto at_eight = ProfileAtTensorParallel(request.profile, 8);
+  ASSERT_TRUE(at_eight.ok());
+  EXPECT_NEAR(at_eight->layers[1].forward_seconds / hand->layer_forward_seconds, 1.0, 1e-9);
+  request.cluster.nodes = row.config.Gpus() / 8;
+  request.cluster.devices_per_node = 8;
+  request.cluster.device_memory_bytes = figures.memory_bytes;
+  request.cluster.levels = {{figures.nvlink_bytes_per_second, figures.latency_seconds},
+                            {figures.infiniband_bytes_per_second_per_gpu, figures.latency_seconds}};
+  request.microbatches = static_cast<int>(row.config.global_batch);
+  request.schedule = "auto";
+  auto outcome = MakePlan(request);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_LE(outcome->plan.tensor_parallel, 8);
+  EXPECT_EQ(outcome->plan.world_size, row.config.Gpus());
+  // Same costs, recomputation chosen per layer: no slower than Megatron-LM's configuration.
+  EXPECT_LT(outcome->plan.predicted_iteration_seconds, hand->iteration_seconds);
 }
 
 }  // namespace
