@@ -264,7 +264,6 @@ class ListScheduler {
                            config_.num_microbatches;
     forward_done_.assign(triples, kNotScheduled);
     backward_done_.assign(triples, kNotScheduled);
-    input_done_.assign(triples, kNotScheduled);
     free_at_.assign(config_.num_ranks, 0.0);
     stash_.assign(config_.num_ranks, 0);
     version_.assign(config_.num_ranks, 0);
@@ -326,7 +325,10 @@ class ListScheduler {
   void SetOwners(std::vector<std::vector<int>> owner) { owner_ = std::move(owner); }
 
  private:
-  static constexpr double kNotScheduled = std::numeric_limits<double>::infinity();
+  // Nominal costs are whole numbers, so finish times are too: stored as 32-bit integers
+  // (half the memory traffic of doubles; at most 3 * 2^24 actions of cost <= 2 on a rank).
+  using Time = int32_t;
+  static constexpr Time kNotScheduled = std::numeric_limits<Time>::max();
 
 
   size_t Index(int replica, int stage, int microbatch) const {
@@ -339,16 +341,16 @@ class ListScheduler {
     const size_t i = Index(a.replica, a.stage, a.microbatch);
     switch (a.type) {
       case ActionType::kForward:
-        forward_done_[i] = finish;
+        forward_done_[i] = static_cast<Time>(finish);
         ++stash_[owner_[a.replica][a.stage]];
         break;
       case ActionType::kBackward:
-        backward_done_[i] = finish;
+        backward_done_[i] = static_cast<Time>(finish);
         --stash_[owner_[a.replica][a.stage]];
         break;
       case ActionType::kBackwardInput:
-        backward_done_[i] = finish;
-        input_done_[i] = finish;
+        // W waits on this (a split schedule has no full B to confuse it with).
+        backward_done_[i] = static_cast<Time>(finish);
         break;
       case ActionType::kBackwardWeight:
         --stash_[owner_[a.replica][a.stage]];
@@ -358,24 +360,24 @@ class ListScheduler {
     }
   }
 
-  // Time at which `a`'s inputs are ready (infinity if a dependency is not scheduled yet).
-  double ReadyTime(const Action& a) const {
+  // Time at which `a`'s inputs are ready (kNotScheduled if a dependency is not scheduled yet).
+  Time ReadyTime(const Action& a) const {
     const size_t i = Index(a.replica, a.stage, a.microbatch);
     switch (a.type) {
       case ActionType::kForward:
-        return a.stage == 0 ? 0.0 : forward_done_[Index(a.replica, a.stage - 1, a.microbatch)];
+        return a.stage == 0 ? 0 : forward_done_[Index(a.replica, a.stage - 1, a.microbatch)];
       case ActionType::kBackward:
       case ActionType::kBackwardInput: {
-        double t = forward_done_[i];
+        Time t = forward_done_[i];
         if (a.stage + 1 < config_.num_stages) {
           t = std::max(t, backward_done_[Index(a.replica, a.stage + 1, a.microbatch)]);
         }
         return t;
       }
       case ActionType::kBackwardWeight:
-        return input_done_[i];
+        return backward_done_[i];
       default:
-        return 0.0;
+        return 0;
     }
   }
 
@@ -405,9 +407,9 @@ class ListScheduler {
       if (stream.done()) continue;
       const Action head = stream.Head();
       if (head.type == ActionType::kForward && capped) continue;
-      const double ready = ReadyTime(head);
+      const Time ready = ReadyTime(head);
       if (ready == kNotScheduled) continue;
-      Entry e{std::max(ready, free_at_[r]), PriorityClass(head.type), Tie(head), r,
+      Entry e{std::max(static_cast<double>(ready), free_at_[r]), PriorityClass(head.type), Tie(head), r,
               static_cast<int>(k), version_[r]};
       if (!found || std::tie(e.start, e.priority, e.tie, e.stream) <
                         std::tie(best.start, best.priority, best.tie, best.stream)) {
@@ -430,7 +432,7 @@ class ListScheduler {
   Config config_;
   Streams streams_;
   std::vector<std::vector<int>> owner_;  // [replica][stage] -> rank
-  std::vector<double> forward_done_, backward_done_, input_done_;
+  std::vector<Time> forward_done_, backward_done_;  // finish times; Bi's for W
   std::vector<double> free_at_;
   std::vector<int64_t> stash_;
   std::vector<uint64_t> version_;
