@@ -41,11 +41,19 @@ constexpr absl::Duration kSendDrainTime = absl::Milliseconds(100);
 constexpr std::chrono::microseconds kBusyWaitPause(50);
 constexpr int kPollsPerClockRead = 8;
 
-// A Work over an Op: waiting drives progress itself.
+// A Work over an Op: waiting drives progress itself. The Op lives in the same allocation
+// (Create): one allocation per operation.
 class MpiWork : public Work {
  public:
-  MpiWork(std::shared_ptr<Op> op, absl::Duration default_timeout)
-      : op_(std::move(op)), default_timeout_(default_timeout) {}
+  // The Work, and its Op sharing its ownership (for the progress side's lists).
+  static std::pair<std::shared_ptr<MpiWork>, std::shared_ptr<Op>> Create(
+      absl::Duration default_timeout) {
+    auto work = std::make_shared<MpiWork>(default_timeout);
+    std::shared_ptr<Op> op(work, &work->storage_);
+    return {std::move(work), std::move(op)};
+  }
+
+  explicit MpiWork(absl::Duration default_timeout) : default_timeout_(default_timeout) {}
 
   bool Test() override {
     if (mpi_internal::TryCompleteDirectly(*op_)) return true;
@@ -102,7 +110,8 @@ class MpiWork : public Work {
   std::string Describe() const override { return op_->Describe(); }
 
  private:
-  std::shared_ptr<Op> op_;
+  Op storage_;
+  Op* const op_ = &storage_;
   absl::Duration default_timeout_;
 };
 
@@ -264,7 +273,8 @@ std::string MpiCommunicator::GroupText() const {
   return absl::StrCat("group of ", size());
 }
 
-absl::Status MpiCommunicator::CheckUsable(const std::string& what) {
+absl::Status MpiCommunicator::CheckUsable(const char* what) {
+  if (!state_->aborting.load(std::memory_order_acquire)) return absl::OkStatus();
   const absl::Status aborted = state_->AbortStatus();
   if (!aborted.ok()) {
     return absl::FailedPreconditionError(
@@ -278,7 +288,7 @@ absl::Status MpiCommunicator::CheckUsable(const std::string& what) {
 WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool send,
                                            const Buffer& buffer, MPI_Datatype type, int peer,
                                            int tag) {
-  auto op = std::make_shared<Op>();
+  auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
   op->collective = false;
   if (!send) {
@@ -316,19 +326,19 @@ WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool sen
                 : queued,
         op->Describe());
   }
-  return std::make_shared<MpiWork>(std::move(op), options_.timeout);
+  return work;
 }
 
+template <typename Post>
 WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                                          int64_t count, DataType dtype, ReduceOp reduce, int root,
-                                         std::function<int(MPI_Request*)> post,
+                                         Post post,
                                          std::function<absl::Status(const MPI_Status&)> finish,
                                          std::function<absl::StatusOr<bool>()> progress) {
-  auto op = std::make_shared<Op>();
+  auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
   op->label.sequence = collective_sequence_++;
   op->label.group_size = size();
-  op->post = std::move(post);
   op->finish = std::move(finish);
   op->progress = std::move(progress);
   op->verify = options_.verify_collectives && size() > 1;
@@ -344,9 +354,11 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   // at a time, so posting order is issue order on every rank. With one, the progress side
   // posts it once the check passed and every earlier collective was posted.
   std::function<absl::Status(Op&)> post_now;
-  if (!op->verify) {
-    post_now = [](Op& o) -> absl::Status {
-      const int rc = o.post(&o.request);
+  if (op->verify) {
+    op->post = std::move(post);
+  } else {
+    post_now = [&post](Op& o) -> absl::Status {
+      const int rc = post(&o.request);
       if (rc != MPI_SUCCESS) {
         const absl::Status error = TANDEM_MPI_STATUS(rc);
         return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
@@ -364,7 +376,12 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                 : queued,
         op->Describe());
   }
-  return std::make_shared<MpiWork>(std::move(op), options_.timeout);
+  return work;
+}
+
+int MpiCommunicator::NextAlgorithmTag() const {
+  return mpi_internal::kRingTagBase +
+         static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
 }
 
 // ---- Point to point -------------------------------------------------------------------------------
@@ -458,6 +475,17 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
       return absl::OkStatus();
     };
   }
+  const bool power_of_two = group_size > 1 && (group_size & (group_size - 1)) == 0;
+  if (power_of_two && buffer.count > 0 &&
+      static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallAllReduceMaxBytes) {
+    auto algorithm = std::make_shared<mpi_internal::RecursiveDoublingAllReduce>(
+        state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction,
+        SizeOf(buffer.dtype), buffer.data, buffer.count);
+    return IssueCollective(
+        Kind::kAllReduce, std::move(label), buffer.count, buffer.dtype, op, /*root=*/0,
+        [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
+        [algorithm]() { return algorithm->Progress(); });
+  }
   return IssueCollective(
       Kind::kAllReduce, std::move(label), buffer.count, buffer.dtype, op, /*root=*/0,
       [=](MPI_Request* request) {
@@ -490,10 +518,6 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   absl::StatusOr<MpiReduction> reduction = CheckReduction(input.dtype, op, "reduce_scatter");
   if (status.ok() && !reduction.ok()) status = reduction.status();
   if (!status.ok()) return internal::MakeCompletedWork(status, "reduce_scatter (" + label.Detail() + ")");
-  auto counts = std::make_shared<std::vector<int>>(size());
-  for (int r = 0; r < size(); ++r) {
-    (*counts)[r] = static_cast<int>(Shard(input.count, size(), r).count);
-  }
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = reduction->type;
   const MPI_Op mpi_reduction = reduction->op;
@@ -512,7 +536,21 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   void* recv = output.count > 0 ? output.data : empty_buffer + 8;
   const bool ring = group_size > 1 && input.count >= group_size &&
                     static_cast<int64_t>(input.bytes()) >= mpi_internal::kRingReduceScatterMinBytes;
+  if (!ring && group_size > 1 && group_size <= mpi_internal::kSmallReduceScatterMaxRanks &&
+      input.count > 0) {
+    auto algorithm = std::make_shared<mpi_internal::DirectReduceScatter>(
+        state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction,
+        SizeOf(input.dtype), input.data, output.data, input.count);
+    return IssueCollective(
+        Kind::kReduceScatter, std::move(label), input.count, input.dtype, op, /*root=*/0,
+        [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
+        [algorithm]() { return algorithm->Progress(); });
+  }
   if (!ring) {
+    auto counts = std::make_shared<std::vector<int>>(size());
+    for (int r = 0; r < size(); ++r) {
+      (*counts)[r] = static_cast<int>(Shard(input.count, size(), r).count);
+    }
     return IssueCollective(
         Kind::kReduceScatter, std::move(label), input.count, input.dtype, op,
         /*root=*/0,
@@ -522,12 +560,8 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
         },
         std::move(finish));
   }
-  // The ring's messages use the control communicator, with a tag from the sequence number
-  // this collective is about to get (the same on every rank).
-  const int tag = mpi_internal::kRingTagBase +
-                  static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
   auto algorithm = std::make_shared<mpi_internal::RingReduceScatter>(
-      state_->control, rank(), group_size, tag, mpi_type, mpi_reduction, SizeOf(input.dtype),
+      state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction, SizeOf(input.dtype),
       input.data, output.data, input.count);
   return IssueCollective(
       Kind::kReduceScatter, std::move(label), input.count, input.dtype, op, /*root=*/0,
@@ -561,13 +595,6 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
   auto type = mpi_internal::ToMpiType(output.dtype);
   if (status.ok() && !type.ok()) status = type.status();
   if (!status.ok()) return internal::MakeCompletedWork(status, "all_gather (" + label.Detail() + ")");
-  auto counts = std::make_shared<std::vector<int>>(size());
-  auto displacements = std::make_shared<std::vector<int>>(size());
-  for (int r = 0; r < size(); ++r) {
-    const ShardRange range = Shard(output.count, size(), r);
-    (*counts)[r] = static_cast<int>(range.count);
-    (*displacements)[r] = static_cast<int>(range.offset);
-  }
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = *type;
   static char empty_buffer[16];
@@ -578,6 +605,13 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
                     (size() == 2 || static_cast<int64_t>(output.bytes()) >=
                                         mpi_internal::kRingAllGatherMinBytes);
   if (!ring) {
+    auto counts = std::make_shared<std::vector<int>>(size());
+    auto displacements = std::make_shared<std::vector<int>>(size());
+    for (int r = 0; r < size(); ++r) {
+      const ShardRange range = Shard(output.count, size(), r);
+      (*counts)[r] = static_cast<int>(range.count);
+      (*displacements)[r] = static_cast<int>(range.offset);
+    }
     return IssueCollective(
         Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum,
         /*root=*/0,
@@ -587,11 +621,8 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
         },
         nullptr);
   }
-  // Ring messages on the control communicator, tagged like the reduce-scatter ring's.
-  const int tag = mpi_internal::kRingTagBase +
-                  static_cast<int>(collective_sequence_ % mpi_internal::kRingTagRange);
   auto algorithm = std::make_shared<mpi_internal::RingAllGather>(
-      state_->control, rank(), size(), tag, mpi_type, element, input.data, output.data,
+      state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, element, input.data, output.data,
       output.count);
   return IssueCollective(
       Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum, /*root=*/0,

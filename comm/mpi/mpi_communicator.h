@@ -82,9 +82,11 @@ class MpiCommunicator : public Communicator {
     kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit,
   };
   // Queues a collective: its signature check (if enabled) and its data request.
+  // `post` (int(MPI_Request*)) is called now by this thread, or kept for the progress side
+  // when the signature check runs first.
+  template <typename Post>
   WorkPtr IssueCollective(Kind kind, mpi_internal::OpLabel label, int64_t count,
-                          DataType dtype, ReduceOp op, int root,
-                          std::function<int(MPI_Request*)> post,
+                          DataType dtype, ReduceOp op, int root, Post post,
                           std::function<absl::Status(const MPI_Status&)> finish,
                           std::function<absl::StatusOr<bool>()> progress = nullptr);
   // Posts MPI_Isend (`send`) or MPI_Irecv of `buffer` now and hands it to the progress side.
@@ -94,8 +96,12 @@ class MpiCommunicator : public Communicator {
                                           int tag);
   mpi_internal::OpLabel CollectiveLabel(const char* name, const Buffer* buffer,
                                         const char* reduction, int root) const;
+  // Algorithms over point-to-point messages (comm/mpi/ring.h) send on the control
+  // communicator with a tag from the sequence number the collective being issued is about to
+  // get (the same on every rank), so several in flight cannot mix.
+  int NextAlgorithmTag() const;
   // Non-OK if the communicator was aborted.
-  absl::Status CheckUsable(const std::string& what);
+  absl::Status CheckUsable(const char* what);
   std::string GroupText() const;
   // Checks a point-to-point buffer (CPU), peer and tag; returns the MPI type of its elements.
   absl::StatusOr<MPI_Datatype> CheckPointToPoint(const Buffer& buffer, int peer, int tag,

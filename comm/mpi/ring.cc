@@ -112,4 +112,92 @@ absl::StatusOr<bool> RingAllGather::Progress() {
   return false;
 }
 
+RecursiveDoublingAllReduce::RecursiveDoublingAllReduce(MPI_Comm comm, int rank, int size,
+                                                       int tag, MPI_Datatype type, MPI_Op op,
+                                                       size_t element_bytes, void* buffer,
+                                                       int64_t count)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      tag_(tag),
+      type_(type),
+      op_(op),
+      buffer_(buffer),
+      count_(static_cast<int>(count)),
+      received_(new char[std::max<int64_t>(count, 1) * element_bytes]) {}
+
+int RecursiveDoublingAllReduce::Start() { return Post(); }
+
+int RecursiveDoublingAllReduce::Post() {
+  const int partner = rank_ ^ distance_;
+  int rc = MPI_Irecv(received_.get(), count_, type_, partner, tag_, comm_, &requests_[0]);
+  if (rc != MPI_SUCCESS) return rc;
+  return MPI_Isend(buffer_, count_, type_, partner, tag_, comm_, &requests_[1]);
+}
+
+absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE));
+  if (!done) return false;
+  // buffer = received op buffer: both partners add the same two values (IEEE addition and
+  // the other reductions are commutative), so they stay bitwise equal.
+  if (count_ > 0) TANDEM_MPI_CHECK(MPI_Reduce_local(received_.get(), buffer_, count_, type_, op_));
+  distance_ *= 2;
+  if (distance_ >= size_) return true;
+  const int rc = Post();
+  if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
+  return false;
+}
+
+DirectReduceScatter::DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag,
+                                         MPI_Datatype type, MPI_Op op, size_t element_bytes,
+                                         const void* input, void* output, int64_t count)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      tag_(tag),
+      type_(type),
+      op_(op),
+      element_bytes_(element_bytes),
+      input_(static_cast<const char*>(input)),
+      output_(static_cast<char*>(output)) {
+  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
+  received_.reset(new char[std::max<int64_t>(shards_[rank_].count, 1) * (size_ - 1) *
+                           element_bytes_]);
+}
+
+int DirectReduceScatter::Start() {
+  const int mine = static_cast<int>(shards_[rank_].count);
+  requests_.assign(2 * (size_ - 1), MPI_REQUEST_NULL);
+  for (int i = 1; i < size_; ++i) {
+    const int from = (rank_ + size_ - i) % size_;
+    const int to = (rank_ + i) % size_;
+    int rc = MPI_Irecv(received_.get() + (i - 1) * mine * element_bytes_, mine, type_, from, tag_,
+                       comm_, &requests_[2 * (i - 1)]);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = MPI_Isend(input_ + shards_[to].offset * element_bytes_,
+                   static_cast<int>(shards_[to].count), type_, to, tag_, comm_,
+                   &requests_[2 * (i - 1) + 1]);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  if (mine > 0) {
+    std::memcpy(output_, input_ + shards_[rank_].offset * element_bytes_, mine * element_bytes_);
+  }
+  return MPI_SUCCESS;
+}
+
+absl::StatusOr<bool> DirectReduceScatter::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                               MPI_STATUSES_IGNORE));
+  if (!done) return false;
+  const int mine = static_cast<int>(shards_[rank_].count);
+  if (mine == 0) return true;
+  for (int i = 1; i < size_; ++i) {
+    TANDEM_MPI_CHECK(MPI_Reduce_local(received_.get() + (i - 1) * mine * element_bytes_, output_,
+                                      mine, type_, op_));
+  }
+  return true;
+}
+
 }  // namespace tandem::comm::mpi_internal

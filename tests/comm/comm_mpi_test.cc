@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +106,28 @@ TEST(MpiCommunicatorTest, AllReduceMatchesSequentialReference) {
         EXPECT_EQ(wrong, 0);
       }
     }
+  }
+}
+
+// Inexact sums: every rank must still hold the same bits (replicas that drift apart would
+// diverge in training), for the small-message recursive doubling and for libnbc's algorithms.
+TEST(MpiCommunicatorTest, AllReduceGivesBitwiseEqualResultsOnEveryRank) {
+  Communicator& world = World();
+  for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{20000}}) {
+    SCOPED_TRACE(absl::StrCat("count ", count));
+    std::vector<float> data(count);
+    for (int64_t i = 0; i < count; ++i) {
+      data[i] = 1.0f / static_cast<float>(3 + world.rank() * 7 + i % 11);
+    }
+    ASSERT_TRUE(world.AllReduce(Buffer{data.data(), count, DataType::kFloat32})->Wait().ok());
+    std::vector<float> all(count * world.size());
+    MPI_Allgather(data.data(), static_cast<int>(count), MPI_FLOAT, all.data(),
+                  static_cast<int>(count), MPI_FLOAT, MPI_COMM_WORLD);
+    int64_t different = 0;
+    for (int r = 0; r < world.size(); ++r) {
+      different += std::memcmp(all.data() + r * count, data.data(), count * sizeof(float)) != 0;
+    }
+    EXPECT_EQ(different, 0);
   }
 }
 
