@@ -4,7 +4,13 @@
 // check against a sequential reference. For the MPI backend the same operation is also called
 // directly through MPI in the same run, twice: the blocking call (MPI_Allreduce, ...) and the
 // non-blocking call completed by an MPI_Test loop (MPI_Iallreduce, ...); the ratio of tandem's
-// bus bandwidth to the better of the two is printed.
+// bus bandwidth to the better of the two is printed. The three are timed in turn, `repeats`
+// rounds per size, and each column is the median of its rounds, so that load from other
+// processes hits all three alike.
+//
+// Goal column (issue #12): from 1 MiB, tandem's bus bandwidth is at least 0.9x the better
+// MPI's ("pass"/"FAIL"); at the smallest size of 8 bytes or less, its time is at most 1.5x the
+// better MPI's. Other rows print "-".
 //
 //   mpirun -np 2 comm_bench                              # every collective, 8 B .. 256 MB
 //   mpirun -np 2 comm_bench --ops=all_reduce --min_bytes=1M --max_bytes=64M
@@ -34,7 +40,9 @@ ABSL_FLAG(std::string, ops, "all_reduce,reduce_scatter,all_gather,broadcast,send
 ABSL_FLAG(std::string, min_bytes, "8", "smallest message (bytes; units like 1M allowed)");
 ABSL_FLAG(std::string, max_bytes, "256MiB", "largest message");
 ABSL_FLAG(int, factor, 2, "size multiplier between rows");
-ABSL_FLAG(double, seconds_per_size, 0.2, "target measuring time per size and implementation");
+ABSL_FLAG(double, seconds_per_size, 0.2,
+          "target measuring time per size and implementation (over all repeats)");
+ABSL_FLAG(int, repeats, 5, "interleaved rounds per size; each column is the median");
 ABSL_FLAG(int, warmup, 2, "untimed operations before each measurement");
 ABSL_FLAG(bool, verify, false,
           "tandem's cross-rank signature check before each collective (a debug mode)");
@@ -76,25 +84,41 @@ struct Collective {
   std::function<int64_t()> errors;  // wrong elements after prepare + run
 };
 
-// Mean seconds per operation, maximum over ranks.
-double Time(const std::function<void()>& run, int64_t bytes, MPI_Comm comm) {
+// Operations per timed round, agreed across ranks: about seconds_per_size / repeats.
+int Calibrate(const std::function<void()>& run, MPI_Comm comm) {
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) run();
-  // Calibrate the repetition count on one timed run (agreed across ranks).
   MPI_Barrier(comm);
-  double start = Now();
+  const double start = Now();
   run();
   double once = Now() - start;
   MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, comm);
-  int iterations = static_cast<int>(absl::GetFlag(FLAGS_seconds_per_size) / std::max(once, 1e-7));
-  iterations = std::clamp(iterations, 3, 5000);
-  (void)bytes;
+  const double per_round =
+      absl::GetFlag(FLAGS_seconds_per_size) / std::max(1, absl::GetFlag(FLAGS_repeats));
+  return std::clamp(static_cast<int>(per_round / std::max(once, 1e-7)), 3, 2000);
+}
+
+// Mean seconds per operation over `iterations`, maximum over ranks.
+double TimeRound(const std::function<void()>& run, int iterations, MPI_Comm comm) {
   MPI_Barrier(comm);
-  start = Now();
+  const double start = Now();
   for (int i = 0; i < iterations; ++i) run();
   double seconds = (Now() - start) / iterations;
   MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
   return seconds;
 }
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+// Bandwidth goal from this size; latency goal at sizes up to kLatencyGoalMaxBytes.
+constexpr int64_t kBandwidthGoalMinBytes = int64_t{1} << 20;
+constexpr double kBandwidthGoalRatio = 0.9;
+constexpr int64_t kLatencyGoalMaxBytes = 8;
+constexpr double kLatencyGoalRatio = 1.5;
 
 // Completes requests by polling MPI_Testall without yielding: the fastest way to drive
 // non-blocking MPI from one thread.
@@ -268,13 +292,14 @@ int main(int argc, char** argv) {
                 "better of the two MPI busbw\n");
   }
   bool all_correct = true;
+  int goals_met = 0, goals_missed = 0;
   for (const Collective& c : collectives) {
     if (std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
     if (rank == 0) {
       std::printf("\n# %s\n", c.name.c_str());
-      std::printf("%12s %12s %6s | %10s %9s | %10s %9s | %10s %9s | %6s | %6s\n", "size(B)",
-                  "count", "type", "tandem(us)", "busbw", "mpi(us)", "busbw", "mpi_nb(us)",
-                  "busbw", "ratio", "wrong");
+      std::printf("%12s %12s %6s | %10s %9s | %10s %9s | %10s %9s | %6s | %5s | %6s\n",
+                  "size(B)", "count", "type", "tandem(us)", "busbw", "mpi(us)", "busbw",
+                  "mpi_nb(us)", "busbw", "ratio", "goal", "wrong");
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= absl::GetFlag(FLAGS_factor)) {
       count = std::max<int64_t>(bytes / 4, 1);
@@ -288,25 +313,53 @@ int main(int argc, char** argv) {
         MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, direct);
         all_correct = all_correct && wrong == 0;
       }
-      const double tandem_seconds =
-          absl::GetFlag(FLAGS_tandem) ? Time(c.run_tandem, row_bytes, direct) : 0;
+      const bool with_tandem = absl::GetFlag(FLAGS_tandem);
       const bool with_mpi = absl::GetFlag(FLAGS_mpi);
-      const double mpi_seconds = with_mpi ? Time(c.run_mpi, row_bytes, direct) : 0;
-      const double mpi_nb_seconds = with_mpi ? Time(c.run_mpi_nb, row_bytes, direct) : 0;
+      const int tandem_iterations = with_tandem ? Calibrate(c.run_tandem, direct) : 0;
+      const int mpi_iterations = with_mpi ? Calibrate(c.run_mpi, direct) : 0;
+      const int mpi_nb_iterations = with_mpi ? Calibrate(c.run_mpi_nb, direct) : 0;
+      std::vector<double> tandem_rounds, mpi_rounds, mpi_nb_rounds;
+      for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_repeats)); ++round) {
+        if (with_tandem) tandem_rounds.push_back(TimeRound(c.run_tandem, tandem_iterations, direct));
+        if (with_mpi) {
+          mpi_rounds.push_back(TimeRound(c.run_mpi, mpi_iterations, direct));
+          mpi_nb_rounds.push_back(TimeRound(c.run_mpi_nb, mpi_nb_iterations, direct));
+        }
+      }
+      const double tandem_seconds = Median(tandem_rounds);
+      const double mpi_seconds = Median(mpi_rounds);
+      const double mpi_nb_seconds = Median(mpi_nb_rounds);
       if (rank == 0) {
         auto busbw = [&](double seconds) {
           return seconds > 0 ? row_bytes / seconds / 1e9 * c.bus_factor : 0.0;
         };
         const double best_mpi = std::max(busbw(mpi_seconds), busbw(mpi_nb_seconds));
-        std::printf("%12lld %12lld %6s | %10.1f %9.3f | %10.1f %9.3f | %10.1f %9.3f | %6.2f | %6lld\n",
+        const double ratio = best_mpi > 0 ? busbw(tandem_seconds) / best_mpi : 0.0;
+        const char* goal = "-";
+        if (with_tandem && with_mpi && (row_bytes >= kBandwidthGoalMinBytes ||
+                                        (bytes == min_bytes && row_bytes <= kLatencyGoalMaxBytes))) {
+          // Same bytes, so the time ratio is the inverse of the bandwidth ratio.
+          const bool met = row_bytes >= kBandwidthGoalMinBytes
+                               ? ratio >= kBandwidthGoalRatio
+                               : ratio > 0 && 1.0 / ratio <= kLatencyGoalRatio;
+          goal = met ? "pass" : "FAIL";
+          ++(met ? goals_met : goals_missed);
+        }
+        std::printf("%12lld %12lld %6s | %10.1f %9.3f | %10.1f %9.3f | %10.1f %9.3f | %6.2f | %5s | "
+                    "%6lld\n",
                     static_cast<long long>(row_bytes), static_cast<long long>(count), "float",
                     tandem_seconds * 1e6, busbw(tandem_seconds), mpi_seconds * 1e6,
-                    busbw(mpi_seconds), mpi_nb_seconds * 1e6, busbw(mpi_nb_seconds),
-                    best_mpi > 0 ? busbw(tandem_seconds) / best_mpi : 0.0,
+                    busbw(mpi_seconds), mpi_nb_seconds * 1e6, busbw(mpi_nb_seconds), ratio, goal,
                     static_cast<long long>(wrong));
         std::fflush(stdout);
       }
     }
+  }
+  if (rank == 0) {
+    std::printf("\n# goal (>= %.2fx busbw from %lld B, <= %.1fx time at %lld B): %d rows pass, %d fail\n",
+                kBandwidthGoalRatio, static_cast<long long>(kBandwidthGoalMinBytes),
+                kLatencyGoalRatio, static_cast<long long>(kLatencyGoalMaxBytes), goals_met,
+                goals_missed);
   }
   if (rank == 0) std::printf("\n# data check: %s\n", all_correct ? "all correct" : "ERRORS");
   MPI_Comm_free(&direct);
