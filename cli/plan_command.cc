@@ -147,6 +147,10 @@ absl::Status RunPlanOrError() {
                             planner::ProfileFromPiper(instance, stem.substr(0, stem.find('.'))));
     request.piper_instance = std::move(instance);
     if (request.algorithm != planner::Algorithm::kPiper) request.piper_instance.reset();
+  } else if (format == "pipedream") {
+    planner::PipeDreamGraph graph;
+    TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadPipeDreamGraphFile(path, &graph));
+    request.pipedream_graph = std::move(graph);
   } else {
     TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadProfileAs(path, format));
   }

@@ -24,6 +24,7 @@
 #include "pipeline/profile.h"
 #include "planner/cluster.h"
 #include "planner/knapsack.h"
+#include "planner/pipedream.h"
 #include "planner/piper.h"
 
 namespace tandem::planner {
@@ -43,6 +44,9 @@ struct PlanRequest {
   // Piper file's, else 4 per pipeline stage for every pipeline).
   int microbatches = 0;
   // PipeDream.
+  // PipeDream's view of a graph.txt DAG (its antichain states); the plan keeps the profile's
+  // layer order, so a better split over the states that needs another order is reported only.
+  std::optional<PipeDreamGraph> pipedream_graph;
   bool straight = false;
   bool use_fewer_machines = false;
   double activation_compression_ratio = 0;
