@@ -545,6 +545,12 @@ absl::StatusOr<PipeDreamResult> Solver::Run() {
   PipeDreamResult result;
   result.bottleneck_seconds = tables_[top].Value(0, num_positions_, top_machines - 1);
   result.num_states = num_positions_;
+  if (!std::isfinite(result.bottleneck_seconds) && !options_.use_memory_constraint) {
+    // Only a straight pipeline over antichain states can run out of places to split.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no straight pipeline of ", top_machines, " stages: PipeDream's antichain states of ",
+        "this model allow fewer (use fewer devices or allow unused machines)"));
+  }
   if (!std::isfinite(result.bottleneck_seconds)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("no PipeDream partition of ", num_layers_, " layers on ", devices,
