@@ -163,7 +163,10 @@ int main(int argc, char** argv) {
       displacements[r] = static_cast<int>(s.offset);
     }
   };
-  auto wait = [&](const WorkPtr& work) { Die(work->Wait(), work->Describe().c_str()); };
+  auto wait = [&](const WorkPtr& work) {
+    const absl::Status status = work->Wait();
+    if (!status.ok()) Die(status, work->Describe().c_str());  // described only on failure
+  };
   auto value = [](int r, int64_t i) { return static_cast<float>((r + 1) * (i % 5 + 1)); };
   const int peer = rank ^ 1;  // send/recv pairs (0,1), (2,3), ...
 
@@ -345,7 +348,7 @@ int main(int argc, char** argv) {
           goal = met ? "pass" : "FAIL";
           ++(met ? goals_met : goals_missed);
         }
-        std::printf("%12lld %12lld %6s | %10.1f %9.3f | %10.1f %9.3f | %10.1f %9.3f | %6.2f | %5s | "
+        std::printf("%12lld %12lld %6s | %10.2f %9.3f | %10.2f %9.3f | %10.2f %9.3f | %6.2f | %5s | "
                     "%6lld\n",
                     static_cast<long long>(row_bytes), static_cast<long long>(count), "float",
                     tandem_seconds * 1e6, busbw(tandem_seconds), mpi_seconds * 1e6,

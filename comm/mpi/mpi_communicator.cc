@@ -72,7 +72,8 @@ class MpiWork : public Work {
       return absl::InvalidArgumentError(
           absl::StrCat(op_->Describe(), ": refusing to wait forever (pass a finite timeout)"));
     }
-    if (!op_->done.load(std::memory_order_acquire)) {
+    // Often done already (an eager send, a message that arrived): no clock, no waiter count.
+    if (!mpi_internal::TryCompleteDirectly(*op_)) {
       const absl::Time deadline = absl::Now() + timeout;
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
@@ -353,21 +354,22 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   // Without a signature check, this thread posts it now: operations are issued from one thread
   // at a time, so posting order is issue order on every rank. With one, the progress side
   // posts it once the check passed and every earlier collective was posted.
-  std::function<absl::Status(Op&)> post_now;
+  auto post_now = [&post](Op& o) -> absl::Status {
+    const int rc = post(&o.request);
+    if (rc != MPI_SUCCESS) {
+      const absl::Status error = TANDEM_MPI_STATUS(rc);
+      return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
+    }
+    o.phase = Op::Phase::kPosted;
+    return absl::OkStatus();
+  };
+  absl::Status queued;
   if (op->verify) {
     op->post = std::move(post);
+    queued = state_->Enqueue(op);
   } else {
-    post_now = [&post](Op& o) -> absl::Status {
-      const int rc = post(&o.request);
-      if (rc != MPI_SUCCESS) {
-        const absl::Status error = TANDEM_MPI_STATUS(rc);
-        return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
-      }
-      o.phase = Op::Phase::kPosted;
-      return absl::OkStatus();
-    };
+    queued = state_->Enqueue(op, post_now);
   }
-  const absl::Status queued = state_->Enqueue(op, post_now);
   if (!queued.ok()) {
     const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
     return internal::MakeCompletedWork(

@@ -198,10 +198,10 @@ absl::Status CommState::AbortStatus() {
 }
 
 absl::Status CommState::Enqueue(std::shared_ptr<Op> op,
-                                const std::function<absl::Status(Op&)>& post_now) {
+                                absl::FunctionRef<absl::Status(Op&)> post_now) {
   std::lock_guard<std::mutex> lock(incoming_mu);
   if (!aborted.ok()) return aborted;
-  if (post_now) TANDEM_RETURN_IF_ERROR(post_now(*op));
+  TANDEM_RETURN_IF_ERROR(post_now(*op));
   // Counted before anyone else can see (and complete) it.
   op->counted = true;
   ProgressEngine::Get().OperationAdded(op->stepped);

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
@@ -153,7 +154,8 @@ struct CommState {
   // incoming_mu so that Abort cannot slip in between and posts keep the issue order). Returns
   // the abort status if the communicator was aborted (then nothing was queued).
   absl::Status Enqueue(std::shared_ptr<Op> op,
-                       const std::function<absl::Status(Op&)>& post_now = nullptr);
+                       absl::FunctionRef<absl::Status(Op&)> post_now = NothingToPost);
+  static absl::Status NothingToPost(Op&) { return absl::OkStatus(); }
   // Tests pending requests and posts ready collectives; true if anything changed.
   bool Advance();
   // Fails every pending operation with `reason`; later operations fail immediately.

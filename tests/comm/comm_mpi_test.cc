@@ -459,5 +459,48 @@ TEST(MpiCommunicatorTest, OverlapProgressesWithoutWaiting) {
   ASSERT_TRUE(work->Wait().ok());
 }
 
+// Without the signature check the issuing thread posts collectives itself and waiters test
+// their own requests: several collectives in flight, waited on in reverse order, across the
+// sizes where the algorithms change (recursive doubling / direct reduce-scatter, libnbc, rings).
+TEST(MpiCommunicatorTest, CollectivesPostedAtIssueWithoutSignatureChecks) {
+  CommOptions options;
+  options.timeout = kTestTimeout;
+  options.verify_collectives = false;
+  auto created = MpiCommunicator::FromMpiComm(MPI_COMM_WORLD, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  MpiCommunicator& comm = **created;
+  const int n = comm.size();
+  const int me = comm.rank();
+  for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{2000}, int64_t{9000}, int64_t{300000}}) {
+    SCOPED_TRACE(absl::StrCat("count ", count));
+    const ShardRange shard = Shard(count, n, me);
+    std::vector<float> reduced(count), input(count), scattered(std::max<int64_t>(shard.count, 1));
+    std::vector<float> gathered(count), own(std::max<int64_t>(shard.count, 1)), broadcast(count);
+    for (int64_t i = 0; i < count; ++i) {
+      reduced[i] = input[i] = static_cast<float>(Value(me, i));
+      broadcast[i] = me == n - 1 ? static_cast<float>(i % 97) : -1.0f;
+    }
+    for (int64_t i = 0; i < shard.count; ++i) own[i] = static_cast<float>(Value(me, shard.offset + i));
+    std::vector<WorkPtr> works = {
+        comm.AllReduce(Buffer{reduced.data(), count}),
+        comm.ReduceScatter(Buffer{input.data(), count}, Buffer{scattered.data(), shard.count}),
+        comm.AllGather(Buffer{own.data(), shard.count}, Buffer{gathered.data(), count}),
+        comm.Broadcast(Buffer{broadcast.data(), count}, /*root=*/n - 1),
+    };
+    for (auto it = works.rbegin(); it != works.rend(); ++it) ASSERT_TRUE((*it)->Wait().ok());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      wrong += reduced[i] != static_cast<float>(Reduce(ReduceOp::kSum, n, i, DataType::kFloat32));
+      wrong += gathered[i] != static_cast<float>(Value(OwnerOf(i, count, n), i));
+      wrong += broadcast[i] != static_cast<float>(i % 97);
+    }
+    for (int64_t i = 0; i < shard.count; ++i) {
+      wrong += scattered[i] !=
+               static_cast<float>(Reduce(ReduceOp::kSum, n, shard.offset + i, DataType::kFloat32));
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::comm
