@@ -129,6 +129,10 @@ struct Stream {
   int stage = 0;
   size_t length = 0;
   size_t next = 0;  // index of the head
+  // A 1F1B order (Append1F1B) over these micro-batches with `warmup` forwards first, when not
+  // null; shared between the streams of a replica.
+  const std::vector<int>* one_f_one_b = nullptr;
+  size_t warmup = 0;
 
   static Stream Listed(std::vector<Action> actions) {
     Stream s;
@@ -144,8 +148,32 @@ struct Stream {
     s.length = static_cast<size_t>(num_microbatches);
     return s;
   }
+  // Append1F1B's order without listing it: `warmup` forwards, then forward and backward
+  // alternating while forwards remain, then the remaining backwards.
+  static Stream OneFOneB(int replica, int stage, const std::vector<int>* microbatches,
+                         int warmup) {
+    Stream s;
+    s.replica = replica;
+    s.stage = stage;
+    s.one_f_one_b = microbatches;
+    s.length = 2 * microbatches->size();
+    s.warmup = static_cast<size_t>(std::clamp(warmup, 0, static_cast<int>(microbatches->size())));
+    return s;
+  }
   bool done() const { return next >= length; }
   Action Head() const {
+    if (one_f_one_b != nullptr) {
+      const std::vector<int>& mbs = *one_f_one_b;
+      const size_t m = mbs.size();
+      if (next < warmup) return Compute(ActionType::kForward, replica, stage, mbs[next]);
+      const size_t j = next - warmup;
+      const size_t alternating = 2 * (m - warmup);
+      if (j < alternating) {
+        return j % 2 == 0 ? Compute(ActionType::kForward, replica, stage, mbs[warmup + j / 2])
+                          : Compute(ActionType::kBackward, replica, stage, mbs[j / 2]);
+      }
+      return Compute(ActionType::kBackward, replica, stage, mbs[m - warmup + (j - alternating)]);
+    }
     return actions.empty() ? Compute(type, replica, stage, static_cast<int>(next))
                            : actions[next];
   }
@@ -929,9 +957,8 @@ absl::StatusOr<Schedule> GenerateChimera(int num_ranks, int num_microbatches) {
   Streams streams(d);
   for (int replica = 0; replica < 2; ++replica) {
     for (int stage = 0; stage < d; ++stage) {
-      std::vector<Action> stream;
-      Append1F1B(replica, stage, replica == 0 ? down : up, /*warmup=*/d - stage - 1, &stream);
-      streams[placement.RankOf(replica, stage)].push_back(Stream::Listed(std::move(stream)));
+      streams[placement.RankOf(replica, stage)].push_back(Stream::OneFOneB(
+          replica, stage, replica == 0 ? &down : &up, /*warmup=*/d - stage - 1));
     }
   }
   ListScheduler::Config config = ConfigFor(spec, placement);
