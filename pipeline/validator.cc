@@ -62,6 +62,11 @@ class Validator {
                                                    message));
   }
 
+  // Rank of (replica, stage); valid once CheckShape has checked the placement.
+  int RankOf(int replica, int stage) const {
+    return rank_of_[static_cast<size_t>(replica) * num_stages_ + stage];
+  }
+
   size_t Index(int replica, int stage, int mb) const {
     return (static_cast<size_t>(replica) * num_stages_ + stage) * m_ + mb;
   }
@@ -90,6 +95,14 @@ class Validator {
         }
       }
     }
+    // The placement is sound: flatten it for the lookups per action.
+    rank_of_.resize(static_cast<size_t>(num_replicas_) * num_stages_);
+    for (int replica = 0; replica < num_replicas_; ++replica) {
+      for (int stage = 0; stage < num_stages_; ++stage) {
+        rank_of_[static_cast<size_t>(replica) * num_stages_ + stage] =
+            pl.stage_to_rank[replica][stage];
+      }
+    }
     for (int r = 0; r < num_ranks_; ++r) {
       const auto& program = s_.programs[r];
       for (int step = 0; step < static_cast<int>(program.size()); ++step) {
@@ -102,10 +115,10 @@ class Validator {
         }
         if (IsTransfer(a.type)) {
           TANDEM_RETURN_IF_ERROR(CheckTransferEnds(r, step, a));
-        } else if (pl.RankOf(a.replica, a.stage) != r) {
+        } else if (RankOf(a.replica, a.stage) != r) {
           return Error(r, step, absl::StrCat("stage ", a.stage, " (replica ", a.replica,
                                              ") is placed on rank ",
-                                             pl.RankOf(a.replica, a.stage)));
+                                             RankOf(a.replica, a.stage)));
         }
       }
     }
@@ -114,7 +127,6 @@ class Validator {
 
   // The sender and receiver ranks a transfer must have.
   absl::Status CheckTransferEnds(int r, int step, const Action& a) const {
-    const Placement& pl = s_.placement;
     const bool activation =
         a.type == ActionType::kSendActivation || a.type == ActionType::kRecvActivation;
     const int neighbour = activation ? a.stage + 1 : a.stage - 1;
@@ -122,8 +134,8 @@ class Validator {
       return Error(r, step, activation ? "the last stage has no activation to send"
                                        : "the first stage has no input gradient to send");
     }
-    const int producer = pl.RankOf(a.replica, a.stage);
-    const int consumer = pl.RankOf(a.replica, neighbour);
+    const int producer = RankOf(a.replica, a.stage);
+    const int consumer = RankOf(a.replica, neighbour);
     const bool send =
         a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
     const int self = send ? producer : consumer;
@@ -206,14 +218,13 @@ class Validator {
 
   // Checks a compute action's inputs and records its effect.
   absl::Status RunCompute(int r, int step, const Action& a) {
-    const Placement& pl = s_.placement;
     const size_t i = Index(a.replica, a.stage, a.microbatch);
     switch (a.type) {
       case ActionType::kForward: {
         if (forward_[i]) return Error(r, step, "forward runs twice");
         if (a.stage > 0) {
           const size_t prev = Index(a.replica, a.stage - 1, a.microbatch);
-          const bool local = pl.RankOf(a.replica, a.stage - 1) == r;
+          const bool local = RankOf(a.replica, a.stage - 1) == r;
           if (local ? !forward_[prev] : !activation_arrived_[prev]) {
             return Error(r, step,
                          absl::StrCat("needs the activation of stage ", a.stage - 1,
@@ -236,7 +247,7 @@ class Validator {
         if (!forward_[i]) return Error(r, step, "backward before its forward");
         if (a.stage + 1 < num_stages_) {
           const size_t next = Index(a.replica, a.stage + 1, a.microbatch);
-          const bool local = pl.RankOf(a.replica, a.stage + 1) == r;
+          const bool local = RankOf(a.replica, a.stage + 1) == r;
           if (local ? !backward_[next] : !gradient_arrived_[next]) {
             return Error(r, step,
                          absl::StrCat("needs the gradient from stage ", a.stage + 1,
@@ -505,6 +516,7 @@ class Validator {
   const int num_ranks_, num_stages_, num_replicas_, m_;
   const bool split_;
 
+  std::vector<int> rank_of_;  // [replica * num_stages + stage]
   std::vector<int> replica_of_;
   std::vector<int> expected_per_replica_;
   std::vector<uint8_t> forward_, backward_, weight_;
