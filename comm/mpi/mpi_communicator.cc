@@ -604,7 +604,7 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
   void* recv = output.count > 0 ? output.data : empty_buffer + 8;
   const int send_count = static_cast<int>(input.count);
   const bool ring = size() > 1 && output.count > 0 &&
-                    (size() == 2 || static_cast<int64_t>(output.bytes()) >=
+                    (size() <= mpi_internal::kDirectAllGatherMaxRanks || static_cast<int64_t>(output.bytes()) >=
                                         mpi_internal::kRingAllGatherMinBytes);
   if (!ring) {
     auto counts = std::make_shared<std::vector<int>>(size());
@@ -622,6 +622,15 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
                                  displacements->data(), mpi_type, comm, request);
         },
         nullptr);
+  }
+  if (size() <= mpi_internal::kDirectAllGatherMaxRanks) {
+    auto algorithm = std::make_shared<mpi_internal::DirectAllGather>(
+        state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, element, input.data,
+        output.data, output.count);
+    return IssueCollective(
+        Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum,
+        /*root=*/0, [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
+        [algorithm]() { return algorithm->Progress(); });
   }
   auto algorithm = std::make_shared<mpi_internal::RingAllGather>(
       state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, element, input.data, output.data,

@@ -112,6 +112,45 @@ absl::StatusOr<bool> RingAllGather::Progress() {
   return false;
 }
 
+DirectAllGather::DirectAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+                                 size_t element_bytes, const void* input, void* output,
+                                 int64_t count)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      tag_(tag),
+      type_(type),
+      element_bytes_(element_bytes),
+      input_(static_cast<const char*>(input)),
+      output_(static_cast<char*>(output)) {
+  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
+}
+
+int DirectAllGather::Start() {
+  requests_.assign(2 * (size_ - 1), MPI_REQUEST_NULL);
+  const int mine = static_cast<int>(shards_[rank_].count);
+  for (int i = 1; i < size_; ++i) {
+    const int from = (rank_ + size_ - i) % size_;
+    const int to = (rank_ + i) % size_;
+    int rc = MPI_Irecv(output_ + shards_[from].offset * element_bytes_,
+                       static_cast<int>(shards_[from].count), type_, from, tag_, comm_,
+                       &requests_[2 * (i - 1)]);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = MPI_Isend(input_, mine, type_, to, tag_, comm_, &requests_[2 * (i - 1) + 1]);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  char* own = output_ + shards_[rank_].offset * element_bytes_;
+  if (mine > 0 && input_ != own) std::memcpy(own, input_, mine * element_bytes_);
+  return MPI_SUCCESS;
+}
+
+absl::StatusOr<bool> DirectAllGather::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                               MPI_STATUSES_IGNORE));
+  return done != 0;
+}
+
 RecursiveDoublingAllReduce::RecursiveDoublingAllReduce(MPI_Comm comm, int rank, int size,
                                                        int tag, MPI_Datatype type, MPI_Op op,
                                                        size_t element_bytes, void* buffer,

@@ -64,9 +64,31 @@ class RingReduceScatter {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
-// From this size (or with two ranks, where the ring is a single exchange) all-gathers use the
-// ring.
+// All-gathers over at most kDirectAllGatherMaxRanks ranks use the direct exchange below at
+// every size; larger groups use the ring from kRingAllGatherMinBytes (libnbc below).
 inline constexpr int64_t kRingAllGatherMinBytes = int64_t{8} << 10;
+inline constexpr int kDirectAllGatherMaxRanks = 8;
+
+// All-gather in one step: every rank sends its shard to every other rank, straight into their
+// outputs. The same bytes as the ring, without its n-1 dependent steps, which on a rank that
+// shares its core cost a scheduling delay each.
+class DirectAllGather {
+ public:
+  DirectAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+                  size_t element_bytes, const void* input, void* output, int64_t count);
+  int Start();
+  absl::StatusOr<bool> Progress();
+
+ private:
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  MPI_Datatype type_;
+  size_t element_bytes_;
+  const char* input_;
+  char* output_;
+  std::vector<ShardRange> shards_;
+  std::vector<MPI_Request> requests_;
+};
 
 class RingAllGather {
  public:
