@@ -65,8 +65,9 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
   return false;
 }
 
-RingAllGather::RingAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
-                             size_t element_bytes, const void* input, void* output, int64_t count)
+AllGatherLayout::AllGatherLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+                                 size_t element_bytes, const void* input, void* output,
+                                 int64_t count)
     : comm_(comm),
       rank_(rank),
       size_(size),
@@ -110,20 +111,6 @@ absl::StatusOr<bool> RingAllGather::Progress() {
   const int rc = Post();
   if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
   return false;
-}
-
-DirectAllGather::DirectAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
-                                 size_t element_bytes, const void* input, void* output,
-                                 int64_t count)
-    : comm_(comm),
-      rank_(rank),
-      size_(size),
-      tag_(tag),
-      type_(type),
-      element_bytes_(element_bytes),
-      input_(static_cast<const char*>(input)),
-      output_(static_cast<char*>(output)) {
-  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
 }
 
 int DirectAllGather::Start() {

@@ -72,34 +72,14 @@ inline constexpr int kDirectAllGatherMaxRanks = 8;
 // All-gather in one step: every rank sends its shard to every other rank, straight into their
 // outputs. The same bytes as the ring, without its n-1 dependent steps, which on a rank that
 // shares its core cost a scheduling delay each.
-class DirectAllGather {
+// What both all-gathers share: the group, the element type and where each rank's shard of
+// `count` elements lies in the output.
+class AllGatherLayout {
  public:
-  DirectAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+  AllGatherLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
                   size_t element_bytes, const void* input, void* output, int64_t count);
-  int Start();
-  absl::StatusOr<bool> Progress();
 
- private:
-  MPI_Comm comm_;
-  int rank_, size_, tag_;
-  MPI_Datatype type_;
-  size_t element_bytes_;
-  const char* input_;
-  char* output_;
-  std::vector<ShardRange> shards_;
-  std::vector<MPI_Request> requests_;
-};
-
-class RingAllGather {
- public:
-  // `input` is this rank's shard (copied into `output` first unless it is already there).
-  RingAllGather(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
-                size_t element_bytes, const void* input, void* output, int64_t count);
-  int Start();
-  absl::StatusOr<bool> Progress();
-
- private:
-  int Post();
+ protected:
   char* OutputShard(int shard) const { return output_ + shards_[shard].offset * element_bytes_; }
 
   MPI_Comm comm_;
@@ -109,6 +89,28 @@ class RingAllGather {
   const char* input_;
   char* output_;
   std::vector<ShardRange> shards_;
+};
+
+class DirectAllGather : private AllGatherLayout {
+ public:
+  using AllGatherLayout::AllGatherLayout;
+  int Start();
+  absl::StatusOr<bool> Progress();
+
+ private:
+  std::vector<MPI_Request> requests_;
+};
+
+class RingAllGather : private AllGatherLayout {
+ public:
+  // `input` is this rank's shard (copied into `output` first unless it is already there).
+  using AllGatherLayout::AllGatherLayout;
+  int Start();
+  absl::StatusOr<bool> Progress();
+
+ private:
+  int Post();
+
   int step_ = 0;
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
