@@ -1,4 +1,4 @@
-// The scheduling-policy interface shared by the cluster simulator and (later) a live scheduler.
+// The scheduling-policy interface shared by the cluster simulator and the live scheduler.
 //
 // Every round the caller hands a policy the active jobs (submitted, not finished) in submission
 // order, the cluster, and the current allocations; the policy returns new allocations. An
