@@ -7,9 +7,9 @@
 
 namespace tandem::comm::mpi_internal {
 
-RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
-                                     MPI_Datatype type, MPI_Op op, size_t element_bytes,
-                                     const void* input, void* output, int64_t count)
+ShardLayout::ShardLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+                         MPI_Op op, size_t element_bytes, const void* input, void* output,
+                         int64_t count)
     : comm_(comm),
       rank_(rank),
       size_(size),
@@ -19,11 +19,16 @@ RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
       element_bytes_(element_bytes),
       input_(static_cast<const char*>(input)),
       output_(static_cast<char*>(output)) {
+  shards_.reserve(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
+}
+
+RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
+                                     MPI_Datatype type, MPI_Op op, size_t element_bytes,
+                                     const void* input, void* output, int64_t count)
+    : ShardLayout(comm, rank, size, tag, type, op, element_bytes, input, output, count) {
   int64_t largest = 0;
-  for (int r = 0; r < size_; ++r) {
-    shards_.push_back(Shard(count, size_, r));
-    largest = std::max(largest, shards_.back().count);
-  }
+  for (const ShardRange& shard : shards_) largest = std::max(largest, shard.count);
   if (size_ > 2) {
     for (auto& buffer : partial_) buffer.reset(new char[largest * element_bytes_]);
   }
@@ -63,20 +68,6 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
   const int rc = Post();
   if (rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
   return false;
-}
-
-AllGatherLayout::AllGatherLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
-                                 size_t element_bytes, const void* input, void* output,
-                                 int64_t count)
-    : comm_(comm),
-      rank_(rank),
-      size_(size),
-      tag_(tag),
-      type_(type),
-      element_bytes_(element_bytes),
-      input_(static_cast<const char*>(input)),
-      output_(static_cast<char*>(output)) {
-  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
 }
 
 int RingAllGather::Start() {
@@ -178,16 +169,7 @@ absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
 DirectReduceScatter::DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag,
                                          MPI_Datatype type, MPI_Op op, size_t element_bytes,
                                          const void* input, void* output, int64_t count)
-    : comm_(comm),
-      rank_(rank),
-      size_(size),
-      tag_(tag),
-      type_(type),
-      op_(op),
-      element_bytes_(element_bytes),
-      input_(static_cast<const char*>(input)),
-      output_(static_cast<char*>(output)) {
-  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
+    : ShardLayout(comm, rank, size, tag, type, op, element_bytes, input, output, count) {
   received_.reset(new char[std::max<int64_t>(shards_[rank_].count, 1) * (size_ - 1) *
                            element_bytes_]);
 }

@@ -34,7 +34,34 @@ inline constexpr int64_t kRingReduceScatterMinBytes = int64_t{32} << 10;
 inline constexpr int kRingTagBase = 1 << 20;
 inline constexpr int kRingTagRange = 1 << 20;
 
-class RingReduceScatter {
+// What the reduce-scatters and all-gathers share: the group, the element type (and the
+// reduction, MPI_OP_NULL for gathers) and where each rank's shard of `count` elements lies.
+class ShardLayout {
+ public:
+  ShardLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
+              size_t element_bytes, const void* input, void* output, int64_t count);
+  ShardLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
+              size_t element_bytes, const void* input, void* output, int64_t count)
+      : ShardLayout(comm, rank, size, tag, type, MPI_OP_NULL, element_bytes, input, output,
+                    count) {}
+
+ protected:
+  const char* InputShard(int shard) const {
+    return input_ + shards_[shard].offset * element_bytes_;
+  }
+  char* OutputShard(int shard) const { return output_ + shards_[shard].offset * element_bytes_; }
+
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  MPI_Datatype type_;
+  MPI_Op op_;
+  size_t element_bytes_;
+  const char* input_;
+  char* output_;
+  std::vector<ShardRange> shards_;
+};
+
+class RingReduceScatter : private ShardLayout {
  public:
   RingReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
                     size_t element_bytes, const void* input, void* output, int64_t count);
@@ -45,18 +72,7 @@ class RingReduceScatter {
 
  private:
   int Post();
-  const char* InputShard(int shard) const {
-    return input_ + shards_[shard].offset * element_bytes_;
-  }
 
-  MPI_Comm comm_;
-  int rank_, size_, tag_;
-  MPI_Datatype type_;
-  MPI_Op op_;
-  size_t element_bytes_;
-  const char* input_;
-  char* output_;
-  std::vector<ShardRange> shards_;
   // Received partial sums, alternating; only rings of three or more ranks need them (with two,
   // the one step receives straight into the output). Not zero-filled: always written first.
   std::unique_ptr<char[]> partial_[2];
@@ -72,28 +88,10 @@ inline constexpr int kDirectAllGatherMaxRanks = 8;
 // All-gather in one step: every rank sends its shard to every other rank, straight into their
 // outputs. The same bytes as the ring, without its n-1 dependent steps, which on a rank that
 // shares its core cost a scheduling delay each.
-// What both all-gathers share: the group, the element type and where each rank's shard of
-// `count` elements lies in the output.
-class AllGatherLayout {
+
+class DirectAllGather : private ShardLayout {
  public:
-  AllGatherLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
-                  size_t element_bytes, const void* input, void* output, int64_t count);
-
- protected:
-  char* OutputShard(int shard) const { return output_ + shards_[shard].offset * element_bytes_; }
-
-  MPI_Comm comm_;
-  int rank_, size_, tag_;
-  MPI_Datatype type_;
-  size_t element_bytes_;
-  const char* input_;
-  char* output_;
-  std::vector<ShardRange> shards_;
-};
-
-class DirectAllGather : private AllGatherLayout {
- public:
-  using AllGatherLayout::AllGatherLayout;
+  using ShardLayout::ShardLayout;
   int Start();
   absl::StatusOr<bool> Progress();
 
@@ -101,10 +99,10 @@ class DirectAllGather : private AllGatherLayout {
   std::vector<MPI_Request> requests_;
 };
 
-class RingAllGather : private AllGatherLayout {
+class RingAllGather : private ShardLayout {
  public:
   // `input` is this rank's shard (copied into `output` first unless it is already there).
-  using AllGatherLayout::AllGatherLayout;
+  using ShardLayout::ShardLayout;
   int Start();
   absl::StatusOr<bool> Progress();
 
@@ -147,7 +145,7 @@ class RecursiveDoublingAllReduce {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
-class DirectReduceScatter {
+class DirectReduceScatter : private ShardLayout {
  public:
   DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
                       size_t element_bytes, const void* input, void* output, int64_t count);
@@ -155,14 +153,6 @@ class DirectReduceScatter {
   absl::StatusOr<bool> Progress();
 
  private:
-  MPI_Comm comm_;
-  int rank_, size_, tag_;
-  MPI_Datatype type_;
-  MPI_Op op_;
-  size_t element_bytes_;
-  const char* input_;
-  char* output_;
-  std::vector<ShardRange> shards_;
   std::unique_ptr<char[]> received_;  // (size - 1) shards of this rank, one per peer
   std::vector<MPI_Request> requests_;
 };
