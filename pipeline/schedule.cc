@@ -465,4 +465,29 @@ absl::StatusOr<Schedule> ScheduleFromJson(const nlohmann::json& j, absl::string_
   return schedule;
 }
 
+uint64_t ScheduleDigest(const Schedule& schedule) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t value) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= static_cast<uint64_t>(value >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& row : schedule.placement.stage_to_rank) {
+    for (int rank : row) mix(rank);
+    mix(-1);
+  }
+  for (const auto& program : schedule.programs) {
+    mix(static_cast<int64_t>(program.size()));
+    for (const Action& a : program) {
+      mix(static_cast<int64_t>(a.type));
+      mix(a.stage);
+      mix(a.microbatch);
+      mix(a.replica);
+      mix(a.peer);
+    }
+  }
+  return h;
+}
+
 }  // namespace tandem::pipeline

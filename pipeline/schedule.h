@@ -159,6 +159,11 @@ struct Schedule {
   }
 };
 
+// A 64-bit FNV-1a digest of the placement and of every action of every rank (type, stage,
+// micro-batch, replica, peer) with rank boundaries: equal digests mean equal programs, for
+// tests and benchmarks that check a generator's output did not change.
+uint64_t ScheduleDigest(const Schedule& schedule);
+
 // Readable per-rank grid: one line per rank, compute actions only by default
 // ("rank 0 | F0.0 F0.1 B0.0 ..."); with `with_transfers` every action.
 std::string FormatGrid(const Schedule& schedule, bool with_transfers = false);

@@ -45,31 +45,6 @@ double Now() {
 // Seconds allowed for generation plus validation (the goal at p=1024, m=4096).
 constexpr double kGenerateValidateGoalSeconds = 2.0;
 
-// FNV-1a over every action of every rank (as tests/pipeline/generators_test.cc).
-uint64_t Digest(const Schedule& schedule) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](int64_t value) {
-    for (int k = 0; k < 8; ++k) {
-      h ^= static_cast<uint64_t>(value >> (8 * k)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
-  for (const auto& row : schedule.placement.stage_to_rank) {
-    for (int rank : row) mix(rank);
-    mix(-1);
-  }
-  for (const auto& program : schedule.programs) {
-    mix(static_cast<int64_t>(program.size()));
-    for (const auto& a : program) {
-      mix(static_cast<int64_t>(a.type));
-      mix(a.stage);
-      mix(a.microbatch);
-      mix(a.replica);
-      mix(a.peer);
-    }
-  }
-  return h;
-}
 
 ScheduleSpec Make(ScheduleKind kind, int p, int m, int extra = 1) {
   ScheduleSpec spec;
@@ -166,7 +141,7 @@ int RunCase(const ScheduleSpec& spec) {
       spec.num_microbatches, static_cast<long long>(schedule->NumActions()), t1 - t0, t2 - t1,
       t3 - t2, t2 - t0, c2 - c0, per_run, t5 - t4, actions / (t7 - t6) / 1e6, once->makespan_seconds,
       once->bubble_ratio, kGenerateValidateGoalSeconds,
-      c2 - c0 <= kGenerateValidateGoalSeconds ? "ok" : "MISSED", Digest(*schedule));
+      c2 - c0 <= kGenerateValidateGoalSeconds ? "ok" : "MISSED", ScheduleDigest(*schedule));
   std::fflush(stdout);
   return 0;
 }
