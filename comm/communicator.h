@@ -128,7 +128,9 @@ class Communicator {
   // communicator), built without the participation of the dead. Called by every survivor.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
       const std::vector<int>& dead_ranks) = 0;
-  // Fails all pending and future operations with FailedPrecondition naming `reason`.
+  // Fails all pending and future operations with FailedPrecondition naming `reason`. An
+  // aborted communicator keeps its transport resources until the process ends (peers may
+  // still send to it): abort one that peers may still use before dropping it.
   virtual void Abort(const absl::Status& reason) = 0;
   // After a failure: the ranks of this communicator that did not answer a liveness probe
   // within `timeout`, agreed among the survivors (every survivor calls it; the result is the

@@ -877,6 +877,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
                           current->Shrink(decision.dead));
   survivors->set_timeout(options.engine.timeout);
   std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
+  // Survivors' probes may still reach it; aborted, it stays allocated.
+  if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the survivors'"));
   shrunk = std::move(survivors);
   current = shrunk.get();
   live = report.live;

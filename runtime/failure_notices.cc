@@ -208,6 +208,11 @@ FailureNotices::~FailureNotices() {
   }
   state_->wake.notify_all();
   state_->thread.join();
+  // Peers still beat until their own watch ends: the heartbeats' communicator is aborted, so
+  // that it is never freed under their messages.
+  if (state_->heartbeats != nullptr) {
+    state_->heartbeats->Abort(absl::CancelledError("failure watch ended"));
+  }
   // Receives still posted (a peer died or never closed) keep their buffers alive; so do the
   // heartbeats' (their communicator, destroyed with the state, abandons them to MPI).
   for (State::Notice& n : state_->notices) {

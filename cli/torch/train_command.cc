@@ -709,6 +709,8 @@ int RunTrain(const std::vector<std::string>& args) {
   }
   absl::Status status = Train(**world, [&] {
     startup_watch.reset();
+    // A peer may still send a failure notice on it: aborted, it is never freed.
+    if (watch_comm != nullptr) watch_comm->Abort(absl::CancelledError("start-up watch ended"));
     watch_comm.reset();
   });
   if (status.ok() && ElasticJobLostRanks()) {

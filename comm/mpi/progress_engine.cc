@@ -162,6 +162,14 @@ bool TryCompleteDirectly(Op& op) {
 
 CommState::~CommState() {
   if (MpiFinalized()) return;
+  {
+    // An aborted communicator stays allocated: peers may still send to it (heartbeats, a
+    // transfer whose receive was never posted). Freed, its context id would be reused by the
+    // next communicator, and their late messages would land there (Open MPI's ob1 then files
+    // them under a peer index that may not exist in the new group).
+    std::lock_guard<std::mutex> lock(incoming_mu);
+    if (!aborted.ok()) return;
+  }
   std::lock_guard<std::mutex> lock(mu);
   if (abandoned_requests) return;  // MPI may still use the communicators: leave them
   if (control != MPI_COMM_NULL) MPI_Comm_free(&control);

@@ -444,6 +444,46 @@ TEST(MpiCommunicatorTest, AbortFailsPendingAndLaterOperations) {
   EXPECT_EQ(group->Split(0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Messages that reach a rank after it dropped the communicator they were sent on (a peer's
+// heartbeat, a transfer whose receive was never posted) must not reach the next communicator:
+// an aborted communicator is never freed, so its context id is not reused. With the id reused,
+// Open MPI filed the late messages under the new, smaller group and crashed on a sender index
+// beyond it.
+TEST(MpiCommunicatorTest, LateMessagesToADroppedCommunicatorDoNotReachItsSuccessor) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto split = world.Split(0, world.rank());
+  ASSERT_TRUE(split.ok()) << split.status();
+  std::unique_ptr<Communicator> dropped = std::move(split).value();
+  if (world.rank() == 0) {
+    dropped->Abort(absl::CancelledError("dropped while peers still send"));
+    dropped.reset();
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+  std::vector<int64_t> payload(4, 7);
+  std::vector<WorkPtr> sends;
+  if (world.rank() != 0) {
+    for (int i = 0; i < 8; ++i) {
+      sends.push_back(dropped->Send(Buffer{payload.data(), 4, DataType::kInt64}, 0, 5));
+    }
+    for (WorkPtr& send : sends) ASSERT_TRUE(send->Wait(absl::Seconds(10)).ok());
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+  // Rank 0 alone, then everyone: new communicators that would take the dropped one's id.
+  for (int round = 0; round < 2; ++round) {
+    auto next = world.Split(round == 0 && world.rank() != 0 ? -1 : 0, world.rank());
+    ASSERT_TRUE(next.ok()) << next.status();
+    if (*next == nullptr) continue;
+    int64_t value = 1;
+    ASSERT_TRUE((*next)->AllReduce(Buffer{&value, 1, DataType::kInt64})->Wait().ok());
+    EXPECT_EQ(value, (*next)->size());
+    int64_t probe = 0;
+    WorkPtr receive = (*next)->Recv(Buffer{&probe, 1, DataType::kInt64}, (*next)->rank(), 5);
+    EXPECT_FALSE(receive->Wait(absl::Milliseconds(50)).ok()) << "a late message arrived here";
+  }
+  if (dropped != nullptr) dropped->Abort(absl::CancelledError("test over"));
+}
+
 TEST(MpiCommunicatorTest, OverlapProgressesWithoutWaiting) {
   // The progress thread completes an all-reduce while this thread does not call into the
   // communicator at all.
