@@ -297,6 +297,41 @@ absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedul
   return plan;
 }
 
+absl::StatusOr<Plan> WithTensorParallel(Plan plan, int tensor_parallel) {
+  if (tensor_parallel < 1 || tensor_parallel > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel must be in [1, ",
+                                                   kMaxWorldSize, "], got ", tensor_parallel));
+  }
+  if (!plan.IsUniform() || plan.tensor_parallel != 1) {
+    return absl::InvalidArgumentError(
+        "tensor parallelism is added to a mesh plan without it (uniform, tensor_parallel 1)");
+  }
+  if (int64_t{plan.world_size} * tensor_parallel > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(plan.world_size, " x tensor_parallel ",
+                                                   tensor_parallel, " ranks exceed ",
+                                                   kMaxWorldSize));
+  }
+  plan.tensor_parallel = tensor_parallel;
+  plan.world_size *= tensor_parallel;
+  for (auto& row : plan.mesh) {
+    for (int& rank : row) rank *= tensor_parallel;
+  }
+  for (PlanStage& stage : plan.stages) {
+    std::vector<int> ranks;
+    for (int rank : stage.ranks) {
+      for (int t = 0; t < tensor_parallel; ++t) ranks.push_back(rank * tensor_parallel + t);
+    }
+    stage.ranks = std::move(ranks);
+    stage.tensor_parallel = tensor_parallel;
+  }
+  std::vector<double> memory;
+  for (double bytes : plan.predicted_peak_memory_bytes) {
+    memory.insert(memory.end(), tensor_parallel, bytes);
+  }
+  plan.predicted_peak_memory_bytes = std::move(memory);
+  return plan;
+}
+
 absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expected_num_layers) {
   if (plan.format_version != kPlanFormatVersion) {
     return Invalid("plan.format_version", absl::StrCat("unsupported version ", plan.format_version,

@@ -77,6 +77,12 @@ struct Plan {
 absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedule,
                                      int data_parallel, int64_t microbatch_size);
 
+// The same plan with tensor parallelism of degree `tensor_parallel` inside every stage: each
+// position of the mesh becomes `tensor_parallel` consecutive ranks (mesh[d][q] is the first),
+// so world_size grows by that factor. InvalidArgument for a degree below 1 or a plan without
+// a mesh.
+absl::StatusOr<Plan> WithTensorParallel(Plan plan, int tensor_parallel);
+
 // Structural checks: mesh is a permutation of [0, world_size), stages cover [0, num_layers)
 // contiguously in order, counts agree with the schedule. `expected_world_size` and
 // `expected_num_layers` (-1 to skip) are what the caller runs with; a mismatch names both.

@@ -40,6 +40,8 @@ void Engine::AbortCommunicators(const absl::Status& reason) {
     if (l->group != nullptr) l->group->Abort(reason);
     if (l->device.device_group != nullptr) l->device.device_group->Abort(reason);
   }
+  if (tensor_group_ != nullptr) tensor_group_->Abort(reason);
+  if (lane_ != nullptr) lane_->Abort(reason);
   if (control_ != nullptr) control_->Abort(reason);
 }
 
@@ -178,6 +180,32 @@ absl::Status Engine::Build(StageFactory factory) {
   // failure notices never mix with the caller's traffic, and it can be aborted.
   TANDEM_ASSIGN_OR_RETURN(control_, world_->Split(/*color=*/0, /*key=*/world_rank_));
   control_->set_timeout(options_.timeout);
+  // This rank's place in the mesh: mesh[d][q] is the first of t consecutive ranks, the tensor-
+  // parallel group of that pipeline position. Found before any check so that every rank takes
+  // part in the group splits below (a rank outside the mesh joins none; the checks then fail
+  // everywhere).
+  const int tensor_parallel = std::max(1, plan_.tensor_parallel);
+  bool found = false;
+  for (size_t d = 0; d < plan_.mesh.size() && !found; ++d) {
+    for (size_t q = 0; q < plan_.mesh[d].size(); ++q) {
+      const int first = plan_.mesh[d][q];
+      if (first <= world_rank_ && world_rank_ < first + tensor_parallel) {
+        data_parallel_index_ = static_cast<int>(d);
+        pipeline_position_ = static_cast<int>(q);
+        tensor_parallel_index_ = world_rank_ - first;
+        found = true;
+        break;
+      }
+    }
+  }
+  if (tensor_parallel > 1) {
+    const int group_colour = found ? plan_.mesh[data_parallel_index_][pipeline_position_] : -1;
+    TANDEM_ASSIGN_OR_RETURN(tensor_group_, control_->Split(group_colour, tensor_parallel_index_));
+    TANDEM_ASSIGN_OR_RETURN(lane_, control_->Split(found ? tensor_parallel_index_ : -1,
+                                                   world_rank_));
+    if (tensor_group_ != nullptr) tensor_group_->set_timeout(options_.timeout);
+    if (lane_ != nullptr) lane_->set_timeout(options_.timeout);
+  }
   // Local checks and stage construction; then every rank agrees before any other collective.
   absl::Status local = [&]() -> absl::Status {
     TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(plan_, world_->size()),
@@ -187,23 +215,16 @@ absl::Status Engine::Build(StageFactory factory) {
           "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
           "runtime runs mesh plans only");
     }
-    if (plan_.tensor_parallel != 1) {
+    if (tensor_parallel > 1 && options_.grad_sync == GradSyncStrategy::kDeAR) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the plan uses tensor parallelism of degree ", plan_.tensor_parallel,
-          "; the runtime runs tensor_parallel = 1 only"));
+          "the plan uses tensor parallelism of degree ", tensor_parallel,
+          ", which runs with all-reduce gradient synchronisation for now (not DeAR)"));
+    }
+    if (tensor_parallel > 1 && options_.job.sync_gradients) {
+      return absl::InvalidArgumentError(
+          "tensor parallelism does not run inside an elastic job (its templates have none)");
     }
     TANDEM_ASSIGN_OR_RETURN(schedule_, pipeline::GenerateSchedule(plan_.schedule));
-    bool found = false;
-    for (int d = 0; d < plan_.data_parallel && !found; ++d) {
-      for (int q = 0; q < plan_.pipeline_parallel; ++q) {
-        if (plan_.mesh[d][q] == world_rank_) {
-          data_parallel_index_ = d;
-          pipeline_position_ = q;
-          found = true;
-          break;
-        }
-      }
-    }
     if (!found) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", world_rank_, " is not in the plan's mesh"));
@@ -222,6 +243,9 @@ absl::Status Engine::Build(StageFactory factory) {
       spec.recompute_layers = plan_.stages[stage].recompute_layers;
       spec.num_microbatches = plan_.schedule.num_microbatches;
       spec.microbatch_size = plan_.microbatch_size;
+      spec.tensor_parallel = tensor_parallel;
+      spec.tensor_parallel_index = tensor_parallel_index_;
+      spec.tensor_group = tensor_group_.get();
       auto built = factory(spec);
       if (!built.ok()) {
         return Annotate(built.status(),
@@ -252,8 +276,25 @@ absl::Status Engine::Build(StageFactory factory) {
   runtime::MeshLayout layout;
   layout.mesh = plan_.mesh;
   layout.placement = schedule_.placement;
+  // With tensor parallelism, the groups are built inside this rank's lane, on the mesh of
+  // the lane's ranks (renumbered in world order, as the lane's split ranks them).
+  comm::Communicator& groups_world = tensor_parallel > 1 ? *lane_ : *control_;
+  if (tensor_parallel > 1) {
+    std::vector<int> members;
+    for (const auto& row : plan_.mesh) {
+      for (int first : row) members.push_back(first + tensor_parallel_index_);
+    }
+    std::sort(members.begin(), members.end());
+    for (auto& row : layout.mesh) {
+      for (int& rank : row) {
+        rank = static_cast<int>(
+            std::lower_bound(members.begin(), members.end(), rank + tensor_parallel_index_) -
+            members.begin());
+      }
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(runtime::ProcessGroups groups,
-                          runtime::BuildProcessGroups(*control_, layout));
+                          runtime::BuildProcessGroups(groups_world, layout));
   p2p_ = std::move(groups.pipeline);
   p2p_->set_timeout(options_.timeout);
   for (auto& l : locals_) {
@@ -272,7 +313,7 @@ absl::Status Engine::Build(StageFactory factory) {
     l->device.group = l->group.get();
     devices.push_back(&l->device);
   }
-  TANDEM_ASSIGN_OR_RETURN(DeviceLinks links, ConnectDevices(*control_, *p2p_, layout,
+  TANDEM_ASSIGN_OR_RETURN(DeviceLinks links, ConnectDevices(groups_world, *p2p_, layout,
                                                             options_.timeout, devices));
   nccl_world_ = std::move(links.world);
   nccl_pipeline_ = std::move(links.pipeline);
@@ -315,9 +356,12 @@ absl::Status Engine::Build(StageFactory factory) {
       notices_, FailureNotices::Start(*control_, notice_options, [this](const absl::Status& r) {
         AbortCommunicators(r);
       }));
-  timeline_.NameProcess(world_rank_, absl::StrCat("rank ", world_rank_, " (dp ",
-                                                  data_parallel_index_, ", position ",
-                                                  pipeline_position_, ")"));
+  timeline_.NameProcess(
+      world_rank_,
+      absl::StrCat("rank ", world_rank_, " (dp ", data_parallel_index_, ", position ",
+                   pipeline_position_,
+                   tensor_parallel > 1 ? absl::StrCat(", tp ", tensor_parallel_index_) : "",
+                   ")"));
   timeline_.NameThread(world_rank_, kComputeLane, "compute");
   timeline_.NameThread(world_rank_, kSendLane, "send");
   timeline_.NameThread(world_rank_, kReceiveLane, "receive");
@@ -351,12 +395,20 @@ std::vector<CheckpointedStage> Engine::checkpointed_stages() const {
 }
 
 absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
+  if (plan_.tensor_parallel > 1) {
+    return absl::UnimplementedError(
+        "checkpoints of tensor-parallel stages (a shard per rank) are not written yet");
+  }
   TANDEM_RETURN_IF_ERROR(FlushInternal());
   return SaveCheckpointStep(dir, model, iteration_, options_.keep_checkpoints, checkpoint_scope(),
                             checkpointed_stages());
 }
 
 absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::string& model) {
+  if (plan_.tensor_parallel > 1) {
+    return absl::UnimplementedError(
+        "checkpoints of tensor-parallel stages (a shard per rank) are not read yet");
+  }
   TANDEM_ASSIGN_OR_RETURN(const std::string folder, ResolveCheckpoint(dir));
   TANDEM_ASSIGN_OR_RETURN(const int64_t step,
                           LoadStages(folder, model, checkpoint_scope(), checkpointed_stages()));

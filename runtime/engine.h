@@ -97,6 +97,12 @@ struct StageSpec {
   // which each loss is averaged (0: num_microbatches * data_parallel).
   int64_t sample_offset = -1;
   int loss_microbatches = 0;
+  // Tensor parallelism of degree `tensor_parallel`: this rank's index in the stage's group
+  // and the group's communicator (owned by the engine, alive as long as the stage). Every
+  // rank of the group gets the same data (the same data_parallel_index).
+  int tensor_parallel = 1;
+  int tensor_parallel_index = 0;
+  comm::Communicator* tensor_group = nullptr;
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == num_stages - 1; }
 };
@@ -262,6 +268,7 @@ class Engine {
   absl::Status Fail(const absl::Status& status, int step, const pipeline::Action& action) const;
   void Record(const pipeline::Action& action, double start, double end);
   double Now() const;
+  double ReplicatedGradNormSquared(Local& l);
 
   pipeline::Plan plan_;
   pipeline::Schedule schedule_;
@@ -275,6 +282,12 @@ class Engine {
   int world_rank_ = 0;
   int data_parallel_index_ = 0;
   int pipeline_position_ = 0;
+  // Tensor parallelism (plan_.tensor_parallel > 1): this rank's index in its stage's group, the
+  // group (the stages keep its address: declared before locals_), and the lane, every rank of
+  // the same index, over which the pipelines and gradient groups are built as without it.
+  int tensor_parallel_index_ = 0;
+  std::unique_ptr<comm::Communicator> tensor_group_;
+  std::unique_ptr<comm::Communicator> lane_;
   std::vector<std::unique_ptr<Local>> locals_;
   std::unique_ptr<Transfers> transfers_;
   int64_t iteration_ = 0;

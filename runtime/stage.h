@@ -42,6 +42,9 @@ struct ParameterView {
   std::string name;
   comm::Buffer value;
   comm::Buffer grad;
+  // Tensor parallelism: the same parameter (and gradient) on every rank of the stage's
+  // tensor-parallel group (a layer norm, a bias added after a reduction), not a shard.
+  bool tensor_parallel_replicated = false;
 };
 
 class Stage {

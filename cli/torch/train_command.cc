@@ -55,6 +55,10 @@ ABSL_FLAG(int, global_batch, 0,
           "train: samples per iteration over all replicas, G (0: microbatch-size x "
           "micro-batches x data-parallel, or the plan's)");
 ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
+ABSL_FLAG(int, tensor_parallel, 1,
+          "train: tensor-parallel degree T inside every stage (with --schedule; Megatron-style "
+          "sharding of the GPT, T consecutive ranks per pipeline position): world = D x stages "
+          "x T");
 ABSL_FLAG(int, steps, 10, "train: iterations to run");
 ABSL_FLAG(bool, elastic, false,
           "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
@@ -203,6 +207,13 @@ absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_si
   TANDEM_ASSIGN_OR_RETURN(spec.kind,
                           pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
   const int data_parallel = absl::GetFlag(FLAGS_data_parallel);
+  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
+                                                   " does not divide the ", world_size,
+                                                   " ranks of this run"));
+  }
+  world_size /= tensor_parallel;  // pipeline positions: the plan gets its groups below
   spec.num_ranks = absl::GetFlag(FLAGS_stages);
   if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
   spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
@@ -213,8 +224,10 @@ absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_si
   spec.waves = absl::GetFlag(FLAGS_waves);
   if (data_parallel < 1 || spec.num_ranks * data_parallel != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--stages ", spec.num_ranks, " x --data-parallel ", data_parallel, " = ",
-        spec.num_ranks * data_parallel, " ranks, but this run has ", world_size));
+        "--stages ", spec.num_ranks, " x --data-parallel ", data_parallel,
+        tensor_parallel > 1 ? absl::StrCat(" x --tensor-parallel ", tensor_parallel) : "",
+        " = ", spec.num_ranks * data_parallel * tensor_parallel,
+        " ranks, but this run has ", world_size * tensor_parallel));
   }
   int64_t microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
@@ -227,7 +240,11 @@ absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_si
     }
     microbatch_size = global_batch / per_microbatch;
   }
-  return pipeline::MakeUniformPlan(num_layers, spec, data_parallel, microbatch_size);
+  TANDEM_ASSIGN_OR_RETURN(
+      pipeline::Plan plan,
+      pipeline::MakeUniformPlan(num_layers, spec, data_parallel, microbatch_size));
+  if (tensor_parallel == 1) return plan;
+  return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
 }
 
 // Rank 0 profiles the model and plans for the world (AdaPipe: a uniform mesh with per-stage
@@ -300,6 +317,10 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
   if (!plan_file.empty() && from_schedule) {
     return absl::InvalidArgumentError("give --plan or --schedule, not both");
   }
+  if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && !from_schedule) {
+    return absl::InvalidArgumentError(
+        "--tensor-parallel goes with --schedule (a plan file carries its own tensor_parallel)");
+  }
   pipeline::Plan plan;
   if (!plan_file.empty()) {
     absl::Status local = [&]() -> absl::Status {
@@ -326,6 +347,12 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
                                                          "broadcast plan"));
   }
   TANDEM_RETURN_IF_ERROR(ApplyRecompute(&plan));
+  if (plan.tensor_parallel > 1 && (!absl::GetFlag(FLAGS_checkpoint_dir).empty() ||
+                                   !absl::GetFlag(FLAGS_resume).empty())) {
+    return absl::InvalidArgumentError(
+        "checkpoints of tensor-parallel runs (a shard per rank) are not written yet: drop "
+        "--checkpoint-dir / --resume, or run with tensor_parallel 1");
+  }
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
   if (global_batch > 0 && global_batch != plan.GlobalBatchSize()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -505,6 +532,11 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     return std::unique_ptr<runtime::Stage>(std::move(stage));
   };
   if (absl::GetFlag(FLAGS_elastic)) {
+    if (absl::GetFlag(FLAGS_tensor_parallel) != 1) {
+      return absl::InvalidArgumentError(
+          "--elastic runs without tensor parallelism for now (its templates are pipelines of "
+          "whole stages)");
+    }
     if (!absl::GetFlag(FLAGS_plan).empty()) {
       return absl::InvalidArgumentError(
           "--elastic plans its own pipelines from templates; drop --plan");
@@ -735,7 +767,7 @@ std::vector<std::string> TrainFlags() {
   std::vector<std::string> flags = ModelFlagNames();
   for (const char* name :
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
-        "waves", "data_parallel", "steps", "elastic", "elastic_min_pipelines",
+        "waves", "data_parallel", "tensor_parallel", "steps", "elastic", "elastic_min_pipelines",
         "devices_per_node", "device_memory_mb", "seed", "plan", "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",

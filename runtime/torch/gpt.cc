@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/functional/linear.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/embedding.h>
@@ -16,6 +17,8 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -32,6 +35,16 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}));
 }
 
+// A linear layer holding `weight` (and `bias`, if defined): the shard of a full layer.
+torch::nn::Linear ShardLinear(const torch::Tensor& weight, const torch::Tensor& bias) {
+  torch::nn::Linear linear(
+      torch::nn::LinearOptions(weight.size(1), weight.size(0)).bias(bias.defined()));
+  torch::NoGradGuard no_grad;
+  linear->weight.copy_(weight);
+  if (bias.defined()) linear->bias.copy_(bias);
+  return linear;
+}
+
 // Layer 0: token + learned position embeddings.
 class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
  public:
@@ -45,17 +58,37 @@ class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
     torch::nn::init::normal_(position->weight, 0.0, config_.init_std);
   }
 
+  // Keeps this rank's rows of the token embedding (vocabulary-parallel); the position
+  // embedding stays whole.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    const int64_t rows = tp.ShardSize(config_.vocab);
+    torch::nn::Embedding shard(rows, config_.hidden);
+    {
+      torch::NoGradGuard no_grad;
+      shard->weight.copy_(token->weight.narrow(0, tp.ShardBegin(config_.vocab), rows));
+    }
+    token = replace_module("token", shard);
+    tp_ = tp;
+  }
+
   // ids: int64 [b, S'] with S' <= seq_len.
   torch::Tensor forward(torch::Tensor ids) {
     const auto positions = torch::arange(
         ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-    return token(ids) + position(positions);
+    if (!tp_.enabled()) return token(ids) + position(positions);
+    // Ids outside this rank's rows look up zeros; the sum over the group is the full lookup.
+    const int64_t rows = token->weight.size(0);
+    const auto local = ids - tp_.ShardBegin(config_.vocab);
+    const auto mine = local.ge(0).logical_and(local.lt(rows));
+    const auto found = token(local.clamp(0, rows - 1)) * mine.unsqueeze(-1).to(torch::kFloat);
+    return ReduceFromTensorParallel(found, tp_) + position(positions);
   }
 
   torch::nn::Embedding token{nullptr}, position{nullptr};
 
  private:
   GptConfig config_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(GptEmbedding);
 
@@ -88,7 +121,35 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     InitLinear(mlp_out, residual_std);
   }
 
+  // Megatron's split: q/k/v and the MLP's first matrix by output features (this rank's heads
+  // and hidden units), the output projections by input features; layer norms and the biases
+  // added after the reductions stay whole.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    const int64_t hidden = config_.hidden, head_dim = hidden / config_.heads;
+    const int64_t local = tp.ShardSize(config_.heads) * head_dim;
+    const int64_t first = tp.rank * local;
+    torch::Tensor qkv_rows;
+    {
+      torch::NoGradGuard no_grad;
+      qkv_rows = torch::cat({qkv->weight.narrow(0, first, local),
+                             qkv->weight.narrow(0, hidden + first, local),
+                             qkv->weight.narrow(0, 2 * hidden + first, local)});
+    }
+    const int64_t units = tp.ShardSize(kMlpExpansion * hidden);
+    const int64_t first_unit = tp.rank * units;
+    qkv = replace_module("qkv", ShardLinear(qkv_rows, torch::Tensor()));
+    attention_out = replace_module(
+        "attention_out",
+        ShardLinear(attention_out->weight.narrow(1, first, local), attention_out->bias));
+    mlp_in = replace_module("mlp_in", ShardLinear(mlp_in->weight.narrow(0, first_unit, units),
+                                                  mlp_in->bias.narrow(0, first_unit, units)));
+    mlp_out = replace_module(
+        "mlp_out", ShardLinear(mlp_out->weight.narrow(1, first_unit, units), mlp_out->bias));
+    tp_ = tp;
+  }
+
   torch::Tensor forward(torch::Tensor x) {
+    if (tp_.enabled()) return ForwardTensorParallel(x);
     const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
     const int64_t heads = config_.heads, head_dim = hidden / heads;
     // [b, S, 3H] -> [3, b, A, S, hd]
@@ -123,8 +184,51 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
   torch::nn::Linear qkv{nullptr}, attention_out{nullptr}, mlp_in{nullptr}, mlp_out{nullptr};
 
  private:
+  torch::Tensor Attend(const torch::Tensor& query, const torch::Tensor& key,
+                       const torch::Tensor& value, int64_t head_dim) const {
+    if (fused_) {
+#if TORCH_VERSION_MAJOR >= 2
+      return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{},
+                                              /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+      return std::get<0>(at::_scaled_dot_product_attention(
+          query, key, value, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*need_attn_weights=*/false,
+          /*is_causal=*/true));
+#endif
+    }
+    const int64_t length = query.size(-2);
+    auto scores = torch::matmul(query, key.transpose(-2, -1)) /
+                  std::sqrt(static_cast<double>(head_dim));
+    const auto future =
+        torch::ones({length, length},
+                    torch::TensorOptions().dtype(torch::kBool).device(query.device()))
+            .triu(/*diagonal=*/1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    return torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
+  }
+
+  // This rank's heads and hidden units; the row-parallel products are summed over the group
+  // before their biases are added.
+  torch::Tensor ForwardTensorParallel(torch::Tensor x) {
+    namespace F = torch::nn::functional;
+    const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
+    const int64_t head_dim = hidden / config_.heads;
+    const int64_t heads = tp_.ShardSize(config_.heads), local = heads * head_dim;
+    const auto qkv_heads = qkv(CopyToTensorParallel(attention_norm(x), tp_))
+                               .view({batch, length, 3, heads, head_dim})
+                               .permute({2, 0, 3, 1, 4});
+    const auto attended = Attend(qkv_heads[0], qkv_heads[1], qkv_heads[2], head_dim);
+    const auto projected = F::linear(attended.transpose(1, 2).reshape({batch, length, local}),
+                                     attention_out->weight);
+    x = x + (ReduceFromTensorParallel(projected, tp_) + attention_out->bias);
+    const auto units = torch::gelu(mlp_in(CopyToTensorParallel(mlp_norm(x), tp_)));
+    return x +
+           (ReduceFromTensorParallel(F::linear(units, mlp_out->weight), tp_) + mlp_out->bias);
+  }
+
   GptConfig config_;
   bool fused_ = false;
+  TensorParallel tp_;
 };
 TORCH_MODULE(GptBlock);
 
@@ -141,13 +245,26 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
     InitLinear(lm_head, config_.init_std);
   }
 
-  torch::Tensor forward(torch::Tensor x) { return lm_head(norm(x)); }
+  // This rank's vocabulary rows of the LM head: the output is its shard of the logits.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    lm_head = replace_module(
+        "lm_head", ShardLinear(lm_head->weight.narrow(0, tp.ShardBegin(config_.vocab),
+                                                      tp.ShardSize(config_.vocab)),
+                               torch::Tensor()));
+    tp_ = tp;
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    if (tp_.enabled()) return lm_head(CopyToTensorParallel(norm(x), tp_));
+    return lm_head(norm(x));
+  }
 
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};
 
  private:
   GptConfig config_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(GptHead);
 
@@ -230,6 +347,28 @@ ModelSpec GptModelSpec(const GptConfig& config) {
     model.loss = [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
       return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),
                                                   targets.reshape({-1}));
+    };
+    const int last = static_cast<int>(config.layers) + 1;
+    model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
+                                                     int first,
+                                                     const TensorParallel& tp) -> absl::Status {
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "gpt: heads"));
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "gpt: vocab"));
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const int index = first + static_cast<int>(i);
+        if (index == 0) {
+          layers[i].get<GptEmbedding>()->ShardForTensorParallel(tp);
+        } else if (index == last) {
+          layers[i].get<GptHead>()->ShardForTensorParallel(tp);
+        } else {
+          layers[i].get<GptBlock>()->ShardForTensorParallel(tp);
+        }
+      }
+      return absl::OkStatus();
+    };
+    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
+                                    const TensorParallel& tp) {
+      return VocabParallelCrossEntropy(logits, targets, tp);
     };
     return model;
   };

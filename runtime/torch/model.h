@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
 
@@ -36,6 +37,17 @@ struct LayeredModel {
   std::vector<std::string> layer_names;      // one per layer ("embedding", "block3", ...)
   std::vector<torch::nn::AnyModule> layers;  // each maps one tensor to one tensor
   LossFunction loss;
+  // Tensor parallelism (runtime/torch/tensor_parallel.h), for models that have a sharded form:
+  // replaces `layers`, clones of layers [first, first + layers.size()), by this rank's shards
+  // for `tp` (the layers keep `tp`'s address: it must outlive them); InvalidArgument when a
+  // size does not divide. `tensor_parallel_loss` is the loss from a sharded last layer's
+  // output. Both empty: the model runs with tensor_parallel = 1 only.
+  std::function<absl::Status(std::vector<torch::nn::AnyModule>& layers, int first,
+                             const TensorParallel& tp)>
+      shard_for_tensor_parallel;
+  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& targets,
+                              const TensorParallel& tp)>
+      tensor_parallel_loss;
 
   int num_layers() const { return static_cast<int>(layers.size()); }
 

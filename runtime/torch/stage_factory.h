@@ -31,6 +31,9 @@ inline TorchStageOptions TorchStageOptionsFor(const StageSpec& spec, torch::Devi
   options.sample_offset = spec.sample_offset;
   options.loss_microbatches = spec.loss_microbatches;
   options.device = device;
+  options.tensor_parallel.size = spec.tensor_parallel;
+  options.tensor_parallel.rank = spec.tensor_parallel_index;
+  options.tensor_parallel.group = spec.tensor_group;
   return options;
 }
 

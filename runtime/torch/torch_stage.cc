@@ -70,8 +70,21 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   TANDEM_ASSIGN_OR_RETURN(
       std::vector<torch::nn::AnyModule> layers,
       model.CloneLayers(options.first_layer, options.end_layer, options.device));
+  std::set<std::string> replicated;
+  if (options.tensor_parallel.enabled()) {
+    TANDEM_ASSIGN_OR_RETURN(replicated, ShardForTensorParallel(model, options, layers));
+  }
   std::unique_ptr<TorchStage> stage(
       new TorchStage(model, std::move(data), options, std::move(layers)));
+  stage->tensor_parallel_replicated_ = std::move(replicated);
+  if (options.tensor_parallel.enabled() && stage->is_last_) {
+    // The loss of the sharded logits; the group lives in the stage's options.
+    const TensorParallel* tp = &stage->options_.tensor_parallel;
+    stage->loss_ = [loss = model.tensor_parallel_loss, tp](const torch::Tensor& output,
+                                                           const torch::Tensor& targets) {
+      return loss(output, targets, *tp);
+    };
+  }
   for (auto& [name, parameter] : stage->parameters_) {
     if (parameter.scalar_type() != torch::kFloat32 || !parameter.is_contiguous()) {
       return absl::FailedPreconditionError(
@@ -86,6 +99,39 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
     stage->device_ops_ = std::make_unique<TorchDeviceOps>(options.device, options.fused_adamw);
   }
   return stage;
+}
+
+absl::StatusOr<std::set<std::string>> TorchStage::ShardForTensorParallel(
+    const LayeredModel& model, const TorchStageOptions& options,
+    std::vector<torch::nn::AnyModule>& layers) {
+  const TensorParallel& tp = options.tensor_parallel;
+  const std::string where = absl::StrCat("stage [", options.first_layer, ", ",
+                                         options.end_layer, ")");
+  if (!model.shard_for_tensor_parallel || !model.tensor_parallel_loss) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": model '", model.name, "' has no tensor-parallel form (it runs with ",
+        "tensor_parallel = 1 only)"));
+  }
+  if (tp.group == nullptr || tp.group->size() != tp.size || tp.group->rank() != tp.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tensor-parallel group of ", tp.size, " ranks (index ", tp.rank,
+                     ") without a matching communicator"));
+  }
+  // A parameter that keeps its full shape is whole on every rank of the group.
+  std::map<std::string, std::vector<int64_t>> full;
+  for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
+    full[name] = tensor.sizes().vec();
+  }
+  absl::Status sharded = absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": tensor-parallel shards"), [&] {
+    sharded = model.shard_for_tensor_parallel(layers, options.first_layer, tp);
+  }));
+  TANDEM_RETURN_IF_ERROR(Annotate(sharded, where));
+  std::set<std::string> replicated;
+  for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
+    if (full[name] == tensor.sizes().vec()) replicated.insert(name);
+  }
+  return replicated;
 }
 
 void TorchStage::BuildArenas() {
@@ -220,6 +266,7 @@ std::vector<ParameterView> TorchStage::Parameters() {
                               device()};
     view.grad = comm::Buffer{parameter.grad().data_ptr(), parameter.numel(),
                              comm::DataType::kFloat32, device()};
+    view.tensor_parallel_replicated = tensor_parallel_replicated_.count(name) > 0;
     views.push_back(std::move(view));
   }
   return views;

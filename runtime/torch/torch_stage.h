@@ -45,6 +45,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -79,6 +80,9 @@ struct TorchStageOptions {
   // and the loss stay float32.
   Precision precision = Precision::kFloat32;
   bool fused_adamw = true;  // at::_fused_adamw_ where LibTorch has it
+  // Tensor parallelism: the stage holds this rank's shards (the model's
+  // shard_for_tensor_parallel) and the last stage computes tensor_parallel_loss.
+  TensorParallel tensor_parallel;
 };
 
 class TorchStage final : public Stage {
@@ -142,6 +146,11 @@ class TorchStage final : public Stage {
 
   // Moves the parameters' values and gradients into the arenas.
   void BuildArenas();
+  // Replaces `layers` by this rank's tensor-parallel shards; the names of the parameters that
+  // stay whole.
+  static absl::StatusOr<std::set<std::string>> ShardForTensorParallel(
+      const LayeredModel& model, const TorchStageOptions& options,
+      std::vector<torch::nn::AnyModule>& layers);
   std::string Where(int microbatch) const;  // "stage [2, 4) replica 0 iteration 5 micro-batch 3"
   torch::Tensor RunSegment(const Segment& segment, torch::Tensor input,
                            const torch::Tensor& targets) const;
@@ -162,6 +171,8 @@ class TorchStage final : public Stage {
   std::shared_ptr<const Dataset> data_;
   LossFunction loss_;
   std::vector<torch::nn::AnyModule> layers_;
+  // Tensor parallelism: parameters whole on every rank of the group (not shards).
+  std::set<std::string> tensor_parallel_replicated_;
   std::vector<Segment> segments_;
   std::vector<std::vector<torch::Tensor>> segment_parameters_;
   std::vector<std::pair<std::string, torch::Tensor>> parameters_;

@@ -40,14 +40,15 @@ inline constexpr char kSmallGptFlags[] =
     " --warmup-steps 2 --weight-decay 0.01";
 
 // Its losses, trained by the single-process reference trainer.
+// (`heads`: the same model with another head count, --heads.)
 inline std::vector<double> SmallGptReferenceLosses(int steps, int64_t global_batch,
-                                                   uint64_t seed) {
+                                                   uint64_t seed, int64_t heads = 2) {
   namespace libtorch = tandem::runtime::libtorch;
   libtorch::GptConfig gpt;
   gpt.vocab = 16;
   gpt.layers = 2;
   gpt.hidden = 16;
-  gpt.heads = 2;
+  gpt.heads = heads;
   gpt.seq_len = 8;
   auto model = libtorch::GptModelSpec(gpt).Build(seed);
   EXPECT_TRUE(model.ok()) << model.status();

@@ -1,0 +1,123 @@
+#include "runtime/torch/tensor_parallel.h"
+
+#include <stdexcept>
+#include <string>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+comm::DataType CommTypeOf(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return comm::DataType::kFloat32;
+    case torch::kDouble: return comm::DataType::kFloat64;
+    case torch::kBFloat16: return comm::DataType::kBFloat16;
+    case torch::kHalf: return comm::DataType::kFloat16;
+    case torch::kLong: return comm::DataType::kInt64;
+    default:
+      throw std::invalid_argument(
+          absl::StrCat("tensor parallelism: no collective for ", std::string(c10::toString(t.scalar_type()))));
+  }
+}
+
+// Reduces `t` over the group in place (a fresh contiguous tensor the caller owns). Throws, as
+// LibTorch does: the stage turns exceptions into statuses.
+void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp, comm::ReduceOp op) {
+  if (!tp.enabled()) return;
+  comm::Buffer buffer;
+  buffer.data = t.data_ptr();
+  buffer.count = t.numel();
+  buffer.dtype = CommTypeOf(t);
+  buffer.device = t.is_cuda() ? comm::Device::Cuda(t.get_device()) : comm::Device::Cpu();
+  const absl::Status status = tp.group->AllReduce(buffer, op)->Wait();
+  if (!status.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("tensor-parallel all-reduce of ", t.numel(), " elements over ", tp.size,
+                     " ranks: ", status.ToString()));
+  }
+}
+
+torch::Tensor Reduced(const torch::Tensor& x, const TensorParallel& tp) {
+  torch::Tensor out = x.contiguous().clone();
+  AllReduceInPlace(out, tp, comm::ReduceOp::kSum);
+  return out;
+}
+
+// The group travels through the autograd context as the address of a TensorParallel that
+// outlives the graph (the stage's, or the layer's).
+const TensorParallel& GroupOf(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<const TensorParallel*>(ctx->saved_data["tp"].toInt());
+}
+
+struct CopyToFunction : public torch::autograd::Function<CopyToFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {Reduced(grads[0], GroupOf(ctx)), torch::Tensor()};
+  }
+};
+
+struct ReduceFromFunction : public torch::autograd::Function<ReduceFromFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return Reduced(x, *reinterpret_cast<const TensorParallel*>(tp));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+int64_t Address(const TensorParallel& tp) { return reinterpret_cast<int64_t>(&tp); }
+
+}  // namespace
+
+absl::Status TensorParallel::CheckDivisible(int64_t total, const char* what) const {
+  if (size < 1 || total % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallelism of degree ", size,
+                                                   " needs ", what, " (", total,
+                                                   ") divisible by ", size));
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled()) return x;
+  return CopyToFunction::apply(x, Address(tp));
+}
+
+torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled()) return x;
+  return ReduceFromFunction::apply(x, Address(tp));
+}
+
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& local_logits,
+                                        const torch::Tensor& targets, const TensorParallel& tp) {
+  const int64_t local_vocab = local_logits.size(-1);
+  const torch::Tensor logits = local_logits.reshape({-1, local_vocab}).to(torch::kFloat);
+  const torch::Tensor ids = targets.reshape({-1});
+  // The maximum only keeps exp() in range: no gradient flows through it.
+  torch::Tensor maximum = std::get<0>(logits.detach().max(/*dim=*/-1)).contiguous();
+  AllReduceInPlace(maximum, tp, comm::ReduceOp::kMax);
+  const torch::Tensor shifted = logits - maximum.unsqueeze(-1);
+  const torch::Tensor sum_exp = ReduceFromTensorParallel(shifted.exp().sum(-1), tp);
+  // The target's logit lives on the rank whose shard holds its id; the others add zero.
+  const int64_t first = tp.enabled() ? tp.rank * local_vocab : 0;
+  const torch::Tensor local_ids = ids - first;
+  const torch::Tensor mine = (local_ids >= 0).logical_and(local_ids < local_vocab);
+  const torch::Tensor index = local_ids.clamp(0, local_vocab - 1).unsqueeze(-1);
+  const torch::Tensor target_logit = ReduceFromTensorParallel(
+      shifted.gather(-1, index).squeeze(-1) * mine.to(shifted.scalar_type()), tp);
+  return (sum_exp.log() - target_logit).mean();
+}
+
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,58 @@
+// Tensor parallelism (Megatron-LM style) for LibTorch layers: the communication primitives as
+// autograd functions, and vocabulary-parallel cross-entropy.
+//
+// A tensor-parallel group of t ranks runs the same stage on the same micro-batch; each holds
+// 1/t of the stage's large weight matrices. Between the sharded matrix products the
+// activations are replicated (every rank of the group holds the same tensor), so the pipeline
+// transfers and the layers without weights to split (layer norms, biases after a reduction)
+// are unchanged. Two conjugate operations move between the two worlds (Megatron's f and g):
+//
+//   CopyToTensorParallel     forward: identity          backward: all-reduce (sum)
+//   ReduceFromTensorParallel forward: all-reduce (sum)  backward: identity
+//
+// A column-parallel linear (output features split) takes CopyToTensorParallel(x); a
+// row-parallel linear (input features split) ends with ReduceFromTensorParallel of its
+// partial products, then adds its (replicated) bias. The all-reduces run on the group's
+// communicator, synchronously, on the stage's thread: every rank of the group executes the
+// same stage program, so they issue them in the same order.
+//
+// Vocabulary parallelism: each rank holds rows [first, first + vocab / t) of the token
+// embedding and of the LM head. The embedding looks up the ids in its range (zero elsewhere)
+// and reduces; the loss is computed from the local logits with three reductions (maximum,
+// sum of exponentials, target logit), never gathering the full [tokens, vocab] logits.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+#include "absl/status/status.h"
+#include "comm/communicator.h"
+
+namespace tandem::runtime::libtorch {
+
+struct TensorParallel {
+  int size = 1;  // t
+  int rank = 0;  // this rank's index in the group
+  comm::Communicator* group = nullptr;  // the t ranks sharing the stage (rank() == rank)
+
+  bool enabled() const { return size > 1; }
+  // [first, end) of `total` split in `size` equal parts (InvalidArgument naming `what` when
+  // `total` is not divisible).
+  absl::Status CheckDivisible(int64_t total, const char* what) const;
+  int64_t ShardSize(int64_t total) const { return total / size; }
+  int64_t ShardBegin(int64_t total) const { return rank * (total / size); }
+};
+
+// Megatron's f: identity forward, all-reduce of the gradient backward.
+torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
+// Megatron's g: all-reduce forward, identity backward.
+torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
+
+// Mean cross-entropy over all tokens of `local_logits` ([..., vocab / t], this rank's
+// vocabulary shard) against `targets` (int64 [...], global ids), equal to the cross-entropy
+// of the gathered logits.
+torch::Tensor VocabParallelCrossEntropy(const torch::Tensor& local_logits,
+                                        const torch::Tensor& targets, const TensorParallel& tp);
+
+}  // namespace tandem::runtime::libtorch

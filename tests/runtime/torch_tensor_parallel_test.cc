@@ -1,0 +1,156 @@
+// Tensor-parallel shards of the GPT (runtime/torch/tensor_parallel.h) under mpirun: each rank
+// of a group holds exactly its slice of every split matrix (heads of q/k/v, rows or columns of
+// the MLP, vocabulary rows of the embedding and LM head) and the whole layer norms and
+// post-reduction biases; a whole-model TorchStage sharded over the world gives the loss of the
+// unsharded stage, and every shard's gradient is the matching slice of the whole gradient.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.h"
+#include "gtest/gtest.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/torch_stage.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr double kRelativeTolerance = 1e-5;
+
+GptConfig SmallGpt() {
+  GptConfig config;
+  config.vocab = 16;
+  config.layers = 2;
+  config.hidden = 16;
+  config.heads = 4;
+  config.seq_len = 8;
+  config.attention = GptAttention::kExplicit;
+  return config;
+}
+
+struct StageRun {
+  std::unique_ptr<TorchStage> stage;
+  double loss = 0;
+};
+
+// One iteration of 2 micro-batches of 2 samples through a whole-model stage.
+StageRun RunStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
+             const TensorParallel& tp) {
+  TorchStageOptions options;
+  options.first_layer = 0;
+  options.end_layer = model.num_layers();
+  options.microbatches = 2;
+  options.microbatch_size = 2;
+  options.tensor_parallel = tp;
+  auto stage = TorchStage::Create(model, data, options);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  StageRun run;
+  if (!stage.ok()) return run;
+  run.stage = *std::move(stage);
+  EXPECT_TRUE(run.stage->BeginIteration(1).ok());
+  for (int m = 0; m < 2; ++m) {
+    auto out = run.stage->Forward(m, {});
+    EXPECT_TRUE(out.ok()) << out.status();
+    auto in = run.stage->Backward(m, {});
+    EXPECT_TRUE(in.ok()) << in.status();
+  }
+  run.loss = run.stage->IterationLoss();
+  return run;
+}
+
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const double scale = std::max(expected.abs().max().item<double>(), 1e-12);
+  return (actual - expected).abs().max().item<double>() / scale;
+}
+
+TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
+  const int me = (*world)->rank();
+  auto model = GptModelSpec(SmallGpt()).Build(7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SyntheticTaskOptions task;
+  task.vocab = SmallGpt().vocab;
+  task.seq_len = SmallGpt().seq_len;
+  task.seed = 5;
+  auto data = MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+
+  const StageRun whole = RunStage(*model, *data, TensorParallel{});
+  const StageRun shard = RunStage(*model, *data, TensorParallel{t, me, world->get()});
+  ASSERT_NE(whole.stage, nullptr);
+  ASSERT_NE(shard.stage, nullptr);
+  EXPECT_NEAR(shard.loss, whole.loss, kRelativeTolerance * std::abs(whole.loss));
+
+  std::map<std::string, torch::Tensor> full_value, full_grad;
+  for (const auto& [name, p] : whole.stage->named_parameters()) {
+    full_value[name] = p.detach().clone();
+    full_grad[name] = p.grad().clone();
+  }
+  const int64_t hidden = SmallGpt().hidden, local = hidden / t, units = 4 * hidden / t;
+  // The slice of the whole tensor this rank must hold, by parameter name.
+  auto slice = [&](const std::string& name, const torch::Tensor& full) -> torch::Tensor {
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with("qkv.weight")) {
+      return torch::cat({full.narrow(0, me * local, local),
+                         full.narrow(0, hidden + me * local, local),
+                         full.narrow(0, 2 * hidden + me * local, local)});
+    }
+    if (ends_with("attention_out.weight")) return full.narrow(1, me * local, local);
+    if (ends_with("mlp_in.weight") || ends_with("mlp_in.bias")) {
+      return full.narrow(0, me * units, units);
+    }
+    if (ends_with("mlp_out.weight")) return full.narrow(1, me * units, units);
+    if (ends_with("token.weight") || ends_with("lm_head.weight")) {
+      const int64_t rows = SmallGpt().vocab / t;
+      return full.narrow(0, me * rows, rows);
+    }
+    return full;  // layer norms, position embedding, post-reduction biases
+  };
+  std::map<std::string, bool> replicated;
+  for (const ParameterView& v : shard.stage->Parameters()) {
+    replicated[v.name] = v.tensor_parallel_replicated;
+  }
+  ASSERT_EQ(shard.stage->named_parameters().size(), full_value.size());
+  for (const auto& [name, p] : shard.stage->named_parameters()) {
+    ASSERT_EQ(full_value.count(name), 1u) << name;
+    const torch::Tensor want = slice(name, full_value[name]);
+    ASSERT_EQ(p.sizes(), want.sizes()) << name;
+    EXPECT_TRUE(torch::equal(p.detach(), want)) << name;
+    EXPECT_EQ(replicated[name], t > 1 && p.sizes() == full_value[name].sizes()) << name;
+    EXPECT_LT(RelativeError(p.grad(), slice(name, full_grad[name])), kRelativeTolerance)
+        << name << " on rank " << me;
+  }
+  if (t > 1) {
+    EXPECT_FALSE(replicated.at("layers.1.qkv.weight"));
+    EXPECT_TRUE(replicated.at("layers.1.attention_norm.weight"));
+  }
+}
+
+TEST(TorchTensorParallelTest, ModelsWithoutAShardedFormAreRefused) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  if ((*world)->size() < 2) GTEST_SKIP() << "needs a group of 2";
+  auto model = GptModelSpec(SmallGpt()).Build(7);
+  ASSERT_TRUE(model.ok());
+  model->shard_for_tensor_parallel = nullptr;
+  TorchStageOptions options;
+  options.first_layer = 1;
+  options.end_layer = 2;
+  options.tensor_parallel = TensorParallel{(*world)->size(), (*world)->rank(), world->get()};
+  auto stage = TorchStage::Create(*model, nullptr, options);
+  EXPECT_EQ(stage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(stage.status().message().find("no tensor-parallel form"), std::string::npos)
+      << stage.status();
+}
+
+}  // namespace
+}  // namespace tandem::runtime::libtorch
