@@ -394,21 +394,70 @@ std::vector<CheckpointedStage> Engine::checkpointed_stages() const {
   return stages;
 }
 
-absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
-  if (plan_.tensor_parallel > 1) {
-    return absl::UnimplementedError(
-        "checkpoints of tensor-parallel stages (a shard per rank) are not written yet");
+absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState() {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterState> flat, ExportState());
+  const int t = tensor_group_->size();
+  std::vector<std::vector<ParameterState>> out;
+  size_t next = 0;
+  for (auto& l : locals_) {
+    out.emplace_back();
+    for (const ParameterView& v : l->device.parameters) {
+      ParameterState p = std::move(flat.at(next++));
+      if (v.tensor_parallel_index != nullptr) {
+        const int64_t n = v.value.count;
+        if (n * t != v.whole_count) {
+          return absl::InternalError(absl::StrCat("parameter '", v.name, "': ", t, " shards of ",
+                                                  n, " do not make its ", v.whole_count,
+                                                  " elements"));
+        }
+        auto gather = [&](const void* in, void* all, comm::DataType type) {
+          return tensor_group_
+              ->AllGather(comm::Buffer{const_cast<void*>(in), n, type, comm::Device::Cpu()},
+                          comm::Buffer{all, n * t, type, comm::Device::Cpu()})
+              ->Wait();
+        };
+        std::vector<int64_t> index(static_cast<size_t>(n * t));
+        TANDEM_RETURN_IF_ERROR(
+            gather(v.tensor_parallel_index->data(), index.data(), comm::DataType::kInt64));
+        auto whole = [&](std::vector<float>& values) -> absl::Status {
+          std::vector<float> all(static_cast<size_t>(n * t));
+          TANDEM_RETURN_IF_ERROR(gather(values.data(), all.data(), comm::DataType::kFloat32));
+          values.assign(static_cast<size_t>(v.whole_count), 0.0f);
+          for (size_t i = 0; i < all.size(); ++i) values[static_cast<size_t>(index[i])] = all[i];
+          return absl::OkStatus();
+        };
+        TANDEM_RETURN_IF_ERROR(whole(p.value));
+        for (auto& [name, buffer] : p.optimizer.buffers) {
+          if (static_cast<int64_t>(buffer.size()) == n) TANDEM_RETURN_IF_ERROR(whole(buffer));
+        }
+      }
+      out.back().push_back(std::move(p));
+    }
   }
+  return out;
+}
+
+absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
   TANDEM_RETURN_IF_ERROR(FlushInternal());
+  if (plan_.tensor_parallel > 1) {
+    // Whole parameters, gathered over each tensor-parallel group and written by the first lane
+    // as without tensor parallelism: the checkpoint loads onto any layout.
+    TANDEM_ASSIGN_OR_RETURN(std::vector<std::vector<ParameterState>> whole, WholeLocalState());
+    std::vector<CheckpointShard> shards;
+    for (size_t i = 0; i < locals_.size(); ++i) {
+      const Local& l = *locals_[i];
+      if (tensor_parallel_index_ == 0 && l.group->rank() == 0) {
+        shards.push_back(ShardOf(l.spec.stage, l.spec.first_layer, l.spec.end_layer, whole[i]));
+      }
+    }
+    return SaveShardsStep(dir, model, iteration_, options_.keep_checkpoints, checkpoint_scope(),
+                          shards);
+  }
   return SaveCheckpointStep(dir, model, iteration_, options_.keep_checkpoints, checkpoint_scope(),
                             checkpointed_stages());
 }
 
 absl::Status Engine::LoadCheckpointInternal(const std::string& dir, const std::string& model) {
-  if (plan_.tensor_parallel > 1) {
-    return absl::UnimplementedError(
-        "checkpoints of tensor-parallel stages (a shard per rank) are not read yet");
-  }
   TANDEM_ASSIGN_OR_RETURN(const std::string folder, ResolveCheckpoint(dir));
   TANDEM_ASSIGN_OR_RETURN(const int64_t step,
                           LoadStages(folder, model, checkpoint_scope(), checkpointed_stages()));

@@ -269,6 +269,9 @@ class Engine {
   void Record(const pipeline::Action& action, double start, double end);
   double Now() const;
   double ReplicatedGradNormSquared(Local& l);
+  // Tensor parallelism: each local stage's parameters (values and optimizer state) whole,
+  // gathered over its group (collective over tensor_group_).
+  absl::StatusOr<std::vector<std::vector<ParameterState>>> WholeLocalState();
 
   pipeline::Plan plan_;
   pipeline::Schedule schedule_;

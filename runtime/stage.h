@@ -45,6 +45,11 @@ struct ParameterView {
   // Tensor parallelism: the same parameter (and gradient) on every rank of the stage's
   // tensor-parallel group (a layer norm, a bias added after a reduction), not a shard.
   bool tensor_parallel_replicated = false;
+  // A shard: element i of `value` is element (*tensor_parallel_index)[i] of the whole
+  // parameter, of whole_count elements (null when the parameter is not split). Checkpoints
+  // hold whole parameters and cut them with it, so they load onto any layout.
+  const std::vector<int64_t>* tensor_parallel_index = nullptr;
+  int64_t whole_count = 0;
 };
 
 class Stage {

@@ -284,6 +284,24 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
   return out;
 }
 
+ParameterState CutShard(const ParameterState& whole, const std::vector<int64_t>& index) {
+  auto cut = [&](const std::vector<float>& values) {
+    std::vector<float> out(index.size());
+    for (size_t i = 0; i < index.size(); ++i) out[i] = values[static_cast<size_t>(index[i])];
+    return out;
+  };
+  ParameterState shard;
+  shard.name = whole.name;
+  shard.value = cut(whole.value);
+  shard.optimizer.name = whole.optimizer.name;
+  shard.optimizer.steps = whole.optimizer.steps;
+  for (const auto& [name, buffer] : whole.optimizer.buffers) {
+    shard.optimizer.buffers.emplace_back(
+        name, buffer.size() == whole.value.size() ? cut(buffer) : buffer);
+  }
+  return shard;
+}
+
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,
                                    const CheckpointScope& scope,
                                    const std::vector<CheckpointedStage>& stages) {
@@ -305,11 +323,14 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
               dir, ": parameter '", v.name, "' of layers [", l.first_layer, ", ", l.end_layer,
               ") is in none of the checkpoint's stages holding those layers"));
         }
-        if (static_cast<int64_t>(it->second.value.size()) != v.value.count) {
+        // A tensor-parallel shard takes its elements of the whole saved parameter.
+        const int64_t whole = v.tensor_parallel_index != nullptr ? v.whole_count : v.value.count;
+        if (static_cast<int64_t>(it->second.value.size()) != whole) {
           return absl::InvalidArgumentError(absl::StrCat(
               dir, ": parameter '", v.name, "' has another size (", it->second.value.size(),
-              " vs ", v.value.count, ")"));
+              " vs ", whole, ")"));
         }
+        if (v.tensor_parallel_index != nullptr) it->second = CutShard(it->second, *v.tensor_parallel_index);
         TANDEM_RETURN_IF_ERROR(l.ops->CopyFromHost(static_cast<float*>(v.value.data),
                                                    it->second.value.data(), v.value.count));
       }

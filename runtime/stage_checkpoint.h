@@ -72,6 +72,10 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
                                                     const OptimizerConfig& optimizer,
                                                     int first_layer, int end_layer);
 
+// A tensor-parallel shard of a whole parameter's state: element i is whole element index[i]
+// (values and the optimizer buffers of the parameter's size).
+ParameterState CutShard(const ParameterState& whole, const std::vector<int64_t>& index);
+
 // A shard of `parameters` (values, optimizer buffers, step counts) for `stage`, which holds
 // layers [first_layer, end_layer).
 CheckpointShard ShardOf(int stage, int first_layer, int end_layer,

@@ -347,12 +347,6 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
                                                          "broadcast plan"));
   }
   TANDEM_RETURN_IF_ERROR(ApplyRecompute(&plan));
-  if (plan.tensor_parallel > 1 && (!absl::GetFlag(FLAGS_checkpoint_dir).empty() ||
-                                   !absl::GetFlag(FLAGS_resume).empty())) {
-    return absl::InvalidArgumentError(
-        "checkpoints of tensor-parallel runs (a shard per rank) are not written yet: drop "
-        "--checkpoint-dir / --resume, or run with tensor_parallel 1");
-  }
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
   if (global_batch > 0 && global_batch != plan.GlobalBatchSize()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -70,13 +70,13 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   TANDEM_ASSIGN_OR_RETURN(
       std::vector<torch::nn::AnyModule> layers,
       model.CloneLayers(options.first_layer, options.end_layer, options.device));
-  std::set<std::string> replicated;
+  TensorParallelLayout tensor_parallel;
   if (options.tensor_parallel.enabled()) {
-    TANDEM_ASSIGN_OR_RETURN(replicated, ShardForTensorParallel(model, options, layers));
+    TANDEM_ASSIGN_OR_RETURN(tensor_parallel, ShardForTensorParallel(model, options, layers));
   }
   std::unique_ptr<TorchStage> stage(
       new TorchStage(model, std::move(data), options, std::move(layers)));
-  stage->tensor_parallel_replicated_ = std::move(replicated);
+  stage->tensor_parallel_ = std::move(tensor_parallel);
   if (options.tensor_parallel.enabled() && stage->is_last_) {
     // The loss of the sharded logits; the group lives in the stage's options.
     const TensorParallel* tp = &stage->options_.tensor_parallel;
@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   return stage;
 }
 
-absl::StatusOr<std::set<std::string>> TorchStage::ShardForTensorParallel(
+absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParallel(
     const LayeredModel& model, const TorchStageOptions& options,
     std::vector<torch::nn::AnyModule>& layers) {
   const TensorParallel& tp = options.tensor_parallel;
@@ -122,16 +122,56 @@ absl::StatusOr<std::set<std::string>> TorchStage::ShardForTensorParallel(
   for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
     full[name] = tensor.sizes().vec();
   }
-  absl::Status sharded = absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": tensor-parallel shards"), [&] {
-    sharded = model.shard_for_tensor_parallel(layers, options.first_layer, tp);
-  }));
-  TANDEM_RETURN_IF_ERROR(Annotate(sharded, where));
-  std::set<std::string> replicated;
+  auto shard = [&](std::vector<torch::nn::AnyModule>& modules) -> absl::Status {
+    absl::Status sharded = absl::OkStatus();
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": tensor-parallel shards"), [&] {
+      sharded = model.shard_for_tensor_parallel(modules, options.first_layer, tp);
+    }));
+    return Annotate(sharded, where);
+  };
+  TANDEM_RETURN_IF_ERROR(shard(layers));
+  TensorParallelLayout layout;
   for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
-    if (full[name] == tensor.sizes().vec()) replicated.insert(name);
+    if (full[name] == tensor.sizes().vec()) layout.replicated.insert(name);
   }
-  return replicated;
+  // Where each shard element comes from, whatever the model's split: shard copies whose
+  // elements hold their own index in the whole parameter, 20 bits at a time (exact in
+  // float32), through the same sharding.
+  constexpr int kBits = 20;
+  for (int shift = 0; shift < 63; shift += kBits) {
+    int64_t largest = 0;
+    for (const auto& [name, dims] : full) {
+      int64_t count = 1;
+      for (int64_t d : dims) count *= d;
+      largest = std::max(largest, count);
+    }
+    if (shift > 0 && (largest - 1) >> shift == 0) break;
+    TANDEM_ASSIGN_OR_RETURN(std::vector<torch::nn::AnyModule> probe,
+                            model.CloneLayers(options.first_layer, options.end_layer, torch::kCPU));
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": tensor-parallel layout"), [&] {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, tensor] : NamedLayerParameters(probe, options.first_layer)) {
+        const auto index = torch::arange(tensor.numel(), torch::kLong);
+        tensor.copy_(index.bitwise_right_shift(shift)
+                         .bitwise_and((int64_t{1} << kBits) - 1)
+                         .to(torch::kFloat)
+                         .view(tensor.sizes()));
+      }
+    }));
+    TANDEM_RETURN_IF_ERROR(shard(probe));
+    for (const auto& [name, tensor] : NamedLayerParameters(probe, options.first_layer)) {
+      if (layout.replicated.count(name) > 0) continue;
+      const torch::Tensor bits = tensor.detach().reshape({-1}).to(torch::kLong).contiguous();
+      std::vector<int64_t>& index = layout.index[name];
+      index.resize(static_cast<size_t>(bits.numel()), 0);
+      const int64_t* b = bits.data_ptr<int64_t>();
+      for (size_t i = 0; i < index.size(); ++i) index[i] |= b[i] << shift;
+      int64_t count = 1;
+      for (int64_t d : full[name]) count *= d;
+      layout.whole_count[name] = count;
+    }
+  }
+  return layout;
 }
 
 void TorchStage::BuildArenas() {
@@ -266,7 +306,12 @@ std::vector<ParameterView> TorchStage::Parameters() {
                               device()};
     view.grad = comm::Buffer{parameter.grad().data_ptr(), parameter.numel(),
                              comm::DataType::kFloat32, device()};
-    view.tensor_parallel_replicated = tensor_parallel_replicated_.count(name) > 0;
+    view.tensor_parallel_replicated = tensor_parallel_.replicated.count(name) > 0;
+    auto index = tensor_parallel_.index.find(name);
+    if (index != tensor_parallel_.index.end()) {
+      view.tensor_parallel_index = &index->second;
+      view.whole_count = tensor_parallel_.whole_count.at(name);
+    }
     views.push_back(std::move(view));
   }
   return views;

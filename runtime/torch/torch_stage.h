@@ -148,7 +148,13 @@ class TorchStage final : public Stage {
   void BuildArenas();
   // Replaces `layers` by this rank's tensor-parallel shards; the names of the parameters that
   // stay whole.
-  static absl::StatusOr<std::set<std::string>> ShardForTensorParallel(
+  struct TensorParallelLayout {
+    std::set<std::string> replicated;
+    // Split parameters: for each element of this rank's shard, its index in the whole one.
+    std::map<std::string, std::vector<int64_t>> index;
+    std::map<std::string, int64_t> whole_count;
+  };
+  static absl::StatusOr<TensorParallelLayout> ShardForTensorParallel(
       const LayeredModel& model, const TorchStageOptions& options,
       std::vector<torch::nn::AnyModule>& layers);
   std::string Where(int microbatch) const;  // "stage [2, 4) replica 0 iteration 5 micro-batch 3"
@@ -171,8 +177,8 @@ class TorchStage final : public Stage {
   std::shared_ptr<const Dataset> data_;
   LossFunction loss_;
   std::vector<torch::nn::AnyModule> layers_;
-  // Tensor parallelism: parameters whole on every rank of the group (not shards).
-  std::set<std::string> tensor_parallel_replicated_;
+  // Tensor parallelism: which parameters are whole, and where each shard's elements sit.
+  TensorParallelLayout tensor_parallel_;
   std::vector<Segment> segments_;
   std::vector<std::vector<torch::Tensor>> segment_parameters_;
   std::vector<std::pair<std::string, torch::Tensor>> parameters_;

@@ -116,8 +116,11 @@ TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
     return full;  // layer norms, position embedding, post-reduction biases
   };
   std::map<std::string, bool> replicated;
+  std::map<std::string, const std::vector<int64_t>*> index;
   for (const ParameterView& v : shard.stage->Parameters()) {
     replicated[v.name] = v.tensor_parallel_replicated;
+    index[v.name] = v.tensor_parallel_index;
+    if (v.tensor_parallel_index != nullptr) EXPECT_EQ(v.whole_count, full_value[v.name].numel());
   }
   ASSERT_EQ(shard.stage->named_parameters().size(), full_value.size());
   for (const auto& [name, p] : shard.stage->named_parameters()) {
@@ -128,6 +131,13 @@ TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
     EXPECT_EQ(replicated[name], t > 1 && p.sizes() == full_value[name].sizes()) << name;
     EXPECT_LT(RelativeError(p.grad(), slice(name, full_grad[name])), kRelativeTolerance)
         << name << " on rank " << me;
+    // The index map (what checkpoints cut and gather with) picks the same elements.
+    ASSERT_EQ(index[name] == nullptr, replicated[name] || t == 1) << name;
+    if (index[name] != nullptr) {
+      const torch::Tensor picked =
+          full_value[name].reshape({-1}).index_select(0, torch::tensor(*index[name]));
+      EXPECT_TRUE(torch::equal(picked, p.detach().reshape({-1}))) << name;
+    }
   }
   if (t > 1) {
     EXPECT_FALSE(replicated.at("layers.1.qkv.weight"));
