@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -33,6 +34,11 @@ void InitLinear(torch::nn::Linear& linear, double std) {
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}));
+}
+
+// A linear layer's product with a deferrable weight gradient (zero-bubble's W pass).
+torch::Tensor Apply(const torch::nn::Linear& linear, const torch::Tensor& x) {
+  return DeferrableLinear(x, linear->weight, linear->bias);
 }
 
 // A linear layer holding `weight` (and `bias`, if defined): the shard of a full layer.
@@ -153,7 +159,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
     const int64_t heads = config_.heads, head_dim = hidden / heads;
     // [b, S, 3H] -> [3, b, A, S, hd]
-    const auto qkv_heads = qkv(attention_norm(x))
+    const auto qkv_heads = Apply(qkv, attention_norm(x))
                                .view({batch, length, 3, heads, head_dim})
                                .permute({2, 0, 3, 1, 4});
     const auto query = qkv_heads[0], key = qkv_heads[1], value = qkv_heads[2];
@@ -176,8 +182,8 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
       scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
       attended = torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
     }
-    x = x + attention_out(attended.transpose(1, 2).reshape({batch, length, hidden}));
-    return x + mlp_out(torch::gelu(mlp_in(mlp_norm(x))));
+    x = x + Apply(attention_out, attended.transpose(1, 2).reshape({batch, length, hidden}));
+    return x + Apply(mlp_out, torch::gelu(Apply(mlp_in, mlp_norm(x))));
   }
 
   torch::nn::LayerNorm attention_norm{nullptr}, mlp_norm{nullptr};
@@ -210,20 +216,20 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
   // This rank's heads and hidden units; the row-parallel products are summed over the group
   // before their biases are added.
   torch::Tensor ForwardTensorParallel(torch::Tensor x) {
-    namespace F = torch::nn::functional;
     const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
     const int64_t head_dim = hidden / config_.heads;
     const int64_t heads = tp_.ShardSize(config_.heads), local = heads * head_dim;
-    const auto qkv_heads = qkv(CopyToTensorParallel(attention_norm(x), tp_))
+    const auto qkv_heads = Apply(qkv, CopyToTensorParallel(attention_norm(x), tp_))
                                .view({batch, length, 3, heads, head_dim})
                                .permute({2, 0, 3, 1, 4});
     const auto attended = Attend(qkv_heads[0], qkv_heads[1], qkv_heads[2], head_dim);
-    const auto projected = F::linear(attended.transpose(1, 2).reshape({batch, length, local}),
-                                     attention_out->weight);
+    const auto projected =
+        DeferrableLinear(attended.transpose(1, 2).reshape({batch, length, local}),
+                         attention_out->weight, torch::Tensor());
     x = x + (ReduceFromTensorParallel(projected, tp_) + attention_out->bias);
-    const auto units = torch::gelu(mlp_in(CopyToTensorParallel(mlp_norm(x), tp_)));
-    return x +
-           (ReduceFromTensorParallel(F::linear(units, mlp_out->weight), tp_) + mlp_out->bias);
+    const auto units = torch::gelu(Apply(mlp_in, CopyToTensorParallel(mlp_norm(x), tp_)));
+    return x + (ReduceFromTensorParallel(DeferrableLinear(units, mlp_out->weight, {}), tp_) +
+                mlp_out->bias);
   }
 
   GptConfig config_;
@@ -255,8 +261,8 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    if (tp_.enabled()) return lm_head(CopyToTensorParallel(norm(x), tp_));
-    return lm_head(norm(x));
+    if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));
+    return Apply(lm_head, norm(x));
   }
 
   torch::nn::LayerNorm norm{nullptr};

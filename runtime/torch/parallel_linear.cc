@@ -5,16 +5,14 @@
 #include <string>
 
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "runtime/torch/deferred_linear.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
-
-namespace F = torch::nn::functional;
 
 // torch::nn::Linear's initialisation: weight Kaiming-uniform with a = sqrt(5), bias uniform in
 // +-1/sqrt(in).
@@ -95,8 +93,8 @@ void ColumnParallelLinearImpl::reset() {
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (!tp_.enabled()) return F::linear(x, weight, bias);
-  const torch::Tensor local = F::linear(CopyToTensorParallel(x, tp_), weight, bias);
+  if (!tp_.enabled()) return DeferrableLinear(x, weight, bias);
+  const torch::Tensor local = DeferrableLinear(CopyToTensorParallel(x, tp_), weight, bias);
   return gather_output_ ? GatherFromTensorParallel(local, tp_) : local;
 }
 
@@ -120,8 +118,9 @@ void RowParallelLinearImpl::reset() {
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (!tp_.enabled()) return F::linear(x, weight, bias);
-  const torch::Tensor summed = ReduceFromTensorParallel(F::linear(x, weight), tp_);
+  if (!tp_.enabled()) return DeferrableLinear(x, weight, bias);
+  const torch::Tensor summed =
+      ReduceFromTensorParallel(DeferrableLinear(x, weight, torch::Tensor()), tp_);
   return bias.defined() ? summed + bias : summed;
 }
 

@@ -484,28 +484,31 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Backward(int microbatch,
     EnsureGraph(segments_.back(), stash->segments.back(), stash->targets);
   }));
   TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
-  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
-    for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
-      SegmentStash& kept = stash->segments[k];
-      EnsureGraph(segments_[k], kept, stash->targets);
-      std::vector<torch::Tensor> wrt = segment_parameters_[k];
-      const bool wants_input = kept.input.requires_grad();
-      if (wants_input) wrt.push_back(kept.input);
-      if (wrt.empty()) break;  // token ids in and no parameters: nothing to compute
-      std::vector<torch::Tensor> grads =
-          torch::autograd::grad({kept.output}, wrt, {grad}, /*retain_graph=*/false,
-                                /*create_graph=*/false, /*allow_unused=*/true);
-      if (wants_input) {
-        grad = grads.back().defined() ? grads.back() : torch::zeros_like(kept.input);
-        grads.pop_back();
-      }
-      AccumulateGrads(segment_parameters_[k], grads);
-      kept = SegmentStash{};
-    }
-  }));
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] { grad = RunBackward(*stash, grad); }));
   stash_.erase(microbatch);
   if (is_first()) return std::vector<Tensor>{};
   return std::vector<Tensor>{ToRuntime(grad)};
+}
+
+torch::Tensor TorchStage::RunBackward(MicrobatchStash& stash, torch::Tensor grad) {
+  for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
+    SegmentStash& kept = stash.segments[k];
+    EnsureGraph(segments_[k], kept, stash.targets);
+    std::vector<torch::Tensor> wrt = segment_parameters_[k];
+    const bool wants_input = kept.input.requires_grad();
+    if (wants_input) wrt.push_back(kept.input);
+    if (wrt.empty()) break;  // token ids in and no parameters: nothing to compute
+    std::vector<torch::Tensor> grads =
+        torch::autograd::grad({kept.output}, wrt, {grad}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    if (wants_input) {
+      grad = grads.back().defined() ? grads.back() : torch::zeros_like(kept.input);
+      grads.pop_back();
+    }
+    AccumulateGrads(segment_parameters_[k], grads);
+    kept = SegmentStash{};
+  }
+  return grad;
 }
 
 absl::StatusOr<std::vector<Tensor>> TorchStage::BackwardInput(int microbatch,
@@ -520,17 +523,10 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::BackwardInput(int microbatch,
     EnsureGraph(segments_.back(), stash->segments.back(), stash->targets);
   }));
   TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
+  // B: the graph is walked once; the linear layers keep what their weight gradients need.
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
-    for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
-      SegmentStash& kept = stash->segments[k];
-      EnsureGraph(segments_[k], kept, stash->targets);
-      kept.output_grad = grad;
-      if (!kept.input.requires_grad()) break;  // token ids: no input gradient
-      torch::Tensor input_grad =
-          torch::autograd::grad({kept.output}, {kept.input}, {grad}, /*retain_graph=*/true,
-                                /*create_graph=*/false, /*allow_unused=*/true)[0];
-      grad = input_grad.defined() ? input_grad : torch::zeros_like(kept.input);
-    }
+    DeferWeightGrads defer(&stash->deferred);
+    grad = RunBackward(*stash, grad);
   }));
   stash->input_grads_done = true;
   if (is_first()) return std::vector<Tensor>{};
@@ -543,17 +539,9 @@ absl::Status TorchStage::BackwardWeight(int microbatch) {
     return absl::FailedPreconditionError(
         absl::StrCat(Where(microbatch), ": BackwardWeight before BackwardInput"));
   }
-  TANDEM_RETURN_IF_ERROR(
-      CatchTorchErrors(absl::StrCat(Where(microbatch), " backward-weight"), [&] {
-        for (size_t k = 0; k < segments_.size(); ++k) {
-          const SegmentStash& kept = stash->segments[k];
-          if (segment_parameters_[k].empty()) continue;
-          std::vector<torch::Tensor> grads = torch::autograd::grad(
-              {kept.output}, segment_parameters_[k], {kept.output_grad}, /*retain_graph=*/false,
-              /*create_graph=*/false, /*allow_unused=*/true);
-          AccumulateGrads(segment_parameters_[k], grads);
-        }
-      }));
+  // W: one product per deferred linear layer, no graph.
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(Where(microbatch), " backward-weight"),
+                                          [&] { stash->deferred.Apply(); }));
   stash_.erase(microbatch);
   return absl::OkStatus();
 }

@@ -23,9 +23,12 @@
 //
 // Backward. Backward(m) runs autograd segment by segment from the output gradients (the last
 // stage from its scaled loss) and adds parameter gradients into the preallocated .grad
-// tensors. The zero-bubble split: BackwardInput(m) computes only input gradients (keeping the
-// graph), BackwardWeight(m) later computes the weight gradients from the kept graph and frees
-// the stash.
+// tensors. The zero-bubble split: BackwardInput(m) walks the graph once, like Backward, but
+// the linear layers built with DeferrableLinear (runtime/torch/deferred_linear.h; the GPT's
+// and the marked tensor-parallel ones) keep their input and output gradient instead of
+// computing their weight gradients; the graph is freed. BackwardWeight(m) later computes those
+// weight gradients, one product per layer, and frees the stash. Other parameters (layer norms,
+// embeddings, plain torch::nn::Linear layers) get their gradients in BackwardInput.
 //
 // Parameters. Every parameter must be a contiguous float32 tensor. At creation the values and
 // the gradients are moved into two flat arenas on the stage's device, laid out in backward
@@ -55,6 +58,7 @@
 
 #include "runtime/stage.h"
 #include "runtime/torch/data.h"
+#include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/model.h"
 #include "runtime/torch/precision.h"
 
@@ -131,15 +135,19 @@ class TorchStage final : public Stage {
   };
   // What one micro-batch keeps between forward and backward, per segment.
   struct SegmentStash {
-    torch::Tensor input;        // detached; requires grad unless it is integer (token ids)
-    torch::Tensor output;       // with graph (normal segments, or after recomputation)
-    torch::Tensor output_grad;  // kept by BackwardInput for BackwardWeight
+    torch::Tensor input;   // detached; requires grad unless it is integer (token ids)
+    torch::Tensor output;  // with graph (normal segments, or after recomputation)
   };
   struct MicrobatchStash {
     std::vector<SegmentStash> segments;
     torch::Tensor targets;  // last stage
     bool input_grads_done = false;
+    DeferredWeightGrads deferred;  // kept by BackwardInput for BackwardWeight
   };
+  // Backward through every segment from `grad` (the output's gradient), freeing the graphs;
+  // parameter gradients are accumulated (but for deferred linear layers inside a
+  // DeferWeightGrads scope). Returns the input's gradient (undefined for token ids).
+  torch::Tensor RunBackward(MicrobatchStash& stash, torch::Tensor grad);
 
   TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
              TorchStageOptions options, std::vector<torch::nn::AnyModule> layers);

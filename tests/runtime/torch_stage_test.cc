@@ -228,6 +228,40 @@ TEST(TorchStageTest, SplitBackwardEqualsFullBackward) {
   ExpectMatchesWholeModel(fixture, setup);
 }
 
+// Zero-bubble's split computes each weight gradient once: BackwardInput leaves the linear
+// layers' weight gradients to BackwardWeight (which runs no autograd: it works after the graph
+// is gone) and computes the others (layer norms) at once.
+TEST(TorchStageTest, BackwardInputLeavesLinearWeightGradientsToBackwardWeight) {
+  const Fixture fixture = MakeFixture();
+  TorchStageOptions options;
+  options.first_layer = 0;
+  options.end_layer = 6;
+  options.microbatches = 1;
+  options.microbatch_size = 2;
+  auto stage = TorchStage::Create(fixture.model, fixture.data, options);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  ASSERT_TRUE((*stage)->BeginIteration(kIteration).ok());
+  ASSERT_TRUE((*stage)->Forward(0, {}).ok());
+  ASSERT_TRUE((*stage)->BackwardInput(0, {}).ok());
+  auto grad_norm = [&](const std::string& name) {
+    for (const auto& [n, p] : (*stage)->named_parameters()) {
+      if (n == name) return p.grad().norm().item<double>();
+    }
+    ADD_FAILURE() << "no parameter " << name;
+    return -1.0;
+  };
+  EXPECT_EQ(grad_norm("layers.2.mlp_in.weight"), 0.0);
+  EXPECT_EQ(grad_norm("layers.2.qkv.weight"), 0.0);
+  EXPECT_EQ(grad_norm("layers.5.lm_head.weight"), 0.0);
+  EXPECT_GT(grad_norm("layers.2.mlp_norm.weight"), 0.0);
+  EXPECT_GT(grad_norm("layers.0.token.weight"), 0.0);
+  ASSERT_TRUE((*stage)->BackwardWeight(0).ok());
+  EXPECT_GT(grad_norm("layers.2.mlp_in.weight"), 0.0);
+  EXPECT_GT(grad_norm("layers.2.qkv.weight"), 0.0);
+  EXPECT_GT(grad_norm("layers.5.lm_head.weight"), 0.0);
+  EXPECT_EQ((*stage)->stashed_microbatches(), 0);
+}
+
 TEST(TorchStageTest, LossIsScaledByTheNumberOfMicrobatches) {
   const Fixture fixture = MakeFixture();
   PipelineSetup setup;

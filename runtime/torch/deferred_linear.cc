@@ -1,0 +1,94 @@
+#include "runtime/torch/deferred_linear.h"
+
+#include <atomic>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/functional/linear.h>
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+std::atomic<DeferredWeightGrads*> g_sink{nullptr};
+
+// [..., n] -> [rows, n]
+torch::Tensor Rows(const torch::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// The gradients of y = x W^T (+ b) from dL/dy; weight and bias gradients go to the sink
+// while one is set. LibTorch 1.13's custom functions take no undefined tensors, so the
+// layers with and without a bias are two functions sharing this.
+torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
+                                              const torch::Tensor& g, bool has_bias) {
+  const auto saved = ctx->get_saved_variables();
+  const torch::Tensor& x = saved[0];
+  const torch::Tensor& weight = saved[1];
+  const torch::Tensor bias = has_bias ? saved[2] : torch::Tensor();
+  // The arithmetic of the forward (bfloat16 under autocast), results in each input's type.
+  const auto dtype = g.scalar_type();
+  torch::Tensor grad_x, grad_weight, grad_bias;
+  if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight.to(dtype)).to(x.scalar_type());
+  if (DeferredWeightGrads* sink = g_sink.load(std::memory_order_acquire)) {
+    sink->Add({x, g, weight, bias});  // W computes them
+  } else {
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = Rows(g).t().mm(Rows(x.to(dtype))).to(weight.scalar_type());
+    }
+    if (has_bias && ctx->needs_input_grad(2)) {
+      grad_bias = Rows(g).sum(0).to(bias.scalar_type());
+    }
+  }
+  if (!has_bias) return {grad_x, grad_weight};
+  return {grad_x, grad_weight, grad_bias};
+}
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor weight, torch::Tensor bias) {
+    ctx->save_for_backward({x, weight, bias});
+    return torch::nn::functional::linear(x, weight, bias);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return LinearBackward(ctx, grads[0], /*has_bias=*/true);
+  }
+};
+
+struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor weight) {
+    ctx->save_for_backward({x, weight});
+    return torch::nn::functional::linear(x, weight);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return LinearBackward(ctx, grads[0], /*has_bias=*/false);
+  }
+};
+
+}  // namespace
+
+torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+  if (!bias.defined()) return LinearNoBiasFunction::apply(x, weight);
+  return LinearFunction::apply(x, weight, bias);
+}
+
+void DeferredWeightGrads::Apply() {
+  torch::NoGradGuard no_grad;
+  for (Record& r : records_) {
+    const auto dtype = r.grad_output.scalar_type();
+    const torch::Tensor g = Rows(r.grad_output);
+    torch::Tensor weight = r.weight;
+    weight.mutable_grad().add_(g.t().mm(Rows(r.input.to(dtype))).to(weight.scalar_type()));
+    if (r.bias.defined()) {
+      torch::Tensor bias = r.bias;
+      bias.mutable_grad().add_(g.sum(0).to(bias.scalar_type()));
+    }
+  }
+  records_.clear();
+}
+
+DeferWeightGrads::DeferWeightGrads(DeferredWeightGrads* sink) {
+  g_sink.store(sink, std::memory_order_release);
+}
+
+DeferWeightGrads::~DeferWeightGrads() { g_sink.store(nullptr, std::memory_order_release); }}  // namespace tandem::runtime::libtorch
