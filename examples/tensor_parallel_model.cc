@@ -4,27 +4,25 @@
 // pipeline stages (mpirun -np 2: one stage; -np 4: two), and checked against the
 // single-process reference trainer on the unsharded model: exit code 1 if the losses differ
 // by more than 1e-5 relative or do not halve.
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include "absl/strings/str_cat.h"
 #include "comm/backend.h"
+#include "examples/example_support.h"
 #include "pipeline/plan.h"
 #include "runtime/engine.h"
 #include "runtime/torch/parallel_linear.h"
-#include "runtime/torch/reference.h"
 #include "runtime/torch/stage_factory.h"
 
 using namespace tandem;
 using namespace tandem::runtime::libtorch;
 
-constexpr int64_t kInputs = 4, kWidth = 64, kHidden = 256, kOutputs = 4;
+constexpr int64_t kInputs = CurveData::kInputs, kWidth = 64, kHidden = 256, kOutputs = 4;
 
 // The input layer: whole on every rank of a group.
 struct EmbedImpl : torch::nn::Cloneable<EmbedImpl> {
@@ -47,29 +45,6 @@ struct BlockImpl : torch::nn::Cloneable<BlockImpl> {
   RowParallelLinear down{nullptr};
 };
 TORCH_MODULE(Block);
-
-// y = sin(3 x0) + x1 x2 for x uniform in [-1, 1]^4 (as in custom_model.cc).
-class CurveData final : public Dataset {
- public:
-  std::string name() const override { return "curve"; }
-  absl::StatusOr<Batch> Samples(int64_t iteration, int64_t first, int64_t count) const override {
-    Batch batch{torch::empty({count, kInputs}), torch::empty({count, 1})};
-    for (int64_t i = 0; i < count; ++i) {
-      std::mt19937_64 random(MixSeed(/*seed=*/42, iteration, first + i));
-      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-      float* x = batch.inputs[i].data_ptr<float>();
-      for (int k = 0; k < kInputs; ++k) x[k] = uniform(random);
-      batch.targets.data_ptr<float>()[i] = std::sin(3 * x[0]) + x[1] * x[2];
-    }
-    return batch;
-  }
-};
-
-template <typename T>  // example-level error handling: print the status and exit
-T OrExit(absl::StatusOr<T> value) {
-  if (!value.ok()) std::fprintf(stderr, "%s\n", value.status().ToString().c_str()), std::exit(1);
-  return *std::move(value);
-}
 
 int main() {
   constexpr int kSteps = 60, kMicrobatches = 4, kMicrobatchSize = 16;
@@ -110,23 +85,8 @@ int main() {
   std::printf("rank %d holds %lld of its stage's %lld parameter values\n", world->rank(),
               static_cast<long long>(held), static_cast<long long>(whole));
   if (tensor_parallel > 1 && held >= whole) return 1;  // nothing was split
-  ReferenceOptions reference_options;
-  reference_options.global_batch = plan.GlobalBatchSize();
-  reference_options.steps = kSteps;
-  reference_options.optimizer.kind = OptimizerKind::kAdamW;
-  reference_options.lr = options.lr_schedule;
-  auto reference = OrExit(TrainReference(*model, *data, reference_options));
-
-  double worst = 0;  // largest relative loss difference from the reference
-  for (int step = 0; step < kSteps; ++step) {
-    auto result = OrExit(engine->RunIteration());
-    worst = std::max(worst, std::abs(result.loss / reference.losses[step] - 1));
-    if (world->rank() == 0 && (step % 20 == 0 || step == kSteps - 1)) {
-      std::printf("step %3d  loss %.6f  reference %.6f  (tensor parallel %d x %d stage(s))\n",
-                  step, result.loss, reference.losses[step], tensor_parallel,
-                  world->size() / tensor_parallel);
-    }
-  }
-  if (world->rank() == 0) std::printf("largest relative difference: %.2e\n", worst);
-  return worst < 1e-5 && reference.losses.back() < 0.5 * reference.losses.front() ? 0 : 1;
+  const std::string label = absl::StrCat("tensor parallel ", tensor_parallel, " x ",
+                                         world->size() / tensor_parallel, " stage(s)");
+  return TrainBesideTheReference(*engine, *model, *data, plan.GlobalBatchSize(), options,
+                                 kSteps, world->rank(), label);
 }

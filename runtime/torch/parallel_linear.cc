@@ -31,18 +31,6 @@ void KeepSlice(torch::Tensor& parameter, int64_t dim, int64_t begin, int64_t len
   parameter.set_data(parameter.narrow(dim, begin, length).clone());
 }
 
-comm::DataType CommType(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat: return comm::DataType::kFloat32;
-    case torch::kDouble: return comm::DataType::kFloat64;
-    case torch::kBFloat16: return comm::DataType::kBFloat16;
-    case torch::kHalf: return comm::DataType::kFloat16;
-    default:
-      throw std::invalid_argument(absl::StrCat("tensor parallelism: no all-gather for ",
-                                               std::string(c10::toString(t.scalar_type()))));
-  }
-}
-
 struct GatherFunction : public torch::autograd::Function<GatherFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                int64_t address) {
@@ -51,9 +39,8 @@ struct GatherFunction : public torch::autograd::Function<GatherFunction> {
     ctx->saved_data["width"] = x.size(-1);
     const torch::Tensor local = x.contiguous();
     torch::Tensor all = torch::empty({tp.size * local.numel()}, local.options());
-    comm::Buffer in{local.data_ptr(), local.numel(), CommType(local),
-                    local.is_cuda() ? comm::Device::Cuda(local.get_device()) : comm::Device::Cpu()};
-    comm::Buffer out{all.data_ptr(), all.numel(), in.dtype, in.device};
+    const comm::Buffer in = CommBufferOf(local);
+    const comm::Buffer out = CommBufferOf(all);
     const absl::Status status = tp.group->AllGather(in, out)->Wait();
     if (!status.ok()) {
       throw std::runtime_error(absl::StrCat("tensor-parallel all-gather: ", status.ToString()));

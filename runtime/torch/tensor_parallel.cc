@@ -9,31 +9,30 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem::runtime::libtorch {
-namespace {
-
-comm::DataType CommTypeOf(const torch::Tensor& t) {
+comm::Buffer CommBufferOf(const torch::Tensor& t) {
+  comm::Buffer buffer;
+  buffer.data = t.data_ptr();
+  buffer.count = t.numel();
   switch (t.scalar_type()) {
-    case torch::kFloat: return comm::DataType::kFloat32;
-    case torch::kDouble: return comm::DataType::kFloat64;
-    case torch::kBFloat16: return comm::DataType::kBFloat16;
-    case torch::kHalf: return comm::DataType::kFloat16;
-    case torch::kLong: return comm::DataType::kInt64;
+    case torch::kFloat: buffer.dtype = comm::DataType::kFloat32; break;
+    case torch::kDouble: buffer.dtype = comm::DataType::kFloat64; break;
+    case torch::kBFloat16: buffer.dtype = comm::DataType::kBFloat16; break;
+    case torch::kHalf: buffer.dtype = comm::DataType::kFloat16; break;
+    case torch::kLong: buffer.dtype = comm::DataType::kInt64; break;
     default:
-      throw std::invalid_argument(
-          absl::StrCat("tensor parallelism: no collective for ", std::string(c10::toString(t.scalar_type()))));
+      throw std::invalid_argument(absl::StrCat("tensor parallelism: no collective for ",
+                                               std::string(c10::toString(t.scalar_type()))));
   }
+  buffer.device = t.is_cuda() ? comm::Device::Cuda(t.get_device()) : comm::Device::Cpu();
+  return buffer;
 }
 
+namespace {
 // Reduces `t` over the group in place (a fresh contiguous tensor the caller owns). Throws, as
 // LibTorch does: the stage turns exceptions into statuses.
 void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp, comm::ReduceOp op) {
   if (!tp.enabled()) return;
-  comm::Buffer buffer;
-  buffer.data = t.data_ptr();
-  buffer.count = t.numel();
-  buffer.dtype = CommTypeOf(t);
-  buffer.device = t.is_cuda() ? comm::Device::Cuda(t.get_device()) : comm::Device::Cpu();
-  const absl::Status status = tp.group->AllReduce(buffer, op)->Wait();
+  const absl::Status status = tp.group->AllReduce(CommBufferOf(t), op)->Wait();
   if (!status.ok()) {
     throw std::runtime_error(
         absl::StrCat("tensor-parallel all-reduce of ", t.numel(), " elements over ", tp.size,

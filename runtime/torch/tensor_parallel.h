@@ -44,6 +44,10 @@ struct TensorParallel {
   int64_t ShardBegin(int64_t total) const { return rank * (total / size); }
 };
 
+// A contiguous tensor's memory as a communication buffer (float32/64, bfloat16, float16 or
+// int64; std::invalid_argument otherwise, as LibTorch throws).
+comm::Buffer CommBufferOf(const torch::Tensor& t);
+
 // Megatron's f: identity forward, all-reduce of the gradient backward.
 torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
 // Megatron's g: all-reduce forward, identity backward.

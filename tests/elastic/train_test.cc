@@ -406,11 +406,5 @@ TEST(ElasticTrainTest, APlanThatCannotSurviveIsRefusedUpFront) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s TANDEM_PROGRAM\n", argv[0]);
-    return 2;
-  }
-  g_tandem = argv[1];
-  return RUN_ALL_TESTS();
+  return tandem::testing::RunTestsWithProgramPath(argc, argv, "TANDEM_PROGRAM", &g_tandem);
 }

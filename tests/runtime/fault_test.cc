@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "gtest/gtest.h"
+#include "tests/support/command.h"
 
 namespace {
 
@@ -149,11 +150,5 @@ TEST(FaultTest, PlainMpirunExitsNonZeroWhenAStageFails) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PATH_TO_FAULT_WORKER\n", argv[0]);
-    return 2;
-  }
-  g_worker = argv[1];
-  return RUN_ALL_TESTS();
+  return tandem::testing::RunTestsWithProgramPath(argc, argv, "PATH_TO_FAULT_WORKER", &g_worker);
 }

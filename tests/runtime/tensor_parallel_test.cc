@@ -203,11 +203,5 @@ TEST(TensorParallelTest, ShapesThatDoNotSplitAreBadInput) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: %s PATH_TO_TANDEM\n", argv[0]);
-    return 2;
-  }
-  g_tandem = argv[1];
-  return RUN_ALL_TESTS();
+  return tandem::testing::RunTestsWithProgramPath(argc, argv, "PATH_TO_TANDEM", &g_tandem);
 }

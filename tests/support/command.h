@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "gtest/gtest.h"
+
 namespace tandem::testing {
 
 struct Outcome {
@@ -24,6 +26,18 @@ inline Outcome RunCommand(const std::string& command) {
   const int status = pclose(pipe);
   o.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   return o;
+}
+
+// main() of a test of a program whose path is its one argument: stores it in `path` and runs
+// the tests; without it prints "usage: TEST WHAT" and returns 2.
+inline int RunTestsWithProgramPath(int argc, char** argv, const char* what, std::string* path) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s %s\n", argv[0], what);
+    return 2;
+  }
+  *path = argv[1];
+  return RUN_ALL_TESTS();
 }
 
 }  // namespace tandem::testing
