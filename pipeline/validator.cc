@@ -9,69 +9,77 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "pipeline/validator_internal.h"
 
 namespace tandem::pipeline {
 namespace {
 
 constexpr int kUnassigned = -1;
+constexpr int kNoChannel = -1;
 
-// A transfer waiting on a channel for its counterpart.
+// What has happened to one (replica, stage, micro-batch): one byte of flags per triple, so
+// that a compute's checks and effects touch one flat array (at p=1024, m=4096 ZB-V has 8M
+// triples; separate arrays per flag cost a cache miss each).
+enum TripleFlag : uint8_t {
+  kForwardDone = 1 << 0,
+  kBackwardDone = 1 << 1,  // B, or Bi when backward is split
+  kWeightDone = 1 << 2,
+  kActivationSent = 1 << 3,
+  kActivationArrived = 1 << 4,
+  kGradientSent = 1 << 5,
+  kGradientArrived = 1 << 6,
+};
+
+// Switches rather than IsTransfer (schedule.cc): these run per action, inlined.
+bool IsTransferType(ActionType type) {
+  switch (type) {
+    case ActionType::kSendActivation:
+    case ActionType::kRecvActivation:
+    case ActionType::kSendGradient:
+    case ActionType::kRecvGradient:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsSendType(ActionType type) {
+  return type == ActionType::kSendActivation || type == ActionType::kSendGradient;
+}
+
+// A transfer waiting on a channel for its counterpart. It carries what matching compares
+// (the triple and the kind), so that matching never reads the other rank's program: the
+// counterpart was usually posted long before and its action is no longer in cache.
 struct Posted {
-  int rank;
-  int step;
+  uint64_t triple;  // Index(replica, stage, micro-batch) of the data
+  int step;         // index in the posting rank's program
+  bool activation;  // activation (sA/rA) or gradient (sG/rG)
 };
 
 // Transfers from one rank to another, matched in order (FIFO per direction).
 struct Channel {
   int from = 0;
   int to = 0;
+  int first_use = -1;  // order of the first transfer posted on it, for error reports
   std::vector<Posted> sends;  // posted, not yet matched (from `head_send` on)
   std::vector<Posted> recvs;
   size_t head_send = 0;
   size_t head_recv = 0;
 };
 
-class Validator {
+// What the quick proof and the reference execution (below) need from the placement, checked
+// and flattened once.
+class Layout {
  public:
-  Validator(const Schedule& schedule, const ValidationOptions& options)
+  explicit Layout(const Schedule& schedule)
       : s_(schedule),
-        options_(options),
         num_ranks_(schedule.placement.num_ranks),
         num_stages_(schedule.placement.num_stages),
         num_replicas_(schedule.placement.NumReplicas()),
-        m_(schedule.spec.num_microbatches),
-        split_(schedule.spec.SplitsBackward()) {}
+        m_(schedule.spec.num_microbatches) {}
 
-  absl::Status Run() {
-    TANDEM_RETURN_IF_ERROR(CheckShape());
-    TANDEM_RETURN_IF_ERROR(AssignReplicas());
-    Allocate();
-    TANDEM_RETURN_IF_ERROR(Execute());
-    return CheckComplete();
-  }
-
- private:
-  const Action& At(int rank, int step) const { return s_.programs[rank][step]; }
-
-  absl::Status Error(int rank, int step, absl::string_view message) const {
-    const auto& program = s_.programs[rank];
-    std::string what = step < static_cast<int>(program.size())
-                           ? absl::StrCat(" (", ToString(program[step]), ")")
-                           : std::string(" (end of program)");
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " step ", step, what, ": ",
-                                                   message));
-  }
-
-  // Rank of (replica, stage); valid once CheckShape has checked the placement.
-  int RankOf(int replica, int stage) const {
-    return rank_of_[static_cast<size_t>(replica) * num_stages_ + stage];
-  }
-
-  size_t Index(int replica, int stage, int mb) const {
-    return (static_cast<size_t>(replica) * num_stages_ + stage) * m_ + mb;
-  }
-
-  absl::Status CheckShape() {
+  // The program count and the placement; on success builds the tables below.
+  absl::Status Check() {
     const Placement& pl = s_.placement;
     if (static_cast<int>(s_.programs.size()) != num_ranks_) {
       return absl::InvalidArgumentError(absl::StrCat("schedule has ", s_.programs.size(),
@@ -95,34 +103,500 @@ class Validator {
         }
       }
     }
-    // The placement is sound: flatten it for the lookups per action.
-    rank_of_.resize(static_cast<size_t>(num_replicas_) * num_stages_);
+    Build();
+    return absl::OkStatus();
+  }
+
+  int num_ranks() const { return num_ranks_; }
+  int num_stages() const { return num_stages_; }
+  int num_replicas() const { return num_replicas_; }
+  int num_microbatches() const { return m_; }
+  size_t NumTriples() const { return static_cast<size_t>(num_replicas_) * num_stages_ * m_; }
+  size_t NumPairs() const { return static_cast<size_t>(num_replicas_) * num_stages_; }
+
+  // Rank of (replica, stage).
+  int RankOf(int replica, int stage) const { return rank_of_[Pair(replica, stage)]; }
+  size_t Pair(int replica, int stage) const {
+    return static_cast<size_t>(replica) * num_stages_ + stage;
+  }
+  size_t Index(int replica, int stage, int mb) const { return Pair(replica, stage) * m_ + mb; }
+
+  // (replica, stage) pairs rank r holds, as Placement::StagesOf(r) lists them.
+  const std::pair<int, int>* StagesBegin(int r) const { return held_.data() + held_offset_[r]; }
+  const std::pair<int, int>* StagesEnd(int r) const { return held_.data() + held_offset_[r + 1]; }
+
+  // Channels: one per ordered pair of ranks holding neighbouring stages. Every transfer of
+  // (replica, stage) travels on the channel of its stage and direction, known from the
+  // placement (the shape checks make sure its ends are the placement's).
+  int NumChannels() const { return static_cast<int>(channel_ends_.size()); }
+  int ChannelOf(const Action& a) const {
+    const bool activation =
+        a.type == ActionType::kSendActivation || a.type == ActionType::kRecvActivation;
+    const size_t pair = Pair(a.replica, a.stage);
+    return activation ? activation_channel_[pair] : gradient_channel_[pair];
+  }
+  int ChannelFrom(int channel) const { return channel_ends_[channel].first; }
+  int ChannelTo(int channel) const { return channel_ends_[channel].second; }
+  // The tables themselves, for loops that keep them in locals.
+  const int* RankOfTable() const { return rank_of_.data(); }
+  const int* ActivationChannelTable() const { return activation_channel_.data(); }
+  const int* GradientChannelTable() const { return gradient_channel_.data(); }
+  const std::pair<int, int>* ChannelEndsTable() const { return channel_ends_.data(); }
+
+ private:
+  void Build() {
+    const Placement& pl = s_.placement;
+    rank_of_.resize(NumPairs());
+    held_offset_.assign(num_ranks_ + 1, 0);
     for (int replica = 0; replica < num_replicas_; ++replica) {
       for (int stage = 0; stage < num_stages_; ++stage) {
-        rank_of_[static_cast<size_t>(replica) * num_stages_ + stage] =
-            pl.stage_to_rank[replica][stage];
+        const int r = pl.stage_to_rank[replica][stage];
+        rank_of_[Pair(replica, stage)] = r;
+        ++held_offset_[r + 1];
       }
     }
+    for (int r = 0; r < num_ranks_; ++r) held_offset_[r + 1] += held_offset_[r];
+    held_.resize(rank_of_.size());
+    std::vector<int> fill(held_offset_.begin(), held_offset_.end() - 1);
+    for (int replica = 0; replica < num_replicas_; ++replica) {
+      for (int stage = 0; stage < num_stages_; ++stage) {
+        held_[fill[RankOf(replica, stage)]++] = {replica, stage};
+      }
+    }
+    activation_channel_.assign(NumPairs(), kNoChannel);
+    gradient_channel_.assign(NumPairs(), kNoChannel);
+    absl::flat_hash_map<int64_t, int> ids;
+    auto channel = [&](int from, int to) {
+      const int64_t key = static_cast<int64_t>(from) * num_ranks_ + to;
+      auto [it, inserted] = ids.try_emplace(key, static_cast<int>(channel_ends_.size()));
+      if (inserted) channel_ends_.emplace_back(from, to);
+      return it->second;
+    };
+    for (int replica = 0; replica < num_replicas_; ++replica) {
+      for (int stage = 0; stage + 1 < num_stages_; ++stage) {
+        const int low = RankOf(replica, stage);
+        const int high = RankOf(replica, stage + 1);
+        if (low == high) continue;
+        activation_channel_[Pair(replica, stage)] = channel(low, high);
+        gradient_channel_[Pair(replica, stage + 1)] = channel(high, low);
+      }
+    }
+  }
+
+  const Schedule& s_;
+  const int num_ranks_, num_stages_, num_replicas_, m_;
+  std::vector<int> rank_of_;               // [replica * num_stages + stage]
+  std::vector<int> held_offset_;           // rank -> first entry in held_
+  std::vector<std::pair<int, int>> held_;  // (replica, stage) pairs, grouped by rank
+  // Channel of the transfers of (replica, stage): activations to stage + 1, gradients to
+  // stage - 1; kNoChannel where the neighbour is on the same rank.
+  std::vector<int> activation_channel_, gradient_channel_;
+  std::vector<std::pair<int, int>> channel_ends_;  // (from, to) per channel
+};
+
+// Proves a schedule valid without executing it in the reference's order. Whether a schedule
+// passes does not depend on the order in which ranks run: every check an action makes reads
+// what its own rank did before it (its computes and sends, and the data its receives bring),
+// and transfers pair up by position on their channel (the k-th send with the k-th receive),
+// so which ranks finish is fixed too. The proof therefore (1) walks each rank's program once,
+// front to back, making every per-rank check with a receive's data counted as arrived and
+// pairing each channel's sends and receives by position, then (2) runs the ranks against each
+// other with one pair of counters per channel to see that all of them finish. Both passes read
+// memory mostly in order; the reference execution jumps to another rank at almost every
+// receive, which at p=1024, m=4096 costs a cache miss each time.
+class Proof {
+ public:
+  Proof(const Schedule& schedule, const ValidationOptions& options, const Layout& layout)
+      : s_(schedule),
+        layout_(layout),
+        grouped_(options.grouped_rendezvous),
+        split_(schedule.spec.SplitsBackward()) {}
+
+  // True when the schedule is valid; false when it is not or the proof cannot tell (the
+  // reference then decides and names the error). The layout must have passed Check().
+  bool Run() { return ScanRanks() && CheckCounts() && Progress(); }
+
+ private:
+  // Sends or receives of one channel waiting for their counterparts, as (triple, kind). The
+  // ranks are scanned one after the other, so one end of a channel has been scanned in full
+  // before the other starts: only one side ever waits.
+  struct Queue {
+    std::vector<uint64_t> items;
+    size_t head = 0;
+    bool sends = false;  // which side `items` holds
+  };
+
+  // Meets a transfer with the oldest waiting one of the other side, or queues it. A drained
+  // queue hands its buffer on: only the channels of the ranks being scanned hold items, so a
+  // few buffers serve them all and stay in cache.
+  [[gnu::always_inline]] bool Pair(int channel, uint64_t item, bool send) {
+    Queue& q = queues_[channel];
+    if (q.head < q.items.size() && q.sends != send) {
+      if (q.items[q.head] != item) return false;
+      if (++q.head == q.items.size()) Drained(q);
+      return true;
+    }
+    if (q.items.capacity() == 0) Reuse(q);
+    q.sends = send;
+    q.items.push_back(item);
+    return true;
+  }
+  [[gnu::noinline]] void Drained(Queue& q) {
+    q.items.clear();
+    q.head = 0;
+    spare_.push_back(std::move(q.items));
+    q.items = std::vector<uint64_t>();
+  }
+  [[gnu::noinline]] void Reuse(Queue& q) {
+    if (spare_.empty()) return;
+    q.items = std::move(spare_.back());
+    spare_.pop_back();
+  }
+
+  // Pass 1: every check of every action, rank by rank. The same checks as the reference's
+  // shape pass and execution, arranged for speed: a transfer's ends are checked by comparing
+  // them with its channel's (the channel exists only between the ranks of neighbouring
+  // stages).
+  bool ScanRanks() {
+    const int num_replicas = layout_.num_replicas();
+    const int num_stages = layout_.num_stages();
+    const int m = layout_.num_microbatches();
+    state_.assign(layout_.NumTriples(), 0);
+    finished_.assign(layout_.NumPairs(), 0);
+    synced_.assign(layout_.NumPairs(), 0);
+    finished_at_sync_.assign(layout_.NumPairs(), 0);
+    // With one replica every micro-batch belongs to it; that each one runs at all follows
+    // from the completeness check.
+    replica_of_.assign(m, num_replicas == 1 ? 0 : kUnassigned);
+    queues_.assign(layout_.NumChannels(), Queue{});
+    // The tables as local pointers: the loop stores bytes (state_), which the compiler would
+    // otherwise have to assume may change any member it reads the tables through.
+    const int* const rank_of = layout_.RankOfTable();
+    const int* const activation_channel = layout_.ActivationChannelTable();
+    const int* const gradient_channel = layout_.GradientChannelTable();
+    const std::pair<int, int>* const ends = layout_.ChannelEndsTable();
+    uint8_t* const state = state_.data();
+    int* const finished = finished_.data();
+    int* const finished_at_sync = finished_at_sync_.data();
+    uint8_t* const synced = synced_.data();
+    int* const replica_of = replica_of_.data();
+    const bool split = split_;
+    for (int r = 0; r < layout_.num_ranks(); ++r) {
+      const Action* const program = s_.programs[r].data();
+      const int size = static_cast<int>(s_.programs[r].size());
+      if (size == 0 || program[size - 1].type != ActionType::kOptimizerStep) return false;
+      for (int step = 0; step < size - 1; ++step) {
+        const Action& a = program[step];
+        const ActionType type = a.type;
+        if (type == ActionType::kOptimizerStep) return false;  // not the last action
+        if (static_cast<unsigned>(a.replica) >= static_cast<unsigned>(num_replicas) ||
+            static_cast<unsigned>(a.stage) >= static_cast<unsigned>(num_stages)) {
+          return false;
+        }
+        const size_t pair = static_cast<size_t>(a.replica) * num_stages + a.stage;
+        if (type == ActionType::kGradientSync) {
+          if (rank_of[pair] != r || synced[pair]) return false;
+          synced[pair] = 1;
+          finished_at_sync[pair] = finished[pair];
+          continue;
+        }
+        if (static_cast<unsigned>(a.microbatch) >= static_cast<unsigned>(m)) return false;
+        if (num_replicas > 1) {
+          int& owner = replica_of[a.microbatch];
+          if (owner == kUnassigned) owner = a.replica;
+          if (owner != a.replica) return false;
+        }
+        const size_t i = pair * m + a.microbatch;
+        switch (type) {
+          case ActionType::kForward:
+            if (rank_of[pair] != r || (state[i] & kForwardDone)) return false;
+            if (a.stage > 0 &&
+                !(state[i - m] & (rank_of[pair - 1] == r ? kForwardDone : kActivationArrived))) {
+              return false;
+            }
+            state[i] |= kForwardDone;
+            break;
+          case ActionType::kBackward:
+          case ActionType::kBackwardInput:
+            if (rank_of[pair] != r || split != (type == ActionType::kBackwardInput)) return false;
+            if ((state[i] & kBackwardDone) || !(state[i] & kForwardDone)) return false;
+            if (a.stage + 1 < num_stages &&
+                !(state[i + m] & (rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived))) {
+              return false;
+            }
+            state[i] |= kBackwardDone;
+            if (!split) ++finished[pair];
+            break;
+          case ActionType::kBackwardWeight:
+            if (rank_of[pair] != r || !split) return false;
+            if ((state[i] & kWeightDone) || !(state[i] & kBackwardDone)) return false;
+            state[i] |= kWeightDone;
+            ++finished[pair];
+            break;
+          case ActionType::kSendActivation: {
+            const int c = activation_channel[pair];
+            if (c == kNoChannel || ends[c] != std::make_pair(r, a.peer)) return false;
+            if (!(state[i] & kForwardDone) || (state[i] & kActivationSent)) return false;
+            state[i] |= kActivationSent;
+            if (!Pair(c, 2 * i + 1, /*send=*/true)) return false;
+            break;
+          }
+          case ActionType::kSendGradient: {
+            const int c = gradient_channel[pair];
+            if (c == kNoChannel || ends[c] != std::make_pair(r, a.peer)) return false;
+            if (!(state[i] & kBackwardDone) || (state[i] & kGradientSent)) return false;
+            state[i] |= kGradientSent;
+            if (!Pair(c, 2 * i, /*send=*/true)) return false;
+            break;
+          }
+          case ActionType::kRecvActivation: {
+            const int c = activation_channel[pair];
+            if (c == kNoChannel || ends[c] != std::make_pair(a.peer, r)) return false;
+            // Counted as arrived: if this receive never completes, pass 2 finds the rank stuck.
+            state[i] |= kActivationArrived;
+            if (!Pair(c, 2 * i + 1, /*send=*/false)) return false;
+            break;
+          }
+          case ActionType::kRecvGradient: {
+            const int c = gradient_channel[pair];
+            if (c == kNoChannel || ends[c] != std::make_pair(a.peer, r)) return false;
+            state[i] |= kGradientArrived;
+            if (!Pair(c, 2 * i, /*send=*/false)) return false;
+            break;
+          }
+          default:
+            return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // What pass 1 could only count: every transfer paired, every micro-batch on one replica and
+  // complete, every stage synchronised once after all of its backward passes.
+  bool CheckCounts() {
+    for (const Queue& q : queues_) {
+      if (q.head < q.items.size()) return false;
+    }
+    std::vector<int> expected(layout_.num_replicas(), 0);
+    for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
+      if (replica_of_[mb] == kUnassigned) return false;
+      ++expected[replica_of_[mb]];
+    }
+    for (int r = 0; r < layout_.num_ranks(); ++r) {
+      for (const auto* held = layout_.StagesBegin(r); held != layout_.StagesEnd(r); ++held) {
+        const size_t pair = layout_.Pair(held->first, held->second);
+        if (!synced_[pair] || finished_at_sync_[pair] != expected[held->first]) return false;
+      }
+    }
+    const uint8_t done = kForwardDone | kBackwardDone | (split_ ? kWeightDone : 0);
+    for (int replica = 0; replica < layout_.num_replicas(); ++replica) {
+      for (int stage = 0; stage < layout_.num_stages(); ++stage) {
+        const uint8_t* state = &state_[layout_.Index(replica, stage, 0)];
+        for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
+          if ((state[mb] & done) != done && replica_of_[mb] == replica) return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // Pass 2: whether every rank finishes. A transfer is matched once its counterpart is posted
+  // (the k-th send with the k-th receive of its channel); a receive, and with grouped
+  // rendezvous a whole run of transfers, waits until all of its transfers are matched.
+  bool Progress() {
+    const int num_ranks = layout_.num_ranks();
+    posted_sends_.assign(layout_.NumChannels(), 0);
+    posted_recvs_.assign(layout_.NumChannels(), 0);
+    pc_.assign(num_ranks, 0);
+    outstanding_.assign(num_ranks, 0);
+    group_end_.assign(num_ranks, 0);
+    worklist_.clear();
+    for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
+    while (!worklist_.empty()) {
+      const int r = worklist_.back();
+      worklist_.pop_back();
+      Advance(r);
+    }
+    for (int r = 0; r < num_ranks; ++r) {
+      if (pc_[r] != static_cast<int>(s_.programs[r].size())) return false;
+    }
+    return true;
+  }
+
+  // An earlier transfer of `rank`'s waiting group got its counterpart.
+  void Matched(int rank) {
+    if (--outstanding_[rank] == 0) {
+      pc_[rank] = group_end_[rank];
+      worklist_.push_back(rank);
+    }
+  }
+
+  // Runs rank r until it waits or ends.
+  void Advance(int r) {
+    const std::vector<Action>& program = s_.programs[r];
+    const int size = static_cast<int>(program.size());
+    int pc = pc_[r];
+    while (pc < size) {
+      if (!IsTransferType(program[pc].type)) {
+        ++pc;
+        continue;
+      }
+      // A group: one transfer, or with grouped rendezvous the maximal run of transfers.
+      int end = pc;
+      int waiting = 0;
+      do {
+        const Action& a = program[end];
+        const int c = layout_.ChannelOf(a);
+        if (IsSendType(a.type)) {
+          if (++posted_sends_[c] <= posted_recvs_[c]) {
+            Matched(layout_.ChannelTo(c));
+          } else if (grouped_) {
+            ++waiting;
+          }
+        } else if (++posted_recvs_[c] <= posted_sends_[c]) {
+          if (grouped_) Matched(layout_.ChannelFrom(c));
+        } else {
+          ++waiting;
+        }
+        ++end;
+      } while (grouped_ && end < size && IsTransferType(program[end].type));
+      if (waiting > 0) {
+        outstanding_[r] = waiting;
+        group_end_[r] = end;
+        pc_[r] = pc;
+        // The rank resumes here after its peers have moved (often ~p resumes later): the
+        // actions after this group have not been read yet, and no hardware prefetcher follows
+        // a program read a few actions at a time. Ask for them now.
+        for (int k = end; k < size && k < end + kPrefetchActions; k += kActionsPerLine) {
+          Prefetch(&program[k]);
+        }
+        return;
+      }
+      pc = end;
+    }
+    pc_[r] = pc;
+  }
+
+  static void Prefetch(const void* address) {
+#if defined(__GNUC__)
+    __builtin_prefetch(address);
+#else
+    (void)address;
+#endif
+  }
+  static constexpr int kActionsPerLine = 64 / sizeof(Action);
+  static constexpr int kPrefetchActions = 4 * kActionsPerLine;
+
+  const Schedule& s_;
+  const Layout& layout_;
+  const bool grouped_;
+  const bool split_;
+  // Pass 1.
+  std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb)
+  std::vector<int> finished_, finished_at_sync_;  // per (replica, stage)
+  std::vector<uint8_t> synced_;
+  std::vector<int> replica_of_;
+  std::vector<Queue> queues_;  // per channel
+  std::vector<std::vector<uint64_t>> spare_;  // empty buffers of drained queues
+  // Pass 2.
+  std::vector<int64_t> posted_sends_, posted_recvs_;  // per channel
+  std::vector<int> pc_, outstanding_, group_end_;
+  std::vector<int> worklist_;
+};
+
+// The reference: executes the programs symbolically in a fixed order (rank 0 first, then
+// whichever rank was woken last) and reports the first error it meets. ValidateSchedule runs
+// it when the quick proof below fails, to name that error.
+class Validator {
+ public:
+  Validator(const Schedule& schedule, const ValidationOptions& options, const Layout& layout)
+      : s_(schedule),
+        options_(options),
+        layout_(layout),
+        num_ranks_(schedule.placement.num_ranks),
+        num_stages_(schedule.placement.num_stages),
+        num_replicas_(schedule.placement.NumReplicas()),
+        m_(schedule.spec.num_microbatches),
+        split_(schedule.spec.SplitsBackward()) {}
+
+  // The layout must have passed Check().
+  absl::Status Run() {
+    TANDEM_RETURN_IF_ERROR(CheckShapeAndAssignReplicas());
+    Allocate();
+    TANDEM_RETURN_IF_ERROR(Execute());
+    return CheckComplete();
+  }
+
+ private:
+  const Action& At(int rank, int step) const { return s_.programs[rank][step]; }
+
+  absl::Status Error(int rank, int step, absl::string_view message) const {
+    const auto& program = s_.programs[rank];
+    std::string what = step < static_cast<int>(program.size())
+                           ? absl::StrCat(" (", ToString(program[step]), ")")
+                           : std::string(" (end of program)");
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " step ", step, what, ": ",
+                                                   message));
+  }
+
+  int RankOf(int replica, int stage) const { return layout_.RankOf(replica, stage); }
+  size_t Index(int replica, int stage, int mb) const {
+    return layout_.Index(replica, stage, mb);
+  }
+  const std::pair<int, int>* StagesBegin(int r) const { return layout_.StagesBegin(r); }
+  const std::pair<int, int>* StagesEnd(int r) const { return layout_.StagesEnd(r); }
+
+  // Ranges, placement and transfer ends of every action, then (in the same pass, reported
+  // only when the shape is sound) each micro-batch's replica: that of its first forward.
+  absl::Status CheckShapeAndAssignReplicas() {
+    replica_of_.assign(m_, kUnassigned);
+    absl::Status replica_error;
     for (int r = 0; r < num_ranks_; ++r) {
       const auto& program = s_.programs[r];
-      for (int step = 0; step < static_cast<int>(program.size()); ++step) {
+      const int size = static_cast<int>(program.size());
+      for (int step = 0; step < size; ++step) {
         const Action& a = program[step];
         if (a.type == ActionType::kOptimizerStep) continue;
         if (a.replica < 0 || a.replica >= num_replicas_) return Error(r, step, "bad replica");
         if (a.stage < 0 || a.stage >= num_stages_) return Error(r, step, "bad stage");
-        if (a.type != ActionType::kGradientSync && (a.microbatch < 0 || a.microbatch >= m_)) {
+        if (a.type == ActionType::kGradientSync) {
+          if (RankOf(a.replica, a.stage) != r) return PlacedElsewhere(r, step, a);
+          continue;
+        }
+        if (a.microbatch < 0 || a.microbatch >= m_) {
           return Error(r, step, absl::StrCat("micro-batch outside [0, ", m_, ")"));
         }
-        if (IsTransfer(a.type)) {
+        if (IsTransferType(a.type)) {
           TANDEM_RETURN_IF_ERROR(CheckTransferEnds(r, step, a));
         } else if (RankOf(a.replica, a.stage) != r) {
-          return Error(r, step, absl::StrCat("stage ", a.stage, " (replica ", a.replica,
-                                             ") is placed on rank ",
-                                             RankOf(a.replica, a.stage)));
+          return PlacedElsewhere(r, step, a);
+        }
+        // A compute or a transfer: its micro-batch's replica.
+        int& owner = replica_of_[a.microbatch];
+        if (owner == kUnassigned) owner = a.replica;
+        if (owner != a.replica && replica_error.ok()) {
+          replica_error =
+              Error(r, step, absl::StrCat("micro-batch ", a.microbatch, " is run by replicas ",
+                                          owner, " and ", a.replica));
         }
       }
     }
+    TANDEM_RETURN_IF_ERROR(replica_error);
+    expected_per_replica_.assign(num_replicas_, 0);
+    for (int mb = 0; mb < m_; ++mb) {
+      if (replica_of_[mb] == kUnassigned) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("micro-batch ", mb, " is never run by any rank"));
+      }
+      ++expected_per_replica_[replica_of_[mb]];
+    }
     return absl::OkStatus();
+  }
+
+  absl::Status PlacedElsewhere(int r, int step, const Action& a) const {
+    return Error(r, step, absl::StrCat("stage ", a.stage, " (replica ", a.replica,
+                                       ") is placed on rank ", RankOf(a.replica, a.stage)));
   }
 
   // The sender and receiver ranks a transfer must have.
@@ -136,8 +610,7 @@ class Validator {
     }
     const int producer = RankOf(a.replica, a.stage);
     const int consumer = RankOf(a.replica, neighbour);
-    const bool send =
-        a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
+    const bool send = IsSendType(a.type);
     const int self = send ? producer : consumer;
     const int peer = send ? consumer : producer;
     if (self != r) {
@@ -152,158 +625,104 @@ class Validator {
     return absl::OkStatus();
   }
 
-  // Each micro-batch belongs to the replica of its first forward.
-  absl::Status AssignReplicas() {
-    replica_of_.assign(m_, kUnassigned);
-    for (int r = 0; r < num_ranks_; ++r) {
-      const auto& program = s_.programs[r];
-      for (int step = 0; step < static_cast<int>(program.size()); ++step) {
-        const Action& a = program[step];
-        if (!IsCompute(a.type) && !IsTransfer(a.type)) continue;
-        int& owner = replica_of_[a.microbatch];
-        if (owner == kUnassigned) owner = a.replica;
-        if (owner != a.replica) {
-          return Error(r, step, absl::StrCat("micro-batch ", a.microbatch,
-                                             " is run by replicas ", owner, " and ",
-                                             a.replica));
-        }
-      }
-    }
-    expected_per_replica_.assign(num_replicas_, 0);
-    for (int mb = 0; mb < m_; ++mb) {
-      if (replica_of_[mb] == kUnassigned) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("micro-batch ", mb, " is never run by any rank"));
-      }
-      ++expected_per_replica_[replica_of_[mb]];
-    }
-    return absl::OkStatus();
-  }
-
   void Allocate() {
     const size_t triples = static_cast<size_t>(num_replicas_) * num_stages_ * m_;
-    forward_.assign(triples, 0);
-    backward_.assign(triples, 0);  // B or Bi
-    weight_.assign(triples, 0);
-    activation_sent_.assign(triples, 0);
-    activation_arrived_.assign(triples, 0);
-    gradient_sent_.assign(triples, 0);
-    gradient_arrived_.assign(triples, 0);
+    state_.assign(triples, 0);
     finished_backwards_.assign(static_cast<size_t>(num_replicas_) * num_stages_, 0);
     synced_.assign(static_cast<size_t>(num_replicas_) * num_stages_, 0);
     pc_.assign(num_ranks_, 0);
     outstanding_.assign(num_ranks_, 0);
     group_end_.assign(num_ranks_, -1);
-    peer_channels_.assign(num_ranks_, {});
+    channels_.resize(layout_.NumChannels());
+    for (int id = 0; id < layout_.NumChannels(); ++id) {
+      channels_[id].from = layout_.ChannelFrom(id);
+      channels_[id].to = layout_.ChannelTo(id);
+    }
   }
 
-  // Channel of transfers from `from` to `to`. Each rank talks to few peers: a short list per
-  // rank is searched first, the map only for ranks with many peers.
-  int ChannelId(int from, int to) {
-    std::vector<std::pair<int, int>>& known = peer_channels_[from];
-    for (const auto& [peer, id] : known) {
-      if (peer == to) return id;
-    }
-    const int64_t key = static_cast<int64_t>(from) * num_ranks_ + to;
-    auto [it, inserted] = channel_ids_.try_emplace(key, static_cast<int>(channels_.size()));
-    if (inserted) {
-      Channel c;
-      c.from = from;
-      c.to = to;
-      channels_.push_back(std::move(c));
-    }
-    if (known.size() < kPeersPerRankListed) known.emplace_back(to, it->second);
-    return it->second;
+  // The execution below runs once per action: its steps return false on an error, kept in
+  // error_, rather than building a Status for every action.
+  bool Fail(absl::Status status) {
+    error_ = std::move(status);
+    return false;
   }
 
   // Checks a compute action's inputs and records its effect.
-  absl::Status RunCompute(int r, int step, const Action& a) {
+  bool RunCompute(int r, int step, const Action& a) {
     const size_t i = Index(a.replica, a.stage, a.microbatch);
+    uint8_t& state = state_[i];
     switch (a.type) {
       case ActionType::kForward: {
-        if (forward_[i]) return Error(r, step, "forward runs twice");
+        if (state & kForwardDone) return Fail(Error(r, step, "forward runs twice"));
         if (a.stage > 0) {
-          const size_t prev = Index(a.replica, a.stage - 1, a.microbatch);
           const bool local = RankOf(a.replica, a.stage - 1) == r;
-          if (local ? !forward_[prev] : !activation_arrived_[prev]) {
-            return Error(r, step,
-                         absl::StrCat("needs the activation of stage ", a.stage - 1,
-                                      " for micro-batch ", a.microbatch,
-                                      local ? ", not computed yet" : ", not received yet"));
+          const uint8_t needed = local ? kForwardDone : kActivationArrived;
+          if (!(state_[i - m_] & needed)) {
+            return Fail(Error(r, step,
+                              absl::StrCat("needs the activation of stage ", a.stage - 1,
+                                           " for micro-batch ", a.microbatch,
+                                           local ? ", not computed yet" : ", not received yet")));
           }
         }
-        forward_[i] = 1;
-        return absl::OkStatus();
+        state |= kForwardDone;
+        return true;
       }
       case ActionType::kBackward:
       case ActionType::kBackwardInput: {
         if (split_ && a.type == ActionType::kBackward) {
-          return Error(r, step, "this schedule splits backward: expected Bi and W");
+          return Fail(Error(r, step, "this schedule splits backward: expected Bi and W"));
         }
         if (!split_ && a.type == ActionType::kBackwardInput) {
-          return Error(r, step, "this schedule does not split backward: expected B");
+          return Fail(Error(r, step, "this schedule does not split backward: expected B"));
         }
-        if (backward_[i]) return Error(r, step, "backward runs twice");
-        if (!forward_[i]) return Error(r, step, "backward before its forward");
+        if (state & kBackwardDone) return Fail(Error(r, step, "backward runs twice"));
+        if (!(state & kForwardDone)) return Fail(Error(r, step, "backward before its forward"));
         if (a.stage + 1 < num_stages_) {
-          const size_t next = Index(a.replica, a.stage + 1, a.microbatch);
           const bool local = RankOf(a.replica, a.stage + 1) == r;
-          if (local ? !backward_[next] : !gradient_arrived_[next]) {
-            return Error(r, step,
-                         absl::StrCat("needs the gradient from stage ", a.stage + 1,
-                                      " for micro-batch ", a.microbatch,
-                                      local ? ", not computed yet" : ", not received yet"));
+          const uint8_t needed = local ? kBackwardDone : kGradientArrived;
+          if (!(state_[i + m_] & needed)) {
+            return Fail(Error(r, step,
+                              absl::StrCat("needs the gradient from stage ", a.stage + 1,
+                                           " for micro-batch ", a.microbatch,
+                                           local ? ", not computed yet" : ", not received yet")));
           }
         }
-        backward_[i] = 1;
+        state |= kBackwardDone;
         if (!split_) ++finished_backwards_[a.replica * num_stages_ + a.stage];
-        return absl::OkStatus();
+        return true;
       }
       case ActionType::kBackwardWeight: {
-        if (!split_) return Error(r, step, "this schedule does not split backward: expected B");
-        if (weight_[i]) return Error(r, step, "weight gradient runs twice");
-        if (!backward_[i]) return Error(r, step, "weight gradient before its Bi");
-        weight_[i] = 1;
+        if (!split_) {
+          return Fail(Error(r, step, "this schedule does not split backward: expected B"));
+        }
+        if (state & kWeightDone) return Fail(Error(r, step, "weight gradient runs twice"));
+        if (!(state & kBackwardDone)) return Fail(Error(r, step, "weight gradient before its Bi"));
+        state |= kWeightDone;
         ++finished_backwards_[a.replica * num_stages_ + a.stage];
-        return absl::OkStatus();
+        return true;
       }
       default:
-        return absl::InternalError("not a compute action");
+        return Fail(absl::InternalError("not a compute action"));
     }
   }
 
-  // Records a send's data as available on the receiver once matched.
-  void Deliver(const Action& send) {
-    const size_t i = Index(send.replica, send.stage, send.microbatch);
-    if (send.type == ActionType::kSendActivation) {
-      activation_arrived_[i] = 1;
-    } else {
-      gradient_arrived_[i] = 1;
-    }
+  // A send and the receive it meets must carry the same data.
+  bool CheckPair(const Channel& c, const Posted& send, const Posted& recv) {
+    if (send.activation == recv.activation && send.triple == recv.triple) return true;
+    return Fail(Error(c.to, recv.step,
+                      absl::StrCat("does not match the peer's next send ",
+                                   ToString(At(c.from, send.step)), " (rank ", c.from, " step ",
+                                   send.step,
+                                   "): transfers between two ranks must be in the same order")));
   }
 
-  // Matches posted sends and receives on a channel in order. Wakes ranks whose groups finish.
-  absl::Status Match(int channel_id) {
-    Channel& c = channels_[channel_id];
-    while (c.head_send < c.sends.size() && c.head_recv < c.recvs.size()) {
-      const Posted send = c.sends[c.head_send++];
-      const Posted recv = c.recvs[c.head_recv++];
-      const Action& sa = At(send.rank, send.step);
-      const Action& ra = At(recv.rank, recv.step);
-      const bool same_kind =
-          (sa.type == ActionType::kSendActivation) == (ra.type == ActionType::kRecvActivation);
-      if (!same_kind || sa.stage != ra.stage || sa.microbatch != ra.microbatch ||
-          sa.replica != ra.replica) {
-        return Error(recv.rank, recv.step,
-                     absl::StrCat("does not match the peer's next send ", ToString(sa),
-                                  " (rank ", send.rank, " step ", send.step,
-                                  "): transfers between two ranks must be in the same order"));
-      }
-      Deliver(sa);
-      Complete(recv.rank);
-      if (options_.grouped_rendezvous) Complete(send.rank);
-    }
-    // Keep only what is still unmatched, so the queues stay short.
+  // Records that a matched transfer's data is on the receiver.
+  void Deliver(const Posted& send) {
+    state_[send.triple] |= send.activation ? kActivationArrived : kGradientArrived;
+  }
+
+  // Keeps only what is still unmatched, so the queues stay short.
+  static void Compact(Channel& c) {
     if (c.head_send == c.sends.size()) {
       c.sends.clear();
       c.head_send = 0;
@@ -312,7 +731,21 @@ class Validator {
       c.recvs.clear();
       c.head_recv = 0;
     }
-    return absl::OkStatus();
+  }
+
+  // Matches posted sends and receives on a channel in order. Wakes ranks whose groups finish.
+  bool Match(int channel_id) {
+    Channel& c = channels_[channel_id];
+    while (c.head_send < c.sends.size() && c.head_recv < c.recvs.size()) {
+      const Posted send = c.sends[c.head_send++];
+      const Posted recv = c.recvs[c.head_recv++];
+      if (!CheckPair(c, send, recv)) return false;
+      Deliver(send);
+      Complete(c.to);
+      if (options_.grouped_rendezvous) Complete(c.from);
+    }
+    Compact(c);
+    return true;
   }
 
   void Complete(int rank) {
@@ -322,96 +755,190 @@ class Validator {
     }
   }
 
-  absl::Status Post(int r, int step, const Action& a) {
-    const bool send =
-        a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
-    const size_t i = Index(a.replica, a.stage, a.microbatch);
-    if (send) {
-      if (a.type == ActionType::kSendActivation) {
-        if (!forward_[i]) return Error(r, step, "sends an activation not computed yet");
-        if (activation_sent_[i]) return Error(r, step, "activation sent twice");
-        activation_sent_[i] = 1;
-      } else {
-        if (!backward_[i]) return Error(r, step, "sends a gradient not computed yet");
-        if (gradient_sent_[i]) return Error(r, step, "gradient sent twice");
-        gradient_sent_[i] = 1;
+  // Checks a send's data exists and was not sent before, and marks it sent.
+  bool CheckSend(int r, int step, size_t triple, bool activation) {
+    uint8_t& state = state_[triple];
+    if (activation) {
+      if (!(state & kForwardDone)) {
+        return Fail(Error(r, step, "sends an activation not computed yet"));
       }
-      int id = ChannelId(r, a.peer);
-      channels_[id].sends.push_back({r, step});
-      if (options_.grouped_rendezvous) ++outstanding_[r];
-      touched_.push_back(id);
+      if (state & kActivationSent) return Fail(Error(r, step, "activation sent twice"));
+      state |= kActivationSent;
     } else {
-      int id = ChannelId(a.peer, r);
-      channels_[id].recvs.push_back({r, step});
-      ++outstanding_[r];
-      touched_.push_back(id);
+      if (!(state & kBackwardDone)) return Fail(Error(r, step, "sends a gradient not computed yet"));
+      if (state & kGradientSent) return Fail(Error(r, step, "gradient sent twice"));
+      state |= kGradientSent;
     }
-    return absl::OkStatus();
+    return true;
+  }
+
+  // The channel of a transfer (its ends are the placement's, checked by the shape pass).
+  Channel& ChannelOf(const Action& a, int* id) {
+    *id = layout_.ChannelOf(a);
+    Channel& c = channels_[*id];
+    if (c.first_use < 0) c.first_use = next_first_use_++;
+    return c;
+  }
+
+  // Posts one transfer of rank r's open group on its channel (grouped_rendezvous); returns the
+  // channel, or -1 on an error.
+  int Post(int r, int step, const Action& a) {
+    const size_t i = Index(a.replica, a.stage, a.microbatch);
+    const bool activation =
+        a.type == ActionType::kSendActivation || a.type == ActionType::kRecvActivation;
+    int id;
+    Channel& c = ChannelOf(a, &id);
+    if (IsSendType(a.type)) {
+      if (!CheckSend(r, step, i, activation)) return -1;
+      c.sends.push_back({i, step, activation});
+      if (options_.grouped_rendezvous) ++outstanding_[r];
+    } else {
+      c.recvs.push_back({i, step, activation});
+      ++outstanding_[r];
+    }
+    return id;
+  }
+
+  // One transfer as a group of its own (buffered sends): the same effect as posting it and
+  // matching its channel, without the general bookkeeping. In this mode a channel never holds
+  // both unmatched sends and receives, and at most one receive (its receiver is then blocked).
+  // Returns false on an error; *blocked when the receive has to wait.
+  bool Transfer(int r, int step, const Action& a, bool* blocked) {
+    const size_t i = Index(a.replica, a.stage, a.microbatch);
+    const bool activation =
+        a.type == ActionType::kSendActivation || a.type == ActionType::kRecvActivation;
+    int id;
+    Channel& c = ChannelOf(a, &id);
+    const Posted posted{i, step, activation};
+    if (IsSendType(a.type)) {
+      if (!CheckSend(r, step, i, activation)) return false;
+      if (c.head_recv < c.recvs.size()) {
+        // The receiver waits for this send.
+        const Posted recv = c.recvs[c.head_recv++];
+        if (!CheckPair(c, posted, recv)) return false;
+        Deliver(posted);
+        Complete(c.to);
+        Compact(c);
+      } else {
+        c.sends.push_back(posted);
+      }
+      return true;
+    }
+    if (c.head_send < c.sends.size()) {
+      const Posted send = c.sends[c.head_send++];
+      if (!CheckPair(c, send, posted)) return false;
+      Deliver(send);
+      Compact(c);
+      return true;
+    }
+    c.recvs.push_back(posted);
+    outstanding_[r] = 1;
+    *blocked = true;
+    return true;
   }
 
   // Runs rank r until it blocks or ends.
-  absl::Status Advance(int r) {
+  bool Advance(int r) {
     const auto& program = s_.programs[r];
     const int size = static_cast<int>(program.size());
-    while (pc_[r] < size && outstanding_[r] == 0) {
-      const int step = pc_[r];
+    if (outstanding_[r] != 0) return true;
+    int pc = pc_[r];
+    while (pc < size) {
+      const int step = pc;
       const Action& a = program[step];
-      if (IsCompute(a.type)) {
-        TANDEM_RETURN_IF_ERROR(RunCompute(r, step, a));
-        ++pc_[r];
-      } else if (IsTransfer(a.type)) {
-        // A group: one transfer, or with grouped_rendezvous the maximal run of transfers.
-        int end = step + 1;
-        if (options_.grouped_rendezvous) {
-          while (end < size && IsTransfer(program[end].type)) ++end;
-        }
-        group_end_[r] = end;
-        touched_.clear();
-        for (int k = step; k < end; ++k) TANDEM_RETURN_IF_ERROR(Post(r, k, program[k]));
-        // Matching may complete groups of peers (they go on the worklist) and this one.
-        advancing_ = r;
-        for (int id : touched_) TANDEM_RETURN_IF_ERROR(Match(id));
-        advancing_ = -1;
-        if (outstanding_[r] > 0) return absl::OkStatus();  // blocked until matched
-        pc_[r] = end;
-      } else if (a.type == ActionType::kGradientSync) {
-        const int key = a.replica * num_stages_ + a.stage;
-        if (synced_[key]) return Error(r, step, "gradient sync of this stage runs twice");
-        if (finished_backwards_[key] != expected_per_replica_[a.replica]) {
-          return Error(r, step, absl::StrCat("gradient sync before ",
-                                             FirstMissingBackward(a.replica, a.stage), " (",
-                                             finished_backwards_[key], " of ",
-                                             expected_per_replica_[a.replica],
-                                             " backward passes of the stage done)"));
-        }
-        synced_[key] = 1;
-        ++pc_[r];
-      } else {  // kOptimizerStep
-        if (step != size - 1) return Error(r, step, "optimizer step must be the last action");
-        for (const auto& [replica, stage] : s_.placement.StagesOf(r)) {
-          if (!synced_[replica * num_stages_ + stage]) {
-            return Error(r, step, absl::StrCat("optimizer step before the gradient sync of stage ",
-                                               stage, replica ? " replica 1" : ""));
+      switch (a.type) {
+        case ActionType::kForward:
+        case ActionType::kBackward:
+        case ActionType::kBackwardInput:
+        case ActionType::kBackwardWeight:
+          if (!RunCompute(r, step, a)) return false;
+          ++pc;
+          break;
+        case ActionType::kSendActivation:
+        case ActionType::kRecvActivation:
+        case ActionType::kSendGradient:
+        case ActionType::kRecvGradient: {
+          if (!options_.grouped_rendezvous) {
+            bool blocked = false;
+            if (!Transfer(r, step, a, &blocked)) return false;
+            if (blocked) {
+              group_end_[r] = step + 1;
+              pc_[r] = pc;
+              return true;
+            }
+            ++pc;
+            break;
           }
+          // A group: the maximal run of transfers, posted together.
+          int end = step + 1;
+          while (end < size && IsTransferType(program[end].type)) ++end;
+          group_end_[r] = end;
+          touched_.clear();
+          for (int k = step; k < end; ++k) {
+            const int id = Post(r, k, program[k]);
+            if (id < 0) return false;
+            touched_.push_back(id);
+          }
+          // Matching may complete groups of peers (they go on the worklist) and this one.
+          advancing_ = r;
+          for (int id : touched_) {
+            if (!Match(id)) return false;
+          }
+          advancing_ = -1;
+          if (outstanding_[r] > 0) {  // blocked until matched
+            pc_[r] = pc;
+            return true;
+          }
+          pc = end;
+          break;
         }
-        ++pc_[r];
+        case ActionType::kGradientSync: {
+          const int key = a.replica * num_stages_ + a.stage;
+          if (synced_[key]) return Fail(Error(r, step, "gradient sync of this stage runs twice"));
+          if (finished_backwards_[key] != expected_per_replica_[a.replica]) {
+            return Fail(Error(r, step, absl::StrCat("gradient sync before ",
+                                                    FirstMissingBackward(a.replica, a.stage),
+                                                    " (", finished_backwards_[key], " of ",
+                                                    expected_per_replica_[a.replica],
+                                                    " backward passes of the stage done)")));
+          }
+          synced_[key] = 1;
+          ++pc;
+          break;
+        }
+        case ActionType::kOptimizerStep: {
+          if (step != size - 1) {
+            return Fail(Error(r, step, "optimizer step must be the last action"));
+          }
+          for (const auto* held = StagesBegin(r); held != StagesEnd(r); ++held) {
+            const auto [replica, stage] = *held;
+            if (!synced_[replica * num_stages_ + stage]) {
+              return Fail(Error(r, step,
+                                absl::StrCat("optimizer step before the gradient sync of stage ",
+                                             stage, replica ? " replica 1" : "")));
+            }
+          }
+          ++pc;
+          break;
+        }
       }
     }
-    return absl::OkStatus();
+    pc_[r] = pc;
+    return true;
   }
 
   // Name of the first backward action of (replica, stage) that has not run.
   std::string FirstMissingBackward(int replica, int stage) const {
     for (int mb = 0; mb < m_; ++mb) {
       if (replica_of_[mb] != replica) continue;
-      const size_t i = Index(replica, stage, mb);
+      const uint8_t state = state_[Index(replica, stage, mb)];
       Action missing;
       missing.stage = stage;
       missing.microbatch = mb;
       missing.replica = replica;
-      if (!backward_[i]) {
+      if (!(state & kBackwardDone)) {
         missing.type = split_ ? ActionType::kBackwardInput : ActionType::kBackward;
-      } else if (split_ && !weight_[i]) {
+      } else if (split_ && !(state & kWeightDone)) {
         missing.type = ActionType::kBackwardWeight;
       } else {
         continue;
@@ -425,11 +952,15 @@ class Validator {
   int FirstUnmatched(int r) const {
     int first = group_end_[r];
     for (const Channel& c : channels_) {
-      for (size_t k = c.head_send; k < c.sends.size(); ++k) {
-        if (c.sends[k].rank == r && c.sends[k].step >= pc_[r]) first = std::min(first, c.sends[k].step);
+      if (c.from == r) {
+        for (size_t k = c.head_send; k < c.sends.size(); ++k) {
+          if (c.sends[k].step >= pc_[r]) first = std::min(first, c.sends[k].step);
+        }
       }
-      for (size_t k = c.head_recv; k < c.recvs.size(); ++k) {
-        if (c.recvs[k].rank == r && c.recvs[k].step >= pc_[r]) first = std::min(first, c.recvs[k].step);
+      if (c.to == r) {
+        for (size_t k = c.head_recv; k < c.recvs.size(); ++k) {
+          if (c.recvs[k].step >= pc_[r]) first = std::min(first, c.recvs[k].step);
+        }
       }
     }
     return first < group_end_[r] ? first : pc_[r];
@@ -440,7 +971,7 @@ class Validator {
     while (!worklist_.empty()) {
       int r = worklist_.back();
       worklist_.pop_back();
-      TANDEM_RETURN_IF_ERROR(Advance(r));
+      if (!Advance(r)) return error_;
     }
     // Deadlock: ranks left with an unmatched group.
     for (int r = 0; r < num_ranks_; ++r) {
@@ -453,52 +984,73 @@ class Validator {
               ? absl::StrCat("rank ", peer, " has finished")
               : absl::StrCat("rank ", peer, " waits at step ", pc_[peer], " (",
                              ToString(At(peer, pc_[peer])), ")");
-      const bool send =
-          a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
       return Error(r, step,
                    absl::StrCat("deadlock: ",
-                                send ? "waiting for a receive that never comes"
-                                     : "waiting for a send that never comes",
+                                IsSendType(a.type) ? "waiting for a receive that never comes"
+                                                   : "waiting for a send that never comes",
                                 "; ", peer_state));
     }
-    // Sends nobody received.
+    // Sends nobody received, on the channels in the order they were first used.
+    std::vector<const Channel*> used;
     for (const Channel& c : channels_) {
-      if (c.head_send < c.sends.size()) {
-        const Posted& p = c.sends[c.head_send];
-        return Error(p.rank, p.step, "sent but never received");
+      if (c.first_use >= 0) used.push_back(&c);
+    }
+    std::sort(used.begin(), used.end(),
+              [](const Channel* a, const Channel* b) { return a->first_use < b->first_use; });
+    for (const Channel* c : used) {
+      if (c->head_send < c->sends.size()) {
+        return Error(c->from, c->sends[c->head_send].step, "sent but never received");
       }
     }
     return absl::OkStatus();
   }
 
   absl::Status CheckComplete() {
-    const Placement& pl = s_.placement;
-    for (int mb = 0; mb < m_; ++mb) {
-      const int replica = replica_of_[mb];
-      for (int stage = 0; stage < num_stages_; ++stage) {
-        const size_t i = Index(replica, stage, mb);
-        const int r = pl.RankOf(replica, stage);
-        const int end = static_cast<int>(s_.programs[r].size());
-        Action missing;
-        missing.stage = stage;
-        missing.microbatch = mb;
-        missing.replica = replica;
-        if (!forward_[i]) {
-          missing.type = ActionType::kForward;
-        } else if (!backward_[i]) {
-          missing.type = split_ ? ActionType::kBackwardInput : ActionType::kBackward;
-        } else if (split_ && !weight_[i]) {
-          missing.type = ActionType::kBackwardWeight;
-        } else {
-          continue;
+    // Every triple of its micro-batch's replica computed: one pass in memory order first, the
+    // report (first missing action by micro-batch, then stage) only if something is missing.
+    const uint8_t done = kForwardDone | kBackwardDone | (split_ ? kWeightDone : 0);
+    bool complete = true;
+    for (int replica = 0; replica < num_replicas_ && complete; ++replica) {
+      for (int stage = 0; stage < num_stages_ && complete; ++stage) {
+        const uint8_t* state = &state_[Index(replica, stage, 0)];
+        for (int mb = 0; mb < m_; ++mb) {
+          if ((state[mb] & done) != done && replica_of_[mb] == replica) {
+            complete = false;
+            break;
+          }
         }
-        return Error(r, end, absl::StrCat("missing ", ToString(missing)));
+      }
+    }
+    const Placement& pl = s_.placement;
+    if (!complete) {
+      for (int mb = 0; mb < m_; ++mb) {
+        const int replica = replica_of_[mb];
+        for (int stage = 0; stage < num_stages_; ++stage) {
+          const uint8_t state = state_[Index(replica, stage, mb)];
+          const int r = pl.RankOf(replica, stage);
+          const int end = static_cast<int>(s_.programs[r].size());
+          Action missing;
+          missing.stage = stage;
+          missing.microbatch = mb;
+          missing.replica = replica;
+          if (!(state & kForwardDone)) {
+            missing.type = ActionType::kForward;
+          } else if (!(state & kBackwardDone)) {
+            missing.type = split_ ? ActionType::kBackwardInput : ActionType::kBackward;
+          } else if (split_ && !(state & kWeightDone)) {
+            missing.type = ActionType::kBackwardWeight;
+          } else {
+            continue;
+          }
+          return Error(r, end, absl::StrCat("missing ", ToString(missing)));
+        }
       }
     }
     for (int r = 0; r < num_ranks_; ++r) {
       const auto& program = s_.programs[r];
       const int end = static_cast<int>(program.size());
-      for (const auto& [replica, stage] : pl.StagesOf(r)) {
+      for (const auto* held = StagesBegin(r); held != StagesEnd(r); ++held) {
+        const auto [replica, stage] = *held;
         if (!synced_[replica * num_stages_ + stage]) {
           return Error(r, end, absl::StrCat("missing gradient sync of stage ", stage,
                                             replica ? " replica 1" : ""));
@@ -513,14 +1065,13 @@ class Validator {
 
   const Schedule& s_;
   const ValidationOptions options_;
+  const Layout& layout_;
   const int num_ranks_, num_stages_, num_replicas_, m_;
   const bool split_;
 
-  std::vector<int> rank_of_;  // [replica * num_stages + stage]
   std::vector<int> replica_of_;
   std::vector<int> expected_per_replica_;
-  std::vector<uint8_t> forward_, backward_, weight_;
-  std::vector<uint8_t> activation_sent_, activation_arrived_, gradient_sent_, gradient_arrived_;
+  std::vector<uint8_t> state_;               // TripleFlag bits per (replica, stage, mb)
   std::vector<int> finished_backwards_;
   std::vector<uint8_t> synced_;
   std::vector<int> pc_, outstanding_, group_end_;
@@ -528,9 +1079,8 @@ class Validator {
   int advancing_ = -1;  // the rank whose group is being posted
   std::vector<int> touched_;
   std::vector<Channel> channels_;
-  absl::flat_hash_map<int64_t, int> channel_ids_;
-  static constexpr size_t kPeersPerRankListed = 8;
-  std::vector<std::vector<std::pair<int, int>>> peer_channels_;  // per sender: (receiver, id)
+  int next_first_use_ = 0;
+  absl::Status error_;  // the error that stopped the execution
 };
 
 }  // namespace
@@ -540,7 +1090,22 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
 }
 
 absl::Status ValidateSchedule(const Schedule& schedule, const ValidationOptions& options) {
-  return Validator(schedule, options).Run();
+  Layout layout(schedule);
+  TANDEM_RETURN_IF_ERROR(layout.Check());
+  if (Proof(schedule, options, layout).Run()) return absl::OkStatus();
+  // Invalid: the reference execution finds the first error in its order and names it.
+  return Validator(schedule, options, layout).Run();
 }
+
+namespace internal {
+
+absl::Status ValidateScheduleByExecution(const Schedule& schedule,
+                                         const ValidationOptions& options) {
+  Layout layout(schedule);
+  TANDEM_RETURN_IF_ERROR(layout.Check());
+  return Validator(schedule, options, layout).Run();
+}
+
+}  // namespace internal
 
 }  // namespace tandem::pipeline

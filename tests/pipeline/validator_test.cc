@@ -1,12 +1,15 @@
 #include "pipeline/validator.h"
 
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "pipeline/generators.h"
+#include "pipeline/validator_internal.h"
 
 namespace tandem::pipeline {
 namespace {
@@ -168,6 +171,96 @@ TEST(ValidatorTest, CompleteScheduleRejectsOrdersThatCannotRun) {
             "step\n"
             "rank 1 | rA0.0<0 F1.0    rA0.1<0 B1.0    sG1.0>0 F1.1    B1.1    sync1   sG1.1>0 "
             "step\n");
+}
+
+// One random edit of a schedule: actions reordered, dropped, duplicated, altered or moved
+// to another rank.
+void Edit(Schedule* s, std::mt19937* rng) {
+  auto pick = [&](size_t n) { return static_cast<int>((*rng)() % n); };
+  std::vector<Action>& program = s->programs[pick(s->programs.size())];
+  if (program.empty()) return;
+  const int i = pick(program.size());
+  Action& a = program[i];
+  const int delta = pick(2) == 0 ? -1 : 1;
+  switch (pick(9)) {
+    case 0:  // swap with a later action nearby
+      std::swap(a, program[std::min<size_t>(program.size() - 1, i + 1 + pick(3))]);
+      break;
+    case 1:
+      program.erase(program.begin() + i);
+      break;
+    case 2:
+      program.insert(program.begin() + pick(program.size()), a);
+      break;
+    case 3:
+      a.microbatch += delta;
+      break;
+    case 4:
+      a.stage += delta;
+      break;
+    case 5:
+      a.peer += delta;
+      break;
+    case 6:
+      a.type = static_cast<ActionType>(pick(10));
+      break;
+    case 7:
+      a.replica ^= 1;
+      break;
+    default: {  // move to another rank
+      const Action moved = a;
+      program.erase(program.begin() + i);
+      std::vector<Action>& other = s->programs[pick(s->programs.size())];
+      other.insert(other.begin() + pick(other.size() + 1), moved);
+      break;
+    }
+  }
+}
+
+// ValidateSchedule proves most schedules valid in two quick passes and runs the reference
+// execution only when that fails, so on any schedule both must give the same status (and the
+// proof must never accept what the reference rejects). Random edits of generated schedules
+// of every kind, in both modes.
+TEST(ValidatorTest, QuickProofAgreesWithTheReferenceExecution) {
+  std::vector<ScheduleSpec> specs;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
+                            ScheduleKind::kZBV, ScheduleKind::kInterleaved,
+                            ScheduleKind::kHanayo, ScheduleKind::kChimera}) {
+    for (auto [p, m] : {std::pair{2, 4}, std::pair{3, 3}, std::pair{4, 8}}) {
+      if (kind == ScheduleKind::kChimera && (p % 2 != 0 || m % p != 0)) continue;
+      ScheduleSpec spec;
+      spec.kind = kind;
+      spec.num_ranks = p;
+      spec.num_microbatches = m;
+      if (kind == ScheduleKind::kInterleaved) spec.chunks = 2;
+      specs.push_back(spec);
+    }
+  }
+  std::mt19937 rng(20240611);
+  int rejected = 0, checked = 0;
+  for (int round = 0; round < 3000; ++round) {
+    const ScheduleSpec& spec = specs[rng() % specs.size()];
+    auto generated = GenerateSchedule(spec);
+    ASSERT_TRUE(generated.ok()) << generated.status();
+    Schedule s = *std::move(generated);
+    const int edits = round % 10 == 0 ? 0 : 1 + static_cast<int>(rng() % 2);
+    for (int e = 0; e < edits; ++e) Edit(&s, &rng);
+    for (bool grouped : {false, true}) {
+      ValidationOptions options;
+      options.grouped_rendezvous = grouped;
+      const absl::Status reference = internal::ValidateScheduleByExecution(s, options);
+      EXPECT_EQ(ValidateSchedule(s, options), reference)
+          << ScheduleKindName(spec.kind) << " p=" << spec.num_ranks
+          << " m=" << spec.num_microbatches << " grouped=" << grouped << "\n"
+          << FormatGrid(s, true);
+      rejected += !reference.ok();
+      ++checked;
+    }
+  }
+  // Most edits break a schedule; unedited ones and some edits (independent actions swapped)
+  // do not.
+  EXPECT_GT(rejected, checked / 2);
+  EXPECT_LT(rejected, checked);
 }
 
 }  // namespace
