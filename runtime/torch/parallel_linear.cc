@@ -14,9 +14,13 @@
 namespace tandem::runtime::libtorch {
 namespace {
 
+// Registers "weight" [out, in] and (if `has_bias`) "bias" [out] on `module` with
 // torch::nn::Linear's initialisation: weight Kaiming-uniform with a = sqrt(5), bias uniform in
 // +-1/sqrt(in).
-void InitLikeLinear(torch::Tensor& weight, torch::Tensor& bias, int64_t in) {
+void RegisterLinearParameters(torch::nn::Module& module, int64_t in, int64_t out, bool has_bias,
+                              torch::Tensor& weight, torch::Tensor& bias) {
+  weight = module.register_parameter("weight", torch::empty({out, in}));
+  bias = has_bias ? module.register_parameter("bias", torch::empty({out})) : torch::Tensor();
   torch::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
@@ -74,9 +78,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, bool
 }
 
 void ColumnParallelLinearImpl::reset() {
-  weight = register_parameter("weight", torch::empty({out_, in_}));
-  bias = has_bias_ ? register_parameter("bias", torch::empty({out_})) : torch::Tensor();
-  InitLikeLinear(weight, bias, in_);
+  RegisterLinearParameters(*this, in_, out_, has_bias_, weight, bias);
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
@@ -99,9 +101,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool bias)
 }
 
 void RowParallelLinearImpl::reset() {
-  weight = register_parameter("weight", torch::empty({out_, in_}));
-  bias = has_bias_ ? register_parameter("bias", torch::empty({out_})) : torch::Tensor();
-  InitLikeLinear(weight, bias, in_);
+  RegisterLinearParameters(*this, in_, out_, has_bias_, weight, bias);
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
