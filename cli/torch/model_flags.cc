@@ -1,11 +1,17 @@
 #include "cli/torch/model_flags.h"
 
 #include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 
 ABSL_FLAG(std::string, model, "gpt", "model: gpt (decoder-only transformer)");
@@ -103,6 +109,29 @@ absl::StatusOr<torch::Device> DeviceFromFlags() {
                                                    " CUDA device(s)"));
   }
   return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(index));
+}
+
+int LocalRanks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* value = std::getenv(name);
+    int n = 0;
+    if (value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) return n;
+  }
+  return 1;
+}
+
+std::string SetHostThreads() {
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if (set != nullptr && *set != '\0') {
+    return absl::StrFormat("%d CPU thread(s) per rank (OMP_NUM_THREADS)", torch::get_num_threads());
+  }
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int ranks = LocalRanks();
+  const int threads = std::max(1, cores / ranks);
+  torch::set_num_threads(threads);
+  return absl::StrFormat("%d CPU thread(s) per rank (%d cores, %d rank(s) on this host; "
+                         "OMP_NUM_THREADS sets it)",
+                         threads, cores, ranks);
 }
 
 }  // namespace tandem::cli

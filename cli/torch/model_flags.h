@@ -45,4 +45,12 @@ absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed);
 // --device as a LibTorch device. FailedPrecondition when CUDA is asked for but absent.
 absl::StatusOr<torch::Device> DeviceFromFlags();
 
+// Ranks of this job on this host (Open MPI's and MPICH's launchers say; 1 otherwise).
+int LocalRanks();
+
+// Sets LibTorch's CPU threads for this rank when OMP_NUM_THREADS does not: the host's cores
+// shared by the job's ranks on it (one each at the least), so that ranks on one host do not
+// oversubscribe it. Returns how many, and where that came from, for the start-up line.
+std::string SetHostThreads();
+
 }  // namespace tandem::cli

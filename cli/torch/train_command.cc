@@ -443,16 +443,6 @@ absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int
   return absl::OkStatus();
 }
 
-// Ranks of this job on this host (Open MPI's and MPICH's launchers say; 1 otherwise).
-int LocalRanks() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* value = std::getenv(name);
-    int n = 0;
-    if (value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) return n;
-  }
-  return 1;
-}
-
 // A first bound on the plan's micro-batch size before anything is allocated (a sanity bound,
 // not a memory planner: it catches sizes such as 10^6 that would run out of memory or run for
 // minutes). The activations a stage keeps at the least (float32: 8 tensors of [b, s, h] and
@@ -507,6 +497,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   if (absl::GetFlag(FLAGS_peak_tflops) < 0) {
     return absl::InvalidArgumentError("--peak-tflops must not be negative");
   }
+  const std::string threads = SetHostThreads();
   runtime::libtorch::Precision precision = runtime::libtorch::DefaultPrecision(device);
   if (!absl::GetFlag(FLAGS_precision).empty()) {
     auto parsed = runtime::libtorch::ParsePrecision(absl::GetFlag(FLAGS_precision));
@@ -567,7 +558,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.timeline = absl::GetFlag(FLAGS_timeline);
     if (rank == 0) {
       std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
-                << " on " << device.str() << ", elastic" << std::endl;
+                << " on " << device.str() << ", elastic, " << threads << std::endl;
     }
     return RunElasticTraining(run, engine_started);
   }
@@ -578,7 +569,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
   if (rank == 0) {
     std::cout << model_text << ", " << runtime::libtorch::PrecisionName(precision) << " on "
-              << device.str() << "\n"
+              << device.str() << ", " << threads << "\n"
               << DescribePlan(plan) << std::flush;
   }
 

@@ -66,7 +66,7 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
   if (!TANDEM_HAVE_MPI || !TANDEM_HAVE_TORCH) GTEST_SKIP() << "needs MPI and LibTorch";
   const std::string jobs =
       Write("jobs.csv", std::string(kHeader) + "# a wide job, then two narrow ones\n" +
-                            "wide,0,260,16,1,4," + kModel + "\n" +  //
+                            "wide,0,1000,16,1,4," + kModel + "\n" +  //
                             "narrow1,5,40,16,1,1," + kModel + "\n" + "narrow2,7,40,16,1,1," +
                             kModel + "\n");
   const std::string work = Temp("work");
@@ -87,7 +87,7 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
   EXPECT_EQ(result["oversubscribed_steps"], 0);
   EXPECT_LE(result["max_slots_used"].get<int>(), 4);
   ASSERT_EQ(result["jobs"].size(), 3u);
-  const std::map<std::string, int> steps = {{"wide", 260}, {"narrow1", 40}, {"narrow2", 40}};
+  const std::map<std::string, int> steps = {{"wide", 1000}, {"narrow1", 40}, {"narrow2", 40}};
   for (const nlohmann::json& job : result["jobs"]) {
     const std::string name = job["name"];
     EXPECT_TRUE(job["finished"].get<bool>()) << name;
