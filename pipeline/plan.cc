@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -202,6 +203,141 @@ absl::StatusOr<PlanStage> StageFromJson(const nlohmann::json& j, absl::string_vi
   return stage;
 }
 
+// Per pipeline position, the cost of its stages (a replica's stages weighted by the share of
+// the micro-batches it runs) for stage boundaries `bounds` (stage s: [bounds[s], bounds[s+1])).
+std::vector<double> PositionLoads(const std::vector<double>& prefix,
+                                  const std::vector<int>& bounds, const Placement& placement) {
+  std::vector<double> loads(placement.num_ranks, 0.0);
+  const double share = 1.0 / placement.NumReplicas();
+  for (int r = 0; r < placement.NumReplicas(); ++r) {
+    for (int s = 0; s < placement.num_stages; ++s) {
+      loads[placement.RankOf(r, s)] += share * (prefix[bounds[s + 1]] - prefix[bounds[s]]);
+    }
+  }
+  return loads;
+}
+
+// What balancing minimises: the busiest position first, then the spread of the positions'
+// loads, then that of the stages' costs (stages that share a position even out too, which
+// also leaves their boundaries room to move).
+std::tuple<double, double, double> Imbalance(const std::vector<double>& prefix,
+                                             const std::vector<int>& bounds,
+                                             const Placement& placement) {
+  double most = 0, squares = 0, stage_squares = 0;
+  for (double l : PositionLoads(prefix, bounds, placement)) {
+    most = std::max(most, l);
+    squares += l * l;
+  }
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    const double c = prefix[bounds[s + 1]] - prefix[bounds[s]];
+    stage_squares += c * c;
+  }
+  return {most, squares, stage_squares};
+}
+
+// Boundaries that give stage s about targets[s] / sum(targets) of the total cost, each stage
+// at least one layer.
+std::vector<int> CutAt(const std::vector<double>& prefix, const std::vector<double>& targets) {
+  const int n = static_cast<int>(prefix.size()) - 1;
+  const int stages = static_cast<int>(targets.size());
+  double sum = 0;
+  for (double t : targets) sum += t;
+  std::vector<int> bounds(stages + 1, 0);
+  bounds[stages] = n;
+  double want = 0;
+  for (int s = 1; s < stages; ++s) {
+    want += targets[s - 1] / sum * prefix[n];
+    const int lo = bounds[s - 1] + 1, hi = n - (stages - s);
+    int cut = std::min(
+        n, static_cast<int>(std::lower_bound(prefix.begin(), prefix.end(), want) - prefix.begin()));
+    // The nearer of the two boundaries around `want`.
+    if (cut > 0 && want - prefix[cut - 1] < prefix[cut] - want) --cut;
+    bounds[s] = std::clamp(cut, lo, hi);
+  }
+  return bounds;
+}
+
+// From `best`, local search: each boundary to its best place between its neighbours, and any
+// two boundaries one layer each way at once (a position holding both ends of a wave trades
+// layers through two boundaries), until nothing improves.
+std::vector<int> Improve(const std::vector<double>& prefix, const Placement& placement,
+                         std::vector<int> best) {
+  const int stages = placement.num_stages;
+  auto best_score = Imbalance(prefix, best, placement);
+  const auto try_bounds = [&](const std::vector<int>& bounds) {
+    for (int s = 0; s < stages; ++s) {
+      if (bounds[s] >= bounds[s + 1]) return false;
+    }
+    const auto score = Imbalance(prefix, bounds, placement);
+    if (!(score < best_score)) return false;
+    best = bounds;
+    best_score = score;
+    return true;
+  };
+  for (bool improved = true; improved;) {
+    improved = false;
+    for (int s = 1; s < stages; ++s) {
+      for (int cut = best[s - 1] + 1; cut < best[s + 1]; ++cut) {
+        std::vector<int> bounds = best;
+        bounds[s] = cut;
+        if (try_bounds(bounds)) improved = true;
+      }
+    }
+    for (int s = 1; s < stages; ++s) {
+      for (int t = s + 1; t < stages; ++t) {
+        for (int ds : {-1, 1}) {
+          for (int dt : {-1, 1}) {
+            std::vector<int> bounds = best;
+            bounds[s] += ds;
+            bounds[t] += dt;
+            if (try_bounds(bounds)) improved = true;
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
+// Stage boundaries over layers with `costs` that even out the positions' loads: local search
+// (Improve) from several starts, the best kept. The starts: the even split by count, the
+// split proportional to cost, and that split re-aimed round by round at the positions' loads.
+std::vector<int> BalancedBounds(const std::vector<double>& costs, const Placement& placement) {
+  const int n = static_cast<int>(costs.size());
+  const int stages = placement.num_stages;
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  std::set<std::vector<int>> starts;
+  std::vector<int> even(stages + 1, 0);
+  for (int s = 0; s < stages; ++s) even[s + 1] = even[s] + n / stages + (s < n % stages ? 1 : 0);
+  starts.insert(even);
+  std::vector<double> targets(stages, 1.0);
+  for (int round = 0; round < 16; ++round) {
+    const std::vector<int> bounds = CutAt(prefix, targets);
+    starts.insert(bounds);
+    const std::vector<double> loads = PositionLoads(prefix, bounds, placement);
+    double mean = 0;
+    for (double l : loads) mean += l / loads.size();
+    for (int s = 0; s < stages; ++s) {
+      double load = 0;
+      for (int r = 0; r < placement.NumReplicas(); ++r) load += loads[placement.RankOf(r, s)];
+      load /= placement.NumReplicas();
+      if (load > 0) targets[s] *= std::sqrt(mean / load);
+    }
+  }
+  std::vector<int> best = even;
+  auto best_score = Imbalance(prefix, best, placement);
+  for (const std::vector<int>& start : starts) {
+    std::vector<int> bounds = Improve(prefix, placement, start);
+    const auto score = Imbalance(prefix, bounds, placement);
+    if (score < best_score) {
+      best = std::move(bounds);
+      best_score = score;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 bool PlanStage::operator==(const PlanStage& o) const {
@@ -294,6 +430,30 @@ absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedul
     stage.ranks = UniformStageRanks(plan, placement, s);
     plan.stages.push_back(std::move(stage));
   }
+  return plan;
+}
+
+absl::StatusOr<Plan> MakeBalancedPlan(const std::vector<double>& layer_costs,
+                                      const ScheduleSpec& schedule, int data_parallel,
+                                      int64_t microbatch_size) {
+  const int n = static_cast<int>(layer_costs.size());
+  TANDEM_ASSIGN_OR_RETURN(Plan plan,
+                          MakeUniformPlan(n, schedule, data_parallel, microbatch_size));
+  double total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!std::isfinite(layer_costs[i]) || layer_costs[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer cost ", i, " must be finite and not negative, got ", layer_costs[i]));
+    }
+    total += layer_costs[i];
+  }
+  if (!(total > 0)) return plan;  // nothing to balance: the even split
+  const std::vector<int> bounds = BalancedBounds(layer_costs, PlacementFor(schedule));
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    plan.stages[s].first_layer = bounds[s];
+    plan.stages[s].end_layer = bounds[s + 1];
+  }
+  plan.algorithm = "balanced";
   return plan;
 }
 

@@ -77,6 +77,16 @@ struct Plan {
 absl::StatusOr<Plan> MakeUniformPlan(int num_layers, const ScheduleSpec& schedule,
                                      int data_parallel, int64_t microbatch_size);
 
+// The same mesh with the layers split by cost: each pipeline position's load (the costs of
+// the stages it holds, a replica's stages weighted by its share of the micro-batches) as even
+// as whole layers allow. What matters where one position holds several stages: the wave
+// placement of ZB-V and Hanayo gives position 0 both the first and the last stage, Chimera's
+// gives it the first stage of one replica and the last of the other. All costs zero: the even
+// split. InvalidArgument for a negative or non-finite cost, or what MakeUniformPlan refuses.
+absl::StatusOr<Plan> MakeBalancedPlan(const std::vector<double>& layer_costs,
+                                      const ScheduleSpec& schedule, int data_parallel,
+                                      int64_t microbatch_size);
+
 // The same plan with tensor parallelism of degree `tensor_parallel` inside every stage: each
 // position of the mesh becomes `tensor_parallel` consecutive ranks (mesh[d][q] is the first),
 // so world_size grows by that factor. InvalidArgument for a degree below 1 or a plan without

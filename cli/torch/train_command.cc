@@ -201,8 +201,12 @@ absl::Status ApplyRecompute(pipeline::Plan* plan) {
   return absl::OkStatus();
 }
 
-// A uniform plan from --schedule, --stages, --microbatches, --data-parallel.
-absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_size) {
+// A plan from --schedule, --stages, --microbatches, --data-parallel: the layers split by the
+// model's cost estimates where it has them (each pipeline position's load as even as whole
+// layers allow), evenly by count otherwise.
+absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
+                                                     int world_size) {
+  const int num_layers = model.num_layers();
   pipeline::ScheduleSpec spec;
   TANDEM_ASSIGN_OR_RETURN(spec.kind,
                           pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
@@ -240,9 +244,14 @@ absl::StatusOr<pipeline::Plan> UniformPlanFromFlags(int num_layers, int world_si
     }
     microbatch_size = global_batch / per_microbatch;
   }
-  TANDEM_ASSIGN_OR_RETURN(
-      pipeline::Plan plan,
-      pipeline::MakeUniformPlan(num_layers, spec, data_parallel, microbatch_size));
+  pipeline::Plan plan;
+  if (static_cast<int>(model.layer_costs.size()) == num_layers) {
+    TANDEM_ASSIGN_OR_RETURN(plan, pipeline::MakeBalancedPlan(model.layer_costs, spec,
+                                                             data_parallel, microbatch_size));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(
+        plan, pipeline::MakeUniformPlan(num_layers, spec, data_parallel, microbatch_size));
+  }
   if (tensor_parallel == 1) return plan;
   return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
 }
@@ -329,7 +338,7 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
     }();
     TANDEM_RETURN_IF_ERROR(Agree(world, local, "reading the plan"));
   } else if (from_schedule) {
-    TANDEM_ASSIGN_OR_RETURN(plan, UniformPlanFromFlags(model.num_layers(), world_size));
+    TANDEM_ASSIGN_OR_RETURN(plan, PlanFromScheduleFlags(model, world_size));
   } else {
     std::string text;
     absl::Status local = absl::OkStatus();
@@ -364,6 +373,7 @@ std::string DescribePlan(const pipeline::Plan& plan) {
       pipeline::ScheduleKindName(plan.schedule.kind), plan.data_parallel,
       plan.pipeline_parallel, plan.world_size, plan.schedule.num_microbatches,
       plan.microbatch_size, plan.GlobalBatchSize());
+  if (plan.algorithm == "balanced") out += "  (layers split by the model's FLOP estimates)\n";
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const pipeline::PlanStage& st = plan.stages[s];
     absl::StrAppendFormat(&out, "  stage %d: layers [%d, %d)%s\n", s, st.first_layer,
@@ -778,7 +788,9 @@ const CommandRegistrar registrar({
         "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]]\n\n"
         "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
         "the given plan (checked against the world size and the model), with --schedule a\n"
-        "uniform plan of P stages x D pipelines, and with neither rank 0 profiles the model,\n"
+        "plan of P stages x D pipelines (the GPT's layers split by its FLOP estimates so that\n"
+        "every position, which holds both ends of a V under zb-v and hanayo, gets an even\n"
+        "share; a custom model's evenly by count), and with neither rank 0 profiles the model,\n"
         "plans for the world size (AdaPipe: partition and recomputation), prints the plan and\n"
         "broadcasts it. Rank 0 prints a progress line per iteration (loss, time, tokens/s,\n"
         "measured bubble, peak memory: the GPU's peak allocated on CUDA, the host's RSS on the\n"

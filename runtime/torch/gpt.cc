@@ -349,6 +349,14 @@ ModelSpec GptModelSpec(const GptConfig& config) {
     }
     model.layers.emplace_back(GptHead(config));
     model.layer_names.push_back("head");
+    // Forward FLOPs per token: the embedding's lookups and sum; per block q/k/v, output and
+    // MLP products (24h^2) and attention scores and values (4hS); the head's product and
+    // its loss's softmax.
+    const double h = static_cast<double>(config.hidden);
+    model.layer_costs.push_back(2.0 * h);
+    model.layer_costs.insert(model.layer_costs.end(), config.layers,
+                             24.0 * h * h + 4.0 * h * static_cast<double>(config.seq_len));
+    model.layer_costs.push_back((2.0 * h + 5.0) * static_cast<double>(config.vocab));
     const int64_t vocab = config.vocab;
     model.loss = [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
       return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),

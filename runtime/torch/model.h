@@ -36,6 +36,10 @@ struct LayeredModel {
   std::string name;
   std::vector<std::string> layer_names;      // one per layer ("embedding", "block3", ...)
   std::vector<torch::nn::AnyModule> layers;  // each maps one tensor to one tensor
+  // Each layer's relative compute cost (forward FLOPs per sample, say) where the model can
+  // estimate it: `tandem train --schedule` splits the layers by it. Empty: unknown (an even
+  // split by layer count).
+  std::vector<double> layer_costs;
   LossFunction loss;
   // Tensor parallelism (runtime/torch/tensor_parallel.h), for models that have a sharded form:
   // replaces `layers`, clones of layers [first, first + layers.size()), by this rank's shards

@@ -1,7 +1,13 @@
 // Round trips and bad input for the plan (plan.json) and profile (profile.json) formats.
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <random>
+#include <cmath>
 #include <fstream>
+#include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -153,6 +159,131 @@ TEST(PlanFormat, ChimeraStagesHaveTwoCopies) {
   // Stage 0 runs on rank 0 (replica 0) and rank 3 (replica 1).
   EXPECT_EQ(plan->stages[0].ranks, (std::vector<int>{0, 3}));
   EXPECT_EQ(plan->RankOf(0, /*replica=*/1, /*stage=*/1), 2);
+}
+
+// Each pipeline position's load under `plan`: the costs of the stages it holds, a replica's
+// stages weighted by its share of the micro-batches (computed here from the plan's ranks).
+std::vector<double> Loads(const Plan& plan, const std::vector<double>& costs) {
+  std::vector<double> loads(plan.pipeline_parallel, 0.0);
+  for (const PlanStage& stage : plan.stages) {
+    double cost = 0;
+    for (int l = stage.first_layer; l < stage.end_layer; ++l) cost += costs[l];
+    for (int rank : stage.ranks) loads[rank] += cost / stage.ranks.size();
+  }
+  return loads;
+}
+
+double MaxLoad(const Plan& plan, const std::vector<double>& costs) {
+  const std::vector<double> loads = Loads(plan, costs);
+  return *std::max_element(loads.begin(), loads.end());
+}
+
+// The least busiest-position load over every split of the layers into the plan's stages.
+double BruteForceBest(const Plan& plan, const std::vector<double>& costs) {
+  const int stages = static_cast<int>(plan.stages.size());
+  const int n = static_cast<int>(costs.size());
+  Plan trial = plan;
+  double best = 1e300;
+  std::function<void(int, int)> place = [&](int s, int first) {
+    trial.stages[s].first_layer = first;
+    if (s == stages - 1) {
+      trial.stages[s].end_layer = n;
+      best = std::min(best, MaxLoad(trial, costs));
+      return;
+    }
+    for (int end = first + 1; end <= n - (stages - 1 - s); ++end) {
+      trial.stages[s].end_layer = end;
+      place(s + 1, end);
+    }
+  };
+  place(0, 0);
+  return best;
+}
+
+TEST(PlanFormat, BalancedPlanEvensOutThePositionsOfAWave) {
+  // A GPT: a cheap embedding, 8 equal blocks, a head a tenth of a block.
+  std::vector<double> costs(10, 1.0);
+  costs[0] = 0.01;
+  costs[9] = 0.1;
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::kZBV;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 8;
+  auto even = MakeUniformPlan(10, spec, 1, 4);
+  auto balanced = MakeBalancedPlan(costs, spec, 1, 4);
+  ASSERT_TRUE(even.ok() && balanced.ok()) << balanced.status();
+  EXPECT_TRUE(ValidatePlan(*balanced, 2, 10).ok());
+  EXPECT_EQ(balanced->algorithm, "balanced");
+  // Position 0 holds the first and the last stage: by count it gets 3 blocks, position 1 5.
+  EXPECT_DOUBLE_EQ(MaxLoad(*even, costs), 5.0);
+  EXPECT_DOUBLE_EQ(MaxLoad(*balanced, costs), 4.11);
+  // And 1F1B on 4 positions: by count [e,b,b] [b,b,b] [b,b] [b,h].
+  spec.kind = ScheduleKind::k1F1B;
+  spec.num_ranks = 4;
+  even = MakeUniformPlan(10, spec, 1, 4);
+  balanced = MakeBalancedPlan(costs, spec, 1, 4);
+  ASSERT_TRUE(even.ok() && balanced.ok()) << balanced.status();
+  EXPECT_DOUBLE_EQ(MaxLoad(*even, costs), 3.0);
+  EXPECT_DOUBLE_EQ(MaxLoad(*balanced, costs), 2.1);
+}
+
+TEST(PlanFormat, BalancedPlanIsNearTheExhaustiveOptimum) {
+  std::mt19937 random(7);
+  std::uniform_real_distribution<double> cost(0.1, 3.0);
+  struct Shape {
+    ScheduleKind kind;
+    int ranks, chunks, waves;
+  };
+  const Shape shapes[] = {{ScheduleKind::k1F1B, 3, 1, 1},
+                          {ScheduleKind::kZBV, 2, 1, 1},
+                          {ScheduleKind::kZBV, 3, 1, 1},
+                          {ScheduleKind::kChimera, 4, 1, 1},
+                          {ScheduleKind::kInterleaved, 2, 2, 1},
+                          {ScheduleKind::kHanayo, 2, 1, 2}};
+  int optimal = 0, cases = 0;
+  double worst = 1;
+  for (const Shape& shape : shapes) {
+    for (int trial = 0; trial < 20; ++trial) {
+      ScheduleSpec spec;
+      spec.kind = shape.kind;
+      spec.num_ranks = shape.ranks;
+      spec.chunks = shape.chunks;
+      spec.waves = shape.waves;
+      spec.num_microbatches = 2 * shape.ranks;
+      std::vector<double> costs(12);
+      for (double& c : costs) c = cost(random);
+      auto plan = MakeBalancedPlan(costs, spec, 1, 1);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_TRUE(ValidatePlan(*plan, shape.ranks, 12).ok());
+      const double best = BruteForceBest(*plan, costs);
+      const double got = MaxLoad(*plan, costs);
+      // Within one layer of the exhaustive optimum, never worse than the even split.
+      const double largest = *std::max_element(costs.begin(), costs.end());
+      EXPECT_LE(got, best + largest) << ScheduleKindName(shape.kind) << " trial " << trial;
+      auto even = MakeUniformPlan(12, spec, 1, 1);
+      ASSERT_TRUE(even.ok());
+      EXPECT_LE(got, MaxLoad(*even, costs) + 1e-9) << ScheduleKindName(shape.kind);
+      worst = std::max(worst, got / best);
+      optimal += got <= best + 1e-9;
+      ++cases;
+    }
+  }
+  std::cout << optimal << " of " << cases << " splits optimal, the worst " << worst
+            << "x the optimum\n";
+  EXPECT_GE(optimal, cases / 2);
+}
+
+TEST(PlanFormat, BalancedPlanRefusesBadCosts) {
+  ScheduleSpec spec;
+  spec.kind = ScheduleKind::k1F1B;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 2;
+  EXPECT_FALSE(MakeBalancedPlan({1.0, -1.0, 1.0}, spec, 1, 1).ok());
+  EXPECT_FALSE(MakeBalancedPlan({1.0, std::nan(""), 1.0}, spec, 1, 1).ok());
+  EXPECT_FALSE(MakeBalancedPlan({1.0}, spec, 1, 1).ok());  // fewer layers than stages
+  auto zero = MakeBalancedPlan({0.0, 0.0, 0.0}, spec, 1, 1);  // nothing to balance
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(zero->stages[0].end_layer, 2);
 }
 
 TEST(PlanFormat, InterleavedPlanRoundTripsThroughFile) {
