@@ -137,14 +137,24 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     if (!ConsumeInt(&rest, &action.microbatch)) return bad("expected a micro-batch number");
   }
   if (absl::ConsumePrefix(&rest, "r")) {
-    if (!ConsumeInt(&rest, &action.replica)) return bad("expected a replica number");
+    int replica = 0;
+    if (!ConsumeInt(&rest, &replica)) return bad("expected a replica number");
+    if (replica < 0 || replica >= kMaxReplicas) {
+      return bad(absl::StrCat("replica out of range [0, ", kMaxReplicas, ")"));
+    }
+    action.replica = static_cast<uint8_t>(replica);
   }
   if (IsTransfer(action.type)) {
     if (!absl::ConsumePrefix(&rest, IsSend(action.type) ? ">" : "<")) {
       return bad(IsSend(action.type) ? "expected '>' and a peer rank"
                                      : "expected '<' and a peer rank");
     }
-    if (!ConsumeInt(&rest, &action.peer)) return bad("expected a peer rank");
+    int peer = 0;
+    if (!ConsumeInt(&rest, &peer)) return bad("expected a peer rank");
+    if (peer < 0 || peer >= kMaxRanks) {
+      return bad(absl::StrCat("peer rank out of range [0, ", kMaxRanks, ")"));
+    }
+    action.peer = static_cast<int16_t>(peer);
   }
   if (!rest.empty()) return bad("trailing characters");
   return action;

@@ -55,12 +55,22 @@ absl::StatusOr<ActionType> ParseActionType(absl::string_view name);
 bool IsCompute(ActionType type);   // F, B, Bi, W
 bool IsTransfer(ActionType type);  // sA, rA, sG, rG
 
+// 12 bytes: programs at p=1024, m=4096 hold tens of millions of them. Built field by field
+// or as Action{type, stage, microbatch, replica, peer}.
 struct Action {
+  constexpr Action() = default;
+  constexpr Action(ActionType type, int stage, int microbatch, int replica = 0, int peer = -1)
+      : type(type),
+        replica(static_cast<uint8_t>(replica)),
+        peer(static_cast<int16_t>(peer)),
+        stage(stage),
+        microbatch(microbatch) {}
+
   ActionType type = ActionType::kForward;
-  int stage = 0;       // -1 for kOptimizerStep
-  int microbatch = 0;  // -1 for kGradientSync / kOptimizerStep
-  int replica = 0;
-  int peer = -1;       // transfers: the other rank; -1 otherwise
+  uint8_t replica = 0;  // < kMaxReplicas
+  int16_t peer = -1;    // transfers: the other rank (< kMaxRanks); -1 otherwise
+  int stage = 0;        // -1 for kOptimizerStep
+  int microbatch = 0;   // -1 for kGradientSync / kOptimizerStep
 
   bool operator==(const Action& o) const {
     return type == o.type && stage == o.stage && microbatch == o.microbatch &&
@@ -68,6 +78,7 @@ struct Action {
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
+static_assert(sizeof(Action) == 12, "Action is packed into 12 bytes");
 
 // "F3.1" (stage 3, micro-batch 1), "F3.1r1" for replica 1, "sA3.1>2" (send to rank 2),
 // "rG2.0<3", "sync3", "sync3r1", "step".
@@ -85,11 +96,12 @@ std::string ScheduleKindList();
 
 // Ranges every spec must respect (generators add their own constraints).
 inline constexpr int kMaxRanks = 16384;
+inline constexpr int kMaxReplicas = 256;  // pipeline replicas (Chimera: 2)
 inline constexpr int kMaxMicrobatches = 1 << 16;
 inline constexpr int kMaxChunks = 64;
 inline constexpr int kMaxWaves = 64;
 // Upper bound on (replica, stage, micro-batch) triples of one schedule, so that a generated
-// schedule fits in memory (about 6 actions of 20 bytes each per triple).
+// schedule fits in memory (about 6 actions of 12 bytes each per triple).
 inline constexpr int64_t kMaxStageMicrobatches = int64_t{1} << 24;
 
 // What a generator is asked for.

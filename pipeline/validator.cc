@@ -335,7 +335,7 @@ class Proof {
             break;
           case ActionType::kSendActivation: {
             const int c = activation_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(r, a.peer)) return false;
+            if (c == kNoChannel || ends[c] != std::make_pair(r, int{a.peer})) return false;
             if (!(state[i] & kForwardDone) || (state[i] & kActivationSent)) return false;
             state[i] |= kActivationSent;
             if (!Pair(c, 2 * i + 1, /*send=*/true)) return false;
@@ -343,7 +343,7 @@ class Proof {
           }
           case ActionType::kSendGradient: {
             const int c = gradient_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(r, a.peer)) return false;
+            if (c == kNoChannel || ends[c] != std::make_pair(r, int{a.peer})) return false;
             if (!(state[i] & kBackwardDone) || (state[i] & kGradientSent)) return false;
             state[i] |= kGradientSent;
             if (!Pair(c, 2 * i, /*send=*/true)) return false;
@@ -351,7 +351,7 @@ class Proof {
           }
           case ActionType::kRecvActivation: {
             const int c = activation_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(a.peer, r)) return false;
+            if (c == kNoChannel || ends[c] != std::make_pair(int{a.peer}, r)) return false;
             // Counted as arrived: if this receive never completes, pass 2 finds the rank stuck.
             state[i] |= kActivationArrived;
             if (!Pair(c, 2 * i + 1, /*send=*/false)) return false;
@@ -359,7 +359,7 @@ class Proof {
           }
           case ActionType::kRecvGradient: {
             const int c = gradient_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(a.peer, r)) return false;
+            if (c == kNoChannel || ends[c] != std::make_pair(int{a.peer}, r)) return false;
             state[i] |= kGradientArrived;
             if (!Pair(c, 2 * i, /*send=*/false)) return false;
             break;

@@ -31,7 +31,8 @@ TEST(ActionTest, ToStringAndParseRoundTrip) {
 
 TEST(ActionTest, ParseRejectsMalformed) {
   for (const char* text : {"", "X1.2", "F", "F1", "F1.", "F1.2x", "sA1.2", "sA1.2<3", "step2",
-                           "rG1.2>0", "sync", "F-1.2"}) {
+                           "rG1.2>0", "sync", "F-1.2", "F1.2r256", "sA1.2r1>16384",
+                           "rA1.2<-3"}) {
     auto parsed = ParseAction(text);
     EXPECT_FALSE(parsed.ok()) << text;
     if (!parsed.ok()) {
