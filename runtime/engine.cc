@@ -215,11 +215,6 @@ absl::Status Engine::Build(StageFactory factory) {
           "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
           "runtime runs mesh plans only");
     }
-    if (tensor_parallel > 1 && options_.grad_sync == GradSyncStrategy::kDeAR) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the plan uses tensor parallelism of degree ", tensor_parallel,
-          ", which runs with all-reduce gradient synchronisation for now (not DeAR)"));
-    }
     if (tensor_parallel > 1 && options_.job.sync_gradients) {
       return absl::InvalidArgumentError(
           "tensor parallelism does not run inside an elastic job (its templates have none)");
@@ -330,7 +325,10 @@ absl::Status Engine::Build(StageFactory factory) {
       // Registered in backward order (the stage lists its parameters in forward order).
       std::vector<runtime::SyncParameter> params;
       for (const ParameterView& v : l->device.parameters) {
-        params.push_back({v.name, v.value, v.grad});
+        // A whole parameter of a tensor-parallel group has the same summed gradient in every
+        // lane: the first lane's groups count it in the norm.
+        params.push_back(
+            {v.name, v.value, v.grad, !(tensor_parallel_index_ > 0 && v.tensor_parallel_replicated)});
       }
       std::reverse(params.begin(), params.end());
       runtime::GradSyncOptions sync_options;

@@ -268,7 +268,6 @@ class Engine {
   absl::Status Fail(const absl::Status& status, int step, const pipeline::Action& action) const;
   void Record(const pipeline::Action& action, double start, double end);
   double Now() const;
-  double ReplicatedGradNormSquared(Local& l);
   // Tensor parallelism: each local stage's parameters (values and optimizer state) whole,
   // gathered over its group (collective over tensor_group_).
   absl::StatusOr<std::vector<std::vector<ParameterState>>> WholeLocalState();

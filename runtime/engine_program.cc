@@ -283,21 +283,6 @@ absl::Status Engine::PostTransfers(const std::vector<pipeline::Action>& program,
   return absl::OkStatus();
 }
 
-// The parameters whole on every rank of a tensor-parallel group have the same (summed)
-// gradient in every lane, and each lane's synchroniser counted them in its norm: the lanes
-// other than the first take them out again, once per gradient group. The all-reduce strategy
-// leaves the summed gradients in place (DeAR, which does not, is refused with tensor
-// parallelism); host memory only, like the engine's CPU stages.
-double Engine::ReplicatedGradNormSquared(Local& l) {
-  double sum = 0;
-  for (const ParameterView& v : l.device.parameters) {
-    if (!v.tensor_parallel_replicated || v.grad.device.kind != comm::DeviceKind::kCpu) continue;
-    const float* g = static_cast<const float*>(v.grad.data);
-    for (int64_t i = 0; i < v.grad.count; ++i) sum += static_cast<double>(g[i]) * g[i];
-  }
-  return sum;
-}
-
 absl::Status Engine::OptimizerStep(IterationResult* result) {
   double local_loss = 0;
   double squared_norm = 0;
@@ -311,9 +296,6 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
     // Every rank of a tensor-parallel group computes the same loss: one counts it.
     if (l->spec.is_last() && tensor_parallel_index_ == 0) {
       local_loss += l->impl->IterationLoss();
-    }
-    if (tensor_parallel_index_ > 0 && l->group->rank() == 0) {
-      squared_norm -= ReplicatedGradNormSquared(*l);
     }
   }
   if (options_.job.sync_gradients) {

@@ -111,6 +111,9 @@ class BucketedGradientSync : public GradientSync {
     return !bucket.parameters.empty() && (this->*buffer)(bucket.parameters[0]) != nullptr;
   }
   absl::Status LaunchReadyBuckets();
+  // DeAR: averages this rank's reduced shard of `bucket` and adds it to the norm (leaving out
+  // the parameters not counted in it).
+  absl::Status AverageShard(Bucket& bucket, float group_size);
   absl::Status Launch(Bucket& bucket);
   absl::Status WaitBucketParameters(Bucket& bucket);
   absl::Status AfterStep();  // auto-bucket bookkeeping
@@ -401,9 +404,9 @@ absl::Status BucketedGradientSync::FinishBackward() {
     Bucket& bucket = buckets_[b];
     if (local_) {
       for (int p : bucket.parameters) {
-        TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(Grad(p), Grad(p), Count(p), 1.0f,
-                                                             /*divide=*/false,
-                                                             /*add_to_norm=*/true));
+        TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(
+            Grad(p), Grad(p), Count(p), 1.0f, /*divide=*/false,
+            /*add_to_norm=*/parameters_[p].counted_in_norm));
       }
       continue;
     }
@@ -412,9 +415,7 @@ absl::Status BucketedGradientSync::FinishBackward() {
     bucket.reduction.reset();
     const float group_size = static_cast<float>(group_.size());
     if (sharded()) {
-      TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(
-          bucket.shard_grad.data, bucket.shard_grad.data, bucket.shard.count, group_size,
-          averaging(), /*add_to_norm=*/true));
+      TANDEM_RETURN_IF_ERROR(AverageShard(bucket, group_size));
       continue;
     }
     // All-reduce: the reduced gradients go back into the parameters' grad buffers, averaged on
@@ -422,14 +423,36 @@ absl::Status BucketedGradientSync::FinishBackward() {
     for (size_t j = 0; j < bucket.parameters.size(); ++j) {
       const int p = bucket.parameters[j];
       const float* reduced = bucket.grad + bucket.offsets[j];  // == Grad(p) when in place
-      TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(Grad(p), reduced, Count(p),
-                                                           group_size, averaging(),
-                                                           /*add_to_norm=*/group_.rank() == 0));
+      TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(
+          Grad(p), reduced, Count(p), group_size, averaging(),
+          /*add_to_norm=*/group_.rank() == 0 && parameters_[p].counted_in_norm));
     }
   }
   TANDEM_ASSIGN_OR_RETURN(const double norm_squared, ops_.TakeSquaredNorm());
   norm_squared_ = norm_squared;
   backward_finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::AverageShard(Bucket& bucket, float group_size) {
+  float* shard = bucket.shard_grad.data;
+  bool all_counted = true;
+  for (int p : bucket.parameters) all_counted = all_counted && parameters_[p].counted_in_norm;
+  if (all_counted) {
+    return ops_.AverageAndAddSquaredNorm(shard, shard, bucket.shard.count, group_size,
+                                         averaging(), /*add_to_norm=*/true);
+  }
+  // Piece by piece: where the shard overlaps each parameter.
+  const int64_t first = bucket.shard.offset, end = first + bucket.shard.count;
+  for (size_t j = 0; j < bucket.parameters.size(); ++j) {
+    const int p = bucket.parameters[j];
+    const int64_t from = std::max(first, bucket.offsets[j]);
+    const int64_t to = std::min(end, bucket.offsets[j] + Count(p));
+    if (from >= to) continue;
+    TANDEM_RETURN_IF_ERROR(ops_.AverageAndAddSquaredNorm(
+        shard + (from - first), shard + (from - first), to - from, group_size, averaging(),
+        /*add_to_norm=*/parameters_[p].counted_in_norm));
+  }
   return absl::OkStatus();
 }
 

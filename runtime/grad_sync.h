@@ -93,6 +93,9 @@ struct SyncParameter {
   std::string name;
   comm::Buffer value;
   comm::Buffer grad;
+  // False leaves the parameter out of LocalGradNormSquared: a copy whose gradient another
+  // group counts already (the whole parameters of tensor-parallel lanes other than the first).
+  bool counted_in_norm = true;
 };
 
 // Full (unsharded) optimizer state of one parameter, for checkpoints and state transfer.
@@ -119,7 +122,8 @@ class GradientSync {
   virtual absl::Status FinishBackward() = 0;
   // After FinishBackward: this rank's share of the squared L2 norm of the synchronised
   // gradients. Summed over all ranks of the group, every element counts exactly once (DeAR:
-  // the rank's shards; all-reduce: group rank 0 counts everything, the others 0).
+  // the rank's shards; all-reduce: group rank 0 counts everything, the others 0), except
+  // those of parameters registered with counted_in_norm false.
   virtual double LocalGradNormSquared() const = 0;
   // Multiplies the synchronised gradients by `grad_scale`, then applies the optimizer with
   // learning rate `lr`. DeAR then starts the all-gathers (in forward order) and returns.
