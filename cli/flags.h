@@ -13,6 +13,7 @@ ABSL_DECLARE_FLAG(int, stages);
 ABSL_DECLARE_FLAG(int, microbatches);
 ABSL_DECLARE_FLAG(int, chunks);
 ABSL_DECLARE_FLAG(int, waves);
+ABSL_DECLARE_FLAG(std::string, planning_costs);
 ABSL_DECLARE_FLAG(std::string, format);
 ABSL_DECLARE_FLAG(std::string, output);
 ABSL_DECLARE_FLAG(int, devices);

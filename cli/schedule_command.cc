@@ -78,6 +78,11 @@ absl::StatusOr<ScheduleSpec> SpecFromFlags() {
   spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
   spec.chunks = absl::GetFlag(FLAGS_chunks);
   spec.waves = absl::GetFlag(FLAGS_waves);
+  const std::string planning = absl::GetFlag(FLAGS_planning_costs);
+  if (!planning.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(const auto costs, pipeline::ParsePlanningCosts(planning));
+    spec.planning_costs = pipeline::PlanningCostTicks(costs);
+  }
   return spec;
 }
 
@@ -234,10 +239,12 @@ const CommandRegistrar registrar({
         "(1 - busy / (ranks x makespan)), per-rank busy and idle time and peak stashed\n"
         "activations in units of one stage's activation for one micro-batch. --forward and\n"
         "--backward are times of one stage (1/p of the model); a chunk takes its share.\n"
-        "--output writes the schedule (spec, placement, programs) as JSON.",
-    .flags = {"schedule", "stages", "microbatches", "chunks", "waves", "forward", "backward",
-              "weight", "costs", "latency", "bandwidth", "activation_bytes", "format", "trace",
-              "svg", "output", "transfers"},
+        "--output writes the schedule (spec, placement, programs) as JSON. zb-v's order is\n"
+        "planned for equal forward, input- and weight-gradient times unless --planning-costs\n"
+        "F,Bi,W gives others (say the ones you simulate with).",
+    .flags = {"schedule", "stages", "microbatches", "chunks", "waves", "planning_costs",
+              "forward", "backward", "weight", "costs", "latency", "bandwidth",
+              "activation_bytes", "format", "trace", "svg", "output", "transfers"},
     .aliases = {},
     .run = RunSchedule,
 });

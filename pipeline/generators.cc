@@ -89,17 +89,45 @@ template <typename Item>
 using Orders = std::vector<std::vector<Item>>;
 using OpOrders = Orders<Op>;
 
-int NominalCost(ActionType type, int full_backward = kNominalBackward) {
-  switch (type) {
-    case ActionType::kForward:
-      return kNominalForward;
-    case ActionType::kBackward:
-      return full_backward;
-    case ActionType::kBackwardInput:
-      return kNominalBackwardInput;
-    default:
-      return kNominalBackwardWeight;
+// What each compute costs in a generator's timeline (integer ticks).
+struct UnitCosts {
+  int forward = kNominalForward;
+  int backward = kNominalBackward;
+  int backward_input = kNominalBackwardInput;
+  int backward_weight = kNominalBackwardWeight;
+
+  int Of(ActionType type) const {
+    switch (type) {
+      case ActionType::kForward:
+        return forward;
+      case ActionType::kBackward:
+        return backward;
+      case ActionType::kBackwardInput:
+        return backward_input;
+      default:
+        return backward_weight;
+    }
   }
+  static UnitCosts WithFullBackward(int backward) {
+    UnitCosts costs;
+    costs.backward = backward;
+    return costs;
+  }
+  // The spec's planning costs where it has them, else the nominal ones.
+  static UnitCosts For(const ScheduleSpec& spec) {
+    UnitCosts costs;
+    if (spec.planning_costs[0] > 0) {
+      costs.forward = spec.planning_costs[0];
+      costs.backward_input = spec.planning_costs[1];
+      costs.backward_weight = spec.planning_costs[2];
+      costs.backward = costs.backward_input + costs.backward_weight;
+    }
+    return costs;
+  }
+};
+
+int NominalCost(ActionType type, int full_backward = kNominalBackward) {
+  return UnitCosts::WithFullBackward(full_backward).Of(type);
 }
 
 // ---- 1F1B family ---------------------------------------------------------------------------
@@ -489,6 +517,7 @@ class ListScheduler {
     int backward_class = 0;
     int weight_class = 2;
     int64_t stash_cap = std::numeric_limits<int64_t>::max();  // per rank, in chunks
+    UnitCosts costs;  // what each compute costs in its timeline
     std::vector<int64_t> stash_caps;  // per-rank caps; overrides stash_cap when not empty
   };
 
@@ -596,7 +625,7 @@ class ListScheduler {
       const Action action = Compute(head.type, head.replica, head.stage, head.microbatch);
       const size_t pair = static_cast<size_t>(head.pair);
       --remaining;
-      rank.free = start + NominalCost(action.type);
+      rank.free = start + config_.costs.Of(action.type);
       sink.Scheduled(r, action, start);
       const Wakeup woken = MarkDone(action, pair, rank.free);
       Advance(g);
@@ -981,8 +1010,9 @@ class OrderRecorder {
 class ProgramBuilder {
  public:
   ProgramBuilder(const ScheduleSpec& spec, const PairTable& table, const Streams& streams,
-                 int second_full_backward)
+                 int second_full_backward, const UnitCosts& costs)
       : table_(table),
+        costs_(costs),
         layout_(table.NumPairs(), spec.num_microbatches),
         second_full_backward_(second_full_backward),
         final_backward_(spec.SplitsBackward() ? ActionType::kBackwardWeight
@@ -1124,7 +1154,7 @@ class ProgramBuilder {
       Action receive = a;
       receive.type = activation ? ActionType::kRecvActivation : ActionType::kRecvGradient;
       receive.peer = r;
-      Push(channel, {start + NominalCost(a.type), end2, receive});
+      Push(channel, {start + costs_.Of(a.type), end2, receive});
     }
     // The rank writes next where its program has never been touched: at p=1024 that line
     // (and its page's TLB entry) is far out of cache. Its next action comes ~p actions later,
@@ -1204,6 +1234,7 @@ class ProgramBuilder {
   }
 
   const PairTable& table_;
+  const UnitCosts costs_;  // the list scheduler's
   const BlockedLayout layout_;      // of the second timeline's tables
   const int second_full_backward_;  // 0: no second timeline
   const ActionType final_backward_;
@@ -1257,7 +1288,8 @@ ListScheduler::Config ConfigFor(const ScheduleSpec& spec, const Placement& place
 // orders cannot run to the end (a cycle between ranks).
 template <typename Item>
 absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
-                             int num_microbatches, const Orders<Item>& orders, int full_backward,
+                             int num_microbatches, const Orders<Item>& orders,
+                             const UnitCosts& costs,
                              std::vector<std::vector<Time>>* start) {
   const int num_ranks = placement.num_ranks;
   const int num_stages = placement.num_stages;
@@ -1319,7 +1351,7 @@ absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
       }
       if (ready == kPending) break;
       const Time t0 = std::max(ready, free);
-      free = t0 + NominalCost(a.type, full_backward);
+      free = t0 + costs.Of(a.type);
       rank_start[i] = t0;
       switch (a.type) {
         case ActionType::kForward:
@@ -1353,14 +1385,14 @@ absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
 }
 
 // CompleteSchedule, with receives placed against nominal timelines in which a full backward
-// costs each of `full_backward_costs` (forward 1): a receive goes before the receiver's first
+// costs each of `timeline_costs`: a receive goes before the receiver's first
 // compute that starts after the send in every timeline (never after its consumer), so that
 // none of those cost ratios makes the receiver wait on it early. `first_timeline`, when not
-// empty, holds the timeline for full_backward_costs[0] (the list scheduler's).
+// empty, holds the timeline for timeline_costs[0] (the list scheduler's).
 template <typename Item>
 absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement placement,
                                              Orders<Item> compute_orders,
-                                             const std::vector<int>& full_backward_costs,
+                                             const std::vector<UnitCosts>& timeline_costs,
                                              std::vector<std::vector<Time>> first_timeline = {});
 
 }  // namespace
@@ -1368,7 +1400,7 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
 absl::StatusOr<Schedule> CompleteSchedule(const ScheduleSpec& spec, Placement placement,
                                           std::vector<std::vector<Action>> compute_orders) {
   return CompleteScheduleFor<Action>(spec, std::move(placement), std::move(compute_orders),
-                                     {kNominalBackward});
+                                     {UnitCosts{}});
 }
 
 namespace {
@@ -1382,7 +1414,7 @@ struct PlacedReceive {
 template <typename Item>
 absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement placement,
                                              Orders<Item> compute_orders,
-                                             const std::vector<int>& full_backward_costs,
+                                             const std::vector<UnitCosts>& timeline_costs,
                                              std::vector<std::vector<Time>> first_timeline) {
   const int num_ranks = placement.num_ranks;
   const int num_stages = placement.num_stages;
@@ -1410,7 +1442,7 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
     const auto& order = compute_orders[r];
     for (int i = 0; i < static_cast<int>(order.size()); ++i) {
       const Action a = ActionOf(order[i]);
-      if (!IsCompute(a.type) || a.replica < 0 || a.replica >= num_replicas || a.stage < 0 ||
+      if (!IsCompute(a.type) || a.replica >= num_replicas || a.stage < 0 ||
           a.stage >= num_stages || a.microbatch < 0 || a.microbatch >= m ||
           table.Owner(a.replica, a.stage) != r) {
         return absl::InvalidArgumentError(absl::StrCat("compute order of rank ", r, " step ", i,
@@ -1434,7 +1466,7 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
   // before the receiver's first compute that starts at or after the send (so that the peer's
   // send and this receive meet in groups issued at about the same time, as NCCL wants), and
   // never after the consumer.
-  const size_t num_timelines = full_backward_costs.size();
+  const size_t num_timelines = timeline_costs.size();
   std::vector<std::vector<std::vector<Time>>> starts(num_timelines);
   for (size_t c = 0; c < num_timelines; ++c) {
     if (c == 0 && !first_timeline.empty()) {
@@ -1442,7 +1474,7 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
       continue;
     }
     TANDEM_RETURN_IF_ERROR(NominalTimeline<Item>(placement, table, m, compute_orders,
-                                                 full_backward_costs[c], &starts[c]));
+                                                 timeline_costs[c], &starts[c]));
   }
 
   // The (replica, stage) pairs of each rank, in Placement::StagesOf order.
@@ -1528,7 +1560,7 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
         size_t latest = 0;
         for (size_t c = 0; c < num_timelines; ++c) {
           const std::vector<Time>& receiver_start = starts[c][r];
-          const Time time = starts[c][q][ci] + NominalCost(a.type, full_backward_costs[c]);
+          const Time time = starts[c][q][ci] + timeline_costs[c].Of(a.type);
           size_t& at = available[c];
           while (at < receiver_start.size() && receiver_start[at] < time) ++at;
           latest = std::max(latest, at);
@@ -1612,7 +1644,7 @@ absl::StatusOr<Schedule> ScheduleAndComplete(const ScheduleSpec& spec, Placement
   const PairTable table(placement);
   {
     const Streams streams = make_streams(placement);
-    ProgramBuilder builder(spec, table, streams, second_full_backward);
+    ProgramBuilder builder(spec, table, streams, second_full_backward, config.costs);
     ListScheduler scheduler(config, streams, table);
     const absl::Status status = scheduler.Run(builder);
     if (status.ok()) {
@@ -1627,10 +1659,12 @@ absl::StatusOr<Schedule> ScheduleAndComplete(const ScheduleSpec& spec, Placement
   ListScheduler scheduler(config, make_streams(placement), table);
   OrderRecorder recorder(config.num_ranks);
   TANDEM_RETURN_IF_ERROR(scheduler.Run(recorder));
-  std::vector<int> full_backward_costs = {kNominalBackward};
-  if (second_full_backward > 0) full_backward_costs.push_back(second_full_backward);
+  std::vector<UnitCosts> timeline_costs = {config.costs};
+  if (second_full_backward > 0) {
+    timeline_costs.push_back(UnitCosts::WithFullBackward(second_full_backward));
+  }
   return CompleteScheduleFor<Action>(spec, std::move(placement), std::move(recorder.orders()),
-                                     full_backward_costs, std::move(recorder.starts()));
+                                     timeline_costs, std::move(recorder.starts()));
 }
 
 }  // namespace
@@ -1650,7 +1684,7 @@ absl::StatusOr<Schedule> GenerateGPipe(int num_ranks, int num_microbatches) {
     }
   }
   return CompleteScheduleFor<Op>(spec, Placement::Linear(num_ranks), std::move(orders),
-                                 {kNominalBackward});
+                                 {UnitCosts{}});
 }
 
 absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_microbatches) {
@@ -1665,7 +1699,7 @@ absl::StatusOr<Schedule> Generate1F1B(int num_ranks, int num_microbatches) {
                &orders[r]);
   }
   return CompleteScheduleFor<Op>(spec, Placement::Linear(num_ranks), std::move(orders),
-                                 {kNominalBackward});
+                                 {UnitCosts{}});
 }
 
 absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches, int chunks) {
@@ -1714,7 +1748,7 @@ absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches
       }
     }
     return CompleteScheduleFor<Op>(spec, std::move(placement), std::move(orders),
-                                   {kNominalBackward});
+                                   {UnitCosts{}});
   } else {
     // With a short last group the strict alternation can wait on itself across ranks (a
     // rank's last warm-up forward needs a backward that waits for that rank). Run the same
@@ -1826,13 +1860,16 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches) {
     }
   }
   return CompleteScheduleFor<Op>(spec, Placement::Linear(p), std::move(orders),
-                                 {kNominalBackward});
+                                 {UnitCosts{}});
 }
 
-absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches) {
-  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
+                                     std::array<int, 3> planning_costs) {
+  TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec,
                           CheckedSpec(ScheduleKind::kZBV, num_ranks, num_microbatches,
                                       /*chunks=*/2, /*waves=*/1));
+  spec.planning_costs = planning_costs;
+  TANDEM_RETURN_IF_ERROR(CheckScheduleSpec(spec));
   Placement placement = Placement::Wave(num_ranks, /*waves=*/1);
   ListScheduler::Config config = ConfigFor(spec, placement);
   config.backward_class = 0;
@@ -1840,6 +1877,9 @@ absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches) {
   config.weight_class = 2;
   // 2p chunks of half a stage: the activation memory of 1F1B's first stage.
   config.stash_cap = 2 * static_cast<int64_t>(num_ranks);
+  // Planned with the spec's costs where it has them: with a weight gradient cheaper than an
+  // input gradient (as on CPUs) the nominal order leaves a wait in every cycle.
+  config.costs = UnitCosts::For(spec);
   auto make_streams = [&](const Placement& placement) {
     return PerStageStreams(placement, num_microbatches, true);
   };
@@ -1862,7 +1902,7 @@ absl::StatusOr<Schedule> GenerateSchedule(const ScheduleSpec& spec) {
     case ScheduleKind::kZBH1:
       return GenerateZBH1(spec.num_ranks, spec.num_microbatches);
     case ScheduleKind::kZBV:
-      return GenerateZBV(spec.num_ranks, spec.num_microbatches);
+      return GenerateZBV(spec.num_ranks, spec.num_microbatches, spec.planning_costs);
   }
   return absl::InvalidArgumentError("unknown schedule kind");
 }

@@ -24,6 +24,8 @@
 // got 3"). Every generated schedule passes the validator.
 #pragma once
 
+#include <array>
+
 #include "absl/status/statusor.h"
 #include "pipeline/schedule.h"
 
@@ -46,8 +48,10 @@ absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int
 // ZB-H1: backward split into input gradient (Bi) and weight gradient (W); W delayed to fill
 // the drain bubble; activation memory as 1F1B.
 absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches);
-// ZB-V: two chunks per rank in V placement with split backward.
-absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches);
+// ZB-V: two chunks per rank in V placement with split backward, list-scheduled with
+// `planning_costs` (forward, input gradient, weight gradient; all zero: equal).
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
+                                     std::array<int, 3> planning_costs = {});
 
 // Completes per-rank compute orders (F, B, Bi, W actions only) into a schedule: inserts the
 // transfers, one GradientSync per (replica, stage) a rank holds and the final OptimizerStep.

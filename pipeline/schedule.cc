@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/json_util.h"
 #include "common/status.h"
@@ -220,6 +223,16 @@ absl::Status CheckScheduleSpec(const ScheduleSpec& spec) {
   if (spec.waves < 1 || spec.waves > kMaxWaves) {
     return RangeError("waves", 1, kMaxWaves, spec.waves);
   }
+  const auto& costs = spec.planning_costs;
+  if (costs != std::array<int, 3>{}) {
+    for (int c : costs) {
+      if (c < 1 || c > kMaxPlanningCost) return RangeError("planning costs", 1, kMaxPlanningCost, c);
+    }
+    if (spec.kind != ScheduleKind::kZBV) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "planning costs are for zb-v only (", ScheduleKindName(spec.kind), " has a fixed order)"));
+    }
+  }
   // Chimera splits its micro-batches between the replicas, so each is counted once.
   int64_t triples = int64_t{spec.NumStages()} * spec.num_microbatches;
   if (triples > kMaxStageMicrobatches) {
@@ -326,12 +339,39 @@ std::string FormatGrid(const Schedule& schedule, const GridOptions& options) {
   return out;
 }
 
+absl::StatusOr<std::array<double, 3>> ParsePlanningCosts(absl::string_view text) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
+  std::array<double, 3> costs{};
+  bool ok = parts.size() == 3;
+  for (size_t k = 0; ok && k < 3; ++k) {
+    ok = absl::SimpleAtod(parts[k], &costs[k]) && std::isfinite(costs[k]) && costs[k] > 0;
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "planning costs '", text, "': expected three positive numbers F,Bi,W"));
+  }
+  return costs;
+}
+
+std::array<int, 3> PlanningCostTicks(const std::array<double, 3>& costs) {
+  const double most = std::max({costs[0], costs[1], costs[2]});
+  std::array<int, 3> ticks{};
+  if (!(most > 0) || !std::isfinite(most)) return ticks;
+  for (size_t k = 0; k < 3; ++k) {
+    const double share = std::max(0.0, costs[k]) / most;
+    ticks[k] = std::max(1, static_cast<int>(std::lround(100.0 * share)));
+  }
+  return ticks;
+}
+
 nlohmann::json ToJson(const ScheduleSpec& spec) {
-  return {{"name", std::string(ScheduleKindName(spec.kind))},
-          {"num_ranks", spec.num_ranks},
-          {"num_microbatches", spec.num_microbatches},
-          {"chunks", spec.chunks},
-          {"waves", spec.waves}};
+  nlohmann::json j = {{"name", std::string(ScheduleKindName(spec.kind))},
+                      {"num_ranks", spec.num_ranks},
+                      {"num_microbatches", spec.num_microbatches},
+                      {"chunks", spec.chunks},
+                      {"waves", spec.waves}};
+  if (spec.planning_costs != std::array<int, 3>{}) j["planning_costs"] = spec.planning_costs;
+  return j;
 }
 
 absl::StatusOr<ScheduleSpec> ScheduleSpecFromJson(const nlohmann::json& j,
@@ -353,6 +393,20 @@ absl::StatusOr<ScheduleSpec> ScheduleSpecFromJson(const nlohmann::json& j,
   spec.num_microbatches = narrow(microbatches);
   spec.chunks = narrow(chunks);
   spec.waves = narrow(waves);
+  if (j.contains("planning_costs")) {
+    const nlohmann::json& costs = j["planning_costs"];
+    if (!costs.is_array() || costs.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".planning_costs: expected 3 numbers (forward, input gradient, weight gradient)"));
+    }
+    for (size_t k = 0; k < 3; ++k) {
+      if (!costs[k].is_number_integer()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".planning_costs[", k, "]: expected an integer"));
+      }
+      spec.planning_costs[k] = narrow(costs[k].get<int64_t>());
+    }
+  }
   TANDEM_RETURN_IF_ERROR(Annotate(CheckScheduleSpec(spec), where));
   return spec;
 }

@@ -25,6 +25,7 @@
 // transfers are matched in program order (FIFO per direction), as NCCL requires.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,6 +101,7 @@ inline constexpr int kMaxReplicas = 256;  // pipeline replicas (Chimera: 2)
 inline constexpr int kMaxMicrobatches = 1 << 16;
 inline constexpr int kMaxChunks = 64;
 inline constexpr int kMaxWaves = 64;
+inline constexpr int kMaxPlanningCost = 1000;
 // Upper bound on (replica, stage, micro-batch) triples of one schedule, so that a generated
 // schedule fits in memory (about 6 actions of 12 bytes each per triple).
 inline constexpr int64_t kMaxStageMicrobatches = int64_t{1} << 24;
@@ -111,10 +113,14 @@ struct ScheduleSpec {
   int num_microbatches = 1;  // m
   int chunks = 1;            // v, interleaved only (>= 1); ZB-V uses 2
   int waves = 1;             // W, Hanayo only; each rank holds 2W chunks
+  // ZB-V only: the relative durations of a forward, an input-gradient and a weight-gradient
+  // pass its list scheduler plans with, each in [1, kMaxPlanningCost]; all zero: equal (the
+  // zero-bubble paper's assumption). Every rank must use the same (they are in the plan).
+  std::array<int, 3> planning_costs{};
 
   bool operator==(const ScheduleSpec& o) const {
     return kind == o.kind && num_ranks == o.num_ranks && num_microbatches == o.num_microbatches &&
-           chunks == o.chunks && waves == o.waves;
+           chunks == o.chunks && waves == o.waves && planning_costs == o.planning_costs;
   }
   // Stages in one pipeline: p for GPipe/1F1B/ZB-H1/Chimera, p*v interleaved, 2*W*p Hanayo,
   // 2*p ZB-V.
@@ -130,6 +136,13 @@ struct ScheduleSpec {
 // Range checks common to all kinds (p, m, v, W within the limits above, total size bounded).
 // InvalidArgument names the field, e.g. "microbatches must be in [1, 65536], got 0".
 absl::Status CheckScheduleSpec(const ScheduleSpec& spec);
+
+// "F,Bi,W" (three positive numbers) as relative planning costs; InvalidArgument names the
+// text otherwise.
+absl::StatusOr<std::array<double, 3>> ParsePlanningCosts(absl::string_view text);
+// Relative costs as ScheduleSpec::planning_costs: scaled so that the largest is 100 (each at
+// least 1); all zero (or not positive) stays all zero.
+std::array<int, 3> PlanningCostTicks(const std::array<double, 3>& costs);
 
 // Maps (replica, stage) to the rank that runs it.
 struct Placement {

@@ -558,7 +558,7 @@ class Validator {
       for (int step = 0; step < size; ++step) {
         const Action& a = program[step];
         if (a.type == ActionType::kOptimizerStep) continue;
-        if (a.replica < 0 || a.replica >= num_replicas_) return Error(r, step, "bad replica");
+        if (a.replica >= num_replicas_) return Error(r, step, "bad replica");
         if (a.stage < 0 || a.stage >= num_stages_) return Error(r, step, "bad stage");
         if (a.type == ActionType::kGradientSync) {
           if (RankOf(a.replica, a.stage) != r) return PlacedElsewhere(r, step, a);

@@ -5,6 +5,8 @@
 // JSON log, a timeline (with the simulator's prediction beside it) and checkpoints.
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
@@ -201,6 +203,24 @@ absl::Status ApplyRecompute(pipeline::Plan* plan) {
   return absl::OkStatus();
 }
 
+// ZB-V's planning costs (pipeline::ScheduleSpec::planning_costs): --planning-costs, else the
+// model's estimates, scaled to integers with the largest 100; zeros for other schedules.
+absl::StatusOr<std::array<int, 3>> PlanningCosts(pipeline::ScheduleKind kind,
+                                                 const LayeredModel& model) {
+  const std::string flag = absl::GetFlag(FLAGS_planning_costs);
+  if (kind != pipeline::ScheduleKind::kZBV) {
+    if (!flag.empty()) {
+      return absl::InvalidArgumentError("--planning-costs is for --schedule zb-v only");
+    }
+    return std::array<int, 3>{};
+  }
+  std::array<double, 3> costs = model.split_pass_costs;
+  if (!flag.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(costs, pipeline::ParsePlanningCosts(flag));
+  }
+  return pipeline::PlanningCostTicks(costs);
+}
+
 // A plan from --schedule, --stages, --microbatches, --data-parallel: the layers split by the
 // model's cost estimates where it has them (each pipeline position's load as even as whole
 // layers allow), evenly by count otherwise.
@@ -226,6 +246,7 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
   }
   spec.chunks = absl::GetFlag(FLAGS_chunks);
   spec.waves = absl::GetFlag(FLAGS_waves);
+  TANDEM_ASSIGN_OR_RETURN(spec.planning_costs, PlanningCosts(spec.kind, model));
   if (data_parallel < 1 || spec.num_ranks * data_parallel != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--stages ", spec.num_ranks, " x --data-parallel ", data_parallel,
@@ -374,6 +395,11 @@ std::string DescribePlan(const pipeline::Plan& plan) {
       plan.pipeline_parallel, plan.world_size, plan.schedule.num_microbatches,
       plan.microbatch_size, plan.GlobalBatchSize());
   if (plan.algorithm == "balanced") out += "  (layers split by the model's FLOP estimates)\n";
+  const std::array<int, 3>& costs = plan.schedule.planning_costs;
+  if (costs[0] > 0) {
+    absl::StrAppendFormat(&out, "  (order planned for forward : input gradient : weight gradient = "
+                          "%d : %d : %d)\n", costs[0], costs[1], costs[2]);
+  }
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const pipeline::PlanStage& st = plan.stages[s];
     absl::StrAppendFormat(&out, "  stage %d: layers [%d, %d)%s\n", s, st.first_layer,
@@ -762,8 +788,9 @@ std::vector<std::string> TrainFlags() {
   std::vector<std::string> flags = ModelFlagNames();
   for (const char* name :
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
-        "waves", "data_parallel", "tensor_parallel", "steps", "elastic", "elastic_min_pipelines",
-        "devices_per_node", "device_memory_mb", "seed", "plan", "timeline", "log_json", "optimizer",
+        "waves", "planning_costs", "data_parallel", "tensor_parallel", "steps", "elastic",
+        "elastic_min_pipelines", "devices_per_node", "device_memory_mb", "seed", "plan",
+        "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",

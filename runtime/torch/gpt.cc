@@ -357,6 +357,15 @@ ModelSpec GptModelSpec(const GptConfig& config) {
     model.layer_costs.insert(model.layer_costs.end(), config.layers,
                              24.0 * h * h + 4.0 * h * static_cast<double>(config.seq_len));
     model.layer_costs.push_back((2.0 * h + 5.0) * static_cast<double>(config.vocab));
+    // Per token over the blocks and the head: the input gradient of each product costs its
+    // forward, attention's backward twice its forward (scores and values), the weight
+    // gradients one product per weight.
+    const double blocks = static_cast<double>(config.layers);
+    const double s_len = static_cast<double>(config.seq_len);
+    const double head = 2.0 * h * static_cast<double>(config.vocab);
+    model.split_pass_costs = {blocks * (24.0 * h * h + 4.0 * h * s_len) + head,
+                              blocks * (24.0 * h * h + 8.0 * h * s_len) + head,
+                              blocks * 24.0 * h * h + head};
     const int64_t vocab = config.vocab;
     model.loss = [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
       return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),

@@ -10,6 +10,7 @@
 // documented as the known limit for very large models.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -40,6 +41,10 @@ struct LayeredModel {
   // estimate it: `tandem train --schedule` splits the layers by it. Empty: unknown (an even
   // split by layer count).
   std::vector<double> layer_costs;
+  // The relative costs of a forward, an input-gradient and a weight-gradient pass over the
+  // model (FLOPs, say), where the model can estimate them: ZB-V plans its order with them. All
+  // zero: unknown (planned as equal).
+  std::array<double, 3> split_pass_costs{};
   LossFunction loss;
   // Tensor parallelism (runtime/torch/tensor_parallel.h), for models that have a sharded form:
   // replaces `layers`, clones of layers [first, first + layers.size()), by this rank's shards

@@ -305,6 +305,29 @@ TEST(TrainCliTest, BadFlagsAndMissingCheckpointAreBadInput) {
                        " --resume ", TempPath("no_such_checkpoint")));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("manifest.json"), std::string::npos) << o.output;
+
+  // ZB-V's planning costs: three positive numbers, and for zb-v only.
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                              " --schedule zb-v --stages 2 --steps 1 --planning-costs 1,0,1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("three positive numbers"), std::string::npos) << o.output;
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                              " --schedule 1f1b --stages 2 --steps 1 --planning-costs 1,1,1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("zb-v only"), std::string::npos) << o.output;
+}
+
+// zb-v planned with given costs trains to the reference losses and says what it planned with.
+TEST(TrainCliTest, ZeroBubbleVWithPlanningCostsMatchesTheReference) {
+  const std::string log = TempPath("zbv.jsonl");
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --global-batch ", kGlobalBatch,
+                                      " --microbatches 4 --schedule zb-v --stages 2 --steps 4",
+                                      " --planning-costs 1,1.15,0.8 --seed ", kSeed,
+                                      " --log-json ", log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("weight gradient = 87 : 100 : 70"), std::string::npos) << o.output;
+  ExpectLossesMatch(ReadLog(log), ReferenceLosses(4), 0);
+  std::filesystem::remove(log);
 }
 
 }  // namespace
