@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "comm/buffer.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "pipeline/plan.h"
@@ -564,7 +565,7 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
     }
     if (seg.comm != nullptr && seg.comm->size() > 1 && count > 0) {
       const absl::Status reduced =
-          seg.comm->AllReduce({flat.data(), count, comm::DataType::kFloat32}, comm::ReduceOp::kSum)
+          seg.comm->AllReduce(comm::CpuBuffer(flat.data(), count), comm::ReduceOp::kSum)
               ->Wait();
       if (!reduced.ok()) {
         Leak(buffer);
@@ -972,9 +973,9 @@ absl::Status ElasticTrainer::State::Reconfigure(
     auto bytes = std::make_shared<std::string>(EncodeState(layer_state));
     auto size = std::make_shared<int64_t>(static_cast<int64_t>(bytes->size()));
     const int peer = rank_in_current(m.destination_rank);
-    sends.push_back(config->Send({size.get(), 1, comm::DataType::kInt64}, peer, kMoveTag));
-    sends.push_back(config->Send({bytes->data(), static_cast<int64_t>(bytes->size()),
-                                   comm::DataType::kUInt8},
+    sends.push_back(config->Send(comm::CpuBuffer(size.get(), 1), peer, kMoveTag));
+    sends.push_back(config->Send(comm::MakeBuffer(bytes->data(), static_cast<int64_t>(bytes->size()),
+                                                 comm::DataType::kUInt8),
                                   peer, kMoveTag));
     outgoing.push_back(bytes);
     sizes.push_back(size);
@@ -984,7 +985,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     const int peer = rank_in_current(m.source_rank);
     auto size_buffer = std::make_shared<int64_t>(0);
     const absl::Status sized =
-        config->Recv({size_buffer.get(), 1, comm::DataType::kInt64}, peer, kMoveTag)->Wait();
+        config->Recv(comm::CpuBuffer(size_buffer.get(), 1), peer, kMoveTag)->Wait();
     if (!sized.ok()) {
       Leak(size_buffer);
       for (auto& b : outgoing) Leak(b);
@@ -997,7 +998,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     auto incoming = std::make_shared<std::string>(static_cast<size_t>(size), '\0');
     std::string& bytes = *incoming;
     const absl::Status received =
-        config->Recv({bytes.data(), size, comm::DataType::kUInt8}, peer, kMoveTag)->Wait();
+        config->Recv(comm::MakeBuffer(bytes.data(), size, comm::DataType::kUInt8), peer, kMoveTag)->Wait();
     if (!received.ok()) {
       Leak(incoming);
       for (auto& b : outgoing) Leak(b);

@@ -25,15 +25,6 @@ ShardTensor FloatTensor(const std::string& name, const float* data, int64_t coun
   return t;
 }
 
-// A float32 buffer on a stage's device, copied to the host.
-absl::StatusOr<ShardTensor> DeviceFloatTensor(DeviceOps& ops, const std::string& name,
-                                              const comm::Buffer& buffer) {
-  std::vector<float> host(static_cast<size_t>(buffer.count));
-  TANDEM_RETURN_IF_ERROR(
-      ops.CopyToHost(host.data(), static_cast<const float*>(buffer.data), buffer.count));
-  return FloatTensor(name, host.data(), buffer.count);
-}
-
 nlohmann::json OptimizerJson(const OptimizerConfig& c) {
   return {{"kind", OptimizerName(c.kind)}, {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},      {"beta1", c.beta1},
