@@ -110,7 +110,8 @@ ABSL_FLAG(double, heartbeat_timeout, 2,
           "ends (0: off, e.g. to stop a rank in a debugger)");
 ABSL_FLAG(double, startup_timeout, 60,
           "train: seconds MPI's start-up may take (a rank that dies while MPI starts leaves the "
-          "others inside MPI_Init; after it, heartbeats notice a dead rank within 2 s)");
+          "others inside MPI_Init or the first split; after them, heartbeats notice a dead rank "
+          "within 2 s)");
 ABSL_FLAG(std::string, precision, "",
           "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
           "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
@@ -732,9 +733,10 @@ int RunTrain(const std::vector<std::string>& args) {
                                     absl::StrCat("unexpected argument '", args[0], "'")));
   }
   const absl::Duration timeout = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_timeout)));
+  // MPI's start-up and the split of the start-up watch's communicator: until the watch's
+  // heartbeats run, a rank that dies leaves the others inside MPI (neither call returns).
   StartupDeadline deadline(absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_startup_timeout))));
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
-  deadline.Done();
   if (!world.ok()) return ReportError("train", world.status());
   (*world)->set_timeout(timeout);
   const int rank = (*world)->rank();
@@ -760,6 +762,7 @@ int RunTrain(const std::vector<std::string>& args) {
     if (!watch.ok()) return ReportError("train", watch.status());
     startup_watch = std::move(watch).value();
   }
+  deadline.Done();
   absl::Status status = Train(**world, [&] {
     startup_watch.reset();
     // A peer may still send a failure notice on it: aborted, it is never freed.
