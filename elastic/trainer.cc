@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -21,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "comm/buffer.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "pipeline/plan.h"
@@ -96,7 +98,8 @@ struct KillPoint {
   // Whether `me` dies in a stage's computation (forward, backward or stop) at some iteration.
   bool InStage(int me) const {
     for (const Entry& e : entries) {
-      if (e.rank == me && (e.point == "forward" || e.point == "backward" || e.point == "stop")) {
+      if (e.rank == me && (e.point == "forward" || e.point == "backward" || e.point == "stop" ||
+                           e.point == "grow")) {
         return true;
       }
     }
@@ -113,8 +116,9 @@ struct KillPoint {
 absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   KillPoint k;
   if (text.empty()) return k;
-  static const std::set<std::string> kPoints = {"forward", "backward", "sync",      "commit",
-                                                "idle",    "stop",     "reform",    "checkpoint"};
+  static const std::set<std::string> kPoints = {"forward", "backward", "sync",
+                                                "commit",  "idle",     "stop",
+                                                "reform",  "checkpoint", "grow"};
   for (absl::string_view one : absl::StrSplit(text, ',')) {
     std::vector<std::string> parts = absl::StrSplit(one, ':');
     KillPoint::Entry e;
@@ -125,7 +129,8 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
           "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
           "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
           "re-formation that resumes at ITERATION), checkpoint (writing the checkpoint of step "
-          "ITERATION)"));
+          "ITERATION), grow (not a death: the rank sends itself SIGUSR2 in forward, asking the "
+          "job to grow by a node)"));
     }
     e.point = parts[2];
     k.entries.push_back(std::move(e));
@@ -155,6 +160,11 @@ class KillingStage final : public runtime::Stage {
                                                        std::vector<runtime::Tensor> in) override {
     if (m == 0 && kill_.Hits(rank_, iteration_, "forward")) KillSelf(rank_, iteration_, "forward");
     if (m == 0 && kill_.Hits(rank_, iteration_, "stop")) KillSelf(rank_, iteration_, "stop");
+    if (m == 0 && kill_.Hits(rank_, iteration_, "grow")) {
+      TANDEM_LOG(INFO) << "fault injection: rank " << rank_ << " asks for a node (SIGUSR2) in "
+                       << "iteration " << iteration_;
+      ::raise(SIGUSR2);
+    }
     return inner_->Forward(m, std::move(in));
   }
   absl::StatusOr<std::vector<runtime::Tensor>> Backward(int m,
@@ -196,6 +206,57 @@ std::string Ranks(const std::vector<int>& ranks) {
 template <typename T>
 void Leak(std::shared_ptr<T> memory) {
   new std::shared_ptr<T>(std::move(memory));
+}
+
+// `text` of rank 0 on every rank (size, then bytes).
+absl::StatusOr<std::string> BroadcastString(comm::Communicator& c, std::string text) {
+  auto size = std::make_shared<int64_t>(static_cast<int64_t>(text.size()));
+  const absl::Status sized = c.Broadcast(comm::CpuBuffer(size.get(), 1), 0)->Wait();
+  if (!sized.ok()) {
+    Leak(size);
+    return sized;
+  }
+  auto bytes = std::make_shared<std::string>(std::move(text));
+  bytes->resize(static_cast<size_t>(*size));
+  const absl::Status sent =
+      c.Broadcast(comm::MakeBuffer(bytes->data(), *size, comm::DataType::kUInt8), 0)->Wait();
+  if (!sent.ok()) {
+    Leak(bytes);
+    return sent;
+  }
+  return *bytes;
+}
+
+nlohmann::json LayoutToJson(const JobLayout& layout) {
+  nlohmann::json pipelines = nlohmann::json::array();
+  for (const JobPipeline& p : layout.pipelines) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const LayerRange& r : p.stages) stages.push_back({r.first_layer, r.end_layer});
+    pipelines.push_back({{"ranks", p.ranks},
+                         {"stages", stages},
+                         {"microbatches", p.microbatches},
+                         {"first_microbatch", p.first_microbatch}});
+  }
+  return {{"pipelines", pipelines},
+          {"idle_ranks", layout.idle_ranks},
+          {"global_microbatches", layout.global_microbatches}};
+}
+
+JobLayout LayoutFromJson(const nlohmann::json& j) {
+  JobLayout layout;
+  for (const nlohmann::json& p : j.at("pipelines")) {
+    JobPipeline jp;
+    jp.ranks = p.at("ranks").get<std::vector<int>>();
+    for (const nlohmann::json& r : p.at("stages")) {
+      jp.stages.push_back({r.at(0).get<int>(), r.at(1).get<int>()});
+    }
+    jp.microbatches = p.at("microbatches").get<int64_t>();
+    jp.first_microbatch = p.at("first_microbatch").get<int64_t>();
+    layout.pipelines.push_back(std::move(jp));
+  }
+  layout.idle_ranks = j.at("idle_ranks").get<std::vector<int>>();
+  layout.global_microbatches = j.at("global_microbatches").get<int64_t>();
+  return layout;
 }
 
 // Sums the squares of a host buffer.
@@ -412,8 +473,23 @@ struct ElasticTrainer::State {
   // The end agreed at a commit after a stop request (-1: none); forgotten by a re-formation.
   int64_t stop_end = -1;
   int64_t stopped_at = -1;
-  int64_t train_end() const {
+  int64_t job_end() const {
     return stop_end >= 0 ? std::min(stop_end, end_iteration) : end_iteration;
+  }
+  // Growth: the iteration the job grows before, and by how many nodes (agreed at a commit, or
+  // the same on every survivor after a recovery with replace_lost; -1, 0: none). grow_now: the
+  // nodes every rank agreed on at the end of Train (0: the job ended).
+  int64_t grow_at = -1;
+  int grow_nodes = 0;
+  int grow_now = 0;
+  int64_t grow_iteration = 0;  // where training resumes after that growth
+  int next_job_rank = 0;   // the job rank the next started process gets
+  int starting_ranks = 0;  // the job's size at its start (replace_lost grows back to it)
+  // While processes are being started: a death cannot interrupt MPI_Comm_spawn, so the
+  // membership's failure notice ends this rank instead.
+  std::atomic<bool> growing{false};
+  int64_t train_end() const {
+    return grow_at >= 0 ? std::min(grow_at, job_end()) : job_end();
   }
   std::unique_ptr<runtime::Engine> engine;
   int pipeline_index = -1;
@@ -427,6 +503,14 @@ struct ElasticTrainer::State {
   absl::Status abort_reason;
 
   void AbortAll(const absl::Status& reason) {
+    if (growing.load()) {
+      TANDEM_LOG(ERROR) << "elastic: rank " << me << ": a rank died while the job was starting "
+                        << "new processes, which MPI cannot interrupt; ending this rank ("
+                        << reason.message() << ")";
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
     std::lock_guard<std::mutex> lock(abort_mu);
     if (!aborted) abort_reason = reason;
     aborted = true;
@@ -487,6 +571,27 @@ struct ElasticTrainer::State {
   absl::Status Reconfigure(const MembershipDecision& decision,
                            const std::function<void(const ElasticIteration&)>& on_iteration,
                            const std::function<void(const Reconfiguration&)>& on_reconfiguration);
+  // The re-instantiation on the live ranks' whole nodes, from what `old_layout` held (nothing
+  // when `restore`): at least `min_pipelines` pipelines where the nodes allow, else one.
+  absl::StatusOr<ElasticPlan> PlanOnLiveNodes(const JobLayout& old_layout, bool restore,
+                                              int min_pipelines) const;
+  // 4. and 5. of a re-formation: the state moves of `plan` between the live ranks, then the
+  // engines at iteration `next`. Fills the report's moves.
+  absl::Status MoveStateAndConfigure(const ElasticPlan& plan, int64_t next,
+                                     Reconfiguration& report);
+  // Starts `nodes` nodes' worth of new ranks and re-forms the job with them.
+  absl::Status Grow(int nodes,
+                    const std::function<void(const Reconfiguration&)>& on_reconfiguration);
+  // After a re-formation onto `live`: with replace_lost, grow back after one iteration.
+  void ScheduleReplacement(int64_t next);
+  // What a started rank needs (JoinRequest::state): the layout held before the growth, the
+  // ranks after it, the iteration to resume.
+  std::string JoinState(const std::vector<int>& added) const;
+  absl::Status ReadJoinState(const std::string& text, std::vector<int>& added);
+  // The end of a growth, on the old ranks and the started ones alike (the state moves and the
+  // engines of a re-formation).
+  absl::Status FinishGrowth(Reconfiguration& report, absl::Time start,
+                            const std::function<void(const Reconfiguration&)>& on_done);
   ElasticIteration Report(const runtime::IterationResult& r) const {
     ElasticIteration e;
     e.result = r;
@@ -590,16 +695,21 @@ absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<dou
   // The three sums, and the number of ranks asked to stop: every rank learns a stop request at
   // the same commit.
   const bool stop = options.stop_requested != nullptr && options.stop_requested->load();
-  auto buffer = std::make_shared<std::array<double, 4>>(
-      std::array<double, 4>{sums[0], sums[1], sums[2], stop ? 1.0 : 0.0});
+  const bool grow = options.grow_requested != nullptr && options.grow_requested->load() > 0;
+  auto buffer = std::make_shared<std::array<double, 5>>(std::array<double, 5>{
+      sums[0], sums[1], sums[2], stop ? 1.0 : 0.0, grow ? 1.0 : 0.0});
   const absl::Status reduced =
-      training->AllReduce(runtime::DoubleBuffer(buffer->data(), 4), comm::ReduceOp::kSum)->Wait();
+      training->AllReduce(runtime::DoubleBuffer(buffer->data(), 5), comm::ReduceOp::kSum)->Wait();
   if (!reduced.ok()) {
     Leak(buffer);
     return reduced;
   }
   sums = {(*buffer)[0], (*buffer)[1], (*buffer)[2]};
   if ((*buffer)[3] > 0 && stop_end < 0) stop_end = iteration + 1;
+  if ((*buffer)[4] > 0 && grow_at < 0) {
+    grow_at = iteration + 1;
+    grow_nodes = 1;
+  }
   membership->SetCommitted(iteration, sums);
   if (kill.Hits(me, iteration, "commit")) KillSelf(me, iteration, "commit");
   return absl::OkStatus();
@@ -696,6 +806,7 @@ absl::Status ElasticTrainer::State::Configure(
 absl::Status ElasticTrainer::State::Train(
     const std::function<void(const ElasticIteration&)>& on_iteration) {
   stopped_at = -1;
+  int grow = 0;
   if (engine != nullptr) {
     while (engine->iteration() < train_end()) {
       TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
@@ -705,23 +816,38 @@ absl::Status ElasticTrainer::State::Train(
       if (on_iteration) on_iteration(Report(r));
       if (!options.checkpoint_dir.empty() &&
           ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) ||
-           done == train_end())) {
+           done == job_end())) {
         TANDEM_RETURN_IF_ERROR(SaveCheckpoint(done));
       }
     }
     // A death during the final checkpoint: the survivors write it again.
-    if (!options.checkpoint_dir.empty() && saved_step != train_end() &&
-        engine->iteration() == train_end()) {
-      TANDEM_RETURN_IF_ERROR(SaveCheckpoint(train_end()));
+    if (!options.checkpoint_dir.empty() && saved_step != job_end() &&
+        engine->iteration() == job_end()) {
+      TANDEM_RETURN_IF_ERROR(SaveCheckpoint(job_end()));
     }
-    if (train_end() < end_iteration) stopped_at = train_end();
+    if (engine->iteration() >= job_end() && job_end() < end_iteration) stopped_at = job_end();
+    if (grow_at >= 0 && engine->iteration() == grow_at && grow_at < job_end()) grow = grow_nodes;
   } else if (kill.Idle(me)) {
     KillSelf(me, -1, "idle");
   }
-  // Everyone, idle ranks included, meets here; a failure meanwhile aborts the wait.
-  comm::WorkPtr done = everyone->Barrier();
+  // Everyone, idle ranks included, meets here and learns whether the job grows now (the
+  // training ranks agreed on it at a commit) or ends; a failure meanwhile aborts the wait.
+  // (The iteration too, which idle ranks do not know.)
+  auto next = std::make_shared<std::array<double, 2>>(std::array<double, 2>{
+      static_cast<double>(grow),
+      engine != nullptr ? static_cast<double>(engine->iteration()) : -1.0});
+  comm::WorkPtr done = everyone->AllReduce(runtime::DoubleBuffer(next->data(), 2),
+                                           comm::ReduceOp::kMax);
   while (!done->Test()) absl::SleepFor(absl::Milliseconds(5));
-  return done->error();
+  if (!done->error().ok()) {
+    Leak(next);
+    return done->error();
+  }
+  grow_now = static_cast<int>((*next)[0]);
+  grow_iteration = static_cast<int64_t>((*next)[1]);
+  grow_at = -1;
+  grow_nodes = 0;
+  return absl::OkStatus();
 }
 
 // The partition a checkpoint of the job follows: one stage per gradient segment (a plan of
@@ -820,6 +946,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
   };
   Reconfiguration report;
   stop_end = -1;  // some survivors may not have seen the commit that agreed it
+  grow_at = -1;   // nor a growth agreed at it
+  grow_nodes = 0;
   for (int r : decision.live) report.live.push_back(live[static_cast<size_t>(r)]);
   if (!reforming) reform_dead.clear();
   for (int r : decision.dead) reform_dead.push_back(live[static_cast<size_t>(r)]);
@@ -863,12 +991,6 @@ absl::Status ElasticTrainer::State::Reconfigure(
   }
   const int64_t next = held_next;
   report.resume_iteration = next;
-  std::map<int, std::vector<std::string>> names_of_layer;
-  for (const auto& [name, p] : held_state) {
-    TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(name));
-    names_of_layer[layer].push_back(name);
-  }
-  std::map<std::string, runtime::ParameterState>& held = held_state;
   const JobLayout old_layout = held_layout;
   membership.reset();
   TearDown();
@@ -892,19 +1014,11 @@ absl::Status ElasticTrainer::State::Reconfigure(
   report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
 
   // 3. The new layout, computed identically on every survivor.
-  const int dpn = std::max(1, options.devices_per_node);
-  std::map<int, std::vector<int>> by_node;
-  for (int r : live) by_node[r / dpn].push_back(r);
-  ReinstantiationInput input;
-  for (auto& [node, ranks] : by_node) {
-    if (static_cast<int>(ranks.size()) == dpn) input.nodes.push_back(ranks);
-  }
-  input.held = HeldUnder(old_layout);
   bool restore = false;
   {
     // Layers with no live holder cannot be copied from anyone: say so before planning.
     std::vector<bool> covered(static_cast<size_t>(options.num_layers), false);
-    for (const auto& [r, ranges] : input.held) {
+    for (const auto& [r, ranges] : HeldUnder(old_layout)) {
       if (std::find(live.begin(), live.end(), r) == live.end()) continue;
       for (const LayerRange& range : ranges) {
         for (int l = range.first_layer; l < range.end_layer; ++l) covered[static_cast<size_t>(l)] = true;
@@ -922,11 +1036,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     }
     restore = !lost.empty();
   }
-  input.global_microbatches = options.global_microbatches;
-  input.min_pipelines = 1;
-  input.layer_state_bytes = options.layer_state_bytes;
-  if (restore) input.held.clear();  // everything comes from the checkpoint
-  TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanReinstantiation(templates, input));
+  TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanOnLiveNodes(old_layout, restore, 1));
   TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
   report.plan = Describe(plan);
   report.layout = Describe(layout);
@@ -954,11 +1064,65 @@ absl::Status ElasticTrainer::State::Reconfigure(
     held_state.clear();
     saved_step = -1;
     has_last_result = false;  // iterations after the checkpoint run again
+    ScheduleReplacement(read->step);
     if (on_reconfiguration) on_reconfiguration(report);
     return absl::OkStatus();
   }
 
-  // 4. State moves: each layer a rank now needs and did not hold, from a surviving holder.
+  // 4. and 5. State moves from surviving holders, then new engines at the iteration after the
+  // committed one.
+  const int old_reporter = old_layout.pipelines.empty() ? -1 : old_layout.pipelines[0].ranks[0];
+  TANDEM_RETURN_IF_ERROR(MoveStateAndConfigure(plan, next, report));
+  // The detection as the first survivor to notice saw it (others learned it from that one).
+  TANDEM_ASSIGN_OR_RETURN(report.detection_seconds,
+                          OverSurvivors(report.detection_seconds, comm::ReduceOp::kMax));
+  previous.reset();
+  // A new reporter whose predecessor died reports the committed iteration again: the dead one
+  // may have died before it did (a reader keeps the last line of each iteration).
+  if (reporter && old_reporter != me && has_last_result &&
+      last_result.iteration == decision.committed_iteration &&
+      std::find(report.dead.begin(), report.dead.end(), old_reporter) != report.dead.end() &&
+      on_iteration) {
+    on_iteration(Report(last_result));
+  }
+  report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  report.reporter = reporter;
+  ScheduleReplacement(next);
+  if (on_reconfiguration) on_reconfiguration(report);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ElasticPlan> ElasticTrainer::State::PlanOnLiveNodes(const JobLayout& old_layout,
+                                                                   bool restore,
+                                                                   int min_pipelines) const {
+  const int dpn = std::max(1, options.devices_per_node);
+  std::map<int, std::vector<int>> by_node;
+  for (int r : live) by_node[r / dpn].push_back(r);
+  ReinstantiationInput input;
+  for (auto& [node, ranks] : by_node) {
+    if (static_cast<int>(ranks.size()) == dpn) input.nodes.push_back(ranks);
+  }
+  if (!restore) input.held = HeldUnder(old_layout);  // else everything comes from the checkpoint
+  input.global_microbatches = options.global_microbatches;
+  input.min_pipelines = std::max(1, min_pipelines);
+  input.layer_state_bytes = options.layer_state_bytes;
+  absl::StatusOr<ElasticPlan> plan = PlanReinstantiation(templates, input);
+  if (!plan.ok() && absl::IsFailedPrecondition(plan.status()) && input.min_pipelines > 1) {
+    input.min_pipelines = 1;  // the nodes cannot hold that many pipelines: as many as fit
+    plan = PlanReinstantiation(templates, input);
+  }
+  return plan;
+}
+
+absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& plan, int64_t next,
+                                                          Reconfiguration& report) {
+  absl::Time mark = absl::Now();
+  std::map<std::string, runtime::ParameterState>& held = held_state;
+  std::map<int, std::vector<std::string>> names_of_layer;
+  for (const auto& [name, p] : held) {
+    TANDEM_ASSIGN_OR_RETURN(int layer, LayerOfParameter(name));
+    names_of_layer[layer].push_back(name);
+  }
   auto rank_in_current = [&](int job_rank) -> int {
     auto it = std::find(live.begin(), live.end(), job_rank);
     return it == live.end() ? -1 : static_cast<int>(it - live.begin());
@@ -1023,34 +1187,195 @@ absl::Status ElasticTrainer::State::Reconfigure(
       return Annotate(sent, "sending layer state");
     }
   }
-  // The job's total, for the report (every survivor takes part).
+  // The job's total, for the report (every live rank takes part).
   TANDEM_ASSIGN_OR_RETURN(report.bytes_moved,
                           OverSurvivors(report.bytes_received, comm::ReduceOp::kSum));
-  report.move_seconds = lap();
-  // The detection as the first survivor to notice saw it (others learned it from that one).
-  TANDEM_ASSIGN_OR_RETURN(report.detection_seconds,
-                          OverSurvivors(report.detection_seconds, comm::ReduceOp::kMax));
-  previous.reset();
-
-  // 5. New engines at the iteration after the committed one.
-  const int old_reporter = old_layout.pipelines.empty() ? -1 : old_layout.pipelines[0].ranks[0];
+  const absl::Time moved = absl::Now();
+  report.move_seconds = absl::ToDoubleSeconds(moved - mark);
   TANDEM_RETURN_IF_ERROR(Configure(&held, next));
-  report.build_seconds = lap();
-  // A new reporter whose predecessor died reports the committed iteration again: the dead one
-  // may have died before it did (a reader keeps the last line of each iteration).
-  if (reporter && old_reporter != me && has_last_result &&
-      last_result.iteration == decision.committed_iteration &&
-      std::find(report.dead.begin(), report.dead.end(), old_reporter) != report.dead.end() &&
-      on_iteration) {
-    on_iteration(Report(last_result));
-  }
-  report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  report.reporter = reporter;
+  report.build_seconds = absl::ToDoubleSeconds(absl::Now() - moved);
   reforming = false;
   held_state.clear();
   saved_step = -1;
-  if (on_reconfiguration) on_reconfiguration(report);
   return absl::OkStatus();
+}
+
+void ElasticTrainer::State::ScheduleReplacement(int64_t next) {
+  if (!options.replace_lost || options.spawn_command.empty()) return;
+  const int dpn = std::max(1, options.devices_per_node);
+  std::map<int, int> per_node;
+  for (int r : live) ++per_node[r / dpn];
+  int whole = 0;
+  for (const auto& [node, count] : per_node) whole += count == dpn ? 1 : 0;
+  const int lost = starting_ranks / dpn - whole;
+  if (lost <= 0) return;
+  grow_at = next + 1;  // the same on every rank: all resume at `next`
+  grow_nodes = lost;
+}
+
+std::string ElasticTrainer::State::JoinState(const std::vector<int>& added) const {
+  std::vector<int> after = live;
+  after.insert(after.end(), added.begin(), added.end());
+  const nlohmann::json j = {{"next_iteration", held_next},
+                            {"first_iteration", first_iteration},
+                            {"end_iteration", end_iteration},
+                            {"live", after},
+                            {"added", added},
+                            {"next_job_rank", next_job_rank + static_cast<int>(added.size())},
+                            {"starting_ranks", starting_ranks},
+                            {"num_layers", options.num_layers},
+                            {"layout", LayoutToJson(held_layout)}};
+  return j.dump();
+}
+
+absl::Status ElasticTrainer::State::ReadJoinState(const std::string& text,
+                                                  std::vector<int>& added) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return absl::DataLossError("the job's state for a started rank is not JSON");
+  try {
+    held_next = j.at("next_iteration").get<int64_t>();
+    first_iteration = j.at("first_iteration").get<int64_t>();
+    end_iteration = j.at("end_iteration").get<int64_t>();
+    live = j.at("live").get<std::vector<int>>();
+    added = j.at("added").get<std::vector<int>>();
+    next_job_rank = j.at("next_job_rank").get<int>();
+    starting_ranks = j.at("starting_ranks").get<int>();
+    held_layout = LayoutFromJson(j.at("layout"));
+    const int layers = j.at("num_layers").get<int>();
+    if (layers != options.num_layers ||
+        held_layout.global_microbatches != options.global_microbatches) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "this rank's model has ", options.num_layers, " layers and a global batch of ",
+          options.global_microbatches, " micro-batches; the job it joins has ", layers, " and ",
+          held_layout.global_microbatches, ": it must run the job's command"));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("the job's state for a started rank: ", e.what()));
+  }
+  if (static_cast<int>(live.size()) != current->size()) {
+    return absl::InternalError(absl::StrCat("the job names ", live.size(), " ranks but ",
+                                            current->size(), " joined"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticTrainer::State::Grow(
+    int nodes, const std::function<void(const Reconfiguration&)>& on_reconfiguration) {
+  const absl::Time start = absl::Now();
+  if (options.grow_requested != nullptr) {
+    // This growth answers one request of this rank's, if it made any.
+    int pending = options.grow_requested->load();
+    while (pending > 0 && !options.grow_requested->compare_exchange_weak(pending, pending - 1)) {
+    }
+  }
+  const bool first = current->rank() == 0;
+  auto* mpi = dynamic_cast<comm::MpiCommunicator*>(current);
+  if (options.spawn_command.empty() || mpi == nullptr) {
+    if (first) {
+      TANDEM_LOG(WARNING) << "elastic: the job cannot grow while it runs ("
+                          << (mpi == nullptr ? "its communicator is not MPI's"
+                                             : "no command to start ranks with")
+                          << "); training goes on with " << current->size() << " rank(s)";
+    }
+    return absl::OkStatus();
+  }
+  const int dpn = std::max(1, options.devices_per_node);
+  const int count = nodes * dpn;
+  const int64_t next = grow_iteration;
+  if (engine != nullptr && engine->iteration() != next) {
+    return absl::InternalError(absl::StrCat("rank ", me, " is at iteration ", engine->iteration(),
+                                            " but the job grows before ", next));
+  }
+  // This rank's state, before anything changes (a failed start leaves the engines running).
+  std::map<std::string, runtime::ParameterState> state;
+  if (engine != nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> exported, engine->ExportState());
+    for (runtime::ParameterState& p : exported) {
+      std::string name = p.name;
+      state.emplace(std::move(name), std::move(p));
+    }
+  }
+  if (first) {
+    std::cout << "elastic: starting " << count << " new rank(s) (" << nodes
+              << " node(s)) before iteration " << next + 1 << " ..." << std::endl;
+  }
+  growing.store(true);
+  absl::StatusOr<std::unique_ptr<comm::MpiCommunicator>> merged =
+      mpi->SpawnAndMerge(options.spawn_command, count);
+  if (!merged.ok()) {
+    growing.store(false);
+    if (first) {
+      TANDEM_LOG(WARNING) << "elastic: could not start new ranks (" << merged.status().message()
+                          << "); training goes on with " << current->size() << " rank(s)";
+    }
+    return absl::OkStatus();
+  }
+  Reconfiguration report;
+  report.spawn_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  // The old ranks' membership ends together; the merged communicator gets a new one.
+  membership->Leave();
+  membership.reset();
+  growing.store(false);
+  TearDown();
+  held_state = std::move(state);
+  held_layout = layout;
+  held_next = next;
+  reforming = true;
+  std::vector<int> added;
+  for (int i = 0; i < count; ++i) added.push_back(next_job_rank + i);
+  (*merged)->set_timeout(options.engine.timeout);
+  TANDEM_RETURN_IF_ERROR(Annotate(BroadcastString(**merged, options.join_payload).status(),
+                                  "sending the job's set-up to the started ranks"));
+  TANDEM_RETURN_IF_ERROR(Annotate(BroadcastString(**merged, JoinState(added)).status(),
+                                  "sending the job's state to the started ranks"));
+  std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
+  if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the grown job's"));
+  shrunk = *std::move(merged);
+  current = shrunk.get();
+  live.insert(live.end(), added.begin(), added.end());
+  next_job_rank += count;
+  TANDEM_RETURN_IF_ERROR(StartMembership());
+  membership->SetCommitted(next - 1);
+  report.added = added;
+  report.shrink_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  TANDEM_RETURN_IF_ERROR(FinishGrowth(report, start, on_reconfiguration));
+  previous.reset();
+  return absl::OkStatus();
+}
+
+absl::Status ElasticTrainer::State::FinishGrowth(
+    Reconfiguration& report, absl::Time start,
+    const std::function<void(const Reconfiguration&)>& on_done) {
+  const int64_t next = held_next;
+  const absl::Time planning = absl::Now();
+  TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan,
+                          PlanOnLiveNodes(held_layout, /*restore=*/false, options.min_pipelines));
+  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
+  report.plan = Describe(plan);
+  report.layout = Describe(layout);
+  report.plan_seconds = absl::ToDoubleSeconds(absl::Now() - planning);
+  TANDEM_RETURN_IF_ERROR(MoveStateAndConfigure(plan, next, report));
+  report.live = live;
+  report.committed_iteration = next - 1;
+  report.resume_iteration = next;
+  report.rebuild_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  report.reporter = reporter;
+  if (on_done) on_done(report);
+  return absl::OkStatus();
+}
+
+bool StartedByARunningJob() { return comm::MpiCommunicator::Spawned(); }
+
+absl::StatusOr<JoinRequest> AcceptJoin(absl::Duration timeout) {
+  TANDEM_ASSIGN_OR_RETURN(comm::CommOptions options, comm::CommOptions::FromEnvironment());
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::MpiCommunicator> merged,
+                          comm::MpiCommunicator::JoinParents(options));
+  merged->set_timeout(timeout);
+  JoinRequest request;
+  TANDEM_ASSIGN_OR_RETURN(request.payload, BroadcastString(*merged, ""));
+  TANDEM_ASSIGN_OR_RETURN(request.state, BroadcastString(*merged, ""));
+  request.job = std::move(merged);
+  return request;
 }
 
 ElasticTrainer::ElasticTrainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -1067,9 +1392,10 @@ int64_t ElasticTrainer::first_iteration() const { return state_->first_iteration
 int64_t ElasticTrainer::end_iteration() const { return state_->end_iteration; }
 int64_t ElasticTrainer::stopped_at() const { return state_->stopped_at; }
 
-absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
-    std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
-    runtime::StageFactory factory, ElasticOptions options) {
+namespace {
+
+absl::Status CheckOptions(const comm::Communicator* world, const runtime::StageFactory& factory,
+                          ElasticOptions& options) {
   if (world == nullptr) return absl::InvalidArgumentError("elastic: no communicator");
   if (!factory) return absl::InvalidArgumentError("elastic: no stage factory");
   if (options.schedule != pipeline::ScheduleKind::kGPipe &&
@@ -1085,12 +1411,50 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     const char* env = std::getenv("TANDEM_ELASTIC_KILL");
     if (env != nullptr) options.kill = env;
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Join(
+    JoinRequest request, planner::TemplateSet templates, runtime::StageFactory factory,
+    ElasticOptions options, std::function<void(const Reconfiguration&)> on_joined) {
+  const absl::Time start = absl::Now();
+  TANDEM_RETURN_IF_ERROR(CheckOptions(request.job.get(), factory, options));
+  auto state = std::make_unique<State>();
+  TANDEM_ASSIGN_OR_RETURN(state->kill, ParseKill(options.kill));
+  state->base = std::move(request.job);
+  state->current = state->base.get();
+  state->templates = std::move(templates);
+  state->factory = std::move(factory);
+  state->options = std::move(options);
+  State& s = *state;
+  s.base->set_timeout(s.options.engine.timeout);
+  std::vector<int> added;
+  TANDEM_RETURN_IF_ERROR(s.ReadJoinState(request.state, added));
+  s.me = s.live[static_cast<size_t>(s.current->rank())];
+  s.reforming = true;
+  TANDEM_RETURN_IF_ERROR(s.StartMembership());
+  s.membership->SetCommitted(s.held_next - 1);
+  Reconfiguration report;
+  report.added = added;
+  report.shrink_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  TANDEM_RETURN_IF_ERROR(s.FinishGrowth(report, start, on_joined));
+  return std::unique_ptr<ElasticTrainer>(new ElasticTrainer(std::move(state)));
+}
+
+absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
+    std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
+    runtime::StageFactory factory, ElasticOptions options) {
+  TANDEM_RETURN_IF_ERROR(CheckOptions(world.get(), factory, options));
   auto state = std::make_unique<State>();
   TANDEM_ASSIGN_OR_RETURN(state->kill, ParseKill(options.kill));
   state->base = std::move(world);
   state->current = state->base.get();
   state->me = state->base->rank();
   for (int r = 0; r < state->base->size(); ++r) state->live.push_back(r);
+  state->starting_ranks = state->base->size();
+  state->next_job_rank = state->base->size();
   state->templates = std::move(templates);
   state->factory = std::move(factory);
   state->options = std::move(options);
@@ -1143,6 +1507,17 @@ absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on
   s.on_checkpoint = std::move(on_checkpoint);
   absl::Status failure = s.Train(on_iteration);
   for (;;) {
+    if (failure.ok() && s.grow_now > 0) {
+      const absl::Status grown = s.Grow(std::exchange(s.grow_now, 0), on_reconfiguration);
+      if (!grown.ok()) {
+        // A death after the started ranks joined: agree and re-form as after any failure.
+        if (s.membership == nullptr) return Annotate(grown, "elastic: growing the job");
+        failure = grown;
+        continue;
+      }
+      failure = s.Train(on_iteration);
+      continue;
+    }
     if (failure.ok()) {
       s.membership->Leave();
       return absl::OkStatus();

@@ -28,9 +28,18 @@
 // of floating-point sums). A layer with no surviving copy ends the job with an error naming it,
 // unless a checkpoint of the job exists: then every rank rolls back to it.
 //
+// Growth. The job also grows while it runs (ElasticOptions::spawn_command): at an iteration
+// boundary agreed at a commit (a rank asked for a node, ElasticOptions::grow_requested; or,
+// with replace_lost, the first iteration after a recovery) every rank takes part in starting
+// new processes (MPI_Comm_spawn) and merging with them (MPI_Intercomm_merge); the started
+// processes call Join. Job ranks of new processes continue after the highest ever used, so a
+// node is still job rank / devices_per_node. The templates are re-instantiated on the larger
+// set of nodes and the new ranks receive their layers' parameters and optimizer state from
+// the ranks that hold them, as after a failure; no step is lost or repeated. A rank that dies
+// while processes are being started ends the job (MPI_Comm_spawn cannot be interrupted).
+//
 // Limits: stages on the CPU (gradients are summed across pipelines through host memory over
-// MPI); schedules GPipe and 1F1B; the job never grows while it runs (it can be resumed from a
-// checkpoint on any number of ranks).
+// MPI); schedules GPipe and 1F1B.
 #pragma once
 
 #include <atomic>
@@ -124,10 +133,25 @@ struct ElasticOptions {
   // step written, with a checkpoint_dir). A re-formation forgets an agreed stop; a flag still
   // set is carried by the next commit. Null: never.
   const std::atomic<bool>* stop_requested = nullptr;
+  // Live growth. The command started ranks run (argv[0] the program; the same `tandem train`
+  // as the job's). Empty: the job never grows while it runs.
+  std::vector<std::string> spawn_command;
+  // Nodes this rank asks to add (`tandem train --elastic` counts SIGUSR2). When any training
+  // rank's count is positive at a commit, the job grows by one node (devices_per_node ranks)
+  // after that iteration, and every rank's count drops by one. Null: no requests.
+  std::atomic<int>* grow_requested = nullptr;
+  // After a recovery, start new ranks for the nodes lost (back to the job's starting size)
+  // once the survivors have run one iteration.
+  bool replace_lost = false;
+  // Handed to every started rank (JoinRequest::payload), e.g. what it needs to compute the
+  // same templates.
+  std::string join_payload;
   // Fault injection for tests: "RANK:ITERATION:POINT" kills (SIGKILL) job rank RANK at
   // ITERATION, POINT one of forward, backward, sync (before the gradient all-reduce across
   // pipelines), commit (right after the commit all-reduce, before the step is applied), idle
-  // (an idle rank, while it waits). Empty: none. TANDEM_ELASTIC_KILL in the environment sets it.
+  // (an idle rank, while it waits), or grow (no death: the rank raises SIGUSR2 in forward, the
+  // request `tandem train --elastic` turns into grow_requested). Empty: none.
+  // TANDEM_ELASTIC_KILL in the environment sets it.
   std::string kill;
 };
 
@@ -162,7 +186,23 @@ struct Reconfiguration {
   bool reporter = false;
   // >= 0: no survivor held some layers; every rank rolled back to this checkpoint step.
   int64_t restored_step = -1;
+  // A growth instead of a recovery: the job ranks started (dead is empty), and how long
+  // starting them took (MPI_Comm_spawn until they joined; counted in shrink_seconds too).
+  std::vector<int> added;
+  double spawn_seconds = 0;
 };
+
+// What a process started by a growing job receives when it joins (ElasticTrainer::Join).
+struct JoinRequest {
+  std::unique_ptr<comm::Communicator> job;  // the job's ranks, then the started ones
+  std::string payload;                      // the job's ElasticOptions::join_payload
+  std::string state;                        // the trainer's (layout, iteration, ranks)
+};
+
+// Whether this process was started by a growing job (it must call AcceptJoin, then Join).
+bool StartedByARunningJob();
+// Collective with the job's ranks (inside their growth) and the other started processes.
+absl::StatusOr<JoinRequest> AcceptJoin(absl::Duration timeout);
 
 class ElasticTrainer {
  public:
@@ -173,6 +213,12 @@ class ElasticTrainer {
   static absl::StatusOr<std::unique_ptr<ElasticTrainer>> Create(
       std::unique_ptr<comm::Communicator> world, planner::TemplateSet templates,
       runtime::StageFactory factory, ElasticOptions options);
+  // In a process started by a growing job: takes its part in the job. `templates`, `factory`
+  // and `options` must be built as the job's ranks built theirs (options.resume and steps are
+  // ignored: the job's state and iteration come with the request).
+  static absl::StatusOr<std::unique_ptr<ElasticTrainer>> Join(
+      JoinRequest request, planner::TemplateSet templates, runtime::StageFactory factory,
+      ElasticOptions options, std::function<void(const Reconfiguration&)> on_joined = {});
   ~ElasticTrainer();
 
   // Trains until end_iteration(), surviving failures. Each rank's callbacks run on its training

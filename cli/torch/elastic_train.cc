@@ -4,10 +4,13 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <iostream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,6 +47,85 @@ bool lost_ranks = false;
 std::atomic<bool> stop_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 extern "C" void OnStopSignal(int) { stop_requested.store(true); }
+
+// SIGUSR2 asks the job to grow by a node (ElasticOptions::grow_requested); mpirun forwards it
+// to every rank, and all of them asking at one commit count once.
+std::atomic<int> grow_requested{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+extern "C" void OnGrowSignal(int) { grow_requested.fetch_add(1); }
+
+// This process's command line, to start more ranks of the same job (argv[0] made absolute).
+std::vector<std::string> OwnCommand() {
+  std::vector<std::string> argv;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(in, arg, '\0')) argv.push_back(arg);
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (argv.empty() || error) return {};
+  argv[0] = exe.string();
+  return argv;
+}
+
+// What a started rank needs to build the job's templates: rank 0's profile and the node count
+// the templates were made for.
+struct TemplateInputs {
+  std::string profile;  // JSON
+  int ranks = 0;
+};
+
+std::string EncodeTemplateInputs(const TemplateInputs& t) {
+  return nlohmann::json{{"profile", t.profile}, {"ranks", t.ranks}}.dump();
+}
+
+absl::StatusOr<TemplateInputs> DecodeTemplateInputs(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("profile") || !j.contains("ranks") ||
+      !j["profile"].is_string() || !j["ranks"].is_number_integer()) {
+    return absl::DataLossError("the running job sent no profile to build its templates from");
+  }
+  return TemplateInputs{j["profile"].get<std::string>(), j["ranks"].get<int>()};
+}
+
+struct Templates {
+  planner::TemplateSet set;
+  std::vector<double> layer_state_bytes;
+};
+
+// The job's pipeline templates, the same on every rank for the same inputs.
+absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateInputs& inputs,
+                                         int64_t global_microbatches, bool print) {
+  TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
+                          pipeline::ProfileFromJson(nlohmann::json::parse(inputs.profile), "profile"));
+  TANDEM_ASSIGN_OR_RETURN(planner::LayerChain chain, planner::LayerChain::FromProfile(profile));
+  if (inputs.ranks % run.devices_per_node != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(inputs.ranks, " ranks are not whole nodes of ",
+                                                   run.devices_per_node,
+                                                   " (--devices-per-node)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(planner::ClusterSpec cluster,
+                          planner::MakeCluster(inputs.ranks, run.devices_per_node,
+                                               run.device_memory_bytes, {/*bandwidth=*/10e9}));
+  planner::TemplateOptions template_options;
+  template_options.microbatches = static_cast<int>(
+      std::max<int64_t>(1, global_microbatches / run.min_pipelines));
+  template_options.microbatch_size = run.microbatch_size;
+  const absl::Time t0 = absl::Now();
+  Templates out;
+  TANDEM_ASSIGN_OR_RETURN(out.set,
+                          planner::GeneratePipelineTemplates(chain, cluster, template_options));
+  if (print) {
+    std::cout << absl::StrFormat(
+                     "elastic: %d pipeline template(s) for %d..%d node(s) of %d device(s), in "
+                     "%.1f ms",
+                     out.set.templates.size(), out.set.min_nodes,
+                     out.set.templates.empty() ? 0 : out.set.templates.back().nodes,
+                     run.devices_per_node, absl::ToDoubleMilliseconds(absl::Now() - t0))
+              << std::endl;
+  }
+  out.layer_state_bytes = elastic::LayerStateBytes(chain);
+  return out;
+}
 
 // The job's timeline on this rank's clock (seconds since the trainer started): one lane of
 // iterations, one of recovery phases. Every rank keeps it, so whichever rank reports at the end
@@ -119,6 +201,33 @@ class JobTimeline {
     first_step_after_ = end;
   }
 
+  // A growth: starting the new ranks, then the re-formation's parts.
+  void Growth(const elastic::Reconfiguration& c) {
+    const double end = Now();
+    double at = end - c.rebuild_seconds;
+    const nlohmann::json args = {{"added", c.added},
+                                 {"live", c.live},
+                                 {"bytes_moved", c.bytes_moved},
+                                 {"layout", c.layout}};
+    const double joining = std::max(0.0, c.shrink_seconds - c.spawn_seconds);
+    for (const auto& [name, seconds] :
+         {std::pair<std::string, double>{absl::StrCat("start rank(s) ", absl::StrJoin(c.added, ", ")),
+                                         c.spawn_seconds},
+          {"join", joining},
+          {"re-plan", c.plan_seconds},
+          {"state copy", c.move_seconds},
+          {"engines", c.build_seconds}}) {
+      trace_.Add({.name = name,
+                  .category = "growth",
+                  .tid = kRecoveryLane,
+                  .start_seconds = at,
+                  .duration_seconds = std::max(0.0, seconds),
+                  .args = args});
+      at += seconds;
+    }
+    first_step_after_ = end;
+  }
+
   absl::Status Write(const std::string& path) const { return trace_.WriteFile(path); }
 
  private:
@@ -142,6 +251,8 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
 }  // namespace
 
 bool ElasticJobLostRanks() { return lost_ranks; }
+
+bool ElasticJoining() { return elastic::StartedByARunningJob(); }
 
 absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void()>& started) {
   // Under `mpirun --enable-recovery` Open MPI 4.1's mpirun exits 0 whatever the ranks do, so
@@ -180,48 +291,35 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
         "when one dies, and there is nothing to recover");
   }
 
-  // The profile (rank 0), then the same templates on every rank.
-  std::string text;
-  absl::Status local = absl::OkStatus();
-  if (rank == 0) {
-    std::cout << "elastic: profiling the model (micro-batch " << run.microbatch_size
-              << ") on rank 0 ..." << std::endl;
-    auto profile = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
-    if (profile.ok()) {
-      text = pipeline::ToJson(*profile).dump();
-    } else {
-      local = profile.status();
+  // A rank started by the running job to grow it: the job sends what it needs.
+  const bool joining = elastic::StartedByARunningJob();
+  std::optional<elastic::JoinRequest> join;
+  TemplateInputs inputs;
+  if (joining) {
+    started();
+    TANDEM_ASSIGN_OR_RETURN(elastic::JoinRequest request, elastic::AcceptJoin(run.engine.timeout));
+    TANDEM_ASSIGN_OR_RETURN(inputs, DecodeTemplateInputs(request.payload));
+    join = std::move(request);
+  } else {
+    // The profile (rank 0), then the same templates on every rank.
+    std::string text;
+    absl::Status local = absl::OkStatus();
+    if (rank == 0) {
+      std::cout << "elastic: profiling the model (micro-batch " << run.microbatch_size
+                << ") on rank 0 ..." << std::endl;
+      auto profile = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
+      if (profile.ok()) {
+        text = pipeline::ToJson(*profile).dump();
+      } else {
+        local = profile.status();
+      }
     }
+    TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
+    TANDEM_ASSIGN_OR_RETURN(inputs.profile, BroadcastText(world, text));
+    inputs.ranks = world.size();
   }
-  TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
-  TANDEM_ASSIGN_OR_RETURN(text, BroadcastText(world, text));
-  TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
-                          pipeline::ProfileFromJson(nlohmann::json::parse(text), "profile"));
-  TANDEM_ASSIGN_OR_RETURN(planner::LayerChain chain, planner::LayerChain::FromProfile(profile));
-  if (world.size() % run.devices_per_node != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(world.size(), " ranks are not whole nodes of ",
-                                                   run.devices_per_node,
-                                                   " (--devices-per-node)"));
-  }
-  TANDEM_ASSIGN_OR_RETURN(planner::ClusterSpec cluster,
-                          planner::MakeCluster(world.size(), run.devices_per_node,
-                                               run.device_memory_bytes, {/*bandwidth=*/10e9}));
-  planner::TemplateOptions template_options;
-  template_options.microbatches = static_cast<int>(
-      std::max<int64_t>(1, global_microbatches / run.min_pipelines));
-  template_options.microbatch_size = run.microbatch_size;
-  const absl::Time t0 = absl::Now();
-  TANDEM_ASSIGN_OR_RETURN(planner::TemplateSet templates,
-                          planner::GeneratePipelineTemplates(chain, cluster, template_options));
-  if (rank == 0) {
-    std::cout << absl::StrFormat(
-                     "elastic: %d pipeline template(s) for %d..%d node(s) of %d device(s), in "
-                     "%.1f ms",
-                     templates.templates.size(), templates.min_nodes,
-                     templates.templates.empty() ? 0 : templates.templates.back().nodes,
-                     run.devices_per_node, absl::ToDoubleMilliseconds(absl::Now() - t0))
-              << std::endl;
-  }
+  TANDEM_ASSIGN_OR_RETURN(Templates templates,
+                          BuildTemplates(run, inputs, global_microbatches, rank == 0 && !joining));
 
   elastic::ElasticOptions options;
   options.engine = run.engine;
@@ -234,23 +332,39 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.min_pipelines = run.min_pipelines;
   options.steps = run.steps;
   options.membership.heartbeat_timeout = run.heartbeat_timeout;
-  options.layer_state_bytes = elastic::LayerStateBytes(chain);
+  options.layer_state_bytes = templates.layer_state_bytes;
   options.checkpoint_dir = run.checkpoint_dir;
   options.checkpoint_every = run.checkpoint_every;
   options.keep_checkpoints = run.keep_checkpoints;
   options.resume = run.resume;
   options.stop_requested = &stop_requested;
+  options.grow_requested = &grow_requested;
+  options.replace_lost = run.replace_lost;
+  options.spawn_command = OwnCommand();
+  options.join_payload = EncodeTemplateInputs(inputs);
   std::signal(SIGUSR1, OnStopSignal);
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
-  started();  // the membership watches the ranks from here
-  TANDEM_ASSIGN_OR_RETURN(
-      std::unique_ptr<elastic::ElasticTrainer> trainer,
-      elastic::ElasticTrainer::Create(std::move(job), std::move(templates), run.factory,
-                                      std::move(options)));
+  std::signal(SIGUSR2, OnGrowSignal);
+  std::unique_ptr<elastic::ElasticTrainer> trainer;
+  std::optional<elastic::Reconfiguration> joined;
+  if (joining) {
+    lost_ranks = true;  // connected to ranks that may end first
+    TANDEM_ASSIGN_OR_RETURN(
+        trainer, elastic::ElasticTrainer::Join(std::move(*join), std::move(templates.set),
+                                               run.factory, std::move(options),
+                                               [&](const elastic::Reconfiguration& c) {
+                                                 joined = c;
+                                               }));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
+    started();  // the membership watches the ranks from here
+    TANDEM_ASSIGN_OR_RETURN(
+        trainer, elastic::ElasticTrainer::Create(std::move(job), std::move(templates.set),
+                                                 run.factory, std::move(options)));
+  }
   const int reporter = trainer->layout().pipelines.empty()
                            ? -1
                            : trainer->layout().pipelines[0].ranks[0];
-  if (rank == reporter) {
+  if (rank == reporter && !joining) {
     std::cout << "elastic: " << elastic::Describe(trainer->layout())
               << " (global batch " << run.global_batch << ": " << global_microbatches
               << " micro-batches of " << run.microbatch_size << ")" << std::endl;
@@ -322,10 +436,37 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                            {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
     append(line);
   };
+  int growths = 0;
   auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
+    lost_ranks = true;
+    if (!c.added.empty()) {
+      timeline.Growth(c);
+      ++growths;
+      if (!c.reporter) return;
+      pending_recovery = nlohmann::json{{"event", "growth"},
+                                        {"added", c.added},
+                                        {"live", c.live},
+                                        {"resume_iteration", c.resume_iteration},
+                                        {"spawn_seconds", c.spawn_seconds},
+                                        {"replan_seconds", c.plan_seconds},
+                                        {"state_copy_seconds", c.move_seconds},
+                                        {"build_seconds", c.build_seconds},
+                                        {"reform_seconds", c.rebuild_seconds},
+                                        {"bytes_moved", c.bytes_moved},
+                                        {"layout", c.layout},
+                                        {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+      std::cout << absl::StrFormat(
+                       "elastic: rank(s) %s started and joined in %.3f s; re-formed in %.3f s "
+                       "(plan %.3f s, state %.3f s, engines %.3f s; %s of state copied): %s; "
+                       "resuming at iteration %d",
+                       absl::StrJoin(c.added, ", "), c.spawn_seconds, c.rebuild_seconds,
+                       c.plan_seconds, c.move_seconds, c.build_seconds,
+                       FormatBytes(c.bytes_moved), c.layout, c.resume_iteration + 1)
+                << std::endl;
+      return;
+    }
     timeline.Recovery(c);
     ++reconfigurations;
-    lost_ranks = true;
     if (!c.reporter) return;
     pending_recovery = nlohmann::json{{"event", "recovery"},
                                       {"dead", c.dead},
@@ -367,6 +508,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << step << ")" << std::endl;
     append(nlohmann::json{{"event", "checkpoint"}, {"step", step}});
   };
+  if (joined.has_value()) on_reconfiguration(*joined);
   TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration, on_checkpoint));
   if (pending_recovery.has_value()) append(*pending_recovery);  // nothing ran after it
   TANDEM_RETURN_IF_ERROR(log_status);
@@ -375,6 +517,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     nlohmann::json finished = {{"event", "finished"},
                                {"iterations", last_iteration + 1},
                                {"reconfigurations", reconfigurations},
+                               {"growths", growths},
                                {"final_loss", last_loss},
                                {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
     if (trainer->stopped_at() >= 0) {
@@ -395,8 +538,8 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     }
     std::cout << absl::StrFormat(
                      "trained to iteration %d elastically: final loss %.5f, %d "
-                     "reconfiguration(s), %s",
-                     last_iteration + 1, last_loss, reconfigurations,
+                     "reconfiguration(s), %d growth(s), %s",
+                     last_iteration + 1, last_loss, reconfigurations, growths,
                      elastic::Describe(trainer->layout()))
               << std::endl;
   }

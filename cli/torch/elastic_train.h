@@ -31,6 +31,7 @@ struct ElasticRun {
   int64_t global_batch = 0;  // samples
   int64_t steps = 0;
   int min_pipelines = 2;
+  bool replace_lost = false;  // start ranks anew for the nodes lost, after a recovery
   int devices_per_node = 1;
   double device_memory_bytes = 0;  // what the templates must fit per device; 0: no limit
   absl::Duration heartbeat_timeout = absl::Seconds(2);
@@ -50,8 +51,12 @@ struct ElasticRun {
 // Runs the elastic job to its end on this rank. Collective; survives the death of ranks.
 absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void()>& started);
 
-// Whether ranks of this process's elastic job died. Then MPI_Finalize may wait for them for
-// ever (Open MPI 4.1 under --enable-recovery): the process should end without it.
+// Whether ranks of this process's elastic job died or were started while it ran. Then
+// MPI_Finalize may wait for them for ever (Open MPI 4.1 under --enable-recovery): the process
+// should end without it.
 bool ElasticJobLostRanks();
+
+// Whether this process was started by a running elastic job to grow it (it joins that job).
+bool ElasticJoining();
 
 }  // namespace tandem::cli

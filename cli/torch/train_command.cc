@@ -68,6 +68,10 @@ ABSL_FLAG(bool, elastic, false,
           "(docs/elastic.md); CPU, GPipe or 1F1B");
 ABSL_FLAG(int, elastic_min_pipelines, 2,
           "train --elastic: pipelines at the start, f + 1 to survive f failures");
+ABSL_FLAG(bool, elastic_replace, false,
+          "train --elastic: after ranks die, start new ones (MPI_Comm_spawn) for the lost nodes "
+          "once the survivors train, back to the job's starting size (SIGUSR2 to the job adds "
+          "a node at any time)");
 ABSL_FLAG(double, device_memory_mb, 0,
           "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
           "limit)");
@@ -581,6 +585,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.global_batch = absl::GetFlag(FLAGS_global_batch);
     run.steps = steps;
     run.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
+    run.replace_lost = absl::GetFlag(FLAGS_elastic_replace);
     run.devices_per_node = std::max(1, absl::GetFlag(FLAGS_devices_per_node));
     run.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * 1048576.0;
     run.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
@@ -593,7 +598,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
     run.resume = absl::GetFlag(FLAGS_resume);
     run.timeline = absl::GetFlag(FLAGS_timeline);
-    if (rank == 0) {
+    if (rank == 0 && !ElasticJoining()) {
       std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
                 << " on " << device.str() << ", elastic, " << threads << std::endl;
     }
@@ -792,7 +797,7 @@ std::vector<std::string> TrainFlags() {
   for (const char* name :
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
         "waves", "planning_costs", "data_parallel", "tensor_parallel", "steps", "elastic",
-        "elastic_min_pipelines", "devices_per_node", "device_memory_mb", "seed", "plan",
+        "elastic_min_pipelines", "elastic_replace", "devices_per_node", "device_memory_mb", "seed", "plan",
         "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
@@ -815,7 +820,8 @@ const CommandRegistrar registrar({
         "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
         "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n"
         "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n"
-        "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]]\n\n"
+        "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]\n"
+        "    [--elastic-replace]]\n\n"
         "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
         "the given plan (checked against the world size and the model), with --schedule a\n"
         "plan of P stages x D pipelines (the GPT's layers split by its FLOP estimates so that\n"
@@ -834,7 +840,10 @@ const CommandRegistrar registrar({
         "job starts with --elastic-min-pipelines pipelines and, when ranks die, the survivors\n"
         "agree on who lives, re-form pipelines from the templates, copy the lost layers'\n"
         "parameters and optimizer state from surviving replicas and redo the interrupted\n"
-        "iteration (docs/elastic.md).\n"
+        "iteration. The job also grows while it runs: SIGUSR2 to mpirun (or any rank) starts\n"
+        "a node's worth of new ranks (MPI_Comm_spawn) after the next iteration, and with\n"
+        "--elastic-replace lost nodes are started anew after a recovery; new ranks receive\n"
+        "their layers' state from the ranks that hold them (docs/elastic.md).\n"
         "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
     .flags = TrainFlags(),
     .run = RunTrain});

@@ -226,6 +226,74 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::FromMpiComm(
   return Adopt(data, control, options);
 }
 
+namespace {
+
+// The merged intra-communicator of a spawn, wrapped as a communicator (the merged MPI
+// communicator itself is freed: the wrapper works on duplicates).
+// `inter` is freed unless it is the parent communicator (MPI keeps that one).
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> WrapMerged(MPI_Comm inter, bool high,
+                                                            const CommOptions& options) {
+  MPI_Comm merged = MPI_COMM_NULL;
+  const int rc = MPI_Intercomm_merge(inter, high ? 1 : 0, &merged);
+  if (!high) MPI_Comm_free(&inter);
+  if (rc != MPI_SUCCESS) {
+    return absl::UnavailableError(absl::StrCat("MPI_Intercomm_merge failed (error ", rc, ")"));
+  }
+  MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+  auto wrapped = MpiCommunicator::FromMpiComm(merged, options);
+  MPI_Comm_free(&merged);
+  return wrapped;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SpawnAndMerge(
+    const std::vector<std::string>& argv, int count) {
+  TANDEM_RETURN_IF_ERROR(CheckUsable("spawn"));
+  if (argv.empty() || count < 1) {
+    return absl::InvalidArgumentError("spawn: a program and at least one process are needed");
+  }
+  std::vector<std::string> args(argv.begin() + 1, argv.end());
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  arg_ptrs.push_back(nullptr);
+  std::string program = argv[0];
+  MPI_Comm inter = MPI_COMM_NULL;
+  std::vector<int> errors(static_cast<size_t>(count), MPI_SUCCESS);
+  // On the control communicator: it carries no user traffic.
+  const int rc = MPI_Comm_spawn(program.data(), arg_ptrs.data(), count, MPI_INFO_NULL,
+                                /*root=*/0, state_->control, &inter, errors.data());
+  if (rc != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, text, &length);
+    return absl::UnavailableError(absl::StrCat("MPI_Comm_spawn of ", count, " process(es) of ",
+                                               program, " failed: ",
+                                               std::string(text, static_cast<size_t>(length))));
+  }
+  return WrapMerged(inter, /*high=*/false, options_);
+}
+
+bool MpiCommunicator::Spawned() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return false;
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  return parent != MPI_COMM_NULL;
+}
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::JoinParents(
+    const CommOptions& options) {
+  if (!Spawned()) {
+    return absl::FailedPreconditionError("this process was not started by a running job");
+  }
+  MPI_Comm parent = MPI_COMM_NULL;
+  MPI_Comm_get_parent(&parent);
+  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  return WrapMerged(parent, /*high=*/true, options);
+}
+
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
     MPI_Comm data, MPI_Comm control, const CommOptions& options) {
   auto state = std::make_shared<CommState>();
@@ -248,6 +316,9 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Adopt(
   communicator->world_ranks_.assign(size, -1);
   TANDEM_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group,
                                              communicator->world_ranks_.data()));
+  for (int& r : communicator->world_ranks_) {
+    if (r == MPI_UNDEFINED) r = -1;  // started later, or a parent (SpawnAndMerge)
+  }
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   ProgressEngine::Get().set_polite(PoliteWaits(options.wait_mode));

@@ -45,11 +45,28 @@ class MpiCommunicator : public Communicator {
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> FromMpiComm(
       MPI_Comm comm, const CommOptions& options = CommOptions());
 
+  // Growing a running job (MPI_Comm_spawn + MPI_Intercomm_merge; Open MPI adds the processes
+  // to the job, also under `mpirun --enable-recovery` after deaths). Collective over this
+  // communicator: its rank 0 starts `count` processes running `argv` (argv[0] the program),
+  // and the call returns once they called JoinParents, with a communicator of this one's ranks
+  // (same order) followed by theirs. Blocking: a rank that dies meanwhile is not noticed.
+  absl::StatusOr<std::unique_ptr<MpiCommunicator>> SpawnAndMerge(
+      const std::vector<std::string>& argv, int count);
+  // Whether this process was started by SpawnAndMerge (MPI must be initialised).
+  static bool Spawned();
+  // In a process started by SpawnAndMerge: the communicator it returns to the parents (their
+  // ranks first, then the started processes in their MPI_COMM_WORLD order). Collective over
+  // the parents and every started process. FailedPrecondition when not Spawned().
+  static absl::StatusOr<std::unique_ptr<MpiCommunicator>> JoinParents(
+      const CommOptions& options = CommOptions());
+
   ~MpiCommunicator() override;
 
   int rank() const override;
   int size() const override;
   std::string backend() const override { return "mpi"; }
+  // -1 for ranks outside this process's MPI_COMM_WORLD (started by SpawnAndMerge, or the
+  // parents of a started process).
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
 
   WorkPtr Send(const Buffer& buffer, int peer, int tag = 0) override;

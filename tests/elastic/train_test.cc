@@ -78,6 +78,7 @@ struct Log {
   std::map<int, double> loss;   // by iteration (each exactly once)
   std::map<int, int> ranks;     // ranks training, by iteration
   std::vector<nlohmann::json> reconfigurations;
+  std::vector<nlohmann::json> growths;   // {"event": "growth"}
   std::vector<nlohmann::json> failures;  // {"event": "failed"}, one per failing rank
   int finished = 0;                      // {"event": "finished"} lines
 };
@@ -88,6 +89,7 @@ Log ReadElasticLog(const std::string& path) {
     if (line.contains("event")) {
       const std::string event = line["event"].get<std::string>();
       if (event == "recovery") log.reconfigurations.push_back(line);
+      if (event == "growth") log.growths.push_back(line);
       if (event == "failed") log.failures.push_back(line);
       if (event == "finished") ++log.finished;
       continue;
@@ -241,6 +243,68 @@ INSTANTIATE_TEST_SUITE_P(
         // A second death during the re-formation after the first.
         KillCase{"during_recovery", "1:4:forward,4:4:reform", 6, {1, 4}, 3}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
+
+// Live growth (MPI_Comm_spawn): ranks started while the job runs receive their layers' state
+// and the job ends equal to the run that never changed.
+TEST(ElasticTrainTest, ALostRankIsReplacedLive) {
+  // Rank 1 dies in iteration 3; the three survivors re-form, run iteration 3 again, then start
+  // a new rank (job rank 4) and go on as four.
+  const std::string log = TempPath("replace.jsonl");
+  const std::string checkpoint = TempPath("replace_checkpoint");
+  const std::string timeline = TempPath("replace_timeline.json");
+  Outcome o = RunElastic(4, "1:3:forward",
+                         absl::StrCat(kPipelined, " --elastic-replace --checkpoint-dir ",
+                                      checkpoint, " --timeline ", timeline),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("1 reconfiguration(s), 1 growth(s)"), std::string::npos) << o.output;
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  std::filesystem::remove_all(checkpoint);
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);
+  EXPECT_EQ(l.finished, 1) << o.output;
+  EXPECT_TRUE(l.failures.empty()) << o.output;
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  ASSERT_EQ(l.growths.size(), 1u) << o.output;
+  const nlohmann::json& g = l.growths[0];
+  EXPECT_EQ(g["added"], nlohmann::json({4})) << o.output;
+  EXPECT_EQ(g["live"], nlohmann::json({0, 2, 3, 4})) << o.output;
+  // One iteration on the survivors (3, run again), then the growth.
+  EXPECT_EQ(g["resume_iteration"].get<int>(), 4) << o.output;
+  EXPECT_EQ(g["first_step_after_iteration"].get<int>(), 4) << o.output;
+  EXPECT_GT(g["bytes_moved"].get<double>(), 0) << "the new rank holds layers: " << o.output;
+  EXPECT_EQ(l.ranks.at(3), 3);
+  EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
+  ExpectRecoveryInTimeline(timeline);
+}
+
+TEST(ElasticTrainTest, GrowsLiveOnRequest) {
+  // Two ranks as one pipeline; rank 0 asks for a node (SIGUSR2) in iteration 2 and rank 1 in
+  // iteration 5: the job grows to three ranks after iteration 2 and to four after 5, where the
+  // templates give two pipelines.
+  const std::string log = TempPath("grow.jsonl");
+  const std::string checkpoint = TempPath("grow_checkpoint");
+  Outcome o = RunElastic(2, "0:2:grow,1:5:grow",
+                         absl::StrCat(kPipelined, " --elastic-min-pipelines 1 --checkpoint-dir ",
+                                      checkpoint),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("0 reconfiguration(s), 2 growth(s)"), std::string::npos) << o.output;
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  std::filesystem::remove_all(checkpoint);
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);
+  EXPECT_EQ(l.finished, 1) << o.output;
+  ASSERT_EQ(l.growths.size(), 2u) << o.output;
+  EXPECT_EQ(l.growths[0]["added"], nlohmann::json({2})) << o.output;
+  EXPECT_EQ(l.growths[0]["resume_iteration"].get<int>(), 3) << o.output;
+  EXPECT_EQ(l.growths[1]["added"], nlohmann::json({3})) << o.output;
+  EXPECT_EQ(l.growths[1]["resume_iteration"].get<int>(), 6) << o.output;
+  EXPECT_EQ(l.ranks.at(0), 2);
+  EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
+}
 
 TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
   // Two ranks, one pipeline of two stages: the dead rank's layers exist nowhere else.
