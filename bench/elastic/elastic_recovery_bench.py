@@ -7,7 +7,10 @@ TANDEM_ELASTIC_KILL and prints, from the rank's own timestamps:
   re-form       the survivors' own figure for shrink, plan, state moves and new engines
   lost          kill -> end of the first redone iteration, minus one normal iteration
   restart       what a restart costs instead: a fresh mpirun to its first iteration's end
-and checks that the run finished with the uninterrupted run's losses.
+and checks that the run finished with the uninterrupted run's losses. Then the same kill with
+--elastic-replace: the job starts a new rank (MPI_Comm_spawn) once the survivors have run one
+iteration, and the growth's parts are printed (start and join, re-plan, state copy, engines,
+first step after) with the throughput back at full size.
 
 usage: bench/elastic/elastic_recovery_bench.py BUILD_DIR [--ranks 4] [--steps 24]
        [--heartbeat-timeout 2]
@@ -26,19 +29,24 @@ MODEL = ("--model gpt --layers 4 --hidden 64 --heads 4 --seq-len 32 --optimizer 
 
 
 HEARTBEAT = 2.0
+YIELD = False
 
 
-def run(build, ranks, steps, kill, memory, log):
+def run(build, ranks, steps, kill, memory, log, extra=()):
     env = dict(os.environ)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
            "--enable-recovery"]
+    if YIELD:
+        # More processes than cores after a growth: Open MPI's busy polling starves the TCP
+        # links between the started ranks and the others (shared memory does not cross jobs).
+        cmd += ["--mca", "mpi_yield_when_idle", "1"]
     if kill:
         env["TANDEM_ELASTIC_KILL"] = kill
         cmd += ["-x", "TANDEM_ELASTIC_KILL"]
     cmd += ["-np", str(ranks), os.path.join(build, "bin", "tandem"), "train", "--elastic",
             "--steps", str(steps), "--log-json", log, "--device-memory-mb", str(memory),
             "--heartbeat-timeout", str(HEARTBEAT)]
-    cmd += MODEL.split()
+    cmd += MODEL.split() + list(extra)
     start = time.time()
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, timeout=600).stdout
@@ -55,8 +63,11 @@ def main():
                     help="device memory the templates plan for (small: pipelines of stages)")
     ap.add_argument("--heartbeat-timeout", type=float, default=2.0,
                     help="seconds of silence before a rank is declared dead")
+    ap.add_argument("--no-yield", action="store_true",
+                    help="growth run without --mca mpi_yield_when_idle 1 (on a host with fewer "
+                         "cores than ranks the started rank's TCP links then crawl)")
     args = ap.parse_args()
-    global HEARTBEAT
+    global HEARTBEAT, YIELD
     HEARTBEAT = args.heartbeat_timeout
     tmp = tempfile.mkdtemp(prefix="tandem_elastic_bench_")
 
@@ -109,6 +120,31 @@ def main():
               f"{ms(r['build_seconds'])} {ms(r['first_step_after_seconds'])}  {total:>5.2f}s "
               f"{lost:>5.2f}s {lost / restart:>11.2f}x  "
               f"{'equal' if worst <= 1e-5 else f'differ {worst:.1e}'}  {r['layout']}")
+    # Growth: the lost rank replaced live.
+    kill = f"{victim}:{third}:forward"
+    log = os.path.join(tmp, "replace.jsonl")
+    YIELD = not args.no_yield and (os.cpu_count() or 1) < args.ranks + 1
+    _, out, lines = run(args.build, args.ranks, args.steps, kill, args.memory_mb, log,
+                        ["--elastic-replace"])
+    grown = [l for l in lines if l.get("event") == "growth"]
+    iters = [l for l in lines if "event" not in l]
+    if not grown or not any(l.get("event") == "finished" for l in lines):
+        print(f"growth after {kill}: did not grow back:\n{out}")
+    else:
+        g = grown[0]
+        worst = max(abs(l["loss"] - reference[l["iteration"]]) / abs(reference[l["iteration"]])
+                    for l in iters if l["iteration"] in reference)
+        before = sorted(l["iteration_ms"] for l in iters if 0 < l["iteration"] < third)
+        after = sorted(l["iteration_ms"] for l in iters if l["iteration"] > g["resume_iteration"])
+        ratio = (before[len(before) // 2] / after[len(after) // 2]) if before and after else 0
+        print(f"growth after {kill} (--elastic-replace): rank(s) {g['added']} started and "
+              f"joined in {g['spawn_seconds']:.2f} s; re-formed in {g['reform_seconds']:.2f} s "
+              f"(re-plan {g['replan_seconds'] * 1e3:.0f} ms, state copy "
+              f"{g['state_copy_seconds'] * 1e3:.0f} ms of {g['bytes_moved'] / 1024:.0f} KiB, "
+              f"engines {g['build_seconds'] * 1e3:.0f} ms); first step after "
+              f"{g['first_step_after_seconds'] * 1e3:.0f} ms; throughput after / before the "
+              f"kill {ratio:.2f}; losses {'equal' if worst <= 1e-5 else f'differ {worst:.1e}'}; "
+              f"{g['layout']}{' (mpirun --mca mpi_yield_when_idle 1: more ranks than cores)' if YIELD else ''}")
     for kill, ratio, share in throughput:
         print(f"throughput after / before ({kill}): {ratio:.2f} (surviving / initial ranks "
               f"{share:.2f}; goal >= 0.9 x that = {0.9 * share:.2f})")

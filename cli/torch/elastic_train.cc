@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "ATen/Parallel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -67,15 +68,17 @@ std::vector<std::string> OwnCommand() {
   return argv;
 }
 
-// What a started rank needs to build the job's templates: rank 0's profile and the node count
-// the templates were made for.
+// What a started rank needs to build the job's templates (rank 0's profile and the node count
+// the templates were made for) and to compute as the others do (their CPU threads).
 struct TemplateInputs {
   std::string profile;  // JSON
   int ranks = 0;
+  int threads = 0;
 };
 
 std::string EncodeTemplateInputs(const TemplateInputs& t) {
-  return nlohmann::json{{"profile", t.profile}, {"ranks", t.ranks}}.dump();
+  return nlohmann::json{{"profile", t.profile}, {"ranks", t.ranks}, {"threads", t.threads}}
+      .dump();
 }
 
 absl::StatusOr<TemplateInputs> DecodeTemplateInputs(const std::string& text) {
@@ -84,7 +87,8 @@ absl::StatusOr<TemplateInputs> DecodeTemplateInputs(const std::string& text) {
       !j["profile"].is_string() || !j["ranks"].is_number_integer()) {
     return absl::DataLossError("the running job sent no profile to build its templates from");
   }
-  return TemplateInputs{j["profile"].get<std::string>(), j["ranks"].get<int>()};
+  return TemplateInputs{j["profile"].get<std::string>(), j["ranks"].get<int>(),
+                        j.value("threads", 0)};
 }
 
 struct Templates {
@@ -300,6 +304,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     TANDEM_ASSIGN_OR_RETURN(elastic::JoinRequest request, elastic::AcceptJoin(run.engine.timeout));
     TANDEM_ASSIGN_OR_RETURN(inputs, DecodeTemplateInputs(request.payload));
     join = std::move(request);
+    // The job's ranks' CPU threads (this process counted only the ranks started with it).
+    const char* set = std::getenv("OMP_NUM_THREADS");
+    if ((set == nullptr || *set == '\0') && inputs.threads > 0) at::set_num_threads(inputs.threads);
   } else {
     // The profile (rank 0), then the same templates on every rank.
     std::string text;
@@ -317,6 +324,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
     TANDEM_ASSIGN_OR_RETURN(inputs.profile, BroadcastText(world, text));
     inputs.ranks = world.size();
+    inputs.threads = at::get_num_threads();
   }
   TANDEM_ASSIGN_OR_RETURN(Templates templates,
                           BuildTemplates(run, inputs, global_microbatches, rank == 0 && !joining));
