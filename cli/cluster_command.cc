@@ -238,7 +238,8 @@ const CommandRegistrar registrar({
     .flags = {"workload", "policy", "gpus", "gpus_per_node", "cluster", "cluster_spec", "interval",
               "restart_seconds", "apps", "max_jobs", "max_rounds", "format", "svg",
               // tandem cluster run (cli/cluster_run_command.cc)
-              "jobs", "hosts", "slots", "log_json", "work_dir", "deadline"},
+              "jobs", "hosts", "slots", "log_json", "work_dir", "deadline",
+              "grow_through_checkpoint"},
     .run = RunCluster});
 
 }  // namespace

@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, log_json, "",
 ABSL_FLAG(std::string, work_dir, "",
           "cluster run: per job checkpoints, logs and output (default: a new folder under the "
           "temporary directory)");
+ABSL_FLAG(bool, grow_through_checkpoint, false,
+          "cluster run: grow jobs through a checkpoint and a resume even on one host (where "
+          "they grow live by default)");
 ABSL_FLAG(double, deadline, 3600,
           "cluster run: stop every job and fail this many seconds after the last submission");
 ABSL_DECLARE_FLAG(std::string, policy);  // cli/cluster_command.cc
@@ -43,12 +46,14 @@ namespace fs = std::filesystem;
 
 const char kClusterRunUsage[] =
     "tandem cluster run --jobs FILE (--slots N | --hosts FILE) [--policy optimus]\n"
-    "    [--interval 60] [--log-json FILE] [--work-dir DIR] [--deadline 3600]\n\n"
+    "    [--interval 60] [--log-json FILE] [--work-dir DIR] [--deadline 3600]\n"
+    "    [--grow-through-checkpoint]\n\n"
     "Runs real jobs, `mpirun --enable-recovery ... tandem train --elastic`, on the slots as\n"
     "the policy decides every --interval seconds: a shrink is live (the removed ranks are\n"
-    "SIGKILLed and the elastic layer continues on the others); a grow, a move or a preemption\n"
-    "goes through a checkpoint (SIGUSR1 asks the job to stop at its next commit, then it is\n"
-    "started again with --resume). The jobs file is a CSV with the header\n"
+    "SIGKILLed and the elastic layer continues on the others); with --slots a grow is live\n"
+    "too (SIGUSR2 asks the job for one more rank at a time, which it starts itself); a grow\n"
+    "across --hosts, a move or a preemption goes through a checkpoint (SIGUSR1 asks the job\n"
+    "to stop at its next commit, then it is started again with --resume). The jobs file is a CSV with the header\n"
     "name,submission_seconds,steps,global_batch,min_ranks,max_ranks,train_flags; train_flags\n"
     "are the model's and other `tandem train` flags, separated by spaces. Prints every change\n"
     "as it happens, then each job's real JCT beside the simulator's prediction of the same\n"
@@ -94,6 +99,7 @@ absl::Status RunLiveClusterCommand() {
                           cluster::ReadLiveJobs(jobs_path, view.total_gpus()));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cluster::Policy> policy,
                           cluster::MakePolicy(policy_name));
+  options.live_grow = !absl::GetFlag(FLAGS_grow_through_checkpoint);
   options.interval_seconds = absl::GetFlag(FLAGS_interval);
   if (!(options.interval_seconds > 0)) {
     return absl::InvalidArgumentError("--interval must be positive");

@@ -179,7 +179,7 @@ ClusterView LiveClusterView(const LiveOptions& options) {
 
 namespace {
 
-enum class Phase { kWaiting, kRunning, kShrinking, kStopping, kFinished, kFailed };
+enum class Phase { kWaiting, kRunning, kShrinking, kGrowing, kStopping, kFinished, kFailed };
 
 // One mpirun of a job.
 struct Launch {
@@ -188,12 +188,14 @@ struct Launch {
   double start_seconds = 0;
   std::string log;
   std::string output;
-  std::vector<int> nodes;            // node of each job rank
+  std::vector<int> nodes;            // node of each job rank (started ones appended)
+  int launched = 0;                  // ranks mpirun started (the others the job started)
   std::set<int> killed;              // ranks the controller killed
   std::map<int, pid_t> killed_pids;  // until they have exited (they hold their slots)
   size_t log_offset = 0;
   bool iterated = false;
   int recoveries = 0;
+  int growths = 0;
   bool finished = false;
   bool stopped = false;
   double finished_unix = 0;
@@ -220,6 +222,8 @@ struct Job {
   Allocation target;
   int shrink_recoveries = 0;  // launch->recoveries when the shrink is complete
   int shrink_from = 0;        // ranks before it
+  int grow_growths = 0;       // launch->growths when the live grow is complete
+  double grow_requested = 0;  // when it was asked for
   double attained_slot_seconds = 0;
   std::map<int64_t, int> logged;                         // iteration -> times logged
   std::map<int, std::vector<double>> iteration_seconds;  // by ranks training
@@ -378,6 +382,17 @@ class Controller {
       Event(j, "recovered", j.shrink_from, l.live_ranks(),
             "the elastic layer re-formed the job live");
     }
+    if (j.phase == Phase::kGrowing && l.growths >= j.grow_growths) {
+      j.phase = Phase::kRunning;
+      ++j.result.live_grows;
+      Event(j, "grown", l.live_ranks() - 1, l.live_ranks(),
+            "the elastic layer started a rank and re-formed the job live");
+    } else if (j.phase == Phase::kGrowing &&
+               Now() - j.grow_requested > options_.live_grow_timeout_seconds) {
+      l.nodes.pop_back();  // the rank reserved for it never came
+      j.phase = Phase::kRunning;
+      TANDEM_RETURN_IF_ERROR(Stop(j, "grow through a checkpoint (the live grow did not happen)"));
+    }
     const int exit = internal::ReapIfEnded(l.mpirun);
     if (exit < 0) return absl::OkStatus();
     ReadLog(j);
@@ -439,6 +454,7 @@ class Controller {
       if (line.contains("event")) {
         const std::string event = line["event"].get<std::string>();
         if (event == "recovery") ++l.recoveries;
+        if (event == "growth") ++l.growths;
         if (event == "finished") {
           l.finished = true;
           l.stopped = line.value("stopped", false);
@@ -538,21 +554,35 @@ class Controller {
     const Allocation now = l.allocation();
     if (j.target == now) return absl::OkStatus();
     if (j.target.empty()) return Stop(j, "preempted");
+    if (j.target.size() > now.size() && IsSubset(now, j.target) && options_.live_grow &&
+        cluster_.nodes.size() == 1 && FreeSlots(0) > 0) {
+      // Live grow by one rank; the next one once it has joined.
+      ::kill(l.mpirun, SIGUSR2);  // mpirun forwards it to every rank
+      l.nodes.push_back(0);       // its slot, from now on
+      j.phase = Phase::kGrowing;
+      j.grow_growths = l.growths + 1;
+      j.grow_requested = Now();
+      Event(j, "grow", l.live_ranks() - 1, l.live_ranks(),
+            absl::StrCat("SIGUSR2: one more rank, started by the job (target ",
+                         j.target.size(), ")"));
+      return absl::OkStatus();
+    }
     if (j.target.size() < now.size() && IsSubset(j.target, now)) {
-      // Live shrink: the highest ranks on each node that loses slots.
+      // Live shrink: the highest ranks on each node that loses slots, among the processes
+      // mpirun started (those the job started cannot be told apart by their rank).
+      const std::map<int, pid_t> pids =
+          internal::ProcessesTagged(kLaunchTag, LaunchTag(j, l), "OMPI_COMM_WORLD_RANK");
       std::map<int, int> remove;
       for (int node : now) ++remove[node];
       for (int node : j.target) --remove[node];
       std::vector<int> victims;
-      for (int r = static_cast<int>(l.nodes.size()) - 1; r >= 0; --r) {
-        if (l.killed.count(r) > 0 || remove[l.nodes[r]] <= 0) continue;
+      for (int r = l.launched - 1; r >= 0; --r) {
+        if (l.killed.count(r) > 0 || remove[l.nodes[r]] <= 0 || pids.count(r) == 0) continue;
         --remove[l.nodes[r]];
         victims.push_back(r);
       }
-      const std::map<int, pid_t> pids =
-          internal::ProcessesTagged(kLaunchTag, LaunchTag(j, l), "OMPI_COMM_WORLD_RANK");
-      const bool all_here =
-          std::all_of(victims.begin(), victims.end(), [&](int r) { return pids.count(r) > 0; });
+      const bool all_here = std::all_of(remove.begin(), remove.end(),
+                                        [](const auto& node) { return node.second <= 0; });
       if (!all_here) return Stop(j, "shrink through a checkpoint (ranks not on this host)");
       const int from = l.live_ranks();
       for (int r : victims) {
@@ -579,6 +609,8 @@ class Controller {
     }
     return true;
   }
+
+  int FreeSlots(int node) const { return cluster_.nodes[node].gpus - Used()[node]; }
 
   bool Fits(const Allocation& target) const {
     std::vector<int> free = Used();
@@ -619,6 +651,7 @@ class Controller {
     // Ranks by node in node order: mpirun maps ranks to the --host list by slot.
     l.nodes = j.target;
     const int n = static_cast<int>(l.nodes.size());
+    l.launched = n;
     std::vector<std::string> argv = {options_.mpirun, "--enable-recovery", "--oversubscribe",
                                      "--bind-to", "none"};
     if (!options_.hosts.empty()) {
@@ -663,8 +696,7 @@ class Controller {
   void KillAll() {
     for (Job& j : jobs_) {
       if (!j.launch.has_value()) continue;
-      for (const auto& [rank, pid] :
-           internal::ProcessesTagged(kLaunchTag, LaunchTag(j, *j.launch), "OMPI_COMM_WORLD_RANK")) {
+      for (pid_t pid : internal::AllProcessesTagged(kLaunchTag, LaunchTag(j, *j.launch))) {
         ::kill(pid, SIGKILL);
       }
       ::kill(-j.launch->mpirun, SIGKILL);
@@ -771,8 +803,8 @@ std::string FormatLiveResult(const LiveResult& live, const LivePrediction* predi
   std::string out = absl::StrFormat(
       "policy %s on %d slot(s), interval %g s: %d job(s), %d round(s)\n", live.policy,
       live.total_slots, live.interval_seconds, live.jobs.size(), live.rounds);
-  absl::StrAppendFormat(&out, "%-12s %8s %10s %10s %8s %7s %6s %11s\n", "job", "submit", "JCT real",
-                        "JCT sim", "launches", "shrinks", "grows", "iterations");
+  absl::StrAppendFormat(&out, "%-12s %8s %10s %10s %8s %7s %10s %11s\n", "job", "submit",
+                        "JCT real", "JCT sim", "launches", "shrinks", "grows", "iterations");
   double real_sum = 0, sim_sum = 0;
   int real_n = 0, sim_n = 0;
   for (const LiveJobResult& r : live.jobs) {
@@ -780,8 +812,9 @@ std::string FormatLiveResult(const LiveResult& live, const LivePrediction* predi
     const std::string real =
         r.finished ? absl::StrFormat("%.2f s", r.jct_seconds) : std::string("failed");
     const std::string sim = p != nullptr ? absl::StrFormat("%.2f s", p->jct_seconds) : "-";
-    absl::StrAppendFormat(&out, "%-12s %8.1f %10s %10s %8d %7d %6d %11s\n", r.name,
-                          r.submission_seconds, real, sim, r.launches, r.live_shrinks, r.grows,
+    absl::StrAppendFormat(&out, "%-12s %8.1f %10s %10s %8d %7d %10s %11s\n", r.name,
+                          r.submission_seconds, real, sim, r.launches, r.live_shrinks,
+                          absl::StrCat(r.live_grows, " live, ", r.grows),
                           absl::StrCat(r.iterations_logged,
                                        r.duplicate_iterations > 0
                                            ? absl::StrCat(" (", r.duplicate_iterations, " twice)")
@@ -847,6 +880,7 @@ nlohmann::json LiveResultToJson(const LiveResult& live, const LivePrediction* pr
                         {"launches", r.launches},
                         {"restarts", r.restarts},
                         {"live_shrinks", r.live_shrinks},
+                        {"live_grows", r.live_grows},
                         {"grows", r.grows},
                         {"iterations_logged", r.iterations_logged},
                         {"duplicate_iterations", r.duplicate_iterations},

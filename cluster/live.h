@@ -10,10 +10,14 @@
 //   shrink  live: the ranks to remove (the highest job ranks on the nodes that lose slots) are
 //           SIGKILLed; the elastic layer re-forms the job on the survivors, and the shrink is
 //           complete when the job's log shows the recovery event;
-//   grow    (and preemption, and a shrink whose ranks are not on this host) through a
-//           checkpoint: SIGUSR1 to mpirun asks the job to stop at its next commit with a
-//           checkpoint (ElasticOptions::stop_requested); once it has exited the job is started
-//           again on its target with --resume.
+//   grow    live on one host (LiveOptions::live_grow): SIGUSR2 to mpirun asks the job for one
+//           more rank at its next commit; the elastic layer starts it (MPI_Comm_spawn), hands
+//           it its layers' state and goes on, and the grow is complete when the job's log
+//           shows the growth event; repeated, one rank at a time, up to the target;
+//   move    (a grow across hosts, preemption, a shrink whose ranks are not this launch's own
+//           processes) through a checkpoint: SIGUSR1 to mpirun asks the job to stop at its
+//           next commit with a checkpoint (ElasticOptions::stop_requested); once it has exited
+//           the job is started again on its target with --resume.
 // A job is started, or restarted, only on slots free in the controller's own accounting
 // (every rank of a running launch counts until its process has exited), so slots are never
 // oversubscribed by the controller; a target below the job's min_ranks leaves it waiting.
@@ -82,13 +86,20 @@ struct LiveOptions {
   std::function<void(const std::string&)> on_event;
   // Set (e.g. from a SIGINT handler) to stop: every job is killed and the run ends Cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // Grow running jobs live (one host only: the started ranks land on the launch's host);
+  // false: every grow goes through a checkpoint and a resume.
+  bool live_grow = true;
+  // A live grow not seen in the job's log this long after the request goes through a
+  // checkpoint instead.
+  double live_grow_timeout_seconds = 120;
 };
 
 // A change the controller made or saw, at seconds since its start.
 struct LiveEvent {
   double seconds = 0;
   std::string job;
-  std::string kind;  // submit, start, shrink, recovered, stop, stopped, finished, failed
+  // submit, start, shrink, recovered, grow, grown, stop, stopped, finished, failed
+  std::string kind;
   int from_ranks = 0;
   int to_ranks = 0;
   std::string detail;
@@ -103,6 +114,7 @@ struct LiveJobResult {
   std::string error;  // why it failed
   int launches = 0;
   int live_shrinks = 0;              // recovery events after the controller's kills
+  int live_grows = 0;                // growth events after the controller's requests
   int grows = 0;                     // restarts on more ranks than the previous launch
   int restarts = 0;                  // launches after the first
   int64_t iterations_logged = 0;     // distinct iterations across launches

@@ -14,8 +14,9 @@
 //             planned jobs), GPU counts chosen exactly (dynamic programming) for a power mean of
 //             speedups, node-aware placement, reallocations weighed by what they cost; jobs pay
 //             the simulator's uniform restart
-//   tandem-elastic  the same on tandem's elastic layer: a shrink is live (2 s), a grow or a
-//             start is a checkpoint-and-resume (30 s); declared to the simulator
+//   tandem-elastic  the same on tandem's elastic layer: a shrink and a grow (more GPUs, none
+//             given up) are live (2 s each), a start or a move a checkpoint-and-resume (30 s);
+//             declared to the simulator
 //   gavel     Gavel (OSDI'20): heterogeneity-aware max-min fairness over device types (an LP,
 //             GLPK), jobs time-sliced in rounds by Gavel's priorities, gangs on one type
 // Other policies register in cluster/policies.cc.
@@ -75,8 +76,9 @@ struct TandemOptions {
   // (age + cost), which holds back jobs that have restarted often.
   bool restart_history = true;
 };
-// tandem on its elastic layer: shrink 2 s (measured live shrink, docs/elastic.md), grow and
-// start 30 s (checkpoint-and-resume), declared.
+// tandem on its elastic layer: shrink 2 s (a live shrink: kill to the first step after about
+// 1.3 s, docs/elastic.md), grow 2 s (a live grow: new ranks started and joined in 1.1-1.2 s,
+// re-formed in 30 ms), start and move 30 s (checkpoint-and-resume), declared.
 TandemOptions TandemElasticOptions();
 std::unique_ptr<Policy> MakeTandemPolicy(const TandemOptions& options = {});
 

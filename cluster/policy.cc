@@ -37,10 +37,15 @@ bool ReallocationCosts::IsShrink(const Allocation& before, const Allocation& aft
   return true;
 }
 
+bool ReallocationCosts::IsGrow(const Allocation& before, const Allocation& after) {
+  return !before.empty() && after.size() > before.size() && IsShrink(after, before);
+}
+
 double ReallocationCosts::Seconds(const Allocation& before, const Allocation& after) const {
   if (after.empty() || before == after) return 0;
   if (before.empty()) return start_seconds;
-  return IsShrink(before, after) ? shrink_seconds : grow_seconds;
+  if (IsShrink(before, after)) return shrink_seconds;
+  return IsGrow(before, after) ? grow_seconds : move_seconds;
 }
 
 std::vector<int> FreeGpus(const ClusterView& cluster, const Allocations& allocations) {

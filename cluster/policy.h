@@ -50,16 +50,21 @@ enum class BatchSizeMode { kFixedReplicasAndBatch, kFixedBatch, kAdaptive };
 
 // What a reallocation costs a job, in seconds during which it holds its new GPUs without
 // progressing, by what the change is. Pollux's simulator charges one restart for every change
-// (checkpoint and restart, 30 s); a runtime that can shrink a job live (tandem's elastic layer)
-// pays less for a shrink.
+// (checkpoint and restart, 30 s); a runtime that can shrink and grow a job live (tandem's
+// elastic layer) pays less for those.
 struct ReallocationCosts {
   double start_seconds = 30;   // from no GPUs: the first start, or a resume after preemption
-  double grow_seconds = 30;    // any other change that is not a shrink (more GPUs, or moved)
+  double grow_seconds = 30;    // more GPUs, keeping on every node at least the GPUs it had
   double shrink_seconds = 30;  // fewer GPUs, each on a node where the job already had as many
+  double move_seconds = 30;    // any other change (GPUs given up on one node, taken on another)
 
-  static ReallocationCosts Uniform(double seconds) { return {seconds, seconds, seconds}; }
+  static ReallocationCosts Uniform(double seconds) {
+    return {seconds, seconds, seconds, seconds};
+  }
   // True when `after` (non-empty, different) keeps, per node, at most the GPUs `before` had.
   static bool IsShrink(const Allocation& before, const Allocation& after);
+  // True when `after` (larger) keeps, per node, at least the GPUs `before` (non-empty) had.
+  static bool IsGrow(const Allocation& before, const Allocation& after);
   // The cost of going from `before` to `after` (0 when they are equal or `after` is empty).
   double Seconds(const Allocation& before, const Allocation& after) const;
 };

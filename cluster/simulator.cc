@@ -414,7 +414,8 @@ absl::StatusOr<SimulationResult> Simulate(const Workload& workload,
   const BatchSizeMode mode = policy.batch_size_mode();
   const ReallocationCosts costs =
       policy.reallocation_costs().value_or(ReallocationCosts::Uniform(options.restart_seconds));
-  if (costs.start_seconds < 0 || costs.grow_seconds < 0 || costs.shrink_seconds < 0) {
+  if (costs.start_seconds < 0 || costs.grow_seconds < 0 || costs.shrink_seconds < 0 ||
+      costs.move_seconds < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy ", policy.name(), ": reallocation costs must be >= 0"));
   }

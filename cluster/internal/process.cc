@@ -90,11 +90,39 @@ std::map<int, pid_t> ProcessesTagged(const std::string& tag_name, const std::str
     int value = -1;
     for (absl::string_view item : absl::StrSplit(text.str(), '\0')) {
       if (item == tag) tagged = true;
+      // Started by a running job (MPI_Comm_spawn): its key numbers another job's processes.
+      if (absl::StartsWith(item, "OMPI_PARENT_PORT=")) {
+        tagged = false;
+        break;
+      }
       if (absl::StartsWith(item, key)) {
         if (!absl::SimpleAtoi(item.substr(key.size()), &value)) value = -1;
       }
     }
     if (tagged && value >= 0 && ProcessAlive(pid)) found[value] = pid;
+  }
+  ::closedir(proc);
+  return found;
+}
+
+std::vector<pid_t> AllProcessesTagged(const std::string& tag_name, const std::string& tag_value) {
+  std::vector<pid_t> found;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  const std::string tag = tag_name + "=" + tag_value;
+  while (dirent* entry = ::readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid) || pid <= 0) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    for (absl::string_view item : absl::StrSplit(text.str(), '\0')) {
+      if (item == tag) {
+        if (ProcessAlive(pid)) found.push_back(pid);
+        break;
+      }
+    }
   }
   ::closedir(proc);
   return found;

@@ -27,9 +27,13 @@ int ReapIfEnded(pid_t pid);
 
 // The processes whose environment has `tag_name`=`tag_value`, by their value of `key_name`
 // (processes without it are left out): e.g. the ranks of one mpirun launch by
-// OMPI_COMM_WORLD_RANK. Processes this user cannot read are skipped.
+// OMPI_COMM_WORLD_RANK. Processes started by a running job (MPI_Comm_spawn: OMPI_PARENT_PORT in
+// their environment) are left out too: their key numbers another job's processes. Processes
+// this user cannot read are skipped.
 std::map<int, pid_t> ProcessesTagged(const std::string& tag_name, const std::string& tag_value,
                                      const std::string& key_name);
+// Every live process whose environment has `tag_name`=`tag_value`, started ones included.
+std::vector<pid_t> AllProcessesTagged(const std::string& tag_name, const std::string& tag_value);
 
 // False once `pid` has exited (gone, or a zombie waiting for its parent).
 bool ProcessAlive(pid_t pid);

@@ -40,7 +40,9 @@
 namespace tandem::cluster {
 namespace {
 
-enum class Variant { kNone, kKeep, kShrink, kFresh };
+// How a job gets its GPUs: as it holds them, a part of them, all of them and more (a live
+// grow), or placed afresh.
+enum class Variant { kNone, kKeep, kShrink, kGrow, kFresh };
 
 struct Choice {
   double value = 0;
@@ -245,16 +247,22 @@ class TandemPolicy : public Policy {
           row[n] = {-std::numeric_limits<double>::infinity(), Variant::kNone};
           continue;
         }
-        const double fresh_cost = held == 0 ? 0 : options_.costs.grow_seconds;
+        const double fresh_cost = held == 0 ? 0 : options_.costs.move_seconds;
         Choice best{Value(context, (n + per_node - 1) / per_node, n, fresh_cost),
                     Variant::kFresh};
         if (n == held) {
           const double keep = Value(context, DistinctNodes(context.now), n, 0);
           if (keep >= best.value) best = {keep, Variant::kKeep};
-        } else if (n < held && options_.costs.shrink_seconds <= options_.costs.grow_seconds) {
+        } else if (n < held && options_.costs.shrink_seconds <= options_.costs.move_seconds) {
           const double shrink = Value(context, static_cast<int>(ShrinkNodes(context.now, n).size()),
                                       n, options_.costs.shrink_seconds);
           if (shrink >= best.value) best = {shrink, Variant::kShrink};
+        } else if (n > held && held > 0 &&
+                   options_.costs.grow_seconds < options_.costs.move_seconds) {
+          // Keeping what it holds: at least its nodes now, and as many as n GPUs need.
+          const int nodes = std::max(DistinctNodes(context.now), (n + per_node - 1) / per_node);
+          const double grow = Value(context, nodes, n, options_.costs.grow_seconds);
+          if (grow > best.value) best = {grow, Variant::kGrow};
         }
         row[n] = best;
       }
@@ -317,7 +325,7 @@ class TandemPolicy : public Policy {
     if (options_.restart_history && cost_seconds > 0) {
       // Pollux's penalty: the share of the job's life not spent in its past restarts.
       const JobView& job = *context.job;
-      keep = std::max(job.age_seconds - job.restarts * options_.costs.grow_seconds, 0.0) /
+      keep = std::max(job.age_seconds - job.restarts * options_.costs.move_seconds, 0.0) /
              (job.age_seconds + cost_seconds);
     }
     return context.weight * Utility(speedup * keep);
@@ -333,7 +341,8 @@ class TandemPolicy : public Policy {
                                        const Allocations& placed, bool all) const {
     std::vector<size_t> candidates;
     auto movable = [&](size_t j) {
-      return variants[j] == Variant::kKeep || variants[j] == Variant::kShrink;
+      return variants[j] == Variant::kKeep || variants[j] == Variant::kShrink ||
+             variants[j] == Variant::kGrow;
     };
     if (all) {
       for (size_t j = 0; j < contexts.size(); ++j) {
@@ -377,11 +386,7 @@ class TandemPolicy : public Policy {
         continue;
       }
       const Allocation& after = found->second;
-      double cost = 0;
-      if (!context.now.empty() && after != context.now) {
-        cost = ReallocationCosts::IsShrink(context.now, after) ? options_.costs.shrink_seconds
-                                                                : options_.costs.grow_seconds;
-      }
+      const double cost = context.now.empty() ? 0 : options_.costs.Seconds(context.now, after);
       total += Value(context, DistinctNodes(after), static_cast<int>(after.size()), cost);
     }
     return total;
@@ -393,7 +398,7 @@ class TandemPolicy : public Policy {
     Allocations allocations;
     std::vector<int> free(cluster.nodes.size());
     for (size_t i = 0; i < free.size(); ++i) free[i] = cluster.nodes[i].gpus;
-    std::vector<size_t> fresh;
+    std::vector<size_t> fresh, grown;
     // Kept placements and shrinks first: they only use GPUs their job holds now.
     for (size_t j = 0; j < contexts.size(); ++j) {
       if (counts[j] == 0) continue;
@@ -405,17 +410,44 @@ class TandemPolicy : public Policy {
         for (const auto& [node, count] : ShrinkNodes(contexts[j].now, counts[j])) {
           allocation.insert(allocation.end(), count, node);
         }
+      } else if (variants[j] == Variant::kGrow) {
+        allocations[name] = contexts[j].now;  // extended below
+        grown.push_back(j);
       } else {
         fresh.push_back(j);
         continue;
       }
       for (int node : allocations[name]) --free[node];
     }
+    // Live grows next: what the job holds, more GPUs on its nodes while they have free ones,
+    // then as a fresh job takes them.
+    for (size_t j : grown) {
+      Allocation allocation = contexts[j].now;
+      int left = counts[j] - static_cast<int>(allocation.size());
+      for (const auto& [node, count] : ShrinkNodes(contexts[j].now, counts[j])) {
+        const int take = std::min(free[node], left);
+        allocation.insert(allocation.end(), take, node);
+        free[node] -= take;
+        left -= take;
+      }
+      TANDEM_RETURN_IF_ERROR(TakeFree(cluster, contexts[j].job->name, left, free, allocation));
+      std::sort(allocation.begin(), allocation.end());
+      allocations[contexts[j].job->name] = std::move(allocation);
+    }
     std::stable_sort(fresh.begin(), fresh.end(),
                      [&](size_t a, size_t b) { return counts[a] > counts[b]; });
     for (size_t j : fresh) {
       Allocation allocation;
-      int left = counts[j];
+      TANDEM_RETURN_IF_ERROR(TakeFree(cluster, contexts[j].job->name, counts[j], free, allocation));
+      allocations[contexts[j].job->name] = std::move(allocation);
+    }
+    return allocations;
+  }
+
+  // `left` free GPUs added to `allocation`.
+  static absl::Status TakeFree(const ClusterView& cluster, const std::string& job, int left,
+                               std::vector<int>& free, Allocation& allocation) {
+    {
       while (left > 0) {
         // Whole free nodes while the job needs at least a node; then the node that fits the
         // rest most tightly; the node with most free GPUs when none fits.
@@ -440,18 +472,16 @@ class TandemPolicy : public Policy {
           }
         }
         if (chosen < 0) {
-          return absl::InternalError(absl::StrCat("tandem: no free GPU left for job ",
-                                                  contexts[j].job->name, " (", counts[j],
-                                                  " GPUs)"));
+          return absl::InternalError(
+              absl::StrCat("tandem: no free GPU left for job ", job, " (", left, " more)"));
         }
         const int take = std::min(free[chosen], left);
         allocation.insert(allocation.end(), take, chosen);
         free[chosen] -= take;
         left -= take;
       }
-      allocations[contexts[j].job->name] = std::move(allocation);
     }
-    return allocations;
+    return absl::OkStatus();
   }
 
   std::string name_;
@@ -463,6 +493,7 @@ class TandemPolicy : public Policy {
 TandemOptions TandemElasticOptions() {
   TandemOptions options;
   options.costs.shrink_seconds = 2;
+  options.costs.grow_seconds = 2;
   options.declare_costs = true;
   return options;
 }

@@ -1,11 +1,12 @@
 // `tandem cluster run` end to end: real `mpirun --enable-recovery tandem train --elastic` jobs
 // on 4 slots under Optimus. A wide job starts alone on every slot; two narrow jobs arrive, so
 // it is shrunk live (ranks SIGKILLed, the elastic layer re-forms it); when they finish it grows
-// back through a checkpoint and a resume. Checked from the jobs' own logs: every job finished,
-// each iteration logged exactly once across a job's launches, a recovery event after the kill
-// and a launch that resumed where the stopped one's checkpoint ends; the slots never
-// oversubscribed in the controller's accounting; the JCT table beside the simulator's
-// prediction. Also bad input: exit 2 with the reason.
+// back, live (SIGUSR2: the job starts its new ranks itself) or, with
+// --grow-through-checkpoint, through a checkpoint and a resume. Checked from the jobs' own
+// logs: every job finished, each iteration logged exactly once across a job's launches, a
+// recovery event after the kill, growth events or a launch that resumed where the stopped
+// one's checkpoint ends; the slots never oversubscribed in the controller's accounting; the
+// JCT table beside the simulator's prediction. Also bad input: exit 2 with the reason.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,20 +63,24 @@ constexpr char kModel[] =
     "--model gpt --layers 2 --hidden 64 --heads 4 --seq-len 32 --optimizer adamw --lr 3e-3 "
     "--microbatch-size 2 --heartbeat-timeout 1";
 
-TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
+class ClusterRun : public ::testing::TestWithParam<bool> {};  // grow live?
+
+TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
   if (!TANDEM_HAVE_MPI || !TANDEM_HAVE_TORCH) GTEST_SKIP() << "needs MPI and LibTorch";
+  const bool live_grow = GetParam();
   const std::string jobs =
       Write("jobs.csv", std::string(kHeader) + "# a wide job, then two narrow ones\n" +
                             "wide,0,1000,16,1,4," + kModel + "\n" +  //
                             "narrow1,5,40,16,1,1," + kModel + "\n" + "narrow2,7,40,16,1,1," +
                             kModel + "\n");
-  const std::string work = Temp("work");
-  const std::string log = Temp("run.json");
+  const std::string work = Temp(live_grow ? "work_live" : "work_checkpoint");
+  const std::string log = Temp(live_grow ? "run_live.json" : "run_checkpoint.json");
   fs::remove_all(work);
   const Outcome run = Tandem("cluster run --jobs " + jobs +
                                 " --slots 4 --policy optimus --interval 1 --deadline 240"
                                 " --work-dir " +
-                                work + " --log-json " + log);
+                                work + " --log-json " + log +
+                                (live_grow ? "" : " --grow-through-checkpoint"));
   ASSERT_EQ(run.exit_status, 0) << run.output;
   std::cout << run.output;  // the events and the JCT table, real beside simulated
   EXPECT_NE(run.output.find("JCT real"), std::string::npos) << run.output;
@@ -99,7 +104,7 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
     // From the job's own logs: each iteration once across its launches; a stopped launch's
     // last iteration is the next launch's resume point.
     std::map<int, int> seen;
-    int recoveries = 0, resumes = 0, finished = 0;
+    int recoveries = 0, resumes = 0, finished = 0, growths = 0;
     const int launches = job["launches"];
     int next_expected = 0;
     for (int k = 0; k < launches; ++k) {
@@ -108,6 +113,7 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
       for (const nlohmann::json& line : JsonLines(path)) {
         if (line.contains("event")) {
           if (line["event"] == "recovery") ++recoveries;
+          if (line["event"] == "growth") ++growths;
           if (line["event"] == "finished" && !line.value("stopped", false)) ++finished;
           continue;
         }
@@ -125,17 +131,30 @@ TEST(ClusterRun, ShrinksLiveGrowsThroughACheckpointAndRecordsTheJcts) {
     ASSERT_EQ(seen.size(), static_cast<size_t>(steps.at(name))) << name;
     for (const auto& [it, n] : seen) EXPECT_EQ(n, 1) << name << " iteration " << it;
     if (name == "wide") {
-      // Shrunk live when the narrow jobs came, grown back (resumed) when they finished.
+      // Shrunk live when the narrow jobs came, grown back when they finished: live (growth
+      // events, one launch) or resumed on more ranks.
       EXPECT_GE(recoveries, 1) << run.output;
       EXPECT_GE(job["live_shrinks"].get<int>(), 1) << run.output;
-      EXPECT_GE(resumes, 1) << run.output;
-      EXPECT_GE(job["grows"].get<int>(), 1) << run.output;
+      if (live_grow) {
+        EXPECT_GE(growths, 1) << run.output;
+        EXPECT_GE(job["live_grows"].get<int>(), 1) << run.output;
+        EXPECT_EQ(job["launches"].get<int>(), 1) << run.output;
+      } else {
+        EXPECT_GE(resumes, 1) << run.output;
+        EXPECT_GE(job["grows"].get<int>(), 1) << run.output;
+        EXPECT_EQ(growths, 0) << run.output;
+      }
     }
   }
   fs::remove_all(work);
 }
 
-TEST(ClusterRun, BadInputIsRefusedWithTheReason) {
+INSTANTIATE_TEST_SUITE_P(Grow, ClusterRun, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Live" : "ThroughACheckpoint");
+                         });
+
+TEST(ClusterRunInput, BadInputIsRefusedWithTheReason) {
   const std::string ok = std::string(kHeader) + "a,0,10,16,1,2," + kModel + "\n";
   struct Case {
     std::string file;

@@ -30,10 +30,16 @@ TEST(ReallocationCosts, ShrinkIsASubsetOfTheHeldGpus) {
   EXPECT_FALSE(ReallocationCosts::IsShrink({0, 0, 1, 1}, {0, 0, 0}));  // 3 on node 0
   EXPECT_FALSE(ReallocationCosts::IsShrink({0, 1}, {0, 1}));           // unchanged
   EXPECT_FALSE(ReallocationCosts::IsShrink({0, 1}, {}));               // preempted
-  const ReallocationCosts costs{/*start_seconds=*/10, /*grow_seconds=*/50,
-                                /*shrink_seconds=*/1};
+  EXPECT_TRUE(ReallocationCosts::IsGrow({0, 1}, {0, 1, 1}));
+  EXPECT_TRUE(ReallocationCosts::IsGrow({0, 1}, {0, 1, 2, 2}));
+  EXPECT_FALSE(ReallocationCosts::IsGrow({0, 0}, {0, 1, 1}));  // gives up a GPU on node 0
+  EXPECT_FALSE(ReallocationCosts::IsGrow({0, 1}, {0, 1}));     // unchanged
+  EXPECT_FALSE(ReallocationCosts::IsGrow({}, {0, 1}));         // a start
+  const ReallocationCosts costs{/*start_seconds=*/10, /*grow_seconds=*/20,
+                                /*shrink_seconds=*/1, /*move_seconds=*/50};
   EXPECT_EQ(costs.Seconds({}, {0, 0}), 10);
-  EXPECT_EQ(costs.Seconds({0, 0}, {0, 0, 1}), 50);
+  EXPECT_EQ(costs.Seconds({0, 0}, {0, 0, 1}), 20);
+  EXPECT_EQ(costs.Seconds({0, 0}, {0, 1, 1}), 50);
   EXPECT_EQ(costs.Seconds({0, 0}, {1, 1}), 50);
   EXPECT_EQ(costs.Seconds({0, 0}, {0}), 1);
   EXPECT_EQ(costs.Seconds({0, 0}, {0, 0}), 0);
@@ -79,15 +85,18 @@ TEST(ReallocationCosts, SimulatorChargesWhatThePolicyDeclares) {
     EXPECT_TRUE(result.ok()) << result.status();
     return result.ok() ? result->jobs[0].completion_seconds : -1.0;
   };
-  const ReallocationCosts costs{/*start_seconds=*/10, /*grow_seconds=*/50,
-                                /*shrink_seconds=*/1};
+  const ReallocationCosts costs{/*start_seconds=*/10, /*grow_seconds=*/20,
+                                /*shrink_seconds=*/1, /*move_seconds=*/50};
   // Start at 60 s (10 s), 50 s of work at full speed, shrink at 120 s (1 s), 950 s of work at
   // half speed: 120 + 1 + 1900.
   EXPECT_EQ(completion({{0, 0, 0, 0}, {0, 0}}, costs), 2021);
   // Undeclared: the uniform 30 s restart for both: 30 s of work, then 120 + 30 + 1940.
   EXPECT_EQ(completion({{0, 0, 0, 0}, {0, 0}}, std::nullopt), 2090);
-  // Moving to another node is a grow (50 s), not a shrink: 120 + 50 + 1900.
+  // Moving to another node is a move (50 s), not a shrink: 120 + 50 + 1900.
   EXPECT_EQ(completion({{0, 0, 0, 0}, {1, 1}}, costs), 2070);
+  // Growing from 2 GPUs to 4 (keeping both) is a grow (20 s): 10 s start at 60 s, 50 s at half
+  // speed (25 s of work), grow at 120 s, then 975 s at full speed: 120 + 20 + 975.
+  EXPECT_EQ(completion({{0, 0}, {0, 0, 1, 1}}, costs), 1115);
 }
 
 // The policy's objective, written out from the header of cluster/policies/tandem.cc, for an
@@ -110,15 +119,13 @@ double OracleValue(const std::vector<JobView>& jobs, const Allocations& current,
     double speedup = 0, cost = 0;
     if (after != next.end() && !after->second.empty()) {
       speedup = job.speedup(DistinctNodes(after->second), after->second.size());
-      if (before != current.end() && before->second != after->second) {
-        cost = ReallocationCosts::IsShrink(before->second, after->second)
-                   ? options.costs.shrink_seconds
-                   : options.costs.grow_seconds;
+      if (before != current.end() && !before->second.empty()) {
+        cost = options.costs.Seconds(before->second, after->second);
       }
     }
     double keep = horizon / (horizon + cost);
     if (options.restart_history && cost > 0) {
-      keep = std::max(job.age_seconds - job.restarts * options.costs.grow_seconds, 0.0) /
+      keep = std::max(job.age_seconds - job.restarts * options.costs.move_seconds, 0.0) /
              (job.age_seconds + cost);
     }
     const double x = speedup * keep;
@@ -291,6 +298,38 @@ TEST(TandemPolicy, MovesAKeptJobToKeepANewOnePacked) {
   EXPECT_EQ(next->at("a"), (Allocation{1, 1}));  // moved (a grow) next to b
 }
 
+TEST(TandemPolicy, GrowsAJobLiveWhereItRuns) {
+  // Two 4-GPU nodes. a holds 2 GPUs on node 0 beside b's 2; node 1 is free. With a grow that
+  // costs as much as a move (plain tandem) a goes to a whole node; when a grow is cheap
+  // (tandem-elastic: live) a keeps its GPUs and takes the new ones beside them, over two nodes,
+  // because its speedup barely suffers from the second node.
+  const ClusterView cluster = ClusterView::Homogeneous(2, 4);
+  std::vector<JobView> jobs(2);
+  for (int j = 0; j < 2; ++j) {
+    jobs[j].name = j == 0 ? "a" : "b";
+    jobs[j].max_replicas = j == 0 ? 4 : 2;
+    jobs[j].age_seconds = 600;
+    jobs[j].attained_service_gpu_seconds = 600;
+    jobs[j].speedup = [](int nodes, int replicas) {
+      return nodes > 0 ? replicas * (1.0 - 0.01 * (nodes - 1)) : 0.0;
+    };
+  }
+  const Allocations current = {{"a", {0, 0}}, {"b", {0, 0}}};
+  TandemOptions plain;
+  plain.restart_history = false;
+  auto moved = MakeTandemPolicy(plain)->Optimize(jobs, cluster, current, 600);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->at("a"), (Allocation{1, 1, 1, 1}));
+  EXPECT_EQ(moved->at("b"), (Allocation{0, 0}));
+  TandemOptions elastic = TandemElasticOptions();
+  elastic.restart_history = false;
+  auto grown = MakeTandemPolicy(elastic)->Optimize(jobs, cluster, current, 600);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(grown->at("a").size(), 4u);
+  EXPECT_TRUE(ReallocationCosts::IsGrow({0, 0}, grown->at("a"))) << grown->at("a").size();
+  EXPECT_EQ(grown->at("b"), (Allocation{0, 0}));
+}
+
 TEST(TandemPolicy, RegisteredWithAndWithoutDeclaredCosts) {
   auto plain = MakePolicy("tandem");
   auto elastic = MakePolicy("tandem-elastic");
@@ -299,7 +338,8 @@ TEST(TandemPolicy, RegisteredWithAndWithoutDeclaredCosts) {
   EXPECT_FALSE((*plain)->reallocation_costs().has_value());
   ASSERT_TRUE((*elastic)->reallocation_costs().has_value());
   EXPECT_EQ((*elastic)->reallocation_costs()->shrink_seconds, 2);
-  EXPECT_EQ((*elastic)->reallocation_costs()->grow_seconds, 30);
+  EXPECT_EQ((*elastic)->reallocation_costs()->grow_seconds, 2);
+  EXPECT_EQ((*elastic)->reallocation_costs()->move_seconds, 30);
 }
 
 TEST(TandemPolicy, UsesThePlannedThroughputOfAPlannedJob) {
