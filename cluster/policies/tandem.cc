@@ -27,6 +27,13 @@
 // largest first, each on whole free nodes and the best-fitting partial node; then a repair: a
 // kept or shrunk job is moved too when that lets a fresh one pack and raises the total value as
 // the jobs would actually run (with many jobs, only a few next to a fresh job that was spread).
+//
+// Heterogeneous clusters (several device types): a job's speedup on a placement is multiplied
+// by its throughput factor on the slowest type it uses (JobView::device_throughput, as the
+// simulator runs it). A fresh placement of n GPUs is valued on the fastest type for the job
+// that has n GPUs at all; placed, fresh jobs go in order of how much they lose off their best
+// type (best factor over worst), each onto the fastest type with room for its whole gang, and
+// only when no type has room across types. With one type nothing of this changes a decision.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -194,7 +201,23 @@ struct JobContext {
   // Planned jobs: samples/s per GPU at the fewest GPUs the plan runs on, so that the planned
   // throughput divided by it is a speedup like the others' (GPU-equivalents).
   double planned_reference = 0;
+  // Heterogeneous clusters: the device types by the job's factor, fastest first, and how much
+  // it loses off its best type (best factor / worst). Empty, 1: one type.
+  std::vector<std::pair<double, std::string>> types;
+  double type_advantage = 1;
 };
+
+// The device types of a cluster and their GPUs (one entry: homogeneous).
+std::map<std::string, int> TypeGpus(const ClusterView& cluster) {
+  std::map<std::string, int> gpus;
+  for (const NodeView& node : cluster.nodes) gpus[node.device_type] += node.gpus;
+  return gpus;
+}
+
+double TypeFactor(const JobView& job, const std::string& type) {
+  auto found = job.device_throughput.find(type);
+  return found == job.device_throughput.end() ? 1.0 : found->second;
+}
 
 class TandemPolicy : public Policy {
  public:
@@ -214,6 +237,8 @@ class TandemPolicy : public Policy {
     const int capacity = cluster.total_gpus();
     const int per_node = std::max(1, cluster.max_gpus_per_node());
     const size_t n_jobs = jobs.size();
+    const std::map<std::string, int> type_gpus = TypeGpus(cluster);
+    const bool heterogeneous = type_gpus.size() > 1;
     std::vector<JobContext> contexts(n_jobs);
     // choices[j][n]: the best way for job j to hold n GPUs.
     std::vector<std::vector<Choice>> choices(n_jobs);
@@ -232,6 +257,25 @@ class TandemPolicy : public Policy {
         context.planned_reference =
             job.planned_throughput((fewest + per_node - 1) / per_node, fewest) / fewest;
       }
+      if (heterogeneous) {
+        for (const auto& [type, gpus] : type_gpus) {
+          context.types.emplace_back(TypeFactor(job, type), type);
+        }
+        std::stable_sort(context.types.begin(), context.types.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        if (context.types.back().first > 0) {
+          context.type_advantage = context.types.front().first / context.types.back().first;
+        }
+      }
+      // The factor of a fresh placement of n GPUs: the fastest type that has n GPUs, else the
+      // slowest (the gang spans types).
+      auto fresh_factor = [&](int n) {
+        if (!heterogeneous) return 1.0;
+        for (const auto& [factor, type] : context.types) {
+          if (type_gpus.at(type) >= n) return factor;
+        }
+        return context.types.back().first;
+      };
       if (options_.normalise_to_fair_share) {
         const int fair = std::max(1, capacity / static_cast<int>(n_jobs));
         const double at_fair = Speedup(context, (fair + per_node - 1) / per_node, fair);
@@ -248,20 +292,28 @@ class TandemPolicy : public Policy {
           continue;
         }
         const double fresh_cost = held == 0 ? 0 : options_.costs.move_seconds;
-        Choice best{Value(context, (n + per_node - 1) / per_node, n, fresh_cost),
+        Choice best{Value(context, (n + per_node - 1) / per_node, n, fresh_cost, fresh_factor(n)),
                     Variant::kFresh};
+        const double held_factor = heterogeneous ? FactorOf(context, cluster, context.now) : 1;
         if (n == held) {
-          const double keep = Value(context, DistinctNodes(context.now), n, 0);
+          const double keep = Value(context, DistinctNodes(context.now), n, 0, held_factor);
           if (keep >= best.value) best = {keep, Variant::kKeep};
         } else if (n < held && options_.costs.shrink_seconds <= options_.costs.move_seconds) {
-          const double shrink = Value(context, static_cast<int>(ShrinkNodes(context.now, n).size()),
-                                      n, options_.costs.shrink_seconds);
+          const std::vector<std::pair<int, int>> kept = ShrinkNodes(context.now, n);
+          double factor = 1;
+          if (heterogeneous) {
+            Allocation nodes;
+            for (const auto& [node, count] : kept) nodes.push_back(node);
+            factor = FactorOf(context, cluster, nodes);
+          }
+          const double shrink = Value(context, static_cast<int>(kept.size()), n,
+                                      options_.costs.shrink_seconds, factor);
           if (shrink >= best.value) best = {shrink, Variant::kShrink};
         } else if (n > held && held > 0 &&
                    options_.costs.grow_seconds < options_.costs.move_seconds) {
           // Keeping what it holds: at least its nodes now, and as many as n GPUs need.
           const int nodes = std::max(DistinctNodes(context.now), (n + per_node - 1) / per_node);
-          const double grow = Value(context, nodes, n, options_.costs.grow_seconds);
+          const double grow = Value(context, nodes, n, options_.costs.grow_seconds, held_factor);
           if (grow > best.value) best = {grow, Variant::kGrow};
         }
         row[n] = best;
@@ -276,14 +328,14 @@ class TandemPolicy : public Policy {
     // Placement, then a repair for fragmentation: a kept or shrunk job whose GPUs keep a
     // fresh job from being packed is moved too when that raises the total value.
     TANDEM_ASSIGN_OR_RETURN(Allocations placed, Place(contexts, cluster, counts, variants));
-    double placed_value = TotalValue(contexts, placed);
+    double placed_value = TotalValue(contexts, cluster, placed);
     const bool full_repair = n_jobs <= kFullRepairMaxJobs;
     for (size_t j : RepairCandidates(contexts, cluster, counts, variants, placed, full_repair)) {
       std::vector<Variant> tried = variants;
       tried[j] = Variant::kFresh;
       absl::StatusOr<Allocations> other = Place(contexts, cluster, counts, tried);
       if (!other.ok()) continue;
-      const double other_value = TotalValue(contexts, *other);
+      const double other_value = TotalValue(contexts, cluster, *other);
       if (other_value > placed_value + 1e-12 * std::abs(placed_value)) {
         variants = std::move(tried);
         placed = std::move(*other);
@@ -317,9 +369,22 @@ class TandemPolicy : public Policy {
     return std::isfinite(speedup) && speedup > 0 ? speedup : 0;
   }
 
-  // U_j for `gpus` GPUs on `nodes` nodes after a change costing `cost_seconds`.
-  double Value(const JobContext& context, int nodes, int gpus, double cost_seconds) const {
-    const double speedup = Speedup(context, nodes, gpus);
+  // The job's factor on `allocation`: its slowest device type there (1 on one type).
+  static double FactorOf(const JobContext& context, const ClusterView& cluster,
+                         const Allocation& allocation) {
+    if (context.types.empty() || allocation.empty()) return 1;
+    double factor = std::numeric_limits<double>::infinity();
+    for (int node : allocation) {
+      factor = std::min(factor, TypeFactor(*context.job, cluster.nodes[node].device_type));
+    }
+    return factor;
+  }
+
+  // U_j for `gpus` GPUs on `nodes` nodes after a change costing `cost_seconds`, at `factor`
+  // of the speed (the device type).
+  double Value(const JobContext& context, int nodes, int gpus, double cost_seconds,
+               double factor = 1) const {
+    const double speedup = Speedup(context, nodes, gpus) * factor;
     const double horizon = context.horizon_seconds;
     double keep = horizon / (horizon + cost_seconds);
     if (options_.restart_history && cost_seconds > 0) {
@@ -376,8 +441,9 @@ class TandemPolicy : public Policy {
     return candidates;
   }
 
-  // The value of placed allocations as the jobs would run them (actual nodes, actual costs).
-  double TotalValue(const std::vector<JobContext>& contexts, const Allocations& placed) const {
+  // The value of placed allocations as the jobs would run them (actual nodes, types, costs).
+  double TotalValue(const std::vector<JobContext>& contexts, const ClusterView& cluster,
+                    const Allocations& placed) const {
     double total = 0;
     for (const JobContext& context : contexts) {
       auto found = placed.find(context.job->name);
@@ -387,7 +453,8 @@ class TandemPolicy : public Policy {
       }
       const Allocation& after = found->second;
       const double cost = context.now.empty() ? 0 : options_.costs.Seconds(context.now, after);
-      total += Value(context, DistinctNodes(after), static_cast<int>(after.size()), cost);
+      total += Value(context, DistinctNodes(after), static_cast<int>(after.size()), cost,
+                     FactorOf(context, cluster, after));
     }
     return total;
   }
@@ -430,56 +497,91 @@ class TandemPolicy : public Policy {
         free[node] -= take;
         left -= take;
       }
-      TANDEM_RETURN_IF_ERROR(TakeFree(cluster, contexts[j].job->name, left, free, allocation));
+      // The rest on the job's own type where it has room (a gang runs at its slowest type).
+      const std::string& own = cluster.nodes[allocation.front()].device_type;
+      const bool room = FreeOfType(cluster, free, &own) >= left;
+      TANDEM_RETURN_IF_ERROR(TakeFree(cluster, contexts[j].job->name, left, free, allocation,
+                                      room ? &own : nullptr));
       std::sort(allocation.begin(), allocation.end());
       allocations[contexts[j].job->name] = std::move(allocation);
     }
-    std::stable_sort(fresh.begin(), fresh.end(),
-                     [&](size_t a, size_t b) { return counts[a] > counts[b]; });
+    // Largest first; on several device types, those that lose most off their best type first.
+    std::stable_sort(fresh.begin(), fresh.end(), [&](size_t a, size_t b) {
+      if (contexts[a].type_advantage != contexts[b].type_advantage) {
+        return contexts[a].type_advantage > contexts[b].type_advantage;
+      }
+      return counts[a] > counts[b];
+    });
     for (size_t j : fresh) {
       Allocation allocation;
-      TANDEM_RETURN_IF_ERROR(TakeFree(cluster, contexts[j].job->name, counts[j], free, allocation));
+      // The fastest type with room for the whole gang; across types only when none has.
+      const std::string* type = nullptr;
+      for (const auto& [factor, name] : contexts[j].types) {
+        if (FreeOfType(cluster, free, &name) >= counts[j]) {
+          type = &name;
+          break;
+        }
+      }
+      TANDEM_RETURN_IF_ERROR(
+          TakeFree(cluster, contexts[j].job->name, counts[j], free, allocation, type));
       allocations[contexts[j].job->name] = std::move(allocation);
     }
     return allocations;
   }
 
-  // `left` free GPUs added to `allocation`.
+  // Free GPUs on nodes of `type` (nullptr: every node).
+  static int FreeOfType(const ClusterView& cluster, const std::vector<int>& free,
+                        const std::string* type) {
+    int total = 0;
+    for (size_t i = 0; i < free.size(); ++i) {
+      if (type == nullptr || cluster.nodes[i].device_type == *type) total += free[i];
+    }
+    return total;
+  }
+
+  // `left` free GPUs added to `allocation`, on nodes of `type` (nullptr: any node).
   static absl::Status TakeFree(const ClusterView& cluster, const std::string& job, int left,
-                               std::vector<int>& free, Allocation& allocation) {
-    {
-      while (left > 0) {
-        // Whole free nodes while the job needs at least a node; then the node that fits the
-        // rest most tightly; the node with most free GPUs when none fits.
-        int chosen = -1;
-        for (size_t i = 0; i < free.size() && chosen < 0; ++i) {
-          if (free[i] > 0 && free[i] == cluster.nodes[i].gpus && free[i] <= left) {
+                               std::vector<int>& free, Allocation& allocation,
+                               const std::string* type = nullptr) {
+    // Nodes of another type look full.
+    std::vector<int> usable = free;
+    if (type != nullptr) {
+      for (size_t i = 0; i < usable.size(); ++i) {
+        if (cluster.nodes[i].device_type != *type) usable[i] = 0;
+      }
+    }
+    while (left > 0) {
+      // Whole free nodes while the job needs at least a node; then the node that fits the rest
+      // most tightly; the node with most free GPUs when none fits.
+      int chosen = -1;
+      for (size_t i = 0; i < usable.size() && chosen < 0; ++i) {
+        if (usable[i] > 0 && usable[i] == cluster.nodes[i].gpus && usable[i] <= left) {
+          chosen = static_cast<int>(i);
+        }
+      }
+      if (chosen < 0) {
+        for (size_t i = 0; i < usable.size(); ++i) {
+          if (usable[i] >= left && (chosen < 0 || usable[i] < usable[chosen])) {
             chosen = static_cast<int>(i);
           }
         }
-        if (chosen < 0) {
-          for (size_t i = 0; i < free.size(); ++i) {
-            if (free[i] >= left && (chosen < 0 || free[i] < free[chosen])) {
-              chosen = static_cast<int>(i);
-            }
-          }
-        }
-        if (chosen < 0) {
-          for (size_t i = 0; i < free.size(); ++i) {
-            if (free[i] > 0 && (chosen < 0 || free[i] > free[chosen])) {
-              chosen = static_cast<int>(i);
-            }
-          }
-        }
-        if (chosen < 0) {
-          return absl::InternalError(
-              absl::StrCat("tandem: no free GPU left for job ", job, " (", left, " more)"));
-        }
-        const int take = std::min(free[chosen], left);
-        allocation.insert(allocation.end(), take, chosen);
-        free[chosen] -= take;
-        left -= take;
       }
+      if (chosen < 0) {
+        for (size_t i = 0; i < usable.size(); ++i) {
+          if (usable[i] > 0 && (chosen < 0 || usable[i] > usable[chosen])) {
+            chosen = static_cast<int>(i);
+          }
+        }
+      }
+      if (chosen < 0) {
+        return absl::InternalError(
+            absl::StrCat("tandem: no free GPU left for job ", job, " (", left, " more)"));
+      }
+      const int take = std::min(usable[chosen], left);
+      allocation.insert(allocation.end(), take, chosen);
+      usable[chosen] -= take;
+      free[chosen] -= take;
+      left -= take;
     }
     return absl::OkStatus();
   }

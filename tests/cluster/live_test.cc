@@ -70,8 +70,8 @@ TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
   const bool live_grow = GetParam();
   const std::string jobs =
       Write("jobs.csv", std::string(kHeader) + "# a wide job, then two narrow ones\n" +
-                            "wide,0,1000,16,1,4," + kModel + "\n" +  //
-                            "narrow1,5,40,16,1,1," + kModel + "\n" + "narrow2,7,40,16,1,1," +
+                            "wide,0,1200,16,1,4," + kModel + "\n" +  //
+                            "narrow1,5,20,16,1,1," + kModel + "\n" + "narrow2,7,20,16,1,1," +
                             kModel + "\n");
   const std::string work = Temp(live_grow ? "work_live" : "work_checkpoint");
   const std::string log = Temp(live_grow ? "run_live.json" : "run_checkpoint.json");
@@ -92,7 +92,7 @@ TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
   EXPECT_EQ(result["oversubscribed_steps"], 0);
   EXPECT_LE(result["max_slots_used"].get<int>(), 4);
   ASSERT_EQ(result["jobs"].size(), 3u);
-  const std::map<std::string, int> steps = {{"wide", 1000}, {"narrow1", 40}, {"narrow2", 40}};
+  const std::map<std::string, int> steps = {{"wide", 1200}, {"narrow1", 20}, {"narrow2", 20}};
   for (const nlohmann::json& job : result["jobs"]) {
     const std::string name = job["name"];
     EXPECT_TRUE(job["finished"].get<bool>()) << name;

@@ -330,6 +330,35 @@ TEST(TandemPolicy, GrowsAJobLiveWhereItRuns) {
   EXPECT_EQ(grown->at("b"), (Allocation{0, 0}));
 }
 
+TEST(TandemPolicy, PutsEachJobOnTheDeviceTypeItRunsFastestOn) {
+  // One node of a fast type and one of a slow type (4 GPUs each). x runs at a quarter of its
+  // speed on the slow type, y at the same speed on both; y comes first in the job list. A
+  // heterogeneity-blind placement gives y the first whole node (the fast one); tandem gives it
+  // to x, and x's value counts the type it runs on.
+  ClusterView cluster;
+  cluster.nodes = {NodeView{4, "fast"}, NodeView{4, "slow"}};
+  std::vector<JobView> jobs(2);
+  for (int j = 0; j < 2; ++j) {
+    jobs[j].name = j == 0 ? "y" : "x";
+    jobs[j].max_replicas = 4;
+    jobs[j].age_seconds = 600;
+    jobs[j].speedup = [](int nodes, int replicas) { return nodes > 0 ? replicas : 0.0; };
+  }
+  jobs[1].device_throughput = {{"fast", 1.0}, {"slow", 0.25}};
+  jobs[0].device_throughput = {{"fast", 1.0}, {"slow", 1.0}};
+  auto next = MakeTandemPolicy()->Optimize(jobs, cluster, {}, 600);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->at("x"), (Allocation{0, 0, 0, 0}));
+  EXPECT_EQ(next->at("y"), (Allocation{1, 1, 1, 1}));
+  // y already runs on the fast node when x arrives: moving y (30 s of 630) to make room for x
+  // on the fast type is worth more than leaving x at a quarter speed, so y is moved.
+  const Allocations current = {{"y", {0, 0, 0, 0}}};
+  auto swapped = MakeTandemPolicy()->Optimize(jobs, cluster, current, 600);
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  EXPECT_EQ(swapped->at("x"), (Allocation{0, 0, 0, 0}));
+  EXPECT_EQ(swapped->at("y"), (Allocation{1, 1, 1, 1}));
+}
+
 TEST(TandemPolicy, RegisteredWithAndWithoutDeclaredCosts) {
   auto plain = MakePolicy("tandem");
   auto elastic = MakePolicy("tandem-elastic");
