@@ -267,8 +267,12 @@ constexpr double kPublishedPollux[8] = {2088.8, 3322.9, 2188.5, 2721.0,
 // Tolerance: 6% per workload, 3% on the mean (the issue asks for 10% on the mean). Pollux's
 // search is random: the artifact's figures are one draw of pymoo's NSGA-II, ours one seeded draw
 // of the same search; across seeds single workloads move by a few percent (docs/cluster.md).
-// The eight simulations (about 20 s each on one core) run on up to four threads.
-TEST(Validation, PolluxReproducesPublishedAverageJct) {
+// Then tandem's policy on the elastic layer's costs (tandem-elastic) on the same workloads: its
+// average JCT at or below Pollux's on every workload and 2% below on the mean, its p99 at most
+// 1% above Pollux's on any workload (measured: -0.9% to -7.3%), and both below the published
+// Tiresias and Optimus averages. The sixteen simulations (Pollux about 20 s each on one core,
+// tandem about 6 s) run on up to four threads.
+TEST(Validation, PolluxReproducesPublishedAverageJctAndTandemBeatsIt) {
   const ClusterView cluster = ClusterView::Homogeneous(16, 4);
   std::vector<Workload> workloads;
   for (int w = 1; w <= 8; ++w) {
@@ -278,13 +282,14 @@ TEST(Validation, PolluxReproducesPublishedAverageJct) {
     workloads.push_back(std::move(*workload));
   }
   const ApplicationCatalog& apps = PolluxApps();
+  // [0, 8): Pollux; [8, 16): tandem-elastic.
   std::vector<absl::StatusOr<SimulationResult>> results(
-      8, absl::UnknownError("not simulated"));
+      16, absl::UnknownError("not simulated"));
   std::atomic<int> next{0};
   auto worker = [&] {
-    for (int w = next++; w < 8; w = next++) {
-      auto policy = MakePolluxPolicy();
-      results[w] = Simulate(workloads[w], apps, cluster, *policy);
+    for (int k = next++; k < 16; k = next++) {
+      auto policy = k < 8 ? MakePolluxPolicy() : MakeTandemPolicy(TandemElasticOptions());
+      results[k] = Simulate(workloads[k % 8], apps, cluster, *policy);
     }
   };
   const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
@@ -302,6 +307,24 @@ TEST(Validation, PolluxReproducesPublishedAverageJct) {
   }
   EXPECT_NEAR(sum / sum_published, 1.0, 0.03)
       << "pollux mean: " << sum / 8 << " s vs " << sum_published / 8;
+
+  double tandem_sum = 0;
+  for (int w = 0; w < 8; ++w) {
+    ASSERT_TRUE(results[8 + w].ok()) << "workload-" << w + 1 << ": " << results[8 + w].status();
+    const ClusterMetrics pollux = ComputeMetrics(*results[w]);
+    const ClusterMetrics tandem = ComputeMetrics(*results[8 + w]);
+    EXPECT_LE(tandem.avg_jct_seconds, pollux.avg_jct_seconds)
+        << "tandem-elastic workload-" << w + 1;
+    EXPECT_LE(tandem.p99_jct_seconds, 1.01 * pollux.p99_jct_seconds)
+        << "tandem-elastic workload-" << w + 1;
+    for (const Published& other : kPublished) {
+      EXPECT_LT(tandem.avg_jct_seconds, other.avg_jct[w])
+          << "tandem-elastic vs " << other.policy << " workload-" << w + 1;
+    }
+    tandem_sum += tandem.avg_jct_seconds;
+  }
+  EXPECT_LE(tandem_sum, 0.98 * sum) << "tandem-elastic mean " << tandem_sum / 8 << " s vs "
+                                    << "pollux " << sum / 8 << " s";
 }
 
 }  // namespace
