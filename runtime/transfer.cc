@@ -1,5 +1,7 @@
 #include "runtime/transfer.h"
 
+#include <algorithm>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -378,6 +380,21 @@ absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
     received_names.push_back(absl::StrCat(expected_id, " ", DescribeMetas(metas), " from rank ",
                                           receive.peer));
     posted.received.emplace_back(std::move(tensors), nullptr, received_names.back());
+  }
+  // The receives' own work, so that a received tensor is waited for without waiting for this
+  // run's sends too (a send of a large tensor completes only once the peer has posted its
+  // receive, which may be a whole action later). NCCL needs one group for both, or two
+  // neighbours sending to each other at once would each wait for the other's receive.
+  if (payload_comm_.backend() != "nccl" && !payloads.empty() &&
+      payloads.front().kind == comm::PointToPoint::Kind::kSend &&
+      payloads.back().kind == comm::PointToPoint::Kind::kRecv) {
+    const auto first_receive =
+        std::find_if(payloads.begin(), payloads.end(), [](const comm::PointToPoint& p) {
+          return p.kind == comm::PointToPoint::Kind::kRecv;
+        });
+    std::vector<comm::PointToPoint> run_sends(payloads.begin(), first_receive);
+    payloads.erase(payloads.begin(), first_receive);
+    send_work = payload_comm_.SendRecvBatch(run_sends);
   }
   comm::WorkPtr work = payloads.empty() ? nullptr : payload_comm_.SendRecvBatch(payloads);
   if (work != nullptr) {

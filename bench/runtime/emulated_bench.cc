@@ -80,7 +80,7 @@ int Run() {
   const bool root = world.rank() == 0;
   if (root) {
     std::printf("emulated stages: p=%d m=%d, per full stage F=%.1f ms B=%.1f ms "
-                "(ZB-H1: Bi=W=B/2), %d measured iterations, waits: %s\n",
+                "(ZB-H1, ZB-V: Bi=W=B/2), %d measured iterations, waits: %s\n",
                 p, m, forward * 1e3, backward * 1e3, iterations, std::getenv("TANDEM_COMM_WAIT"));
     std::printf("%-12s %12s %13s %7s %14s %7s %8s\n", "schedule", "measured_ms",
                 "simulated_ms", "ratio", "sim_measured", "ratio", "bubble");
@@ -89,6 +89,7 @@ int Run() {
       {pipeline::ScheduleKind::kGPipe},        {pipeline::ScheduleKind::k1F1B},
       {pipeline::ScheduleKind::kInterleaved, 2}, {pipeline::ScheduleKind::kChimera},
       {pipeline::ScheduleKind::kHanayo, 1, 1},  {pipeline::ScheduleKind::kZBH1},
+      {pipeline::ScheduleKind::kZBV, 2},
   };
   for (const Variant& v : variants) {
     pipeline::ScheduleSpec spec;
