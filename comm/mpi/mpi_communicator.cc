@@ -1,6 +1,7 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -260,9 +261,16 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SpawnAndMerge(
   std::string program = argv[0];
   MPI_Comm inter = MPI_COMM_NULL;
   std::vector<int> errors(static_cast<size_t>(count), MPI_SUCCESS);
+  // They start in this process's working directory (relative paths in argv stay valid).
+  MPI_Info info = MPI_INFO_NULL;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) != nullptr && MPI_Info_create(&info) == MPI_SUCCESS) {
+    MPI_Info_set(info, "wdir", cwd);
+  }
   // On the control communicator: it carries no user traffic.
-  const int rc = MPI_Comm_spawn(program.data(), arg_ptrs.data(), count, MPI_INFO_NULL,
+  const int rc = MPI_Comm_spawn(program.data(), arg_ptrs.data(), count, info,
                                 /*root=*/0, state_->control, &inter, errors.data());
+  if (info != MPI_INFO_NULL) MPI_Info_free(&info);
   if (rc != MPI_SUCCESS) {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;

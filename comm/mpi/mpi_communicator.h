@@ -56,7 +56,9 @@ class MpiCommunicator : public Communicator {
   static bool Spawned();
   // In a process started by SpawnAndMerge: the communicator it returns to the parents (their
   // ranks first, then the started processes in their MPI_COMM_WORLD order). Collective over
-  // the parents and every started process. FailedPrecondition when not Spawned().
+  // the parents and every started process; `options` must agree with the parents' on
+  // verify_collectives (the signature check is a protocol of its own). FailedPrecondition when
+  // not Spawned().
   static absl::StatusOr<std::unique_ptr<MpiCommunicator>> JoinParents(
       const CommOptions& options = CommOptions());
 

@@ -1,5 +1,7 @@
 // Multi-rank tests of the MPI backend against sequential references (run under mpirun with
 // 2, 3 and 4 ranks).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -540,6 +542,44 @@ TEST(MpiCommunicatorTest, CollectivesPostedAtIssueWithoutSignatureChecks) {
     }
     EXPECT_EQ(wrong, 0);
   }
+}
+
+// Growing a running job: every rank takes part in starting two more processes of this test
+// program (they run just this test, and take the other branch), and the merged communicator
+// has the old ranks first, in order, then the new ones; a sum over it counts everyone.
+TEST(MpiCommunicatorTest, SpawnAndMergeAddsRanksToARunningJob) {
+  Communicator& world = World();  // initialises MPI, in the started processes too
+  constexpr int kStarted = 2;
+  if (MpiCommunicator::Spawned()) {
+    CommOptions options;  // as the parents' World(): they check collective signatures
+    options.timeout = kTestTimeout;
+    options.verify_collectives = true;
+    auto merged = MpiCommunicator::JoinParents(options);
+    ASSERT_TRUE(merged.ok()) << merged.status();
+    EXPECT_EQ(world.size(), kStarted);
+    EXPECT_GE((*merged)->rank(), (*merged)->size() - kStarted);
+    int64_t one = 1;
+    ASSERT_TRUE((*merged)->AllReduce(Buffer{&one, 1, DataType::kInt64})->Wait().ok());
+    EXPECT_EQ(one, (*merged)->size());
+    return;
+  }
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&world);
+  ASSERT_NE(mpi, nullptr);
+  char self[4096];
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(length, 0);
+  self[length] = '\0';
+  auto merged = mpi->SpawnAndMerge(
+      {self, "--gtest_filter=MpiCommunicatorTest.SpawnAndMergeAddsRanksToARunningJob"}, kStarted);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ((*merged)->size(), world.size() + kStarted);
+  EXPECT_EQ((*merged)->rank(), world.rank());
+  // The started ranks are outside this process's MPI_COMM_WORLD.
+  EXPECT_EQ((*merged)->world_ranks()[world.rank()], world.rank());
+  EXPECT_EQ((*merged)->world_ranks().back(), -1);
+  int64_t one = 1;
+  ASSERT_TRUE((*merged)->AllReduce(Buffer{&one, 1, DataType::kInt64})->Wait().ok());
+  EXPECT_EQ(one, world.size() + kStarted);
 }
 
 }  // namespace
