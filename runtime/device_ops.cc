@@ -121,6 +121,27 @@ class CpuDeviceOps final : public DeviceOps {
     return Copy(host, src, count);
   }
 
+  absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &src[i], sizeof(bits));
+      if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        dst[i] = static_cast<uint16_t>((bits >> 16) | 0x40u);  // a quiet NaN
+        continue;
+      }
+      bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+      dst[i] = static_cast<uint16_t>(bits >> 16);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+      std::memcpy(&dst[i], &bits, sizeof(bits));
+    }
+    return absl::OkStatus();
+  }
+
   // Squares are summed in double, in eight independent lanes so that the loop vectorises;
   // the norm is then exact to double rounding whatever the grouping of elements (DeAR's
   // shards or the all-reduce's parameters), so both strategies clip by the same coefficient.

@@ -97,6 +97,11 @@ class DeviceOps {
                                                 float divisor, bool divide, bool add_to_norm) = 0;
   virtual absl::StatusOr<double> TakeSquaredNorm() = 0;
 
+  // float32 -> bfloat16 (round to nearest even, NaN kept a NaN) and back, for gradients
+  // communicated in bfloat16; `dst` and `src` on this device, 2 bytes per bfloat16.
+  virtual absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) = 0;
+  virtual absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) = 0;
+
   // An optimizer for spans of `counts` elements on this device. `config` must be valid.
   virtual absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
       const OptimizerConfig& config, std::vector<int64_t> counts) = 0;

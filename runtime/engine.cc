@@ -334,6 +334,7 @@ absl::Status Engine::Build(StageFactory factory) {
       runtime::GradSyncOptions sync_options;
       sync_options.strategy = options_.grad_sync;
       sync_options.bucket_bytes = options_.bucket_bytes;
+      sync_options.communication_type = options_.gradient_communication;
       sync_options.optimizer = options_.optimizer;
       sync_options.reduction = runtime::GradientReduction::kSum;
       sync_options.device_ops = l->device.ops;

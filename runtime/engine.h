@@ -127,6 +127,8 @@ struct JobHooks {
 struct EngineOptions {
   runtime::GradSyncStrategy grad_sync = runtime::GradSyncStrategy::kAllReduce;
   int64_t bucket_bytes = runtime::kDefaultBucketBytes;
+  // Gradients communicated as float32 or bfloat16 (GradSyncOptions::communication_type).
+  comm::DataType gradient_communication = comm::DataType::kFloat32;
   runtime::OptimizerConfig optimizer;
   LrSchedule lr_schedule;  // learning rate per iteration (warm-up, cosine decay)
   double clip_norm = 0;    // <= 0: no clipping

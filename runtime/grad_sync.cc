@@ -16,6 +16,7 @@ namespace tandem::runtime {
 using comm::Buffer;
 using comm::Communicator;
 using comm::CpuBuffer;
+using comm::MakeBuffer;
 using comm::DataType;
 using comm::DeviceKind;
 using comm::ReduceOp;
@@ -39,6 +40,10 @@ struct Bucket {
   bool grads_in_place = false;
   DeviceArray packed_grad;
   DeviceArray shard_grad;  // DeAR: the reduced shard
+  // Gradients communicated in bfloat16: the bucket (and DeAR's reduced shard) as bfloat16,
+  // two per float of storage.
+  DeviceArray wire;
+  DeviceArray shard_wire;
   // DeAR: parameters in the flat layout, updated (own shard) and all-gathered in place; the
   // value buffers themselves when adjacent (params_in_place), else packed_param.
   float* param = nullptr;
@@ -94,6 +99,14 @@ class BucketedGradientSync : public GradientSync {
   // The collectives sum; averaging happens in the pass that also unpacks and takes the norm
   // (one pass over the data instead of three).
   bool averaging() const { return options_.reduction == GradientReduction::kAverage; }
+  bool bf16_wire() const { return options_.communication_type == DataType::kBFloat16; }
+  static uint16_t* Wire(DeviceArray& array) { return reinterpret_cast<uint16_t*>(array.data); }
+  // A bfloat16 buffer on the stage's device.
+  Buffer WireBuffer(uint16_t* data, int64_t count) const {
+    Buffer b = MakeBuffer(data, count, DataType::kBFloat16);
+    b.device = ops_.device();
+    return b;
+  }
   int64_t Count(int parameter) const { return parameters_[parameter].value.count; }
   float* Value(int parameter) const { return static_cast<float*>(parameters_[parameter].value.data); }
   float* Grad(int parameter) const { return static_cast<float*>(parameters_[parameter].grad.data); }
@@ -277,8 +290,14 @@ absl::Status BucketedGradientSync::BuildBucketsAndState(int64_t bucket_bytes) {
       TANDEM_ASSIGN_OR_RETURN(bucket.packed_grad, ops_.Zeros(bucket.count));
       bucket.grad = bucket.packed_grad.data;
     }
+    if (bf16_wire()) {
+      TANDEM_ASSIGN_OR_RETURN(bucket.wire, ops_.Zeros((bucket.count + 1) / 2));
+    }
     if (!sharded()) continue;
     TANDEM_ASSIGN_OR_RETURN(bucket.shard_grad, ops_.Zeros(bucket.shard.count));
+    if (bf16_wire()) {
+      TANDEM_ASSIGN_OR_RETURN(bucket.shard_wire, ops_.Zeros((bucket.shard.count + 1) / 2));
+    }
     if (!bucket.params_in_place) {
       TANDEM_ASSIGN_OR_RETURN(bucket.packed_param, ops_.Zeros(bucket.count));
       bucket.param = bucket.packed_param.data;
@@ -382,6 +401,16 @@ absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
       TANDEM_RETURN_IF_ERROR(ops_.Copy(bucket.grad + bucket.offsets[j], Grad(p), Count(p)));
     }
   }
+  if (bf16_wire()) {
+    TANDEM_RETURN_IF_ERROR(ops_.ToBFloat16(Wire(bucket.wire), bucket.grad, bucket.count));
+    const Buffer wire = WireBuffer(Wire(bucket.wire), bucket.count);
+    bucket.reduction =
+        sharded() ? group_.ReduceScatter(
+                        wire, WireBuffer(Wire(bucket.shard_wire), bucket.shard.count),
+                        ReduceOp::kSum)
+                  : group_.AllReduce(wire, ReduceOp::kSum);
+    return absl::OkStatus();
+  }
   const Buffer flat = DeviceBuffer(bucket.grad, bucket.count);
   if (sharded()) {
     bucket.reduction = group_.ReduceScatter(
@@ -413,6 +442,12 @@ absl::Status BucketedGradientSync::FinishBackward() {
     const absl::Status status = bucket.reduction->Wait();
     if (!status.ok()) return Annotate(status, Where(absl::StrCat("bucket ", b)));
     bucket.reduction.reset();
+    if (bf16_wire()) {  // back to float32 where the float32 path would have it
+      TANDEM_RETURN_IF_ERROR(
+          sharded() ? ops_.FromBFloat16(bucket.shard_grad.data, Wire(bucket.shard_wire),
+                                        bucket.shard.count)
+                    : ops_.FromBFloat16(bucket.grad, Wire(bucket.wire), bucket.count));
+    }
     const float group_size = static_cast<float>(group_.size());
     if (sharded()) {
       TANDEM_RETURN_IF_ERROR(AverageShard(bucket, group_size));
@@ -757,6 +792,12 @@ std::vector<int> AssignBuckets(const std::vector<int64_t>& element_counts, int64
 
 absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
     Communicator& group, std::vector<SyncParameter> parameters, const GradSyncOptions& options) {
+  if (options.communication_type != DataType::kFloat32 &&
+      options.communication_type != DataType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradients travel as float32 or bfloat16, not ",
+                     comm::DataTypeName(options.communication_type)));
+  }
   auto sync = std::make_unique<BucketedGradientSync>(group, std::move(parameters), options);
   TANDEM_RETURN_IF_ERROR(sync->Init());
   return std::unique_ptr<GradientSync>(std::move(sync));

@@ -80,6 +80,11 @@ struct GradSyncOptions {
   int tune_iterations = 3;
   GradientReduction reduction = GradientReduction::kAverage;
   OptimizerConfig optimizer;
+  // The type gradients travel in: float32, or bfloat16 (half the bytes; each bucket is
+  // rounded to bfloat16 before its all-reduce or reduce-scatter, summed in bfloat16 by the
+  // backend, widened back to float32 before averaging, the norm and the optimizer, which stay
+  // float32). Others are InvalidArgument.
+  comm::DataType communication_type = comm::DataType::kFloat32;
   // Memory operations and optimizer on the parameters' device (runtime/device_ops.h); null:
   // the CPU loops. Must outlive the synchroniser.
   DeviceOps* device_ops = nullptr;

@@ -96,6 +96,9 @@ ABSL_FLAG(double, clip_norm, 0, "train: clip the global gradient norm to this (0
 ABSL_FLAG(std::string, grad_sync, "allreduce",
           "train: gradient synchronisation: allreduce (bucketed) or dear (decoupled)");
 ABSL_FLAG(double, bucket_mb, 25, "train: gradient bucket size in MiB");
+ABSL_FLAG(std::string, grad_comm, "fp32",
+          "train: the type gradients are communicated in between data-parallel replicas: fp32, "
+          "or bf16 (half the bytes; summed in bfloat16, averaged and applied in float32)");
 ABSL_FLAG(std::string, recompute, "",
           "train: layers whose activations are recomputed in backward: none, all, or a comma "
           "list of layer indices (default: the plan's)");
@@ -152,6 +155,13 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   auto sync = runtime::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
   if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
   options.grad_sync = *sync;
+  const std::string grad_comm = absl::GetFlag(FLAGS_grad_comm);
+  if (grad_comm == "bf16") {
+    options.gradient_communication = comm::DataType::kBFloat16;
+  } else if (grad_comm != "fp32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad-comm: '", grad_comm, "' is not fp32 or bf16"));
+  }
   const double bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   const double lr = absl::GetFlag(FLAGS_lr);
   const double clip = absl::GetFlag(FLAGS_clip_norm);
@@ -800,7 +810,7 @@ std::vector<std::string> TrainFlags() {
         "elastic_min_pipelines", "elastic_replace", "devices_per_node", "device_memory_mb", "seed", "plan",
         "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
-        "grad_sync", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
+        "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",
         "timeout", "startup_timeout", "heartbeat_timeout", "device", "precision",
         "libtorch_device_ops", "peak_tflops"}) {

@@ -281,6 +281,24 @@ absl::Status TorchDeviceOps::AverageAndAddSquaredNorm(float* dst, const float* s
   });
 }
 
+absl::Status TorchDeviceOps::ToBFloat16(uint16_t* dst, const float* src, int64_t count) {
+  if (count <= 0) return absl::OkStatus();
+  return CatchTorchErrors("rounding gradients to bfloat16", [&] {
+    torch::NoGradGuard no_grad;
+    torch::from_blob(dst, {count}, FloatOn(device_).dtype(torch::kBFloat16))
+        .copy_(View(src, count));
+  });
+}
+
+absl::Status TorchDeviceOps::FromBFloat16(float* dst, const uint16_t* src, int64_t count) {
+  if (count <= 0) return absl::OkStatus();
+  return CatchTorchErrors("widening bfloat16 gradients", [&] {
+    torch::NoGradGuard no_grad;
+    View(dst, count).copy_(torch::from_blob(const_cast<uint16_t*>(src), {count},
+                                            FloatOn(device_).dtype(torch::kBFloat16)));
+  });
+}
+
 absl::StatusOr<double> TorchDeviceOps::TakeSquaredNorm() {
   double total = 0;
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors("reading the gradient norm", [&] {

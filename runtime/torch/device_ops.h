@@ -43,6 +43,8 @@ class TorchDeviceOps final : public DeviceOps {
   absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
                                         float divisor, bool divide, bool add_to_norm) override;
   absl::StatusOr<double> TakeSquaredNorm() override;
+  absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override;
+  absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) override;
   absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
       const OptimizerConfig& config, std::vector<int64_t> counts) override;
   bool prefers_fused_steps() const override { return true; }

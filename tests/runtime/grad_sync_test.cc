@@ -371,6 +371,44 @@ TEST(DearTest, AutoBucketPicksOneCandidateEverywhereAndLosesNoUpdate) {
   EXPECT_LT(MaxRelativeDifference(dear_model, plain_model), kRelativeTolerance);
 }
 
+// Gradients communicated in bfloat16: after one SGD step the parameters are within bfloat16's
+// rounding of the float32 reference (each rank's gradient rounded to 8 significant bits, the
+// sum rounded again at every addition), and they do differ from it (the gradients lie on a
+// 2^-12 grid that bfloat16 cannot hold), for both strategies.
+TEST(GradSyncTest, BFloat16CommunicationStaysWithinItsRounding) {
+  Communicator& world = World();
+  const OptimizerConfig sgd = OptimizerConfig::Sgd(/*momentum=*/0);
+  for (GradSyncStrategy strategy : {GradSyncStrategy::kAllReduce, GradSyncStrategy::kDeAR}) {
+    SCOPED_TRACE(GradSyncStrategyName(strategy));
+    Model model(kSizes);
+    GradSyncOptions options = Options(strategy, /*bucket_bytes=*/16 << 10, sgd);
+    options.communication_type = DataType::kBFloat16;
+    auto sync = GradientSync::Create(world, model.Views(), options);
+    ASSERT_TRUE(sync.ok()) << sync.status();
+    Iterate(**sync, model, world, /*step=*/0);
+    ASSERT_TRUE((*sync)->Flush().ok());
+    Reference reference(sgd);
+    reference.Iterate(world.size(), /*step=*/0);
+    // |g| < 1.2 on every rank: each rounding is at most 2^-9 x 2 of a partial sum below
+    // 1.2 x ranks, with one rounding per rank and per addition; averaged over the ranks.
+    const double bound = LearningRate(0) * 2 * world.size() * 1.2 * std::ldexp(1.0, -8);
+    double worst = 0;
+    for (size_t p = 0; p < kSizes.size(); ++p) {
+      for (int64_t i = 0; i < kSizes[p]; ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(model.values[p][i] -
+                                                              reference.model.values[p][i])));
+      }
+    }
+    EXPECT_LE(worst, bound);
+    EXPECT_GT(worst, 0) << "the gradients did not travel as bfloat16";
+  }
+  GradSyncOptions bad = Options(GradSyncStrategy::kAllReduce, 1 << 20, sgd);
+  bad.communication_type = DataType::kInt32;
+  Model model(kSizes);
+  EXPECT_EQ(GradientSync::Create(world, model.Views(), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GradSyncTest, GroupOfOneIsLocalAndMatchesTheOptimizerAlone) {
   Communicator& world = World();
   auto split = world.Split(/*color=*/world.rank(), /*key=*/0);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -315,6 +316,43 @@ TEST(TrainCliTest, BadFlagsAndMissingCheckpointAreBadInput) {
                               " --schedule 1f1b --stages 2 --steps 1 --planning-costs 1,1,1"));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("zb-v only"), std::string::npos) << o.output;
+}
+
+// Gradients communicated in bfloat16 between two data-parallel pipelines (both strategies):
+// the losses follow the float32 run of the same configuration within bfloat16's rounding, and
+// differ from it (the gradients did travel rounded; AdamW's normalisation keeps the effect on
+// the loss small). A type other than fp32 and bf16 is bad input.
+TEST(TrainCliTest, BFloat16GradientCommunicationFollowsFloat32) {
+  auto losses = [](const std::string& strategy, const std::string& type) {
+    const std::string log = TempPath(absl::StrCat("grad_comm_", strategy, "_", type, ".jsonl"));
+    Outcome o = RunCommand(absl::StrCat(
+        Mpirun(2), kModelFlags, " --global-batch ", kGlobalBatch,
+        " --microbatches 4 --schedule 1f1b --stages 1 --data-parallel 2 --steps 6 --seed ",
+        kSeed, " --grad-sync ", strategy, " --grad-comm ", type, " --log-json ", log));
+    EXPECT_EQ(o.exit_status, 0) << o.output;
+    std::map<int, double> by_iteration;
+    for (const nlohmann::json& line : ReadLog(log)) {
+      by_iteration[line["iteration"].get<int>()] = line["loss"].get<double>();
+    }
+    std::filesystem::remove(log);
+    return by_iteration;
+  };
+  for (const char* strategy : {"allreduce", "dear"}) {
+    const std::map<int, double> fp32 = losses(strategy, "fp32");
+    const std::map<int, double> bf16 = losses(strategy, "bf16");
+    ASSERT_EQ(fp32.size(), 6u);
+    ASSERT_EQ(bf16.size(), 6u);
+    double worst = 0;
+    for (const auto& [it, loss] : fp32) {
+      worst = std::max(worst, std::abs(bf16.at(it) - loss) / loss);
+    }
+    EXPECT_LE(worst, 1e-2) << strategy;
+    EXPECT_GT(worst, 1e-7) << strategy << ": no sign of bfloat16 rounding";
+  }
+  Outcome bad = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                                        " --schedule 1f1b --stages 2 --steps 1 --grad-comm fp8"));
+  EXPECT_EQ(bad.exit_status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--grad-comm"), std::string::npos) << bad.output;
 }
 
 // zb-v planned with given costs trains to the reference losses and says what it planned with.
