@@ -243,6 +243,20 @@ class JobTimeline {
   int64_t last_iteration_ = -1;
 };
 
+// A recovery's or a growth's log event: what both share (the re-formation's parts).
+nlohmann::json ReformationEvent(const char* kind, const elastic::Reconfiguration& c) {
+  return {{"event", kind},
+          {"live", c.live},
+          {"resume_iteration", c.resume_iteration},
+          {"replan_seconds", c.plan_seconds},
+          {"state_copy_seconds", c.move_seconds},
+          {"build_seconds", c.build_seconds},
+          {"reform_seconds", c.rebuild_seconds},
+          {"bytes_moved", c.bytes_moved},
+          {"layout", c.layout},
+          {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+}
+
 // Appends one JSON object to the log (when there is one).
 void AppendEvent(const std::string& log, const nlohmann::json& line) {
   if (log.empty()) return;
@@ -451,18 +465,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
       timeline.Growth(c);
       ++growths;
       if (!c.reporter) return;
-      pending_recovery = nlohmann::json{{"event", "growth"},
-                                        {"added", c.added},
-                                        {"live", c.live},
-                                        {"resume_iteration", c.resume_iteration},
-                                        {"spawn_seconds", c.spawn_seconds},
-                                        {"replan_seconds", c.plan_seconds},
-                                        {"state_copy_seconds", c.move_seconds},
-                                        {"build_seconds", c.build_seconds},
-                                        {"reform_seconds", c.rebuild_seconds},
-                                        {"bytes_moved", c.bytes_moved},
-                                        {"layout", c.layout},
-                                        {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+      pending_recovery = ReformationEvent("growth", c);
+      (*pending_recovery)["added"] = c.added;
+      (*pending_recovery)["spawn_seconds"] = c.spawn_seconds;
       std::cout << absl::StrFormat(
                        "elastic: rank(s) %s started and joined in %.3f s; re-formed in %.3f s "
                        "(plan %.3f s, state %.3f s, engines %.3f s; %s of state copied): %s; "
@@ -476,22 +481,14 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     timeline.Recovery(c);
     ++reconfigurations;
     if (!c.reporter) return;
-    pending_recovery = nlohmann::json{{"event", "recovery"},
-                                      {"dead", c.dead},
-                                      {"live", c.live},
-                                      {"committed_iteration", c.committed_iteration},
-                                      {"resume_iteration", c.resume_iteration},
-                                      {"detection_seconds", c.detection_seconds},
-                                      {"agreement_seconds", c.agree_seconds},
-                                      {"shrink_seconds", c.shrink_seconds},
-                                      {"replan_seconds", c.plan_seconds},
-                                      {"state_copy_seconds", c.move_seconds},
-                                      {"build_seconds", c.build_seconds},
-                                      {"reform_seconds", c.rebuild_seconds},
-                                      {"bytes_moved", c.bytes_moved},
-                                      {"layout", c.layout},
-                                      {"restored_step", c.restored_step},
-                                      {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
+    pending_recovery = ReformationEvent("recovery", c);
+    nlohmann::json& event = *pending_recovery;
+    event["dead"] = c.dead;
+    event["committed_iteration"] = c.committed_iteration;
+    event["detection_seconds"] = c.detection_seconds;
+    event["agreement_seconds"] = c.agree_seconds;
+    event["shrink_seconds"] = c.shrink_seconds;
+    event["restored_step"] = c.restored_step;
     const std::string received =
         c.restored_step >= 0
             ? absl::StrCat(c.layers_received, " parameter(s) read from the checkpoint here")

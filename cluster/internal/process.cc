@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -72,13 +73,13 @@ int ReapIfEnded(pid_t pid) {
   return -1;
 }
 
-std::map<int, pid_t> ProcessesTagged(const std::string& tag_name, const std::string& tag_value,
-                                     const std::string& key_name) {
-  std::map<int, pid_t> found;
+namespace {
+
+// Calls `visit(pid, environment items)` for every process whose environment this user can read.
+template <typename Visit>
+void ForEachProcessEnvironment(Visit visit) {
   DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
-  const std::string tag = tag_name + "=" + tag_value;
-  const std::string key = key_name + "=";
+  if (proc == nullptr) return;
   while (dirent* entry = ::readdir(proc)) {
     int pid = 0;
     if (!absl::SimpleAtoi(entry->d_name, &pid) || pid <= 0) continue;
@@ -86,45 +87,44 @@ std::map<int, pid_t> ProcessesTagged(const std::string& tag_name, const std::str
     if (!in) continue;
     std::stringstream text;
     text << in.rdbuf();
+    const std::string environment = text.str();
+    visit(static_cast<pid_t>(pid),
+          std::vector<absl::string_view>(absl::StrSplit(environment, '\0')));
+  }
+  ::closedir(proc);
+}
+
+}  // namespace
+
+std::map<int, pid_t> ProcessesTagged(const std::string& tag_name, const std::string& tag_value,
+                                     const std::string& key_name) {
+  std::map<int, pid_t> found;
+  const std::string tag = tag_name + "=" + tag_value;
+  const std::string key = key_name + "=";
+  ForEachProcessEnvironment([&](pid_t pid, const std::vector<absl::string_view>& items) {
     bool tagged = false;
     int value = -1;
-    for (absl::string_view item : absl::StrSplit(text.str(), '\0')) {
+    for (absl::string_view item : items) {
       if (item == tag) tagged = true;
       // Started by a running job (MPI_Comm_spawn): its key numbers another job's processes.
-      if (absl::StartsWith(item, "OMPI_PARENT_PORT=")) {
-        tagged = false;
-        break;
-      }
+      if (absl::StartsWith(item, "OMPI_PARENT_PORT=")) return;
       if (absl::StartsWith(item, key)) {
         if (!absl::SimpleAtoi(item.substr(key.size()), &value)) value = -1;
       }
     }
     if (tagged && value >= 0 && ProcessAlive(pid)) found[value] = pid;
-  }
-  ::closedir(proc);
+  });
   return found;
 }
 
 std::vector<pid_t> AllProcessesTagged(const std::string& tag_name, const std::string& tag_value) {
   std::vector<pid_t> found;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
   const std::string tag = tag_name + "=" + tag_value;
-  while (dirent* entry = ::readdir(proc)) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid) || pid <= 0) continue;
-    std::ifstream in(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-    if (!in) continue;
-    std::stringstream text;
-    text << in.rdbuf();
-    for (absl::string_view item : absl::StrSplit(text.str(), '\0')) {
-      if (item == tag) {
-        if (ProcessAlive(pid)) found.push_back(pid);
-        break;
-      }
+  ForEachProcessEnvironment([&](pid_t pid, const std::vector<absl::string_view>& items) {
+    if (std::find(items.begin(), items.end(), tag) != items.end() && ProcessAlive(pid)) {
+      found.push_back(pid);
     }
-  }
-  ::closedir(proc);
+  });
   return found;
 }
 
