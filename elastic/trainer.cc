@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <iostream>
 #include <utility>
 
@@ -1300,10 +1301,23 @@ absl::Status ElasticTrainer::State::Grow(
               << " node(s)) before iteration " << next + 1 << " ..." << std::endl;
   }
   growing.store(true);
+  // Started processes that never join (a crash before MPI_Intercomm_merge) would leave this
+  // rank in MPI for ever: past the agreement timeout it ends with an error instead.
+  std::thread watchdog([this, deadline = start + options.agreement_timeout] {
+    while (growing.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    if (!growing.load()) return;
+    TANDEM_LOG(ERROR) << "elastic: rank " << me << ": the ranks started to grow the job did not "
+                      << "join within " << absl::FormatDuration(options.agreement_timeout)
+                      << "; ending this rank";
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
   absl::StatusOr<std::unique_ptr<comm::MpiCommunicator>> merged =
       mpi->SpawnAndMerge(options.spawn_command, count);
   if (!merged.ok()) {
     growing.store(false);
+    watchdog.join();
     if (first) {
       TANDEM_LOG(WARNING) << "elastic: could not start new ranks (" << merged.status().message()
                           << "); training goes on with " << current->size() << " rank(s)";
@@ -1316,6 +1330,7 @@ absl::Status ElasticTrainer::State::Grow(
   membership->Leave();
   membership.reset();
   growing.store(false);
+  watchdog.join();
   TearDown();
   held_state = std::move(state);
   held_layout = layout;
