@@ -257,7 +257,8 @@ TransferBatcher::TransferBatcher(comm::Communicator& header_comm,
     : header_comm_(header_comm),
       payload_comm_(payload_comm),
       header_tag_(header_tag),
-      payload_tag_(PayloadTag(payload_comm, payload_tag)) {}
+      payload_tag_(PayloadTag(payload_comm, payload_tag)),
+      one_group_per_run_(payload_comm.backend() == "nccl") {}
 
 absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
     std::vector<OutgoingTransfer> sends, std::vector<IncomingTransfer> receives) {
@@ -385,7 +386,7 @@ absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
   // run's sends too (a send of a large tensor completes only once the peer has posted its
   // receive, which may be a whole action later). NCCL needs one group for both, or two
   // neighbours sending to each other at once would each wait for the other's receive.
-  if (payload_comm_.backend() != "nccl" && !payloads.empty() &&
+  if (!one_group_per_run_ && !payloads.empty() &&
       payloads.front().kind == comm::PointToPoint::Kind::kSend &&
       payloads.back().kind == comm::PointToPoint::Kind::kRecv) {
     const auto first_receive =

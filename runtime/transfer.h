@@ -178,6 +178,9 @@ class TransferBatcher {
   comm::Communicator& payload_comm_;
   int header_tag_;
   int payload_tag_;
+  // NCCL needs a run's sends and receives in one group; other backends give the receives a
+  // Work of their own (decided once: backend() builds a string).
+  bool one_group_per_run_ = false;
   std::map<Kind, std::vector<TensorMeta>> sent_shapes_;
   std::map<Kind, std::vector<TensorMeta>> received_shapes_;
 };

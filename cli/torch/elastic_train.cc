@@ -183,12 +183,7 @@ class JobTimeline {
                                  {"bytes_moved", c.bytes_moved},
                                  {"layout", c.layout}};
     auto add = [&](const std::string& name, double start, double seconds) {
-      trace_.Add({.name = name,
-                  .category = "recovery",
-                  .tid = kRecoveryLane,
-                  .start_seconds = start,
-                  .duration_seconds = std::max(0.0, seconds),
-                  .args = args});
+      AddPhase(name, "recovery", start, seconds, args);
     };
     add(absl::StrCat("detection (rank ", absl::StrJoin(c.dead, ", "), ")"),
         agree_start - c.detection_seconds, c.detection_seconds);
@@ -221,12 +216,7 @@ class JobTimeline {
           {"re-plan", c.plan_seconds},
           {"state copy", c.move_seconds},
           {"engines", c.build_seconds}}) {
-      trace_.Add({.name = name,
-                  .category = "growth",
-                  .tid = kRecoveryLane,
-                  .start_seconds = at,
-                  .duration_seconds = std::max(0.0, seconds),
-                  .args = args});
+      AddPhase(name, "growth", at, seconds, args);
       at += seconds;
     }
     first_step_after_ = end;
@@ -236,6 +226,16 @@ class JobTimeline {
 
  private:
   double Now() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+  // One phase of a recovery or a growth on the recovery lane.
+  void AddPhase(const std::string& name, const char* category, double start, double seconds,
+                const nlohmann::json& args) {
+    trace_.Add({.name = name,
+                .category = category,
+                .tid = kRecoveryLane,
+                .start_seconds = start,
+                .duration_seconds = std::max(0.0, seconds),
+                .args = args});
+  }
 
   absl::Time start_;
   ChromeTrace trace_;

@@ -115,6 +115,22 @@ void ExpectReferenceLosses(const Log& log) {
   }
 }
 
+// A run that ended well: exit 0, the final parameters and optimizer state equal to those of
+// the run that never failed or changed, every loss the reference's, one finished event and no
+// failure. Returns its log.
+Log ExpectEqualToTheUnchangedRun(const Outcome& o, const std::string& checkpoint,
+                                 const std::string& log) {
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  std::filesystem::remove_all(checkpoint);
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);
+  EXPECT_EQ(l.finished, 1) << o.output;
+  EXPECT_TRUE(l.failures.empty()) << o.output;
+  return l;
+}
+
 // The timeline holds every iteration once and the recovery's phases in order: detection, then
 // agreement, then the re-formation, then the first step after it.
 void ExpectRecoveryInTimeline(const std::string& path) {
@@ -185,15 +201,8 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
                          log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
-  // The final parameters and optimizer state equal those of the run that never failed.
-  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
-  EXPECT_EQ(diff.exit_status, 0) << diff.output;
-  std::filesystem::remove_all(checkpoint);
   EXPECT_NE(o.output.find("1 reconfiguration(s)"), std::string::npos) << o.output;
-  const Log l = ReadElasticLog(log);
-  ExpectReferenceLosses(l);
-  EXPECT_EQ(l.finished, 1) << o.output;
-  EXPECT_TRUE(l.failures.empty()) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   const nlohmann::json& r = l.reconfigurations[0];
   EXPECT_EQ(r["dead"], nlohmann::json(c.dead)) << o.output;
@@ -258,13 +267,7 @@ TEST(ElasticTrainTest, ALostRankIsReplacedLive) {
                          log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("1 reconfiguration(s), 1 growth(s)"), std::string::npos) << o.output;
-  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
-  EXPECT_EQ(diff.exit_status, 0) << diff.output;
-  std::filesystem::remove_all(checkpoint);
-  const Log l = ReadElasticLog(log);
-  ExpectReferenceLosses(l);
-  EXPECT_EQ(l.finished, 1) << o.output;
-  EXPECT_TRUE(l.failures.empty()) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   ASSERT_EQ(l.growths.size(), 1u) << o.output;
   const nlohmann::json& g = l.growths[0];
@@ -291,12 +294,7 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
                          log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("0 reconfiguration(s), 2 growth(s)"), std::string::npos) << o.output;
-  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
-  EXPECT_EQ(diff.exit_status, 0) << diff.output;
-  std::filesystem::remove_all(checkpoint);
-  const Log l = ReadElasticLog(log);
-  ExpectReferenceLosses(l);
-  EXPECT_EQ(l.finished, 1) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
   ASSERT_EQ(l.growths.size(), 2u) << o.output;
   EXPECT_EQ(l.growths[0]["added"], nlohmann::json({2})) << o.output;
   EXPECT_EQ(l.growths[0]["resume_iteration"].get<int>(), 3) << o.output;
