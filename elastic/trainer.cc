@@ -240,7 +240,8 @@ nlohmann::json LayoutToJson(const JobLayout& layout) {
   }
   return {{"pipelines", pipelines},
           {"idle_ranks", layout.idle_ranks},
-          {"global_microbatches", layout.global_microbatches}};
+          {"global_microbatches", layout.global_microbatches},
+          {"tensor_parallel", layout.tensor_parallel}};
 }
 
 JobLayout LayoutFromJson(const nlohmann::json& j) {
@@ -257,14 +258,8 @@ JobLayout LayoutFromJson(const nlohmann::json& j) {
   }
   layout.idle_ranks = j.at("idle_ranks").get<std::vector<int>>();
   layout.global_microbatches = j.at("global_microbatches").get<int64_t>();
+  layout.tensor_parallel = j.value("tensor_parallel", 1);
   return layout;
-}
-
-// Sums the squares of a host buffer.
-double SquaredNorm(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += static_cast<double>(x) * x;
-  return s;
 }
 
 }  // namespace
@@ -329,9 +324,14 @@ absl::StatusOr<std::vector<runtime::ParameterState>> DecodeState(const std::stri
 }
 
 absl::StatusOr<JobLayout> LayoutFromPlan(const ElasticPlan& plan,
-                                         const std::vector<int>& live_ranks) {
+                                         const std::vector<int>& live_ranks,
+                                         int tensor_parallel) {
+  if (tensor_parallel < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tensor_parallel));
+  }
   JobLayout layout;
   layout.global_microbatches = plan.instantiation.global_microbatches;
+  layout.tensor_parallel = tensor_parallel;
   std::set<int> used;
   int64_t next = 0;
   for (const PipelineRanks& p : plan.assignment.pipelines) {
@@ -354,7 +354,13 @@ absl::StatusOr<JobLayout> LayoutFromPlan(const ElasticPlan& plan,
       if (jp.microbatches == 0) continue;  // its ranks stay idle
       jp.first_microbatch = next;
       next += jp.microbatches;
-      for (int r : jp.ranks) used.insert(r);
+      for (int r : jp.ranks) {
+        if (r % tensor_parallel != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r, " does not start a tensor-parallel group of ", tensor_parallel));
+        }
+        for (int t = 0; t < tensor_parallel; ++t) used.insert(r + t);
+      }
       layout.pipelines.push_back(std::move(jp));
     }
   }
@@ -381,13 +387,21 @@ std::string Describe(const JobLayout& layout) {
   for (const JobPipeline& p : layout.pipelines) {
     std::vector<std::string> stages;
     for (size_t s = 0; s < p.ranks.size(); ++s) {
-      stages.push_back(absl::StrCat("r", p.ranks[s], "[", p.stages[s].first_layer, ",",
+      const std::string group =
+          layout.tensor_parallel > 1
+              ? absl::StrCat(p.ranks[s], "-", p.ranks[s] + layout.tensor_parallel - 1)
+              : absl::StrCat(p.ranks[s]);
+      stages.push_back(absl::StrCat("r", group, "[", p.stages[s].first_layer, ",",
                                     p.stages[s].end_layer, ")"));
     }
     parts.push_back(absl::StrCat(absl::StrJoin(stages, " > "), " x", p.microbatches));
   }
-  std::string text = absl::StrCat(layout.pipelines.size(), " pipeline(s): ",
-                                   absl::StrJoin(parts, " | "));
+  std::string text = absl::StrCat(layout.pipelines.size(), " pipeline(s)",
+                                   layout.tensor_parallel > 1
+                                       ? absl::StrCat(" of tensor-parallel groups of ",
+                                                      layout.tensor_parallel)
+                                       : "",
+                                   ": ", absl::StrJoin(parts, " | "));
   if (!layout.idle_ranks.empty()) {
     absl::StrAppend(&text, "; idle ranks ", Ranks(layout.idle_ranks));
   }
@@ -491,6 +505,33 @@ struct ElasticTrainer::State {
   std::atomic<bool> growing{false};
   int64_t train_end() const {
     return grow_at >= 0 ? std::min(grow_at, job_end()) : job_end();
+  }
+  // Tensor parallelism: this rank's group (named by its first rank) and offset in it.
+  int tp() const { return std::max(1, options.tensor_parallel); }
+  int group() const { return me - me % tp(); }
+  int lane() const { return me % tp(); }
+  bool GroupLive(int first) const {
+    for (int t = 0; t < tp(); ++t) {
+      if (std::find(live.begin(), live.end(), first + t) == live.end()) return false;
+    }
+    return true;
+  }
+  // The live ranks' whole nodes, each as the first ranks of its tensor-parallel groups (the
+  // templates' devices); a node that lost a rank is left out.
+  std::vector<std::vector<int>> LiveNodes() const {
+    const int dpn = std::max(1, options.devices_per_node);
+    std::map<int, std::vector<int>> by_node;
+    for (int r : live) by_node[r / dpn].push_back(r);
+    std::vector<std::vector<int>> nodes;
+    for (auto& [node, ranks] : by_node) {
+      if (static_cast<int>(ranks.size()) != dpn) continue;
+      std::sort(ranks.begin(), ranks.end());
+      nodes.emplace_back();
+      for (int r : ranks) {
+        if (r % tp() == 0) nodes.back().push_back(r);
+      }
+    }
+    return nodes;
   }
   std::unique_ptr<runtime::Engine> engine;
   int pipeline_index = -1;
@@ -599,7 +640,9 @@ struct ElasticTrainer::State {
     e.reporter = reporter;
     e.pipelines = static_cast<int>(layout.pipelines.size());
     e.ranks = 0;
-    for (const JobPipeline& p : layout.pipelines) e.ranks += static_cast<int>(p.ranks.size());
+    for (const JobPipeline& p : layout.pipelines) {
+      e.ranks += static_cast<int>(p.ranks.size()) * layout.tensor_parallel;
+    }
     return e;
   }
 };
@@ -686,8 +729,20 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
         at += params[i].grad.count;
       }
     }
-    // Each segment's norm counted once: by its lowest rank.
-    if (seg.segment.ranks.front() == me) norm += SquaredNorm(flat);
+    // Each segment's norm counted once: by its lowest group, each shard by its own rank and a
+    // parameter every rank of the group holds whole by the first.
+    if (seg.segment.ranks.front() == group()) {
+      at = 0;
+      for (size_t i : members) {
+        if (lane() == 0 || !params[i].tensor_parallel_replicated) {
+          for (int64_t k = 0; k < params[i].grad.count; ++k) {
+            const double g = flat[static_cast<size_t>(at + k)];
+            norm += g * g;
+          }
+        }
+        at += params[i].grad.count;
+      }
+    }
   }
   return norm;
 }
@@ -723,7 +778,7 @@ absl::Status ElasticTrainer::State::Configure(
   for (size_t i = 0; i < layout.pipelines.size(); ++i) {
     const JobPipeline& p = layout.pipelines[i];
     for (size_t s = 0; s < p.ranks.size(); ++s) {
-      if (p.ranks[s] == me) {
+      if (p.ranks[s] == group()) {
         pipeline_index = static_cast<int>(i);
         stage_index = static_cast<int>(s);
       }
@@ -734,16 +789,19 @@ absl::Status ElasticTrainer::State::Configure(
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> all, SplitRegistered(0, my_rank));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> train,
                           SplitRegistered(pipeline_index >= 0 ? 0 : -1, my_rank));
+  // A pipeline's ranks stage by stage, the ranks of a stage's tensor-parallel group together
+  // (the engine's plan below places them so).
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> pipe,
-                          SplitRegistered(pipeline_index, stage_index));
+                          SplitRegistered(pipeline_index, stage_index * tp() + lane()));
   TANDEM_ASSIGN_OR_RETURN(std::vector<GradientSegment> segs,
                           GradientSegments(layout, options.num_layers));
   std::vector<Segment> mine;
   for (size_t i = 0; i < segs.size(); ++i) {
     const GradientSegment& g = segs[i];
-    const bool member = std::binary_search(g.ranks.begin(), g.ranks.end(), me);
+    // One communicator per offset in the groups: each rank sums its own shards.
+    const bool member = std::binary_search(g.ranks.begin(), g.ranks.end(), group());
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
-                            SplitRegistered(member ? 0 : -1, my_rank));
+                            SplitRegistered(member ? lane() : -1, my_rank));
     if (member) mine.push_back({g, std::move(c), static_cast<int>(i)});
   }
   all_segments = segs;
@@ -779,10 +837,15 @@ absl::Status ElasticTrainer::State::Configure(
     plan.stages.push_back(st);
   }
   plan.algorithm = "elastic";
+  if (tp() > 1) {
+    TANDEM_ASSIGN_OR_RETURN(plan, pipeline::WithTensorParallel(std::move(plan), tp()));
+  }
   runtime::EngineOptions eo = options.engine;
   eo.heartbeat_timeout = absl::ZeroDuration();  // the membership watches every rank
   eo.job.ranks = 0;
-  for (const JobPipeline& q : layout.pipelines) eo.job.ranks += static_cast<int>(q.ranks.size());
+  for (const JobPipeline& q : layout.pipelines) {
+    eo.job.ranks += static_cast<int>(q.ranks.size()) * tp();
+  }
   eo.job.sync_gradients = [this](runtime::Engine& e) { return SyncGradients(e); };
   eo.job.sum_over_job = [this](int64_t it, std::array<double, 3>& sums) {
     return SumOverJob(it, sums);
@@ -879,7 +942,9 @@ pipeline::Plan SegmentPlan(const std::vector<GradientSegment>& segments,
 }
 
 absl::Status ElasticTrainer::State::SaveCheckpoint(int64_t step) {
-  TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
+  // Whole parameters (tensor-parallel shards gathered over their group): the checkpoint loads
+  // onto any layout.
+  TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportWholeState());
   if (kill.Hits(me, step, "checkpoint")) KillSelf(me, step, "checkpoint");
   std::vector<runtime::CheckpointShard> shards;
   for (const Segment& seg : segments) {
@@ -915,7 +980,7 @@ absl::StatusOr<CheckpointedLayers> ElasticTrainer::State::ReadCheckpoint(
   TANDEM_ASSIGN_OR_RETURN(out.folder, runtime::ResolveCheckpoint(root));
   for (const JobPipeline& p : layout.pipelines) {
     for (size_t s = 0; s < p.ranks.size(); ++s) {
-      if (p.ranks[s] != me) continue;
+      if (p.ranks[s] != group()) continue;
       TANDEM_ASSIGN_OR_RETURN(
           runtime::CheckpointState saved,
           runtime::ReadCheckpointState(out.folder, options.model, options.num_layers,
@@ -1020,7 +1085,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     // Layers with no live holder cannot be copied from anyone: say so before planning.
     std::vector<bool> covered(static_cast<size_t>(options.num_layers), false);
     for (const auto& [r, ranges] : HeldUnder(old_layout)) {
-      if (std::find(live.begin(), live.end(), r) == live.end()) continue;
+      if (!GroupLive(r)) continue;
       for (const LayerRange& range : ranges) {
         for (int l = range.first_layer; l < range.end_layer; ++l) covered[static_cast<size_t>(l)] = true;
       }
@@ -1038,7 +1103,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
     restore = !lost.empty();
   }
   TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanOnLiveNodes(old_layout, restore, 1));
-  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
+  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live, tp()));
   report.plan = Describe(plan);
   report.layout = Describe(layout);
   report.plan_seconds = lap();
@@ -1096,13 +1161,8 @@ absl::Status ElasticTrainer::State::Reconfigure(
 absl::StatusOr<ElasticPlan> ElasticTrainer::State::PlanOnLiveNodes(const JobLayout& old_layout,
                                                                    bool restore,
                                                                    int min_pipelines) const {
-  const int dpn = std::max(1, options.devices_per_node);
-  std::map<int, std::vector<int>> by_node;
-  for (int r : live) by_node[r / dpn].push_back(r);
   ReinstantiationInput input;
-  for (auto& [node, ranks] : by_node) {
-    if (static_cast<int>(ranks.size()) == dpn) input.nodes.push_back(ranks);
-  }
+  input.nodes = LiveNodes();
   if (!restore) input.held = HeldUnder(old_layout);  // else everything comes from the checkpoint
   input.global_microbatches = options.global_microbatches;
   input.min_pipelines = std::max(1, min_pipelines);
@@ -1132,12 +1192,12 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
   std::vector<std::shared_ptr<int64_t>> sizes;
   std::vector<comm::WorkPtr> sends;
   for (const LayerMove& m : plan.moves.moves) {
-    if (m.source_rank != me) continue;
+    if (m.source_rank != group()) continue;  // each rank sends its own shards
     std::vector<runtime::ParameterState> layer_state;
     for (const std::string& name : names_of_layer[m.layer]) layer_state.push_back(held.at(name));
     auto bytes = std::make_shared<std::string>(EncodeState(layer_state));
     auto size = std::make_shared<int64_t>(static_cast<int64_t>(bytes->size()));
-    const int peer = rank_in_current(m.destination_rank);
+    const int peer = rank_in_current(m.destination_rank + lane());
     sends.push_back(config->Send(comm::CpuBuffer(size.get(), 1), peer, kMoveTag));
     sends.push_back(config->Send(comm::MakeBuffer(bytes->data(), static_cast<int64_t>(bytes->size()),
                                                  comm::DataType::kUInt8),
@@ -1146,8 +1206,8 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
     sizes.push_back(size);
   }
   for (const LayerMove& m : plan.moves.moves) {
-    if (m.destination_rank != me) continue;
-    const int peer = rank_in_current(m.source_rank);
+    if (m.destination_rank != group()) continue;
+    const int peer = rank_in_current(m.source_rank + lane());
     auto size_buffer = std::make_shared<int64_t>(0);
     const absl::Status sized =
         config->Recv(comm::CpuBuffer(size_buffer.get(), 1), peer, kMoveTag)->Wait();
@@ -1157,7 +1217,7 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
       for (auto& b : sizes) Leak(b);
     }
     TANDEM_RETURN_IF_ERROR(Annotate(
-        sized, absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
+        sized, absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank + lane())));
     const int64_t size = *size_buffer;
     // On the heap: after an abort the library may still write into it (then it is leaked).
     auto incoming = std::make_shared<std::string>(static_cast<size_t>(size), '\0');
@@ -1171,7 +1231,7 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
     }
     TANDEM_RETURN_IF_ERROR(Annotate(
         received,
-        absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank)));
+        absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank + lane())));
     TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, DecodeState(bytes));
     for (runtime::ParameterState& s : state) {
       std::string name = s.name;
@@ -1365,7 +1425,7 @@ absl::Status ElasticTrainer::State::FinishGrowth(
   const absl::Time planning = absl::Now();
   TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan,
                           PlanOnLiveNodes(held_layout, /*restore=*/false, options.min_pipelines));
-  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live));
+  TANDEM_ASSIGN_OR_RETURN(layout, LayoutFromPlan(plan, live, tp()));
   report.plan = Describe(plan);
   report.layout = Describe(layout);
   report.plan_seconds = absl::ToDoubleSeconds(absl::Now() - planning);
@@ -1421,6 +1481,12 @@ absl::Status CheckOptions(const comm::Communicator* world, const runtime::StageF
   }
   if (options.num_layers <= 0 || options.global_microbatches <= 0 || options.steps < 0) {
     return absl::InvalidArgumentError("elastic: layers, global micro-batches and steps needed");
+  }
+  if (options.tensor_parallel < 1 ||
+      std::max(1, options.devices_per_node) % options.tensor_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elastic: tensor-parallel groups of ", options.tensor_parallel, " must fill nodes of ",
+        std::max(1, options.devices_per_node), " ranks (a group stays inside one node)"));
   }
   if (options.kill.empty()) {
     const char* env = std::getenv("TANDEM_ELASTIC_KILL");
@@ -1484,16 +1550,13 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
                                                    " ranks are not whole nodes of ", dpn));
   }
   ReinstantiationInput input;
-  for (int n = 0; n < s.base->size() / dpn; ++n) {
-    input.nodes.emplace_back();
-    for (int d = 0; d < dpn; ++d) input.nodes.back().push_back(n * dpn + d);
-  }
+  input.nodes = s.LiveNodes();
   input.global_microbatches = s.options.global_microbatches;
   input.min_pipelines = s.options.min_pipelines;
   input.layer_state_bytes = s.options.layer_state_bytes;
   absl::Status local = [&]() -> absl::Status {
     TANDEM_ASSIGN_OR_RETURN(ElasticPlan plan, PlanReinstantiation(s.templates, input));
-    TANDEM_ASSIGN_OR_RETURN(s.layout, LayoutFromPlan(plan, s.live));
+    TANDEM_ASSIGN_OR_RETURN(s.layout, LayoutFromPlan(plan, s.live, s.tp()));
     return absl::OkStatus();
   }();
   TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(s.base.get(), local, "the elastic layout"));

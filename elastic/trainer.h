@@ -38,6 +38,12 @@
 // the ranks that hold them, as after a failure; no step is lost or repeated. A rank that dies
 // while processes are being started ends the job (MPI_Comm_spawn cannot be interrupted).
 //
+// Tensor parallelism (ElasticOptions::tensor_parallel = T): every stage runs on a group of T
+// consecutive ranks of one node, and the layer above plans groups as devices. A rank sums its
+// shards' gradients with the ranks at the same offset of the other groups holding the layers,
+// and receives its shard of moved layers from the rank at its offset in the source group; a
+// rank that dies takes its group (its node) with it. Checkpoints hold whole parameters.
+//
 // Limits: stages on the CPU (gradients are summed across pipelines through host memory over
 // MPI); schedules GPipe and 1F1B.
 #pragma once
@@ -74,13 +80,21 @@ struct JobLayout {
   std::vector<JobPipeline> pipelines;
   std::vector<int> idle_ranks;  // live ranks without a stage (spare nodes)
   int64_t global_microbatches = 0;
+  // Tensor parallelism: every stage runs on `tensor_parallel` consecutive job ranks, named in
+  // `pipelines` by the first of them (a multiple of tensor_parallel). The templates, the
+  // instantiation and the state moves see each such group as one device; each rank of a group
+  // holds its shard of the group's layers, and the rank at offset t of one group exchanges
+  // gradients and state with the ranks at offset t of the others.
+  int tensor_parallel = 1;
 };
 
 // The pipelines of an elastic plan: template stage of c ranks -> c pipelines, the template's
 // micro-batches split among them as evenly as possible (earlier ones get one more); a pipeline
-// left without a micro-batch is not formed and its ranks are idle.
+// left without a micro-batch is not formed and its ranks are idle. With tensor_parallel > 1 the
+// plan's ranks are the first ranks of tensor-parallel groups (JobLayout::tensor_parallel).
 absl::StatusOr<JobLayout> LayoutFromPlan(const ElasticPlan& plan,
-                                         const std::vector<int>& live_ranks);
+                                         const std::vector<int>& live_ranks,
+                                         int tensor_parallel = 1);
 // What each rank holds under `layout` (the next re-instantiation's HeldLayers).
 HeldLayers HeldUnder(const JobLayout& layout);
 std::string Describe(const JobLayout& layout);
@@ -110,7 +124,12 @@ struct ElasticOptions {
   int num_layers = 0;
   int64_t microbatch_size = 1;
   int64_t global_microbatches = 0;  // the global batch, kept across failures
-  int devices_per_node = 1;
+  int devices_per_node = 1;  // job ranks per node
+  // Ranks per stage (Megatron tensor parallelism inside the stage): groups of this many
+  // consecutive job ranks, inside a node (devices_per_node a multiple of it), are the
+  // templates' devices; a group that loses a rank is lost whole. The templates must be made
+  // for devices_per_node / tensor_parallel devices per node.
+  int tensor_parallel = 1;
   int min_pipelines = 2;  // f + 1 at the start, to survive f failures
   int64_t steps = 0;      // iterations to run from the start (a resumed checkpoint's step)
   MembershipOptions membership;

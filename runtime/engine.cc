@@ -92,7 +92,16 @@ absl::Status Engine::ImportState(const std::vector<ParameterState>& state) {
         return absl::NotFoundError(absl::StrCat("rank ", world_rank_, ": no state for parameter '",
                                                 v.name, "' of stage ", l->spec.stage));
       }
-      const ParameterState& p = *it->second;
+      const ParameterState* state = it->second;
+      // A whole parameter (a checkpoint's, or another layout's) for a tensor-parallel shard:
+      // this rank's part of it.
+      ParameterState cut;
+      if (v.tensor_parallel_index != nullptr && v.whole_count != v.value.count &&
+          static_cast<int64_t>(state->value.size()) == v.whole_count) {
+        cut = CutShard(*state, *v.tensor_parallel_index);
+        state = &cut;
+      }
+      const ParameterState& p = *state;
       if (static_cast<int64_t>(p.value.size()) != v.value.count) {
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", world_rank_, ": parameter '", v.name, "' has ", p.value.size(),
@@ -214,10 +223,6 @@ absl::Status Engine::Build(StageFactory factory) {
       return absl::InvalidArgumentError(
           "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
           "runtime runs mesh plans only");
-    }
-    if (tensor_parallel > 1 && options_.job.sync_gradients) {
-      return absl::InvalidArgumentError(
-          "tensor parallelism does not run inside an elastic job (its templates have none)");
     }
     TANDEM_ASSIGN_OR_RETURN(schedule_, pipeline::GenerateSchedule(plan_.schedule));
     if (!found) {
@@ -437,6 +442,16 @@ absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState
       }
       out.back().push_back(std::move(p));
     }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ParameterState>> Engine::ExportWholeState() {
+  if (plan_.tensor_parallel <= 1) return ExportState();
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::vector<ParameterState>> whole, WholeLocalState());
+  std::vector<ParameterState> out;
+  for (auto& stage : whole) {
+    for (ParameterState& p : stage) out.push_back(std::move(p));
   }
   return out;
 }

@@ -201,8 +201,11 @@ class Engine {
 
   // Every local parameter's value and optimizer state, on the host (after Flush). Local.
   absl::StatusOr<std::vector<ParameterState>> ExportState();
+  // ExportState with tensor-parallel shards gathered whole (collective over each stage's
+  // tensor-parallel group; ExportState itself without tensor parallelism).
+  absl::StatusOr<std::vector<ParameterState>> ExportWholeState();
   // Sets every local parameter's value and optimizer state by name; each local parameter
-  // must be present with its size. Local.
+  // must be present with its size, or whole for a tensor-parallel shard (cut here). Local.
   absl::Status ImportState(const std::vector<ParameterState>& state);
   // Views of every local parameter (value and gradient on the stage's device), stage by
   // stage in the order the stages run them (forward).

@@ -107,9 +107,14 @@ absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateIn
                                                    run.devices_per_node,
                                                    " (--devices-per-node)"));
   }
+  // With tensor parallelism the templates' devices are the tensor-parallel groups, each with
+  // the memory of its ranks together (the layers' costs are the unsharded profile's: the
+  // partition does not change when every stage is T times faster).
+  const int t = std::max(1, run.tensor_parallel);
   TANDEM_ASSIGN_OR_RETURN(planner::ClusterSpec cluster,
-                          planner::MakeCluster(inputs.ranks, run.devices_per_node,
-                                               run.device_memory_bytes, {/*bandwidth=*/10e9}));
+                          planner::MakeCluster(inputs.ranks / t, run.devices_per_node / t,
+                                               run.device_memory_bytes * t,
+                                               {/*bandwidth=*/10e9}));
   planner::TemplateOptions template_options;
   template_options.microbatches = static_cast<int>(
       std::max<int64_t>(1, global_microbatches / run.min_pipelines));
@@ -120,11 +125,13 @@ absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateIn
                           planner::GeneratePipelineTemplates(chain, cluster, template_options));
   if (print) {
     std::cout << absl::StrFormat(
-                     "elastic: %d pipeline template(s) for %d..%d node(s) of %d device(s), in "
-                     "%.1f ms",
+                     "elastic: %d pipeline template(s) for %d..%d node(s) of %d device(s)%s, "
+                     "in %.1f ms",
                      out.set.templates.size(), out.set.min_nodes,
                      out.set.templates.empty() ? 0 : out.set.templates.back().nodes,
-                     run.devices_per_node, absl::ToDoubleMilliseconds(absl::Now() - t0))
+                     run.devices_per_node / t,
+                     t > 1 ? absl::StrCat(" (tensor-parallel groups of ", t, " ranks)") : "",
+                     absl::ToDoubleMilliseconds(absl::Now() - t0))
               << std::endl;
   }
   out.layer_state_bytes = elastic::LayerStateBytes(chain);
@@ -351,6 +358,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.microbatch_size = run.microbatch_size;
   options.global_microbatches = global_microbatches;
   options.devices_per_node = run.devices_per_node;
+  options.tensor_parallel = run.tensor_parallel;
   options.min_pipelines = run.min_pipelines;
   options.steps = run.steps;
   options.membership.heartbeat_timeout = run.heartbeat_timeout;

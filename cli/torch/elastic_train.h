@@ -32,7 +32,8 @@ struct ElasticRun {
   int64_t steps = 0;
   int min_pipelines = 2;
   bool replace_lost = false;  // start ranks anew for the nodes lost, after a recovery
-  int devices_per_node = 1;
+  int devices_per_node = 1;  // ranks
+  int tensor_parallel = 1;   // ranks per stage, inside a node: the templates' devices are groups
   double device_memory_bytes = 0;  // what the templates must fit per device; 0: no limit
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   double tokens_per_sample = 0;  // sequence length

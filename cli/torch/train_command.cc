@@ -58,9 +58,9 @@ ABSL_FLAG(int, global_batch, 0,
           "micro-batches x data-parallel, or the plan's)");
 ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
 ABSL_FLAG(int, tensor_parallel, 1,
-          "train: tensor-parallel degree T inside every stage (with --schedule; Megatron-style "
-          "sharding of the GPT, T consecutive ranks per pipeline position): world = D x stages "
-          "x T");
+          "train: tensor-parallel degree T inside every stage (with --schedule or --elastic; "
+          "Megatron-style sharding of the GPT, T consecutive ranks per pipeline position): "
+          "world = D x stages x T");
 ABSL_FLAG(int, steps, 10, "train: iterations to run");
 ABSL_FLAG(bool, elastic, false,
           "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
@@ -76,7 +76,8 @@ ABSL_FLAG(double, device_memory_mb, 0,
           "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
           "limit)");
 ABSL_FLAG(int, devices_per_node, 1,
-          "train --elastic: ranks per node (a node that loses a rank is dropped whole)");
+          "train --elastic: ranks per node (a node that loses a rank is dropped whole; default "
+          "1, or --tensor-parallel's T: a tensor-parallel group lives inside a node)");
 ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
 ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
@@ -364,7 +365,8 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && !from_schedule) {
     return absl::InvalidArgumentError(
-        "--tensor-parallel goes with --schedule (a plan file carries its own tensor_parallel)");
+        "--tensor-parallel goes with --schedule or --elastic (a plan file carries its own "
+        "tensor_parallel)");
   }
   pipeline::Plan plan;
   if (!plan_file.empty()) {
@@ -568,10 +570,11 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     return std::unique_ptr<runtime::Stage>(std::move(stage));
   };
   if (absl::GetFlag(FLAGS_elastic)) {
-    if (absl::GetFlag(FLAGS_tensor_parallel) != 1) {
-      return absl::InvalidArgumentError(
-          "--elastic runs without tensor parallelism for now (its templates are pipelines of "
-          "whole stages)");
+    const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+    if (tensor_parallel < 1 || world.size() % tensor_parallel != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
+                                                     " does not divide the ", world.size(),
+                                                     " ranks"));
     }
     if (!absl::GetFlag(FLAGS_plan).empty()) {
       return absl::InvalidArgumentError(
@@ -596,7 +599,14 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.steps = steps;
     run.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
     run.replace_lost = absl::GetFlag(FLAGS_elastic_replace);
+    run.tensor_parallel = tensor_parallel;
     run.devices_per_node = std::max(1, absl::GetFlag(FLAGS_devices_per_node));
+    if (tensor_parallel > 1 && run.devices_per_node == 1) run.devices_per_node = tensor_parallel;
+    if (run.devices_per_node % tensor_parallel != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--devices-per-node ", run.devices_per_node, " is not a multiple of --tensor-parallel ",
+          tensor_parallel, " (a tensor-parallel group lives inside one node)"));
+    }
     run.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * 1048576.0;
     run.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
     run.tokens_per_sample = model_and_data.gpt.seq_len;

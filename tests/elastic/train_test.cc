@@ -304,6 +304,73 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
 
+// Tensor parallelism inside the elastic job: tensor-parallel groups of 2 ranks are the
+// templates' devices (each with the memory of its two ranks); a rank that dies takes its group
+// with it, the other rank of that group goes idle, and the groups' shards move rank by rank.
+constexpr char kTensorParallel[] = " --tensor-parallel 2 --device-memory-mb 0.035";
+
+TEST(ElasticTrainTest, TensorParallelGroupsSurviveALostRank) {
+  // 8 ranks = 4 groups: two pipelines of two stages. Rank 3 (the second rank of group 2-3)
+  // dies in iteration 3's backward; the three whole groups re-form and finish equal to the
+  // unchanged run. (Whether layers change groups depends on the profiled costs; the growth
+  // below always moves shards.)
+  const std::string log = TempPath("tp_kill.jsonl");
+  const std::string checkpoint = TempPath("tp_kill_checkpoint");
+  Outcome o = RunElastic(8, "3:3:backward",
+                         absl::StrCat(kTensorParallel, " --checkpoint-dir ", checkpoint), log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("2 pipeline(s) of tensor-parallel groups of 2: r0-1[0,2) > r2-3[2,4)"),
+            std::string::npos)
+      << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  const nlohmann::json& r = l.reconfigurations[0];
+  EXPECT_EQ(r["dead"], nlohmann::json({3})) << o.output;
+  EXPECT_EQ(r["resume_iteration"].get<int>(), 3) << o.output;
+  EXPECT_EQ(l.ranks.at(2), 8);
+  EXPECT_EQ(l.ranks.at(kSteps - 1), 6);  // rank 2, alone in its group, is idle
+}
+
+TEST(ElasticTrainTest, TensorParallelLayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
+  // 6 ranks = 3 groups: one pipeline of two stages and a spare group. The checkpoint holds
+  // whole parameters; every survivor cuts its shard of them.
+  const std::string log = TempPath("tp_restore.jsonl");
+  const std::string checkpoint = TempPath("tp_restore_checkpoint");
+  Outcome o = RunElastic(6, "3:5:forward",
+                         absl::StrCat(kTensorParallel, " --elastic-min-pipelines 1",
+                                      " --checkpoint-every 2 --checkpoint-dir ", checkpoint),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("rolled back to the checkpoint of step 4"), std::string::npos)
+      << o.output;
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);
+  EXPECT_EQ(l.finished, 1) << o.output;
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["restored_step"].get<int>(), 4);
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  std::filesystem::remove_all(checkpoint);
+}
+
+TEST(ElasticTrainTest, ALostTensorParallelGroupIsReplacedLive) {
+  // 4 ranks = 2 groups, one pipeline each. Rank 1 dies: group 0-1 is lost, the survivors run
+  // iteration 3 again on group 2-3, then start a node of two ranks (4 and 5) as a new group.
+  const std::string log = TempPath("tp_replace.jsonl");
+  const std::string checkpoint = TempPath("tp_replace_checkpoint");
+  Outcome o = RunElastic(4, "1:3:forward",
+                         absl::StrCat(" --tensor-parallel 2 --elastic-replace --checkpoint-dir ",
+                                      checkpoint),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
+  ASSERT_EQ(l.growths.size(), 1u) << o.output;
+  EXPECT_EQ(l.growths[0]["added"], nlohmann::json({4, 5})) << o.output;
+  EXPECT_GT(l.growths[0]["bytes_moved"].get<double>(), 0) << o.output;
+  EXPECT_EQ(l.ranks.at(3), 2);
+  EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
+}
+
 TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
   // Two ranks, one pipeline of two stages: the dead rank's layers exist nowhere else.
   const std::string log = TempPath("lost.jsonl");

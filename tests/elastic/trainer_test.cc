@@ -59,6 +59,27 @@ TEST(LayoutFromPlanTest, RefusesAPlanThatLosesMicrobatches) {
   EXPECT_FALSE(LayoutFromPlan(plan, {0, 1, 2, 3}).ok());
 }
 
+TEST(LayoutFromPlanTest, TensorParallelGroupsAreNamedByTheirFirstRank) {
+  // The plan's devices are groups of two ranks: 0 = {0, 1}, 2 = {2, 3}, 4 = {4, 5}, 6 = {6, 7}.
+  ElasticPlan plan;
+  plan.instantiation.global_microbatches = 4;
+  PipelineRanks a;
+  a.microbatches = 4;
+  a.stages = {{{0, 3}, {0}}, {{3, 6}, {4}}};
+  plan.assignment.pipelines = {a};
+  auto layout = LayoutFromPlan(plan, {0, 1, 2, 3, 4, 5, 7}, 2);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->tensor_parallel, 2);
+  EXPECT_EQ(layout->pipelines[0].ranks, (std::vector<int>{0, 4}));
+  // The unused group's ranks and a lone survivor of a broken group are idle.
+  EXPECT_EQ(layout->idle_ranks, (std::vector<int>{2, 3, 7}));
+  EXPECT_EQ(Describe(*layout).substr(0, 60),
+            "1 pipeline(s) of tensor-parallel groups of 2: r0-1[0,3) > r4");
+  a.stages[1].ranks = {3};  // not the first rank of a group
+  plan.assignment.pipelines = {a};
+  EXPECT_FALSE(LayoutFromPlan(plan, {0, 1, 2, 3}, 2).ok());
+}
+
 TEST(GradientSegmentsTest, RunsOfLayersWithTheSameHolders) {
   auto layout = LayoutFromPlan(HandPlan(), {0, 1, 2, 3});
   ASSERT_TRUE(layout.ok());
