@@ -256,11 +256,6 @@ absl::Status Engine::Build(StageFactory factory) {
         return absl::InternalError(absl::StrCat("the stage factory returned null for stage ",
                                                 stage));
       }
-      if (tensor_parallel > 1 && l->impl->device().kind != comm::DeviceKind::kCpu) {
-        return absl::UnimplementedError(absl::StrCat(
-            "stage ", stage, ": tensor parallelism runs CPU stages for now (its collectives go "
-            "over MPI on host memory)"));
-      }
       locals_.push_back(std::move(l));
     }
     // Blocking collectives over the gradient groups (creation, flushes, state gathers) run in

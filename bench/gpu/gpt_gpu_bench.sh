@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPT-2 small and medium on one GPU: tandem (1 rank; 4 ranks pipelined on the one GPU, which
-# communicate over MPI through pinned host memory) beside plain PyTorch on the same shapes in
+# communicate over MPI through pinned host memory; 2 ranks of tensor parallelism on the one GPU,
+# whose collectives reduce host copies over MPI: the TP=2 line beside the 1-rank line is the
+# cost of those collectives) beside plain PyTorch on the same shapes in
 # the same run (bench/gpu/pytorch_gpt_bench.py: eager fp32, eager bf16 + SDPA + fused AdamW,
 # torch.compile). Prints tokens/s, MFU, peak device memory and tandem / PyTorch ratios.
 #
@@ -74,7 +76,8 @@ for line in open(path):
 PY
   for run in "1|1 rank bf16|--schedule gpipe --stages 1 --microbatches 1" \
              "1|1 rank fp32|--schedule gpipe --stages 1 --microbatches 1 --precision fp32" \
-             "4|4 ranks 1f1b bf16 (1 GPU)|--schedule 1f1b --stages 4 --microbatches 8"; do
+             "4|4 ranks 1f1b bf16 (1 GPU)|--schedule 1f1b --stages 4 --microbatches 8" \
+             "2|2 ranks TP=2 bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2"; do
     IFS='|' read -r ranks label flags <<<"$run"
     # shellcheck disable=SC2086
     line=$("$mpirun" -np "$ranks" --bind-to none -x LD_LIBRARY_PATH "$bin" train "${model[@]}" \

@@ -42,13 +42,17 @@ struct GatherFunction : public torch::autograd::Function<GatherFunction> {
     ctx->saved_data["rank"] = static_cast<int64_t>(tp.rank);
     ctx->saved_data["width"] = x.size(-1);
     const torch::Tensor local = x.contiguous();
-    torch::Tensor all = torch::empty({tp.size * local.numel()}, local.options());
-    const comm::Buffer in = CommBufferOf(local);
+    // A CUDA tensor over a host group gathers host copies (GroupTakes).
+    const bool direct = GroupTakes(tp, local);
+    const torch::Tensor sent = direct ? local : local.to(torch::kCPU).contiguous();
+    torch::Tensor all = torch::empty({tp.size * sent.numel()}, sent.options());
+    const comm::Buffer in = CommBufferOf(sent);
     const comm::Buffer out = CommBufferOf(all);
     const absl::Status status = tp.group->AllGather(in, out)->Wait();
     if (!status.ok()) {
       throw std::runtime_error(absl::StrCat("tensor-parallel all-gather: ", status.ToString()));
     }
+    if (!direct) all = all.to(local.device());
     // [t, ..., n] -> [..., t, n] -> [..., t * n]
     std::vector<int64_t> shape = {tp.size};
     for (int64_t d : local.sizes()) shape.push_back(d);

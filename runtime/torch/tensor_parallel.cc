@@ -27,11 +27,22 @@ comm::Buffer CommBufferOf(const torch::Tensor& t) {
   return buffer;
 }
 
+bool GroupTakes(const TensorParallel& tp, const torch::Tensor& t) {
+  if (!t.is_cuda()) return true;
+  return tp.group != nullptr && tp.group->backend() == "nccl";
+}
+
 namespace {
 // Reduces `t` over the group in place (a fresh contiguous tensor the caller owns). Throws, as
 // LibTorch does: the stage turns exceptions into statuses.
 void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp, comm::ReduceOp op) {
   if (!tp.enabled()) return;
+  if (!GroupTakes(tp, t)) {
+    torch::Tensor host = t.to(torch::kCPU).contiguous();
+    AllReduceInPlace(host, tp, op);
+    t.copy_(host);
+    return;
+  }
   const absl::Status status = tp.group->AllReduce(CommBufferOf(t), op)->Wait();
   if (!status.ok()) {
     throw std::runtime_error(

@@ -14,7 +14,8 @@
 // row-parallel linear (input features split) ends with ReduceFromTensorParallel of its
 // partial products, then adds its (replicated) bias. The all-reduces run on the group's
 // communicator, synchronously, on the stage's thread: every rank of the group executes the
-// same stage program, so they issue them in the same order.
+// same stage program, so they issue them in the same order. CUDA stages over an MPI group
+// reduce host copies (GroupTakes), the fallback for ranks that share a GPU.
 //
 // Vocabulary parallelism: each rank holds rows [first, first + vocab / t) of the token
 // embedding and of the LM head. The embedding looks up the ids in its range (zero elsewhere)
@@ -47,6 +48,11 @@ struct TensorParallel {
 // A contiguous tensor's memory as a communication buffer (float32/64, bfloat16, float16 or
 // int64; std::invalid_argument otherwise, as LibTorch throws).
 comm::Buffer CommBufferOf(const torch::Tensor& t);
+
+// Whether the group's collectives take `t` where it lies. A CUDA tensor over a host group (MPI,
+// the engine's tensor-parallel groups) does not: the collectives then run on a host copy made
+// after the work queued on the tensor (Tensor::to waits for it) and copy the result back.
+bool GroupTakes(const TensorParallel& tp, const torch::Tensor& t);
 
 // Megatron's f: identity forward, all-reduce of the gradient backward.
 torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "runtime/torch/data.h"
@@ -38,8 +40,9 @@ struct StageRun {
 
 // One iteration of 2 micro-batches of 2 samples through a whole-model stage.
 StageRun RunStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
-             const TensorParallel& tp) {
+                  const TensorParallel& tp, torch::Device device = torch::kCPU) {
   TorchStageOptions options;
+  options.device = device;
   options.first_layer = 0;
   options.end_layer = model.num_layers();
   options.microbatches = 2;
@@ -160,6 +163,40 @@ TEST(TorchTensorParallelTest, ModelsWithoutAShardedFormAreRefused) {
   EXPECT_EQ(stage.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(stage.status().message().find("no tensor-parallel form"), std::string::npos)
       << stage.status();
+}
+
+// CUDA stages over the MPI group (ranks sharing a GPU): the collectives reduce host copies;
+// the loss and the gradients are the CPU reference's. Skipped without a CUDA device.
+TEST(TorchTensorParallelTest, CudaShardsOverAnMpiGroupGiveTheWholeLossAndGradients) {
+  std::string why;
+  if (comm::CudaDeviceCount(&why) == 0 || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device: " << (why.empty() ? "LibTorch sees none" : why);
+  }
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
+  const int me = (*world)->rank();
+  auto model = GptModelSpec(SmallGpt()).Build(7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SyntheticTaskOptions task;
+  task.vocab = SmallGpt().vocab;
+  task.seq_len = SmallGpt().seq_len;
+  task.seed = 5;
+  auto data = MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const StageRun cpu = RunStage(*model, *data, TensorParallel{t, me, world->get()});
+  const StageRun cuda = RunStage(*model, *data, TensorParallel{t, me, world->get()},
+                                 torch::Device(torch::kCUDA, 0));
+  ASSERT_NE(cpu.stage, nullptr);
+  ASSERT_NE(cuda.stage, nullptr);
+  EXPECT_NEAR(cuda.loss, cpu.loss, kRelativeTolerance * std::abs(cpu.loss));
+  std::map<std::string, torch::Tensor> want;
+  for (const auto& [name, p] : cpu.stage->named_parameters()) want[name] = p.grad().clone();
+  for (const auto& [name, p] : cuda.stage->named_parameters()) {
+    ASSERT_TRUE(p.is_cuda()) << name;
+    EXPECT_LT(RelativeError(p.grad().cpu(), want.at(name)), 1e-4) << name << " on rank " << me;
+  }
 }
 
 }  // namespace
