@@ -674,11 +674,6 @@ runtime::StageFactory ElasticTrainer::State::PipelineFactory(const JobPipeline& 
     s.sample_offset = offset;
     s.loss_microbatches = loss_microbatches;
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Stage> stage, factory(s));
-    if (stage != nullptr && stage->device().kind != comm::DeviceKind::kCpu) {
-      return absl::UnimplementedError(
-          "elastic training runs CPU stages only for now (gradients cross pipelines through "
-          "host memory)");
-    }
     if (kill.InStage(me)) {
       stage = std::make_unique<KillingStage>(std::move(stage), kill, me);
     }
@@ -689,6 +684,8 @@ runtime::StageFactory ElasticTrainer::State::PipelineFactory(const JobPipeline& 
 absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) {
   if (kill.Hits(me, e.iteration(), "sync")) KillSelf(me, e.iteration(), "sync");
   std::vector<runtime::ParameterView> params = e.LocalParameters();
+  // Gradients cross pipelines through host memory: on a device, copied there and back.
+  const std::vector<runtime::DeviceOps*> ops = e.LocalParameterOps();
   std::vector<int> layer_of(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     TANDEM_ASSIGN_OR_RETURN(layer_of[i], LayerOfParameter(params[i].name));
@@ -709,7 +706,8 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
     std::vector<float>& flat = *buffer;
     int64_t at = 0;
     for (size_t i : members) {
-      std::memcpy(flat.data() + at, params[i].grad.data, params[i].grad.bytes());
+      TANDEM_RETURN_IF_ERROR(ops[i]->CopyToHost(
+          flat.data() + at, static_cast<const float*>(params[i].grad.data), params[i].grad.count));
       at += params[i].grad.count;
     }
     if (seg.comm != nullptr && seg.comm->size() > 1 && count > 0) {
@@ -725,7 +723,8 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
       }
       at = 0;
       for (size_t i : members) {
-        std::memcpy(params[i].grad.data, flat.data() + at, params[i].grad.bytes());
+        TANDEM_RETURN_IF_ERROR(ops[i]->CopyFromHost(static_cast<float*>(params[i].grad.data),
+                                                    flat.data() + at, params[i].grad.count));
         at += params[i].grad.count;
       }
     }

@@ -44,8 +44,11 @@
 // and receives its shard of moved layers from the rank at its offset in the source group; a
 // rank that dies takes its group (its node) with it. Checkpoints hold whole parameters.
 //
-// Limits: stages on the CPU (gradients are summed across pipelines through host memory over
-// MPI); schedules GPipe and 1F1B.
+// Stages on a device (CUDA) sum gradients across pipelines through host copies over MPI (the
+// stage's DeviceOps copy them out and back); their own engines use NCCL or host staging as
+// any engine does, rebuilt from scratch at every re-formation.
+//
+// Limits: schedules GPipe and 1F1B.
 #pragma once
 
 #include <atomic>

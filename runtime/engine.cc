@@ -58,6 +58,12 @@ std::vector<ParameterView> Engine::LocalParameters() const {
   return out;
 }
 
+std::vector<DeviceOps*> Engine::LocalParameterOps() const {
+  std::vector<DeviceOps*> out;
+  for (const auto& l : locals_) out.insert(out.end(), l->device.parameters.size(), l->device.ops);
+  return out;
+}
+
 absl::StatusOr<std::vector<ParameterState>> Engine::ExportState() {
   std::vector<ParameterState> out;
   for (auto& l : locals_) {

@@ -210,6 +210,9 @@ class Engine {
   // Views of every local parameter (value and gradient on the stage's device), stage by
   // stage in the order the stages run them (forward).
   std::vector<ParameterView> LocalParameters() const;
+  // The device operations of each of LocalParameters() (its stage's): copies of a value or a
+  // gradient to and from the host go through them.
+  std::vector<DeviceOps*> LocalParameterOps() const;
 
   // Writes a checkpoint of every stage as a new step folder of the root `dir` (created if
   // needed; runtime/checkpoint.h): shards by the lowest world rank holding each stage, the

@@ -371,6 +371,25 @@ TEST(ElasticTrainTest, ALostTensorParallelGroupIsReplacedLive) {
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
 
+// CUDA stages (all ranks on the first GPU: pipelines talk through host staging, and the
+// gradients cross pipelines through host copies). Skipped without a CUDA device.
+TEST(ElasticTrainTest, CudaStagesSurviveALostRank) {
+  const Outcome gpus = RunCommand("nvidia-smi -L 2>&1");
+  if (gpus.exit_status != 0 || gpus.output.find("GPU 0") == std::string::npos) {
+    GTEST_SKIP() << "no CUDA device (nvidia-smi -L: " << gpus.output << ")";
+  }
+  const std::string log = TempPath("cuda.jsonl");
+  const std::string checkpoint = TempPath("cuda_checkpoint");
+  Outcome o = RunElastic(4, "1:3:backward",
+                         absl::StrCat(kPipelined, " --device cuda --precision fp32",
+                                      " --checkpoint-dir ", checkpoint),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  EXPECT_EQ(l.ranks.at(kSteps - 1), 3);
+}
+
 TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
   // Two ranks, one pipeline of two stages: the dead rank's layers exist nowhere else.
   const std::string log = TempPath("lost.jsonl");
