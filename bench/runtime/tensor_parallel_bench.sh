@@ -9,7 +9,9 @@
 # Ranks share the machine's cores (one LibTorch thread each): on fewer cores than ranks the
 # figures measure oversubscription as much as the split. The collectives of a tensor-parallel
 # block (two all-reduces forward, two backward, of the activations) sit on the critical path;
-# the log-json's compute share shows how much of each iteration they take.
+# the log-json's compute share shows how much of each iteration they take. "+ SP" rows add
+# sequence parallelism (an all-gather and a reduce-scatter in place of each all-reduce, layer
+# norms and pipeline transfers on S/T tokens).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
@@ -38,8 +40,12 @@ echo "GPT L=4 H=256 A=8 S=64 V=64, global batch 16 (1024 tokens per iteration), 
 printf "%-6s %-22s %10s %12s %8s\n" ranks layout ms/iter tokens/s vs-1
 run 1 "1 rank" --schedule 1f1b --stages 1 --microbatches 4
 run 2 "TP 2" --schedule 1f1b --stages 1 --tensor-parallel 2 --microbatches 4
+run 2 "TP 2 + SP" --schedule 1f1b --stages 1 --tensor-parallel 2 --microbatches 4 \
+    --sequence-parallel
 run 2 "PP 2 (1f1b)" --schedule 1f1b --stages 2 --microbatches 4
 run 2 "DP 2" --schedule 1f1b --stages 1 --data-parallel 2 --microbatches 2
 run 4 "TP 4" --schedule 1f1b --stages 1 --tensor-parallel 4 --microbatches 4
 run 4 "TP 2 x PP 2" --schedule 1f1b --stages 2 --tensor-parallel 2 --microbatches 4
+run 4 "TP 2 x PP 2 + SP" --schedule 1f1b --stages 2 --tensor-parallel 2 --microbatches 4 \
+    --sequence-parallel
 run 4 "DP 2 x PP 2" --schedule 1f1b --stages 2 --data-parallel 2 --microbatches 2

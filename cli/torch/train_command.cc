@@ -61,6 +61,10 @@ ABSL_FLAG(int, tensor_parallel, 1,
           "train: tensor-parallel degree T inside every stage (with --schedule or --elastic; "
           "Megatron-style sharding of the GPT, T consecutive ranks per pipeline position): "
           "world = D x stages x T");
+ABSL_FLAG(bool, sequence_parallel, false,
+          "train: with --tensor-parallel T, split the activations outside the split matrix "
+          "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
+          "residuals and pipeline transfers on S/T tokens per rank; S must divide by T)");
 ABSL_FLAG(int, steps, 10, "train: iterations to run");
 ABSL_FLAG(bool, elastic, false,
           "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
@@ -561,11 +565,18 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
   std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
   const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
+  const bool sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
+  if (sequence_parallel && absl::GetFlag(FLAGS_tensor_parallel) < 2) {
+    return absl::InvalidArgumentError(
+        "--sequence-parallel splits the sequence over a tensor-parallel group: it needs "
+        "--tensor-parallel 2 or more");
+  }
   runtime::StageFactory factory =
       [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
     runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
     o.precision = precision;
     o.libtorch_device_ops = libtorch_device_ops;
+    o.tensor_parallel.sequence_parallel = sequence_parallel;
     TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
     return std::unique_ptr<runtime::Stage>(std::move(stage));
   };
@@ -816,7 +827,8 @@ std::vector<std::string> TrainFlags() {
   std::vector<std::string> flags = ModelFlagNames();
   for (const char* name :
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
-        "waves", "planning_costs", "data_parallel", "tensor_parallel", "steps", "elastic",
+        "waves", "planning_costs", "data_parallel", "tensor_parallel", "sequence_parallel", "steps",
+        "elastic",
         "elastic_min_pipelines", "elastic_replace", "devices_per_node", "device_memory_mb", "seed", "plan",
         "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",

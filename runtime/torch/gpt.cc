@@ -36,6 +36,13 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}));
 }
 
+// `norm` with the given weight and bias (its own, as SharedOverTheSequence returns them).
+torch::Tensor NormWith(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
+                       const torch::Tensor& weight, const torch::Tensor& bias) {
+  return torch::layer_norm(x, norm->options.normalized_shape(), weight, bias,
+                           norm->options.eps());
+}
+
 // A linear layer's product with a deferrable weight gradient (zero-bubble's W pass).
 torch::Tensor Apply(const torch::nn::Linear& linear, const torch::Tensor& x) {
   return DeferrableLinear(x, linear->weight, linear->bias);
@@ -87,6 +94,13 @@ class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
     const auto local = ids - tp_.ShardBegin(config_.vocab);
     const auto mine = local.ge(0).logical_and(local.lt(rows));
     const auto found = token(local.clamp(0, rows - 1)) * mine.unsqueeze(-1).to(torch::kFloat);
+    if (tp_.sequence_split()) {
+      // Summed and split along the sequence at once; this rank adds its tokens' positions.
+      const int64_t length = ids.size(1) / tp_.size;
+      const torch::Tensor table = SharedOverTheSequence({position->weight}, tp_)[0];
+      return ReduceScatterToSequenceParallel(found, tp_) +
+             torch::embedding(table, positions.narrow(0, tp_.rank * length, length));
+    }
     return ReduceFromTensorParallel(found, tp_) + position(positions);
   }
 
@@ -155,6 +169,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
   }
 
   torch::Tensor forward(torch::Tensor x) {
+    if (tp_.sequence_split()) return ForwardSequenceParallel(x);
     if (tp_.enabled()) return ForwardTensorParallel(x);
     const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
     const int64_t heads = config_.heads, head_dim = hidden / heads;
@@ -232,6 +247,33 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
                 mlp_out->bias);
   }
 
+  // x: this rank's S/t tokens [b, S/t, H]. The layer norms and residual adds run on them; the
+  // split products see the whole sequence (gathered before, reduce-scattered after).
+  torch::Tensor ForwardSequenceParallel(torch::Tensor x) {
+    const std::vector<torch::Tensor> shared = SharedOverTheSequence(
+        {attention_norm->weight, attention_norm->bias, attention_out->bias, mlp_norm->weight,
+         mlp_norm->bias, mlp_out->bias},
+        tp_);
+    const int64_t batch = x.size(0), hidden = x.size(2);
+    const int64_t head_dim = hidden / config_.heads;
+    const int64_t heads = tp_.ShardSize(config_.heads), local = heads * head_dim;
+    const torch::Tensor normed =
+        GatherFromSequenceParallel(NormWith(attention_norm, x, shared[0], shared[1]), tp_);
+    const int64_t length = normed.size(1);
+    const auto qkv_heads =
+        Apply(qkv, normed).view({batch, length, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+    const auto attended = Attend(qkv_heads[0], qkv_heads[1], qkv_heads[2], head_dim);
+    const auto projected =
+        DeferrableLinear(attended.transpose(1, 2).reshape({batch, length, local}),
+                         attention_out->weight, torch::Tensor());
+    x = x + (ReduceScatterToSequenceParallel(projected, tp_) + shared[2]);
+    const auto units = torch::gelu(Apply(
+        mlp_in, GatherFromSequenceParallel(NormWith(mlp_norm, x, shared[3], shared[4]), tp_)));
+    return x + (ReduceScatterToSequenceParallel(DeferrableLinear(units, mlp_out->weight, {}),
+                                                tp_) +
+                shared[5]);
+  }
+
   GptConfig config_;
   bool fused_ = false;
   TensorParallel tp_;
@@ -261,6 +303,13 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
   }
 
   torch::Tensor forward(torch::Tensor x) {
+    if (tp_.sequence_split()) {
+      // This rank's tokens normalised, then the whole sequence through its vocabulary rows.
+      const std::vector<torch::Tensor> shared =
+          SharedOverTheSequence({norm->weight, norm->bias}, tp_);
+      return Apply(lm_head, GatherFromSequenceParallel(NormWith(norm, x, shared[0], shared[1]),
+                                                       tp_));
+    }
     if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));
     return Apply(lm_head, norm(x));
   }
@@ -377,6 +426,10 @@ ModelSpec GptModelSpec(const GptConfig& config) {
                                                      const TensorParallel& tp) -> absl::Status {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "gpt: heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "gpt: vocab"));
+      if (tp.sequence_split()) {
+        TANDEM_RETURN_IF_ERROR(
+            tp.CheckDivisible(config.seq_len, "gpt: the sequence length (sequence parallelism)"));
+      }
       for (size_t i = 0; i < layers.size(); ++i) {
         const int index = first + static_cast<int>(i);
         if (index == 0) {

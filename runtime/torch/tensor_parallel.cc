@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ATen.h>
@@ -89,7 +90,100 @@ struct ReduceFromFunction : public torch::autograd::Function<ReduceFromFunction>
 
 int64_t Address(const TensorParallel& tp) { return reinterpret_cast<int64_t>(&tp); }
 
+// The collectives of sequence parallelism work on [S, b, ...] (the sequence outermost, so a
+// rank's tokens are one contiguous block) and give back [b, S', ...], contiguous.
+void ThrowUnlessOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) throw std::runtime_error(absl::StrCat(what, ": ", status.ToString()));
+}
+
+torch::Tensor AllGatherSequence(const torch::Tensor& x, const TensorParallel& tp) {
+  torch::Tensor local = x.transpose(0, 1).contiguous();
+  const bool direct = GroupTakes(tp, local);
+  if (!direct) local = local.to(torch::kCPU);
+  std::vector<int64_t> shape = local.sizes().vec();
+  shape[0] *= tp.size;
+  torch::Tensor all = torch::empty(shape, local.options());
+  ThrowUnlessOk(tp.group->AllGather(CommBufferOf(local), CommBufferOf(all))->Wait(),
+                "sequence-parallel all-gather");
+  if (!direct) all = all.to(x.device());
+  return all.transpose(0, 1).contiguous();
+}
+
+torch::Tensor ReduceScatterSequence(const torch::Tensor& x, const TensorParallel& tp) {
+  if (x.size(1) % tp.size != 0) {
+    throw std::invalid_argument(absl::StrCat("sequence parallelism: ", x.size(1),
+                                             " tokens do not split over ", tp.size, " ranks"));
+  }
+  torch::Tensor whole = x.transpose(0, 1).contiguous();
+  const bool direct = GroupTakes(tp, whole);
+  if (!direct) whole = whole.to(torch::kCPU);
+  std::vector<int64_t> shape = whole.sizes().vec();
+  shape[0] /= tp.size;
+  torch::Tensor mine = torch::empty(shape, whole.options());
+  ThrowUnlessOk(
+      tp.group->ReduceScatter(CommBufferOf(whole), CommBufferOf(mine), comm::ReduceOp::kSum)
+          ->Wait(),
+      "sequence-parallel reduce-scatter");
+  if (!direct) mine = mine.to(x.device());
+  return mine.transpose(0, 1).contiguous();
+}
+
+struct GatherSequenceFunction : public torch::autograd::Function<GatherSequenceFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return AllGatherSequence(x, *reinterpret_cast<const TensorParallel*>(tp));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {ReduceScatterSequence(grads[0], GroupOf(ctx)), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterSequenceFunction
+    : public torch::autograd::Function<ReduceScatterSequenceFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return ReduceScatterSequence(x, *reinterpret_cast<const TensorParallel*>(tp));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {AllGatherSequence(grads[0], GroupOf(ctx)), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor GatherFromSequenceParallel(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.sequence_split()) return x;
+  return GatherSequenceFunction::apply(x, Address(tp));
+}
+
+torch::Tensor ReduceScatterToSequenceParallel(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.sequence_split()) return x;
+  return ReduceScatterSequenceFunction::apply(x, Address(tp));
+}
+
+std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,
+                                                 const TensorParallel& tp) {
+  if (!tp.sequence_split() || parameters.empty()) return parameters;
+  std::vector<torch::Tensor> flat;
+  std::vector<int64_t> sizes;
+  for (const torch::Tensor& p : parameters) {
+    flat.push_back(p.reshape({-1}));
+    sizes.push_back(p.numel());
+  }
+  // One tensor through CopyToTensorParallel: its backward sums all the gradients at once.
+  const torch::Tensor joined = CopyToTensorParallel(torch::cat(flat), tp);
+  std::vector<torch::Tensor> out;
+  int64_t at = 0;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    out.push_back(joined.narrow(0, at, sizes[i]).view(parameters[i].sizes()));
+    at += sizes[i];
+  }
+  return out;
+}
 
 absl::Status TensorParallel::CheckDivisible(int64_t total, const char* what) const {
   if (size < 1 || total % size != 0) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -36,8 +37,15 @@ struct TensorParallel {
   int size = 1;  // t
   int rank = 0;  // this rank's index in the group
   comm::Communicator* group = nullptr;  // the t ranks sharing the stage (rank() == rank)
+  // Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large
+  // Transformer Models", 2022): outside the split matrix products the activations are split
+  // along the sequence (dimension 1 of [b, S, h]) instead of replicated, so layer norms,
+  // residual adds and pipeline transfers handle S/t tokens per rank. A model that supports it
+  // reads this; others run as without it.
+  bool sequence_parallel = false;
 
   bool enabled() const { return size > 1; }
+  bool sequence_split() const { return size > 1 && sequence_parallel; }
   // [first, end) of `total` split in `size` equal parts (InvalidArgument naming `what` when
   // `total` is not divisible).
   absl::Status CheckDivisible(int64_t total, const char* what) const;
@@ -58,6 +66,24 @@ bool GroupTakes(const TensorParallel& tp, const torch::Tensor& t);
 torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
 // Megatron's g: all-reduce forward, identity backward.
 torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
+
+// Sequence parallelism's conjugates on dimension 1 (S must divide by t):
+//   GatherFromSequenceParallel       forward: all-gather [b, S/t, ...] -> [b, S, ...]
+//                                    backward: reduce-scatter (sum) back to this rank's S/t
+//   ReduceScatterToSequenceParallel  forward: reduce-scatter (sum) [b, S, ...] -> [b, S/t, ...]
+//                                    backward: all-gather
+// The first replaces CopyToTensorParallel before a column-parallel product, the second
+// ReduceFromTensorParallel after a row-parallel one.
+torch::Tensor GatherFromSequenceParallel(const torch::Tensor& x, const TensorParallel& tp);
+torch::Tensor ReduceScatterToSequenceParallel(const torch::Tensor& x, const TensorParallel& tp);
+
+// Parameters every rank of the group holds whole but applies to its own S/t tokens only (layer
+// norms, biases, position embeddings under sequence parallelism): returned as used in the
+// forward pass, and in the backward pass their gradients are summed over the group (one
+// all-reduce for all of them), so every rank applies the same whole-sequence gradient. Without
+// sequence parallelism, the parameters themselves.
+std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,
+                                                 const TensorParallel& tp);
 
 // Mean cross-entropy over all tokens of `local_logits` ([..., vocab / t], this rank's
 // vocabulary shard) against `targets` (int64 [...], global ids), equal to the cross-entropy

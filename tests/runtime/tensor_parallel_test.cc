@@ -4,7 +4,8 @@
 // schedule with 1 x 2 x 2 (DP x TP x PP) on 4 ranks, 1 x 4 x 1 on 4, and 2 x 2 x 2 on 8; the
 // gradient norm (clipping) counts the parameters the group holds whole once, with all-reduce
 // and with DeAR gradient synchronisation; checkpoints hold whole parameters and resume on any
-// layout; inputs that cannot run give a clear error and exit status 2.
+// layout; inputs that cannot run give a clear error and exit status 2. The same with sequence
+// parallelism.
 #include <unistd.h>
 
 #include <cmath>
@@ -204,6 +205,66 @@ TEST(TensorParallelTest, CheckpointsAreWholeAndResumeOnAnyLayout) {
   }
   std::filesystem::remove_all(sharded);
   std::filesystem::remove_all(plain);
+  std::filesystem::remove(log);
+}
+
+// Sequence parallelism (--sequence-parallel): between the split products each rank holds S/T
+// of the tokens (layer norms, residuals and pipeline transfers on them), the products see the
+// whole sequence through all-gathers and reduce-scatters, and the layer norms', biases' and
+// position embedding's gradients are summed over the group. Same losses as one rank.
+class SequenceParallelScheduleTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SequenceParallelScheduleTest, OneByTwoByTwoMatchesTheReference) {
+  const std::string schedule = GetParam();
+  const std::string name = absl::StrCat("sp_1x2x2_", schedule);
+  const std::string flags =
+      absl::StrCat("--schedule ", schedule,
+                   " --stages 2 --tensor-parallel 2 --microbatches 4 --sequence-parallel");
+  ExpectReferenceLosses({name.c_str(), 4, 2, flags.c_str()});
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, SequenceParallelScheduleTest,
+                         ::testing::Values("gpipe", "1f1b", "interleaved", "zb-v"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(TensorParallelTest, SequenceParallelOneByFourByOneMatchesTheReference) {
+  ExpectReferenceLosses({"sp_1x4x1", 4, 4,
+                         "--schedule 1f1b --stages 1 --tensor-parallel 4 --microbatches 4 "
+                         "--sequence-parallel"});
+}
+
+// 2 x 2 x 2 with DeAR and clipping: the norm counts the group's whole parameters once (their
+// gradients, summed over the group, are the same on every rank) and the checkpoint is one
+// rank's.
+TEST(TensorParallelTest, SequenceParallelWithDeARMatchesOneRank) {
+  ExpectNormAndLossesOfOneRank(8, 2,
+                               "--schedule 1f1b --stages 2 --data-parallel 2 "
+                               "--tensor-parallel 2 --microbatches 2 --grad-sync dear "
+                               "--sequence-parallel",
+                               /*checkpoints=*/true);
+}
+
+TEST(TensorParallelTest, SequenceParallelNeedsAGroupAndASequenceThatSplits) {
+  const std::string log = TempPath("sp_bad.jsonl");
+  Outcome o = RunCommand(Train(2, 2, "--schedule 1f1b --stages 2 --sequence-parallel", log));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("it needs --tensor-parallel 2 or more"), std::string::npos)
+      << o.output;
+  // 6 tokens over 4 ranks (the 4 heads and 16-token vocabulary split).
+  o = RunCommand(Train(4, 4,
+                       "--schedule 1f1b --stages 1 --tensor-parallel 4 --sequence-parallel "
+                       "--seq-len 6",
+                       log));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("sequence length (sequence parallelism) (6) divisible by 4"),
+            std::string::npos)
+      << o.output;
   std::filesystem::remove(log);
 }
 

@@ -69,7 +69,7 @@ double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected)
   return (actual - expected).abs().max().item<double>() / scale;
 }
 
-TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
+void ExpectShardsAreSlicesWithTheWholeLossAndGradients(bool sequence_parallel) {
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
@@ -85,7 +85,9 @@ TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
   ASSERT_TRUE(data.ok()) << data.status();
 
   const StageRun whole = RunStage(*model, *data, TensorParallel{});
-  const StageRun shard = RunStage(*model, *data, TensorParallel{t, me, world->get()});
+  TensorParallel tp{t, me, world->get()};
+  tp.sequence_parallel = sequence_parallel;
+  const StageRun shard = RunStage(*model, *data, tp);
   ASSERT_NE(whole.stage, nullptr);
   ASSERT_NE(shard.stage, nullptr);
   EXPECT_NEAR(shard.loss, whole.loss, kRelativeTolerance * std::abs(whole.loss));
@@ -146,6 +148,47 @@ TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
     EXPECT_FALSE(replicated.at("layers.1.qkv.weight"));
     EXPECT_TRUE(replicated.at("layers.1.attention_norm.weight"));
   }
+}
+
+TEST(TorchTensorParallelTest, ShardsAreSlicesAndGiveTheWholeLossAndGradients) {
+  ExpectShardsAreSlicesWithTheWholeLossAndGradients(/*sequence_parallel=*/false);
+}
+
+// With the sequence split between the products, the whole parameters' gradients (layer
+// norms, biases, position embedding) are still the whole gradients: summed over the group.
+TEST(TorchTensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients) {
+  ExpectShardsAreSlicesWithTheWholeLossAndGradients(/*sequence_parallel=*/true);
+}
+
+// The split is real: between layers each rank holds its S/t tokens, and they are the whole
+// model's activations at those positions.
+TEST(TorchTensorParallelTest, SequenceParallelLayersPassOnThisRanksTokens) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  if (t < 2 || SmallGpt().heads % t != 0 || SmallGpt().seq_len % t != 0) {
+    GTEST_SKIP() << t << " ranks";
+  }
+  const int me = (*world)->rank();
+  auto model = GptModelSpec(SmallGpt()).Build(7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto whole = model->CloneLayers(0, 2, torch::kCPU);
+  auto split = model->CloneLayers(0, 2, torch::kCPU);
+  ASSERT_TRUE(whole.ok() && split.ok());
+  TensorParallel tp{t, me, world->get()};
+  tp.sequence_parallel = true;
+  ASSERT_TRUE(model->shard_for_tensor_parallel(*split, 0, tp).ok());
+  const torch::Tensor ids = torch::randint(SmallGpt().vocab, {2, SmallGpt().seq_len},
+                                           torch::TensorOptions().dtype(torch::kLong));
+  // The same ids on every rank (rank 0's).
+  ASSERT_TRUE((*world)->Broadcast(CommBufferOf(ids), 0)->Wait().ok());
+  torch::NoGradGuard no_grad;
+  torch::Tensor want = ids, got = ids;
+  for (auto& layer : *whole) want = layer.forward(want);
+  for (auto& layer : *split) got = layer.forward(got);
+  const int64_t length = SmallGpt().seq_len / t;
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, length, SmallGpt().hidden}));
+  EXPECT_LT(RelativeError(got, want.narrow(1, me * length, length)), kRelativeTolerance);
 }
 
 TEST(TorchTensorParallelTest, ModelsWithoutAShardedFormAreRefused) {
