@@ -354,13 +354,14 @@ TEST(ElasticTrainTest, TensorParallelLayersWithoutASurvivingCopyComeBackFromTheC
 }
 
 TEST(ElasticTrainTest, ALostTensorParallelGroupIsReplacedLive) {
-  // 4 ranks = 2 groups, one pipeline each. Rank 1 dies: group 0-1 is lost, the survivors run
-  // iteration 3 again on group 2-3, then start a node of two ranks (4 and 5) as a new group.
+  // 4 ranks = 2 groups, one pipeline each, with sequence parallelism. Rank 1 dies: group 0-1
+  // is lost, the survivors run iteration 3 again on group 2-3, then start a node of two ranks
+  // (4 and 5) as a new group.
   const std::string log = TempPath("tp_replace.jsonl");
   const std::string checkpoint = TempPath("tp_replace_checkpoint");
   Outcome o = RunElastic(4, "1:3:forward",
-                         absl::StrCat(" --tensor-parallel 2 --elastic-replace --checkpoint-dir ",
-                                      checkpoint),
+                         absl::StrCat(" --tensor-parallel 2 --sequence-parallel",
+                                      " --elastic-replace --checkpoint-dir ", checkpoint),
                          log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
