@@ -1473,10 +1473,12 @@ absl::Status CheckOptions(const comm::Communicator* world, const runtime::StageF
   if (world == nullptr) return absl::InvalidArgumentError("elastic: no communicator");
   if (!factory) return absl::InvalidArgumentError("elastic: no stage factory");
   if (options.schedule != pipeline::ScheduleKind::kGPipe &&
-      options.schedule != pipeline::ScheduleKind::k1F1B) {
+      options.schedule != pipeline::ScheduleKind::k1F1B &&
+      options.schedule != pipeline::ScheduleKind::kZBH1) {
     return absl::InvalidArgumentError(
-        "elastic training runs the GPipe and 1F1B schedules (each pipeline of the job has its "
-        "own shape)");
+        "elastic training runs the GPipe, 1F1B and ZB-H1 schedules (the templates give each "
+        "rank one contiguous run of layers; interleaved, Chimera, Hanayo and ZB-V place "
+        "several on a rank)");
   }
   if (options.num_layers <= 0 || options.global_microbatches <= 0 || options.steps < 0) {
     return absl::InvalidArgumentError("elastic: layers, global micro-batches and steps needed");

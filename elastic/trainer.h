@@ -48,7 +48,8 @@
 // stage's DeviceOps copy them out and back); their own engines use NCCL or host staging as
 // any engine does, rebuilt from scratch at every re-formation.
 //
-// Limits: schedules GPipe and 1F1B.
+// Limits: schedules GPipe, 1F1B and ZB-H1 (the templates give a rank one contiguous run of
+// layers).
 #pragma once
 
 #include <atomic>
@@ -122,7 +123,7 @@ absl::StatusOr<int> LayerOfParameter(const std::string& name);
 
 struct ElasticOptions {
   runtime::EngineOptions engine;  // its job hooks and heartbeat are the trainer's
-  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::k1F1B;  // GPipe or 1F1B
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::k1F1B;  // GPipe, 1F1B, ZB-H1
   std::string model;  // description, for the engines' plans
   int num_layers = 0;
   int64_t microbatch_size = 1;

@@ -69,7 +69,7 @@ ABSL_FLAG(int, steps, 10, "train: iterations to run");
 ABSL_FLAG(bool, elastic, false,
           "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
           "templates for every node count, re-formed on the survivors after a failure "
-          "(docs/elastic.md); CPU, GPipe or 1F1B");
+          "(docs/elastic.md); schedules GPipe, 1F1B or ZB-H1, with --tensor-parallel too");
 ABSL_FLAG(int, elastic_min_pipelines, 2,
           "train --elastic: pipelines at the start, f + 1 to survive f failures");
 ABSL_FLAG(bool, elastic_replace, false,

@@ -237,7 +237,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // Writing the checkpoint of step 4 (the later ones, and the final one,
                       // are written by the survivors).
                       KillCase{"checkpoint", "3:4:checkpoint", 4, {3}, 3,
-                               " --checkpoint-every 4"}),
+                               " --checkpoint-every 4"},
+                      // ZB-H1 (split backward): a death in the input-gradient pass.
+                      KillCase{"zb_h1_backward", "1:3:backward", 4, {1}, 2,
+                               " --schedule zb-h1"}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
 // Six ranks as three pipelines of two stages.
