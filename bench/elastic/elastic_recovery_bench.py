@@ -13,7 +13,7 @@ iteration, and the growth's parts are printed (start and join, re-plan, state co
 first step after) with the throughput back at full size.
 
 usage: bench/elastic/elastic_recovery_bench.py BUILD_DIR [--ranks 4] [--steps 24]
-       [--heartbeat-timeout 2]
+       [--heartbeat-timeout 2] [--train-flags "--tensor-parallel 2 --sequence-parallel"]
 """
 import argparse
 import json
@@ -30,6 +30,7 @@ MODEL = ("--model gpt --layers 4 --hidden 64 --heads 4 --seq-len 32 --optimizer 
 
 HEARTBEAT = 2.0
 YIELD = False
+EXTRA = []  # --train-flags
 
 
 def run(build, ranks, steps, kill, memory, log, extra=()):
@@ -46,7 +47,7 @@ def run(build, ranks, steps, kill, memory, log, extra=()):
     cmd += ["-np", str(ranks), os.path.join(build, "bin", "tandem"), "train", "--elastic",
             "--steps", str(steps), "--log-json", log, "--device-memory-mb", str(memory),
             "--heartbeat-timeout", str(HEARTBEAT)]
-    cmd += MODEL.split() + list(extra)
+    cmd += MODEL.split() + EXTRA + list(extra)
     start = time.time()
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, timeout=600).stdout
@@ -66,9 +67,12 @@ def main():
     ap.add_argument("--no-yield", action="store_true",
                     help="growth run without --mca mpi_yield_when_idle 1 (on a host with fewer "
                          "cores than ranks the started rank's TCP links then crawl)")
+    ap.add_argument("--train-flags", default="",
+                    help="more `tandem train` flags for every run (e.g. '--tensor-parallel 2')")
     args = ap.parse_args()
-    global HEARTBEAT, YIELD
+    global HEARTBEAT, YIELD, EXTRA
     HEARTBEAT = args.heartbeat_timeout
+    EXTRA = args.train_flags.split()
     tmp = tempfile.mkdtemp(prefix="tandem_elastic_bench_")
 
     base_log = os.path.join(tmp, "base.jsonl")
@@ -76,11 +80,11 @@ def main():
     iters = [l for l in lines if "iteration" in l and "event" not in l]
     if not iters:
         sys.exit("the run without failures trained nothing:\n" + out)
-    layout = re.search(r"elastic: (\d+ pipeline\(s\): [^\n]*)", out)
+    layout = re.search(r"elastic: (\d+ pipeline\(s\)[^\n]*)", out)
     restart = iters[0]["unix_time"] - start
     normal = sorted(l["iteration_ms"] for l in iters[1:])[len(iters[1:]) // 2] / 1e3
     reference = {l["iteration"]: l["loss"] for l in iters}
-    print(f"tandem train --elastic, {args.ranks} ranks, {MODEL}")
+    print(f"tandem train --elastic, {args.ranks} ranks, {MODEL} {args.train_flags}".rstrip())
     print(f"layout: {layout.group(1) if layout else '?'}")
     print(f"restart (mpirun to the end of the first iteration, profiling and templates "
           f"included): {restart:.2f} s; median iteration {normal * 1e3:.1f} ms")
