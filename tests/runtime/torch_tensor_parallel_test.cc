@@ -12,6 +12,7 @@
 #include <torch/cuda.h>
 
 #include "comm/backend.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt.h"
@@ -31,6 +32,22 @@ GptConfig SmallGpt() {
   config.seq_len = 8;
   config.attention = GptAttention::kExplicit;
   return config;
+}
+
+// The small GPT (seed 7) and its synthetic data (seed 5), the same on every rank.
+struct GptAndData {
+  LayeredModel model;
+  std::shared_ptr<const Dataset> data;
+};
+
+absl::StatusOr<GptAndData> SmallGptAndData() {
+  TANDEM_ASSIGN_OR_RETURN(LayeredModel model, GptModelSpec(SmallGpt()).Build(7));
+  SyntheticTaskOptions task;
+  task.vocab = SmallGpt().vocab;
+  task.seq_len = SmallGpt().seq_len;
+  task.seed = 5;
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const Dataset> data, MakeSyntheticDataset(task));
+  return GptAndData{std::move(model), std::move(data)};
 }
 
 struct StageRun {
@@ -75,14 +92,10 @@ void ExpectShardsAreSlicesWithTheWholeLossAndGradients(bool sequence_parallel) {
   const int t = (*world)->size();
   if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
   const int me = (*world)->rank();
-  auto model = GptModelSpec(SmallGpt()).Build(7);
-  ASSERT_TRUE(model.ok()) << model.status();
-  SyntheticTaskOptions task;
-  task.vocab = SmallGpt().vocab;
-  task.seq_len = SmallGpt().seq_len;
-  task.seed = 5;
-  auto data = MakeSyntheticDataset(task);
-  ASSERT_TRUE(data.ok()) << data.status();
+  auto gpt = SmallGptAndData();
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const LayeredModel* model = &gpt->model;
+  const std::shared_ptr<const Dataset>* data = &gpt->data;
 
   const StageRun whole = RunStage(*model, *data, TensorParallel{});
   TensorParallel tp{t, me, world->get()};
@@ -220,14 +233,10 @@ TEST(TorchTensorParallelTest, CudaShardsOverAnMpiGroupGiveTheWholeLossAndGradien
   const int t = (*world)->size();
   if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
   const int me = (*world)->rank();
-  auto model = GptModelSpec(SmallGpt()).Build(7);
-  ASSERT_TRUE(model.ok()) << model.status();
-  SyntheticTaskOptions task;
-  task.vocab = SmallGpt().vocab;
-  task.seq_len = SmallGpt().seq_len;
-  task.seed = 5;
-  auto data = MakeSyntheticDataset(task);
-  ASSERT_TRUE(data.ok()) << data.status();
+  auto gpt = SmallGptAndData();
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const LayeredModel* model = &gpt->model;
+  const std::shared_ptr<const Dataset>* data = &gpt->data;
   const StageRun cpu = RunStage(*model, *data, TensorParallel{t, me, world->get()});
   const StageRun cuda = RunStage(*model, *data, TensorParallel{t, me, world->get()},
                                  torch::Device(torch::kCUDA, 0));
