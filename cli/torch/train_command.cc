@@ -58,9 +58,10 @@ ABSL_FLAG(int, global_batch, 0,
           "micro-batches x data-parallel, or the plan's)");
 ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
 ABSL_FLAG(int, tensor_parallel, 1,
-          "train: tensor-parallel degree T inside every stage (with --schedule or --elastic; "
-          "Megatron-style sharding of the GPT, T consecutive ranks per pipeline position): "
-          "world = D x stages x T");
+          "train: tensor-parallel degree T inside every stage (Megatron-style sharding of the "
+          "GPT, T consecutive ranks per pipeline position; world = D x stages x T): with "
+          "--schedule, with --elastic, or planned (the planner partitions over world / T "
+          "groups)");
 ABSL_FLAG(bool, sequence_parallel, false,
           "train: with --tensor-parallel T, split the activations outside the split matrix "
           "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
@@ -367,10 +368,11 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
   if (!plan_file.empty() && from_schedule) {
     return absl::InvalidArgumentError("give --plan or --schedule, not both");
   }
-  if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && !from_schedule) {
+  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (tensor_parallel != 1 && !plan_file.empty()) {
     return absl::InvalidArgumentError(
-        "--tensor-parallel goes with --schedule or --elastic (a plan file carries its own "
-        "tensor_parallel)");
+        "--tensor-parallel does not go with --plan: a plan file carries its own "
+        "tensor_parallel");
   }
   pipeline::Plan plan;
   if (!plan_file.empty()) {
@@ -385,7 +387,20 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
     std::string text;
     absl::Status local = absl::OkStatus();
     if (world.rank() == 0) {
-      auto planned = AutoPlan(model, data, world_size, device);
+      // With tensor parallelism the planner partitions over the groups (the layers' costs
+      // are the unsharded profile's: every stage T times faster leaves the partition as it
+      // is), and each plan position becomes a group of T ranks.
+      auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
+        if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
+          return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
+                                                         " does not divide the ", world_size,
+                                                         " ranks of this run"));
+        }
+        TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
+                                AutoPlan(model, data, world_size / tensor_parallel, device));
+        if (tensor_parallel == 1) return plan;
+        return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
+      }();
       if (planned.ok()) {
         text = pipeline::ToJson(*planned).dump();
       } else {
@@ -410,11 +425,14 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
 
 std::string DescribePlan(const pipeline::Plan& plan) {
   std::string out = absl::StrFormat(
-      "plan: %s, %d pipeline(s) x %d stage(s) (%d ranks), %d micro-batches of %d, "
+      "plan: %s, %d pipeline(s) x %d stage(s)%s (%d ranks), %d micro-batches of %d, "
       "global batch %d\n",
       pipeline::ScheduleKindName(plan.schedule.kind), plan.data_parallel,
-      plan.pipeline_parallel, plan.world_size, plan.schedule.num_microbatches,
-      plan.microbatch_size, plan.GlobalBatchSize());
+      plan.pipeline_parallel,
+      plan.tensor_parallel > 1 ? absl::StrCat(" x ", plan.tensor_parallel, " tensor-parallel")
+                               : "",
+      plan.world_size, plan.schedule.num_microbatches, plan.microbatch_size,
+      plan.GlobalBatchSize());
   if (plan.algorithm == "balanced") out += "  (layers split by the model's FLOP estimates)\n";
   const std::array<int, 3>& costs = plan.schedule.planning_costs;
   if (costs[0] > 0) {

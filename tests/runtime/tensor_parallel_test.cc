@@ -278,12 +278,18 @@ TEST(TensorParallelTest, ShapesThatDoNotSplitAreBadInput) {
   o = RunCommand(Train(4, 2, "--schedule 1f1b --stages 1 --tensor-parallel 4", log));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("heads (2) divisible by 4"), std::string::npos) << o.output;
-  // Not yet: the planner's own choice.
-  o = RunCommand(Train(2, 2, "--tensor-parallel 2", log));
+  // A plan file carries its own degree.
+  o = RunCommand(Train(2, 2, "--tensor-parallel 2 --plan no_such_plan.json", log));
   EXPECT_EQ(o.exit_status, 2) << o.output;
-  EXPECT_NE(o.output.find("--tensor-parallel goes with --schedule"), std::string::npos)
+  EXPECT_NE(o.output.find("--tensor-parallel does not go with --plan"), std::string::npos)
       << o.output;
   std::filesystem::remove(log);
+}
+
+// Without --schedule the planner (AdaPipe, from rank 0's profile) partitions the layers over
+// the world / T groups: 4 ranks as 2 groups of 2.
+TEST(TensorParallelTest, PlannedRunMatchesTheReference) {
+  ExpectReferenceLosses({"planned_tp2", 4, 2, "--tensor-parallel 2"});
 }
 
 }  // namespace
