@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "comm/buffer.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "elastic/internal/fault_injection.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "pipeline/plan.h"
@@ -33,6 +34,11 @@
 
 namespace tandem::elastic {
 namespace {
+
+using internal::KillingStage;
+using internal::KillPoint;
+using internal::KillSelf;
+using internal::ParseKill;
 
 constexpr int kMoveTag = 21;  // state moves on the survivors' communicator (size, then bytes)
 
@@ -77,126 +83,6 @@ struct Reader {
     at += v.size() * sizeof(float);
     return v;
   }
-};
-
-// ---- fault injection ------------------------------------------------------------------
-
-// Where ranks kill themselves (fault injection): RANK:ITERATION:POINT, several separated by
-// commas.
-struct KillPoint {
-  struct Entry {
-    int rank = -1;
-    int64_t iteration = -1;
-    std::string point;
-  };
-  std::vector<Entry> entries;
-  bool Hits(int me, int64_t it, const char* at) const {
-    for (const Entry& e : entries) {
-      if (e.rank == me && e.iteration == it && e.point == at) return true;
-    }
-    return false;
-  }
-  // Whether `me` dies in a stage's computation (forward, backward or stop) at some iteration.
-  bool InStage(int me) const {
-    for (const Entry& e : entries) {
-      if (e.rank == me && (e.point == "forward" || e.point == "backward" || e.point == "stop" ||
-                           e.point == "grow")) {
-        return true;
-      }
-    }
-    return false;
-  }
-  bool Idle(int me) const {
-    for (const Entry& e : entries) {
-      if (e.rank == me && e.point == "idle") return true;
-    }
-    return false;
-  }
-};
-
-absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
-  KillPoint k;
-  if (text.empty()) return k;
-  static const std::set<std::string> kPoints = {"forward", "backward", "sync",
-                                                "commit",  "idle",     "stop",
-                                                "reform",  "checkpoint", "grow"};
-  for (absl::string_view one : absl::StrSplit(text, ',')) {
-    std::vector<std::string> parts = absl::StrSplit(one, ':');
-    KillPoint::Entry e;
-    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &e.rank) ||
-        !absl::SimpleAtoi(parts[1], &e.iteration) || !kPoints.count(parts[2])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault injection '", text,
-          "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
-          "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
-          "re-formation that resumes at ITERATION), checkpoint (writing the checkpoint of step "
-          "ITERATION), grow (not a death: the rank sends itself SIGUSR2 in forward, asking the "
-          "job to grow by a node)"));
-    }
-    e.point = parts[2];
-    k.entries.push_back(std::move(e));
-  }
-  return k;
-}
-
-[[noreturn]] void KillSelf(int rank, int64_t iteration, const std::string& point) {
-  const bool stop = point == "stop";
-  TANDEM_LOG(WARNING) << "fault injection: rank " << rank << (stop ? " stops itself (SIGSTOP)" : " kills itself (SIGKILL)") << " at "
-                      << point << " of iteration " << iteration << " (unix time "
-                      << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) * 1e-6) << ")";
-  ::kill(::getpid(), stop ? SIGSTOP : SIGKILL);
-  for (;;) ::pause();
-}
-
-// A stage that kills its process at a chosen forward or backward (fault injection).
-class KillingStage final : public runtime::Stage {
- public:
-  KillingStage(std::unique_ptr<runtime::Stage> inner, KillPoint kill, int rank)
-      : inner_(std::move(inner)), kill_(std::move(kill)), rank_(rank) {}
-  absl::Status BeginIteration(int64_t iteration) override {
-    iteration_ = iteration;
-    return inner_->BeginIteration(iteration);
-  }
-  absl::StatusOr<std::vector<runtime::Tensor>> Forward(int m,
-                                                       std::vector<runtime::Tensor> in) override {
-    if (m == 0 && kill_.Hits(rank_, iteration_, "forward")) KillSelf(rank_, iteration_, "forward");
-    if (m == 0 && kill_.Hits(rank_, iteration_, "stop")) KillSelf(rank_, iteration_, "stop");
-    if (m == 0 && kill_.Hits(rank_, iteration_, "grow")) {
-      TANDEM_LOG(INFO) << "fault injection: rank " << rank_ << " asks for a node (SIGUSR2) in "
-                       << "iteration " << iteration_;
-      ::raise(SIGUSR2);
-    }
-    return inner_->Forward(m, std::move(in));
-  }
-  absl::StatusOr<std::vector<runtime::Tensor>> Backward(int m,
-                                                        std::vector<runtime::Tensor> g) override {
-    MaybeKillInBackward(m);
-    return inner_->Backward(m, std::move(g));
-  }
-  absl::StatusOr<std::vector<runtime::Tensor>> BackwardInput(
-      int m, std::vector<runtime::Tensor> g) override {
-    MaybeKillInBackward(m);
-    return inner_->BackwardInput(m, std::move(g));
-  }
-  absl::Status BackwardWeight(int m) override { return inner_->BackwardWeight(m); }
-  absl::StatusOr<runtime::Tensor> NewTensor(const runtime::TensorMeta& meta) override {
-    return inner_->NewTensor(meta);
-  }
-  double IterationLoss() const override { return inner_->IterationLoss(); }
-  std::vector<runtime::ParameterView> Parameters() override { return inner_->Parameters(); }
-  comm::Device device() const override { return inner_->device(); }
-  runtime::DeviceOps* device_ops() override { return inner_->device_ops(); }
-
- private:
-  void MaybeKillInBackward(int m) {
-    if (m == 0 && kill_.Hits(rank_, iteration_, "backward")) {
-      KillSelf(rank_, iteration_, "backward");
-    }
-  }
-  std::unique_ptr<runtime::Stage> inner_;
-  KillPoint kill_;
-  int rank_;
-  int64_t iteration_ = 0;
 };
 
 std::string Ranks(const std::vector<int>& ranks) {
