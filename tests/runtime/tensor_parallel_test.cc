@@ -233,6 +233,14 @@ INSTANTIATE_TEST_SUITE_P(Schedules, SequenceParallelScheduleTest,
                            return name;
                          });
 
+// Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
+// same order on every rank of the group.
+TEST(TensorParallelTest, SequenceParallelWithRecomputationMatchesTheReference) {
+  ExpectReferenceLosses({"sp_recompute", 4, 2,
+                         "--schedule 1f1b --stages 2 --tensor-parallel 2 --microbatches 4 "
+                         "--sequence-parallel --recompute all"});
+}
+
 TEST(TensorParallelTest, SequenceParallelOneByFourByOneMatchesTheReference) {
   ExpectReferenceLosses({"sp_1x4x1", 4, 4,
                          "--schedule 1f1b --stages 1 --tensor-parallel 4 --microbatches 4 "
