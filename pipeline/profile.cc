@@ -42,12 +42,14 @@ absl::Status ValidateVariant(const TensorParallelVariant& v, absl::string_view w
 }
 
 nlohmann::json VariantToJson(const TensorParallelVariant& v) {
-  return {{"degree", v.degree},
-          {"forward_seconds", v.forward_seconds},
-          {"backward_seconds", v.backward_seconds},
-          {"stashed_activation_bytes", v.stashed_activation_bytes},
-          {"parameter_bytes", v.parameter_bytes},
-          {"communication_seconds", v.communication_seconds}};
+  nlohmann::json j = {{"degree", v.degree},
+                      {"forward_seconds", v.forward_seconds},
+                      {"backward_seconds", v.backward_seconds},
+                      {"stashed_activation_bytes", v.stashed_activation_bytes},
+                      {"parameter_bytes", v.parameter_bytes},
+                      {"communication_seconds", v.communication_seconds}};
+  if (v.sequence_parallel) j["sequence_parallel"] = true;
+  return j;
 }
 
 absl::StatusOr<TensorParallelVariant> VariantFromJson(const nlohmann::json& j,
@@ -66,6 +68,12 @@ absl::StatusOr<TensorParallelVariant> VariantFromJson(const nlohmann::json& j,
   TANDEM_ASSIGN_OR_RETURN(v.communication_seconds,
                           GetNumberOr(j, "communication_seconds", 0, where));
   TANDEM_RETURN_IF_ERROR(CheckNonNegative(v.communication_seconds, where, "communication_seconds"));
+  if (j.contains("sequence_parallel")) {
+    if (!j["sequence_parallel"].is_boolean()) {
+      return FieldError(where, "sequence_parallel", "must be true or false");
+    }
+    v.sequence_parallel = j["sequence_parallel"].get<bool>();
+  }
   return v;
 }
 
@@ -83,7 +91,8 @@ bool TensorParallelVariant::operator==(const TensorParallelVariant& o) const {
   return degree == o.degree && forward_seconds == o.forward_seconds &&
          backward_seconds == o.backward_seconds &&
          stashed_activation_bytes == o.stashed_activation_bytes &&
-         parameter_bytes == o.parameter_bytes && communication_seconds == o.communication_seconds;
+         parameter_bytes == o.parameter_bytes && communication_seconds == o.communication_seconds &&
+         sequence_parallel == o.sequence_parallel;
 }
 
 bool LayerProfile::operator==(const LayerProfile& o) const {

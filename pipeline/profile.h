@@ -22,6 +22,10 @@ struct TensorParallelVariant {
   double stashed_activation_bytes = 0;
   double parameter_bytes = 0;
   double communication_seconds = 0;  // tensor-parallel collectives per micro-batch (fw+bw)
+  // Sequence parallelism: outside the split products the activations are split along the
+  // sequence, so what crosses a stage boundary and what a recomputed layer keeps are divided
+  // by the degree too (stashed_activation_bytes says the rest).
+  bool sequence_parallel = false;
   bool operator==(const TensorParallelVariant& o) const;
 };
 

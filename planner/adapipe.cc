@@ -260,6 +260,10 @@ absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(const pipeline::Profil
     layer.forward_seconds = variant->forward_seconds + half_communication;
     layer.backward_seconds = backward;
     layer.stashed_activation_bytes = variant->stashed_activation_bytes;
+    if (variant->sequence_parallel) {
+      layer.output_activation_bytes /= degree;
+      layer.recompute_stashed_bytes /= degree;
+    }
     layer.recompute_stashed_bytes =
         std::min(layer.recompute_stashed_bytes, layer.stashed_activation_bytes);
     layer.optimizer_state_bytes *= parameter_share;

@@ -96,7 +96,9 @@ absl::StatusOr<AdaPipeResult> UniformFullRecompute(const LayerChain& chain,
 
 // The profile as seen by one device of a tensor-parallel group of degree t: every layer takes
 // its variant of degree t (time includes its communication; optimizer state and recompute
-// figures scale with the variant). InvalidArgument naming the first layer without one.
+// figures scale with the variant; a sequence-parallel variant also divides the stage-boundary
+// bytes and a recomputed layer's kept input by t). InvalidArgument naming the first layer
+// without one.
 absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(const pipeline::Profile& profile,
                                                           int degree);
 

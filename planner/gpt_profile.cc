@@ -52,7 +52,11 @@ pipeline::LayerProfile Layer(const std::string& name, const BlockCosts& block,
     variant.degree = t;
     variant.forward_seconds = layer.forward_seconds / t;
     variant.backward_seconds = layer.backward_seconds / t;
-    variant.stashed_activation_bytes = block.activation_shared + block.activation_split / t;
+    variant.stashed_activation_bytes =
+        shape.sequence_parallel ? (block.activation_shared + block.activation_split) / t
+                                : block.activation_shared + block.activation_split / t;
+    // An all-gather and a reduce-scatter move the bytes of the all-reduce they replace.
+    variant.sequence_parallel = shape.sequence_parallel;
     variant.parameter_bytes = layer.parameter_bytes / t;
     // Ring all-reduce of the block output, forward and backward.
     const double ring_bytes = 2.0 * (t - 1) / t * boundary_bytes;
@@ -74,7 +78,8 @@ pipeline::Profile MakeGptProfile(const GptShape& shape, const DeviceFigures& dev
   const double sbh = s * b * h;
   pipeline::Profile profile;
   profile.model = absl::StrCat(shape.name, " L=", shape.layers, " h=", shape.hidden,
-                               " s=", shape.sequence, shape.split_blocks ? " (split blocks)" : "");
+                               " s=", shape.sequence, shape.split_blocks ? " (split blocks)" : "",
+                               shape.sequence_parallel ? " (sequence parallel)" : "");
   profile.microbatch_size = shape.microbatch_size;
   profile.device = absl::StrCat(device.name, " (computed from shapes, ", device.efficiency * 100,
                                 "% of peak)");

@@ -8,7 +8,9 @@
 //                                                  optimizer state 12 bytes per parameter)
 //   activations       s b h (34 + 5 a s / h) bytes without tensor parallelism;
 //                     s b h (10 + 24 / t + 5 a s / (h t)) with degree t (Korthikanti et al.,
-//                     "Reducing Activation Recomputation in Large Transformer Models", 2022)
+//                     "Reducing Activation Recomputation in Large Transformer Models", 2022);
+//                     s b h (34 + 5 a s / h) / t with sequence parallelism, which also divides
+//                     the stage-boundary bytes and a recomputed layer's input by t
 //   recomputation     re-runs the forward; keeps the layer's input (2 s b h bytes)
 //   tensor parallel   four all-reduces of 2 s b h bytes per layer (after attention and after
 //                     the MLP, forward and backward) over the intra-node link (ring: 2 (t-1)/t
@@ -35,6 +37,7 @@ struct GptShape {
   int microbatch_size = 1;
   bool split_blocks = false;
   std::vector<int> tensor_parallel_degrees = {2, 4, 8};
+  bool sequence_parallel = false;  // the variants run with sequence parallelism
 };
 
 struct DeviceFigures {

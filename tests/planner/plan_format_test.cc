@@ -50,6 +50,9 @@ Profile SmallProfile() {
   variant.parameter_bytes = 5e5;
   variant.communication_seconds = 1e-4;
   profile.layers[1].tensor_parallel.push_back(variant);
+  variant.degree = 4;  // a sequence-parallel variant round-trips too
+  variant.sequence_parallel = true;
+  profile.layers[1].tensor_parallel.push_back(variant);
   return profile;
 }
 
@@ -107,6 +110,9 @@ TEST(ProfileFormat, BadInputNamesFileAndField) {
        "differs from backward_seconds"},
       {"bad degree", [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][0]["degree"] = 1; },
        "layers[1].tensor_parallel[0].degree"},
+      {"bad sequence_parallel",
+       [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][1]["sequence_parallel"] = 1; },
+       "layers[1].tensor_parallel[1].sequence_parallel: must be true or false"},
   };
   for (const BadProfileCase& c : cases) {
     nlohmann::json j = ToJson(SmallProfile());
