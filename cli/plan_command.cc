@@ -24,8 +24,8 @@
 ABSL_FLAG(std::string, profile, "", "model profile to plan for");
 ABSL_FLAG(std::string, profile_format, "tandem",
           "format of --profile: tandem (profile.json), pipedream (graph.txt), piper (Piper's "
-          "input JSON), metis (Metis profile sample) or builtin (--profile gpt3-175b or "
-          "gpt3-175b-split: computed from GPT-3's shapes and A100 figures)");
+          "input JSON), metis (Metis profile sample) or builtin (--profile gpt3-175b, "
+          "gpt3-175b-split or gpt3-175b-sp: computed from GPT-3's shapes and A100 figures)");
 ABSL_FLAG(std::string, algorithm, "", "planner: pipedream, piper or adapipe");
 ABSL_FLAG(bool, straight, false, "PipeDream: no replication, one device per stage");
 ABSL_FLAG(bool, use_fewer_machines, false,

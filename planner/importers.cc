@@ -1077,9 +1077,12 @@ absl::StatusOr<pipeline::Profile> ReadProfileAs(const std::string& path,
     GptShape shape = Gpt3Shape();
     if (path == "gpt3-175b-split") {
       shape.split_blocks = true;
+    } else if (path == "gpt3-175b-sp") {
+      shape.sequence_parallel = true;
     } else if (path != "gpt3-175b") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown built-in profile '", path, "' (expected gpt3-175b or gpt3-175b-split)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown built-in profile '", path,
+                       "' (expected gpt3-175b, gpt3-175b-split or gpt3-175b-sp)"));
     }
     return MakeGptProfile(shape, A100Figures());
   }

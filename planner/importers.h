@@ -79,7 +79,8 @@ absl::StatusOr<pipeline::Profile> ImportMetisJson(const nlohmann::json& j,
 
 // Reads a profile in `format`: "tandem", "pipedream", "piper", "metis", or "builtin" where
 // `path` names a computed profile: "gpt3-175b" (planner/gpt_profile.h, A100) or
-// "gpt3-175b-split" (attention and MLP as separate layers).
+// "gpt3-175b-split" (attention and MLP as separate layers) or "gpt3-175b-sp" (tensor-parallel
+// variants with sequence parallelism).
 absl::StatusOr<pipeline::Profile> ReadProfileAs(const std::string& path,
                                                 absl::string_view format);
 
