@@ -77,7 +77,8 @@ PY
   for run in "1|1 rank bf16|--schedule gpipe --stages 1 --microbatches 1" \
              "1|1 rank fp32|--schedule gpipe --stages 1 --microbatches 1 --precision fp32" \
              "4|4 ranks 1f1b bf16 (1 GPU)|--schedule 1f1b --stages 4 --microbatches 8" \
-             "2|2 ranks TP=2 bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2"; do
+             "2|2 ranks TP=2 bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2" \
+             "2|2 ranks TP=2+SP bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --sequence-parallel"; do
     IFS='|' read -r ranks label flags <<<"$run"
     # shellcheck disable=SC2086
     line=$("$mpirun" -np "$ranks" --bind-to none -x LD_LIBRARY_PATH "$bin" train "${model[@]}" \
