@@ -15,6 +15,7 @@
 #include <thread>
 #include <iostream>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,8 @@ ABSL_FLAG(int, tensor_parallel, 1,
           "train: tensor-parallel degree T inside every stage (Megatron-style sharding of the "
           "GPT, T consecutive ranks per pipeline position; world = D x stages x T): with "
           "--schedule, with --elastic, or planned (the planner partitions over world / T "
-          "groups)");
+          "groups); 0 (without --schedule): the shards are profiled at T = 2, 4, 8 and the "
+          "planner chooses T with the partition");
 ABSL_FLAG(bool, sequence_parallel, false,
           "train: with --tensor-parallel T, split the activations outside the split matrix "
           "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
@@ -253,6 +255,10 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
                           pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
   const int data_parallel = absl::GetFlag(FLAGS_data_parallel);
   const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  if (tensor_parallel == 0) {
+    return absl::InvalidArgumentError(
+        "--tensor-parallel 0 (the planner's choice) goes without --schedule");
+  }
   if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
                                                    " does not divide the ", world_size,
@@ -300,9 +306,7 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
 
 // Rank 0 profiles the model and plans for the world (AdaPipe: a uniform mesh with per-stage
 // recomputation); the plan is returned on rank 0 only.
-absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
-                                        const runtime::libtorch::Dataset& data, int world_size,
-                                        torch::Device device) {
+runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(torch::Device device) {
   runtime::libtorch::ProfilerOptions profiler;
   profiler.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
   profiler.warmup = 1;
@@ -311,10 +315,83 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
   profiler.optimizer_state = absl::GetFlag(FLAGS_optimizer) == "adamw"
                                  ? runtime::libtorch::OptimizerStateKind::kAdam
                                  : runtime::libtorch::OptimizerStateKind::kMomentum;
+  return profiler;
+}
+
+// --tensor-parallel 0: the model's shards profiled at degrees 2, 4, 8 (those that divide the
+// world and the model), each by the first T ranks together (their collectives timed with
+// them). Collective over `world`; rank 0 gets the shard profiles, by degree.
+absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicator& world,
+                                                               const LayeredModel& model,
+                                                               const runtime::libtorch::Dataset& data,
+                                                               torch::Device device) {
+  std::map<int, pipeline::Profile> shards;
+  if (!model.shard_for_tensor_parallel) return shards;
+  for (int t : {2, 4, 8}) {
+    if (t > world.size() || world.size() % t != 0) continue;
+    const bool member = world.rank() < t;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group,
+                            world.Split(member ? 0 : -1, world.rank()));
+    if (!member) continue;
+    if (world.rank() == 0) {
+      std::cout << "profiling the shards of tensor parallelism " << t << " on ranks 0-" << t - 1
+                << " ..." << std::endl;
+    }
+    runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(device);
+    options.tensor_parallel = {t, world.rank(), group.get()};
+    absl::StatusOr<pipeline::Profile> shard =
+        runtime::libtorch::ProfileModel(model, data, options);
+    // A degree the model does not split into (heads, vocabulary): the same answer on every
+    // rank of the group, before any collective; that degree is left out.
+    if (!shard.ok() && absl::IsInvalidArgument(shard.status())) {
+      if (world.rank() == 0) {
+        std::cout << "  tensor parallelism " << t << " left out: " << shard.status().message()
+                  << std::endl;
+      }
+      continue;
+    }
+    TANDEM_RETURN_IF_ERROR(shard.status());
+    if (world.rank() == 0) shards[t] = *std::move(shard);
+  }
+  return shards;
+}
+
+absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
+                                        const runtime::libtorch::Dataset& data, int world_size,
+                                        torch::Device device,
+                                        const std::map<int, pipeline::Profile>& shards) {
+  const runtime::libtorch::ProfilerOptions profiler = AutoPlanProfilerOptions(device);
   std::cout << "profiling " << model.name << " (micro-batch " << profiler.microbatch_size
             << ") on rank 0 ..." << std::endl;
   TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
                           runtime::libtorch::ProfileModel(model, data, profiler));
+  // Measured shards as the layers' tensor-parallel variants (their times include the
+  // collectives): the planner weighs every degree against pipelines and replicas.
+  for (const auto& [t, shard] : shards) {
+    if (shard.layers.size() != profile.layers.size()) {
+      return absl::InternalError("a shard profile with another number of layers");
+    }
+    double whole = 0, split = 0;
+    for (size_t l = 0; l < profile.layers.size(); ++l) {
+      whole += profile.layers[l].forward_seconds + profile.layers[l].backward_seconds;
+      split += shard.layers[l].forward_seconds + shard.layers[l].backward_seconds;
+    }
+    std::cout << absl::StrFormat(
+                     "tensor parallelism %d measured: forward + backward %.3f ms per "
+                     "micro-batch on each rank (%.2fx one device's, collectives included)",
+                     t, split * 1e3, whole > 0 ? split / whole : 0.0)
+              << std::endl;
+    for (size_t l = 0; l < profile.layers.size(); ++l) {
+      const pipeline::LayerProfile& measured = shard.layers[l];
+      pipeline::TensorParallelVariant variant;
+      variant.degree = t;
+      variant.forward_seconds = measured.forward_seconds;
+      variant.backward_seconds = measured.backward_seconds;
+      variant.stashed_activation_bytes = measured.stashed_activation_bytes;
+      variant.parameter_bytes = measured.parameter_bytes;
+      profile.layers[l].tensor_parallel.push_back(variant);
+    }
+  }
   planner::PlanRequest request;
   request.algorithm = planner::Algorithm::kAdaPipe;
   request.profile = profile;
@@ -386,18 +463,29 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
   } else {
     std::string text;
     absl::Status local = absl::OkStatus();
+    // --tensor-parallel 0: the shards measured first (every rank takes part), then the
+    // planner chooses the degree with the partition.
+    std::map<int, pipeline::Profile> shards;
+    if (tensor_parallel == 0) {
+      absl::StatusOr<std::map<int, pipeline::Profile>> measured =
+          ProfileShards(world, model, data, device);
+      TANDEM_RETURN_IF_ERROR(Agree(world, measured.status(), "profiling tensor-parallel shards"));
+      shards = *std::move(measured);
+    }
     if (world.rank() == 0) {
-      // With tensor parallelism the planner partitions over the groups (the layers' costs
-      // are the unsharded profile's: every stage T times faster leaves the partition as it
-      // is), and each plan position becomes a group of T ranks.
+      // With a given degree the planner partitions over the groups (the layers' costs are
+      // the unsharded profile's: every stage T times faster leaves the partition as it is),
+      // and each plan position becomes a group of T ranks.
       auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
+        if (tensor_parallel == 0) return AutoPlan(model, data, world_size, device, shards);
         if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
           return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
                                                          " does not divide the ", world_size,
                                                          " ranks of this run"));
         }
-        TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
-                                AutoPlan(model, data, world_size / tensor_parallel, device));
+        TANDEM_ASSIGN_OR_RETURN(
+            pipeline::Plan plan,
+            AutoPlan(model, data, world_size / tensor_parallel, device, /*shards=*/{}));
         if (tensor_parallel == 1) return plan;
         return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
       }();
@@ -600,6 +688,10 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   };
   if (absl::GetFlag(FLAGS_elastic)) {
     const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+    if (tensor_parallel == 0) {
+      return absl::InvalidArgumentError(
+          "--tensor-parallel 0 (the planner's choice) does not go with --elastic: give T");
+    }
     if (tensor_parallel < 1 || world.size() % tensor_parallel != 0) {
       return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
                                                      " does not divide the ", world.size(),

@@ -170,11 +170,26 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
   LayeredModel copy = model;
   TANDEM_ASSIGN_OR_RETURN(copy.layers,
                           model.CloneLayers(0, model.num_layers(), options.device));
+  const TensorParallel& tp = options.tensor_parallel;
+  if (tp.enabled()) {
+    if (!model.shard_for_tensor_parallel || !model.tensor_parallel_loss) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profiler: ", model.name, " has no tensor-parallel form to profile"));
+    }
+    TANDEM_RETURN_IF_ERROR(Annotate(model.shard_for_tensor_parallel(copy.layers, 0, tp),
+                                    "profiler: sharding for tensor parallelism"));
+    copy.loss = [loss = model.tensor_parallel_loss, &tp](const torch::Tensor& output,
+                                                         const torch::Tensor& targets) {
+      return loss(output, targets, tp);
+    };
+  }
   TANDEM_ASSIGN_OR_RETURN(const Batch batch,
                           data.Samples(options.data_iteration, 0, options.microbatch_size));
 
   pipeline::Profile profile;
-  profile.model = model.name;
+  profile.model = tp.enabled() ? absl::StrCat(model.name, " (tensor-parallel shard ", tp.rank,
+                                              " of ", tp.size, ")")
+                               : model.name;
   profile.microbatch_size = options.microbatch_size;
   profile.device = options.device.is_cuda()
                        ? absl::StrCat("cuda:", options.device.has_index() ? options.device.index()

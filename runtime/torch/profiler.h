@@ -42,10 +42,15 @@ struct ProfilerOptions {
   OptimizerStateKind optimizer_state = OptimizerStateKind::kAdam;
   torch::Device device = torch::kCPU;
   int64_t data_iteration = 0;  // which iteration's samples to feed
+  // Tensor parallelism: the layers sharded over this group (the model must have a sharded
+  // form) and the last one's loss the vocabulary-parallel one. Collective: every rank of the
+  // group profiles together (the shards' collectives run inside the timed passes), and each
+  // gets the profile of its shard; times include the collectives.
+  TensorParallel tensor_parallel;
 };
 
-// Profiles a deep copy of `model` on options.device. InvalidArgument for bad options;
-// LibTorch failures name the layer.
+// Profiles a deep copy of `model` on options.device. InvalidArgument for bad options (or a
+// model without a sharded form under tensor parallelism); LibTorch failures name the layer.
 absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const Dataset& data,
                                                const ProfilerOptions& options);
 

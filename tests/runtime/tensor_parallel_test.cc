@@ -294,6 +294,19 @@ TEST(TensorParallelTest, ShapesThatDoNotSplitAreBadInput) {
   std::filesystem::remove(log);
 }
 
+// --tensor-parallel 0: the shards are profiled at every degree the model and the world split
+// into (2 and 4 here), the planner weighs them against pipelines and replicas, and the run it
+// chooses trains to the reference losses.
+TEST(TensorParallelTest, PlannerChoosesTheDegreeFromMeasuredShards) {
+  const std::string log = TempPath("choose_tp.jsonl");
+  Outcome o = RunCommand(Train(4, 4, "--tensor-parallel 0", log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("tensor parallelism 2 measured"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("tensor parallelism 4 measured"), std::string::npos) << o.output;
+  std::filesystem::remove(log);
+  ExpectReferenceLosses({"choose_tp", 4, 4, "--tensor-parallel 0"});
+}
+
 // Without --schedule the planner (AdaPipe, from rank 0's profile) partitions the layers over
 // the world / T groups: 4 ranks as 2 groups of 2.
 TEST(TensorParallelTest, PlannedRunMatchesTheReference) {
