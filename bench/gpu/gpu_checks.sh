@@ -5,14 +5,14 @@
 # elastic job on CUDA stages), then the GPT-2 small bench beside plain PyTorch. Every step's
 # output goes to OUT_DIR; a failing step does not stop the others.
 #
-#   bench/gpu/device_session.sh [BUILD_DIR] [OUT_DIR]
+#   bench/gpu/gpu_checks.sh [BUILD_DIR] [OUT_DIR]
 #
 # Environment: STEPS (default 6) and SHAPES (default small) for the bench; LD_LIBRARY_PATH as
 # the build needs (it is passed to the ranks).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
-out="${2:-out/device_session}"
+out="${2:-out/gpu_checks}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
