@@ -327,12 +327,14 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
                                                                torch::Device device) {
   std::map<int, pipeline::Profile> shards;
   if (!model.shard_for_tensor_parallel) return shards;
+  // A failure skips the remaining measurements but not the splits, which every rank makes.
+  absl::Status failed = absl::OkStatus();
   for (int t : {2, 4, 8}) {
     if (t > world.size() || world.size() % t != 0) continue;
     const bool member = world.rank() < t;
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group,
                             world.Split(member ? 0 : -1, world.rank()));
-    if (!member) continue;
+    if (!member || !failed.ok()) continue;
     if (world.rank() == 0) {
       std::cout << "profiling the shards of tensor parallelism " << t << " on ranks 0-" << t - 1
                 << " ..." << std::endl;
@@ -350,9 +352,13 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
       }
       continue;
     }
-    TANDEM_RETURN_IF_ERROR(shard.status());
+    if (!shard.ok()) {
+      failed = Annotate(shard.status(), absl::StrCat("tensor parallelism ", t));
+      continue;
+    }
     if (world.rank() == 0) shards[t] = *std::move(shard);
   }
+  if (!failed.ok()) return failed;
   return shards;
 }
 
