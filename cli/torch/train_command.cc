@@ -244,6 +244,31 @@ absl::StatusOr<std::array<int, 3>> PlanningCosts(pipeline::ScheduleKind kind,
   return pipeline::PlanningCostTicks(costs);
 }
 
+// --tensor-parallel T: T groups of the run's ranks (0, the planner's choice, only where
+// `planned`).
+absl::Status CheckTensorParallel(int tensor_parallel, int world_size, bool planned,
+                                 absl::string_view where) {
+  if (tensor_parallel == 0 && !planned) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensor-parallel 0 (the planner's choice) does not go with ", where, ": give T"));
+  }
+  if (tensor_parallel < 0 || (tensor_parallel > 0 && world_size % tensor_parallel != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
+                                                   " does not divide the ", world_size,
+                                                   " ranks of this run"));
+  }
+  return absl::OkStatus();
+}
+
+// --sequence-parallel needs the degree the run has (from the flag, a plan file or the
+// planner's choice) to be 2 or more.
+absl::Status CheckSequenceParallel(int tensor_parallel) {
+  if (!absl::GetFlag(FLAGS_sequence_parallel) || tensor_parallel >= 2) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--sequence-parallel splits the sequence over a tensor-parallel group: it needs "
+      "--tensor-parallel 2 or more (this run's is ", tensor_parallel, ")"));
+}
+
 // A plan from --schedule, --stages, --microbatches, --data-parallel: the layers split by the
 // model's cost estimates where it has them (each pipeline position's load as even as whole
 // layers allow), evenly by count otherwise.
@@ -255,15 +280,8 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
                           pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
   const int data_parallel = absl::GetFlag(FLAGS_data_parallel);
   const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-  if (tensor_parallel == 0) {
-    return absl::InvalidArgumentError(
-        "--tensor-parallel 0 (the planner's choice) goes without --schedule");
-  }
-  if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
-                                                   " does not divide the ", world_size,
-                                                   " ranks of this run"));
-  }
+  TANDEM_RETURN_IF_ERROR(
+      CheckTensorParallel(tensor_parallel, world_size, /*planned=*/false, "--schedule"));
   world_size /= tensor_parallel;  // pipeline positions: the plan gets its groups below
   spec.num_ranks = absl::GetFlag(FLAGS_stages);
   if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
@@ -471,6 +489,8 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
     absl::Status local = absl::OkStatus();
     // --tensor-parallel 0: the shards measured first (every rank takes part), then the
     // planner chooses the degree with the partition.
+    TANDEM_RETURN_IF_ERROR(
+        CheckTensorParallel(tensor_parallel, world_size, /*planned=*/true, "a planned run"));
     std::map<int, pipeline::Profile> shards;
     if (tensor_parallel == 0) {
       absl::StatusOr<std::map<int, pipeline::Profile>> measured =
@@ -484,11 +504,6 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
       // and each plan position becomes a group of T ranks.
       auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
         if (tensor_parallel == 0) return AutoPlan(model, data, world_size, device, shards);
-        if (tensor_parallel < 1 || world_size % tensor_parallel != 0) {
-          return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
-                                                         " does not divide the ", world_size,
-                                                         " ranks of this run"));
-        }
         TANDEM_ASSIGN_OR_RETURN(
             pipeline::Plan plan,
             AutoPlan(model, data, world_size / tensor_parallel, device, /*shards=*/{}));
@@ -678,11 +693,6 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
   const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
   const bool sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
-  if (sequence_parallel && absl::GetFlag(FLAGS_tensor_parallel) < 2) {
-    return absl::InvalidArgumentError(
-        "--sequence-parallel splits the sequence over a tensor-parallel group: it needs "
-        "--tensor-parallel 2 or more");
-  }
   runtime::StageFactory factory =
       [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
     runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
@@ -694,15 +704,9 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   };
   if (absl::GetFlag(FLAGS_elastic)) {
     const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-    if (tensor_parallel == 0) {
-      return absl::InvalidArgumentError(
-          "--tensor-parallel 0 (the planner's choice) does not go with --elastic: give T");
-    }
-    if (tensor_parallel < 1 || world.size() % tensor_parallel != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", tensor_parallel,
-                                                     " does not divide the ", world.size(),
-                                                     " ranks"));
-    }
+    TANDEM_RETURN_IF_ERROR(
+        CheckTensorParallel(tensor_parallel, world.size(), /*planned=*/false, "--elastic"));
+    TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(tensor_parallel));
     if (!absl::GetFlag(FLAGS_plan).empty()) {
       return absl::InvalidArgumentError(
           "--elastic plans its own pipelines from templates; drop --plan");
@@ -754,6 +758,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
                           PlanForRun(world, model, *model_and_data.data, device));
   TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data.gpt, device));
+  TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(std::max(1, plan.tensor_parallel)));
   const std::string model_text =
       absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
   if (rank == 0) {
