@@ -733,6 +733,16 @@ WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
   if (!status.ok()) return internal::MakeCompletedWork(status, "broadcast (" + label.Detail() + ")");
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = *type;
+  if (size() > 1 && size() <= mpi_internal::kSmallBroadcastMaxRanks && buffer.count > 0 &&
+      static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallBroadcastMaxBytes) {
+    auto algorithm = std::make_shared<mpi_internal::DirectBroadcast>(
+        state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, root, buffer.data,
+        buffer.count);
+    return IssueCollective(
+        Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
+        [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
+        [algorithm]() { return algorithm->Progress(); });
+  }
   return IssueCollective(
       Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
       [=](MPI_Request* request) {

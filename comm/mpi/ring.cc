@@ -166,6 +166,27 @@ absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
   return false;
 }
 
+int DirectBroadcast::Start() {
+  if (rank_ != root_) {
+    requests_.assign(1, MPI_REQUEST_NULL);
+    return MPI_Irecv(buffer_, count_, type_, root_, tag_, comm_, &requests_[0]);
+  }
+  requests_.assign(size_ - 1, MPI_REQUEST_NULL);
+  for (int i = 1; i < size_; ++i) {
+    const int rc = MPI_Isend(buffer_, count_, type_, (root_ + i) % size_, tag_, comm_,
+                             &requests_[i - 1]);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+absl::StatusOr<bool> DirectBroadcast::Progress() {
+  int done = 0;
+  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                               MPI_STATUSES_IGNORE));
+  return done != 0;
+}
+
 DirectReduceScatter::DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag,
                                          MPI_Datatype type, MPI_Op op, size_t element_bytes,
                                          const void* input, void* output, int64_t count)

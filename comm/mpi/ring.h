@@ -145,6 +145,32 @@ class RecursiveDoublingAllReduce {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
+// Broadcast of a small message over a small group: the root sends the buffer straight to
+// every other rank (one eager message each; the root's operation completes as they leave).
+// libnbc's MPI_Ibcast takes 1-1.5 us at 8 bytes on two ranks where the blocking call takes a
+// third of that.
+inline constexpr int64_t kSmallBroadcastMaxBytes = int64_t{32} << 10;
+inline constexpr int kSmallBroadcastMaxRanks = 8;
+
+class DirectBroadcast {
+ public:
+  DirectBroadcast(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, int root,
+                  void* buffer, int64_t count)
+      : comm_(comm), rank_(rank), size_(size), tag_(tag), type_(type), root_(root),
+        buffer_(buffer), count_(static_cast<int>(count)) {}
+  int Start();
+  absl::StatusOr<bool> Progress();
+
+ private:
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  MPI_Datatype type_;
+  int root_;
+  void* buffer_;
+  int count_;
+  std::vector<MPI_Request> requests_;
+};
+
 class DirectReduceScatter : private ShardLayout {
  public:
   DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
