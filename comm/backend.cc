@@ -98,6 +98,15 @@ int CudaDeviceCount(std::string* why) {
 std::string CudaDeviceName(int) { return ""; }
 #endif
 
+absl::Status WaitOnStream(const WorkPtr& work, void* cuda_stream) {
+#if TANDEM_HAVE_NCCL
+  return NcclCommunicator::OrderAfter(work, cuda_stream);
+#else
+  (void)cuda_stream;
+  return work->Wait();
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(
     std::unique_ptr<Communicator> inner) {
 #if TANDEM_HAVE_NCCL

@@ -45,6 +45,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicato
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(
     std::unique_ptr<Communicator> inner);
 
+// Makes the work queued later on `cuda_stream` (a cudaStream_t; nullptr: the legacy default
+// stream) wait for `work`: on the device, without blocking the host, where the work is
+// NCCL's; every other backend's work is waited for on the host (Work::Wait). An error NCCL
+// reports later aborts its communicator, which fails its next operations.
+absl::Status WaitOnStream(const WorkPtr& work, void* cuda_stream);
+
 // Number of visible CUDA devices; 0 with the reason in `why` when there is none (or no CUDA
 // in this build).
 int CudaDeviceCount(std::string* why = nullptr);

@@ -36,6 +36,7 @@ absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index
 
 absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
                                            comm::Communicator& pipeline,
+                                           comm::Communicator* tensor_group,
                                            const MeshLayout& layout, absl::Duration timeout,
                                            const std::vector<StageDevice*>& stages) {
   const int world_rank = control.rank();
@@ -91,6 +92,7 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
   TANDEM_ASSIGN_OR_RETURN(const bool shared, AnyDeviceShared(control, device_index));
   comm::CommOptions comm_options;
   comm_options.timeout = timeout;
+  comm_options.cuda_device = device_index;
   if (!shared) {
     TANDEM_ASSIGN_OR_RETURN(links.world, comm::CreateNcclCommunicator(control, comm_options));
     TANDEM_ASSIGN_OR_RETURN(ProcessGroups groups,
@@ -111,6 +113,20 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
                               l->group->Split(/*color=*/0, /*key=*/l->group->rank()));
       TANDEM_ASSIGN_OR_RETURN(l->device_group,
                               comm::CreateHostStagedCommunicator(std::move(group_copy)));
+    }
+  }
+  if (tensor_group != nullptr && tensor_group->size() > 1) {
+    // Collective over each tensor-parallel group (every rank is in one): NCCL where its ranks
+    // have a GPU each; where they share one, the stages keep the MPI group.
+    TANDEM_ASSIGN_OR_RETURN(const bool tensor_shared,
+                            AnyDeviceShared(*tensor_group, device_index));
+    if (!tensor_shared) {
+      TANDEM_ASSIGN_OR_RETURN(links.tensor,
+                              comm::CreateNcclCommunicator(*tensor_group, comm_options));
+      links.tensor->set_timeout(timeout);
+    } else if (world_rank == 0 && tensor_group->rank() == 0) {
+      TANDEM_LOG(INFO) << "tensor-parallel ranks share a GPU (NCCL refuses that): their "
+                          "collectives reduce host copies over MPI";
     }
   }
   links.pipeline->set_timeout(timeout);

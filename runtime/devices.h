@@ -6,7 +6,9 @@
 // their DeviceOps (Stage::device_ops); payloads of transfers and gradient synchronisation go
 // over NCCL with a GPU per rank, or, where ranks share a GPU (which NCCL refuses), over MPI
 // through pinned host staging (comm/host_staged.h), with one notice line on rank 0. Shape
-// headers and agreements stay on MPI.
+// headers and agreements stay on MPI. With a GPU per rank the tensor-parallel group gets an
+// NCCL communicator too (its collectives then run on NCCL's stream, ordered with the compute
+// stream by events).
 #pragma once
 
 #include <memory>
@@ -34,16 +36,21 @@ struct StageDevice {
   std::unique_ptr<comm::Communicator> device_group;
 };
 
-// Communicators for device buffers of a CUDA job (both null on the CPU).
+// Communicators for device buffers of a CUDA job (all null on the CPU).
 struct DeviceLinks {
   std::unique_ptr<comm::Communicator> world;     // NCCL over the world (a GPU per rank)
   std::unique_ptr<comm::Communicator> pipeline;  // transfer payloads of this pipeline
+  // NCCL over this rank's tensor-parallel group (a GPU per rank and a group given); null
+  // otherwise: ranks that share a GPU keep the MPI group (the stages reduce host copies).
+  std::unique_ptr<comm::Communicator> tensor;
 };
 
-// Collective over `control`. `pipeline` is this rank's pipeline group on MPI; every wait of
-// the communicators made gets `timeout`.
+// Collective over `control`. `pipeline` is this rank's pipeline group on MPI and
+// `tensor_group` its tensor-parallel group on MPI (null without tensor parallelism; every
+// rank passes one or none); every wait of the communicators made gets `timeout`.
 absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
                                            comm::Communicator& pipeline,
+                                           comm::Communicator* tensor_group,
                                            const MeshLayout& layout, absl::Duration timeout,
                                            const std::vector<StageDevice*>& stages);
 

@@ -41,6 +41,7 @@ void Engine::AbortCommunicators(const absl::Status& reason) {
     if (l->device.device_group != nullptr) l->device.device_group->Abort(reason);
   }
   if (tensor_group_ != nullptr) tensor_group_->Abort(reason);
+  if (nccl_tensor_group_ != nullptr) nccl_tensor_group_->Abort(reason);
   if (lane_ != nullptr) lane_->Abort(reason);
   if (control_ != nullptr) control_->Abort(reason);
 }
@@ -218,7 +219,10 @@ absl::Status Engine::Build(StageFactory factory) {
     TANDEM_ASSIGN_OR_RETURN(tensor_group_, control_->Split(group_colour, tensor_parallel_index_));
     TANDEM_ASSIGN_OR_RETURN(lane_, control_->Split(found ? tensor_parallel_index_ : -1,
                                                    world_rank_));
-    if (tensor_group_ != nullptr) tensor_group_->set_timeout(options_.timeout);
+    if (tensor_group_ != nullptr) {
+      tensor_group_->set_timeout(options_.timeout);
+      stage_tensor_group_ = std::make_unique<comm::ForwardingCommunicator>(tensor_group_.get());
+    }
     if (lane_ != nullptr) lane_->set_timeout(options_.timeout);
   }
   // Local checks and stage construction; then every rank agrees before any other collective.
@@ -251,7 +255,7 @@ absl::Status Engine::Build(StageFactory factory) {
       spec.microbatch_size = plan_.microbatch_size;
       spec.tensor_parallel = tensor_parallel;
       spec.tensor_parallel_index = tensor_parallel_index_;
-      spec.tensor_group = tensor_group_.get();
+      spec.tensor_group = stage_tensor_group_.get();
       auto built = factory(spec);
       if (!built.ok()) {
         return Annotate(built.status(),
@@ -319,10 +323,15 @@ absl::Status Engine::Build(StageFactory factory) {
     l->device.group = l->group.get();
     devices.push_back(&l->device);
   }
-  TANDEM_ASSIGN_OR_RETURN(DeviceLinks links, ConnectDevices(groups_world, *p2p_, layout,
-                                                            options_.timeout, devices));
+  TANDEM_ASSIGN_OR_RETURN(DeviceLinks links,
+                          ConnectDevices(groups_world, *p2p_, tensor_group_.get(), layout,
+                                         options_.timeout, devices));
   nccl_world_ = std::move(links.world);
   nccl_pipeline_ = std::move(links.pipeline);
+  if (links.tensor != nullptr) {
+    nccl_tensor_group_ = std::move(links.tensor);
+    TANDEM_RETURN_IF_ERROR(stage_tensor_group_->Retarget(nccl_tensor_group_.get()));
+  }
   transfers_->batcher =
       std::make_unique<TransferBatcher>(*p2p_, *payload_p2p(), engine_internal::kHeaderTag,
                                          engine_internal::kTransferTag);

@@ -59,6 +59,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "comm/forwarding.h"
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
 #include "common/clock.h"
@@ -293,11 +294,15 @@ class Engine {
   int data_parallel_index_ = 0;
   int pipeline_position_ = 0;
   // Tensor parallelism (plan_.tensor_parallel > 1): this rank's index in its stage's group, the
-  // group (the stages keep its address: declared before locals_), and the lane, every rank of
-  // the same index, over which the pipelines and gradient groups are built as without it.
+  // group on MPI (the engine's own gathers), the lane, every rank of the same index, over which
+  // the pipelines and gradient groups are built as without it, and what the stages are given
+  // (they keep its address: declared before locals_): the MPI group, or with a GPU per rank the
+  // group's NCCL communicator.
   int tensor_parallel_index_ = 0;
   std::unique_ptr<comm::Communicator> tensor_group_;
   std::unique_ptr<comm::Communicator> lane_;
+  std::unique_ptr<comm::Communicator> nccl_tensor_group_;
+  std::unique_ptr<comm::ForwardingCommunicator> stage_tensor_group_;
   std::vector<std::unique_ptr<Local>> locals_;
   std::unique_ptr<Transfers> transfers_;
   int64_t iteration_ = 0;

@@ -408,6 +408,7 @@ absl::Duration NcclCommunicator::timeout() const { return state_->options.timeou
 absl::Status NcclCommunicator::OrderAfter(const WorkPtr& work, void* cuda_stream) {
   auto* nccl_work = dynamic_cast<NcclWork*>(work.get());
   if (nccl_work == nullptr) return work->Wait();  // finished before enqueueing (an error)
+  TANDEM_RETURN_IF_ERROR(work->error());            // failed already (an abort)
   TANDEM_CUDA_CHECK(
       cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), nccl_work->done_event(), 0));
   return absl::OkStatus();

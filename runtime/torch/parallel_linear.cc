@@ -48,10 +48,7 @@ struct GatherFunction : public torch::autograd::Function<GatherFunction> {
     torch::Tensor all = torch::empty({tp.size * sent.numel()}, sent.options());
     const comm::Buffer in = CommBufferOf(sent);
     const comm::Buffer out = CommBufferOf(all);
-    const absl::Status status = tp.group->AllGather(in, out)->Wait();
-    if (!status.ok()) {
-      throw std::runtime_error(absl::StrCat("tensor-parallel all-gather: ", status.ToString()));
-    }
+    AwaitCollective(tp.group->AllGather(in, out), all, "tensor-parallel all-gather");
     if (!direct) all = all.to(local.device());
     // [t, ..., n] -> [..., t, n] -> [..., t * n]
     std::vector<int64_t> shape = {tp.size};

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "comm/backend.h"
 
 namespace tandem::runtime::libtorch {
 comm::Buffer CommBufferOf(const torch::Tensor& t) {
@@ -33,6 +34,14 @@ bool GroupTakes(const TensorParallel& tp, const torch::Tensor& t) {
   return tp.group != nullptr && tp.group->backend() == "nccl";
 }
 
+void AwaitCollective(const comm::WorkPtr& work, const torch::Tensor& result, const char* what) {
+  // The stages compute on LibTorch's default stream, the legacy default stream (nullptr), which
+  // is also the stream NCCL's communicators order their operations after.
+  const absl::Status status =
+      result.is_cuda() ? comm::WaitOnStream(work, /*cuda_stream=*/nullptr) : work->Wait();
+  if (!status.ok()) throw std::runtime_error(absl::StrCat(what, ": ", status.ToString()));
+}
+
 namespace {
 // Reduces `t` over the group in place (a fresh contiguous tensor the caller owns). Throws, as
 // LibTorch does: the stage turns exceptions into statuses.
@@ -44,12 +53,7 @@ void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp, comm::ReduceOp
     t.copy_(host);
     return;
   }
-  const absl::Status status = tp.group->AllReduce(CommBufferOf(t), op)->Wait();
-  if (!status.ok()) {
-    throw std::runtime_error(
-        absl::StrCat("tensor-parallel all-reduce of ", t.numel(), " elements over ", tp.size,
-                     " ranks: ", status.ToString()));
-  }
+  AwaitCollective(tp.group->AllReduce(CommBufferOf(t), op), t, "tensor-parallel all-reduce");
 }
 
 torch::Tensor Reduced(const torch::Tensor& x, const TensorParallel& tp) {
@@ -92,9 +96,6 @@ int64_t Address(const TensorParallel& tp) { return reinterpret_cast<int64_t>(&tp
 
 // The collectives of sequence parallelism work on [S, b, ...] (the sequence outermost, so a
 // rank's tokens are one contiguous block) and give back [b, S', ...], contiguous.
-void ThrowUnlessOk(const absl::Status& status, const char* what) {
-  if (!status.ok()) throw std::runtime_error(absl::StrCat(what, ": ", status.ToString()));
-}
 
 torch::Tensor AllGatherSequence(const torch::Tensor& x, const TensorParallel& tp) {
   torch::Tensor local = x.transpose(0, 1).contiguous();
@@ -103,8 +104,8 @@ torch::Tensor AllGatherSequence(const torch::Tensor& x, const TensorParallel& tp
   std::vector<int64_t> shape = local.sizes().vec();
   shape[0] *= tp.size;
   torch::Tensor all = torch::empty(shape, local.options());
-  ThrowUnlessOk(tp.group->AllGather(CommBufferOf(local), CommBufferOf(all))->Wait(),
-                "sequence-parallel all-gather");
+  AwaitCollective(tp.group->AllGather(CommBufferOf(local), CommBufferOf(all)), all,
+                  "sequence-parallel all-gather");
   if (!direct) all = all.to(x.device());
   return all.transpose(0, 1).contiguous();
 }
@@ -120,10 +121,9 @@ torch::Tensor ReduceScatterSequence(const torch::Tensor& x, const TensorParallel
   std::vector<int64_t> shape = whole.sizes().vec();
   shape[0] /= tp.size;
   torch::Tensor mine = torch::empty(shape, whole.options());
-  ThrowUnlessOk(
-      tp.group->ReduceScatter(CommBufferOf(whole), CommBufferOf(mine), comm::ReduceOp::kSum)
-          ->Wait(),
-      "sequence-parallel reduce-scatter");
+  AwaitCollective(
+      tp.group->ReduceScatter(CommBufferOf(whole), CommBufferOf(mine), comm::ReduceOp::kSum),
+      mine, "sequence-parallel reduce-scatter");
   if (!direct) mine = mine.to(x.device());
   return mine.transpose(0, 1).contiguous();
 }

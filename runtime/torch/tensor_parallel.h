@@ -13,9 +13,12 @@
 // A column-parallel linear (output features split) takes CopyToTensorParallel(x); a
 // row-parallel linear (input features split) ends with ReduceFromTensorParallel of its
 // partial products, then adds its (replicated) bias. The all-reduces run on the group's
-// communicator, synchronously, on the stage's thread: every rank of the group executes the
-// same stage program, so they issue them in the same order. CUDA stages over an MPI group
-// reduce host copies (GroupTakes), the fallback for ranks that share a GPU.
+// communicator, on the stage's thread: every rank of the group executes the same stage
+// program, so they issue them in the same order. With a GPU per rank the group is NCCL's: a
+// collective runs on NCCL's stream after the work queued on LibTorch's default stream, and
+// that stream waits for it on the device (AwaitCollective), so the host keeps launching. CUDA
+// stages over an MPI group reduce host copies (GroupTakes), the fallback for ranks that share
+// a GPU.
 //
 // Vocabulary parallelism: each rank holds rows [first, first + vocab / t) of the token
 // embedding and of the LM head. The embedding looks up the ids in its range (zero elsewhere)
@@ -61,6 +64,12 @@ comm::Buffer CommBufferOf(const torch::Tensor& t);
 // the engine's tensor-parallel groups) does not: the collectives then run on a host copy made
 // after the work queued on the tensor (Tensor::to waits for it) and copy the result back.
 bool GroupTakes(const TensorParallel& tp, const torch::Tensor& t);
+
+// Completes a collective of the group whose result is `result`: a CUDA tensor (an NCCL
+// group, a GPU per rank) is ordered on the stages' compute stream (LibTorch's default stream)
+// after it, on the device, without blocking the host; anything else is waited for on the host. Throws
+// std::runtime_error naming `what` on failure, as LibTorch does.
+void AwaitCollective(const comm::WorkPtr& work, const torch::Tensor& result, const char* what);
 
 // Megatron's f: identity forward, all-reduce of the gradient backward.
 torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/backend.h"
 #include "comm/buffer.h"
+#include "comm/forwarding.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "gtest/gtest.h"
 #include "tests/comm/comm_test_util.h"
@@ -207,6 +208,42 @@ TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
       }
     }
   }
+}
+
+// A forwarding handle runs its operations on its target and, retargeted, on the new one; it
+// refuses a target of another rank or size.
+TEST(MpiCommunicatorTest, ForwardingHandleRunsOnItsTargetAndIsRetargeted) {
+  Communicator& world = World();
+  ForwardingCommunicator handle(&world);
+  EXPECT_EQ(handle.rank(), world.rank());
+  EXPECT_EQ(handle.size(), world.size());
+  EXPECT_EQ(handle.backend(), "mpi");
+  float x = static_cast<float>(world.rank() + 1);
+  ASSERT_TRUE(handle.AllReduce(Buffer{&x, 1})->Wait().ok());
+  const float sum = static_cast<float>(world.size() * (world.size() + 1) / 2);
+  EXPECT_EQ(x, sum);
+
+  auto copy = world.Split(/*color=*/0, /*key=*/world.rank());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  ASSERT_TRUE(handle.Retarget(copy->get()).ok());
+  EXPECT_EQ(handle.target(), copy->get());
+  // The handle's operations now run on the copy: a broadcast through it meets one issued on
+  // the copy directly by the root.
+  float y = world.rank() == 0 ? 42.0f : -1.0f;
+  WorkPtr work = world.rank() == 0 ? (*copy)->Broadcast(Buffer{&y, 1}, 0)
+                                   : handle.Broadcast(Buffer{&y, 1}, 0);
+  ASSERT_TRUE(work->Wait().ok());
+  EXPECT_EQ(y, 42.0f);
+
+  auto half = world.Split(world.rank() % 2, world.rank());
+  ASSERT_TRUE(half.ok()) << half.status();
+  if (world.size() > 1) {
+    const absl::Status refused = handle.Retarget(half->get());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("group of"), std::string::npos) << refused;
+    EXPECT_EQ(handle.target(), copy->get());
+  }
+  EXPECT_EQ(handle.Retarget(nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MpiCommunicatorTest, SendRecvRingForEveryType) {

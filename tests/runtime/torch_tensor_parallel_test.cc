@@ -221,6 +221,27 @@ TEST(TorchTensorParallelTest, ModelsWithoutAShardedFormAreRefused) {
       << stage.status();
 }
 
+// The whole-model stage on `device` with `group` gives the CPU stage's loss (over the MPI
+// `world`) and every shard's gradient.
+void ExpectCudaShardsEqualTheCpuShards(comm::Communicator* world, comm::Communicator* group,
+                                       torch::Device device) {
+  const int t = world->size();
+  const int me = world->rank();
+  auto gpt = SmallGptAndData();
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  const StageRun cpu = RunStage(gpt->model, gpt->data, TensorParallel{t, me, world});
+  const StageRun cuda = RunStage(gpt->model, gpt->data, TensorParallel{t, me, group}, device);
+  ASSERT_NE(cpu.stage, nullptr);
+  ASSERT_NE(cuda.stage, nullptr);
+  EXPECT_NEAR(cuda.loss, cpu.loss, kRelativeTolerance * std::abs(cpu.loss));
+  std::map<std::string, torch::Tensor> want;
+  for (const auto& [name, p] : cpu.stage->named_parameters()) want[name] = p.grad().clone();
+  for (const auto& [name, p] : cuda.stage->named_parameters()) {
+    ASSERT_TRUE(p.is_cuda()) << name;
+    EXPECT_LT(RelativeError(p.grad().cpu(), want.at(name)), 1e-4) << name << " on rank " << me;
+  }
+}
+
 // CUDA stages over the MPI group (ranks sharing a GPU): the collectives reduce host copies;
 // the loss and the gradients are the CPU reference's. Skipped without a CUDA device.
 TEST(TorchTensorParallelTest, CudaShardsOverAnMpiGroupGiveTheWholeLossAndGradients) {
@@ -232,23 +253,30 @@ TEST(TorchTensorParallelTest, CudaShardsOverAnMpiGroupGiveTheWholeLossAndGradien
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
   if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
-  const int me = (*world)->rank();
-  auto gpt = SmallGptAndData();
-  ASSERT_TRUE(gpt.ok()) << gpt.status();
-  const LayeredModel* model = &gpt->model;
-  const std::shared_ptr<const Dataset>* data = &gpt->data;
-  const StageRun cpu = RunStage(*model, *data, TensorParallel{t, me, world->get()});
-  const StageRun cuda = RunStage(*model, *data, TensorParallel{t, me, world->get()},
-                                 torch::Device(torch::kCUDA, 0));
-  ASSERT_NE(cpu.stage, nullptr);
-  ASSERT_NE(cuda.stage, nullptr);
-  EXPECT_NEAR(cuda.loss, cpu.loss, kRelativeTolerance * std::abs(cpu.loss));
-  std::map<std::string, torch::Tensor> want;
-  for (const auto& [name, p] : cpu.stage->named_parameters()) want[name] = p.grad().clone();
-  for (const auto& [name, p] : cuda.stage->named_parameters()) {
-    ASSERT_TRUE(p.is_cuda()) << name;
-    EXPECT_LT(RelativeError(p.grad().cpu(), want.at(name)), 1e-4) << name << " on rank " << me;
+  ExpectCudaShardsEqualTheCpuShards(world->get(), world->get(), torch::Device(torch::kCUDA, 0));
+}
+
+// A GPU per rank: the group is NCCL's, its collectives run on NCCL's stream and the compute
+// stream waits for them on the device (AwaitCollective); the loss and the gradients are the
+// CPU reference's. Skipped with fewer CUDA devices than ranks.
+TEST(TorchTensorParallelTest, CudaShardsOverAnNcclGroupGiveTheWholeLossAndGradients) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  std::string why;
+  const int devices = comm::CudaDeviceCount(&why);
+  if (devices < t || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "needs a CUDA device per rank (" << t << "), " << devices << " visible"
+                 << (why.empty() ? "" : ": " + why);
   }
+  if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
+  comm::CommOptions options;
+  options.cuda_device = (*world)->rank();
+  auto nccl = comm::CreateNcclCommunicator(**world, options);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  ASSERT_EQ((*nccl)->backend(), "nccl");
+  ExpectCudaShardsEqualTheCpuShards(world->get(), nccl->get(),
+                                    torch::Device(torch::kCUDA, (*world)->rank()));
 }
 
 }  // namespace
