@@ -17,7 +17,8 @@ struct EnvVar {
 
 constexpr EnvVar kEnvVars[] = {
     {"TANDEM_COMM_TIMEOUT", "300s", "default timeout of Work::Wait(), Split and Shrink"},
-    {"TANDEM_COMM_VERIFY", "1", "check collectives' count/type/op/root across ranks first"},
+    {"TANDEM_COMM_VERIFY", "0",
+     "1: check collectives' count/type/op/root across ranks first (debug)"},
     {"TANDEM_COMM_WATCHDOG", "100ms", "NCCL watchdog polling interval"},
     {"TANDEM_COMM_WAIT", "auto", "MPI waits: spin, sleep, or auto (sleep if ranks > cores)"},
 };

@@ -5,7 +5,8 @@
 //                              or plain seconds ("30"). Default 300s.
 //   TANDEM_COMM_VERIFY         1/0: check before every collective that all ranks of the group
 //                              call the same operation with the same count, type, reduction
-//                              and root (one small extra all-reduce). Default 1.
+//                              and root (one small extra all-reduce). Default 0: a debug
+//                              check, off on the hot path.
 //   TANDEM_COMM_WATCHDOG       NCCL watchdog polling interval (duration). Default 100ms.
 //   TANDEM_COMM_WAIT           how threads wait for MPI progress: spin (lowest latency, one
 //                              core per waiting thread), sleep (polls with growing pauses:

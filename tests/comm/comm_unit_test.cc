@@ -92,6 +92,10 @@ TEST(OptionsTest, EnvironmentOverridesDefaultsAndBadValuesAreNamed) {
   unsetenv("TANDEM_COMM_VERIFY");
   EXPECT_EQ(CommOptions::FromEnvironment()->timeout, kDefaultCommTimeout);
   EXPECT_FALSE(CommOptions::FromEnvironment()->verify_collectives);
+  // The listing gives the defaults the options really have.
+  EXPECT_NE(DescribeCommEnvironment().find("TANDEM_COMM_VERIFY=(unset) [default 0]"),
+            std::string::npos)
+      << DescribeCommEnvironment();
 }
 
 TEST(BackendTest, TableNamesAndParses) {
