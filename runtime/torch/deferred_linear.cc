@@ -78,7 +78,17 @@ void DeferredWeightGrads::Apply() {
     const auto dtype = r.grad_output.scalar_type();
     const torch::Tensor g = Rows(r.grad_output);
     torch::Tensor weight = r.weight;
-    weight.mutable_grad().add_(g.t().mm(Rows(r.input.to(dtype))).to(weight.scalar_type()));
+    torch::Tensor& grad = weight.mutable_grad();
+    const torch::Tensor x = Rows(r.input.to(dtype));
+    if (grad.defined() && grad.scalar_type() == dtype) {
+      // Straight into the gradient (one GEMM with beta = 1): no temporary, no second pass over
+      // it, which W, reading its inputs back from memory, otherwise pays on top of B's work.
+      grad.addmm_(g.t(), x);
+    } else if (grad.defined()) {
+      grad.add_(g.t().mm(x).to(grad.scalar_type()));
+    } else {
+      grad = g.t().mm(x).to(weight.scalar_type());
+    }
     if (r.bias.defined()) {
       torch::Tensor bias = r.bias;
       bias.mutable_grad().add_(g.sum(0).to(bias.scalar_type()));
