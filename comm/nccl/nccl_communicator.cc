@@ -200,6 +200,7 @@ class NcclWork : public Work {
   }
   std::string Describe() const override { return state_->description; }
   cudaEvent_t done_event() const { return state_->done; }
+  int device() const { return comm_->device; }
 
  private:
   std::shared_ptr<NcclCommunicator::State> comm_;
@@ -409,8 +410,14 @@ absl::Status NcclCommunicator::OrderAfter(const WorkPtr& work, void* cuda_stream
   auto* nccl_work = dynamic_cast<NcclWork*>(work.get());
   if (nccl_work == nullptr) return work->Wait();  // finished before enqueueing (an error)
   TANDEM_RETURN_IF_ERROR(work->error());            // failed already (an abort)
-  TANDEM_CUDA_CHECK(
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), nccl_work->done_event(), 0));
+  // On the communicator's device: the legacy default stream (nullptr) is the current device's.
+  int previous = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&previous));
+  TANDEM_CUDA_CHECK(cudaSetDevice(nccl_work->device()));
+  const cudaError_t waited =
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), nccl_work->done_event(), 0);
+  TANDEM_CUDA_CHECK(cudaSetDevice(previous));
+  TANDEM_CUDA_CHECK(waited);
   return absl::OkStatus();
 }
 

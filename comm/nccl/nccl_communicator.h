@@ -72,8 +72,9 @@ class NcclCommunicator : public Communicator {
   void set_caller_stream(void* cuda_stream);
   // The communication stream (a cudaStream_t).
   void* stream() const;
-  // Makes `cuda_stream` wait (on the device, not the host) until `work` is done. `work` must
-  // come from an NcclCommunicator.
+  // Makes `cuda_stream` (nullptr: the legacy default stream of the communicator's device)
+  // wait, on the device, not the host, until `work` is done. A `work` that is not NCCL's (one
+  // that failed before it was enqueued) is waited for on the host.
   static absl::Status OrderAfter(const WorkPtr& work, void* cuda_stream);
 
   struct State;  // internal
