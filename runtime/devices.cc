@@ -12,10 +12,7 @@
 #include "runtime/control.h"
 
 namespace tandem::runtime {
-namespace {
 
-// Whether two ranks of `world` on one host use the same CUDA device (NCCL refuses that).
-// Collective: the host names and device indices are gathered on every rank.
 absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -31,8 +28,6 @@ absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index
   TANDEM_RETURN_IF_ERROR(world.Broadcast(DoubleBuffer(&shared, 1), /*root=*/0)->Wait());
   return shared != 0;
 }
-
-}  // namespace
 
 absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
                                            comm::Communicator& pipeline,

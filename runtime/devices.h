@@ -45,6 +45,10 @@ struct DeviceLinks {
   std::unique_ptr<comm::Communicator> tensor;
 };
 
+// Whether two ranks of `group` on one host use the same CUDA device `device_index` (NCCL
+// refuses that). Collective over `group` (host names and device indices are gathered).
+absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& group, int device_index);
+
 // Collective over `control`. `pipeline` is this rank's pipeline group on MPI and
 // `tensor_group` its tensor-parallel group on MPI (null without tensor parallelism; every
 // rank passes one or none); every wait of the communicators made gets `timeout`.

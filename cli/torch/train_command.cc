@@ -43,6 +43,7 @@
 #include "planner/cluster.h"
 #include "planner/planner.h"
 #include "runtime/control.h"
+#include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "runtime/failure_notices.h"
 #include "runtime/lr_schedule.h"
@@ -358,7 +359,24 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
                 << " ..." << std::endl;
     }
     runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(device);
-    options.tensor_parallel = {t, world.rank(), group.get()};
+    // With a GPU per rank the group's collectives run over NCCL, as the runtime runs them
+    // (null: the MPI group; CUDA shards then reduce host copies).
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl =
+        [&]() -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+      if (!device.is_cuda()) return nullptr;
+      const int index = device.has_index() ? device.index() : 0;
+      TANDEM_ASSIGN_OR_RETURN(const bool shared, runtime::AnyDeviceShared(*group, index));
+      if (shared) return nullptr;
+      comm::CommOptions nccl_options;
+      nccl_options.timeout = group->timeout();
+      nccl_options.cuda_device = index;
+      return comm::CreateNcclCommunicator(*group, nccl_options);
+    }();
+    if (!nccl.ok()) {
+      failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
+      continue;
+    }
+    options.tensor_parallel = {t, world.rank(), *nccl != nullptr ? nccl->get() : group.get()};
     absl::StatusOr<pipeline::Profile> shard =
         runtime::libtorch::ProfileModel(model, data, options);
     // A degree the model does not split into (heads, vocabulary): the same answer on every
