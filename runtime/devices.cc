@@ -29,6 +29,20 @@ absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index
   return shared != 0;
 }
 
+absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclUnlessShared(comm::Communicator& group,
+                                                                     int device_index,
+                                                                     absl::Duration timeout) {
+  TANDEM_ASSIGN_OR_RETURN(const bool shared, AnyDeviceShared(group, device_index));
+  if (shared) return nullptr;
+  comm::CommOptions options;
+  options.timeout = timeout;
+  options.cuda_device = device_index;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> nccl,
+                          comm::CreateNcclCommunicator(group, options));
+  nccl->set_timeout(timeout);
+  return nccl;
+}
+
 absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
                                            comm::Communicator& pipeline,
                                            comm::Communicator* tensor_group,
@@ -113,13 +127,8 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
   if (tensor_group != nullptr && tensor_group->size() > 1) {
     // Collective over each tensor-parallel group (every rank is in one): NCCL where its ranks
     // have a GPU each; where they share one, the stages keep the MPI group.
-    TANDEM_ASSIGN_OR_RETURN(const bool tensor_shared,
-                            AnyDeviceShared(*tensor_group, device_index));
-    if (!tensor_shared) {
-      TANDEM_ASSIGN_OR_RETURN(links.tensor,
-                              comm::CreateNcclCommunicator(*tensor_group, comm_options));
-      links.tensor->set_timeout(timeout);
-    } else if (world_rank == 0 && tensor_group->rank() == 0) {
+    TANDEM_ASSIGN_OR_RETURN(links.tensor, NcclUnlessShared(*tensor_group, device_index, timeout));
+    if (links.tensor == nullptr && world_rank == 0 && tensor_group->rank() == 0) {
       TANDEM_LOG(INFO) << "tensor-parallel ranks share a GPU (NCCL refuses that): their "
                           "collectives reduce host copies over MPI";
     }

@@ -49,6 +49,13 @@ struct DeviceLinks {
 // refuses that). Collective over `group` (host names and device indices are gathered).
 absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& group, int device_index);
 
+// An NCCL communicator over the ranks of `group` (an MPI group) on CUDA device `device_index`,
+// or null where two of them share a GPU (NCCL refuses that; the caller keeps `group`). Every
+// wait gets `timeout`. Collective over `group`.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclUnlessShared(comm::Communicator& group,
+                                                                     int device_index,
+                                                                     absl::Duration timeout);
+
 // Collective over `control`. `pipeline` is this rank's pipeline group on MPI and
 // `tensor_group` its tensor-parallel group on MPI (null without tensor parallelism; every
 // rank passes one or none); every wait of the communicators made gets `timeout`.

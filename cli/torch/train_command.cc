@@ -362,16 +362,10 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
     // With a GPU per rank the group's collectives run over NCCL, as the runtime runs them
     // (null: the MPI group; CUDA shards then reduce host copies).
     absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl =
-        [&]() -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
-      if (!device.is_cuda()) return nullptr;
-      const int index = device.has_index() ? device.index() : 0;
-      TANDEM_ASSIGN_OR_RETURN(const bool shared, runtime::AnyDeviceShared(*group, index));
-      if (shared) return nullptr;
-      comm::CommOptions nccl_options;
-      nccl_options.timeout = group->timeout();
-      nccl_options.cuda_device = index;
-      return comm::CreateNcclCommunicator(*group, nccl_options);
-    }();
+        device.is_cuda() ? runtime::NcclUnlessShared(*group,
+                                                     device.has_index() ? device.index() : 0,
+                                                     group->timeout())
+                         : nullptr;
     if (!nccl.ok()) {
       failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
       continue;

@@ -84,10 +84,8 @@ void DeferredWeightGrads::Apply() {
       // Straight into the gradient (one GEMM with beta = 1): no temporary, no second pass over
       // it, which W, reading its inputs back from memory, otherwise pays on top of B's work.
       grad.addmm_(g.t(), x);
-    } else if (grad.defined()) {
-      grad.add_(g.t().mm(x).to(grad.scalar_type()));
     } else {
-      grad = g.t().mm(x).to(weight.scalar_type());
+      grad.add_(g.t().mm(x).to(grad.scalar_type()));  // bfloat16 products, float32 gradients
     }
     if (r.bias.defined()) {
       torch::Tensor bias = r.bias;
