@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -75,7 +76,8 @@ class MpiWork : public Work {
     }
     // Often done already (an eager send, a message that arrived): no clock, no waiter count.
     if (!mpi_internal::TryCompleteDirectly(*op_)) {
-      const absl::Time deadline = absl::Now() + timeout;
+      // The clock is first read after kPollsPerClockRead polls: most waits end before that.
+      std::optional<absl::Time> deadline;
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
       int polls = 0;
@@ -88,9 +90,14 @@ class MpiWork : public Work {
           if (op_->done.load(std::memory_order_acquire)) break;
         }
         // Reading the clock costs about as much as a poll: every kPollsPerClockRead polls.
-        if (++polls % kPollsPerClockRead == 0 && absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              op_->Describe(), " timed out after ", absl::FormatDuration(timeout)));
+        if (++polls % kPollsPerClockRead == 0) {
+          const absl::Time now = absl::Now();
+          if (!deadline.has_value()) {
+            deadline = now + timeout;
+          } else if (now >= *deadline) {
+            return absl::DeadlineExceededError(absl::StrCat(
+                op_->Describe(), " timed out after ", absl::FormatDuration(timeout)));
+          }
         }
         if (busy) {
           ProgressEngine::Get().SleepWhileBusy(kBusyWaitPause);
@@ -395,7 +402,7 @@ WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool sen
       const absl::Status error = TANDEM_MPI_STATUS(rc);
       return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
     }
-    o.phase = Op::Phase::kPosted;
+    o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
     return absl::OkStatus();
   });
   if (!queued.ok()) {
@@ -422,12 +429,14 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   op->finish = std::move(finish);
   op->progress = std::move(progress);
   op->verify = options_.verify_collectives && size() > 1;
-  const int64_t fields[mpi_internal::kSignatureFields] = {
-      static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
-      static_cast<int64_t>(reduce), root};
-  for (int i = 0; i < mpi_internal::kSignatureFields; ++i) {
-    op->signature[i] = fields[i];
-    op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
+  if (op->verify) {
+    const int64_t fields[mpi_internal::kSignatureFields] = {
+        static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
+        static_cast<int64_t>(reduce), root};
+    for (int i = 0; i < mpi_internal::kSignatureFields; ++i) {
+      op->signature[i] = fields[i];
+      op->signature[mpi_internal::kSignatureFields + i] = -fields[i];
+    }
   }
   op->stepped = op->verify || op->progress != nullptr;
   // Without a signature check, this thread posts it now: operations are issued from one thread
@@ -439,7 +448,7 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
       const absl::Status error = TANDEM_MPI_STATUS(rc);
       return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
     }
-    o.phase = Op::Phase::kPosted;
+    o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
     return absl::OkStatus();
   };
   absl::Status queued;

@@ -210,6 +210,11 @@ absl::Status CommState::Enqueue(std::shared_ptr<Op> op,
   std::lock_guard<std::mutex> lock(incoming_mu);
   if (!aborted.ok()) return aborted;
   TANDEM_RETURN_IF_ERROR(post_now(*op));
+  // One test before anyone else sees it: an eager send, a message already there or a
+  // collective that needed no peer completes here, without a queue entry, a count or a claim.
+  if (op->phase.load(std::memory_order_relaxed) == Op::Phase::kPosted && StepPosted(*op)) {
+    return absl::OkStatus();
+  }
   // Counted before anyone else can see (and complete) it.
   op->counted = true;
   ProgressEngine::Get().OperationAdded(op->stepped);

@@ -87,8 +87,9 @@ struct Op {
   bool collective = true;
   bool verify = false;  // run the signature check before posting
   // Verification: signature, then its negation, all-reduced with MPI_MAX (max and -min).
-  std::array<int64_t, 2 * kSignatureFields> signature{};
-  std::array<int64_t, 2 * kSignatureFields> agreed{};
+  // Written only when `verify` is set (left uninitialised otherwise: no cost per operation).
+  std::array<int64_t, 2 * kSignatureFields> signature;
+  std::array<int64_t, 2 * kSignatureFields> agreed;
   MPI_Request verify_request = MPI_REQUEST_NULL;
   // Posts the data request; returns an MPI error code.
   std::function<int(MPI_Request*)> post;
@@ -152,7 +153,8 @@ struct CommState {
   ~CommState();
   // Queues an issued operation (already posted by `post_now` if given, called under
   // incoming_mu so that Abort cannot slip in between and posts keep the issue order). Returns
-  // the abort status if the communicator was aborted (then nothing was queued).
+  // the abort status if the communicator was aborted (then nothing was queued). A posted
+  // operation is tested once first: one that completes at once is never queued.
   absl::Status Enqueue(std::shared_ptr<Op> op,
                        absl::FunctionRef<absl::Status(Op&)> post_now = NothingToPost);
   static absl::Status NothingToPost(Op&) { return absl::OkStatus(); }
