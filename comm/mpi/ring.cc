@@ -168,10 +168,12 @@ absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
 
 int DirectBroadcast::Start() {
   if (rank_ != root_) {
-    requests_.assign(1, MPI_REQUEST_NULL);
+    pending_ = 1;
     return MPI_Irecv(buffer_, count_, type_, root_, tag_, comm_, &requests_[0]);
   }
-  requests_.assign(size_ - 1, MPI_REQUEST_NULL);
+  if (size_ > kSmallBroadcastMaxRanks) return MPI_ERR_COMM;  // the array's bound (larger groups go elsewhere)
+  requests_.fill(MPI_REQUEST_NULL);
+  pending_ = size_ - 1;
   for (int i = 1; i < size_; ++i) {
     const int rc = MPI_Isend(buffer_, count_, type_, (root_ + i) % size_, tag_, comm_,
                              &requests_[i - 1]);
@@ -182,8 +184,7 @@ int DirectBroadcast::Start() {
 
 absl::StatusOr<bool> DirectBroadcast::Progress() {
   int done = 0;
-  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                               MPI_STATUSES_IGNORE));
+  TANDEM_MPI_CHECK(MPI_Testall(pending_, requests_.data(), &done, MPI_STATUSES_IGNORE));
   return done != 0;
 }
 

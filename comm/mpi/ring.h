@@ -19,6 +19,8 @@
 
 #include <mpi.h>
 
+#include <array>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -168,7 +170,9 @@ class DirectBroadcast {
   int root_;
   void* buffer_;
   int count_;
-  std::vector<MPI_Request> requests_;
+  // Inline (no allocation per broadcast): the root's sends to at most kSmallBroadcastMaxRanks - 1.
+  std::array<MPI_Request, kSmallBroadcastMaxRanks - 1> requests_;
+  int pending_ = 0;  // requests_ in use
 };
 
 class DirectReduceScatter : private ShardLayout {
