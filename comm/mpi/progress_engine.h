@@ -140,6 +140,7 @@ struct CommState {
 
   std::mutex incoming_mu;
   std::vector<std::shared_ptr<Op>> incoming ABSL_GUARDED_BY(incoming_mu);  // issue order
+  size_t incoming_prune_at ABSL_GUARDED_BY(incoming_mu) = 8;  // drop done ones from this size (kIncomingPruneSize at first)
   absl::Status aborted ABSL_GUARDED_BY(incoming_mu);  // non-OK once aborted
   std::atomic<bool> aborting{false};
 
@@ -153,7 +154,7 @@ struct CommState {
   ~CommState();
   // Queues an issued operation (already posted by `post_now` if given, called under
   // incoming_mu so that Abort cannot slip in between and posts keep the issue order). Returns
-  // the abort status if the communicator was aborted (then nothing was queued). A posted
+  // the abort status if the communicator was aborted (then nothing was queued). A small posted
   // operation is tested once first: one that completes at once is never queued.
   absl::Status Enqueue(std::shared_ptr<Op> op,
                        absl::FunctionRef<absl::Status(Op&)> post_now = NothingToPost);
