@@ -136,6 +136,9 @@ TEST(MembershipTest, Scenario) {
 
   if (g_scenario == "no_failure") {
     m->SetCommitted(10 * world.rank, {0.5 * world.rank, 1.5, -2.0 * world.rank});
+    // A rank carries what it had committed when it joined the agreement: every rank commits
+    // before anyone starts one (else a slow rank may join first, and the highest value differ).
+    ASSERT_TRUE(world.comm->Barrier()->Wait().ok());
     if (world.rank == 1) m->RequestAgreement(absl::DeadlineExceededError("a false alarm"));
     auto d = m->AwaitDecision(absl::Seconds(20));
     ASSERT_TRUE(d.ok()) << d.status();
