@@ -468,7 +468,7 @@ Membership::Membership(std::unique_ptr<State> state) : state_(std::move(state)) 
 
 absl::StatusOr<std::unique_ptr<Membership>> Membership::Start(
     comm::Communicator& base, MembershipOptions options,
-    std::function<void(const absl::Status&)> on_failure) {
+    std::function<void(const absl::Status&)> on_failure, int64_t committed) {
   if (options.heartbeat_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("membership: the heartbeat timeout must be positive");
   }
@@ -484,6 +484,7 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Start(
   const absl::Time now = absl::Now();
   for (State::Peer& p : state->peers) p.last_heard = now;
   state->next_heartbeat = now;
+  state->committed_step.iteration = committed;
   State* raw = state.get();
   state->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<Membership>(new Membership(std::move(state)));
@@ -511,9 +512,15 @@ Membership::~Membership() {
 int Membership::rank() const { return state_->me; }
 int Membership::size() const { return state_->n; }
 
-void Membership::SetCommitted(int64_t iteration, const std::array<double, 3>& sums) {
-  std::lock_guard<std::mutex> lock(state_->committed_mu);
-  if (iteration > state_->committed_step.iteration) state_->committed_step = {iteration, sums};
+bool Membership::SetCommitted(int64_t iteration, const std::array<double, 3>& sums) {
+  {
+    std::lock_guard<std::mutex> lock(state_->committed_mu);
+    if (iteration > state_->committed_step.iteration) state_->committed_step = {iteration, sums};
+  }
+  // Recorded first, then checked: an agreement that begins after this check reads the value.
+  // (A later round may still carry it; the decision says whether it counted.)
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return !state_->active && !state_->done;
 }
 
 void Membership::RequestAgreement(const absl::Status& why) {

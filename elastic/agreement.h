@@ -79,9 +79,11 @@ class Membership {
  public:
   // Collective over `base` (it is split once for the membership's own messages; `base` is
   // not used afterwards). `on_failure` may be empty.
+  // `committed`: the iteration already committed everywhere when it starts (SetCommitted's,
+  // set before any agreement can begin).
   static absl::StatusOr<std::unique_ptr<Membership>> Start(
       comm::Communicator& base, MembershipOptions options,
-      std::function<void(const absl::Status&)> on_failure);
+      std::function<void(const absl::Status&)> on_failure, int64_t committed = -1);
   // Stops the monitor thread without waiting for anyone. Call Leave first at a clean end so
   // that peers still working do not take this rank's silence for a death.
   ~Membership();
@@ -93,7 +95,10 @@ class Membership {
 
   // The highest iteration this rank knows committed on every rank (e.g. after a small
   // all-reduce that follows gradient synchronisation). Carried in this rank's proposals.
-  void SetCommitted(int64_t iteration, const std::array<double, 3>& sums = {});
+  // False once this rank takes part in an agreement: its proposal may have gone out without
+  // it, so the decision may name an earlier iteration, and the step must wait for the decision
+  // rather than be applied now.
+  [[nodiscard]] bool SetCommitted(int64_t iteration, const std::array<double, 3>& sums = {});
   // Enters an agreement although no peer is known dead (an operation failed, `why`).
   void RequestAgreement(const absl::Status& why);
   // An agreement started here or reached this rank.

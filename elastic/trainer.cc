@@ -258,7 +258,8 @@ struct ElasticTrainer::State {
     return c;
   }
 
-  absl::Status StartMembership();
+  // `committed`: the iteration committed everywhere (the new membership's starting value).
+  absl::Status StartMembership(int64_t committed);
   absl::Status Configure(const std::map<std::string, runtime::ParameterState>* import,
                          int64_t iteration);
   runtime::StageFactory PipelineFactory(const JobPipeline& p);
@@ -316,7 +317,7 @@ struct ElasticTrainer::State {
   }
 };
 
-absl::Status ElasticTrainer::State::StartMembership() {
+absl::Status ElasticTrainer::State::StartMembership(int64_t committed) {
   {
     std::lock_guard<std::mutex> lock(abort_mu);
     aborted = false;
@@ -324,7 +325,8 @@ absl::Status ElasticTrainer::State::StartMembership() {
   }
   TANDEM_ASSIGN_OR_RETURN(membership,
                           Membership::Start(*current, options.membership,
-                                            [this](const absl::Status& why) { AbortAll(why); }));
+                                            [this](const absl::Status& why) { AbortAll(why); },
+                                            committed));
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c,
                           current->Split(0, current->rank()));
   c->set_timeout(options.engine.timeout);
@@ -434,8 +436,14 @@ absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<dou
     grow_at = iteration + 1;
     grow_nodes = 1;
   }
-  membership->SetCommitted(iteration, sums);
+  const bool counted = membership->SetCommitted(iteration, sums);
   if (kill.Hits(me, iteration, "commit")) KillSelf(me, iteration, "commit");
+  if (!counted) {
+    // An agreement began before this rank committed: the survivors' decision says whether
+    // this step counts (then the recovery applies it) or is redone.
+    return absl::AbortedError(absl::StrCat("rank ", me, ": an agreement began before iteration ",
+                                           iteration, " committed here"));
+  }
   return absl::OkStatus();
 }
 
@@ -739,10 +747,9 @@ absl::Status ElasticTrainer::State::Reconfigure(
   shrunk = std::move(survivors);
   current = shrunk.get();
   live = report.live;
-  TANDEM_RETURN_IF_ERROR(StartMembership());
   // The iteration to resume travels with the next agreement, should a rank die before the
   // new engines run.
-  membership->SetCommitted(next - 1);
+  TANDEM_RETURN_IF_ERROR(StartMembership(next - 1));
   if (kill.Hits(me, next, "reform")) KillSelf(me, next, "reform");
   lap();  // the committed step and this rank's state export count with the shrink
   report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
@@ -1077,8 +1084,7 @@ absl::Status ElasticTrainer::State::Grow(
   current = shrunk.get();
   live.insert(live.end(), added.begin(), added.end());
   next_job_rank += count;
-  TANDEM_RETURN_IF_ERROR(StartMembership());
-  membership->SetCommitted(next - 1);
+  TANDEM_RETURN_IF_ERROR(StartMembership(next - 1));
   report.added = added;
   report.shrink_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   TANDEM_RETURN_IF_ERROR(FinishGrowth(report, start, on_reconfiguration));
@@ -1185,8 +1191,7 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Join(
   TANDEM_RETURN_IF_ERROR(s.ReadJoinState(request.state, added));
   s.me = s.live[static_cast<size_t>(s.current->rank())];
   s.reforming = true;
-  TANDEM_RETURN_IF_ERROR(s.StartMembership());
-  s.membership->SetCommitted(s.held_next - 1);
+  TANDEM_RETURN_IF_ERROR(s.StartMembership(s.held_next - 1));
   Reconfiguration report;
   report.added = added;
   report.shrink_seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -1242,7 +1247,7 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     s.first_iteration = resumed.step;
   }
   s.end_iteration = s.first_iteration + s.options.steps;
-  TANDEM_RETURN_IF_ERROR(s.StartMembership());
+  TANDEM_RETURN_IF_ERROR(s.StartMembership(s.first_iteration - 1));
   TANDEM_RETURN_IF_ERROR(
       s.Configure(s.options.resume.empty() ? nullptr : &resumed.parameters, s.first_iteration));
   return std::unique_ptr<ElasticTrainer>(new ElasticTrainer(std::move(state)));

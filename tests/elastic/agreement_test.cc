@@ -122,10 +122,16 @@ TEST(MembershipTest, Scenario) {
   if (g_scenario == "stop_middle") victim = world.size / 2, stop = true;
   std::atomic<int> failures{0};
   const bool die_on_entering = world.rank == second_victim;
-  auto membership = Membership::Start(*world.comm, options, [&](const absl::Status&) {
-    ++failures;
-    if (die_on_entering) raise(SIGKILL);
-  });
+  // The kill scenarios commit nothing: the decision carries the value the membership started
+  // with.
+  const int64_t start_committed = g_scenario == "no_failure" ? -1 : 7;
+  auto membership = Membership::Start(
+      *world.comm, options,
+      [&](const absl::Status&) {
+        ++failures;
+        if (die_on_entering) raise(SIGKILL);
+      },
+      start_committed);
   ASSERT_TRUE(membership.ok()) << membership.status();
   std::unique_ptr<Membership> m = std::move(membership).value();
 
@@ -135,7 +141,8 @@ TEST(MembershipTest, Scenario) {
   const auto start = std::chrono::steady_clock::now();
 
   if (g_scenario == "no_failure") {
-    m->SetCommitted(10 * world.rank, {0.5 * world.rank, 1.5, -2.0 * world.rank});
+    EXPECT_TRUE(m->SetCommitted(10 * world.rank, {0.5 * world.rank, 1.5, -2.0 * world.rank}))
+        << "no agreement yet: the commit counts";
     // A rank carries what it had committed when it joined the agreement: every rank commits
     // before anyone starts one (else a slow rank may join first, and the highest value differ).
     ASSERT_TRUE(world.comm->Barrier()->Wait().ok());
@@ -150,6 +157,8 @@ TEST(MembershipTest, Scenario) {
     EXPECT_EQ(failures.load(), 1);
     const double seconds = Since(start);
     EXPECT_LT(seconds, 1.0) << "no one died: no one waits for a heartbeat timeout";
+    EXPECT_FALSE(m->SetCommitted(10 * world.size))
+        << "a commit after this rank joined an agreement must wait for its decision";
     std::unique_ptr<comm::Communicator> survivors = ExpectSurvivorsWork(world, *d, {});
     ASSERT_NE(survivors, nullptr);
     // Ranks ending at different times: the last one must not take the others for dead.
@@ -168,6 +177,7 @@ TEST(MembershipTest, Scenario) {
   auto d = m->AwaitDecision(absl::Seconds(30));
   const double seconds = Since(start);
   ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->committed_iteration, start_committed);
   std::vector<int> dead = {victim};
   if (second_victim >= 0) dead.insert(dead.begin(), second_victim);
   EXPECT_EQ(failures.load(), 1);
