@@ -460,6 +460,38 @@ TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
   std::filesystem::remove_all(checkpoint);
 }
 
+TEST(ElasticTrainTest, ADeathInTheFirstIterationAfterAResumeRedoesIt) {
+  // Resumed at iteration 4, rank 3 dies in 4's forward pass before anything was committed in
+  // this run: the survivors agree that 3 (the checkpoint's) is the last committed iteration.
+  const std::string checkpoint = TempPath("first_after_resume_checkpoint");
+  const std::string log = TempPath("first_after_resume.jsonl");
+  Outcome plain = RunCommand(absl::StrCat(
+      "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
+      g_tandem, " train", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
+      " --steps 4 --checkpoint-dir ", checkpoint));
+  ASSERT_EQ(plain.exit_status, 0) << plain.output;
+  Outcome o = RunCommand(absl::StrCat(
+      "TANDEM_ELASTIC_KILL=3:4:forward timeout 120 ", TANDEM_MPIEXEC,
+      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
+      " -x TANDEM_ELASTIC_KILL -np 4 ", g_tandem, " train --elastic",
+      tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatch-size 2 --steps ", kSteps - 4, " --seed ", kSeed, " --log-json ", log,
+      kPipelined, " --resume ", checkpoint));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const Log l = ReadElasticLog(log);
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["committed_iteration"].get<int>(), 3) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4) << o.output;
+  ASSERT_EQ(l.loss.size(), static_cast<size_t>(kSteps - 4)) << o.output;
+  for (const auto& [it, loss] : l.loss) {
+    EXPECT_LE(std::abs(loss - Reference()[it]), kRelativeTolerance * std::abs(Reference()[it]))
+        << "iteration " << it;
+  }
+  EXPECT_EQ(l.finished, 1);
+  std::filesystem::remove_all(checkpoint);
+}
+
 TEST(ElasticTrainTest, AStopRequestEndsAtACheckpointThatResumesOnOtherRanks) {
   // SIGUSR1 (forwarded by mpirun to every rank) once the log exists, i.e. once every rank's
   // handler is installed: the job stops after the commit that carried the request, with a
