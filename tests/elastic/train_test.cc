@@ -40,14 +40,14 @@ std::string TempPath(const std::string& name) {
 
 // Runs the elastic job; `kill` is RANK:ITERATION:POINT or empty.
 Outcome RunElastic(int ranks, const std::string& kill, const std::string& flags,
-                   const std::string& log) {
+                   const std::string& log, int steps = kSteps) {
   const std::string env = kill.empty() ? "" : absl::StrCat("TANDEM_ELASTIC_KILL=", kill, " ");
   return RunCommand(absl::StrCat(
       env, "timeout 120 ", TANDEM_MPIEXEC,
       " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
       kill.empty() ? "" : " -x TANDEM_ELASTIC_KILL", " -np ", ranks, " ", g_tandem,
       " train --elastic", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
-      " --microbatch-size 2 --steps ", kSteps, " --seed ", kSeed, " --log-json ", log, flags));
+      " --microbatch-size 2 --steps ", steps, " --seed ", kSeed, " --log-json ", log, flags));
 }
 
 const std::vector<double>& Reference() {
@@ -431,22 +431,29 @@ TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
   std::filesystem::remove_all(checkpoint);
 }
 
-TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
-  // Saved by a plain run on 2 ranks (2 stages), resumed elastically on 4 ranks.
-  const std::string checkpoint = TempPath("plain_checkpoint");
-  const std::string log = TempPath("resumed.jsonl");
-  Outcome plain = RunCommand(absl::StrCat(
+// A plain run on 2 ranks (2 stages), 4 steps, checkpointed into `checkpoint`.
+Outcome SavePlainCheckpoint(const std::string& checkpoint) {
+  return RunCommand(absl::StrCat(
       "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
       g_tandem, " train", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
       " --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
       " --steps 4 --checkpoint-dir ", checkpoint));
+}
+
+// An elastic run on 4 ranks resumed from `checkpoint` to kSteps, with `kill` if not empty.
+Outcome ResumeElastic(const std::string& kill, const std::string& checkpoint,
+                      const std::string& log) {
+  return RunElastic(4, kill, absl::StrCat(kPipelined, " --resume ", checkpoint), log,
+                    kSteps - 4);
+}
+
+TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
+  // Saved by a plain run on 2 ranks (2 stages), resumed elastically on 4 ranks.
+  const std::string checkpoint = TempPath("plain_checkpoint");
+  const std::string log = TempPath("resumed.jsonl");
+  Outcome plain = SavePlainCheckpoint(checkpoint);
   ASSERT_EQ(plain.exit_status, 0) << plain.output;
-  Outcome o = RunCommand(absl::StrCat(
-      "timeout 120 ", TANDEM_MPIEXEC,
-      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 4 ", g_tandem,
-      " train --elastic", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
-      " --microbatch-size 2 --steps ", kSteps - 4, " --seed ", kSeed, " --log-json ", log,
-      kPipelined, " --resume ", checkpoint));
+  Outcome o = ResumeElastic("", checkpoint, log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   EXPECT_NE(o.output.find("resumed from"), std::string::npos) << o.output;
   const Log l = ReadElasticLog(log);
@@ -465,19 +472,9 @@ TEST(ElasticTrainTest, ADeathInTheFirstIterationAfterAResumeRedoesIt) {
   // this run: the survivors agree that 3 (the checkpoint's) is the last committed iteration.
   const std::string checkpoint = TempPath("first_after_resume_checkpoint");
   const std::string log = TempPath("first_after_resume.jsonl");
-  Outcome plain = RunCommand(absl::StrCat(
-      "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
-      g_tandem, " train", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
-      " --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
-      " --steps 4 --checkpoint-dir ", checkpoint));
+  Outcome plain = SavePlainCheckpoint(checkpoint);
   ASSERT_EQ(plain.exit_status, 0) << plain.output;
-  Outcome o = RunCommand(absl::StrCat(
-      "TANDEM_ELASTIC_KILL=3:4:forward timeout 120 ", TANDEM_MPIEXEC,
-      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
-      " -x TANDEM_ELASTIC_KILL -np 4 ", g_tandem, " train --elastic",
-      tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
-      " --microbatch-size 2 --steps ", kSteps - 4, " --seed ", kSeed, " --log-json ", log,
-      kPipelined, " --resume ", checkpoint));
+  Outcome o = ResumeElastic("3:4:forward", checkpoint, log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
   const Log l = ReadElasticLog(log);
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
