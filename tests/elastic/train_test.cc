@@ -104,11 +104,13 @@ Log ReadElasticLog(const std::string& path) {
 }
 
 // Every iteration logged, each loss equal to the reference's.
-void ExpectReferenceLosses(const Log& log) {
+// Every iteration from `first` to kSteps logged once, with the reference's loss.
+void ExpectReferenceLosses(const Log& log, int first = 0) {
   const std::vector<double>& want = Reference();
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(log.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(log.loss.size(), static_cast<size_t>(kSteps - first));
   for (const auto& [it, loss] : log.loss) {
+    ASSERT_GE(it, first);
     ASSERT_LT(it, kSteps);
     EXPECT_LE(std::abs(loss - want[it]), kRelativeTolerance * std::abs(want[it]))
         << "iteration " << it << ": " << loss << " vs reference " << want[it];
@@ -431,62 +433,41 @@ TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
   std::filesystem::remove_all(checkpoint);
 }
 
-// A plain run on 2 ranks (2 stages), 4 steps, checkpointed into `checkpoint`.
-Outcome SavePlainCheckpoint(const std::string& checkpoint) {
-  return RunCommand(absl::StrCat(
+// A plain run on 2 ranks (2 stages) saves a checkpoint at step 4; an elastic run on 4 ranks
+// resumes it to kSteps, with `kill` if not empty. Returns the elastic run's output and log.
+std::pair<Outcome, Log> ResumePlainCheckpointElastically(const std::string& name,
+                                                         const std::string& kill) {
+  const std::string checkpoint = TempPath(absl::StrCat(name, "_checkpoint"));
+  const std::string log = TempPath(absl::StrCat(name, ".jsonl"));
+  Outcome plain = RunCommand(absl::StrCat(
       "timeout 120 ", TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
       g_tandem, " train", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
       " --microbatches 4 --schedule 1f1b --stages 2 --seed ", kSeed,
       " --steps 4 --checkpoint-dir ", checkpoint));
-}
-
-// An elastic run on 4 ranks resumed from `checkpoint` to kSteps, with `kill` if not empty.
-Outcome ResumeElastic(const std::string& kill, const std::string& checkpoint,
-                      const std::string& log) {
-  return RunElastic(4, kill, absl::StrCat(kPipelined, " --resume ", checkpoint), log,
-                    kSteps - 4);
+  EXPECT_EQ(plain.exit_status, 0) << plain.output;
+  Outcome o = RunElastic(4, kill, absl::StrCat(kPipelined, " --resume ", checkpoint), log,
+                         kSteps - 4);
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  std::filesystem::remove_all(checkpoint);
+  return {o, plain.exit_status == 0 ? ReadElasticLog(log) : Log{}};
 }
 
 TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
-  // Saved by a plain run on 2 ranks (2 stages), resumed elastically on 4 ranks.
-  const std::string checkpoint = TempPath("plain_checkpoint");
-  const std::string log = TempPath("resumed.jsonl");
-  Outcome plain = SavePlainCheckpoint(checkpoint);
-  ASSERT_EQ(plain.exit_status, 0) << plain.output;
-  Outcome o = ResumeElastic("", checkpoint, log);
-  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const auto [o, l] = ResumePlainCheckpointElastically("resumed", "");
   EXPECT_NE(o.output.find("resumed from"), std::string::npos) << o.output;
-  const Log l = ReadElasticLog(log);
-  ASSERT_EQ(l.loss.size(), static_cast<size_t>(kSteps - 4)) << o.output;
-  EXPECT_EQ(l.loss.begin()->first, 4);
-  for (const auto& [it, loss] : l.loss) {
-    EXPECT_LE(std::abs(loss - Reference()[it]), kRelativeTolerance * std::abs(Reference()[it]))
-        << "iteration " << it;
-  }
+  ExpectReferenceLosses(l, 4);
   EXPECT_EQ(l.finished, 1);
-  std::filesystem::remove_all(checkpoint);
 }
 
 TEST(ElasticTrainTest, ADeathInTheFirstIterationAfterAResumeRedoesIt) {
   // Resumed at iteration 4, rank 3 dies in 4's forward pass before anything was committed in
   // this run: the survivors agree that 3 (the checkpoint's) is the last committed iteration.
-  const std::string checkpoint = TempPath("first_after_resume_checkpoint");
-  const std::string log = TempPath("first_after_resume.jsonl");
-  Outcome plain = SavePlainCheckpoint(checkpoint);
-  ASSERT_EQ(plain.exit_status, 0) << plain.output;
-  Outcome o = ResumeElastic("3:4:forward", checkpoint, log);
-  ASSERT_EQ(o.exit_status, 0) << o.output;
-  const Log l = ReadElasticLog(log);
+  const auto [o, l] = ResumePlainCheckpointElastically("first_after_resume", "3:4:forward");
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   EXPECT_EQ(l.reconfigurations[0]["committed_iteration"].get<int>(), 3) << o.output;
   EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4) << o.output;
-  ASSERT_EQ(l.loss.size(), static_cast<size_t>(kSteps - 4)) << o.output;
-  for (const auto& [it, loss] : l.loss) {
-    EXPECT_LE(std::abs(loss - Reference()[it]), kRelativeTolerance * std::abs(Reference()[it]))
-        << "iteration " << it;
-  }
+  ExpectReferenceLosses(l, 4);
   EXPECT_EQ(l.finished, 1);
-  std::filesystem::remove_all(checkpoint);
 }
 
 TEST(ElasticTrainTest, AStopRequestEndsAtACheckpointThatResumesOnOtherRanks) {
