@@ -126,6 +126,7 @@ struct ElasticTrainer::State {
   runtime::StageFactory factory;
   ElasticOptions options;
   KillPoint kill;
+  bool late_commit_injected = false;  // `late-commit` acts once (not again on the redo)
   JobLayout layout;
 
   // One configuration's objects.
@@ -435,6 +436,14 @@ absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<dou
   if ((*buffer)[4] > 0 && grow_at < 0) {
     grow_at = iteration + 1;
     grow_nodes = 1;
+  }
+  if (!late_commit_injected && kill.Hits(me, iteration, "late-commit")) {
+    late_commit_injected = true;
+    // Fault injection, not a death: this rank records its commit only once the survivors have
+    // decided (or after 30 s), as a rank descheduled at this point could.
+    (void)membership->AwaitDecision(absl::Seconds(30));
+    TANDEM_LOG(WARNING) << "fault injection: rank " << me << " records the commit of iteration "
+                        << iteration << " after the agreement";
   }
   const bool counted = membership->SetCommitted(iteration, sums);
   if (kill.Hits(me, iteration, "commit")) KillSelf(me, iteration, "commit");

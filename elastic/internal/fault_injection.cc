@@ -17,9 +17,9 @@ namespace tandem::elastic::internal {
 absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   KillPoint k;
   if (text.empty()) return k;
-  static const std::set<std::string> kPoints = {"forward", "backward", "sync",
-                                                "commit",  "idle",     "stop",
-                                                "reform",  "checkpoint", "grow"};
+  static const std::set<std::string> kPoints = {
+      "forward", "backward",   "sync", "commit",     "idle", "stop",
+      "reform",  "checkpoint", "grow", "late-commit"};
   for (absl::string_view one : absl::StrSplit(text, ',')) {
     std::vector<std::string> parts = absl::StrSplit(one, ':');
     KillPoint::Entry e;
@@ -31,7 +31,8 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
           "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
           "re-formation that resumes at ITERATION), checkpoint (writing the checkpoint of step "
           "ITERATION), grow (not a death: the rank sends itself SIGUSR2 in forward, asking the "
-          "job to grow by a node)"));
+          "job to grow by a node), late-commit (not a death: the rank records the commit of "
+          "ITERATION only once the survivors have agreed)"));
     }
     e.point = parts[2];
     k.entries.push_back(std::move(e));

@@ -231,6 +231,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // The victim dies after the commit all-reduce: the step of iteration 5
                       // was committed and is applied on every survivor, then 6 runs.
                       KillCase{"commit", "1:5:commit", 4, {1}, 5},
+                      // Rank 3 dies after the commit all-reduce of iteration 5, and every
+                      // survivor records that commit only after the agreement: none carried 5,
+                      // so no one applies it (the trainer used to) and 5 is redone.
+                      KillCase{"late_commit",
+                               "3:5:commit,0:5:late-commit,1:5:late-commit,2:5:late-commit", 4,
+                               {3}, 4},
                       // Rank 0 (the reporter, writing the log) dies: another takes over.
                       KillCase{"rank0", "0:2:forward", 4, {0}, 1},
                       // A hung rank (SIGSTOP): declared dead after the heartbeat timeout and
