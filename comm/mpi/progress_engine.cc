@@ -182,12 +182,6 @@ int64_t CountPending(const std::shared_ptr<Op>& op) {
   return op->done.load(std::memory_order_acquire) ? 0 : 1;
 }
 
-// Issued operations wait in `incoming` until the progress side takes them, which a waiter that
-// completes its own operations never asks for: past this many, done ones are dropped there (a
-// few at a time, so that their memory goes back to the allocator's per-thread cache; the next
-// pruning waits until the list has doubled, so operations still pending cost no rescans).
-constexpr size_t kIncomingPruneSize = 8;
-
 // Operations up to this size are tested once when issued (Open MPI's shared-memory eager limit).
 constexpr int64_t kTestAtIssueMaxBytes = 4096;
 

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -48,6 +49,12 @@
 #include "comm/communicator.h"
 
 namespace tandem::comm::mpi_internal {
+
+// Issued operations wait in CommState::incoming until the progress side takes them, which a
+// waiter that completes its own operations never asks for: past this many, done ones are
+// dropped there (a few at a time, so that their memory goes back to the allocator's per-thread
+// cache; the next pruning waits until the list has doubled, so pending ones cost no rescans).
+inline constexpr size_t kIncomingPruneSize = 8;
 
 // Fields of a collective's signature: every rank must agree on each.
 inline constexpr int kSignatureFields = 5;  // kind, count, dtype, reduce op, root
@@ -140,7 +147,8 @@ struct CommState {
 
   std::mutex incoming_mu;
   std::vector<std::shared_ptr<Op>> incoming ABSL_GUARDED_BY(incoming_mu);  // issue order
-  size_t incoming_prune_at ABSL_GUARDED_BY(incoming_mu) = 8;  // drop done ones from this size (kIncomingPruneSize at first)
+  // From this size, done operations are dropped from `incoming` (then from twice what stays).
+  size_t incoming_prune_at ABSL_GUARDED_BY(incoming_mu) = kIncomingPruneSize;
   absl::Status aborted ABSL_GUARDED_BY(incoming_mu);  // non-OK once aborted
   std::atomic<bool> aborting{false};
 

@@ -171,7 +171,8 @@ int DirectBroadcast::Start() {
     pending_ = 1;
     return MPI_Irecv(buffer_, count_, type_, root_, tag_, comm_, &requests_[0]);
   }
-  if (size_ > kSmallBroadcastMaxRanks) return MPI_ERR_COMM;  // the array's bound (larger groups go elsewhere)
+  // The request array's bound (the communicator sends larger groups to MPI_Ibcast).
+  if (size_ > kSmallBroadcastMaxRanks) return MPI_ERR_COMM;
   requests_.fill(MPI_REQUEST_NULL);
   pending_ = size_ - 1;
   for (int i = 1; i < size_; ++i) {

@@ -20,7 +20,6 @@
 #include <mpi.h>
 
 #include <array>
-
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -170,7 +169,8 @@ class DirectBroadcast {
   int root_;
   void* buffer_;
   int count_;
-  // Inline (no allocation per broadcast): the root's sends to at most kSmallBroadcastMaxRanks - 1.
+  // Inline (no allocation per broadcast): the root sends to at most
+  // kSmallBroadcastMaxRanks - 1 ranks.
   std::array<MPI_Request, kSmallBroadcastMaxRanks - 1> requests_;
   int pending_ = 0;  // requests_ in use
 };
