@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
@@ -122,6 +123,29 @@ class MpiWork : public Work {
   Op storage_;
   Op* const op_ = &storage_;
   absl::Duration default_timeout_;
+};
+
+// An operation that completed successfully when it was issued. One is shared by every such
+// operation of a kind (no allocation on the fastest path), so it names the kind only.
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(const char* name) : name_(name) {}
+  bool Test() override { return true; }
+  absl::Status Wait(absl::Duration timeout) override {
+    if (timeout == absl::InfiniteDuration()) {  // refused like any other operation's
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(), ": refusing to wait forever (pass a finite timeout)"));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Wait() override { return absl::OkStatus(); }
+  absl::Status error() override { return absl::OkStatus(); }
+  std::string Describe() const override {
+    return absl::StrCat(name_, " (completed when issued)");
+  }
+
+ private:
+  const char* const name_;
 };
 
 absl::Status CheckCpu(const Buffer& buffer, const char* what) {
@@ -375,38 +399,69 @@ absl::Status MpiCommunicator::CheckUsable(const char* what) {
 WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool send,
                                            const Buffer& buffer, MPI_Datatype type, int peer,
                                            int tag) {
+  MPI_Comm comm = state_->comm;
+  const int count = static_cast<int>(buffer.count);
+  auto post = [&](MPI_Request* request) {
+    return send ? MPI_Isend(buffer.data, count, type, peer, tag, comm, request)
+                : MPI_Irecv(buffer.data, count, type, peer, tag, comm, request);
+  };
+  // A shorter message than the buffer is an error (a longer one fails in MPI).
+  auto check_received = [expected = buffer.count, type](const MPI_Status& mpi_status) {
+    int received = 0;
+    MPI_Status copy = mpi_status;
+    MPI_Get_count(&copy, type, &received);
+    if (received == expected) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
+                                                   " elements, expected ", expected,
+                                                   " (mismatched sizes or types)"));
+  };
+  // A small one is posted and tested before anything is allocated: one that completes at once
+  // (an eager send, a message already there) needs no operation record at all.
+  MPI_Request early = MPI_REQUEST_NULL;
+  if (static_cast<int64_t>(buffer.bytes()) <= mpi_internal::kTestAtIssueMaxBytes &&
+      !state_->aborting.load(std::memory_order_acquire)) {
+    int rc = post(&early);
+    int flag = 0;
+    MPI_Status mpi_status;
+    if (rc == MPI_SUCCESS) rc = MPI_Test(&early, &flag, &mpi_status);
+    absl::Status result;
+    if (rc != MPI_SUCCESS) {
+      result = TANDEM_MPI_STATUS(rc);
+    } else if (flag && !send) {
+      result = check_received(mpi_status);
+    }
+    if (rc != MPI_SUCCESS || flag) {
+      if (result.ok()) {
+        static const WorkPtr* const kDone =
+            new WorkPtr[2]{std::make_shared<DoneWork>("send"), std::make_shared<DoneWork>("recv")};
+        return kDone[send ? 0 : 1];
+      }
+      const std::string description = label.Describe();
+      return internal::MakeCompletedWork(
+          absl::Status(result.code(), absl::StrCat(description, ": ", result.message())),
+          description);
+    }
+  }
   auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
   op->collective = false;
-  if (!send) {
-    // A shorter message than the buffer is an error (a longer one fails in MPI).
-    op->finish = [expected = buffer.count, type](const MPI_Status& mpi_status) -> absl::Status {
-      int received = 0;
-      MPI_Status copy = mpi_status;
-      MPI_Get_count(&copy, type, &received);
-      if (received != expected) {
-        return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
-                                                       " elements, expected ", expected,
-                                                       " (mismatched sizes or types)"));
-      }
-      return absl::OkStatus();
-    };
-  }
-  MPI_Comm comm = state_->comm;
+  if (!send) op->finish = check_received;
   // Posted right away by this thread (pairs match in posting order), then handed over.
   const absl::Status queued = state_->Enqueue(op, [&](Op& o) -> absl::Status {
-    const int count = static_cast<int>(buffer.count);
-    const int rc = send ? MPI_Isend(buffer.data, count, type, peer, tag, comm, &o.request)
-                        : MPI_Irecv(buffer.data, count, type, peer, tag, comm, &o.request);
-    if (rc != MPI_SUCCESS) {
+    if (early != MPI_REQUEST_NULL) {
+      o.request = early;
+    } else if (const int rc = post(&o.request); rc != MPI_SUCCESS) {
       const absl::Status error = TANDEM_MPI_STATUS(rc);
       return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
     }
     o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
     return absl::OkStatus();
-  });
+  }, /*test_at_issue=*/early == MPI_REQUEST_NULL);
   if (!queued.ok()) {
-    const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
+    // Posted before the abort was seen: MPI may still use the buffer.
+    if (early != MPI_REQUEST_NULL) state_->Abandon(op);
+    const bool aborted = early != MPI_REQUEST_NULL ||
+                         (op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok());
     return internal::MakeCompletedWork(
         aborted ? absl::FailedPreconditionError(absl::StrCat(
                       op->Describe(), ": communicator aborted: ", queued.message()))
@@ -422,13 +477,61 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                                          Post post,
                                          std::function<absl::Status(const MPI_Status&)> finish,
                                          std::function<absl::StatusOr<bool>()> progress) {
+  label.sequence = collective_sequence_++;
+  label.group_size = size();
+  const bool verify = options_.verify_collectives && size() > 1;
+  // Without a signature check this thread posts it now: operations are issued from one thread
+  // at a time, so posting order is issue order on every rank. A small one is also tested
+  // before anything is allocated (see IssuePointToPoint).
+  MPI_Request early = MPI_REQUEST_NULL;
+  bool posted_early = false;
+  if (!verify &&
+      std::max<int64_t>(label.count, 0) * SizeOf(label.dtype) <=
+          mpi_internal::kTestAtIssueMaxBytes &&
+      !state_->aborting.load(std::memory_order_acquire)) {
+    absl::Status result;
+    bool complete = false;
+    if (const int rc = post(&early); rc != MPI_SUCCESS) {
+      result = TANDEM_MPI_STATUS(rc);
+    } else if (progress) {
+      absl::StatusOr<bool> stepped = progress();
+      result = stepped.status();
+      complete = stepped.ok() && *stepped;
+    } else {
+      int flag = 0;
+      MPI_Status mpi_status;
+      const int rc = MPI_Test(&early, &flag, &mpi_status);
+      if (rc != MPI_SUCCESS) {
+        result = TANDEM_MPI_STATUS(rc);
+      } else if (flag) {
+        complete = true;
+        if (finish) result = finish(mpi_status);
+      }
+    }
+    if (result.ok() && complete) {
+      static const auto* const kDone = new std::array<WorkPtr, 7>{
+          nullptr,
+          std::make_shared<DoneWork>("all_reduce"),
+          std::make_shared<DoneWork>("reduce_scatter"),
+          std::make_shared<DoneWork>("all_gather"),
+          std::make_shared<DoneWork>("broadcast"),
+          std::make_shared<DoneWork>("barrier"),
+          std::make_shared<DoneWork>("split")};
+      return (*kDone)[static_cast<size_t>(kind)];
+    }
+    if (!result.ok()) {
+      const std::string description = label.Describe();
+      return internal::MakeCompletedWork(
+          absl::Status(result.code(), absl::StrCat(description, ": ", result.message())),
+          description);
+    }
+    posted_early = true;
+  }
   auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
-  op->label.sequence = collective_sequence_++;
-  op->label.group_size = size();
   op->finish = std::move(finish);
   op->progress = std::move(progress);
-  op->verify = options_.verify_collectives && size() > 1;
+  op->verify = verify;
   if (op->verify) {
     const int64_t fields[mpi_internal::kSignatureFields] = {
         static_cast<int64_t>(kind), count, static_cast<int64_t>(dtype),
@@ -439,12 +542,10 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
     }
   }
   op->stepped = op->verify || op->progress != nullptr;
-  // Without a signature check, this thread posts it now: operations are issued from one thread
-  // at a time, so posting order is issue order on every rank. With one, the progress side
-  // posts it once the check passed and every earlier collective was posted.
-  auto post_now = [&post](Op& o) -> absl::Status {
-    const int rc = post(&o.request);
-    if (rc != MPI_SUCCESS) {
+  auto post_now = [&](Op& o) -> absl::Status {
+    if (posted_early) {
+      o.request = early;
+    } else if (const int rc = post(&o.request); rc != MPI_SUCCESS) {
       const absl::Status error = TANDEM_MPI_STATUS(rc);
       return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
     }
@@ -453,13 +554,17 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   };
   absl::Status queued;
   if (op->verify) {
+    // The progress side posts it once the check passed and every earlier collective was posted.
     op->post = std::move(post);
     queued = state_->Enqueue(op);
   } else {
-    queued = state_->Enqueue(op, post_now);
+    queued = state_->Enqueue(op, post_now, /*test_at_issue=*/!posted_early);
   }
   if (!queued.ok()) {
-    const bool aborted = op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok();
+    // Posted before the abort was seen: MPI may still use the buffers.
+    if (posted_early) state_->Abandon(op);
+    const bool aborted = posted_early ||
+                         (op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok());
     return internal::MakeCompletedWork(
         aborted ? absl::FailedPreconditionError(absl::StrCat(
                       op->Describe(), ": communicator aborted: ", queued.message()))

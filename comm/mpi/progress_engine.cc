@@ -182,9 +182,6 @@ int64_t CountPending(const std::shared_ptr<Op>& op) {
   return op->done.load(std::memory_order_acquire) ? 0 : 1;
 }
 
-// Operations up to this size are tested once when issued (Open MPI's shared-memory eager limit).
-constexpr int64_t kTestAtIssueMaxBytes = 4096;
-
 }  // namespace
 
 int64_t CommState::PendingCount() {
@@ -205,18 +202,16 @@ absl::Status CommState::AbortStatus() {
 }
 
 absl::Status CommState::Enqueue(std::shared_ptr<Op> op,
-                                absl::FunctionRef<absl::Status(Op&)> post_now) {
+                                absl::FunctionRef<absl::Status(Op&)> post_now,
+                                bool test_at_issue) {
   std::lock_guard<std::mutex> lock(incoming_mu);
   if (!aborted.ok()) return aborted;
   TANDEM_RETURN_IF_ERROR(post_now(*op));
   // One test before anyone else sees it: a small operation that completes at once (an eager
   // send, a message already there, a collective that needed no peer) is done here, without a
-  // queue entry, a count or a claim. Not a large one: that test drives MPI's progress, which
-  // may copy a large message arriving for it before this thread posts its next operation (a
-  // receive issued before its send then delays the send: 1-32 MiB send/recv pairs on two ranks
-  // ran at 0.65-1.03x instead of 0.92-1.21x).
+  // queue entry, a count or a claim (see kTestAtIssueMaxBytes).
   const int64_t bytes = std::max<int64_t>(op->label.count, 0) * SizeOf(op->label.dtype);
-  if (bytes <= kTestAtIssueMaxBytes &&
+  if (test_at_issue && bytes <= kTestAtIssueMaxBytes &&
       op->phase.load(std::memory_order_relaxed) == Op::Phase::kPosted && StepPosted(*op)) {
     return absl::OkStatus();
   }
@@ -348,6 +343,12 @@ bool CommState::AdvancePointToPoint() {
                          point_to_point.end());
   }
   return changed;
+}
+
+void CommState::Abandon(std::shared_ptr<Op> op) {
+  std::lock_guard<std::mutex> lock(mu);
+  abandoned_requests = true;
+  abandoned.push_back(std::move(op));
 }
 
 void CommState::Fail(const std::shared_ptr<Op>& op, const absl::Status& reason) {

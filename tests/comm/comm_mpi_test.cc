@@ -438,6 +438,34 @@ TEST(MpiCommunicatorTest, MismatchedPointToPointSizes) {
   ASSERT_TRUE(world.Barrier()->Wait().ok());
 }
 
+// Small receives whose message is already there complete when issued (no operation record):
+// the data, the size check and the error's description must be those of the normal path.
+TEST(MpiCommunicatorTest, ReceivesOfMessagesAlreadyThereCompleteWhenIssued) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<float> sent = {1, 2, 3, 4, 5}, received(5, 0.0f), too_large(10, 0.0f);
+  if (world.rank() == 1) {
+    ASSERT_TRUE(world.Send(Buffer{sent.data(), 5}, 0, 11)->Wait().ok());
+    ASSERT_TRUE(world.Send(Buffer{sent.data(), 5}, 0, 12)->Wait().ok());
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+  if (world.rank() == 0) {
+    WorkPtr fits = world.Recv(Buffer{received.data(), 5}, 1, 11);
+    ASSERT_TRUE(fits->Wait().ok());
+    EXPECT_EQ(received, sent);
+    EXPECT_NE(fits->Describe().find("recv"), std::string::npos) << fits->Describe();
+    EXPECT_EQ(fits->Wait(absl::InfiniteDuration()).code(), absl::StatusCode::kInvalidArgument);
+    WorkPtr mismatched = world.Recv(Buffer{too_large.data(), 10}, 1, 12);
+    const absl::Status status = mismatched->Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("sent 5"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("recv #"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("from rank 1 tag 12"), std::string::npos) << status;
+    EXPECT_EQ(mismatched->error().code(), absl::StatusCode::kInvalidArgument);
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+}
+
 TEST(MpiCommunicatorTest, BadArgumentsGiveStatusesNotCrashes) {
   Communicator& world = World();
   float x = 0;
