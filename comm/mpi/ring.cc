@@ -18,17 +18,15 @@ ShardLayout::ShardLayout(MPI_Comm comm, int rank, int size, int tag, MPI_Datatyp
       op_(op),
       element_bytes_(element_bytes),
       input_(static_cast<const char*>(input)),
-      output_(static_cast<char*>(output)) {
-  shards_.reserve(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) shards_.push_back(Shard(count, size_, r));
-}
+      output_(static_cast<char*>(output)),
+      count_(count) {}
 
 RingReduceScatter::RingReduceScatter(MPI_Comm comm, int rank, int size, int tag,
                                      MPI_Datatype type, MPI_Op op, size_t element_bytes,
                                      const void* input, void* output, int64_t count)
     : ShardLayout(comm, rank, size, tag, type, op, element_bytes, input, output, count) {
   int64_t largest = 0;
-  for (const ShardRange& shard : shards_) largest = std::max(largest, shard.count);
+  for (int r = 0; r < size_; ++r) largest = std::max(largest, ShardOf(r).count);
   if (size_ > 2) {
     for (auto& buffer : partial_) buffer.reset(new char[largest * element_bytes_]);
   }
@@ -45,10 +43,10 @@ int RingReduceScatter::Post() {
   // Step 0 sends the input itself; later steps the partial sum received in the step before.
   const void* send = step_ == 0 ? InputShard(send_shard) : partial_[(step_ - 1) % 2].get();
   void* receive = last ? output_ : partial_[step_ % 2].get();
-  int rc = MPI_Irecv(receive, static_cast<int>(shards_[receive_shard].count), type_, previous,
+  int rc = MPI_Irecv(receive, static_cast<int>(ShardOf(receive_shard).count), type_, previous,
                      tag_, comm_, &requests_[0]);
   if (rc != MPI_SUCCESS) return rc;
-  return MPI_Isend(send, static_cast<int>(shards_[send_shard].count), type_, next, tag_, comm_,
+  return MPI_Isend(send, static_cast<int>(ShardOf(send_shard).count), type_, next, tag_, comm_,
                    &requests_[1]);
 }
 
@@ -59,7 +57,7 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
   const int receive_shard = ((rank_ - step_ - 2) % size_ + size_) % size_;
   const bool last = step_ == size_ - 2;
   void* received = last ? output_ : partial_[step_ % 2].get();
-  const int count = static_cast<int>(shards_[receive_shard].count);
+  const int count = static_cast<int>(ShardOf(receive_shard).count);
   if (count > 0) {
     TANDEM_MPI_CHECK(MPI_Reduce_local(InputShard(receive_shard), received, count, type_, op_));
   }
@@ -73,7 +71,7 @@ absl::StatusOr<bool> RingReduceScatter::Progress() {
 int RingAllGather::Start() {
   // Step 0 sends the input itself; this rank's own copy into the output overlaps with it.
   const int rc = Post();
-  const ShardRange& mine = shards_[rank_];
+  const ShardRange mine = ShardOf(rank_);
   if (rc == MPI_SUCCESS && mine.count > 0 && input_ != OutputShard(rank_)) {
     std::memcpy(OutputShard(rank_), input_, mine.count * element_bytes_);
   }
@@ -85,11 +83,11 @@ int RingAllGather::Post() {
   const int previous = (rank_ + size_ - 1) % size_;
   const int send_shard = ((rank_ - step_) % size_ + size_) % size_;
   const int receive_shard = ((rank_ - step_ - 1) % size_ + size_) % size_;
-  int rc = MPI_Irecv(OutputShard(receive_shard), static_cast<int>(shards_[receive_shard].count),
+  int rc = MPI_Irecv(OutputShard(receive_shard), static_cast<int>(ShardOf(receive_shard).count),
                      type_, previous, tag_, comm_, &requests_[0]);
   if (rc != MPI_SUCCESS) return rc;
   const char* send = step_ == 0 ? input_ : OutputShard(send_shard);
-  return MPI_Isend(send, static_cast<int>(shards_[send_shard].count), type_, next, tag_, comm_,
+  return MPI_Isend(send, static_cast<int>(ShardOf(send_shard).count), type_, next, tag_, comm_,
                    &requests_[1]);
 }
 
@@ -105,27 +103,27 @@ absl::StatusOr<bool> RingAllGather::Progress() {
 }
 
 int DirectAllGather::Start() {
-  requests_.assign(2 * (size_ - 1), MPI_REQUEST_NULL);
-  const int mine = static_cast<int>(shards_[rank_].count);
+  if (size_ > kDirectMaxRanks) return MPI_ERR_COMM;
+  num_requests_ = 2 * (size_ - 1);
+  const int mine = static_cast<int>(ShardOf(rank_).count);
   for (int i = 1; i < size_; ++i) {
     const int from = (rank_ + size_ - i) % size_;
     const int to = (rank_ + i) % size_;
-    int rc = MPI_Irecv(output_ + shards_[from].offset * element_bytes_,
-                       static_cast<int>(shards_[from].count), type_, from, tag_, comm_,
+    int rc = MPI_Irecv(output_ + ShardOf(from).offset * element_bytes_,
+                       static_cast<int>(ShardOf(from).count), type_, from, tag_, comm_,
                        &requests_[2 * (i - 1)]);
     if (rc != MPI_SUCCESS) return rc;
     rc = MPI_Isend(input_, mine, type_, to, tag_, comm_, &requests_[2 * (i - 1) + 1]);
     if (rc != MPI_SUCCESS) return rc;
   }
-  char* own = output_ + shards_[rank_].offset * element_bytes_;
+  char* own = output_ + ShardOf(rank_).offset * element_bytes_;
   if (mine > 0 && input_ != own) std::memcpy(own, input_, mine * element_bytes_);
   return MPI_SUCCESS;
 }
 
 absl::StatusOr<bool> DirectAllGather::Progress() {
   int done = 0;
-  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                               MPI_STATUSES_IGNORE));
+  TANDEM_MPI_CHECK(MPI_Testall(num_requests_, requests_.data(), &done, MPI_STATUSES_IGNORE));
   return done != 0;
 }
 
@@ -141,7 +139,7 @@ RecursiveDoublingAllReduce::RecursiveDoublingAllReduce(MPI_Comm comm, int rank, 
       op_(op),
       buffer_(buffer),
       count_(static_cast<int>(count)),
-      received_(new char[std::max<int64_t>(count, 1) * element_bytes]) {}
+      received_(static_cast<size_t>(std::max<int64_t>(count, 1)) * element_bytes) {}
 
 int RecursiveDoublingAllReduce::Start() { return Post(); }
 
@@ -192,37 +190,37 @@ absl::StatusOr<bool> DirectBroadcast::Progress() {
 DirectReduceScatter::DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag,
                                          MPI_Datatype type, MPI_Op op, size_t element_bytes,
                                          const void* input, void* output, int64_t count)
-    : ShardLayout(comm, rank, size, tag, type, op, element_bytes, input, output, count) {
-  received_.reset(new char[std::max<int64_t>(shards_[rank_].count, 1) * (size_ - 1) *
-                           element_bytes_]);
-}
+    : ShardLayout(comm, rank, size, tag, type, op, element_bytes, input, output, count),
+      received_(static_cast<size_t>(std::max<int64_t>(Shard(count, size, rank).count, 1) *
+                                    (size - 1)) *
+                element_bytes) {}
 
 int DirectReduceScatter::Start() {
-  const int mine = static_cast<int>(shards_[rank_].count);
-  requests_.assign(2 * (size_ - 1), MPI_REQUEST_NULL);
+  if (size_ > kDirectMaxRanks) return MPI_ERR_COMM;
+  const int mine = static_cast<int>(ShardOf(rank_).count);
+  num_requests_ = 2 * (size_ - 1);
   for (int i = 1; i < size_; ++i) {
     const int from = (rank_ + size_ - i) % size_;
     const int to = (rank_ + i) % size_;
     int rc = MPI_Irecv(received_.get() + (i - 1) * mine * element_bytes_, mine, type_, from, tag_,
                        comm_, &requests_[2 * (i - 1)]);
     if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Isend(input_ + shards_[to].offset * element_bytes_,
-                   static_cast<int>(shards_[to].count), type_, to, tag_, comm_,
+    rc = MPI_Isend(input_ + ShardOf(to).offset * element_bytes_,
+                   static_cast<int>(ShardOf(to).count), type_, to, tag_, comm_,
                    &requests_[2 * (i - 1) + 1]);
     if (rc != MPI_SUCCESS) return rc;
   }
   if (mine > 0) {
-    std::memcpy(output_, input_ + shards_[rank_].offset * element_bytes_, mine * element_bytes_);
+    std::memcpy(output_, input_ + ShardOf(rank_).offset * element_bytes_, mine * element_bytes_);
   }
   return MPI_SUCCESS;
 }
 
 absl::StatusOr<bool> DirectReduceScatter::Progress() {
   int done = 0;
-  TANDEM_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                               MPI_STATUSES_IGNORE));
+  TANDEM_MPI_CHECK(MPI_Testall(num_requests_, requests_.data(), &done, MPI_STATUSES_IGNORE));
   if (!done) return false;
-  const int mine = static_cast<int>(shards_[rank_].count);
+  const int mine = static_cast<int>(ShardOf(rank_).count);
   if (mine == 0) return true;
   for (int i = 1; i < size_; ++i) {
     TANDEM_MPI_CHECK(MPI_Reduce_local(received_.get() + (i - 1) * mine * element_bytes_, output_,

@@ -22,7 +22,6 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
@@ -47,10 +46,12 @@ class ShardLayout {
                     count) {}
 
  protected:
+  // Computed when asked (a division): no table to allocate per operation.
+  ShardRange ShardOf(int rank) const { return Shard(count_, size_, rank); }
   const char* InputShard(int shard) const {
-    return input_ + shards_[shard].offset * element_bytes_;
+    return input_ + ShardOf(shard).offset * element_bytes_;
   }
-  char* OutputShard(int shard) const { return output_ + shards_[shard].offset * element_bytes_; }
+  char* OutputShard(int shard) const { return output_ + ShardOf(shard).offset * element_bytes_; }
 
   MPI_Comm comm_;
   int rank_, size_, tag_;
@@ -59,7 +60,26 @@ class ShardLayout {
   size_t element_bytes_;
   const char* input_;
   char* output_;
-  std::vector<ShardRange> shards_;
+  int64_t count_;
+};
+
+// The direct algorithms below exchange with every other rank of a group of at most this many
+// ranks at once; their requests live inline (no allocation per operation).
+inline constexpr int kDirectMaxRanks = 8;
+using DirectRequests = std::array<MPI_Request, 2 * (kDirectMaxRanks - 1)>;
+
+// Scratch memory for received data: inline up to kInlineBytes (a small operation allocates
+// nothing), else on the heap.
+class Scratch {
+ public:
+  static constexpr size_t kInlineBytes = 256;
+  explicit Scratch(size_t bytes)
+      : heap_(bytes > kInlineBytes ? new char[bytes] : nullptr) {}
+  char* get() { return heap_ != nullptr ? heap_.get() : inline_; }
+
+ private:
+  std::unique_ptr<char[]> heap_;
+  alignas(16) char inline_[kInlineBytes];
 };
 
 class RingReduceScatter : private ShardLayout {
@@ -84,7 +104,7 @@ class RingReduceScatter : private ShardLayout {
 // All-gathers over at most kDirectAllGatherMaxRanks ranks use the direct exchange below at
 // every size; larger groups use the ring from kRingAllGatherMinBytes (libnbc below).
 inline constexpr int64_t kRingAllGatherMinBytes = int64_t{8} << 10;
-inline constexpr int kDirectAllGatherMaxRanks = 8;
+inline constexpr int kDirectAllGatherMaxRanks = kDirectMaxRanks;
 
 // All-gather in one step: every rank sends its shard to every other rank, straight into their
 // outputs. The same bytes as the ring, without its n-1 dependent steps, which on a rank that
@@ -93,11 +113,12 @@ inline constexpr int kDirectAllGatherMaxRanks = 8;
 class DirectAllGather : private ShardLayout {
  public:
   using ShardLayout::ShardLayout;
-  int Start();
+  int Start();  // MPI_ERR_COMM beyond kDirectMaxRanks ranks
   absl::StatusOr<bool> Progress();
 
  private:
-  std::vector<MPI_Request> requests_;
+  DirectRequests requests_;
+  int num_requests_ = 0;
 };
 
 class RingAllGather : private ShardLayout {
@@ -122,7 +143,7 @@ class RingAllGather : private ShardLayout {
 // Below libnbc's ring all-reduce (kRingAllreduceMinBytes in libnbc_tuning.h).
 inline constexpr int64_t kSmallAllReduceMaxBytes = int64_t{32} << 10;
 inline constexpr int64_t kSmallReduceScatterMaxBytes = kRingReduceScatterMinBytes;
-inline constexpr int kSmallReduceScatterMaxRanks = 8;
+inline constexpr int kSmallReduceScatterMaxRanks = kDirectMaxRanks;
 
 class RecursiveDoublingAllReduce {
  public:
@@ -141,7 +162,7 @@ class RecursiveDoublingAllReduce {
   MPI_Op op_;
   void* buffer_;
   int count_;
-  std::unique_ptr<char[]> received_;
+  Scratch received_;
   int distance_ = 1;  // partner: rank ^ distance
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
@@ -179,12 +200,13 @@ class DirectReduceScatter : private ShardLayout {
  public:
   DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
                       size_t element_bytes, const void* input, void* output, int64_t count);
-  int Start();
+  int Start();  // MPI_ERR_COMM beyond kDirectMaxRanks ranks
   absl::StatusOr<bool> Progress();
 
  private:
-  std::unique_ptr<char[]> received_;  // (size - 1) shards of this rank, one per peer
-  std::vector<MPI_Request> requests_;
+  Scratch received_;  // (size - 1) shards of this rank, one per peer
+  DirectRequests requests_;
+  int num_requests_ = 0;
 };
 
 }  // namespace tandem::comm::mpi_internal
