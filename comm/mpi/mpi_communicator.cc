@@ -148,6 +148,17 @@ class DoneWork final : public Work {
   const char* const name_;
 };
 
+// An average is a sum divided afterwards: the division, run when the data request completed
+// (nothing for the other reductions).
+std::function<absl::Status(const MPI_Status&)> AverageAfterSum(ReduceOp op, const Buffer& result,
+                                                               int group_size) {
+  if (op != ReduceOp::kAverage) return nullptr;
+  return [result, group_size](const MPI_Status&) {
+    internal::DivideInPlace(result, group_size);
+    return absl::OkStatus();
+  };
+}
+
 absl::Status CheckCpu(const Buffer& buffer, const char* what) {
   TANDEM_RETURN_IF_ERROR(internal::CheckBuffer(buffer, what));
   if (buffer.device.kind != DeviceKind::kCpu) {
@@ -663,13 +674,7 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
   const MPI_Datatype mpi_type = reduction->type;
   const MPI_Op mpi_reduction = reduction->op;
   const int group_size = size();
-  std::function<absl::Status(const MPI_Status&)> finish;
-  if (op == ReduceOp::kAverage) {
-    finish = [buffer, group_size](const MPI_Status&) {
-      internal::DivideInPlace(buffer, group_size);
-      return absl::OkStatus();
-    };
-  }
+  std::function<absl::Status(const MPI_Status&)> finish = AverageAfterSum(op, buffer, group_size);
   const bool power_of_two = group_size > 1 && (group_size & (group_size - 1)) == 0;
   if (power_of_two && buffer.count > 0 &&
       static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallAllReduceMaxBytes) {
@@ -717,13 +722,7 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
   const MPI_Datatype mpi_type = reduction->type;
   const MPI_Op mpi_reduction = reduction->op;
   const int group_size = size();
-  std::function<absl::Status(const MPI_Status&)> finish;
-  if (op == ReduceOp::kAverage) {
-    finish = [output, group_size](const MPI_Status&) {
-      internal::DivideInPlace(output, group_size);
-      return absl::OkStatus();
-    };
-  }
+  std::function<absl::Status(const MPI_Status&)> finish = AverageAfterSum(op, output, group_size);
   // Open MPI dereferences the buffers even for zero elements on some paths: give it a valid
   // address.
   static char empty_buffer[16];
