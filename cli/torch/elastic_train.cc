@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cli/torch/model_flags.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/units.h"
@@ -327,7 +328,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     join = std::move(request);
     // The job's ranks' CPU threads (this process counted only the ranks started with it).
     const char* set = std::getenv("OMP_NUM_THREADS");
-    if ((set == nullptr || *set == '\0') && inputs.threads > 0) at::set_num_threads(inputs.threads);
+    if ((set == nullptr || *set == '\0') && inputs.threads > 0) {
+      at::set_num_threads(std::min(inputs.threads, UsableCores()));
+    }
   } else {
     // The profile (rank 0), then the same templates on every rank.
     std::string text;

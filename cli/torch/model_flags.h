@@ -48,9 +48,13 @@ absl::StatusOr<torch::Device> DeviceFromFlags();
 // Ranks of this job on this host (Open MPI's and MPICH's launchers say; 1 otherwise).
 int LocalRanks();
 
+// CPUs this process may run on (its affinity mask, which mpirun's binding narrows).
+int UsableCores();
+
 // Sets LibTorch's CPU threads for this rank when OMP_NUM_THREADS does not: the host's cores
 // shared by the job's ranks on it (one each at the least), so that ranks on one host do not
-// oversubscribe it. Returns how many, and where that came from, for the start-up line.
+// oversubscribe it, and no more than the cores this rank is bound to. Returns how many, and
+// where that came from, for the start-up line (with a hint when the binding left cores idle).
 std::string SetHostThreads();
 
 }  // namespace tandem::cli

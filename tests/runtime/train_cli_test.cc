@@ -2,9 +2,11 @@
 // program is the first argument) and checks its JSON log against the single-process reference
 // trainer, its timeline, checkpoint/resume through the command line, and bad input (exit 2,
 // one clear line).
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -241,6 +244,30 @@ TEST(TrainCliTest, CheckpointFolderResumesAfterAKillAtAnyMoment) {
   }
   EXPECT_LE(steps, 2);
   std::filesystem::remove_all(checkpoint);
+}
+
+// A rank's CPU threads follow the cores it may run on: Open MPI's default binding (one core
+// per rank when it starts one or two) is widened to the rank's share of the host; a binding
+// the launch asked for is kept, with one thread per bound core and a hint.
+TEST(TrainCliTest, CpuThreadsFollowTheCoresARankMayRunOn) {
+  cpu_set_t own;
+  CPU_ZERO(&own);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(own), &own), 0);
+  const int cores = std::min<int>(static_cast<int>(std::thread::hardware_concurrency()),
+                                  CPU_COUNT(&own));
+  if (cores < 2) GTEST_SKIP() << "needs two cores (this test may use " << cores << ")";
+  const std::string launch = absl::StrCat("env -u OMP_NUM_THREADS ", TANDEM_MPIEXEC,
+                                          " --allow-run-as-root --oversubscribe -np 1 ");
+  const std::string train = absl::StrCat(g_tandem, " train ", kModelFlags, " --steps 1");
+  Outcome by_default = RunCommand(launch + train);
+  ASSERT_EQ(by_default.exit_status, 0) << by_default.output;
+  EXPECT_NE(by_default.output.find(absl::StrCat(cores, " CPU thread(s) per rank")),
+            std::string::npos)
+      << by_default.output;
+  Outcome bound = RunCommand(launch + "--bind-to core " + train);
+  ASSERT_EQ(bound.exit_status, 0) << bound.output;
+  EXPECT_NE(bound.output.find("1 CPU thread(s) per rank"), std::string::npos) << bound.output;
+  EXPECT_NE(bound.output.find("--bind-to none"), std::string::npos) << bound.output;
 }
 
 TEST(TrainCliTest, MicroBatchBeyondMemoryIsBadInput) {
