@@ -165,10 +165,7 @@ absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
 }
 
 int DirectBroadcast::Start() {
-  if (rank_ != root_) {
-    pending_ = 1;
-    return MPI_Irecv(buffer_, count_, type_, root_, tag_, comm_, &requests_[0]);
-  }
+  if (rank_ != root_) return MPI_ERR_RANK;  // the others post a plain receive
   // The request array's bound (the communicator sends larger groups to MPI_Ibcast).
   if (size_ > kSmallBroadcastMaxRanks) return MPI_ERR_COMM;
   requests_.fill(MPI_REQUEST_NULL);

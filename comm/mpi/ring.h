@@ -170,7 +170,8 @@ class RecursiveDoublingAllReduce {
 // Broadcast of a small message over a small group: the root sends the buffer straight to
 // every other rank (one eager message each; the root's operation completes as they leave).
 // libnbc's MPI_Ibcast takes 1-1.5 us at 8 bytes on two ranks where the blocking call takes a
-// third of that.
+// third of that. DirectBroadcast is the root's side; every other rank posts one receive from
+// the root with the same tag, a plain request (MpiCommunicator::Broadcast).
 inline constexpr int64_t kSmallBroadcastMaxBytes = int64_t{32} << 10;
 inline constexpr int kSmallBroadcastMaxRanks = 8;
 
