@@ -1,13 +1,10 @@
 #include "cli/torch/model_flags.h"
 
-#include <sched.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
-#include <system_error>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -114,82 +111,24 @@ absl::StatusOr<torch::Device> DeviceFromFlags() {
   return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(index));
 }
 
-int LocalRanks() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* value = std::getenv(name);
-    int n = 0;
-    if (value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) return n;
-  }
-  return 1;
-}
-
-int UsableCores() {
-#ifdef CPU_COUNT
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-#endif
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-namespace {
-
-// Open MPI binds each rank to one core when it starts one or two and the launch names no
-// binding, which leaves a rank's intra-op threads a single core (threads sharing a core run
-// slower than one alone: GPT L=4 H=256 on one rank of a 2-core host, 441 ms per iteration with
-// 2 threads on the one core, 370 ms with 1, 265 ms with 2 threads on both cores). When the
-// launch did not ask for that binding (Open MPI passes an explicit --bind-to on to its ranks),
-// this rank takes its share of the host's CPUs instead: the `share` CPUs from local rank x
-// share. Returns whether it did.
-bool WidenDefaultBinding(int share, int cores) {
-#ifdef CPU_COUNT
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr ||
-      std::getenv("OMPI_MCA_hwloc_base_binding_policy") != nullptr) {
-    return false;
-  }
-  int local_rank = 0;
-  const char* text = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  if (text == nullptr || !absl::SimpleAtoi(text, &local_rank) || local_rank < 0) return false;
-  const int first = local_rank * share;
-  if (first + share > cores || first + share > CPU_SETSIZE) return false;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int cpu = first; cpu < first + share; ++cpu) CPU_SET(cpu, &set);
-  // This thread (LibTorch's threads, started later, inherit it), then the threads MPI and the
-  // communication layer started already: left on the one core, they would preempt a compute
-  // thread there whenever they wake.
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) return false;
-  std::error_code error;
-  for (std::filesystem::directory_iterator task("/proc/self/task", error), end;
-       !error && task != end; task.increment(error)) {
-    int tid = 0;
-    if (absl::SimpleAtoi(task->path().filename().string(), &tid)) {
-      sched_setaffinity(tid, sizeof(set), &set);  // best effort
-    }
-  }
-  return true;
-#else
-  (void)share;
-  (void)cores;
-  return false;
-#endif
-}
-
-}  // namespace
-
 std::string SetHostThreads() {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int ranks = LocalRanks();
   const int share = std::max(1, cores / ranks);
-  int usable = UsableCores();
+  // `tandem` widened Open MPI's default binding before it started this program (then LibTorch's
+  // OpenMP and BLAS saw the wide mask at start-up); this program started directly does it here.
+  int widened_from = 0;
+  if (const char* text = std::getenv(kWidenedBindingVariable)) {
+    if (!absl::SimpleAtoi(text, &widened_from)) widened_from = 0;
+  } else {
+    widened_from = WidenDefaultMpiBinding();
+  }
+  const int usable = UsableCores();
   std::string widened;
-  if (usable < share) {
-    if (WidenDefaultBinding(share, cores)) {
-      widened = absl::StrCat("; Open MPI's default binding (", usable,
-                             " core per rank) widened to this rank's share (mpirun --bind-to "
-                             "keeps a binding)");
-      usable = UsableCores();  // what the system granted of it
-    }
+  if (widened_from > 0) {
+    widened = absl::StrCat("; Open MPI's default binding (", widened_from,
+                           " core per rank) widened to this rank's share (mpirun --bind-to "
+                           "keeps a binding)");
   }
   const char* set = std::getenv("OMP_NUM_THREADS");
   if (set != nullptr && *set != '\0') {

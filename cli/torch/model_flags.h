@@ -10,6 +10,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "cli/cpu_binding.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/model.h"
@@ -44,12 +45,6 @@ absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed);
 
 // --device as a LibTorch device. FailedPrecondition when CUDA is asked for but absent.
 absl::StatusOr<torch::Device> DeviceFromFlags();
-
-// Ranks of this job on this host (Open MPI's and MPICH's launchers say; 1 otherwise).
-int LocalRanks();
-
-// CPUs this process may run on (its affinity mask, which mpirun's binding narrows).
-int UsableCores();
 
 // Sets LibTorch's CPU threads for this rank when OMP_NUM_THREADS does not: the host's cores
 // shared by the job's ranks on it (one each at the least), so that ranks on one host do not
