@@ -172,7 +172,9 @@ struct CommState {
   // incoming_mu so that Abort cannot slip in between and posts keep the issue order). Returns
   // the abort status if the communicator was aborted (then nothing was queued). A small posted
   // operation is tested once first: one that completes at once is never queued.
-  // `test_at_issue` false: the issuer tested it already.
+  // A small operation the issuer already posted and tested (see kTestAtIssueMaxBytes) comes
+  // with `test_at_issue` false and a post_now that only records its request; if the
+  // communicator was aborted meanwhile, the issuer hands it to Abandon instead.
   absl::Status Enqueue(std::shared_ptr<Op> op,
                        absl::FunctionRef<absl::Status(Op&)> post_now = NothingToPost,
                        bool test_at_issue = true);
