@@ -159,6 +159,79 @@ std::function<absl::Status(const MPI_Status&)> AverageAfterSum(ReduceOp op, cons
   };
 }
 
+// A small operation posted and tested once by the issuing thread before anything is allocated
+// (see kTestAtIssueMaxBytes): either finished (`finished` set: `done`, shared by every such
+// operation of its kind, or an error naming the operation) or posted and pending (`request`,
+// unless a multi-step algorithm holds its own requests).
+struct EarlyPost {
+  WorkPtr finished;
+  bool posted = false;
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+template <typename Post>
+EarlyPost PostAndTestOnce(Post& post, const std::function<absl::StatusOr<bool>()>& progress,
+                          const std::function<absl::Status(const MPI_Status&)>& finish,
+                          const mpi_internal::OpLabel& label, const WorkPtr& done) {
+  EarlyPost early;
+  absl::Status result;
+  bool complete = false;
+  if (const int rc = post(&early.request); rc != MPI_SUCCESS) {
+    result = TANDEM_MPI_STATUS(rc);
+  } else if (progress) {
+    absl::StatusOr<bool> stepped = progress();
+    result = stepped.status();
+    complete = stepped.ok() && *stepped;
+  } else {
+    int flag = 0;
+    MPI_Status mpi_status;
+    if (const int rc = MPI_Test(&early.request, &flag, &mpi_status); rc != MPI_SUCCESS) {
+      result = TANDEM_MPI_STATUS(rc);
+    } else if (flag) {
+      complete = true;
+      if (finish) result = finish(mpi_status);
+    }
+  }
+  if (!result.ok()) {
+    const std::string description = label.Describe();
+    early.finished = internal::MakeCompletedWork(
+        absl::Status(result.code(), absl::StrCat(description, ": ", result.message())),
+        description);
+  } else if (complete) {
+    early.finished = done;
+  } else {
+    early.posted = true;
+  }
+  return early;
+}
+
+// Enqueue's post_now: records the request posted early, or posts it now.
+template <typename Post>
+absl::Status PostNow(Op& o, Post& post, const EarlyPost& early) {
+  if (early.posted) {
+    o.request = early.request;
+  } else if (const int rc = post(&o.request); rc != MPI_SUCCESS) {
+    const absl::Status error = TANDEM_MPI_STATUS(rc);
+    return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
+  }
+  o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
+  return absl::OkStatus();
+}
+
+// The Work of an operation Enqueue refused (`queued`): the communicator was aborted (one posted
+// early is kept among the abandoned requests, whose buffers MPI may still use) or posting failed.
+WorkPtr RefusedWork(mpi_internal::CommState& state, const std::shared_ptr<Op>& op,
+                    const absl::Status& queued, bool posted_early) {
+  if (posted_early) state.Abandon(op);
+  const bool aborted =
+      posted_early || (op->phase != Op::Phase::kPosted && !state.AbortStatus().ok());
+  return internal::MakeCompletedWork(
+      aborted ? absl::FailedPreconditionError(
+                    absl::StrCat(op->Describe(), ": communicator aborted: ", queued.message()))
+              : queued,
+      op->Describe());
+}
+
 absl::Status CheckCpu(const Buffer& buffer, const char* what) {
   TANDEM_RETURN_IF_ERROR(internal::CheckBuffer(buffer, what));
   if (buffer.device.kind != DeviceKind::kCpu) {
@@ -416,69 +489,35 @@ WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool sen
     return send ? MPI_Isend(buffer.data, count, type, peer, tag, comm, request)
                 : MPI_Irecv(buffer.data, count, type, peer, tag, comm, request);
   };
-  // A shorter message than the buffer is an error (a longer one fails in MPI).
-  auto check_received = [expected = buffer.count, type](const MPI_Status& mpi_status) {
-    int received = 0;
-    MPI_Status copy = mpi_status;
-    MPI_Get_count(&copy, type, &received);
-    if (received == expected) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
-                                                   " elements, expected ", expected,
-                                                   " (mismatched sizes or types)"));
-  };
-  // A small one is posted and tested before anything is allocated: one that completes at once
-  // (an eager send, a message already there) needs no operation record at all.
-  MPI_Request early = MPI_REQUEST_NULL;
+  std::function<absl::Status(const MPI_Status&)> finish;
+  if (!send) {
+    // A shorter message than the buffer is an error (a longer one fails in MPI).
+    finish = [expected = buffer.count, type](const MPI_Status& mpi_status) {
+      int received = 0;
+      MPI_Status copy = mpi_status;
+      MPI_Get_count(&copy, type, &received);
+      if (received == expected) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
+                                                     " elements, expected ", expected,
+                                                     " (mismatched sizes or types)"));
+    };
+  }
+  EarlyPost early;
   if (static_cast<int64_t>(buffer.bytes()) <= mpi_internal::kTestAtIssueMaxBytes &&
       !state_->aborting.load(std::memory_order_acquire)) {
-    int rc = post(&early);
-    int flag = 0;
-    MPI_Status mpi_status;
-    if (rc == MPI_SUCCESS) rc = MPI_Test(&early, &flag, &mpi_status);
-    absl::Status result;
-    if (rc != MPI_SUCCESS) {
-      result = TANDEM_MPI_STATUS(rc);
-    } else if (flag && !send) {
-      result = check_received(mpi_status);
-    }
-    if (rc != MPI_SUCCESS || flag) {
-      if (result.ok()) {
-        static const WorkPtr* const kDone =
-            new WorkPtr[2]{std::make_shared<DoneWork>("send"), std::make_shared<DoneWork>("recv")};
-        return kDone[send ? 0 : 1];
-      }
-      const std::string description = label.Describe();
-      return internal::MakeCompletedWork(
-          absl::Status(result.code(), absl::StrCat(description, ": ", result.message())),
-          description);
-    }
+    static const WorkPtr* const kDone =
+        new WorkPtr[2]{std::make_shared<DoneWork>("send"), std::make_shared<DoneWork>("recv")};
+    early = PostAndTestOnce(post, nullptr, finish, label, kDone[send ? 0 : 1]);
+    if (early.finished != nullptr) return early.finished;
   }
   auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
   op->collective = false;
-  if (!send) op->finish = check_received;
+  op->finish = std::move(finish);
   // Posted right away by this thread (pairs match in posting order), then handed over.
-  const absl::Status queued = state_->Enqueue(op, [&](Op& o) -> absl::Status {
-    if (early != MPI_REQUEST_NULL) {
-      o.request = early;
-    } else if (const int rc = post(&o.request); rc != MPI_SUCCESS) {
-      const absl::Status error = TANDEM_MPI_STATUS(rc);
-      return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
-    }
-    o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
-    return absl::OkStatus();
-  }, /*test_at_issue=*/early == MPI_REQUEST_NULL);
-  if (!queued.ok()) {
-    // Posted before the abort was seen: MPI may still use the buffer.
-    if (early != MPI_REQUEST_NULL) state_->Abandon(op);
-    const bool aborted = early != MPI_REQUEST_NULL ||
-                         (op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok());
-    return internal::MakeCompletedWork(
-        aborted ? absl::FailedPreconditionError(absl::StrCat(
-                      op->Describe(), ": communicator aborted: ", queued.message()))
-                : queued,
-        op->Describe());
-  }
+  const absl::Status queued = state_->Enqueue(
+      op, [&](Op& o) { return PostNow(o, post, early); }, /*test_at_issue=*/!early.posted);
+  if (!queued.ok()) return RefusedWork(*state_, op, queued, early.posted);
   return work;
 }
 
@@ -494,49 +533,21 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   // Without a signature check this thread posts it now: operations are issued from one thread
   // at a time, so posting order is issue order on every rank. A small one is also tested
   // before anything is allocated (see IssuePointToPoint).
-  MPI_Request early = MPI_REQUEST_NULL;
-  bool posted_early = false;
+  EarlyPost early;
   if (!verify &&
       std::max<int64_t>(label.count, 0) * SizeOf(label.dtype) <=
           mpi_internal::kTestAtIssueMaxBytes &&
       !state_->aborting.load(std::memory_order_acquire)) {
-    absl::Status result;
-    bool complete = false;
-    if (const int rc = post(&early); rc != MPI_SUCCESS) {
-      result = TANDEM_MPI_STATUS(rc);
-    } else if (progress) {
-      absl::StatusOr<bool> stepped = progress();
-      result = stepped.status();
-      complete = stepped.ok() && *stepped;
-    } else {
-      int flag = 0;
-      MPI_Status mpi_status;
-      const int rc = MPI_Test(&early, &flag, &mpi_status);
-      if (rc != MPI_SUCCESS) {
-        result = TANDEM_MPI_STATUS(rc);
-      } else if (flag) {
-        complete = true;
-        if (finish) result = finish(mpi_status);
-      }
-    }
-    if (result.ok() && complete) {
-      static const auto* const kDone = new std::array<WorkPtr, 7>{
-          nullptr,
-          std::make_shared<DoneWork>("all_reduce"),
-          std::make_shared<DoneWork>("reduce_scatter"),
-          std::make_shared<DoneWork>("all_gather"),
-          std::make_shared<DoneWork>("broadcast"),
-          std::make_shared<DoneWork>("barrier"),
-          std::make_shared<DoneWork>("split")};
-      return (*kDone)[static_cast<size_t>(kind)];
-    }
-    if (!result.ok()) {
-      const std::string description = label.Describe();
-      return internal::MakeCompletedWork(
-          absl::Status(result.code(), absl::StrCat(description, ": ", result.message())),
-          description);
-    }
-    posted_early = true;
+    static const auto* const kDone = new std::array<WorkPtr, 7>{
+        nullptr,
+        std::make_shared<DoneWork>("all_reduce"),
+        std::make_shared<DoneWork>("reduce_scatter"),
+        std::make_shared<DoneWork>("all_gather"),
+        std::make_shared<DoneWork>("broadcast"),
+        std::make_shared<DoneWork>("barrier"),
+        std::make_shared<DoneWork>("split")};
+    early = PostAndTestOnce(post, progress, finish, label, (*kDone)[static_cast<size_t>(kind)]);
+    if (early.finished != nullptr) return early.finished;
   }
   auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
@@ -553,35 +564,16 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
     }
   }
   op->stepped = op->verify || op->progress != nullptr;
-  auto post_now = [&](Op& o) -> absl::Status {
-    if (posted_early) {
-      o.request = early;
-    } else if (const int rc = post(&o.request); rc != MPI_SUCCESS) {
-      const absl::Status error = TANDEM_MPI_STATUS(rc);
-      return absl::Status(error.code(), absl::StrCat(o.Describe(), ": ", error.message()));
-    }
-    o.phase.store(Op::Phase::kPosted, std::memory_order_relaxed);  // published by Enqueue
-    return absl::OkStatus();
-  };
   absl::Status queued;
   if (op->verify) {
     // The progress side posts it once the check passed and every earlier collective was posted.
     op->post = std::move(post);
     queued = state_->Enqueue(op);
   } else {
-    queued = state_->Enqueue(op, post_now, /*test_at_issue=*/!posted_early);
+    queued = state_->Enqueue(
+        op, [&](Op& o) { return PostNow(o, post, early); }, /*test_at_issue=*/!early.posted);
   }
-  if (!queued.ok()) {
-    // Posted before the abort was seen: MPI may still use the buffers.
-    if (posted_early) state_->Abandon(op);
-    const bool aborted = posted_early ||
-                         (op->phase != Op::Phase::kPosted && !state_->AbortStatus().ok());
-    return internal::MakeCompletedWork(
-        aborted ? absl::FailedPreconditionError(absl::StrCat(
-                      op->Describe(), ": communicator aborted: ", queued.message()))
-                : queued,
-        op->Describe());
-  }
+  if (!queued.ok()) return RefusedWork(*state_, op, queued, early.posted);
   return work;
 }
 
