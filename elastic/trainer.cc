@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -41,6 +43,71 @@ using internal::KillSelf;
 using internal::ParseKill;
 
 constexpr int kMoveTag = 21;  // state moves on the survivors' communicator (size, then bytes)
+
+// Ends this rank when its training thread stays past a deadline inside an MPI call that
+// nothing can interrupt: building a communicator one of whose members died (Open MPI 4.1 gives
+// out communicator IDs one creation at a time and fails none, so the creation, and every later
+// one in the process, waits for ever), or starting processes that never join. Armed with a
+// deadline and the line to print; disarmed once the thread is out of such calls.
+class StuckWatchdog {
+ public:
+  StuckWatchdog() : thread_([this] { Loop(); }) {}
+  ~StuckWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StuckWatchdog(const StuckWatchdog&) = delete;
+  StuckWatchdog& operator=(const StuckWatchdog&) = delete;
+
+  // Replaces what was armed before.
+  void Arm(absl::Duration timeout, std::string line) {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline_ = deadline;
+    line_ = std::move(line);
+    cv_.notify_all();
+  }
+  void Disarm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    deadline_ = absl::InfiniteFuture();
+  }
+  // Runs with the line just before the rank ends (ElasticOptions::on_fatal).
+  void set_before_exit(std::function<void(const std::string&)> before_exit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    before_exit_ = std::move(before_exit);
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (deadline_ == absl::InfiniteFuture()) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (absl::Now() >= deadline_) {
+        TANDEM_LOG(ERROR) << line_;
+        if (before_exit_) before_exit_(line_);
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::string line_;
+  std::function<void(const std::string&)> before_exit_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is initialised
+};
 
 std::string Ranks(const std::vector<int>& ranks) {
   return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
@@ -173,6 +240,7 @@ struct ElasticTrainer::State {
   // While processes are being started: a death cannot interrupt MPI_Comm_spawn, so the
   // membership's failure notice ends this rank instead.
   std::atomic<bool> growing{false};
+  StuckWatchdog watchdog;
   int64_t train_end() const {
     return grow_at >= 0 ? std::min(grow_at, job_end()) : job_end();
   }
@@ -216,13 +284,25 @@ struct ElasticTrainer::State {
 
   void AbortAll(const absl::Status& reason) {
     if (growing.load()) {
-      TANDEM_LOG(ERROR) << "elastic: rank " << me << ": a rank died while the job was starting "
-                        << "new processes, which MPI cannot interrupt; ending this rank ("
-                        << reason.message() << ")";
+      const std::string line = absl::StrCat(
+          "elastic: rank ", me, ": a rank died while the job was starting new processes, which "
+          "MPI cannot interrupt; ending this rank (", reason.message(), ")");
+      TANDEM_LOG(ERROR) << line;
+      if (options.on_fatal) options.on_fatal(line);
       std::fflush(stdout);
       std::fflush(stderr);
       std::_Exit(1);
     }
+    // The training thread now leaves its waits (aborted below) for the agreement, unless it is
+    // inside a communicator's creation that the dead rank was part of. Bounded like any wait
+    // (--timeout): it may also be busy in a long computation or a checkpoint write.
+    watchdog.Arm(options.engine.timeout,
+                 absl::StrCat("elastic: rank ", me, ": ", reason.message(), "; this rank did "
+                              "not reach the agreement within ",
+                              absl::FormatDuration(options.engine.timeout),
+                              ": it waits inside MPI for the dead rank (a communicator was "
+                              "being built with it), which MPI cannot interrupt; ending this "
+                              "rank"));
     std::lock_guard<std::mutex> lock(abort_mu);
     if (!aborted) abort_reason = reason;
     aborted = true;
@@ -746,7 +826,15 @@ absl::Status ElasticTrainer::State::Reconfigure(
   membership.reset();
   TearDown();
 
-  // 2. The survivors' communicator; nodes that lost a rank are left out whole.
+  // 2. The survivors' communicator; nodes that lost a rank are left out whole. No membership
+  // watches the survivors until it is built: a survivor that dies now leaves the others inside
+  // MPI_Comm_create_group, which only the watchdog ends.
+  watchdog.Arm(options.agreement_timeout,
+               absl::StrCat("elastic: rank ", me, ": the survivors' communicator was not built "
+                            "within ", absl::FormatDuration(options.agreement_timeout),
+                            ": a survivor died while it was being built, which MPI cannot "
+                            "interrupt (docs/elastic.md, limits); ending this rank"));
+  if (kill.Hits(me, next, "shrink")) KillSelf(me, next, "shrink");
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> survivors,
                           current->Shrink(decision.dead));
   survivors->set_timeout(options.engine.timeout);
@@ -759,6 +847,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
   // The iteration to resume travels with the next agreement, should a rank die before the
   // new engines run.
   TANDEM_RETURN_IF_ERROR(StartMembership(next - 1));
+  watchdog.Disarm();  // the new membership watches from here (AbortAll arms it again)
   if (kill.Hits(me, next, "reform")) KillSelf(me, next, "reform");
   lap();  // the committed step and this rank's state export count with the shrink
   report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
@@ -1047,21 +1136,15 @@ absl::Status ElasticTrainer::State::Grow(
   growing.store(true);
   // Started processes that never join (a crash before MPI_Intercomm_merge) would leave this
   // rank in MPI for ever: past the agreement timeout it ends with an error instead.
-  std::thread watchdog([this, deadline = start + options.agreement_timeout] {
-    while (growing.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-    if (!growing.load()) return;
-    TANDEM_LOG(ERROR) << "elastic: rank " << me << ": the ranks started to grow the job did not "
-                      << "join within " << absl::FormatDuration(options.agreement_timeout)
-                      << "; ending this rank";
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(1);
-  });
+  watchdog.Arm(options.agreement_timeout,
+               absl::StrCat("elastic: rank ", me, ": the ranks started to grow the job did not "
+                            "join within ", absl::FormatDuration(options.agreement_timeout),
+                            "; ending this rank"));
   absl::StatusOr<std::unique_ptr<comm::MpiCommunicator>> merged =
       mpi->SpawnAndMerge(options.spawn_command, count);
   if (!merged.ok()) {
     growing.store(false);
-    watchdog.join();
+    watchdog.Disarm();
     if (first) {
       TANDEM_LOG(WARNING) << "elastic: could not start new ranks (" << merged.status().message()
                           << "); training goes on with " << current->size() << " rank(s)";
@@ -1074,7 +1157,7 @@ absl::Status ElasticTrainer::State::Grow(
   membership->Leave();
   membership.reset();
   growing.store(false);
-  watchdog.join();
+  watchdog.Disarm();
   TearDown();
   held_state = std::move(state);
   held_layout = layout;
@@ -1194,6 +1277,7 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Join(
   state->templates = std::move(templates);
   state->factory = std::move(factory);
   state->options = std::move(options);
+  state->watchdog.set_before_exit(state->options.on_fatal);
   State& s = *state;
   s.base->set_timeout(s.options.engine.timeout);
   std::vector<int> added;
@@ -1223,6 +1307,7 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
   state->templates = std::move(templates);
   state->factory = std::move(factory);
   state->options = std::move(options);
+  state->watchdog.set_before_exit(state->options.on_fatal);
   State& s = *state;
   s.base->set_timeout(s.options.engine.timeout);
 
@@ -1287,6 +1372,7 @@ absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on
     if (!s.membership->in_agreement()) s.membership->RequestAgreement(failure);
     TANDEM_ASSIGN_OR_RETURN(MembershipDecision decision,
                             s.membership->AwaitDecision(s.options.agreement_timeout));
+    s.watchdog.Disarm();  // this thread is out of MPI's uninterruptible calls
     if (decision.dead.empty()) {
       return Annotate(failure, "elastic: an operation failed and no rank died");
     }

@@ -137,6 +137,10 @@ struct ElasticOptions {
   int min_pipelines = 2;  // f + 1 at the start, to survive f failures
   int64_t steps = 0;      // iterations to run from the start (a resumed checkpoint's step)
   MembershipOptions membership;
+  // How long survivors wait for the agreement's decision; also the longest a rank stays inside
+  // an MPI call nothing can interrupt (building the survivors' communicator, starting new
+  // ranks) before it ends with an error naming the cause. (A rank that does not reach an
+  // agreement at all, inside a creation with a rank that died, ends after engine.timeout.)
   absl::Duration agreement_timeout = absl::Seconds(60);
   std::vector<double> layer_state_bytes;  // per layer, for the rank assignment; empty: count
   // Checkpoints of the job (a root, as `tandem train --checkpoint-dir`): one shard per run of
@@ -166,6 +170,10 @@ struct ElasticOptions {
   // After a recovery, start new ranks for the nodes lost (back to the job's starting size)
   // once the survivors have run one iteration.
   bool replace_lost = false;
+  // Runs (on another thread) just before this rank ends itself because a death left it inside
+  // an MPI call nothing can interrupt (see agreement_timeout), with the line it prints, e.g. to
+  // log the failure. Null: nothing.
+  std::function<void(const std::string&)> on_fatal;
   // Handed to every started rank (JoinRequest::payload), e.g. what it needs to compute the
   // same templates.
   std::string join_payload;

@@ -365,6 +365,11 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.min_pipelines = run.min_pipelines;
   options.steps = run.steps;
   options.membership.heartbeat_timeout = run.heartbeat_timeout;
+  options.agreement_timeout = run.agreement_timeout;
+  // A rank that ends itself (stuck inside MPI after a death) logs its failure as any other.
+  options.on_fatal = [log = run.log_json, rank](const std::string& line) {
+    AppendEvent(log, {{"event", "failed"}, {"rank", rank}, {"error", line}});
+  };
   options.layer_state_bytes = templates.layer_state_bytes;
   options.checkpoint_dir = run.checkpoint_dir;
   options.checkpoint_every = run.checkpoint_every;

@@ -36,6 +36,7 @@ struct ElasticRun {
   int tensor_parallel = 1;   // ranks per stage, inside a node: the templates' devices are groups
   double device_memory_bytes = 0;  // what the templates must fit per device; 0: no limit
   absl::Duration heartbeat_timeout = absl::Seconds(2);
+  absl::Duration agreement_timeout = absl::Seconds(60);  // ElasticOptions::agreement_timeout
   double tokens_per_sample = 0;  // sequence length
   std::string model_text;
   std::string log_json;

@@ -80,6 +80,10 @@ ABSL_FLAG(bool, elastic_replace, false,
           "train --elastic: after ranks die, start new ones (MPI_Comm_spawn) for the lost nodes "
           "once the survivors train, back to the job's starting size (SIGUSR2 to the job adds "
           "a node at any time)");
+ABSL_FLAG(double, elastic_agreement_timeout, 60,
+          "train --elastic: seconds survivors wait for each other after a failure, to agree on "
+          "who lives, and inside a call MPI cannot interrupt (building the survivors' "
+          "communicator, starting new ranks) before a rank ends with an error instead");
 ABSL_FLAG(double, device_memory_mb, 0,
           "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
           "limit)");
@@ -742,6 +746,12 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     run.steps = steps;
     run.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
     run.replace_lost = absl::GetFlag(FLAGS_elastic_replace);
+    const double agreement = absl::GetFlag(FLAGS_elastic_agreement_timeout);
+    if (!(agreement > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--elastic-agreement-timeout must be a positive number of seconds, got ", agreement));
+    }
+    run.agreement_timeout = absl::Seconds(agreement);
     run.tensor_parallel = tensor_parallel;
     run.devices_per_node = std::max(1, absl::GetFlag(FLAGS_devices_per_node));
     if (tensor_parallel > 1 && run.devices_per_node == 1) run.devices_per_node = tensor_parallel;
@@ -962,7 +972,8 @@ std::vector<std::string> TrainFlags() {
        {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
         "waves", "planning_costs", "data_parallel", "tensor_parallel", "sequence_parallel", "steps",
         "elastic",
-        "elastic_min_pipelines", "elastic_replace", "devices_per_node", "device_memory_mb", "seed", "plan",
+        "elastic_min_pipelines", "elastic_replace", "elastic_agreement_timeout",
+        "devices_per_node", "device_memory_mb", "seed", "plan",
         "timeline", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
@@ -986,7 +997,7 @@ const CommandRegistrar registrar({
         "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n"
         "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n"
         "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]\n"
-        "    [--elastic-replace]]\n\n"
+        "    [--elastic-replace] [--elastic-agreement-timeout SECONDS]]\n\n"
         "Every rank builds the model from --seed and runs its share of the plan: with --plan\n"
         "the given plan (checked against the world size and the model), with --schedule a\n"
         "plan of P stages x D pipelines (the GPT's layers split by its FLOP estimates so that\n"

@@ -548,6 +548,30 @@ TEST(ElasticTrainTest, CheckpointInspectAndDiff) {
   EXPECT_EQ(usage.exit_status, 2) << usage.output;
 }
 
+TEST(ElasticTrainTest, ADeathWhileTheSurvivorsBuildTheirCommunicatorEndsTheJobInBoundedTime) {
+  // Rank 1 dies in iteration 4; after the agreement, rank 4 dies just before the survivors
+  // build their communicator, leaving them inside MPI_Comm_create_group, which nothing
+  // interrupts (Open MPI 4.1). They must not hang: each ends past the agreement timeout with
+  // a line naming the cause, and the log says so.
+  const std::string log = TempPath("shrink_death.jsonl");
+  const absl::Time start = absl::Now();
+  Outcome o = RunElastic(6, "1:4:forward,4:4:shrink",
+                         absl::StrCat(kPipelined, " --elastic-agreement-timeout 4"), log);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_NE(o.exit_status, 124) << "hung: " << o.output;
+  EXPECT_LT(seconds, 60) << o.output;
+  for (int survivor : {0, 2, 3, 5}) {
+    EXPECT_NE(o.output.find(absl::StrCat("rank ", survivor, ": the survivors' communicator was "
+                                         "not built within 4s")),
+              std::string::npos)
+        << survivor << ": " << o.output;
+  }
+  const Log l = ReadElasticLog(log);
+  EXPECT_EQ(l.finished, 0);
+  EXPECT_EQ(l.failures.size(), 4u) << o.output;
+  EXPECT_EQ(l.loss.size(), 4u) << "iterations 0-3 completed before the deaths: " << o.output;
+}
+
 TEST(ElasticTrainTest, WithoutEnableRecoveryItSaysHowToLaunch) {
   const std::string log = TempPath("norecovery.jsonl");
   Outcome o = RunCommand(absl::StrCat(
