@@ -319,7 +319,7 @@ struct ElasticTrainer::State {
   void TearDown() {
     std::unique_ptr<runtime::Engine> old_engine;
     std::vector<Segment> old_segments;
-    std::unique_ptr<comm::Communicator> a, b, c, d;
+    std::unique_ptr<comm::Communicator> a, b, c;
     {
       std::lock_guard<std::mutex> lock(abort_mu);
       old_engine = std::move(engine);
@@ -327,7 +327,6 @@ struct ElasticTrainer::State {
       a = std::move(everyone);
       b = std::move(training);
       c = std::move(pipeline);
-      d = std::move(config);
     }
     old_engine.reset();
     old_segments.clear();
@@ -787,12 +786,48 @@ absl::Status ElasticTrainer::State::Reconfigure(
   report.committed_iteration = decision.committed_iteration;
   report.detection_seconds = decision.detection_seconds;
   report.agree_seconds = decision.seconds;
-  // 1. The committed step, applied everywhere; then this rank's state, by parameter name. A
-  // re-formation cut short by a further death keeps what the first one exported.
+  if (reforming && decision.committed_iteration + 1 != held_next) {
+    return absl::InternalError(absl::StrCat("rank ", me, " resumes at ", held_next,
+                                            " but the survivors agreed on ",
+                                            decision.committed_iteration + 1));
+  }
+  const int64_t next = reforming ? held_next : decision.committed_iteration + 1;
+  report.resume_iteration = next;
+  membership.reset();
+
+  // 1. The survivors' communicator, first thing after the decision; nodes that lost a rank
+  // are left out whole. No membership watches the survivors until it is built: a survivor that
+  // dies now leaves the others inside MPI_Comm_create_group, which only the watchdog ends, so
+  // everything that can wait (the committed step, the state export, the engines' end) waits
+  // until the new membership watches.
+  watchdog.Arm(options.agreement_timeout,
+               absl::StrCat("elastic: rank ", me, ": the survivors' communicator was not built "
+                            "within ", absl::FormatDuration(options.agreement_timeout),
+                            ": a survivor died while it was being built, which MPI cannot "
+                            "interrupt (docs/elastic.md, limits); ending this rank"));
+  if (kill.Hits(me, next, "shrink")) KillSelf(me, next, "shrink");
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> survivors,
+                          current->Shrink(decision.dead));
+  survivors->set_timeout(options.engine.timeout);
+  std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
+  // Survivors' probes may still reach it; aborted, it stays allocated.
+  if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the survivors'"));
+  shrunk = std::move(survivors);
+  current = shrunk.get();
+  live = report.live;
+  // The iteration to resume travels with the next agreement, should a rank die before the
+  // new engines run.
+  TANDEM_RETURN_IF_ERROR(StartMembership(next - 1));
+  watchdog.Disarm();  // the new membership watches from here (AbortAll arms it again)
+  if (kill.Hits(me, next, "reform")) KillSelf(me, next, "reform");
+
+  // 2. The committed step, applied everywhere; then this rank's state, by parameter name
+  // (both local). A re-formation cut short by a further death keeps what the first one
+  // exported.
   if (!reforming) {
     held_state.clear();
     held_layout = layout;
-    held_next = decision.committed_iteration + 1;
+    held_next = next;
     if (engine != nullptr) {
       if (engine->step_pending() && engine->iteration() == decision.committed_iteration) {
         TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r,
@@ -815,40 +850,9 @@ absl::Status ElasticTrainer::State::Reconfigure(
       }
     }
     reforming = true;
-  } else if (decision.committed_iteration + 1 != held_next) {
-    return absl::InternalError(absl::StrCat("rank ", me, " resumes at ", held_next,
-                                            " but the survivors agreed on ",
-                                            decision.committed_iteration + 1));
   }
-  const int64_t next = held_next;
-  report.resume_iteration = next;
   const JobLayout old_layout = held_layout;
-  membership.reset();
   TearDown();
-
-  // 2. The survivors' communicator; nodes that lost a rank are left out whole. No membership
-  // watches the survivors until it is built: a survivor that dies now leaves the others inside
-  // MPI_Comm_create_group, which only the watchdog ends.
-  watchdog.Arm(options.agreement_timeout,
-               absl::StrCat("elastic: rank ", me, ": the survivors' communicator was not built "
-                            "within ", absl::FormatDuration(options.agreement_timeout),
-                            ": a survivor died while it was being built, which MPI cannot "
-                            "interrupt (docs/elastic.md, limits); ending this rank"));
-  if (kill.Hits(me, next, "shrink")) KillSelf(me, next, "shrink");
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> survivors,
-                          current->Shrink(decision.dead));
-  survivors->set_timeout(options.engine.timeout);
-  std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
-  // Survivors' probes may still reach it; aborted, it stays allocated.
-  if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the survivors'"));
-  shrunk = std::move(survivors);
-  current = shrunk.get();
-  live = report.live;
-  // The iteration to resume travels with the next agreement, should a rank die before the
-  // new engines run.
-  TANDEM_RETURN_IF_ERROR(StartMembership(next - 1));
-  watchdog.Disarm();  // the new membership watches from here (AbortAll arms it again)
-  if (kill.Hits(me, next, "reform")) KillSelf(me, next, "reform");
   lap();  // the committed step and this rank's state export count with the shrink
   report.shrink_seconds = absl::ToDoubleSeconds(mark - start);
 
