@@ -240,6 +240,8 @@ struct ElasticTrainer::State {
   // While processes are being started: a death cannot interrupt MPI_Comm_spawn, so the
   // membership's failure notice ends this rank instead.
   std::atomic<bool> growing{false};
+  // While Configure builds communicators and engines (see AbortAll).
+  std::atomic<bool> building{false};
   StuckWatchdog watchdog;
   int64_t train_end() const {
     return grow_at >= 0 ? std::min(grow_at, job_end()) : job_end();
@@ -294,12 +296,14 @@ struct ElasticTrainer::State {
       std::_Exit(1);
     }
     // The training thread now leaves its waits (aborted below) for the agreement, unless it is
-    // inside a communicator's creation that the dead rank was part of. Bounded like any wait
-    // (--timeout): it may also be busy in a long computation or a checkpoint write.
-    watchdog.Arm(options.engine.timeout,
+    // inside a communicator's creation that the dead rank was part of. While it builds
+    // communicators that is bounded like the shrink; otherwise like any wait (--timeout): it
+    // may be busy in a long computation or a checkpoint write.
+    const absl::Duration bound =
+        building.load() ? options.agreement_timeout : options.engine.timeout;
+    watchdog.Arm(bound,
                  absl::StrCat("elastic: rank ", me, ": ", reason.message(), "; this rank did "
-                              "not reach the agreement within ",
-                              absl::FormatDuration(options.engine.timeout),
+                              "not reach the agreement within ", absl::FormatDuration(bound),
                               ": it waits inside MPI for the dead rank (a communicator was "
                               "being built with it), which MPI cannot interrupt; ending this "
                               "rank"));
@@ -537,6 +541,11 @@ absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<dou
 
 absl::Status ElasticTrainer::State::Configure(
     const std::map<std::string, runtime::ParameterState>* import, int64_t iteration) {
+  building.store(true);
+  struct BuildingScope {
+    std::atomic<bool>& flag;
+    ~BuildingScope() { flag.store(false); }
+  } building_scope{building};
   pipeline_index = -1;
   int stage_index = 0;
   for (size_t i = 0; i < layout.pipelines.size(); ++i) {

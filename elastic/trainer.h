@@ -139,8 +139,9 @@ struct ElasticOptions {
   MembershipOptions membership;
   // How long survivors wait for the agreement's decision; also the longest a rank stays inside
   // an MPI call nothing can interrupt (building the survivors' communicator, starting new
-  // ranks) before it ends with an error naming the cause. (A rank that does not reach an
-  // agreement at all, inside a creation with a rank that died, ends after engine.timeout.)
+  // ranks, the new engines' communicators when a further death is noticed) before it ends
+  // with an error naming the cause. (A rank elsewhere that does not reach the agreement ends
+  // after engine.timeout.)
   absl::Duration agreement_timeout = absl::Seconds(60);
   std::vector<double> layer_state_bytes;  // per layer, for the rank assignment; empty: count
   // Checkpoints of the job (a root, as `tandem train --checkpoint-dir`): one shard per run of
