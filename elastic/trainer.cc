@@ -852,6 +852,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
             " but the survivors resume at ", held_next, " (committed ",
             decision.committed_iteration, ")"));
       }
+      if (kill.Hits(me, next, "export")) KillSelf(me, next, "export");
       TANDEM_ASSIGN_OR_RETURN(std::vector<runtime::ParameterState> state, engine->ExportState());
       for (runtime::ParameterState& p : state) {
         std::string name = p.name;

@@ -19,7 +19,7 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   if (text.empty()) return k;
   static const std::set<std::string> kPoints = {
       "forward", "backward",   "sync", "commit",     "idle", "stop",
-      "reform",  "checkpoint", "grow", "late-commit", "shrink"};
+      "reform",  "checkpoint", "grow", "late-commit", "shrink", "export"};
   for (absl::string_view one : absl::StrSplit(text, ',')) {
     std::vector<std::string> parts = absl::StrSplit(one, ':');
     KillPoint::Entry e;
@@ -30,7 +30,8 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
           "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
           "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
           "re-formation that resumes at ITERATION), shrink (in that re-formation, just before "
-          "the survivors build their communicator), checkpoint (writing the checkpoint of step "
+          "the survivors build their communicator), export (in that re-formation, as the "
+          "rank exports its state), checkpoint (writing the checkpoint of step "
           "ITERATION), grow (not a death: the rank sends itself SIGUSR2 in forward, asking the "
           "job to grow by a node), late-commit (not a death: the rank records the commit of "
           "ITERATION only once the survivors have agreed)"));

@@ -261,7 +261,10 @@ INSTANTIATE_TEST_SUITE_P(
         // forward kill would reach the second stage only after the recovery).
         KillCase{"whole_pipeline", "2:4:commit,3:4:commit", 6, {2, 3}, 4},
         // A second death during the re-formation after the first.
-        KillCase{"during_recovery", "1:4:forward,4:4:reform", 6, {1, 4}, 3}),
+        KillCase{"during_recovery", "1:4:forward,4:4:reform", 6, {1, 4}, 3},
+        // ... as the second victim exports its state: the survivors built their communicator
+        // first (a death before it left them inside MPI_Comm_create_group).
+        KillCase{"during_export", "1:4:forward,4:4:export", 6, {1, 4}, 3}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
 // Live growth (MPI_Comm_spawn): ranks started while the job runs receive their layers' state
