@@ -199,10 +199,10 @@ struct CommState {
 
 // Pauses between polls of a waiting thread. Spinning (sched_yield) gives the lowest latency
 // when every thread has a core; with more ranks than cores it starves the rank being waited
-// for, so "polite" mode sleeps with growing pauses once nothing changed for a while.
+// for, so "polite" mode sleeps 1 ms at a time once nothing changed for a while.
 class Backoff {
  public:
-  // Call after each poll; `progressed` resets the pause.
+  // Call after each poll; `progressed` restarts the polls before the first pause.
   void Pause(bool progressed);
 
  private:
