@@ -44,6 +44,17 @@ using internal::ParseKill;
 
 constexpr int kMoveTag = 21;  // state moves on the survivors' communicator (size, then bytes)
 
+// Ends this rank at once, after printing `line` and running `before_exit` with it: for a
+// rank that MPI holds in a call nothing can interrupt.
+[[noreturn]] void EndStuckRank(const std::string& line,
+                               const std::function<void(const std::string&)>& before_exit) {
+  TANDEM_LOG(ERROR) << line;
+  if (before_exit) before_exit(line);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 // Ends this rank when its training thread stays past a deadline inside an MPI call that
 // nothing can interrupt: building a communicator one of whose members died (Open MPI 4.1 gives
 // out communicator IDs one creation at a time and fails none, so the creation, and every later
@@ -89,13 +100,7 @@ class StuckWatchdog {
         cv_.wait(lock);
         continue;
       }
-      if (absl::Now() >= deadline_) {
-        TANDEM_LOG(ERROR) << line_;
-        if (before_exit_) before_exit_(line_);
-        std::fflush(stdout);
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
+      if (absl::Now() >= deadline_) EndStuckRank(line_, before_exit_);
       cv_.wait_for(lock, std::chrono::milliseconds(20));
     }
   }
@@ -286,14 +291,10 @@ struct ElasticTrainer::State {
 
   void AbortAll(const absl::Status& reason) {
     if (growing.load()) {
-      const std::string line = absl::StrCat(
-          "elastic: rank ", me, ": a rank died while the job was starting new processes, which "
-          "MPI cannot interrupt; ending this rank (", reason.message(), ")");
-      TANDEM_LOG(ERROR) << line;
-      if (options.on_fatal) options.on_fatal(line);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      std::_Exit(1);
+      EndStuckRank(absl::StrCat("elastic: rank ", me, ": a rank died while the job was "
+                                "starting new processes, which MPI cannot interrupt; ending "
+                                "this rank (", reason.message(), ")"),
+                   options.on_fatal);
     }
     // The training thread now leaves its waits (aborted below) for the agreement, unless it is
     // inside a communicator's creation that the dead rank was part of. While it builds
