@@ -144,6 +144,15 @@ class Communicator {
   // Default timeout of Work::Wait().
   virtual void set_timeout(absl::Duration timeout) = 0;
   virtual absl::Duration timeout() const = 0;
+
+  // While the returned handle lives, the backend keeps its transport progressing in the
+  // background even when no operation of this rank is pending (MPI: the progress engine's
+  // thread polls MPI, so that protocol steps of transfers in flight between this rank and its
+  // peers go on while this rank computes). For jobs that overlap communication with
+  // computation, such as the pipeline runtime; it costs a few percent of a core. Without one,
+  // the MPI engine's thread idles whenever nothing is pending and leaves a waiting thread the
+  // core to itself. Default: nothing to keep (nullptr).
+  virtual std::shared_ptr<void> KeepProgressing() { return nullptr; }
 };
 
 }  // namespace tandem::comm

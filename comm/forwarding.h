@@ -65,6 +65,7 @@ class ForwardingCommunicator : public Communicator {
     return target_->DetectDeadRanks(timeout);
   }
   void set_timeout(absl::Duration timeout) override { target_->set_timeout(timeout); }
+  std::shared_ptr<void> KeepProgressing() override { return target_->KeepProgressing(); }
   absl::Duration timeout() const override { return target_->timeout(); }
 
  private:

@@ -171,6 +171,7 @@ class HostStagedCommunicator final : public Communicator {
     return inner_->DetectDeadRanks(timeout);
   }
   void set_timeout(absl::Duration timeout) override { inner_->set_timeout(timeout); }
+  std::shared_ptr<void> KeepProgressing() override { return inner_->KeepProgressing(); }
   absl::Duration timeout() const override { return inner_->timeout(); }
 
  private:

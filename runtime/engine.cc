@@ -369,6 +369,7 @@ absl::Status Engine::Build(StageFactory factory) {
   // The timeline's epoch: right after a barrier, so ranks' clocks line up.
   TANDEM_RETURN_IF_ERROR(control_->Barrier()->Wait());
   epoch_ = clock_->NowSeconds();
+  background_progress_ = control_->KeepProgressing();
   FailureNoticeOptions notice_options;
   notice_options.heartbeat_timeout = options_.heartbeat_timeout;
   TANDEM_ASSIGN_OR_RETURN(

@@ -309,6 +309,9 @@ class Engine {
   bool step_pending_ = false;
   double epoch_ = 0;
   ChromeTrace timeline_;
+  // Keeps MPI progressing while this rank computes (Communicator::KeepProgressing): a peer's
+  // transfer then never waits for this rank's next call into MPI.
+  std::shared_ptr<void> background_progress_;
   std::unique_ptr<FailureNotices> notices_;  // declared last: its thread uses the members above
 };
 

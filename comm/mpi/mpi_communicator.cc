@@ -56,10 +56,26 @@ class MpiWork : public Work {
     return {std::move(work), std::move(op)};
   }
 
+  // A waiter-driven operation (Op::waiter_driven): never queued, so it keeps its communicator's
+  // state to see an abort, and hands a request still pending at its end to the progress side.
+  static std::shared_ptr<MpiWork> CreateWaiterDriven(
+      absl::Duration default_timeout, std::shared_ptr<mpi_internal::CommState> state) {
+    auto work = std::make_shared<MpiWork>(default_timeout);
+    work->state_ = std::move(state);
+    work->storage_.waiter_driven = true;
+    return work;
+  }
+  Op& op() { return storage_; }
+
   explicit MpiWork(absl::Duration default_timeout) : default_timeout_(default_timeout) {}
+
+  ~MpiWork() override {
+    if (state_ != nullptr && !op_->done.load(std::memory_order_acquire)) HandOver();
+  }
 
   bool Test() override {
     if (mpi_internal::TryCompleteDirectly(*op_)) return true;
+    if (op_->waiter_driven) return FailIfAborted();
     if (ProgressEngine::Get().SteppingPending(/*besides=*/op_->stepped ? 1 : 0) ||
         op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
       ProgressEngine::Get().TryProgress();
@@ -85,8 +101,10 @@ class MpiWork : public Work {
       while (!mpi_internal::TryCompleteDirectly(*op_)) {
         bool progressed = false;
         bool busy = false;
-        if (ProgressEngine::Get().SteppingPending(/*besides=*/op_->stepped ? 1 : 0) ||
-            op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
+        if (op_->waiter_driven) {
+          if (FailIfAborted()) break;
+        } else if (ProgressEngine::Get().SteppingPending(/*besides=*/op_->stepped ? 1 : 0) ||
+                   op_->phase.load(std::memory_order_acquire) != Op::Phase::kPosted) {
           progressed = ProgressEngine::Get().TryProgress(&busy);
           if (op_->done.load(std::memory_order_acquire)) break;
         }
@@ -120,9 +138,36 @@ class MpiWork : public Work {
   std::string Describe() const override { return op_->Describe(); }
 
  private:
+  // A waiter-driven operation of an aborted communicator fails here (the progress side never
+  // sees it). True once the operation is done.
+  bool FailIfAborted() {
+    if (!state_->aborting.load(std::memory_order_acquire)) return false;
+    op_->Claim();
+    if (!op_->done.load(std::memory_order_acquire)) state_->FailWaiterDriven(*op_);
+    op_->Release();
+    return true;
+  }
+
+  // A waiter-driven operation dropped before it completed (a timed-out wait, a receive nobody
+  // waits for): its request goes to the progress side, which completes it (or fails it on an
+  // abort) as it does any queued operation.
+  void HandOver() {
+    auto op = std::make_shared<Op>();
+    op->label = op_->label;
+    op->collective = false;
+    op->expected_count = op_->expected_count;
+    op->received_type = op_->received_type;
+    op->request = op_->request;
+    op->phase.store(Op::Phase::kPosted, std::memory_order_relaxed);
+    const absl::Status queued = state_->Enqueue(op, mpi_internal::CommState::NothingToPost,
+                                                /*test_at_issue=*/false);
+    if (!queued.ok()) state_->Abandon(std::move(op));
+  }
+
   Op storage_;
   Op* const op_ = &storage_;
   absl::Duration default_timeout_;
+  std::shared_ptr<mpi_internal::CommState> state_;  // waiter-driven operations only
 };
 
 // An operation that completed successfully when it was issued. One is shared by every such
@@ -460,6 +505,14 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
+std::shared_ptr<void> MpiCommunicator::KeepProgressing() {
+  ProgressEngine::Get().KeepProgressing(true);
+  return std::shared_ptr<void>(new char, [](char* handle) {
+    ProgressEngine::Get().KeepProgressing(false);
+    delete handle;
+  });
+}
+
 int MpiCommunicator::rank() const { return state_->rank; }
 int MpiCommunicator::size() const { return state_->size; }
 MPI_Comm MpiCommunicator::mpi_comm() const { return state_->comm; }
@@ -483,48 +536,114 @@ absl::Status MpiCommunicator::CheckUsable(const char* what) {
 WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool send,
                                            const Buffer& buffer, MPI_Datatype type, int peer,
                                            int tag) {
+  if (static_cast<int64_t>(buffer.bytes()) <= mpi_internal::kTestAtIssueMaxBytes &&
+      !state_->aborting.load(std::memory_order_acquire)) {
+    return IssueSmallPointToPoint(send, buffer, type, peer, tag, label.sequence);
+  }
+  // Large (or refused: the communicator was aborted): posted right away by this thread (pairs
+  // match in posting order), then handed over. Not tested here: that test drives MPI's
+  // progress, which may copy a large arriving message before this thread posts its next
+  // operation (see kTestAtIssueMaxBytes).
   MPI_Comm comm = state_->comm;
   const int count = static_cast<int>(buffer.count);
   auto post = [&](MPI_Request* request) {
     return send ? MPI_Isend(buffer.data, count, type, peer, tag, comm, request)
                 : MPI_Irecv(buffer.data, count, type, peer, tag, comm, request);
   };
-  std::function<absl::Status(const MPI_Status&)> finish;
-  if (!send) {
-    // A shorter message than the buffer is an error (a longer one fails in MPI).
-    finish = [expected = buffer.count, type](const MPI_Status& mpi_status) {
-      int received = 0;
-      MPI_Status copy = mpi_status;
-      MPI_Get_count(&copy, type, &received);
-      if (received == expected) return absl::OkStatus();
-      return absl::InvalidArgumentError(absl::StrCat("sender sent ", received,
-                                                     " elements, expected ", expected,
-                                                     " (mismatched sizes or types)"));
-    };
-  }
-  EarlyPost early;
-  const bool small = static_cast<int64_t>(buffer.bytes()) <= mpi_internal::kTestAtIssueMaxBytes;
-  // A receive is tested when issued only where a test that finds nothing is cheap: on a rank
-  // that shares its core (polite waits), Open MPI yields the core when a test finds nothing,
-  // and a receive posted before its send (the usual order) then pays a context switch before
-  // that send leaves (4 ranks on 2 cores, 8-byte exchange: 21-30 us -> 8-12 us).
-  const bool test_now = send || !ProgressEngine::Get().polite();
-  if (small && test_now && !state_->aborting.load(std::memory_order_acquire)) {
-    static const WorkPtr* const kDone =
-        new WorkPtr[2]{std::make_shared<DoneWork>("send"), std::make_shared<DoneWork>("recv")};
-    early = PostAndTestOnce(post, nullptr, finish, label, kDone[send ? 0 : 1]);
-    if (early.finished != nullptr) return early.finished;
-  }
   auto [work, op] = MpiWork::Create(options_.timeout);
   op->label = std::move(label);
   op->collective = false;
-  op->finish = std::move(finish);
-  // Posted right away by this thread (pairs match in posting order), then handed over.
+  if (!send) {
+    op->expected_count = buffer.count;
+    op->received_type = type;
+  }
+  const EarlyPost not_posted;
   const absl::Status queued = state_->Enqueue(
-      op, [&](Op& o) { return PostNow(o, post, early); },
-      /*test_at_issue=*/test_now && !early.posted);
-  if (!queued.ok()) return RefusedWork(*state_, op, queued, early.posted);
+      op, [&](Op& o) { return PostNow(o, post, not_posted); }, /*test_at_issue=*/false);
+  if (!queued.ok()) return RefusedWork(*state_, op, queued, /*posted_early=*/false);
   return work;
+}
+
+WorkPtr MpiCommunicator::IssueSmallPointToPoint(bool send, const Buffer& buffer,
+                                                MPI_Datatype type, int peer, int tag,
+                                                int64_t sequence) {
+  // Never destroyed; handed out without an owner (an aliasing pointer with no control block),
+  // so that the usual outcome costs no reference count on a line every thread shares.
+  static DoneWork* const kDone[2] = {new DoneWork("send"), new DoneWork("recv")};
+  const int count = static_cast<int>(buffer.count);
+  MPI_Request request = MPI_REQUEST_NULL;
+  absl::Status error;
+  if (const int rc = send ? MPI_Isend(buffer.data, count, type, peer, tag, state_->comm, &request)
+                          : MPI_Irecv(buffer.data, count, type, peer, tag, state_->comm, &request);
+      rc != MPI_SUCCESS) {
+    error = TANDEM_MPI_STATUS(rc);
+  } else if (send || !ProgressEngine::Get().polite()) {
+    // A receive is tested here only where a test that finds nothing is cheap: on a rank that
+    // shares its core (polite waits), Open MPI yields the core when a test finds nothing, and a
+    // receive posted before its send (the usual order) then paid a context switch before that
+    // send left (4 ranks on 2 cores, 8-byte exchange: 21-30 us -> 8-12 us).
+    int flag = 0;
+    MPI_Status mpi_status;
+    if (const int rc = MPI_Test(&request, &flag, &mpi_status); rc != MPI_SUCCESS) {
+      error = TANDEM_MPI_STATUS(rc);
+    } else if (flag) {
+      if (!send) error = mpi_internal::CheckReceivedCount(mpi_status, buffer.count, type);
+      if (error.ok()) return WorkPtr(WorkPtr(), kDone[send ? 0 : 1]);
+    }
+  }
+  mpi_internal::OpLabel label =
+      PointToPointLabel(send ? "send" : "recv", buffer, peer, tag, sequence);
+  if (!error.ok()) {
+    const std::string description = label.Describe();
+    return internal::MakeCompletedWork(
+        absl::Status(error.code(), absl::StrCat(description, ": ", error.message())),
+        description);
+  }
+  if (!send) {
+    // A pending small receive is never queued: whoever waits on it or tests it completes it.
+    // Its message leaves the sender without this rank's help (eager), so the engine's thread
+    // has nothing to do for it; counted as pending, it kept that thread polling beside the
+    // waiter (and beside the rank's computation, for receives posted long before their message).
+    auto work = MpiWork::CreateWaiterDriven(options_.timeout, state_);
+    Op& op = work->op();
+    op.label = std::move(label);
+    op.collective = false;
+    op.expected_count = buffer.count;
+    op.received_type = type;
+    op.request = request;
+    op.phase.store(Op::Phase::kPosted, std::memory_order_release);
+    return work;
+  }
+  // A send that did not leave at once (the peer's queue is full): the progress side helps it.
+  auto [work, op] = MpiWork::Create(options_.timeout);
+  op->label = std::move(label);
+  op->collective = false;
+  EarlyPost early;
+  early.posted = true;
+  early.request = request;
+  auto posted = [](MPI_Request*) { return MPI_SUCCESS; };  // PostNow only records `early`
+  const absl::Status queued = state_->Enqueue(
+      op, [&](Op& o) { return PostNow(o, posted, early); }, /*test_at_issue=*/false);
+  if (!queued.ok()) return RefusedWork(*state_, op, queued, /*posted_early=*/true);
+  return work;
+}
+
+MPI_Datatype MpiCommunicator::SmallPointToPointType(const Buffer& buffer, int peer,
+                                                    int tag) const {
+  // Indexed by DataType; the 16-bit types (created at first use) take the general path.
+  static const MPI_Datatype kTypes[] = {MPI_FLOAT,   MPI_DOUBLE,    MPI_DATATYPE_NULL,
+                                        MPI_DATATYPE_NULL, MPI_INT8_T, MPI_UINT8_T,
+                                        MPI_INT32_T, MPI_INT64_T};
+  static constexpr int64_t kSizes[] = {4, 8, 2, 2, 1, 1, 4, 8};
+  const auto index = static_cast<size_t>(buffer.dtype);
+  if (index >= std::size(kTypes) || buffer.device.kind != DeviceKind::kCpu ||
+      buffer.count < 0 || buffer.count > mpi_internal::kTestAtIssueMaxBytes ||
+      buffer.count * kSizes[index] > mpi_internal::kTestAtIssueMaxBytes ||
+      (buffer.data == nullptr && buffer.count > 0) || peer < 0 || peer >= state_->size ||
+      tag < 0 || state_->aborting.load(std::memory_order_acquire)) {
+    return MPI_DATATYPE_NULL;
+  }
+  return kTypes[index];
 }
 
 template <typename Post>
@@ -602,7 +721,10 @@ absl::StatusOr<MPI_Datatype> MpiCommunicator::CheckPointToPoint(const Buffer& bu
 }
 
 WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
-  mpi_internal::OpLabel label = PointToPointLabel("send", buffer, peer, tag);
+  if (MPI_Datatype type = SmallPointToPointType(buffer, peer, tag); type != MPI_DATATYPE_NULL) {
+    return IssueSmallPointToPoint(/*send=*/true, buffer, type, peer, tag, p2p_sequence_++);
+  }
+  mpi_internal::OpLabel label = PointToPointLabel("send", buffer, peer, tag, p2p_sequence_++);
   auto type = CheckPointToPoint(buffer, peer, tag, "send buffer");
   if (!type.ok()) {
     const std::string description = label.Describe();
@@ -612,7 +734,10 @@ WorkPtr MpiCommunicator::Send(const Buffer& buffer, int peer, int tag) {
 }
 
 WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
-  mpi_internal::OpLabel label = PointToPointLabel("recv", buffer, peer, tag);
+  if (MPI_Datatype type = SmallPointToPointType(buffer, peer, tag); type != MPI_DATATYPE_NULL) {
+    return IssueSmallPointToPoint(/*send=*/false, buffer, type, peer, tag, p2p_sequence_++);
+  }
+  mpi_internal::OpLabel label = PointToPointLabel("recv", buffer, peer, tag, p2p_sequence_++);
   auto type = CheckPointToPoint(buffer, peer, tag, "receive buffer");
   if (!type.ok()) {
     const std::string description = label.Describe();
@@ -622,10 +747,10 @@ WorkPtr MpiCommunicator::Recv(const Buffer& buffer, int peer, int tag) {
 }
 
 mpi_internal::OpLabel MpiCommunicator::PointToPointLabel(const char* name, const Buffer& buffer,
-                                                         int peer, int tag) {
+                                                         int peer, int tag, int64_t sequence) {
   mpi_internal::OpLabel label;
   label.name = name;
-  label.sequence = p2p_sequence_++;
+  label.sequence = sequence;
   label.peer = peer;
   label.tag = tag;
   label.count = buffer.count;

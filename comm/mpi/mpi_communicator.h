@@ -87,6 +87,8 @@ class MpiCommunicator : public Communicator {
   void Abort(const absl::Status& reason) override;
 
   void set_timeout(absl::Duration timeout) override { options_.timeout = timeout; }
+  // The progress engine (process-wide) polls MPI while any such handle lives.
+  std::shared_ptr<void> KeepProgressing() override;
   absl::Duration timeout() const override { return options_.timeout; }
 
   // The data communicator (for code that must call MPI directly, e.g. benchmarks).
@@ -108,11 +110,22 @@ class MpiCommunicator : public Communicator {
                           DataType dtype, ReduceOp op, int root, Post post,
                           std::function<absl::Status(const MPI_Status&)> finish,
                           std::function<absl::StatusOr<bool>()> progress = nullptr);
-  // Posts MPI_Isend (`send`) or MPI_Irecv of `buffer` now and hands it to the progress side.
+  // Posts MPI_Isend (`send`) or MPI_Irecv of `buffer` now and hands it to the progress side
+  // (a small one: IssueSmallPointToPoint).
   WorkPtr IssuePointToPoint(mpi_internal::OpLabel label, bool send, const Buffer& buffer,
                             MPI_Datatype type, int peer, int tag);
-  mpi_internal::OpLabel PointToPointLabel(const char* name, const Buffer& buffer, int peer,
-                                          int tag);
+  // A checked point-to-point operation of at most kTestAtIssueMaxBytes: posted and tested now,
+  // then done (the usual case for a send, and for a receive whose message is there), or
+  // waiter-driven (a receive: Op::waiter_driven), or queued (a send that did not leave).
+  // Nothing is allocated and no operation label is built unless it is still pending.
+  WorkPtr IssueSmallPointToPoint(bool send, const Buffer& buffer, MPI_Datatype type, int peer,
+                                 int tag, int64_t sequence);
+  // The MPI type of a point-to-point operation that takes the small path with no further check
+  // (a CPU buffer of a plain type up to kTestAtIssueMaxBytes, a valid peer and tag, a usable
+  // communicator); MPI_DATATYPE_NULL otherwise, and the general path checks and describes it.
+  MPI_Datatype SmallPointToPointType(const Buffer& buffer, int peer, int tag) const;
+  static mpi_internal::OpLabel PointToPointLabel(const char* name, const Buffer& buffer,
+                                                 int peer, int tag, int64_t sequence);
   mpi_internal::OpLabel CollectiveLabel(const char* name, const Buffer* buffer,
                                         const char* reduction, int root) const;
   // Algorithms over point-to-point messages (comm/mpi/ring.h) send on the control

@@ -114,15 +114,27 @@ std::string OpLabel::Describe() const {
 
 namespace {
 
-// The result of an operation's `finish`, its errors prefixed with the operation.
+// The result of an operation's checks and `finish`, its errors prefixed with the operation.
 absl::Status Finish(const Op& op, const MPI_Status& status) {
-  if (!op.finish) return absl::OkStatus();
-  absl::Status result = op.finish(status);
+  absl::Status result;
+  if (op.expected_count >= 0) {
+    result = CheckReceivedCount(status, op.expected_count, op.received_type);
+  }
+  if (result.ok() && op.finish) result = op.finish(status);
   if (result.ok()) return result;
   return absl::Status(result.code(), absl::StrCat(op.Describe(), ": ", result.message()));
 }
 
 }  // namespace
+
+absl::Status CheckReceivedCount(const MPI_Status& status, int64_t expected, MPI_Datatype type) {
+  int received = 0;
+  MPI_Status copy = status;
+  MPI_Get_count(&copy, type, &received);
+  if (received == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("sender sent ", received, " elements, expected ",
+                                                 expected, " (mismatched sizes or types)"));
+}
 
 bool StepPosted(Op& op) {
   if (op.progress) {
@@ -350,6 +362,16 @@ void CommState::Abandon(std::shared_ptr<Op> op) {
   abandoned.push_back(std::move(op));
 }
 
+void CommState::FailWaiterDriven(Op& op) {
+  const absl::Status reason = AbortStatus();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    abandoned_requests = true;  // its request stays posted: keep the MPI communicators
+  }
+  op.Complete(absl::FailedPreconditionError(
+      absl::StrCat(op.Describe(), ": communicator aborted: ", reason.message())));
+}
+
 void CommState::Fail(const std::shared_ptr<Op>& op, const absl::Status& reason) {
   op->Claim();  // a waiter holds it at most for one MPI_Test
   if (!op->done.load(std::memory_order_acquire)) {
@@ -426,6 +448,17 @@ void ProgressEngine::OperationAdded(bool stepped) {
   }
 }
 
+void ProgressEngine::KeepProgressing(bool keep) {
+  if (!keep) {
+    kept_.fetch_sub(1);
+    return;
+  }
+  if (kept_.fetch_add(1) == 0 && deep_idle_.load()) {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    wake_.notify_one();
+  }
+}
+
 void ProgressEngine::OperationFinished(bool stepped) {
   if (stepped) stepping_.fetch_sub(1);
   pending_.fetch_sub(1);
@@ -483,7 +516,7 @@ void ProgressEngine::Loop() {
   auto last_active = std::chrono::steady_clock::now() - kLinger;
   bool idle = true;  // no pending operation at the last look
   while (!stop_) {
-    if (pending_.load() <= 0) {
+    if (pending_.load() <= 0 && kept_.load() <= 0) {
       idle = true;
       const bool lingering = std::chrono::steady_clock::now() - last_active < kLinger;
       if (lingering) {
@@ -504,7 +537,7 @@ void ProgressEngine::Loop() {
       Poke();
       lock.lock();
       deep_idle_.store(true);
-      if (pending_.load() <= 0 && !stop_) wake_.wait_for(lock, kIdleSleep);
+      if (pending_.load() <= 0 && kept_.load() <= 0 && !stop_) wake_.wait_for(lock, kIdleSleep);
       deep_idle_.store(false);
       continue;
     }
@@ -523,6 +556,10 @@ void ProgressEngine::Loop() {
       continue;
     }
     lock.unlock();
+    // Progress kept: MPI is driven on every round, whether or not a request of ours is there
+    // to test (with only the operations' own tests, the emulated pipeline on 4 ranks ran
+    // 1.037-1.051x its simulation instead of 1.024-1.028x).
+    if (kept_.load() > 0) Poke();
     backoff.Pause(TryProgress());
     lock.lock();
   }

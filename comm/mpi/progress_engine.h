@@ -4,7 +4,12 @@
 //     (MPI_Test, or the step function of a multi-step algorithm) with no hand-off to another
 //     thread, which gives MPI's own latency; or
 //   * the engine's own thread, which polls whenever operations are pending and nobody waits,
-//     so that communication overlaps computation for real.
+//     so that communication overlaps computation for real (and, while a
+//     Communicator::KeepProgressing handle lives, drives MPI even with nothing pending).
+// A small receive still pending after its test at issue is waiter-driven (Op::waiter_driven):
+// never queued nor counted, completed by whoever waits on it or tests it, its message leaving
+// the sender without this rank's help (eager). Queued, it kept the engine's thread polling beside
+// a waiter that needed no help, and beside the computation for receives posted long ahead.
 // An operation is touched by one thread at a time: whoever tests or fails it first claims it
 // (Op::TryClaim). Tandem-level steps that are not a single request (signature checks, posting
 // collectives queued behind them, ring steps of other operations) run under progress_mu_
@@ -58,7 +63,7 @@ inline constexpr size_t kIncomingPruneSize = 8;
 
 // Operations up to this size (Open MPI's shared-memory eager limit) are tested once when
 // issued: most complete there (an eager send, a message already there) and then cost no queue
-// entry. Not larger ones: that test drives MPI's progress, which may copy a large message
+// entry; a receive still pending then is waiter-driven (see the header comment). Not larger ones: that test drives MPI's progress, which may copy a large message
 // arriving for it before this thread posts its next operation (a receive issued before its
 // send then delays the send: 1-32 MiB send/recv pairs on two ranks ran at 0.65-1.03x instead of
 // 0.92-1.21x).
@@ -108,9 +113,17 @@ struct Op {
   MPI_Request verify_request = MPI_REQUEST_NULL;
   // Posts the data request; returns an MPI error code.
   std::function<int(MPI_Request*)> post;
-  // Runs after the data request completed (averaging, received-count checks); an error is
-  // prefixed with the operation's description.
+  // Runs after the data request completed (averaging); an error is prefixed with the
+  // operation's description.
   std::function<absl::Status(const MPI_Status&)> finish;
+  // A receive: the element count its message must have, in `received_type` (checked when it
+  // completes, before `finish`); -1 for other operations.
+  int64_t expected_count = -1;
+  MPI_Datatype received_type = MPI_DATATYPE_NULL;
+  // Completed only by the threads that wait on or test it: never queued for the progress side,
+  // not counted in the engine's pending operations (see kTestAtIssueMaxBytes). Its waiter
+  // watches for an abort itself.
+  bool waiter_driven = false;
   MPI_Request request = MPI_REQUEST_NULL;
   // Multi-step algorithms (e.g. the ring reduce-scatter) progress themselves: when set, it
   // replaces MPI_Test(request) and returns whether the operation is complete.
@@ -134,6 +147,10 @@ struct Op {
  private:
   std::atomic<bool> claimed{false};
 };
+
+// A receive that got `status`: an error unless it holds exactly `expected` elements of `type`
+// (a shorter message; a longer one fails in MPI).
+absl::Status CheckReceivedCount(const MPI_Status& status, int64_t expected, MPI_Datatype type);
 
 // Under the claim of a posted operation: tests its request (or runs its `progress` step) and
 // completes it when finished. True if it completed.
@@ -182,6 +199,9 @@ struct CommState {
   // Keeps an operation whose request was posted but could not be queued (the communicator was
   // aborted meanwhile): MPI may still use its buffers.
   void Abandon(std::shared_ptr<Op> op);
+  // Under the claim of a waiter-driven operation not yet done, once the communicator was
+  // aborted: fails it like Abort fails queued ones (its request is left to MPI).
+  void FailWaiterDriven(Op& op);
   // Tests pending requests and posts ready collectives; true if anything changed.
   bool Advance();
   // Fails every pending operation with `reason`; later operations fail immediately.
@@ -218,8 +238,11 @@ class ProgressEngine {
   bool polite() const { return polite_.load(); }
 
   void Register(const std::shared_ptr<CommState>& state);
+  // While kept (counted: Communicator::KeepProgressing), the engine's thread polls MPI even
+  // with nothing pending, as if an operation were.
+  void KeepProgressing(bool keep);
   // Counts operations added to / finished in any registered communicator, so the engine's
-  // thread sleeps only when nothing is pending.
+  // thread sleeps only when nothing is pending (or progress is kept).
   void OperationAdded(bool stepped);
   void OperationFinished(bool stepped);
   // Whether more than `besides` pending operations need TryProgress (see the header comment);
@@ -257,6 +280,7 @@ class ProgressEngine {
   std::vector<std::weak_ptr<CommState>> states_ ABSL_GUARDED_BY(list_mu_);
   std::mutex progress_mu_;
   std::atomic<int64_t> pending_{0};
+  std::atomic<int> kept_{0};  // KeepProgressing handles alive
   std::atomic<int64_t> stepping_{0};
   std::atomic<bool> deep_idle_{false};  // the engine's thread sleeps kIdleSleep: wake it
   std::atomic<int> waiters_{0};

@@ -466,6 +466,51 @@ TEST(MpiCommunicatorTest, ReceivesOfMessagesAlreadyThereCompleteWhenIssued) {
   ASSERT_TRUE(world.Barrier()->Wait().ok());
 }
 
+// A small receive still pending after its test at issue is completed by whoever tests or waits
+// on it (never queued for the progress thread): Test() alone completes it, and one dropped while
+// pending keeps its place in MPI's matching order (handed to the progress side, not posted
+// again), so the next message on its tag goes to the receive posted after it.
+TEST(MpiCommunicatorTest, SmallReceivesCompleteThroughTestAloneAndMayBeDropped) {
+  Communicator& world = World();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  auto split = world.Split(0, world.rank());
+  ASSERT_TRUE(split.ok()) << split.status();
+  std::unique_ptr<Communicator> group = std::move(split).value();
+  int32_t tested = 0, dropped = 0, next = 0;
+  int32_t values[3] = {7, 9, 8};
+  WorkPtr by_test;
+  if (group->rank() == 0) {
+    by_test = group->Recv(Buffer{&tested, 1, DataType::kInt32}, 1, /*tag=*/31);
+    WorkPtr gone = group->Recv(Buffer{&dropped, 1, DataType::kInt32}, 1, /*tag=*/32);
+    EXPECT_FALSE(by_test->Test());
+    EXPECT_FALSE(gone->Test());
+    gone.reset();  // pending, nobody will wait on it
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+  if (group->rank() == 1) {
+    ASSERT_TRUE(group->Send(Buffer{&values[0], 1, DataType::kInt32}, 0, 31)->Wait().ok());
+    ASSERT_TRUE(group->Send(Buffer{&values[1], 1, DataType::kInt32}, 0, 32)->Wait().ok());
+    ASSERT_TRUE(group->Send(Buffer{&values[2], 1, DataType::kInt32}, 0, 32)->Wait().ok());
+  }
+  if (group->rank() == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!by_test->Test() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(by_test->Test()) << "a small receive was not completed by Test() alone";
+    EXPECT_TRUE(by_test->error().ok()) << by_test->error();
+    EXPECT_EQ(tested, 7);
+    ASSERT_TRUE(group->Recv(Buffer{&next, 1, DataType::kInt32}, 1, 32)->Wait().ok());
+    EXPECT_EQ(next, 8) << "the dropped receive's message went to the receive posted after it";
+  }
+  ASSERT_TRUE(world.Barrier()->Wait().ok());
+  if (group->rank() == 0) EXPECT_EQ(dropped, 9);
+  // Background progress is a handle of the MPI backend, also through a forwarding handle.
+  ForwardingCommunicator handle(group.get());
+  EXPECT_NE(group->KeepProgressing(), nullptr);
+  EXPECT_NE(handle.KeepProgressing(), nullptr);
+}
+
 TEST(MpiCommunicatorTest, BadArgumentsGiveStatusesNotCrashes) {
   Communicator& world = World();
   float x = 0;
