@@ -6,10 +6,10 @@
 //   * the engine's own thread, which polls whenever operations are pending and nobody waits,
 //     so that communication overlaps computation for real (and, while a
 //     Communicator::KeepProgressing handle lives, drives MPI even with nothing pending).
-// A small receive still pending after its test at issue is waiter-driven (Op::waiter_driven):
-// never queued nor counted, completed by whoever waits on it or tests it, its message leaving
-// the sender without this rank's help (eager). Queued, it kept the engine's thread polling beside
-// a waiter that needed no help, and beside the computation for receives posted long ahead.
+// A small receive not complete when issued is waiter-driven (Op::waiter_driven): never queued
+// nor counted, completed by whoever waits on it or tests it, its message leaving the sender
+// without this rank's help (eager). Queued, it kept the engine's thread polling beside a waiter
+// that needed no help, and beside the computation for receives posted long ahead.
 // An operation is touched by one thread at a time: whoever tests or fails it first claims it
 // (Op::TryClaim). Tandem-level steps that are not a single request (signature checks, posting
 // collectives queued behind them, ring steps of other operations) run under progress_mu_
@@ -63,10 +63,10 @@ inline constexpr size_t kIncomingPruneSize = 8;
 
 // Operations up to this size (Open MPI's shared-memory eager limit) are tested once when
 // issued: most complete there (an eager send, a message already there) and then cost no queue
-// entry; a receive still pending then is waiter-driven (see the header comment). Not larger ones: that test drives MPI's progress, which may copy a large message
-// arriving for it before this thread posts its next operation (a receive issued before its
-// send then delays the send: 1-32 MiB send/recv pairs on two ranks ran at 0.65-1.03x instead of
-// 0.92-1.21x).
+// entry; a receive still pending then is waiter-driven (see the header comment). Not larger
+// ones: that test drives MPI's progress, which may copy a large message arriving for it before
+// this thread posts its next operation (a receive issued before its send then delays the send:
+// 1-32 MiB send/recv pairs on two ranks ran at 0.65-1.03x instead of 0.92-1.21x).
 inline constexpr int64_t kTestAtIssueMaxBytes = 4096;
 
 // Fields of a collective's signature: every rank must agree on each.
