@@ -630,20 +630,15 @@ WorkPtr MpiCommunicator::IssueSmallPointToPoint(bool send, const Buffer& buffer,
 
 MPI_Datatype MpiCommunicator::SmallPointToPointType(const Buffer& buffer, int peer,
                                                     int tag) const {
-  // Indexed by DataType; the 16-bit types (created at first use) take the general path.
-  static const MPI_Datatype kTypes[] = {MPI_FLOAT,   MPI_DOUBLE,    MPI_DATATYPE_NULL,
-                                        MPI_DATATYPE_NULL, MPI_INT8_T, MPI_UINT8_T,
-                                        MPI_INT32_T, MPI_INT64_T};
-  static constexpr int64_t kSizes[] = {4, 8, 2, 2, 1, 1, 4, 8};
-  const auto index = static_cast<size_t>(buffer.dtype);
-  if (index >= std::size(kTypes) || buffer.device.kind != DeviceKind::kCpu ||
-      buffer.count < 0 || buffer.count > mpi_internal::kTestAtIssueMaxBytes ||
-      buffer.count * kSizes[index] > mpi_internal::kTestAtIssueMaxBytes ||
+  // The 16-bit types (created at first use) take the general path.
+  if (buffer.device.kind != DeviceKind::kCpu || buffer.count < 0 ||
+      buffer.count > mpi_internal::kTestAtIssueMaxBytes ||  // bytes() cannot overflow below
+      static_cast<int64_t>(buffer.bytes()) > mpi_internal::kTestAtIssueMaxBytes ||
       (buffer.data == nullptr && buffer.count > 0) || peer < 0 || peer >= state_->size ||
       tag < 0 || state_->aborting.load(std::memory_order_acquire)) {
     return MPI_DATATYPE_NULL;
   }
-  return kTypes[index];
+  return mpi_internal::BuiltinMpiType(buffer.dtype);
 }
 
 template <typename Post>

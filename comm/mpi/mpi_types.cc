@@ -71,7 +71,7 @@ SixteenBitTypes& Types() {
 
 }  // namespace
 
-absl::StatusOr<MPI_Datatype> ToMpiType(DataType type) {
+MPI_Datatype BuiltinMpiType(DataType type) {
   switch (type) {
     case DataType::kFloat32: return MPI_FLOAT;
     case DataType::kFloat64: return MPI_DOUBLE;
@@ -80,11 +80,17 @@ absl::StatusOr<MPI_Datatype> ToMpiType(DataType type) {
     case DataType::kInt32: return MPI_INT32_T;
     case DataType::kInt64: return MPI_INT64_T;
     case DataType::kBFloat16:
-    case DataType::kFloat16: {
-      SixteenBitTypes& types = Types();
-      if (!types.status.ok()) return types.status;
-      return type == DataType::kBFloat16 ? types.bfloat16 : types.float16;
-    }
+    case DataType::kFloat16: break;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+absl::StatusOr<MPI_Datatype> ToMpiType(DataType type) {
+  if (MPI_Datatype builtin = BuiltinMpiType(type); builtin != MPI_DATATYPE_NULL) return builtin;
+  if (type == DataType::kBFloat16 || type == DataType::kFloat16) {
+    SixteenBitTypes& types = Types();
+    if (!types.status.ok()) return types.status;
+    return type == DataType::kBFloat16 ? types.bfloat16 : types.float16;
   }
   return absl::InvalidArgumentError("unknown data type");
 }
