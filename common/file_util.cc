@@ -1,6 +1,7 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -149,6 +150,32 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     const int err = errno;
     ::unlink(tmp.c_str());
     return absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+int RemoveOne(const char* path, const struct stat*, int type, struct FTW*) {
+  return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 ? 0 : errno;
+}
+
+}  // namespace
+
+absl::Status RemoveAll(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    if (unlink(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(path, ": cannot remove: ", std::strerror(errno)));
+  }
+  const int failed = nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
+  if (failed != 0) {
+    const int error = failed > 0 ? failed : errno;
+    return absl::InternalError(absl::StrCat(path, ": cannot remove: ", std::strerror(error)));
   }
   return absl::OkStatus();
 }

@@ -20,4 +20,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // is written directly, never replaced. A directory is InvalidArgument.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
+// Removes `path` and, if it is a folder, everything under it (symbolic links are removed, not
+// followed); a path that does not exist is fine. What std::filesystem::remove_all does, without
+// it: PyTorch's pip LibTorch (2.11) exports its own copy of that function, which the dynamic
+// linker binds in every program linked against it, and which crashes (a call through null).
+absl::Status RemoveAll(const std::string& path);
+
 }  // namespace tandem

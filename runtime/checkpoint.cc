@@ -367,10 +367,7 @@ absl::Status CleanCheckpointLeftovers(const std::string& root) {
         absl::StrCat(root, ": cannot list the checkpoint folder: ", ec.message()));
   }
   for (const auto& path : leftovers) {
-    std::filesystem::remove_all(path, ec);
-    if (ec) {
-      return absl::InternalError(absl::StrCat(path.string(), ": cannot remove: ", ec.message()));
-    }
+    TANDEM_RETURN_IF_ERROR(RemoveAll(path.string()));
   }
   return absl::OkStatus();
 }
@@ -384,7 +381,7 @@ absl::Status PublishCheckpoint(const std::string& root, const std::string& parti
     // An older save of this step (a run restarted from an earlier checkpoint). If `latest`
     // names it, it stays loadable until the rename below replaces it: moved aside first.
     const fs::path aside = fs::path(root) / absl::StrCat(PartialFolderName(step), ".old");
-    fs::remove_all(aside, ec);
+    RemoveAll(aside.string()).IgnoreError();  // a failure shows in the rename
     fs::rename(final_path, aside, ec);
     if (ec) {
       return absl::InternalError(
@@ -409,7 +406,7 @@ absl::Status PublishCheckpoint(const std::string& root, const std::string& parti
   // The newest `keep` stay, and always the one just published.
   for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
     if (steps[i].first == step) continue;
-    fs::remove_all(steps[i].second, ec);
+    RemoveAll(steps[i].second.string()).IgnoreError();  // a leftover, not an error
   }
   return absl::OkStatus();
 }

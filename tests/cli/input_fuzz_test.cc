@@ -360,10 +360,10 @@ class ProgramTest : public ::testing::Test {
   void SetUp() override {
     if (g_tandem.empty()) GTEST_SKIP() << "no tandem program given";
     dir_ = absl::StrCat(testing::TempDir(), "/tandem_fuzz_", ::getpid());
-    std::filesystem::remove_all(dir_);
+    tandem::RemoveAll(dir_).IgnoreError();
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { tandem::RemoveAll(dir_).IgnoreError(); }
   std::string dir_;
 };
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/torch_commands.h"
 #include "common/config.h"
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -167,7 +168,7 @@ TEST_F(ProgramTest, FoundThroughASymbolicLink) {
 TEST_F(ProgramTest, WithoutTheLibTorchPartTrainSaysSoAndExitsTwo) {
   // A copy of tandem alone in a folder: no tandem-torch beside it.
   const std::string dir = absl::StrCat(testing::TempDir(), "/tandem_alone_", ::getpid());
-  std::filesystem::remove_all(dir);
+  tandem::RemoveAll(dir).IgnoreError();
   std::filesystem::create_directories(dir);
   const std::string copy = dir + "/tandem";
   std::filesystem::copy_file(g_tandem, copy);
@@ -195,7 +196,7 @@ TEST_F(ProgramTest, WithoutTheLibTorchPartTrainSaysSoAndExitsTwo) {
       RunProgram(copy, {"schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "2"})
           .exit_code,
       0);
-  std::filesystem::remove_all(dir);
+  tandem::RemoveAll(dir).IgnoreError();
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/command.h"
@@ -75,7 +76,7 @@ TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
                             kModel + "\n");
   const std::string work = Temp(live_grow ? "work_live" : "work_checkpoint");
   const std::string log = Temp(live_grow ? "run_live.json" : "run_checkpoint.json");
-  fs::remove_all(work);
+  tandem::RemoveAll(work).IgnoreError();
   const Outcome run = Tandem("cluster run --jobs " + jobs +
                                 " --slots 4 --policy optimus --interval 1 --deadline 240"
                                 " --work-dir " +
@@ -146,7 +147,7 @@ TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
       }
     }
   }
-  fs::remove_all(work);
+  tandem::RemoveAll(work).IgnoreError();
 }
 
 INSTANTIATE_TEST_SUITE_P(Grow, ClusterRun, ::testing::Bool(),

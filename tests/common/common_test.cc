@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "common/file_util.h"
@@ -45,6 +46,27 @@ TEST(FileTest, AtomicWriteRoundTripsAndLeavesNoTemporary) {
   EXPECT_FALSE(WriteFileAtomically("/nonexistent-dir/x.txt", "x").ok());
   EXPECT_EQ(ReadFile("/nonexistent-dir/x.txt").status().code(), absl::StatusCode::kNotFound);
   std::remove(path.c_str());
+}
+
+TEST(FileTest, RemoveAllRemovesATreeButNotWhatItsLinksPointTo) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "tandem_remove_all";
+  const fs::path outside = fs::path(::testing::TempDir()) / "tandem_remove_all_kept.txt";
+  ASSERT_TRUE(RemoveAll(root.string()).ok());
+  fs::create_directories(root / "a" / "b");
+  ASSERT_TRUE(WriteFileAtomically((root / "a" / "b" / "f.txt").string(), "x").ok());
+  ASSERT_TRUE(WriteFileAtomically((root / "g.txt").string(), "y").ok());
+  ASSERT_TRUE(WriteFileAtomically(outside.string(), "kept").ok());
+  fs::create_symlink(outside, root / "a" / "link");
+  fs::create_directory_symlink(fs::path(::testing::TempDir()), root / "dir_link");
+
+  EXPECT_TRUE(RemoveAll(root.string()).ok());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(root)));
+  EXPECT_EQ(ReadFile(outside.string()).value_or(""), "kept");  // the link's target stays
+  EXPECT_TRUE(fs::exists(::testing::TempDir()));
+  EXPECT_TRUE(RemoveAll(root.string()).ok());  // nothing there: fine
+  EXPECT_TRUE(RemoveAll(outside.string()).ok());  // a plain file
+  EXPECT_FALSE(fs::exists(outside));
 }
 
 TEST(TraceTest, RoundTripsThroughJson) {

@@ -20,10 +20,10 @@ class CheckpointTest : public ::testing::Test {
             ("tandem_checkpoint_test_" + std::to_string(::getpid()) + "_" +
              ::testing::UnitTest::GetInstance()->current_test_info()->name()))
                .string();
-    std::filesystem::remove_all(dir_);
+    tandem::RemoveAll(dir_).IgnoreError();
     ASSERT_TRUE(EnsureDirectory(dir_).ok());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { tandem::RemoveAll(dir_).IgnoreError(); }
 
   static CheckpointShard SampleShard(int stage) {
     CheckpointShard shard;

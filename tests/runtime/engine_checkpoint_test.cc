@@ -157,7 +157,7 @@ void ResumeMatchesUninterrupted(pipeline::ScheduleKind kind, int data_parallel,
   }
   EXPECT_TRUE(found) << "no " << buffer << " in the shard of stage 0";
   EXPECT_TRUE(World()->Barrier()->Wait().ok());
-  if (World()->rank() == 0) std::filesystem::remove_all(dir);
+  if (World()->rank() == 0) tandem::RemoveAll(dir).IgnoreError();
 }
 
 TEST(EngineCheckpointTest, ResumeMatchesUninterruptedSgdMomentum) {
@@ -242,7 +242,7 @@ class EngineCheckpointErrorTest : public ::testing::Test {
   }
   void TearDown() override {
     EXPECT_TRUE(World()->Barrier()->Wait().ok());
-    if (World()->rank() == 0) std::filesystem::remove_all(dir_);
+    if (World()->rank() == 0) tandem::RemoveAll(dir_).IgnoreError();
   }
   absl::Status Load(const std::string& dir, const std::string& model,
                     runtime::OptimizerConfig optimizer = runtime::OptimizerConfig::Sgd(0.9)) {

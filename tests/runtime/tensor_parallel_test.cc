@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/train_cli.h"
@@ -131,8 +132,8 @@ void ExpectNormAndLossesOfOneRank(int ranks, int heads, const std::string& flags
     Outcome diff = RunCommand(absl::StrCat(g_tandem, " checkpoint diff ", sharded_dir, " ",
                                            one_dir, " --tolerance 1e-5"));
     EXPECT_EQ(diff.exit_status, 0) << diff.output;
-    std::filesystem::remove_all(one_dir);
-    std::filesystem::remove_all(sharded_dir);
+    tandem::RemoveAll(one_dir).IgnoreError();
+    tandem::RemoveAll(sharded_dir).IgnoreError();
   }
   const auto x = tandem::testing::ReadJsonLines(one);
   const auto y = tandem::testing::ReadJsonLines(sharded);
@@ -203,8 +204,8 @@ TEST(TensorParallelTest, CheckpointsAreWholeAndResumeOnAnyLayout) {
           << flags << " iteration " << it;
     }
   }
-  std::filesystem::remove_all(sharded);
-  std::filesystem::remove_all(plain);
+  tandem::RemoveAll(sharded).IgnoreError();
+  tandem::RemoveAll(plain).IgnoreError();
   std::filesystem::remove(log);
 }
 
