@@ -10,7 +10,11 @@
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
+
+#include <unistd.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -355,6 +359,32 @@ absl::Status InitDeviceResources(NcclCommunicator::State& state) {
   return absl::OkStatus();
 }
 
+// NCCL refuses ranks that share a GPU ("invalid usage" from its initialisation, after a
+// wait): find them first, from each rank's host name and the device's PCI bus id, and name them.
+absl::Status RefuseSharedDevices(Communicator& cpu, int device) {
+  constexpr int kHost = 96, kBus = 32, kRecord = kHost + kBus;
+  std::vector<char> mine(kRecord, 0);
+  gethostname(mine.data(), kHost - 1);
+  TANDEM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.data() + kHost, kBus - 1, device));
+  std::vector<char> all(static_cast<size_t>(kRecord) * cpu.size(), 0);
+  TANDEM_RETURN_IF_ERROR(cpu.AllGather(MakeBuffer(mine.data(), kRecord, DataType::kUInt8),
+                                       MakeBuffer(all.data(), kRecord * cpu.size(),
+                                                  DataType::kUInt8))
+                             ->Wait());
+  auto record = [&](int r) { return std::string(all.data() + r * kRecord, kRecord); };
+  for (int a = 0; a < cpu.size(); ++a) {
+    for (int b = a + 1; b < cpu.size(); ++b) {
+      if (record(a) != record(b)) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nccl backend: ranks ", a, " and ", b, " share one CUDA device (PCI ",
+          all.data() + a * kRecord + kHost, " on ", all.data() + a * kRecord,
+          "); NCCL needs a GPU per rank (the runtime carries such ranks' device buffers over "
+          "MPI through pinned host memory instead)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -380,6 +410,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   state->rank = state->cpu->rank();
   state->size = state->cpu->size();
   state->world_ranks = state->cpu->world_ranks();
+  TANDEM_RETURN_IF_ERROR(RefuseSharedDevices(*state->cpu, state->device));
   TANDEM_RETURN_IF_ERROR(InitDeviceResources(*state));
 
   ncclUniqueId id;

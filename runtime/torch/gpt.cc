@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/functional/linear.h>
@@ -52,6 +53,7 @@ torch::Tensor Apply(const torch::nn::Linear& linear, const torch::Tensor& x) {
 torch::nn::Linear ShardLinear(const torch::Tensor& weight, const torch::Tensor& bias) {
   torch::nn::Linear linear(
       torch::nn::LinearOptions(weight.size(1), weight.size(0)).bias(bias.defined()));
+  linear->to(weight.device());
   torch::NoGradGuard no_grad;
   linear->weight.copy_(weight);
   if (bias.defined()) linear->bias.copy_(bias);
@@ -177,7 +179,12 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     const auto qkv_heads = Apply(qkv, attention_norm(x))
                                .view({batch, length, 3, heads, head_dim})
                                .permute({2, 0, 3, 1, 4});
-    const auto query = qkv_heads[0], key = qkv_heads[1], value = qkv_heads[2];
+    // unbind, not three selects: its gradient is one stack, where each select's would be a
+    // zero-filled tensor of the whole [3, b, A, S, hd] and two more passes to sum them.
+    const std::vector<torch::Tensor> split = qkv_heads.unbind(0);
+    const torch::Tensor& query = split[0];
+    const torch::Tensor& key = split[1];
+    const torch::Tensor& value = split[2];
     torch::Tensor attended;
     if (fused_) {
 #if TORCH_VERSION_MAJOR >= 2
@@ -237,7 +244,8 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     const auto qkv_heads = Apply(qkv, CopyToTensorParallel(attention_norm(x), tp_))
                                .view({batch, length, 3, heads, head_dim})
                                .permute({2, 0, 3, 1, 4});
-    const auto attended = Attend(qkv_heads[0], qkv_heads[1], qkv_heads[2], head_dim);
+    const std::vector<torch::Tensor> split = qkv_heads.unbind(0);  // one stack backward
+    const auto attended = Attend(split[0], split[1], split[2], head_dim);
     const auto projected =
         DeferrableLinear(attended.transpose(1, 2).reshape({batch, length, local}),
                          attention_out->weight, torch::Tensor());
@@ -262,7 +270,8 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     const int64_t length = normed.size(1);
     const auto qkv_heads =
         Apply(qkv, normed).view({batch, length, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
-    const auto attended = Attend(qkv_heads[0], qkv_heads[1], qkv_heads[2], head_dim);
+    const std::vector<torch::Tensor> split = qkv_heads.unbind(0);  // one stack backward
+    const auto attended = Attend(split[0], split[1], split[2], head_dim);
     const auto projected =
         DeferrableLinear(attended.transpose(1, 2).reshape({batch, length, local}),
                          attention_out->weight, torch::Tensor());
@@ -425,7 +434,11 @@ ModelSpec GptModelSpec(const GptConfig& config) {
                                                      int first,
                                                      const TensorParallel& tp) -> absl::Status {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "gpt: heads"));
-      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "gpt: vocab"));
+      if (absl::Status vocab = tp.CheckDivisible(config.vocab, "gpt: vocab"); !vocab.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            vocab.message(), ": pad the vocabulary to a multiple of the degree (as Megatron-LM "
+            "pads GPT-2's 50257 to 50304, --vocab 50304)"));
+      }
       if (tp.sequence_split()) {
         TANDEM_RETURN_IF_ERROR(
             tp.CheckDivisible(config.seq_len, "gpt: the sequence length (sequence parallelism)"));

@@ -130,6 +130,15 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
     return Annotate(sharded, where);
   };
   TANDEM_RETURN_IF_ERROR(shard(layers));
+  // A model's sharding may build its shard modules where LibTorch builds modules (the CPU):
+  // every shard lives on the stage's device, as the whole layers did.
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": moving shards to ",
+                                                       options.device.str()),
+                                          [&] {
+                                            for (torch::nn::AnyModule& layer : layers) {
+                                              layer.ptr()->to(options.device);
+                                            }
+                                          }));
   TensorParallelLayout layout;
   for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
     if (full[name] == tensor.sizes().vec()) layout.replicated.insert(name);
@@ -184,6 +193,8 @@ void TorchStage::BuildArenas() {
   int64_t offset = 0;
   for (auto it = parameters_.rbegin(); it != parameters_.rend(); ++it) {  // backward order
     torch::Tensor& parameter = it->second;
+    TORCH_CHECK(parameter.device() == options_.device, "parameter ", it->first, " is on ",
+                parameter.device().str(), ", the stage on ", options_.device.str());
     const int64_t count = parameter.numel();
     value_arena_.narrow(0, offset, count).copy_(parameter.reshape({count}));
     parameter.set_(value_arena_.storage(), offset, parameter.sizes(), parameter.strides());

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/train_cli.h"
@@ -120,12 +122,15 @@ void ExpectReferenceLosses(const Log& log, int first = 0) {
 // A run that ended well: exit 0, the final parameters and optimizer state equal to those of
 // the run that never failed or changed, every loss the reference's, one finished event and no
 // failure. Returns its log.
+// `reference`: another unchanged run's checkpoint (the CUDA case) instead of the CPU one.
 Log ExpectEqualToTheUnchangedRun(const Outcome& o, const std::string& checkpoint,
-                                 const std::string& log) {
+                                 const std::string& log, const std::string* reference = nullptr) {
   EXPECT_EQ(o.exit_status, 0) << o.output;
-  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  Outcome diff =
+      DiffCheckpoints(reference != nullptr ? *reference : ReferenceCheckpoint(), checkpoint);
   EXPECT_EQ(diff.exit_status, 0) << diff.output;
-  std::filesystem::remove_all(checkpoint);
+  if (reference != nullptr) std::cout << diff.output;  // the largest difference, for the record
+  tandem::RemoveAll(checkpoint).IgnoreError();
   const Log l = ReadElasticLog(log);
   ExpectReferenceLosses(l);
   EXPECT_EQ(l.finished, 1) << o.output;
@@ -364,7 +369,7 @@ TEST(ElasticTrainTest, TensorParallelLayersWithoutASurvivingCopyComeBackFromTheC
   EXPECT_EQ(l.reconfigurations[0]["restored_step"].get<int>(), 4);
   Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
   EXPECT_EQ(diff.exit_status, 0) << diff.output;
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
 TEST(ElasticTrainTest, ALostTensorParallelGroupIsReplacedLive) {
@@ -395,12 +400,20 @@ TEST(ElasticTrainTest, CudaStagesSurviveALostRank) {
   }
   const std::string log = TempPath("cuda.jsonl");
   const std::string checkpoint = TempPath("cuda_checkpoint");
-  Outcome o = RunElastic(4, "1:3:backward",
-                         absl::StrCat(kPipelined, " --device cuda --precision fp32",
-                                      " --checkpoint-dir ", checkpoint),
+  const std::string cuda = absl::StrCat(kPipelined, " --device cuda --precision fp32");
+  // Compared with the unchanged run on the same device, not the CPU's: against the CPU
+  // reference the parameters were within 1e-5 on an H200 but the second moments (squares of
+  // the gradients, twice their relative error) up to 1.8e-5 apart; against the CUDA run the
+  // largest relative difference was 4.8e-7.
+  const std::string reference = TempPath("cuda_reference");
+  Outcome unchanged = RunElastic(4, "", absl::StrCat(cuda, " --checkpoint-dir ", reference),
+                                 TempPath("cuda_reference.jsonl"));
+  ASSERT_EQ(unchanged.exit_status, 0) << unchanged.output;
+  Outcome o = RunElastic(4, "1:3:backward", absl::StrCat(cuda, " --checkpoint-dir ", checkpoint),
                          log);
   ASSERT_EQ(o.exit_status, 0) << o.output;
-  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log, &reference);
+  tandem::RemoveAll(reference).IgnoreError();
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   EXPECT_EQ(l.ranks.at(kSteps - 1), 3);
 }
@@ -439,7 +452,7 @@ TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   EXPECT_EQ(l.reconfigurations[0]["restored_step"].get<int>(), 4);
   EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4);
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
 // A plain run on 2 ranks (2 stages) saves a checkpoint at step 4; an elastic run on 4 ranks
@@ -457,7 +470,7 @@ std::pair<Outcome, Log> ResumePlainCheckpointElastically(const std::string& name
   Outcome o = RunElastic(4, kill, absl::StrCat(kPipelined, " --resume ", checkpoint), log,
                          kSteps - 4);
   EXPECT_EQ(o.exit_status, 0) << o.output;
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
   return {o, plain.exit_status == 0 ? ReadElasticLog(log) : Log{}};
 }
 
@@ -528,7 +541,7 @@ TEST(ElasticTrainTest, AStopRequestEndsAtACheckpointThatResumesOnOtherRanks) {
       EXPECT_LE(std::abs(loss - want[it]), 1e-4 * std::abs(want[it])) << "iteration " << it;
     }
   }
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
 TEST(ElasticTrainTest, CheckpointInspectAndDiff) {
