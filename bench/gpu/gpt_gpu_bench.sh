@@ -4,11 +4,16 @@
 # whose collectives reduce host copies over MPI: the TP=2 line beside the 1-rank line is the
 # cost of those collectives) beside plain PyTorch on the same shapes in
 # the same run (bench/gpu/pytorch_gpt_bench.py: eager fp32, eager bf16 + SDPA + fused AdamW,
-# torch.compile). Prints tokens/s, MFU, peak device memory and tandem / PyTorch ratios.
+# torch.compile). Prints tokens/s, MFU, peak device memory and tandem / PyTorch ratios, and for
+# tandem the simulator's prediction of the last iteration (from its measured stage, optimizer
+# and gradient-synchronisation times) over the measured iteration (its timeline is kept in
+# OUT_DIR).
 #
 #   bench/gpu/gpt_gpu_bench.sh [BUILD_DIR] [OUT_DIR]
 #
-# Environment: STEPS (default 10), SHAPES ("small medium"), PYTHON (python3), MPIRUN (mpirun),
+# Environment: STEPS (default 10), SHAPES ("small medium"), MODES (PyTorch's, default
+# "eager-fp32,eager-bf16,compile-bf16"; eager-bf16 is the reference), RUNS (which tandem rows,
+# by number from 1, default all), PYTHON (python3), MPIRUN (mpirun),
 # and LD_LIBRARY_PATH as the build needs (e.g. where a locally unpacked Abseil lives).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,13 +50,15 @@ summary() {
   echo "${tokens:-failed}|${mfu:--}|${peak:--}"
 }
 
-printf "%-7s %-28s %12s %7s %12s %9s\n" shape run tokens/s MFU% "peak mem" "vs bf16"
+printf "%-7s %-36s %12s %7s %12s %9s %9s\n" shape run tokens/s MFU% "peak mem" "vs bf16" \
+  "sim/meas"
 for shape in ${SHAPES:-small medium}; do
   read -r layers hidden heads <<<"$(shape_flags "$shape")"
   model=(--layers "$layers" --hidden "$hidden" --heads "$heads" --seq-len 1024 --vocab 50257)
   # Plain PyTorch first: its eager bf16 figure is the reference for the ratios.
   "$python" bench/gpu/pytorch_gpt_bench.py --layers "$layers" --hidden "$hidden" \
       --heads "$heads" --seq-len 1024 --vocab 50257 --batch 16 --steps "$steps" \
+      --modes "${MODES:-eager-fp32,eager-bf16,compile-bf16}" \
       >"$out/pytorch_$shape.jsonl" 2>"$out/pytorch_$shape.log" || true
   reference=$("$python" -c '
 import json, sys
@@ -67,29 +74,38 @@ for line in open(path):
     r = json.loads(line)
     name = "pytorch " + r["mode"]
     if "tokens_per_second" not in r:
-        print(f"{shape:<7} {name:<28} {r.get('error', r.get('skipped', 'failed'))}")
+        print(f"{shape:<7} {name:<36} {r.get('error', r.get('skipped', 'failed'))}")
         continue
     mfu = f"{100 * r['mfu']:.1f}" if "mfu" in r else "-"
     mem = f"{r['peak_memory_bytes'] / 2**30:.2f} GiB" if r.get("peak_memory_bytes") else "-"
     ratio = f"{r['tokens_per_second'] / reference:.2f}x" if reference > 0 else "-"
-    print(f"{shape:<7} {name:<28} {r['tokens_per_second']:12.0f} {mfu:>7} {mem:>12} {ratio:>9}")
+    print(f"{shape:<7} {name:<36} {r['tokens_per_second']:12.0f} {mfu:>7} {mem:>12} {ratio:>9}")
 PY
+  # The tensor-parallel rows shard the vocabulary, so they take GPT-2's vocabulary padded to a
+  # multiple of 64 (50304, as Megatron-LM and nanoGPT do), beside a 1-rank row of that shape.
+  number=0
   for run in "1|1 rank bf16|--schedule gpipe --stages 1 --microbatches 1" \
              "1|1 rank fp32|--schedule gpipe --stages 1 --microbatches 1 --precision fp32" \
              "4|4 ranks 1f1b bf16 (1 GPU)|--schedule 1f1b --stages 4 --microbatches 8" \
-             "2|2 ranks TP=2 bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2" \
-             "2|2 ranks TP=2+SP bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --sequence-parallel"; do
+             "1|1 rank bf16 V=50304|--schedule gpipe --stages 1 --microbatches 1 --vocab 50304" \
+             "2|2 ranks TP=2 bf16 V=50304 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --vocab 50304" \
+             "2|2 ranks TP=2+SP bf16 V=50304 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --sequence-parallel --vocab 50304"; do
+    number=$((number + 1))
+    case " ${RUNS:-1 2 3 4 5 6} " in *" $number "*) ;; *) continue ;; esac
     IFS='|' read -r ranks label flags <<<"$run"
+    tag="${shape}_np${ranks}_$(echo "$label" | tr -c 'A-Za-z0-9=+\n' '_')"
     # shellcheck disable=SC2086
-    line=$("$mpirun" -np "$ranks" --bind-to none -x LD_LIBRARY_PATH "$bin" train "${model[@]}" \
-             --device cuda --global-batch 16 --steps "$steps" --optimizer adamw $flags \
-             2>&1 | tee "$out/tandem_${shape}_np${ranks}_${label// /_}.log" | grep "^trained" || true)
+    "$mpirun" -np "$ranks" --bind-to none -x LD_LIBRARY_PATH "$bin" train "${model[@]}" \
+        --device cuda --global-batch 16 --steps "$steps" --optimizer adamw $flags \
+        --timeline "$out/timeline_$tag.json" >"$out/tandem_$tag.log" 2>&1 || true
+    line=$(grep "^trained" "$out/tandem_$tag.log" || true)
+    simulated=$(sed -n 's/^timeline of iteration.* \([0-9.]*x\))$/\1/p' "$out/tandem_$tag.log")
     IFS='|' read -r tokens mfu peak <<<"$(summary "$line")"
     ratio="-"
     if [ "$tokens" != failed ] && [ "$reference" != 0 ]; then
       ratio=$("$python" -c "print(f'{$tokens / $reference:.2f}x')")
     fi
-    printf "%-7s %-28s %12s %7s %12s %9s\n" "$shape" "tandem $label" "$tokens" "$mfu" "$peak" \
-      "$ratio"
+    printf "%-7s %-36s %12s %7s %12s %9s %9s\n" "$shape" "tandem $label" "$tokens" "$mfu" \
+      "$peak" "$ratio" "${simulated:--}"
   done
 done

@@ -133,6 +133,15 @@ def run(mode, args, device):
         loss = step()
     sync()
     seconds = (time.perf_counter() - start) / args.steps
+    if args.trace:
+        # One more step under the profiler, as tandem train --torch-trace records its last.
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as profiler:
+            step()
+            sync()
+        profiler.export_chrome_trace(f"{args.trace}.{mode}.json")
     tokens_per_second = args.batch * args.seq_len / seconds
     peak = peak_flops(device, bf16, args.peak_tflops)
     result = {
@@ -163,6 +172,9 @@ def main():
     p.add_argument("--modes", default="eager-fp32,eager-bf16,compile-bf16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, default=0)
+    p.add_argument("--trace", default="",
+                   help="write a profiler trace (Chrome JSON) of one more step per mode to "
+                        "TRACE.MODE.json")
     args = p.parse_args()
     if args.hidden % args.heads != 0:
         sys.exit("--hidden must be divisible by --heads")

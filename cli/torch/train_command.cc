@@ -20,8 +20,10 @@
 #include <vector>
 
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -95,6 +97,10 @@ ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
           "simulator's prediction beside it); with --elastic, every iteration and every "
           "recovery's phases");
+ABSL_FLAG(std::string, torch_trace, "",
+          "train: write LibTorch's profiler trace (operators and, on CUDA, kernels; Chrome "
+          "JSON) of the last iteration to this file, one per rank (FILE.rankN.json beyond one "
+          "rank); LibTorch 2 or later");
 ABSL_FLAG(std::string, log_json, "",
           "train: write one JSON object per iteration here (iteration, loss, tokens_per_second, "
           "iteration_ms, ...)");
@@ -614,7 +620,14 @@ MfuModel MfuFor(const runtime::libtorch::GptConfig& gpt, torch::Device device,
   if (peak <= 0 && device.is_cuda()) {
     peak = runtime::libtorch::KnownPeakFlops(comm::CudaDeviceName(device.index()), precision);
   }
-  m.total_peak_flops = peak * ranks;
+  // Ranks that share a GPU share its peak: count the GPUs, not the ranks.
+  int devices = ranks;
+  if (device.is_cuda()) {
+    const int per_node = std::max(1, static_cast<int>(torch::cuda::device_count()));
+    const int sharing = std::max(1, LocalRanks() / per_node);
+    devices = std::max(1, ranks / sharing);
+  }
+  m.total_peak_flops = peak * devices;
   return m;
 }
 
@@ -680,6 +693,15 @@ absl::Status CheckMicrobatchFits(const pipeline::Plan& plan,
   return absl::OkStatus();
 }
 
+// --torch-trace's file for this rank: FILE itself on one rank, else FILE.rankN.json (a
+// ".json" ending of FILE moved after the rank).
+std::string TorchTracePath(const std::string& path, const comm::Communicator& world) {
+  if (path.empty() || world.size() == 1) return path;
+  std::string stem = path;
+  if (absl::EndsWith(stem, ".json")) stem.resize(stem.size() - 5);
+  return absl::StrCat(stem, ".rank", world.rank(), ".json");
+}
+
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
 absl::Status Train(comm::Communicator& world, const std::function<void()>& engine_started) {
   const int rank = world.rank();
@@ -693,6 +715,11 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     // share one when there are fewer devices than ranks).
     const int devices = static_cast<int>(torch::cuda::device_count());
     device = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(rank % devices));
+  }
+  if (!absl::GetFlag(FLAGS_torch_trace).empty() && !runtime::libtorch::HasTorchTrace()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--torch-trace needs LibTorch 2 or later (its Kineto profiler); this build has ",
+        TORCH_VERSION));
   }
   if (absl::GetFlag(FLAGS_peak_tflops) < 0) {
     return absl::InvalidArgumentError("--peak-tflops must not be negative");
@@ -813,9 +840,17 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   std::vector<runtime::ActionTiming> last_timings;
   const int64_t first = engine->iteration();
   const int64_t end = first + steps;
+  const std::string torch_trace = TorchTracePath(absl::GetFlag(FLAGS_torch_trace), world);
   for (int64_t it = first; it < end; ++it) {
     engine->set_record_timeline(!timeline.empty() && it == end - 1);
+    const bool trace_now = !torch_trace.empty() && it == end - 1;
+    if (trace_now) TANDEM_RETURN_IF_ERROR(runtime::libtorch::StartTorchTrace(device.is_cuda()));
     TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
+    if (trace_now) {
+      TANDEM_RETURN_IF_ERROR(runtime::libtorch::StopTorchTrace(torch_trace));
+      std::cout << "LibTorch trace of iteration " << it + 1 << " (rank " << rank
+                << "): " << torch_trace << std::endl;
+    }
     const double tokens_per_second = tokens_per_iteration / r.seconds;
     const LogLine line{it,
                        r.loss,
@@ -974,7 +1009,7 @@ std::vector<std::string> TrainFlags() {
         "elastic",
         "elastic_min_pipelines", "elastic_replace", "elastic_agreement_timeout",
         "devices_per_node", "device_memory_mb", "seed", "plan",
-        "timeline", "log_json", "optimizer",
+        "timeline", "torch_trace", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
         "keep_checkpoints", "resume",

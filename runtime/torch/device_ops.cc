@@ -1,6 +1,8 @@
 #include "runtime/torch/device_ops.h"
 
 #include <cmath>
+#include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "runtime/torch/model.h"
 
 #if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/autograd/profiler_kineto.h>
 #define TANDEM_TORCH_HAS_FUSED_ADAMW 1
 #else
 #define TANDEM_TORCH_HAS_FUSED_ADAMW 0
@@ -276,7 +279,10 @@ absl::Status TorchDeviceOps::AverageAndAddSquaredNorm(float* dst, const float* s
     if (dst != src) out.copy_(View(src, count));
     if (divide) out.div_(divisor);
     if (!add_to_norm) return;
-    torch::Tensor squares = out.to(torch::kFloat64).square().sum();
+    // One reduction that accumulates in float64 as it reads, where a float64 copy of the
+    // gradients, its square and their sum took three passes of twice the width.
+    torch::Tensor squares =
+        at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat64).square();
     norm_ = norm_.defined() ? norm_.add_(squares) : squares;
   });
 }
@@ -317,6 +323,39 @@ absl::StatusOr<std::unique_ptr<DeviceOptimizer>> TorchDeviceOps::NewOptimizer(
                                                  fused_adamw_);
   }));
   return optimizer;
+}
+
+bool HasTorchTrace() { return TORCH_VERSION_MAJOR >= 2; }
+
+absl::Status StartTorchTrace(bool cuda) {
+#if TORCH_VERSION_MAJOR >= 2
+  return CatchTorchErrors("starting the LibTorch profiler", [&] {
+    namespace profiler = torch::autograd::profiler;
+    using torch::profiler::impl::ActivityType;
+    const torch::profiler::impl::ProfilerConfig config(
+        torch::profiler::impl::ProfilerState::KINETO);
+    std::set<ActivityType> activities{ActivityType::CPU};
+    if (cuda) activities.insert(ActivityType::CUDA);
+    profiler::prepareProfiler(config, activities);
+    profiler::enableProfiler(config, activities);
+  });
+#else
+  (void)cuda;
+  return absl::UnimplementedError("tracing needs LibTorch 2 or later (its Kineto profiler)");
+#endif
+}
+
+absl::Status StopTorchTrace(const std::string& path) {
+#if TORCH_VERSION_MAJOR >= 2
+  return CatchTorchErrors(absl::StrCat("writing the LibTorch trace ", path), [&] {
+    std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
+        torch::autograd::profiler::disableProfiler();
+    if (result != nullptr) result->save(path);
+  });
+#else
+  (void)path;
+  return absl::UnimplementedError("tracing needs LibTorch 2 or later (its Kineto profiler)");
+#endif
 }
 
 absl::Status TorchDeviceOps::Synchronize() {

@@ -29,6 +29,13 @@ double PeakMemoryBytes(torch::Device device);
 // where unknown).
 double DeviceMemoryBytes(torch::Device device);
 
+// LibTorch's profiler (Kineto) around a stretch of training: the operators LibTorch runs and,
+// with `cuda`, the device's kernels and copies, written by StopTorchTrace as a Chrome trace
+// (chrome://tracing, Perfetto). One trace at a time per process; Unimplemented before LibTorch 2.
+bool HasTorchTrace();
+absl::Status StartTorchTrace(bool cuda);
+absl::Status StopTorchTrace(const std::string& path);
+
 class TorchDeviceOps final : public DeviceOps {
  public:
   // `fused_adamw`: use at::_fused_adamw_ where available (ignored elsewhere).

@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/plan.h"
 #include "runtime/torch/data.h"
+#include "runtime/torch/device_ops.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/reference.h"
 #include "tests/support/train_cli.h"
@@ -108,6 +109,44 @@ TEST(TrainCliTest, FourRanksMatchTheReferenceAndWriteATimeline) {
   std::filesystem::remove(timeline);
 }
 
+// --torch-trace: LibTorch's profiler trace of the last iteration, one file per rank (the
+// operators of its forward and backward passes); before LibTorch 2, bad input.
+TEST(TrainCliTest, TorchTraceRecordsTheLastIterationsOperatorsOnEveryRank) {
+  const std::string trace = TempPath("torch_trace.json");
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags, " --global-batch ", kGlobalBatch,
+                                      " --microbatches 2 --schedule 1f1b --stages 2 --steps 2",
+                                      " --seed ", kSeed, " --torch-trace ", trace));
+  if (!tandem::runtime::libtorch::HasTorchTrace()) {
+    EXPECT_NE(o.exit_status, 0) << o.output;
+    EXPECT_NE(o.output.find("--torch-trace needs LibTorch 2 or later"), std::string::npos)
+        << o.output;
+    return;
+  }
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string path = TempPath(absl::StrCat("torch_trace.rank", rank, ".json"));
+    EXPECT_NE(o.output.find(absl::StrCat("LibTorch trace of iteration 2 (rank ", rank, "): ",
+                                         path)),
+              std::string::npos)
+        << o.output;
+    auto text = tandem::ReadFile(path);
+    ASSERT_TRUE(text.ok()) << text.status();
+    const nlohmann::json events = nlohmann::json::parse(*text)["traceEvents"];
+    int forward = 0, backward = 0;
+    for (const auto& e : events) {
+      if (e.value("cat", "") != "cpu_op") continue;
+      const std::string name = e["name"].get<std::string>();
+      forward += name == "aten::layer_norm";
+      backward += name.rfind("autograd::engine::evaluate_function", 0) == 0;
+    }
+    // Each rank's stage holds a layer norm (a block's or the final one) and runs 2
+    // micro-batches.
+    EXPECT_GE(forward, 2) << "rank " << rank << ": " << path;
+    EXPECT_GT(backward, 0) << "rank " << rank << ": no backward in " << path;
+    std::filesystem::remove(path);
+  }
+}
+
 TEST(TrainCliTest, ResumeOnAnotherWorldSizeRepartitionsTheCheckpoint) {
   // Saved by 4 ranks (2 stages x 2 pipelines, 1F1B), resumed by 3 ranks as 3 stages (GPipe):
   // the stages read their layers from whichever saved stages hold them.
@@ -130,7 +169,7 @@ TEST(TrainCliTest, ResumeOnAnotherWorldSizeRepartitionsTheCheckpoint) {
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines.front()["iteration"].get<int>(), 4);
   ExpectLossesMatch(lines, ReferenceLosses(8), 4);
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
   std::filesystem::remove(log);
 }
 
@@ -182,7 +221,7 @@ TEST(TrainCliTest, ResumeGivesTheSameLossesAsAnUninterruptedRun) {
   ASSERT_TRUE(tandem::WriteFileAtomically(latest + "/manifest.json", manifest.dump()).ok());
   Outcome huge_step = expect_exit_two_everywhere("step 2^63-1");
   EXPECT_NE(huge_step.output.find("step"), std::string::npos) << huge_step.output;
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
   std::filesystem::remove(log);
 }
 
@@ -243,7 +282,7 @@ TEST(TrainCliTest, CheckpointFolderResumesAfterAKillAtAnyMoment) {
     steps += name.rfind("step-", 0) == 0;
   }
   EXPECT_LE(steps, 2);
-  std::filesystem::remove_all(checkpoint);
+  tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
 // A rank's CPU threads follow the cores it may run on: Open MPI's default binding (one core
