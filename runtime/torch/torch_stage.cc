@@ -335,7 +335,7 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
         stash_.size(), " micro-batch(es) still wait for backward"));
   }
   iteration_ = iteration;
-  iteration_loss_ = 0;
+  iteration_loss_ = torch::Tensor();
   microbatch_losses_.clear();
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(-1), [&] {
     torch::NoGradGuard no_grad;
@@ -422,14 +422,30 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Forward(int microbatch,
   }));
   std::vector<Tensor> outputs;
   if (is_last_) {
-    const double scaled = x.item<double>();
-    microbatch_losses_[microbatch] = scaled / loss_scale_;
-    iteration_loss_ += scaled;
+    // Kept on the device and read once, when the iteration's loss is asked for: reading it
+    // here would make the host wait for every forward before launching the next pass.
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(microbatch), [&] {
+      const torch::Tensor scaled = x.detach().to(torch::kFloat64);
+      microbatch_losses_[microbatch] = scaled;
+      iteration_loss_ = iteration_loss_.defined() ? iteration_loss_ + scaled : scaled;
+    }));
   } else {
     outputs.push_back(ToRuntime(x));
   }
   stash_.emplace(microbatch, std::move(stash));
   return outputs;
+}
+
+double TorchStage::IterationLoss() const {
+  return iteration_loss_.defined() ? iteration_loss_.item<double>() : 0.0;
+}
+
+std::map<int, double> TorchStage::microbatch_losses() const {
+  std::map<int, double> losses;
+  for (const auto& [microbatch, scaled] : microbatch_losses_) {
+    losses[microbatch] = scaled.item<double>() / loss_scale_;
+  }
+  return losses;
 }
 
 absl::StatusOr<TorchStage::MicrobatchStash*> TorchStage::FindStash(int microbatch) {

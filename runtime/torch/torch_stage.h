@@ -106,7 +106,7 @@ class TorchStage final : public Stage {
                                                     std::vector<Tensor> output_grads) override;
   absl::Status BackwardWeight(int microbatch) override;
   absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) override;
-  double IterationLoss() const override { return iteration_loss_; }
+  double IterationLoss() const override;  // waits for the last forward on the device
   std::vector<ParameterView> Parameters() override;
   comm::Device device() const override;
   DeviceOps* device_ops() override { return device_ops_.get(); }
@@ -119,7 +119,7 @@ class TorchStage final : public Stage {
     return parameters_;
   }
   // Unscaled mean loss of each micro-batch forwarded this iteration (last stage), by index.
-  const std::map<int, double>& microbatch_losses() const { return microbatch_losses_; }
+  std::map<int, double> microbatch_losses() const;
   // Micro-batches whose stash is held (forwarded, backward not finished).
   int stashed_microbatches() const { return static_cast<int>(stash_.size()); }
   // Segments as [first, end) model layer ranges with their recompute flag (for tests and logs).
@@ -198,8 +198,8 @@ class TorchStage final : public Stage {
   int64_t iteration_ = -1;
   Batch replica_batch_;  // this replica's M * b samples of the current iteration
   std::map<int, MicrobatchStash> stash_;
-  std::map<int, double> microbatch_losses_;
-  double iteration_loss_ = 0;
+  std::map<int, torch::Tensor> microbatch_losses_;  // scaled, float64, on the device
+  torch::Tensor iteration_loss_;                      // their sum (undefined: none yet)
 };
 
 // Conversions between LibTorch and runtime element types.
