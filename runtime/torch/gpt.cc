@@ -53,7 +53,6 @@ torch::Tensor Apply(const torch::nn::Linear& linear, const torch::Tensor& x) {
 torch::nn::Linear ShardLinear(const torch::Tensor& weight, const torch::Tensor& bias) {
   torch::nn::Linear linear(
       torch::nn::LinearOptions(weight.size(1), weight.size(0)).bias(bias.defined()));
-  linear->to(weight.device());
   torch::NoGradGuard no_grad;
   linear->weight.copy_(weight);
   if (bias.defined()) linear->bias.copy_(bias);
