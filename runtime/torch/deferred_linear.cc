@@ -1,9 +1,12 @@
 #include "runtime/torch/deferred_linear.h"
 
 #include <atomic>
+#include <optional>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ATen.h>
+
+#include "runtime/torch/precision.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -13,19 +16,58 @@ std::atomic<DeferredWeightGrads*> g_sink{nullptr};
 // [..., n] -> [rows, n]
 torch::Tensor Rows(const torch::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
+// `t` in autocast's compute type `type` where autocast would cast it (floating point, not
+// double), unchanged otherwise.
+torch::Tensor Lower(const torch::Tensor& t, torch::ScalarType type) {
+  if (!t.defined() || !t.is_floating_point() || t.scalar_type() == torch::kFloat64) return t;
+  return t.to(type);
+}
+
+// y = x W^T (+ b). Under autocast the layer casts its operands itself, as autocast would, and
+// keeps the cast copies for the backward: autograd's own linear keeps autocast's bfloat16
+// copies of the input and weight, where keeping the float32 originals made every backward
+// cast both again (about 1.4 ms of a 85 ms GPT-2 small step on an H200) and held a float32
+// input (twice the bytes) between forward and backward. Casting here rather than inside
+// at::linear also keeps the parameters out of autocast's cast cache, which would otherwise
+// hold copies made with autograd off (a custom function's forward) for other uses of the same
+// weight. Saved: the input and weight as computed with, the weight itself (whose gradient W
+// adds to) and the bias.
+torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                            const torch::Tensor& weight, const torch::Tensor& bias) {
+  torch::Tensor x_compute = x, weight_compute = weight, bias_compute = bias;
+  if (const std::optional<torch::ScalarType> type = AutocastMatmulType(x.device())) {
+    x_compute = Lower(x, *type);
+    weight_compute = Lower(weight, *type);
+    bias_compute = Lower(bias, *type);
+  }
+  ctx->saved_data["input_type"] = static_cast<int64_t>(x.scalar_type());
+  if (bias.defined()) {
+    ctx->save_for_backward({x_compute, weight_compute, weight, bias});
+    // at::linear, not torch::nn::functional::linear: the latter is a matmul and a separate
+    // `+= bias` (an unvectorised mixed-type kernel under autocast: 3.9 ms of an 85 ms GPT-2
+    // small step on an H200); at::linear folds the bias into the GEMM's epilogue.
+    return at::linear(x_compute, weight_compute, bias_compute);
+  }
+  ctx->save_for_backward({x_compute, weight_compute, weight});
+  return at::linear(x_compute, weight_compute);
+}
+
 // The gradients of y = x W^T (+ b) from dL/dy; weight and bias gradients go to the sink
 // while one is set. LibTorch 1.13's custom functions take no undefined tensors, so the
 // layers with and without a bias are two functions sharing this.
 torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
                                               const torch::Tensor& g, bool has_bias) {
   const auto saved = ctx->get_saved_variables();
-  const torch::Tensor& x = saved[0];
-  const torch::Tensor& weight = saved[1];
-  const torch::Tensor bias = has_bias ? saved[2] : torch::Tensor();
-  // The arithmetic of the forward (bfloat16 under autocast), results in each input's type.
+  const torch::Tensor& x = saved[0];  // as the forward computed with (bfloat16 under autocast)
+  const torch::Tensor& weight_compute = saved[1];
+  const torch::Tensor& weight = saved[2];
+  const torch::Tensor bias = has_bias ? saved[3] : torch::Tensor();
+  const auto input_type = static_cast<torch::ScalarType>(ctx->saved_data["input_type"].toInt());
+  // The arithmetic of the forward, results in each input's type (the conversions to `dtype`
+  // do nothing: the output's gradient has the output's type).
   const auto dtype = g.scalar_type();
   torch::Tensor grad_x, grad_weight, grad_bias;
-  if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight.to(dtype)).to(x.scalar_type());
+  if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight_compute.to(dtype)).to(input_type);
   if (DeferredWeightGrads* sink = g_sink.load(std::memory_order_acquire)) {
     sink->Add({x, g, weight, bias});  // W computes them
   } else {
@@ -43,12 +85,7 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                torch::Tensor weight, torch::Tensor bias) {
-    ctx->save_for_backward({x, weight, bias});
-    // at::linear, not torch::nn::functional::linear: the latter is a matmul and a separate
-    // `+= bias`, which under autocast adds a float32 bias to a bfloat16 product in an
-    // unvectorised mixed-type kernel (3.9 ms of an 85 ms GPT-2 small step on an H200);
-    // at::linear folds the bias into the GEMM's epilogue.
-    return at::linear(x, weight, bias);
+    return LinearForward(ctx, x, weight, bias);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -59,8 +96,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                torch::Tensor weight) {
-    ctx->save_for_backward({x, weight});
-    return at::linear(x, weight);
+    return LinearForward(ctx, x, weight, torch::Tensor());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {

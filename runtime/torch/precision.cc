@@ -89,6 +89,12 @@ Precision DefaultPrecision(torch::Device device) {
   return device.is_cuda() ? Precision::kBFloat16 : Precision::kFloat32;
 }
 
+std::optional<torch::ScalarType> AutocastMatmulType(torch::Device device) {
+  if (!device.is_cuda() && !device.is_cpu()) return std::nullopt;
+  if (!AutocastEnabled(device.is_cuda())) return std::nullopt;
+  return AutocastDtype(device.is_cuda());
+}
+
 AutocastGuard::AutocastGuard(torch::Device device, Precision precision) {
   if (precision != Precision::kBFloat16) return;
   active_ = true;

@@ -10,6 +10,7 @@
 // Defaults: bf16 on CUDA devices, float32 on the CPU.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <torch/types.h>
@@ -25,6 +26,10 @@ const char* PrecisionName(Precision precision);  // "fp32", "bf16"
 // "fp32"/"float32", "bf16"/"bfloat16"; InvalidArgument lists the known names.
 absl::StatusOr<Precision> ParsePrecision(absl::string_view name);
 Precision DefaultPrecision(torch::Device device);
+
+// The type autocast computes matrix products in on `device`'s type at this moment (bfloat16
+// inside an AutocastGuard of kBFloat16), or nullopt where autocast is off.
+std::optional<torch::ScalarType> AutocastMatmulType(torch::Device device);
 
 // Autocast to bfloat16 on `device`'s type while alive (nothing for kFloat32). Restores the
 // previous autocast state; the outermost guard clears autocast's cast cache on exit (as

@@ -13,8 +13,10 @@
 
 #include "gtest/gtest.h"
 #include "runtime/torch/data.h"
+#include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/model.h"
+#include "runtime/torch/precision.h"
 #include "runtime/torch/torch_stage.h"
 
 namespace tandem::runtime::libtorch {
@@ -90,6 +92,7 @@ struct PipelineSetup {
   int microbatches = 4;
   int64_t microbatch_size = 2;
   BackwardMode backward = BackwardMode::kFull;
+  Precision precision = Precision::kFloat32;
 };
 
 struct PipelineResult {
@@ -113,6 +116,7 @@ PipelineResult RunPipeline(const Fixture& fixture, const PipelineSetup& setup) {
       options.data_parallel = setup.data_parallel;
       options.microbatches = setup.microbatches;
       options.microbatch_size = setup.microbatch_size;
+      options.precision = setup.precision;
       auto stage = TorchStage::Create(fixture.model, fixture.data, options);
       EXPECT_TRUE(stage.ok()) << stage.status();
       EXPECT_TRUE((*stage)->BeginIteration(kIteration).ok());
@@ -226,6 +230,69 @@ TEST(TorchStageTest, SplitBackwardEqualsFullBackward) {
   ExpectMatchesWholeModel(fixture, setup);
   setup.recompute_layers = {2, 5};
   ExpectMatchesWholeModel(fixture, setup);
+}
+
+// Under bf16 autocast (CPU autocast here) the split backward computes the same bfloat16
+// products as the full one: W works from the bfloat16 input B kept.
+TEST(TorchStageTest, Bf16SplitBackwardEqualsBf16FullBackward) {
+  const Fixture fixture = MakeFixture();
+  PipelineSetup setup;
+  setup.cuts = kThreeStages;
+  setup.precision = Precision::kBFloat16;
+  const PipelineResult full = RunPipeline(fixture, setup);
+  setup.backward = BackwardMode::kSplit;
+  const PipelineResult split = RunPipeline(fixture, setup);
+  EXPECT_EQ(split.loss, full.loss);
+  ASSERT_EQ(split.grads.size(), full.grads.size());
+  for (const auto& [name, grad] : full.grads) {
+    EXPECT_GT(grad.abs().max().item<double>(), 0.0) << name;
+    EXPECT_LT(RelativeError(split.grads.at(name), grad), 1e-6) << name;
+  }
+  // And it is bfloat16 arithmetic: the float32 pipeline's gradients differ by more than
+  // float32 rounding.
+  setup.precision = Precision::kFloat32;
+  const PipelineResult fp32 = RunPipeline(fixture, setup);
+  EXPECT_GT(RelativeError(full.grads.at("layers.2.mlp_in.weight"),
+                          fp32.grads.at("layers.2.mlp_in.weight")),
+            1e-4);
+}
+
+// Under autocast a DeferrableLinear keeps the bfloat16 copies it computed with, as autograd's
+// linear keeps autocast's: the float32 input may change after the forward (it is not kept),
+// and the gradients are those of autocast's linear.
+TEST(DeferrableLinearTest, AutocastKeepsTheComputeCopiesNotTheFloat32Input) {
+  torch::manual_seed(5);
+  const torch::Tensor x0 = torch::randn({3, 5, 16});
+  const torch::Tensor w0 = torch::randn({12, 16});
+  const torch::Tensor b0 = torch::randn({12});
+  const torch::Tensor upstream = torch::randn({3, 5, 12}).to(torch::kBFloat16);
+  struct Run {
+    torch::Tensor x, w, b, y;
+  };
+  auto run = [&](bool deferrable) {
+    Run r{x0.clone().requires_grad_(true), w0.clone().requires_grad_(true),
+          b0.clone().requires_grad_(true), {}};
+    {
+      AutocastGuard autocast(torch::kCPU, Precision::kBFloat16);
+      r.y = deferrable ? DeferrableLinear(r.x, r.w, r.b) : at::linear(r.x, r.w, r.b);
+    }
+    {
+      torch::NoGradGuard no_grad;
+      r.x.add_(1.0);  // the float32 input changes; the kept bfloat16 copy does not
+    }
+    r.y.backward(upstream);
+    return r;
+  };
+  const Run got = run(/*deferrable=*/true);
+  const Run want = run(/*deferrable=*/false);
+  EXPECT_EQ(got.y.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(got.y, want.y));
+  EXPECT_EQ(got.x.grad().scalar_type(), torch::kFloat32);
+  EXPECT_EQ(got.w.grad().scalar_type(), torch::kFloat32);
+  // Same bfloat16 operands; the products' summation order may differ.
+  EXPECT_LT(RelativeError(got.x.grad(), want.x.grad()), 1e-2);
+  EXPECT_LT(RelativeError(got.w.grad(), want.w.grad()), 1e-2);
+  EXPECT_LT(RelativeError(got.b.grad(), want.b.grad()), 1e-2);
 }
 
 // Zero-bubble's split computes each weight gradient once: BackwardInput leaves the linear
