@@ -436,6 +436,93 @@ TEST(GradSyncTest, GroupOfOneIsLocalAndMatchesTheOptimizerAlone) {
   }
 }
 
+// A test double: the CPU loops, counting the calls that average and add to the norm.
+class CountingOps final : public DeviceOps {
+ public:
+  int average_calls = 0;
+  comm::Device device() const override { return cpu_.device(); }
+  std::string name() const override { return "counting cpu loops"; }
+  absl::StatusOr<DeviceArray> Zeros(int64_t count) override { return cpu_.Zeros(count); }
+  absl::Status Copy(float* dst, const float* src, int64_t count) override {
+    return cpu_.Copy(dst, src, count);
+  }
+  absl::Status CopyFromHost(float* dst, const float* host, int64_t count) override {
+    return cpu_.CopyFromHost(dst, host, count);
+  }
+  absl::Status CopyToHost(float* host, const float* src, int64_t count) override {
+    return cpu_.CopyToHost(host, src, count);
+  }
+  absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
+                                        float divisor, bool divide, bool add_to_norm) override {
+    ++average_calls;
+    return cpu_.AverageAndAddSquaredNorm(dst, src, count, divisor, divide, add_to_norm);
+  }
+  absl::StatusOr<double> TakeSquaredNorm() override { return cpu_.TakeSquaredNorm(); }
+  absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override {
+    return cpu_.ToBFloat16(dst, src, count);
+  }
+  absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) override {
+    return cpu_.FromBFloat16(dst, src, count);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
+      const OptimizerConfig& config, std::vector<int64_t> counts) override {
+    return cpu_.NewOptimizer(config, std::move(counts));
+  }
+  bool prefers_fused_steps() const override { return cpu_.prefers_fused_steps(); }
+  absl::Status Synchronize() override { return cpu_.Synchronize(); }
+
+ private:
+  DeviceOps& cpu_ = DefaultCpuDeviceOps();
+};
+
+// The gradients of adjoining parameters (one arena, as a stage lays them out) are averaged and
+// measured in one pass, not one per parameter; the norm still leaves out what it should.
+TEST(GradSyncTest, AdjoiningGradientsAreAveragedAndMeasuredInOnePass) {
+  Communicator& world = World();
+  auto split = world.Split(/*color=*/world.rank(), /*key=*/0);
+  ASSERT_TRUE(split.ok());
+  std::unique_ptr<Communicator> alone = std::move(split).value();
+  for (bool leave_one_out : {false, true}) {
+    for (Communicator* group : {alone.get(), &world}) {
+      ArenaModel arena;
+      std::vector<SyncParameter> views = arena.Views();
+      if (leave_one_out) views[3].counted_in_norm = false;
+      CountingOps ops;
+      GradSyncOptions options =
+          Options(GradSyncStrategy::kAllReduce, 16 << 10, OptimizerConfig::Sgd(0.1));
+      options.device_ops = &ops;
+      auto sync = GradientSync::Create(*group, views, options);
+      ASSERT_TRUE(sync.ok()) << sync.status();
+      ASSERT_GT((*sync)->num_buckets(), 1);
+      for (int p = 0; p < (*sync)->num_parameters(); ++p) {
+        for (int64_t i = 0; i < kSizes[p]; ++i) {
+          arena.grads[arena.offsets[p] + i] = Gradient(group->rank(), 0, p, i, 0.0f);
+        }
+      }
+      ops.average_calls = 0;
+      ASSERT_TRUE((*sync)->FinishBackward().ok());
+      // Local: the counted runs; a group: one pass (the left-out parameter splits rank 0's
+      // pass, which counts the norm, into three).
+      const bool counts = group->size() == 1 || group->rank() == 0;
+      EXPECT_EQ(ops.average_calls, leave_one_out && counts ? (group->size() == 1 ? 2 : 3) : 1)
+          << "group of " << group->size() << (leave_one_out ? ", one left out" : "");
+      double want = 0;
+      for (int p = 0; p < (*sync)->num_parameters(); ++p) {
+        if (leave_one_out && p == 3) continue;
+        for (int64_t i = 0; i < kSizes[p]; ++i) {
+          double average = 0;
+          for (int r = 0; r < group->size(); ++r) {
+            average += Gradient(group->size() == 1 ? group->rank() : r, 0, p, i, 0.0f);
+          }
+          average /= group->size();
+          want += average * average;
+        }
+      }
+      EXPECT_NEAR((*sync)->LocalGradNormSquared(), counts ? want : 0.0, 1e-9 * want);
+    }
+  }
+}
+
 TEST(GradSyncTest, MisuseAndMismatchesGiveStatuses) {
   Communicator& world = World();
   Model model(kSizes);
