@@ -199,6 +199,7 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
         return absl::InternalError("gradient synchronisation started twice");
       }
       l->sync_started = true;
+      TANDEM_RETURN_IF_ERROR(l->impl->FinishGradients());
       for (int b = 0; b < l->sync->num_buckets(); ++b) {
         TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
       }

@@ -56,8 +56,8 @@ class Stage {
  public:
   virtual ~Stage() = default;
 
-  // Called before the first micro-batch of an iteration: the stage zeroes its gradients and,
-  // if it is the first or last stage, selects the iteration's data (micro-batch `m` of the
+  // Called before the first micro-batch of an iteration: the stage starts new gradients
+  // (complete at FinishGradients) and, if it is the first or last stage, selects the iteration's data (micro-batch `m` of the
   // iteration is the m-th slice of this data-parallel replica's share of the global batch).
   virtual absl::Status BeginIteration(int64_t iteration) = 0;
 
@@ -76,6 +76,11 @@ class Stage {
   virtual absl::StatusOr<std::vector<Tensor>> BackwardInput(int microbatch,
                                                             std::vector<Tensor> output_grads) = 0;
   virtual absl::Status BackwardWeight(int microbatch) = 0;
+  // Called once per iteration after the stage's last backward work and before its gradients
+  // are read (the engine: at the gradient synchronisation). A stage that writes each
+  // parameter's first gradient of an iteration over the old one, instead of zeroing first,
+  // zeroes here those that got none.
+  virtual absl::Status FinishGradients() { return absl::OkStatus(); }
 
   // A tensor to receive into, for an activation or gradient of the given meta.
   virtual absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) = 0;

@@ -11,10 +11,38 @@
 namespace tandem::runtime::libtorch {
 namespace {
 
-std::atomic<DeferredWeightGrads*> g_sink{nullptr};
+std::atomic<const LinearGradScope*> g_scope{nullptr};  // the live scope, if any
 
 // [..., n] -> [rows, n]
 torch::Tensor Rows(const torch::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// weight.grad (+)= g^T x for rows g (output gradients) and x (inputs) of the compute type:
+// straight into .grad where the types agree (one GEMM, beta 0 for the first gradient and 1
+// after), else the product converted on its way in (bfloat16 products, float32 gradients).
+void AccumulateWeightGradient(GradientWriter* writer, const torch::Tensor& weight,
+                              const torch::Tensor& g, const torch::Tensor& x) {
+  torch::Tensor grad = weight.grad();
+  const bool first = writer != nullptr && writer->TakeFirst(weight);
+  if (grad.scalar_type() == g.scalar_type()) {
+    if (first) {
+      at::mm_out(grad, g.t(), x);
+    } else {
+      grad.addmm_(g.t(), x);
+    }
+    return;
+  }
+  const torch::Tensor product = g.t().mm(x);
+  if (first) {
+    grad.copy_(product);
+  } else {
+    grad.add_(product.to(grad.scalar_type()));
+  }
+}
+
+// The bias gradient: the rows' sum, accumulated in the bias's type.
+torch::Tensor BiasGradient(const torch::Tensor& g, const torch::Tensor& bias) {
+  return g.sum(0, /*keepdim=*/false, bias.scalar_type());
+}
 
 // `t` in autocast's compute type `type` where autocast would cast it (floating point, not
 // double), unchanged otherwise.
@@ -68,15 +96,23 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
   const auto dtype = g.scalar_type();
   torch::Tensor grad_x, grad_weight, grad_bias;
   if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight_compute.to(dtype)).to(input_type);
-  if (DeferredWeightGrads* sink = g_sink.load(std::memory_order_acquire)) {
-    sink->Add({x, g, weight, bias});  // W computes them
+  const LinearGradScope* scope = g_scope.load(std::memory_order_acquire);
+  if (scope != nullptr && scope->deferred() != nullptr) {
+    scope->deferred()->Add({x, g, weight, bias});  // W computes them
+  } else if (scope != nullptr) {
+    // Written where they belong, not handed to autograd (which would add a converted copy).
+    torch::NoGradGuard no_grad;
+    if (ctx->needs_input_grad(1)) {
+      AccumulateWeightGradient(scope->writer(), weight, Rows(g), Rows(x.to(dtype)));
+    }
+    if (has_bias && ctx->needs_input_grad(2)) {
+      AccumulateGradient(scope->writer(), bias, BiasGradient(Rows(g), bias));
+    }
   } else {
     if (ctx->needs_input_grad(1)) {
       grad_weight = Rows(g).t().mm(Rows(x.to(dtype))).to(weight.scalar_type());
     }
-    if (has_bias && ctx->needs_input_grad(2)) {
-      grad_bias = Rows(g).sum(0).to(bias.scalar_type());
-    }
+    if (has_bias && ctx->needs_input_grad(2)) grad_bias = BiasGradient(Rows(g), bias);
   }
   if (!has_bias) return {grad_x, grad_weight};
   return {grad_x, grad_weight, grad_bias};
@@ -112,31 +148,34 @@ torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weig
   return LinearFunction::apply(x, weight, bias);
 }
 
-void DeferredWeightGrads::Apply() {
+void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,
+                        const torch::Tensor& grad) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& target = parameter.grad();
+  if (writer != nullptr && writer->TakeFirst(parameter)) {
+    target.copy_(grad);
+  } else {
+    target.add_(grad.to(target.scalar_type()));
+  }
+}
+
+void DeferredWeightGrads::Apply(GradientWriter* writer) {
   torch::NoGradGuard no_grad;
   for (Record& r : records_) {
-    const auto dtype = r.grad_output.scalar_type();
+    // Straight into the gradient where the types agree: no temporary, no second pass over it,
+    // which W, reading its inputs back from memory, otherwise pays on top of B's work.
     const torch::Tensor g = Rows(r.grad_output);
-    torch::Tensor weight = r.weight;
-    torch::Tensor& grad = weight.mutable_grad();
-    const torch::Tensor x = Rows(r.input.to(dtype));
-    if (grad.defined() && grad.scalar_type() == dtype) {
-      // Straight into the gradient (one GEMM with beta = 1): no temporary, no second pass over
-      // it, which W, reading its inputs back from memory, otherwise pays on top of B's work.
-      grad.addmm_(g.t(), x);
-    } else {
-      grad.add_(g.t().mm(x).to(grad.scalar_type()));  // bfloat16 products, float32 gradients
-    }
-    if (r.bias.defined()) {
-      torch::Tensor bias = r.bias;
-      bias.mutable_grad().add_(g.sum(0).to(bias.scalar_type()));
-    }
+    AccumulateWeightGradient(writer, r.weight, g, Rows(r.input.to(g.scalar_type())));
+    if (r.bias.defined()) AccumulateGradient(writer, r.bias, BiasGradient(g, r.bias));
   }
   records_.clear();
 }
 
-DeferWeightGrads::DeferWeightGrads(DeferredWeightGrads* sink) {
-  g_sink.store(sink, std::memory_order_release);
+LinearGradScope::LinearGradScope(GradientWriter* writer, DeferredWeightGrads* deferred)
+    : writer_(writer), deferred_(deferred) {
+  g_scope.store(this, std::memory_order_release);
 }
 
-DeferWeightGrads::~DeferWeightGrads() { g_sink.store(nullptr, std::memory_order_release); }}  // namespace tandem::runtime::libtorch
+LinearGradScope::~LinearGradScope() { g_scope.store(nullptr, std::memory_order_release); }
+
+}  // namespace tandem::runtime::libtorch

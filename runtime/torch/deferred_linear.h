@@ -6,11 +6,11 @@
 // those products: the weight gradient is computed once and only once, and the graph is freed
 // after B (Qi et al., "Zero Bubble Pipeline Parallelism", 2023).
 //
-// Outside a DeferWeightGrads scope the layer's backward computes every gradient at once, like
+// Outside a LinearGradScope the layer's backward returns every gradient to autograd, like
 // torch::nn::functional::linear (the same formulas, so results agree within float rounding).
-// Inside one, it returns no weight or bias gradient: a B pass asks autograd for every
-// parameter's gradient as usual, gets those of the other parameters (layer norms, embeddings,
-// a weight also used elsewhere) at once and the linear layers' ones from W.
+// Inside one, it returns no weight or bias gradient: it writes them into .grad itself, or, in
+// a B pass, leaves them to W; autograd gives the other parameters' gradients (layer norms,
+// embeddings, a weight also used elsewhere) as usual.
 #pragma once
 
 #include <vector>
@@ -19,6 +19,22 @@
 
 namespace tandem::runtime::libtorch {
 
+// Where a stage puts its parameters' gradients: each parameter's .grad, which the first
+// gradient of an iteration writes over (the old contents are never read: no zero fill before,
+// no addition to zeros) and later ones add to.
+class GradientWriter {
+ public:
+  virtual ~GradientWriter() = default;
+  // Whether `parameter`'s next gradient is its first this iteration, which then writes over
+  // .grad; from then on it is not. False for a parameter the writer does not know.
+  virtual bool TakeFirst(const torch::Tensor& parameter) = 0;
+};
+
+// parameter.grad (+)= grad, converted to .grad's type; written over where `writer` says it is
+// the first (null: always added). .grad must be defined.
+void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,
+                        const torch::Tensor& grad);
+
 // y = x W^T + b (bias may be undefined), with a deferrable weight gradient.
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias);
@@ -26,8 +42,9 @@ torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weig
 // One micro-batch's deferred weight gradients.
 class DeferredWeightGrads {
  public:
-  // Adds every kept weight (and bias) gradient to the parameters' .grad and forgets them.
-  void Apply();
+  // Adds every kept weight (and bias) gradient to the parameters' .grad (through `writer`
+  // where given) and forgets them.
+  void Apply(GradientWriter* writer = nullptr);
   bool empty() const { return records_.empty(); }
 
   struct Record {
@@ -40,12 +57,22 @@ class DeferredWeightGrads {
 };
 
 // While alive, DeferrableLinear backward passes (on any thread of this process: LibTorch runs
-// device backward passes on its own threads) keep their weight gradients in `sink` instead of
-// computing them. One scope at a time per process (a stage's BackwardInput).
-class DeferWeightGrads {
+// device backward passes on its own threads) put their weight and bias gradients in the
+// parameters' .grad through `writer` (not through autograd's results: a product written
+// straight where it belongs), or, with `deferred`, keep what computes them there later. One
+// scope at a time per process (a stage's backward).
+class LinearGradScope {
  public:
-  explicit DeferWeightGrads(DeferredWeightGrads* sink);
-  ~DeferWeightGrads();
-  DeferWeightGrads(const DeferWeightGrads&) = delete;
-  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
-};}  // namespace tandem::runtime::libtorch
+  LinearGradScope(GradientWriter* writer, DeferredWeightGrads* deferred);
+  ~LinearGradScope();
+  LinearGradScope(const LinearGradScope&) = delete;
+  LinearGradScope& operator=(const LinearGradScope&) = delete;
+  GradientWriter* writer() const { return writer_; }
+  DeferredWeightGrads* deferred() const { return deferred_; }
+
+ private:
+  GradientWriter* writer_;
+  DeferredWeightGrads* deferred_;
+};
+
+}  // namespace tandem::runtime::libtorch

@@ -201,6 +201,28 @@ void TorchStage::BuildArenas() {
     parameter.mutable_grad() = grad_arena_.narrow(0, offset, count).view(parameter.sizes());
     offset += count;
   }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    parameter_index_[parameters_[i].second.data_ptr()] = static_cast<int>(i);
+  }
+  unwritten_.assign(parameters_.size(), 0);  // zeros until the first iteration
+}
+
+bool TorchStage::TakeFirst(const torch::Tensor& parameter) {
+  auto it = parameter_index_.find(parameter.data_ptr());
+  if (it == parameter_index_.end() || !unwritten_[it->second]) return false;
+  unwritten_[it->second] = 0;
+  return true;
+}
+
+absl::Status TorchStage::FinishGradients() {
+  return CatchTorchErrors(Where(-1), [&] {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (!unwritten_[i]) continue;
+      parameters_[i].second.grad().zero_();  // no gradient this iteration
+      unwritten_[i] = 0;
+    }
+  });
 }
 
 TorchStage::TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
@@ -337,10 +359,7 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
   iteration_ = iteration;
   iteration_loss_ = torch::Tensor();
   microbatch_losses_.clear();
-  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(-1), [&] {
-    torch::NoGradGuard no_grad;
-    grad_arena_.zero_();
-  }));
+  std::fill(unwritten_.begin(), unwritten_.end(), 1);  // each first gradient writes over
   if (!is_first() && !is_last_) return absl::OkStatus();
   const int64_t replica_samples = options_.microbatches * options_.microbatch_size;
   absl::StatusOr<Batch> batch = data_->Samples(
@@ -465,12 +484,9 @@ void TorchStage::EnsureGraph(const Segment& segment, SegmentStash& stash,
 }
 
 void TorchStage::AccumulateGrads(const std::vector<torch::Tensor>& parameters,
-                                 const std::vector<torch::Tensor>& grads) const {
-  torch::NoGradGuard no_grad;
+                                 const std::vector<torch::Tensor>& grads) {
   for (size_t i = 0; i < parameters.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    torch::Tensor parameter = parameters[i];
-    parameter.mutable_grad().add_(grads[i]);
+    if (grads[i].defined()) AccumulateGradient(this, parameters[i], grads[i]);
   }
 }
 
@@ -511,13 +527,16 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Backward(int microbatch,
     EnsureGraph(segments_.back(), stash->segments.back(), stash->targets);
   }));
   TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
-  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] { grad = RunBackward(*stash, grad); }));
+  TANDEM_RETURN_IF_ERROR(
+      CatchTorchErrors(where, [&] { grad = RunBackward(*stash, grad, /*deferred=*/nullptr); }));
   stash_.erase(microbatch);
   if (is_first()) return std::vector<Tensor>{};
   return std::vector<Tensor>{ToRuntime(grad)};
 }
 
-torch::Tensor TorchStage::RunBackward(MicrobatchStash& stash, torch::Tensor grad) {
+torch::Tensor TorchStage::RunBackward(MicrobatchStash& stash, torch::Tensor grad,
+                                      DeferredWeightGrads* deferred) {
+  LinearGradScope linear_grads(this, deferred);
   for (int k = static_cast<int>(segments_.size()) - 1; k >= 0; --k) {
     SegmentStash& kept = stash.segments[k];
     EnsureGraph(segments_[k], kept, stash.targets);
@@ -551,10 +570,8 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::BackwardInput(int microbatch,
   }));
   TANDEM_ASSIGN_OR_RETURN(torch::Tensor grad, StartGradient(microbatch, *stash, output_grads));
   // B: the graph is walked once; the linear layers keep what their weight gradients need.
-  TANDEM_RETURN_IF_ERROR(CatchTorchErrors(where, [&] {
-    DeferWeightGrads defer(&stash->deferred);
-    grad = RunBackward(*stash, grad);
-  }));
+  TANDEM_RETURN_IF_ERROR(
+      CatchTorchErrors(where, [&] { grad = RunBackward(*stash, grad, &stash->deferred); }));
   stash->input_grads_done = true;
   if (is_first()) return std::vector<Tensor>{};
   return std::vector<Tensor>{ToRuntime(grad)};
@@ -568,7 +585,7 @@ absl::Status TorchStage::BackwardWeight(int microbatch) {
   }
   // W: one product per deferred linear layer, no graph.
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(Where(microbatch), " backward-weight"),
-                                          [&] { stash->deferred.Apply(); }));
+                                          [&] { stash->deferred.Apply(this); }));
   stash_.erase(microbatch);
   return absl::OkStatus();
 }

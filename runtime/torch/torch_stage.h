@@ -34,8 +34,10 @@
 // the gradients are moved into two flat arenas on the stage's device, laid out in backward
 // order (the reverse of named_parameters()), so ParameterView addresses stay fixed for the
 // stage's lifetime and the gradient synchroniser's buckets are contiguous: its collectives run
-// on the arenas in place, without packing. Gradients are zeroed at BeginIteration (one fill of
-// the arena). The engine's optimizer updates values in place between iterations (no stash is
+// on the arenas in place, without packing. A parameter's first gradient of an iteration is
+// written over the old one (no zero fill of the arena, no addition to zeros; the linear layers
+// write their products straight into the arena), later ones are added; FinishGradients zeroes
+// the gradients of parameters that got none, so the gradients are complete after it. The engine's optimizer updates values in place between iterations (no stash is
 // alive then).
 //
 // Device operations. A CUDA stage brings TorchDeviceOps (runtime/torch/device_ops.h) for the
@@ -51,6 +53,7 @@
 #include <set>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -89,7 +92,7 @@ struct TorchStageOptions {
   TensorParallel tensor_parallel;
 };
 
-class TorchStage final : public Stage {
+class TorchStage final : public Stage, private GradientWriter {
  public:
   // Clones the stage's layers from `model` onto options.device. InvalidArgument for a bad
   // range or counts (or no data set on a first or last stage), FailedPrecondition for a
@@ -105,6 +108,7 @@ class TorchStage final : public Stage {
   absl::StatusOr<std::vector<Tensor>> BackwardInput(int microbatch,
                                                     std::vector<Tensor> output_grads) override;
   absl::Status BackwardWeight(int microbatch) override;
+  absl::Status FinishGradients() override;
   absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) override;
   double IterationLoss() const override;  // waits for the last forward on the device
   std::vector<ParameterView> Parameters() override;
@@ -145,9 +149,12 @@ class TorchStage final : public Stage {
     DeferredWeightGrads deferred;  // kept by BackwardInput for BackwardWeight
   };
   // Backward through every segment from `grad` (the output's gradient), freeing the graphs;
-  // parameter gradients are accumulated (but for deferred linear layers inside a
-  // DeferWeightGrads scope). Returns the input's gradient (undefined for token ids).
-  torch::Tensor RunBackward(MicrobatchStash& stash, torch::Tensor grad);
+  // parameter gradients are accumulated (but for deferred linear layers, when `deferred` is
+  // given). Returns the input's gradient (undefined for token ids).
+  torch::Tensor RunBackward(MicrobatchStash& stash, torch::Tensor grad,
+                            DeferredWeightGrads* deferred);
+  // GradientWriter: true once per parameter and iteration, for its first gradient.
+  bool TakeFirst(const torch::Tensor& parameter) override;
 
   TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
              TorchStageOptions options, std::vector<torch::nn::AnyModule> layers);
@@ -172,7 +179,7 @@ class TorchStage final : public Stage {
   void EnsureGraph(const Segment& segment, SegmentStash& stash,
                    const torch::Tensor& targets) const;
   void AccumulateGrads(const std::vector<torch::Tensor>& parameters,
-                       const std::vector<torch::Tensor>& grads) const;
+                       const std::vector<torch::Tensor>& grads);
   // The gradient entering the last segment: ones for the loss, else the received gradient.
   absl::StatusOr<torch::Tensor> StartGradient(int microbatch, MicrobatchStash& stash,
                                               const std::vector<Tensor>& output_grads) const;
@@ -192,6 +199,10 @@ class TorchStage final : public Stage {
   std::vector<std::pair<std::string, torch::Tensor>> parameters_;
   torch::Tensor value_arena_;  // every parameter's values, backward order
   torch::Tensor grad_arena_;   // and gradients
+  // Parameters (by index in parameters_, found by their values' address) whose gradient has
+  // not been written this iteration: the buffer holds an old one.
+  std::vector<char> unwritten_;
+  std::unordered_map<const void*, int> parameter_index_;
   std::unique_ptr<DeviceOps> device_ops_;
   double loss_scale_ = 1.0;
 
