@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The figures that need a core per rank, in one sitting (any tree built by scripts/build.sh):
+# communication against direct MPI on 2 and 4 ranks (comm_bench's goal column: >= 0.9x MPI's
+# bus bandwidth from 1 MiB, <= 1.5x its time at 8 bytes) and the runtime against the
+# simulator on 4 ranks (runtime_emulated_bench: measured / simulated iteration, goal <= 1.05x
+# for every schedule). On a machine with fewer cores than ranks the ranks share cores and the
+# figures measure the sharing, not tandem; the script says so and runs anyway.
+#
+#   bench/cores_checks.sh [BUILD_DIR] [OUT_DIR]
+#
+# Environment: MAX_BYTES (default 64MiB) and FACTOR (default 4) for the bandwidth rows; RANKS
+# (default "2 4") for comm_bench.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+out="${2:-out/cores_checks}"
+mkdir -p "$out"
+cores=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=1
+step() {  # name ranks command...
+  local name=$1 ranks=$2
+  shift 2
+  local bind=(--bind-to core)
+  if [ "$ranks" -gt "$cores" ]; then
+    echo "note: $name runs $ranks ranks on $cores cores (shared cores: not the goal's setting)"
+    bind=(--bind-to none --oversubscribe)
+  fi
+  local start=$SECONDS
+  echo "== $name"
+  mpirun -np "$ranks" "${bind[@]}" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - start)) s (log $out/$name.log)"
+  return $rc
+}
+
+# Each goal row as "operation size ratio pass|FAIL", then the bench's own count.
+goal_rows() {
+  awk '/^# [a-z_]+$/ {op = $2} NF > 5 && ($(NF - 2) == "pass" || $(NF - 2) == "FAIL") {
+         print "  " op, $1 " B", "ratio " $(NF - 4), $(NF - 2)} /^# goal/' "$1"
+}
+
+for ranks in ${RANKS:-2 4}; do
+  # The latency row alone, then the bandwidth rows from 1 MiB.
+  step "comm_np${ranks}_8B" "$ranks" "$build/bench/comm/comm_bench" --min_bytes=8 --max_bytes=8
+  goal_rows "$out/comm_np${ranks}_8B.log"
+  step "comm_np${ranks}_bw" "$ranks" "$build/bench/comm/comm_bench" --min_bytes=1MiB \
+    --max_bytes="${MAX_BYTES:-64MiB}" --factor="${FACTOR:-4}"
+  goal_rows "$out/comm_np${ranks}_bw.log" | grep -E "FAIL|^# goal"
+done
+
+step emulated_np4 4 "$build/bench/runtime/runtime_emulated_bench"
+tail -n 15 "$out/emulated_np4.log"
