@@ -133,6 +133,9 @@ struct EngineOptions {
   runtime::OptimizerConfig optimizer;
   LrSchedule lr_schedule;  // learning rate per iteration (warm-up, cosine decay)
   double clip_norm = 0;    // <= 0: no clipping
+  // Record this rank's timeline of each iteration (Engine::timeline). The device finishes each
+  // action before its clock stops (see SynchronizeDevices): the recorded iteration loses the
+  // overlap of launching and computing, so it runs a little slower than the others.
   bool record_timeline = false;
   // Step folders a checkpoint root keeps (the newest; <= 0: all).
   int keep_checkpoints = 2;
@@ -269,6 +272,11 @@ class Engine {
                              size_t end);
   // Waits for the received tensors `action` consumes (before its clock starts).
   absl::Status WaitForInputs(const pipeline::Action& action);
+  // Waits until this rank's devices have finished the work issued so far: a recorded
+  // iteration (record_timeline) does so at its start and after each action, so its timings
+  // are the device's (a GPU computes asynchronously to the host, whose clock would otherwise
+  // stop when the work is launched) and the simulator is fed what the device spent.
+  absl::Status SynchronizeDevices();
   absl::Status OptimizerStep(IterationResult* result);
   absl::Status ApplyStep(const std::array<double, 3>& sums, IterationResult* result);
   absl::Status WaitForParameters(Local* local);

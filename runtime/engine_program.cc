@@ -49,6 +49,13 @@ engine_internal::Lane LaneOf(pipeline::ActionType type) {
 
 }  // namespace
 
+absl::Status Engine::SynchronizeDevices() {
+  for (auto& l : locals_) {
+    if (l->device.ops != nullptr) TANDEM_RETURN_IF_ERROR(l->device.ops->Synchronize());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Fail(const absl::Status& status, int step,
                           const pipeline::Action& action) const {
   if (status.ok()) return status;
@@ -76,6 +83,7 @@ void Engine::Record(const pipeline::Action& action, double start, double end) {
 absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
   IterationResult result;
   result.iteration = iteration_;
+  if (options_.record_timeline) TANDEM_RETURN_IF_ERROR(SynchronizeDevices());
   const double start = Now();
   for (auto& l : locals_) {
     absl::Status s = l->impl->BeginIteration(iteration_);
@@ -109,6 +117,9 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
     TANDEM_RETURN_IF_ERROR(Fail(WaitForInputs(action), static_cast<int>(i), action));
     const double action_start = Now();
     TANDEM_RETURN_IF_ERROR(Fail(Execute(action, &result), static_cast<int>(i), action));
+    if (options_.record_timeline) {
+      TANDEM_RETURN_IF_ERROR(Fail(SynchronizeDevices(), static_cast<int>(i), action));
+    }
     const double action_end = Now();
     if (pipeline::IsCompute(action.type)) result.compute_seconds += action_end - action_start;
     result.timings.push_back({action, action_start, action_end});

@@ -95,8 +95,9 @@ ABSL_FLAG(int, devices_per_node, 1,
 ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
 ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
-          "simulator's prediction beside it); with --elastic, every iteration and every "
-          "recovery's phases");
+          "simulator's prediction beside it; on a GPU the recorded iteration waits for the "
+          "device after each action, so its times are the device's); with --elastic, every "
+          "iteration and every recovery's phases");
 ABSL_FLAG(std::string, torch_trace, "",
           "train: write LibTorch's profiler trace (operators and, on CUDA, kernels; Chrome "
           "JSON) of the last iteration to this file, one per rank (FILE.rankN.json beyond one "

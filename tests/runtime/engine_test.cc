@@ -3,16 +3,20 @@
 // closed-form values, and stashing follows the schedule. Runs with 2 and 4 ranks.
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "pipeline/plan.h"
 #include "runtime/emulated_stage.h"
 #include "runtime/timeline.h"
+#include "tests/support/delegating_device_ops.h"
 
 namespace tandem::runtime {
 namespace {
@@ -280,6 +284,88 @@ TEST(EngineTest, TimingsAndTimelineCoverEveryAction) {
     EXPECT_GT(static_cast<int64_t>(merged->events().size()), total);
   } else {
     EXPECT_TRUE(merged->events().empty());
+  }
+}
+
+// A stage on an emulated asynchronous device: Forward and Backward launch work that takes the
+// device `seconds` and return at once, as a GPU stage does; Synchronize waits for it.
+class AsyncDeviceOps final : public DelegatingDeviceOps {
+ public:
+  void Launch(double seconds) {
+    const absl::Time now = absl::Now();
+    busy_until_ = std::max(busy_until_, now) + absl::Seconds(seconds);
+  }
+  absl::Status Synchronize() override {
+    ++synchronizations;
+    absl::SleepFor(busy_until_ - absl::Now());
+    return absl::OkStatus();
+  }
+  int synchronizations = 0;
+
+ private:
+  absl::Time busy_until_ = absl::InfinitePast();
+};
+
+class AsyncEmulatedStage final : public EmulatedStage {
+ public:
+  AsyncEmulatedStage(const EmulatedStageOptions& options, double forward, double backward)
+      : EmulatedStage(options), forward_(forward), backward_(backward) {}
+  absl::StatusOr<std::vector<Tensor>> Forward(int microbatch,
+                                              std::vector<Tensor> inputs) override {
+    ops_.Launch(forward_);
+    return EmulatedStage::Forward(microbatch, std::move(inputs));
+  }
+  absl::StatusOr<std::vector<Tensor>> Backward(int microbatch,
+                                               std::vector<Tensor> output_grads) override {
+    ops_.Launch(backward_);
+    return EmulatedStage::Backward(microbatch, std::move(output_grads));
+  }
+  DeviceOps* device_ops() override { return &ops_; }
+
+ private:
+  double forward_, backward_;
+  AsyncDeviceOps ops_;
+};
+
+// A recorded iteration times what the device spends, not the launch: with the timeline on,
+// each forward's timing covers its device time; without it, a forward returns when launched.
+TEST(EngineTest, RecordedIterationsTimeTheDevicesWork) {
+  comm::Communicator* world = World();
+  auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
+  ASSERT_TRUE(plan.ok());
+  constexpr double kForward = 0.004;
+  constexpr double kBackward = 0.008;
+  for (bool record : {false, true}) {
+    EngineOptions options = SgdOptions(runtime::GradSyncStrategy::kAllReduce);
+    options.record_timeline = record;
+    auto factory = [&](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
+      EmulatedStageOptions o;
+      o.stage = spec.stage;
+      o.num_stages = spec.num_stages;
+      o.replica = spec.replica;
+      o.data_parallel_index = spec.data_parallel_index;
+      o.data_parallel = spec.data_parallel;
+      o.num_microbatches = spec.num_microbatches;
+      o.activation_elements = kActivationElements;
+      o.parameter_elements = kParameters;
+      return std::unique_ptr<Stage>(new AsyncEmulatedStage(o, kForward, kBackward));
+    };
+    auto engine = Engine::Create(*plan, world, factory, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto result = (*engine)->RunIteration();
+    ASSERT_TRUE(result.ok()) << result.status();
+    double slowest_forward = 0;
+    for (const ActionTiming& t : result->timings) {
+      if (t.action.type == pipeline::ActionType::kForward) {
+        slowest_forward = std::max(slowest_forward, t.end_seconds - t.start_seconds);
+      }
+    }
+    if (record) {
+      EXPECT_GE(slowest_forward, kForward * 0.9);
+      EXPECT_GE(result->compute_seconds, 8 * (kForward + kBackward) * 0.9);
+    } else {
+      EXPECT_LT(slowest_forward, kForward * 0.5);  // launched, not finished
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "comm/backend.h"
 #include "comm/buffer.h"
 #include "runtime/grad_sync.h"
+#include "tests/support/delegating_device_ops.h"
 #include "gtest/gtest.h"
 
 namespace tandem::runtime {
@@ -436,43 +437,16 @@ TEST(GradSyncTest, GroupOfOneIsLocalAndMatchesTheOptimizerAlone) {
   }
 }
 
-// A test double: the CPU loops, counting the calls that average and add to the norm.
-class CountingOps final : public DeviceOps {
+// The CPU loops, counting the calls that average and add to the norm.
+class CountingOps final : public DelegatingDeviceOps {
  public:
   int average_calls = 0;
-  comm::Device device() const override { return cpu_.device(); }
-  std::string name() const override { return "counting cpu loops"; }
-  absl::StatusOr<DeviceArray> Zeros(int64_t count) override { return cpu_.Zeros(count); }
-  absl::Status Copy(float* dst, const float* src, int64_t count) override {
-    return cpu_.Copy(dst, src, count);
-  }
-  absl::Status CopyFromHost(float* dst, const float* host, int64_t count) override {
-    return cpu_.CopyFromHost(dst, host, count);
-  }
-  absl::Status CopyToHost(float* host, const float* src, int64_t count) override {
-    return cpu_.CopyToHost(host, src, count);
-  }
   absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
                                         float divisor, bool divide, bool add_to_norm) override {
     ++average_calls;
-    return cpu_.AverageAndAddSquaredNorm(dst, src, count, divisor, divide, add_to_norm);
+    return DelegatingDeviceOps::AverageAndAddSquaredNorm(dst, src, count, divisor, divide,
+                                                         add_to_norm);
   }
-  absl::StatusOr<double> TakeSquaredNorm() override { return cpu_.TakeSquaredNorm(); }
-  absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override {
-    return cpu_.ToBFloat16(dst, src, count);
-  }
-  absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) override {
-    return cpu_.FromBFloat16(dst, src, count);
-  }
-  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
-      const OptimizerConfig& config, std::vector<int64_t> counts) override {
-    return cpu_.NewOptimizer(config, std::move(counts));
-  }
-  bool prefers_fused_steps() const override { return cpu_.prefers_fused_steps(); }
-  absl::Status Synchronize() override { return cpu_.Synchronize(); }
-
- private:
-  DeviceOps& cpu_ = DefaultCpuDeviceOps();
 };
 
 // The gradients of adjoining parameters (one arena, as a stage lays them out) are averaged and
