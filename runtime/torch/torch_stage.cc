@@ -369,7 +369,18 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
       replica_samples);
   if (!batch.ok()) return Annotate(batch.status(), Where(-1));
   replica_batch_ = *std::move(batch);
-  return absl::OkStatus();
+  if (!options_.device.is_cuda()) return absl::OkStatus();
+  // The iteration's samples go to the GPU at once, from pinned memory without waiting: a
+  // copy from pageable memory per micro-batch would make the host wait for the GPU to finish
+  // all queued work before every first-stage forward (and every last-stage loss).
+  return CatchTorchErrors(Where(-1), [&] {
+    auto to_device = [&](const torch::Tensor& t) {
+      return t.pin_memory().to(torch::TensorOptions().device(options_.device),
+                               /*non_blocking=*/true);
+    };
+    if (is_first()) replica_batch_.inputs = to_device(replica_batch_.inputs);
+    if (is_last_) replica_batch_.targets = to_device(replica_batch_.targets);
+  });
 }
 
 torch::Tensor TorchStage::RunSegment(const Segment& segment, torch::Tensor input,
