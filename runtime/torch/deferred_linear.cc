@@ -80,9 +80,10 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
   return at::linear(x_compute, weight_compute);
 }
 
-// The gradients of y = x W^T (+ b) from dL/dy; weight and bias gradients go to the sink
-// while one is set. LibTorch 1.13's custom functions take no undefined tensors, so the
-// layers with and without a bias are two functions sharing this.
+// The gradients of y = x W^T (+ b) from dL/dy. Inside a LinearGradScope the weight and bias
+// gradients go into .grad (or are deferred to W) instead of back to autograd. LibTorch 1.13's
+// custom functions take no undefined tensors, so the layers with and without a bias are two
+// functions sharing this.
 torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
                                               const torch::Tensor& g, bool has_bias) {
   const auto saved = ctx->get_saved_variables();
