@@ -10,8 +10,20 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/engine.h"
 
 namespace tandem::runtime {
+
+EmulatedStageOptions EmulatedStageOptionsFor(const StageSpec& spec) {
+  EmulatedStageOptions o;
+  o.stage = spec.stage;
+  o.num_stages = spec.num_stages;
+  o.replica = spec.replica;
+  o.data_parallel_index = spec.data_parallel_index;
+  o.data_parallel = spec.data_parallel;
+  o.num_microbatches = spec.num_microbatches;
+  return o;
+}
 namespace {
 
 // Element patterns repeat with these periods so the checksums stay small exact floats.

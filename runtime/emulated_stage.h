@@ -49,6 +49,12 @@ struct EmulatedStageOptions {
   Clock* clock = nullptr;  // null: RealClock
 };
 
+struct StageSpec;  // runtime/engine.h
+
+// The stage's place in the job from the engine's request (stage, pipeline replica,
+// data-parallel index and degree, micro-batches); costs and sizes keep their defaults.
+EmulatedStageOptions EmulatedStageOptionsFor(const StageSpec& spec);
+
 class EmulatedStage : public Stage {
  public:
   explicit EmulatedStage(EmulatedStageOptions options);

@@ -107,11 +107,7 @@ int Run() {
     if (!plan.ok()) return Fail(plan.status());
     runtime::StageFactory factory =
         [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
-      runtime::EmulatedStageOptions o;
-      o.stage = s.stage;
-      o.num_stages = s.num_stages;
-      o.replica = s.replica;
-      o.num_microbatches = s.num_microbatches;
+      runtime::EmulatedStageOptions o = runtime::EmulatedStageOptionsFor(s);
       o.forward_seconds = costs.stages[s.stage].forward_seconds;
       o.backward_seconds = costs.stages[s.stage].backward_seconds;
       o.weight_seconds = costs.stages[s.stage].weight_seconds;

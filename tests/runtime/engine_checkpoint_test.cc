@@ -56,13 +56,7 @@ std::string SharedTempDir() {
 
 StageFactory Factory() {
   return [](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
-    EmulatedStageOptions o;
-    o.stage = spec.stage;
-    o.num_stages = spec.num_stages;
-    o.replica = spec.replica;
-    o.data_parallel_index = spec.data_parallel_index;
-    o.data_parallel = spec.data_parallel;
-    o.num_microbatches = spec.num_microbatches;
+    EmulatedStageOptions o = EmulatedStageOptionsFor(spec);
     o.activation_elements = 4;
     o.parameter_elements = kParameters;
     return std::unique_ptr<Stage>(new EmulatedStage(o));

@@ -78,11 +78,7 @@ int Run() {
   const bool fail = absl::GetFlag(FLAGS_fail_rank) == rank;
   const int at = absl::GetFlag(FLAGS_at_iteration);
   StageFactory factory = [&](const StageSpec& s) -> absl::StatusOr<std::unique_ptr<Stage>> {
-    EmulatedStageOptions o;
-    o.stage = s.stage;
-    o.num_stages = s.num_stages;
-    o.replica = s.replica;
-    o.num_microbatches = s.num_microbatches;
+    EmulatedStageOptions o = EmulatedStageOptionsFor(s);
     o.forward_seconds = absl::GetFlag(FLAGS_forward_ms) * 1e-3;
     o.backward_seconds = absl::GetFlag(FLAGS_backward_ms) * 1e-3;
     o.activation_elements = 64;

@@ -181,6 +181,16 @@ void ExpectMatchesWholeModel(const Fixture& fixture, const PipelineSetup& setup)
 
 const std::vector<std::pair<int, int>> kThreeStages = {{0, 2}, {2, 4}, {4, 6}};
 
+// One stage of the whole model (layers [0, 6)) with micro-batches of 2 samples.
+TorchStageOptions WholeModelStage(int microbatches) {
+  TorchStageOptions options;
+  options.first_layer = 0;
+  options.end_layer = 6;
+  options.microbatches = microbatches;
+  options.microbatch_size = 2;
+  return options;
+}
+
 TEST(TorchStageTest, StagesGiveTheWholeModelsLossAndGradients) {
   const Fixture fixture = MakeFixture();
   ASSERT_EQ(fixture.model.num_layers(), 6);
@@ -301,11 +311,7 @@ TEST(DeferrableLinearTest, AutocastKeepsTheComputeCopiesNotTheFloat32Input) {
 // is gone) and computes the others (layer norms) at once.
 TEST(TorchStageTest, BackwardInputLeavesLinearWeightGradientsToBackwardWeight) {
   const Fixture fixture = MakeFixture();
-  TorchStageOptions options;
-  options.first_layer = 0;
-  options.end_layer = 6;
-  options.microbatches = 1;
-  options.microbatch_size = 2;
+  const TorchStageOptions options = WholeModelStage(1);
   auto stage = TorchStage::Create(fixture.model, fixture.data, options);
   ASSERT_TRUE(stage.ok()) << stage.status();
   ASSERT_TRUE((*stage)->BeginIteration(kIteration).ok());
@@ -335,11 +341,7 @@ TEST(TorchStageTest, BackwardInputLeavesLinearWeightGradientsToBackwardWeight) {
 // those of parameters that got none (here the linear weights, whose W is not run).
 TEST(TorchStageTest, EachIterationStartsItsGradientsAfresh) {
   const Fixture fixture = MakeFixture();
-  TorchStageOptions options;
-  options.first_layer = 0;
-  options.end_layer = 6;
-  options.microbatches = 2;
-  options.microbatch_size = 2;
+  const TorchStageOptions options = WholeModelStage(2);
   auto grads_of = [](TorchStage& stage) {
     std::map<std::string, torch::Tensor> grads;
     for (const auto& [name, p] : stage.named_parameters()) grads[name] = p.grad().clone();
