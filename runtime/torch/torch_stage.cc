@@ -375,8 +375,9 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
   // all queued work before every first-stage forward (and every last-stage loss).
   return CatchTorchErrors(Where(-1), [&] {
     auto to_device = [&](const torch::Tensor& t) {
-      return t.pin_memory().to(torch::TensorOptions().device(options_.device),
-                               /*non_blocking=*/true);
+      if (!t.is_cpu()) return t.to(options_.device);  // a data set on a device already
+      const torch::Tensor pinned = t.is_pinned() ? t : t.pin_memory();
+      return pinned.to(torch::TensorOptions().device(options_.device), /*non_blocking=*/true);
     };
     if (is_first()) replica_batch_.inputs = to_device(replica_batch_.inputs);
     if (is_last_) replica_batch_.targets = to_device(replica_batch_.targets);
