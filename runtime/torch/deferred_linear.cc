@@ -97,7 +97,12 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
   const auto dtype = g.scalar_type();
   torch::Tensor grad_x, grad_weight, grad_bias;
   if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight_compute.to(dtype)).to(input_type);
-  const LinearGradScope* scope = g_scope.load(std::memory_order_acquire);
+  // Only gradients of parameters with a .grad can go there; a weight computed from others (not
+  // a leaf) sends its gradient back through autograd, scope or not.
+  auto has_grad = [](const torch::Tensor& t) { return t.is_leaf() && t.grad().defined(); };
+  const LinearGradScope* scope =
+      has_grad(weight) && (!has_bias || has_grad(bias)) ? g_scope.load(std::memory_order_acquire)
+                                                        : nullptr;
   if (scope != nullptr && scope->deferred() != nullptr) {
     scope->deferred()->Add({x, g, weight, bias});  // W computes them
   } else if (scope != nullptr) {

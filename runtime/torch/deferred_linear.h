@@ -10,7 +10,8 @@
 // torch::nn::functional::linear (the same formulas, so results agree within float rounding).
 // Inside one, it returns no weight or bias gradient: it writes them into .grad itself, or, in
 // a B pass, leaves them to W; autograd gives the other parameters' gradients (layer norms,
-// embeddings, a weight also used elsewhere) as usual.
+// embeddings, a weight also used elsewhere) as usual, and those of a layer whose weight or
+// bias is not a parameter with a .grad (a tensor computed from parameters).
 #pragma once
 
 #include <vector>

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -304,6 +305,35 @@ TEST(DeferrableLinearTest, AutocastKeepsTheComputeCopiesNotTheFloat32Input) {
   EXPECT_LT(RelativeError(got.x.grad(), want.x.grad()), 1e-2);
   EXPECT_LT(RelativeError(got.w.grad(), want.w.grad()), 1e-2);
   EXPECT_LT(RelativeError(got.b.grad(), want.b.grad()), 1e-2);
+}
+
+// A weight computed from a parameter (not a leaf) has no .grad to write into: inside a scope,
+// deferred or not, its gradient goes back through autograd to the parameter, as outside one.
+TEST(DeferrableLinearTest, WeightsThatAreNotParametersGetTheirGradientsThroughAutograd) {
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({4, 6});
+  const torch::Tensor upstream = torch::randn({4, 5});
+  const torch::Tensor w0 = torch::randn({5, 6});
+  auto gradient = [&](int mode) {  // 0: no scope, 1: a scope, 2: a deferring scope
+    const torch::Tensor w = w0.clone().requires_grad_(true);
+    const torch::Tensor y = DeferrableLinear(x, w * 2.0, torch::Tensor());
+    DeferredWeightGrads deferred;
+    {
+      std::optional<LinearGradScope> scope;
+      if (mode > 0) scope.emplace(nullptr, mode == 2 ? &deferred : nullptr);
+      y.backward(upstream);
+    }
+    EXPECT_TRUE(deferred.empty());
+    return w.grad();
+  };
+  const torch::Tensor want = gradient(0);
+  ASSERT_TRUE(want.defined());
+  EXPECT_LT(RelativeError(want, 2.0 * upstream.t().mm(x)), 1e-6);
+  for (int mode : {1, 2}) {
+    const torch::Tensor got = gradient(mode);
+    ASSERT_TRUE(got.defined()) << "mode " << mode;
+    EXPECT_TRUE(torch::equal(got, want)) << "mode " << mode;
+  }
 }
 
 // Zero-bubble's split computes each weight gradient once: BackwardInput leaves the linear
