@@ -57,8 +57,9 @@ class Stage {
   virtual ~Stage() = default;
 
   // Called before the first micro-batch of an iteration: the stage starts new gradients
-  // (complete at FinishGradients) and, if it is the first or last stage, selects the iteration's data (micro-batch `m` of the
-  // iteration is the m-th slice of this data-parallel replica's share of the global batch).
+  // (complete at FinishGradients) and, if it is the first or last stage, selects the
+  // iteration's data (micro-batch `m` of the iteration is the m-th slice of this data-parallel
+  // replica's share of the global batch).
   virtual absl::Status BeginIteration(int64_t iteration) = 0;
 
   // Forward of `microbatch`. The first stage ignores `inputs` (reads its data); the last stage

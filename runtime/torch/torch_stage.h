@@ -37,8 +37,8 @@
 // on the arenas in place, without packing. A parameter's first gradient of an iteration is
 // written over the old one (no zero fill of the arena, no addition to zeros; the linear layers
 // write their products straight into the arena), later ones are added; FinishGradients zeroes
-// the gradients of parameters that got none, so the gradients are complete after it. The engine's optimizer updates values in place between iterations (no stash is
-// alive then).
+// the gradients of parameters that got none, so the gradients are complete after it. The
+// engine's optimizer updates values in place between iterations (no stash is alive then).
 //
 // Device operations. A CUDA stage brings TorchDeviceOps (runtime/torch/device_ops.h) for the
 // gradient passes and the optimizer, so training state never leaves the GPU; a CPU stage uses
