@@ -14,6 +14,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 out="${2:-out/cores_checks}"
+for bin in bench/comm/comm_bench bench/runtime/runtime_emulated_bench; do
+  if [ ! -x "$build/$bin" ]; then
+    echo "cores_checks.sh: $build/$bin not found: build the tree first (scripts/build.sh) or" \
+         "name its build folder" >&2
+    exit 2
+  fi
+done
 mkdir -p "$out"
 cores=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -24,6 +24,7 @@ EmulatedStageOptions EmulatedStageOptionsFor(const StageSpec& spec) {
   o.num_microbatches = spec.num_microbatches;
   return o;
 }
+
 namespace {
 
 // Element patterns repeat with these periods so the checksums stay small exact floats.
