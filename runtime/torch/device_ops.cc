@@ -1,6 +1,8 @@
 #include "runtime/torch/device_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <set>
 #include <utility>
@@ -62,12 +64,18 @@ class TorchOptimizer final : public DeviceOptimizer {
     TANDEM_RETURN_IF_ERROR(CheckStep(first_span, params.size(), grads.size(), lr, grad_scale));
     return CatchTorchErrors("optimizer step", [&] {
       torch::NoGradGuard no_grad;
-      std::vector<torch::Tensor> p, g;
-      for (size_t i = 0; i < params.size(); ++i) {
-        const int64_t n = counts_[first_span + i];
-        p.push_back(ops_.View(params[i], n));
-        g.push_back(ops_.View(grads[i], n));
+      Views& views = views_[first_span];
+      if (!std::equal(params.begin(), params.end(), views.params.begin(), views.params.end()) ||
+          !std::equal(grads.begin(), grads.end(), views.grads.begin(), views.grads.end())) {
+        views = Views{{params.begin(), params.end()}, {grads.begin(), grads.end()}, {}, {}};
+        for (size_t i = 0; i < params.size(); ++i) {
+          const int64_t n = counts_[first_span + i];
+          views.p.push_back(ops_.View(params[i], n));
+          views.g.push_back(ops_.View(grads[i], n));
+        }
       }
+      std::vector<torch::Tensor>& p = views.p;
+      std::vector<torch::Tensor>& g = views.g;
       if (grad_scale != 1.0 && !g.empty()) torch::_foreach_mul_(g, grad_scale);
       if (config_.kind == OptimizerKind::kSgd) {
         SgdStep(first_span, p, g, lr);
@@ -183,6 +191,14 @@ class TorchOptimizer final : public DeviceOptimizer {
   std::vector<torch::Tensor> first_;   // SGD momentum buffer (undefined before step 1), exp_avg
   std::vector<torch::Tensor> second_;  // exp_avg_sq
   std::vector<torch::Tensor> step_tensors_;  // fused AdamW's per-tensor step counts
+  // The tensors over the parameters and gradients of the last step from each first span:
+  // their buffers stay where they are from step to step, so the views are built again only
+  // when a pointer changes (a few microseconds each, hundreds a step otherwise).
+  struct Views {
+    std::vector<float*> params, grads;
+    std::vector<torch::Tensor> p, g;
+  };
+  std::map<int, Views> views_;
 };
 
 }  // namespace
@@ -232,8 +248,20 @@ std::string TorchDeviceOps::name() const {
   return absl::StrCat("libtorch on ", device_.str(), fused_adamw_ ? " (fused AdamW)" : "");
 }
 
+torch::Tensor TensorOver(void* data, at::IntArrayRef shape, const torch::TensorOptions& options,
+                         std::function<void(void*)> deleter) {
+  at::TensorMaker maker = at::for_blob(data, shape);
+  maker.options(options);
+  if (deleter) maker.deleter(std::move(deleter));
+  // An index-less CUDA device names no device: the driver is asked then.
+  if (!options.device().is_cuda() || options.device().has_index()) {
+    maker.target_device(options.device());
+  }
+  return maker.make_tensor();
+}
+
 torch::Tensor TorchDeviceOps::View(const float* data, int64_t count) const {
-  return torch::from_blob(const_cast<float*>(data), {count}, FloatOn(device_));
+  return TensorOver(const_cast<float*>(data), {count}, FloatOn(device_));
 }
 
 absl::StatusOr<DeviceArray> TorchDeviceOps::Zeros(int64_t count) {
@@ -279,10 +307,10 @@ absl::Status TorchDeviceOps::AverageAndAddSquaredNorm(float* dst, const float* s
     if (dst != src) out.copy_(View(src, count));
     if (divide) out.div_(divisor);
     if (!add_to_norm) return;
-    // One reduction that accumulates in float64 as it reads, where a float64 copy of the
-    // gradients, its square and their sum took three passes of twice the width.
-    torch::Tensor squares =
-        at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat64).square();
+    // One float32 pass (as clip_grad_norm_ and the reference measure each gradient), squared
+    // in float64. Asking linalg_vector_norm for a float64 result makes it convert the whole
+    // buffer to float64 first: on a GPU that copy took twice as long as the norm.
+    torch::Tensor squares = at::linalg_vector_norm(out, 2).to(torch::kFloat64).square();
     norm_ = norm_.defined() ? norm_.add_(squares) : squares;
   });
 }
@@ -291,7 +319,7 @@ absl::Status TorchDeviceOps::ToBFloat16(uint16_t* dst, const float* src, int64_t
   if (count <= 0) return absl::OkStatus();
   return CatchTorchErrors("rounding gradients to bfloat16", [&] {
     torch::NoGradGuard no_grad;
-    torch::from_blob(dst, {count}, FloatOn(device_).dtype(torch::kBFloat16))
+    TensorOver(dst, {count}, FloatOn(device_).dtype(torch::kBFloat16))
         .copy_(View(src, count));
   });
 }
@@ -300,7 +328,7 @@ absl::Status TorchDeviceOps::FromBFloat16(float* dst, const uint16_t* src, int64
   if (count <= 0) return absl::OkStatus();
   return CatchTorchErrors("widening bfloat16 gradients", [&] {
     torch::NoGradGuard no_grad;
-    View(dst, count).copy_(torch::from_blob(const_cast<uint16_t*>(src), {count},
+    View(dst, count).copy_(TensorOver(const_cast<uint16_t*>(src), {count},
                                             FloatOn(device_).dtype(torch::kBFloat16)));
   });
 }

@@ -10,6 +10,7 @@
 // TakeSquaredNorm and CopyToHost wait (for their own results).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,13 @@ double DeviceMemoryBytes(torch::Device device);
 bool HasTorchTrace();
 absl::Status StartTorchTrace(bool cuda);
 absl::Status StopTorchTrace(const std::string& path);
+
+// A tensor over memory known to lie on `options.device()` (no copy; `deleter` runs when the
+// last tensor over it goes). torch::from_blob asks the CUDA driver where each pointer lives
+// (cudaPointerGetAttributes, about a microsecond a call, hundreds of calls an optimizer step);
+// a device with an index is taken as given.
+torch::Tensor TensorOver(void* data, at::IntArrayRef shape, const torch::TensorOptions& options,
+                         std::function<void(void*)> deleter = nullptr);
 
 class TorchDeviceOps final : public DeviceOps {
  public:
@@ -63,7 +71,7 @@ class TorchDeviceOps final : public DeviceOps {
  private:
   torch::Device device_;
   bool fused_adamw_;
-  torch::Tensor norm_;  // float64 accumulator on the device (undefined when zero)
+  torch::Tensor norm_;  // float64 sum of squares on the device (undefined when zero)
 };
 
 }  // namespace tandem::runtime::libtorch

@@ -313,9 +313,9 @@ absl::StatusOr<torch::Tensor> TorchStage::FromRuntime(const Tensor& tensor) cons
     return absl::InvalidArgumentError("tensor is on another device than the stage");
   }
   std::shared_ptr<void> holder = tensor.holder;
-  return torch::from_blob(
-      tensor.buffer.data, tensor.meta.shape, [holder](void*) {},
-      torch::TensorOptions().dtype(type).device(options_.device));
+  return TensorOver(tensor.buffer.data, tensor.meta.shape,
+                    torch::TensorOptions().dtype(type).device(options_.device),
+                    [holder](void*) {});
 }
 
 absl::StatusOr<Tensor> TorchStage::NewTensor(const TensorMeta& meta) {
