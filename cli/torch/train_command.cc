@@ -96,7 +96,8 @@ ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)")
 ABSL_FLAG(std::string, timeline, "",
           "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
           "simulator's prediction beside it; on a GPU the recorded iteration waits for the "
-          "device after each action, so its times are the device's); with --elastic, every "
+          "device after each action, so its times are the device's, and the summary's mean "
+          "leaves it out when other iterations were measured); with --elastic, every "
           "iteration and every recovery's phases");
 ABSL_FLAG(std::string, torch_trace, "",
           "train: write LibTorch's profiler trace (operators and, on CUDA, kernels; Chrome "
@@ -843,7 +844,8 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   const int64_t end = first + steps;
   const std::string torch_trace = TorchTracePath(absl::GetFlag(FLAGS_torch_trace), world);
   for (int64_t it = first; it < end; ++it) {
-    engine->set_record_timeline(!timeline.empty() && it == end - 1);
+    const bool recorded = !timeline.empty() && it == end - 1;
+    engine->set_record_timeline(recorded);
     const bool trace_now = !torch_trace.empty() && it == end - 1;
     if (trace_now) TANDEM_RETURN_IF_ERROR(runtime::libtorch::StartTorchTrace(device.is_cuda()));
     TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
@@ -864,7 +866,9 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
                        mfu.Of(tokens_per_second)};
     last_loss = r.loss;
     last_timings = r.timings;
-    if (it > first || steps == 1) {  // the first iteration includes warm-up costs
+    // The first iteration includes warm-up costs, and the recorded one waits for the device
+    // after every action: the mean counts neither unless nothing else was measured.
+    if ((it > first || steps == 1) && !(recorded && it > first + 1)) {
       measured_seconds += r.seconds;
       measured_bubble += r.bubble_ratio;
       ++measured;
@@ -1047,7 +1051,8 @@ const CommandRegistrar registrar({
         "memory (NCCL refuses that), otherwise over NCCL. --log-json writes one JSON object per\n"
         "iteration; --timeline writes the last iteration of every rank as a Chrome trace\n"
         "(open in https://ui.perfetto.dev) with the simulator's prediction beside it; on a GPU\n"
-        "that iteration waits for the device after each action, so its times are the device's.\n"
+        "that iteration waits for the device after each action, so its times are the device's\n"
+        "(the summary's mean leaves it out when other iterations were measured).\n"
         "With --elastic (under `mpirun --enable-recovery`) the job survives dead ranks: rank 0\n"
         "profiles the model, every rank builds pipeline templates for every node count, the\n"
         "job starts with --elastic-min-pipelines pipelines and, when ranks die, the survivors\n"

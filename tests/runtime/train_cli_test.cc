@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/file_util.h"
@@ -93,6 +94,14 @@ TEST(TrainCliTest, FourRanksMatchTheReferenceAndWriteATimeline) {
   const std::vector<nlohmann::json> lines = ReadLog(log);
   EXPECT_EQ(lines.size(), 10u);
   ExpectLossesMatch(lines, ReferenceLosses(10), 0);
+  // The summary's mean leaves out the first iteration (warm-up) and the recorded last one.
+  if (lines.size() == 10u) {
+    double sum_ms = 0;
+    for (int i = 1; i < 9; ++i) sum_ms += lines[i]["iteration_ms"].get<double>();
+    EXPECT_NE(o.output.find(absl::StrFormat("%.1f ms per iteration", sum_ms / 8)),
+              std::string::npos)
+        << o.output;
+  }
 
   auto text = tandem::ReadFile(timeline);
   ASSERT_TRUE(text.ok()) << text.status();
