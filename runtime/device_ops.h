@@ -90,12 +90,18 @@ class DeviceOps {
   virtual absl::Status CopyToHost(float* host, const float* src, int64_t count) = 0;
 
   // dst[i] = src[i] / divisor (or src[i] without `divide`); dst may equal src. With
-  // `add_to_norm` the sum of dst[i]^2 (in double) is added to a running squared norm, which
+  // `add_to_norm` the sum of dst[i]^2 (in double; LibTorch on a GPU sums one call's squares
+  // in float32, as clip_grad_norm_ does) is added to a running squared norm, which
   // TakeSquaredNorm returns and resets: one wait per iteration for the clipping norm, however
   // many buffers contribute. The running norm belongs to the calling thread.
   virtual absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
                                                 float divisor, bool divide, bool add_to_norm) = 0;
   virtual absl::StatusOr<double> TakeSquaredNorm() = 0;
+  // Starts moving the running norm to the host without waiting: the TakeSquaredNorm that
+  // follows waits for that copy alone, not for work issued in between (an optimizer step).
+  // Add no more to the norm before that take. False: not done here (the CPU loops, whose
+  // running norm every stage of the thread shares); take the norm now instead.
+  virtual absl::StatusOr<bool> StartTakingSquaredNorm() { return false; }
 
   // float32 -> bfloat16 (round to nearest even, NaN kept a NaN) and back, for gradients
   // communicated in bfloat16; `dst` and `src` on this device, 2 bytes per bfloat16.

@@ -279,6 +279,11 @@ class Engine {
   absl::Status SynchronizeDevices();
   absl::Status OptimizerStep(IterationResult* result);
   absl::Status ApplyStep(const std::array<double, 3>& sums, IterationResult* result);
+  // The result's loss, norm, compute time, clipping coefficient and learning rate from the
+  // world's sums.
+  void FillStepResult(const std::array<double, 3>& sums, IterationResult* result) const;
+  // Every local stage's optimizer step.
+  absl::Status StepAll(double lr, double clip_coefficient);
   absl::Status WaitForParameters(Local* local);
   comm::Communicator* payload_p2p() const;
   Local* Find(int replica, int stage);

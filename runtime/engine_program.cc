@@ -296,19 +296,44 @@ absl::Status Engine::PostTransfers(const std::vector<pipeline::Action>& program,
 }
 
 absl::Status Engine::OptimizerStep(IterationResult* result) {
-  double local_loss = 0;
-  double squared_norm = 0;
   for (auto& l : locals_) {
     if (!l->sync_started) {
       return absl::InternalError(absl::StrCat("optimizer step before the gradient "
                                               "synchronisation of stage ", l->spec.stage));
     }
+  }
+  // Every rank of a tensor-parallel group computes the same loss: one counts it.
+  auto counts_loss = [this](const Local& l) {
+    return l.spec.is_last() && tensor_parallel_index_ == 0;
+  };
+  double local_loss = 0;
+  double squared_norm = 0;
+  if (options_.clip_norm <= 0 && !options_.job.sync_gradients && !options_.job.sum_over_job) {
+    // A step that needs no norm, in a job that ends at a failure (no commit to agree on):
+    // queued right behind the backward, while the loss and the norm travel to the host, so
+    // the device does not idle between the two waiting for the host to read them.
+    for (auto& l : locals_) {
+      TANDEM_RETURN_IF_ERROR(l->sync->FinishBackwardNormLater());
+      if (counts_loss(*l)) TANDEM_RETURN_IF_ERROR(l->impl->StartReadingIterationLoss());
+    }
+    const double lr = LearningRateAt(options_.lr_schedule, iteration_);
+    TANDEM_RETURN_IF_ERROR(StepAll(lr, /*clip_coefficient=*/1.0));
+    for (auto& l : locals_) {
+      TANDEM_RETURN_IF_ERROR(l->sync->CollectGradNorm());
+      squared_norm += l->sync->LocalGradNormSquared();
+      if (counts_loss(*l)) local_loss += l->impl->IterationLoss();
+    }
+    std::array<double, 3> sums = {local_loss, squared_norm, result->compute_seconds};
+    TANDEM_RETURN_IF_ERROR(
+        Annotate(control_->AllReduce(DoubleBuffer(sums.data(), 3), comm::ReduceOp::kSum)->Wait(),
+                 "summing loss and gradient norm over the world"));
+    FillStepResult(sums, result);
+    return absl::OkStatus();
+  }
+  for (auto& l : locals_) {
     TANDEM_RETURN_IF_ERROR(l->sync->FinishBackward());
     squared_norm += l->sync->LocalGradNormSquared();
-    // Every rank of a tensor-parallel group computes the same loss: one counts it.
-    if (l->spec.is_last() && tensor_parallel_index_ == 0) {
-      local_loss += l->impl->IterationLoss();
-    }
+    if (counts_loss(*l)) local_loss += l->impl->IterationLoss();
   }
   if (options_.job.sync_gradients) {
     // Copies of these layers in other engines of the job: their sum, and this rank's share
@@ -335,7 +360,7 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
   return ApplyStep(sums, result);
 }
 
-absl::Status Engine::ApplyStep(const std::array<double, 3>& sums, IterationResult* result) {
+void Engine::FillStepResult(const std::array<double, 3>& sums, IterationResult* result) const {
   result->loss = sums[0];
   result->grad_norm = std::sqrt(std::max(0.0, sums[1]));
   result->world_compute_seconds = sums[2];
@@ -345,12 +370,20 @@ absl::Status Engine::ApplyStep(const std::array<double, 3>& sums, IterationResul
         std::min(1.0, options_.clip_norm / (result->grad_norm + kClipEpsilon));
   }
   result->learning_rate = LearningRateAt(options_.lr_schedule, iteration_);
-  step_pending_ = false;
+}
+
+absl::Status Engine::StepAll(double lr, double clip_coefficient) {
   for (auto& l : locals_) {
-    TANDEM_RETURN_IF_ERROR(l->sync->Step(result->learning_rate, result->clip_coefficient));
+    TANDEM_RETURN_IF_ERROR(l->sync->Step(lr, clip_coefficient));
     l->parameters_current = false;
   }
   return absl::OkStatus();
+}
+
+absl::Status Engine::ApplyStep(const std::array<double, 3>& sums, IterationResult* result) {
+  FillStepResult(sums, result);
+  step_pending_ = false;
+  return StepAll(result->learning_rate, result->clip_coefficient);
 }
 
 absl::StatusOr<IterationResult> Engine::ApplyCommittedStep(const std::array<double, 3>& sums) {

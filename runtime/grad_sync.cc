@@ -122,8 +122,10 @@ class BucketedGradientSync : public GradientSync {
 
   absl::Status GradReady(int parameter) override;
   absl::Status BucketReady(int bucket) override;
-  absl::Status FinishBackward() override;
+  absl::Status FinishBackward() override { return FinishBackward(/*norm_later=*/false); }
   double LocalGradNormSquared() const override { return norm_squared_; }
+  absl::Status FinishBackwardNormLater() override { return FinishBackward(/*norm_later=*/true); }
+  absl::Status CollectGradNorm() override;
   absl::Status Step(double lr, double grad_scale) override;
   absl::Status WaitForParameters(int parameter) override;
   absl::Status Flush() override;
@@ -146,6 +148,8 @@ class BucketedGradientSync : public GradientSync {
   std::string TuningReport() const override;
 
  private:
+  // Both FinishBackwards: the norm taken now, or only started towards the host.
+  absl::Status FinishBackward(bool norm_later);
   // Sharded state (DeAR over a real group) versus one full state per parameter.
   bool sharded() const { return options_.strategy == GradSyncStrategy::kDeAR && !local_; }
   // The collectives sum; averaging happens in the pass that also unpacks and takes the norm
@@ -218,6 +222,7 @@ class BucketedGradientSync : public GradientSync {
   int next_launch_ = 0;
   bool backward_finished_ = false;
   double norm_squared_ = 0;
+  bool norm_on_its_way_ = false;  // FinishBackwardNormLater's, until CollectGradNorm
   int64_t iteration_ = 0;
   // All-reduce strategy (or a group of one): one span per parameter, full state. DeAR: one
   // span per bucket, this rank's shard of it.
@@ -473,7 +478,14 @@ absl::Status BucketedGradientSync::Launch(Bucket& bucket) {
   return absl::OkStatus();
 }
 
-absl::Status BucketedGradientSync::FinishBackward() {
+absl::Status BucketedGradientSync::CollectGradNorm() {
+  if (!norm_on_its_way_) return absl::OkStatus();
+  norm_on_its_way_ = false;
+  TANDEM_ASSIGN_OR_RETURN(norm_squared_, ops_.TakeSquaredNorm());
+  return absl::OkStatus();
+}
+
+absl::Status BucketedGradientSync::FinishBackward(bool norm_later) {
   if (backward_finished_) {
     return absl::FailedPreconditionError(Where("FinishBackward called twice (call Step first)"));
   }
@@ -519,8 +531,16 @@ absl::Status BucketedGradientSync::FinishBackward() {
     }
   }
   TANDEM_RETURN_IF_ERROR(average.Flush());
-  TANDEM_ASSIGN_OR_RETURN(const double norm_squared, ops_.TakeSquaredNorm());
-  norm_squared_ = norm_squared;
+  bool started = false;
+  if (norm_later) {
+    TANDEM_ASSIGN_OR_RETURN(started, ops_.StartTakingSquaredNorm());
+  }
+  if (started) {
+    norm_on_its_way_ = true;
+    norm_squared_ = 0;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(norm_squared_, ops_.TakeSquaredNorm());
+  }
   backward_finished_ = true;
   return absl::OkStatus();
 }

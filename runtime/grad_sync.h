@@ -130,6 +130,12 @@ class GradientSync {
   // the rank's shards; all-reduce: group rank 0 counts everything, the others 0), except
   // those of parameters registered with counted_in_norm false.
   virtual double LocalGradNormSquared() const = 0;
+  // FinishBackward that leaves the norm on its way to the host (DeviceOps::
+  // StartTakingSquaredNorm): Step may follow at once, and LocalGradNormSquared holds the norm
+  // after CollectGradNorm, which waits for the norm alone, not for the step. For a step that
+  // does not depend on the norm (no clipping).
+  virtual absl::Status FinishBackwardNormLater() = 0;
+  virtual absl::Status CollectGradNorm() = 0;
   // Multiplies the synchronised gradients by `grad_scale`, then applies the optimizer with
   // learning rate `lr`. DeAR then starts the all-gathers (in forward order) and returns.
   virtual absl::Status Step(double lr, double grad_scale = 1.0) = 0;

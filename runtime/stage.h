@@ -89,6 +89,9 @@ class Stage {
   // Sum of this stage's micro-batch losses in the current iteration (last stage only), each
   // already scaled as it entered backward.
   virtual double IterationLoss() const = 0;
+  // Starts moving IterationLoss to the host, so that reading it after more work is queued
+  // (the optimizer step) waits for the loss alone. By default nothing.
+  virtual absl::Status StartReadingIterationLoss() { return absl::OkStatus(); }
 
   virtual std::vector<ParameterView> Parameters() = 0;
   virtual comm::Device device() const = 0;

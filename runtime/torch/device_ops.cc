@@ -5,12 +5,14 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 #if TANDEM_TORCH_HAS_CUDA
@@ -307,10 +309,15 @@ absl::Status TorchDeviceOps::AverageAndAddSquaredNorm(float* dst, const float* s
     if (dst != src) out.copy_(View(src, count));
     if (divide) out.div_(divisor);
     if (!add_to_norm) return;
-    // One float32 pass (as clip_grad_norm_ and the reference measure each gradient), squared
-    // in float64. Asking linalg_vector_norm for a float64 result makes it convert the whole
-    // buffer to float64 first: on a GPU that copy took twice as long as the norm.
-    torch::Tensor squares = at::linalg_vector_norm(out, 2).to(torch::kFloat64).square();
+    // Asking linalg_vector_norm for a float64 result makes it convert the whole buffer to
+    // float64 first: on a GPU (where the reduction is a tree, accurate in float32) that copy
+    // took twice as long as the norm, so the GPU sums in float32, as clip_grad_norm_ does.
+    // On the CPU a float32 norm put a bf16 test model's norm 1.3% off the float64 reference
+    // (LibTorch 2.11): the CPU keeps float64.
+    torch::Tensor squares =
+        out.is_cuda()
+            ? at::linalg_vector_norm(out, 2).to(torch::kFloat64).square()
+            : at::linalg_vector_norm(out, 2, c10::nullopt, false, torch::kFloat64).square();
     norm_ = norm_.defined() ? norm_.add_(squares) : squares;
   });
 }
@@ -336,10 +343,48 @@ absl::Status TorchDeviceOps::FromBFloat16(float* dst, const uint16_t* src, int64
 absl::StatusOr<double> TorchDeviceOps::TakeSquaredNorm() {
   double total = 0;
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors("reading the gradient norm", [&] {
-    if (norm_.defined()) total = norm_.item<double>();
+    if (norm_on_its_way_.started()) {
+      total = norm_on_its_way_.Take();
+    } else if (norm_.defined()) {
+      total = norm_.item<double>();
+    }
   }));
   norm_ = torch::Tensor();
   return total;
+}
+
+absl::StatusOr<bool> TorchDeviceOps::StartTakingSquaredNorm() {
+  TANDEM_RETURN_IF_ERROR(CatchTorchErrors("copying the gradient norm to the host", [&] {
+    if (norm_.defined()) norm_on_its_way_.Start(norm_);
+  }));
+  return true;
+}
+
+void HostScalar::Start(const torch::Tensor& value) {
+  ready_.reset();
+  if (!value.is_cuda()) {
+    host_ = value.detach().clone();
+    return;
+  }
+  host_ = torch::empty(value.sizes(), value.options().device(torch::kCPU).pinned_memory(true));
+  host_.copy_(value.detach(), /*non_blocking=*/true);
+  const c10::impl::VirtualGuardImpl guard(value.device().type());
+  ready_.emplace(value.device().type());
+  ready_->record(guard.getStream(value.device()));
+}
+
+double HostScalar::Take() {
+  if (ready_.has_value()) {
+#if TORCH_VERSION_MAJOR >= 2
+    ready_->synchronize();
+#else
+    while (!ready_->query()) std::this_thread::yield();
+#endif
+  }
+  const double value = host_.item<double>();
+  host_ = torch::Tensor();
+  ready_.reset();
+  return value;
 }
 
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> TorchDeviceOps::NewOptimizer(

@@ -12,8 +12,10 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include <c10/core/Event.h>
 #include <torch/types.h>
 
 #include "runtime/device_ops.h"
@@ -44,6 +46,21 @@ absl::Status StopTorchTrace(const std::string& path);
 torch::Tensor TensorOver(void* data, at::IntArrayRef shape, const torch::TensorOptions& options,
                          std::function<void(void*)> deleter = nullptr);
 
+// A scalar on its way from a device to the host. Start queues its copy into pinned memory
+// behind the work issued so far on the device's current stream and returns at once; Take
+// waits for that copy alone, not for work issued after Start, and returns the value (on the
+// CPU Start keeps a copy).
+class HostScalar {
+ public:
+  void Start(const torch::Tensor& value);
+  bool started() const { return host_.defined(); }
+  double Take();  // after Start; not started any more after it
+
+ private:
+  torch::Tensor host_;
+  std::optional<c10::Event> ready_;
+};
+
 class TorchDeviceOps final : public DeviceOps {
  public:
   // `fused_adamw`: use at::_fused_adamw_ where available (ignored elsewhere).
@@ -58,6 +75,7 @@ class TorchDeviceOps final : public DeviceOps {
   absl::Status AverageAndAddSquaredNorm(float* dst, const float* src, int64_t count,
                                         float divisor, bool divide, bool add_to_norm) override;
   absl::StatusOr<double> TakeSquaredNorm() override;
+  absl::StatusOr<bool> StartTakingSquaredNorm() override;
   absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override;
   absl::Status FromBFloat16(float* dst, const uint16_t* src, int64_t count) override;
   absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
@@ -72,6 +90,7 @@ class TorchDeviceOps final : public DeviceOps {
   torch::Device device_;
   bool fused_adamw_;
   torch::Tensor norm_;  // float64 sum of squares on the device (undefined when zero)
+  HostScalar norm_on_its_way_;  // norm_ after StartTakingSquaredNorm
 };
 
 }  // namespace tandem::runtime::libtorch

@@ -358,6 +358,7 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
   }
   iteration_ = iteration;
   iteration_loss_ = torch::Tensor();
+  if (loss_on_its_way_.started()) loss_on_its_way_.Take();  // one nobody read
   microbatch_losses_.clear();
   std::fill(unwritten_.begin(), unwritten_.end(), 1);  // each first gradient writes over
   if (!is_first() && !is_last_) return absl::OkStatus();
@@ -468,7 +469,14 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Forward(int microbatch,
 }
 
 double TorchStage::IterationLoss() const {
+  if (loss_on_its_way_.started()) return loss_on_its_way_.Take();
   return iteration_loss_.defined() ? iteration_loss_.item<double>() : 0.0;
+}
+
+absl::Status TorchStage::StartReadingIterationLoss() {
+  return CatchTorchErrors("copying the loss to the host", [&] {
+    if (iteration_loss_.defined()) loss_on_its_way_.Start(iteration_loss_);
+  });
 }
 
 std::map<int, double> TorchStage::microbatch_losses() const {

@@ -61,6 +61,7 @@
 
 #include "runtime/stage.h"
 #include "runtime/torch/data.h"
+#include "runtime/torch/device_ops.h"
 #include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/model.h"
 #include "runtime/torch/precision.h"
@@ -111,6 +112,7 @@ class TorchStage final : public Stage, private GradientWriter {
   absl::Status FinishGradients() override;
   absl::StatusOr<Tensor> NewTensor(const TensorMeta& meta) override;
   double IterationLoss() const override;  // waits for the last forward on the device
+  absl::Status StartReadingIterationLoss() override;
   std::vector<ParameterView> Parameters() override;
   comm::Device device() const override;
   DeviceOps* device_ops() override { return device_ops_.get(); }
@@ -211,6 +213,7 @@ class TorchStage final : public Stage, private GradientWriter {
   std::map<int, MicrobatchStash> stash_;
   std::map<int, torch::Tensor> microbatch_losses_;  // scaled, float64, on the device
   torch::Tensor iteration_loss_;                      // their sum (undefined: none yet)
+  mutable HostScalar loss_on_its_way_;  // iteration_loss_ after StartReadingIterationLoss
 };
 
 // Conversions between LibTorch and runtime element types.

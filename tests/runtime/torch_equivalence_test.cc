@@ -261,7 +261,9 @@ INSTANTIATE_TEST_SUITE_P(
     LibTorchDeviceOps, EquivalenceTest,
     ::testing::Values(Case{K::k1F1B, 2, true, true, false, /*clip=*/0.5, 1, true},
                       Case{K::kGPipe, 2, false, false, true, 0, 1, true},
-                      Case{K::kZBH1, 1, true, false, false, 0, 1, true}),
+                      Case{K::kZBH1, 1, true, false, false, 0, 1, true},
+                      // two stages a rank, each with its own norm on its way to the host
+                      Case{K::kInterleaved, 1, true, false, false, 0, /*chunks=*/2, true}),
     [](const auto& info) { return absl::StrCat("case", info.index); });
 
 // bf16 autocast (CPU autocast here; CUDA on a GPU) against a bf16 single-process reference.

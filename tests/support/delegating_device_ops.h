@@ -30,6 +30,9 @@ class DelegatingDeviceOps : public DeviceOps {
     return cpu_.AverageAndAddSquaredNorm(dst, src, count, divisor, divide, add_to_norm);
   }
   absl::StatusOr<double> TakeSquaredNorm() override { return cpu_.TakeSquaredNorm(); }
+  absl::StatusOr<bool> StartTakingSquaredNorm() override {
+    return cpu_.StartTakingSquaredNorm();
+  }
   absl::Status ToBFloat16(uint16_t* dst, const float* src, int64_t count) override {
     return cpu_.ToBFloat16(dst, src, count);
   }
