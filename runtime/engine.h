@@ -19,7 +19,10 @@
 // over the world is the mean loss of the global batch, and its gradients likewise: gradient
 // groups sum (never average). The loss and the squared gradient norm are summed over the
 // world in one all-reduce at OptimizerStep; the clip coefficient is
-// min(1, clip_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ computes it.
+// min(1, clip_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ computes it. That
+// all-reduce comes before the step when the step needs the norm (clipping) or the job commits
+// there (an elastic job: job.sum_over_job); otherwise the step is queued first, behind the
+// backward on the device, and the loss and norm are read while it runs.
 //
 // Collective contract: Create, RunIteration, Flush, SaveCheckpoint, LoadCheckpoint and
 // GatherTimeline are collective over the world communicator (every rank calls them in the
