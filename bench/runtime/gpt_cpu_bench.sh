@@ -6,7 +6,8 @@
 #   bench/runtime/gpt_cpu_bench.sh [BUILD_DIR] [OUT_DIR]
 #
 # BUILD_DIR defaults to build (with LibTorch), OUT_DIR to out/gpt_bench. Each run trains
-# --steps iterations; the figure is tandem train's summary (mean over all but the first).
+# --steps iterations; the figure is tandem train's summary (mean over all but the first and the
+# last, which --timeline records).
 # Ranks share the machine's cores (one LibTorch thread each); on fewer cores than ranks the
 # figures measure oversubscription as much as the schedule.
 set -euo pipefail
