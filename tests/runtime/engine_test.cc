@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/backend.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "pipeline/plan.h"
 #include "runtime/emulated_stage.h"
@@ -361,6 +363,115 @@ TEST(EngineTest, RecordedIterationsTimeTheDevicesWork) {
       EXPECT_LT(slowest_forward, kForward * 0.5);  // launched, not finished
     }
   }
+}
+
+// Records the order of the optimizer step and of the reads of the norm and the loss, as a
+// device whose norm and loss travel to the host asynchronously would see them.
+class StepOrderDeviceOps final : public DelegatingDeviceOps {
+ public:
+  explicit StepOrderDeviceOps(std::vector<std::string>* log) : log_(log) {}
+  absl::StatusOr<double> TakeSquaredNorm() override {
+    log_->push_back("take norm");
+    return DelegatingDeviceOps::TakeSquaredNorm();
+  }
+  absl::StatusOr<bool> StartTakingSquaredNorm() override {
+    log_->push_back("start norm");
+    return true;  // one stage a rank here: the CPU loops' running norm is this stage's alone
+  }
+  absl::StatusOr<std::unique_ptr<DeviceOptimizer>> NewOptimizer(
+      const OptimizerConfig& config, std::vector<int64_t> counts) override {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOptimizer> inner,
+                            DelegatingDeviceOps::NewOptimizer(config, std::move(counts)));
+    return std::unique_ptr<DeviceOptimizer>(new Logged(std::move(inner), log_));
+  }
+
+ private:
+  class Logged final : public DeviceOptimizer {
+   public:
+    Logged(std::unique_ptr<DeviceOptimizer> inner, std::vector<std::string>* log)
+        : inner_(std::move(inner)), log_(log) {}
+    absl::Status Step(int first_span, absl::Span<float* const> params,
+                      absl::Span<float* const> grads, double lr, double grad_scale) override {
+      log_->push_back("step");
+      return inner_->Step(first_span, params, grads, lr, grad_scale);
+    }
+    const std::vector<int64_t>& counts() const override { return inner_->counts(); }
+    int64_t steps() const override { return inner_->steps(); }
+    void set_steps(int64_t steps) override { inner_->set_steps(steps); }
+    std::vector<std::string> BufferNames() const override { return inner_->BufferNames(); }
+    absl::StatusOr<float*> StateBuffer(int span, absl::string_view name, bool create) override {
+      return inner_->StateBuffer(span, name, create);
+    }
+    absl::Status ResetStateBuffer(int span, absl::string_view name) override {
+      return inner_->ResetStateBuffer(span, name);
+    }
+
+   private:
+    std::unique_ptr<DeviceOptimizer> inner_;
+    std::vector<std::string>* log_;
+  };
+  std::vector<std::string>* log_;
+};
+
+class StepOrderStage final : public EmulatedStage {
+ public:
+  explicit StepOrderStage(const EmulatedStageOptions& options)
+      : EmulatedStage(options), ops_(&log) {}
+  absl::Status StartReadingIterationLoss() override {
+    log.push_back("start loss");
+    return absl::OkStatus();
+  }
+  double IterationLoss() const override {
+    log.push_back("read loss");
+    return EmulatedStage::IterationLoss();
+  }
+  DeviceOps* device_ops() override { return &ops_; }
+  mutable std::vector<std::string> log;
+
+ private:
+  StepOrderDeviceOps ops_;
+};
+
+// Without clipping the step does not need the norm: it is queued before the loss and the norm
+// are read (a GPU computes it while they travel to the host). With clipping the reads come
+// first. Loss and norm are the same either way.
+TEST(EngineTest, WithoutClippingTheStepIsQueuedBeforeTheLossAndNormAreRead) {
+  comm::Communicator* world = World();
+  auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
+  ASSERT_TRUE(plan.ok());
+  std::vector<double> losses, norms;
+  for (double clip : {0.0, 1e9}) {
+    EngineOptions options = SgdOptions(runtime::GradSyncStrategy::kAllReduce);
+    options.clip_norm = clip;  // 1e9: clipping on, never binding
+    StepOrderStage* stage = nullptr;
+    bool last_stage = false;
+    auto factory = [&](const StageSpec& spec) -> absl::StatusOr<std::unique_ptr<Stage>> {
+      auto made = std::make_unique<StepOrderStage>(EmulatedOptions(spec, 0, 0, 0));
+      stage = made.get();
+      last_stage = spec.is_last();
+      return std::unique_ptr<Stage>(std::move(made));
+    };
+    auto engine = Engine::Create(*plan, world, factory, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_NE(stage, nullptr);
+    auto result = (*engine)->RunIteration();
+    ASSERT_TRUE(result.ok()) << result.status();
+    losses.push_back(result->loss);
+    norms.push_back(result->grad_norm);
+    const std::vector<std::string>& log = stage->log;
+    const auto step = std::find(log.begin(), log.end(), "step");
+    ASSERT_NE(step, log.end()) << absl::StrJoin(log, ", ");
+    const auto last_take = std::find(log.rbegin(), log.rend(), "take norm");
+    ASSERT_NE(last_take, log.rend()) << absl::StrJoin(log, ", ");
+    const bool norm_after_step = last_take.base() - 1 > step;
+    EXPECT_EQ(norm_after_step, clip == 0) << absl::StrJoin(log, ", ");
+    const auto read = std::find(log.begin(), log.end(), "read loss");
+    EXPECT_EQ(read != log.end(), last_stage) << absl::StrJoin(log, ", ");
+    if (last_stage) EXPECT_EQ(read > step, clip == 0) << absl::StrJoin(log, ", ");
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(norms[0], norms[1]);
+  EXPECT_GT(norms[0], 0);
 }
 
 TEST(EngineTest, PlanForAnotherWorldSizeFailsOnEveryRank) {
