@@ -42,7 +42,12 @@ constexpr absl::Duration kSendDrainTime = absl::Milliseconds(100);
 // How long a waiter sleeps when another thread is progressing (it is woken earlier when that
 // thread completes something).
 constexpr std::chrono::microseconds kBusyWaitPause(50);
-constexpr int kPollsPerClockRead = 8;
+// A wait reads the clock first after kPollsBeforeClock polls (a few microseconds: the deadline
+// starts that much late), then every kPollsPerClockRead polls. A clock read costs as much as a
+// poll or two, and an 8-byte operation completes within 10-30 polls: read every 8 polls, the
+// clock took a tenth of an 8-byte all-gather's time on two ranks.
+constexpr int kPollsBeforeClock = 256;
+constexpr int kPollsPerClockRead = 32;
 
 // A Work over an Op: waiting drives progress itself. The Op lives in the same allocation
 // (Create): one allocation per operation.
@@ -93,8 +98,9 @@ class MpiWork : public Work {
     }
     // Often done already (an eager send, a message that arrived): no clock, no waiter count.
     if (!mpi_internal::TryCompleteDirectly(*op_)) {
-      // The clock is first read after kPollsPerClockRead polls: most waits end before that.
-      std::optional<absl::Time> deadline;
+      // The clock is first read after kPollsBeforeClock polls: most waits end before that.
+      std::optional<std::chrono::steady_clock::time_point> deadline;
+      int next_clock_read = kPollsBeforeClock;
       ProgressEngine::WaiterScope waiter;
       mpi_internal::Backoff backoff;
       int polls = 0;
@@ -108,11 +114,12 @@ class MpiWork : public Work {
           progressed = ProgressEngine::Get().TryProgress(&busy);
           if (op_->done.load(std::memory_order_acquire)) break;
         }
-        // Reading the clock costs about as much as a poll: every kPollsPerClockRead polls.
-        if (++polls % kPollsPerClockRead == 0) {
-          const absl::Time now = absl::Now();
+        if (++polls >= next_clock_read) {
+          next_clock_read = polls + kPollsPerClockRead;
+          const auto now = std::chrono::steady_clock::now();
           if (!deadline.has_value()) {
-            deadline = now + timeout;
+            // Capped: a saturated duration would overflow the time point.
+            deadline = now + absl::ToChronoNanoseconds(std::min(timeout, absl::Hours(1e6)));
           } else if (now >= *deadline) {
             return absl::DeadlineExceededError(absl::StrCat(
                 op_->Describe(), " timed out after ", absl::FormatDuration(timeout)));
@@ -170,6 +177,20 @@ class MpiWork : public Work {
   std::shared_ptr<mpi_internal::CommState> state_;  // waiter-driven operations only
 };
 
+// The Work of a collective run as a tandem algorithm (comm/mpi/ring.h): the algorithm's state
+// lives in the same allocation as the Work and its Op (its requests, scratch memory), so the
+// operation costs one allocation, and its step function refers to it by a plain pointer.
+template <typename Algorithm>
+class AlgorithmWork final : public MpiWork {
+ public:
+  AlgorithmWork(absl::Duration default_timeout, Algorithm&& algorithm)
+      : MpiWork(default_timeout), algorithm_(std::move(algorithm)) {}
+  Algorithm* algorithm() { return &algorithm_; }
+
+ private:
+  Algorithm algorithm_;
+};
+
 // An operation that completed successfully when it was issued. One is shared by every such
 // operation of a kind (no allocation on the fastest path), so it names the kind only.
 class DoneWork final : public Work {
@@ -204,37 +225,49 @@ std::function<absl::Status(const MPI_Status&)> AverageAfterSum(ReduceOp op, cons
   };
 }
 
+}  // namespace
+
 // A small operation posted and tested once by the issuing thread before anything is allocated
 // (see kTestAtIssueMaxBytes): either finished (`finished` set: `done`, shared by every such
 // operation of its kind, or an error naming the operation) or posted and pending (`request`,
 // unless a multi-step algorithm holds its own requests).
-struct EarlyPost {
+struct mpi_internal::EarlyPost {
   WorkPtr finished;
   bool posted = false;
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
+namespace {
+
+using mpi_internal::EarlyPost;
+
 template <typename Post>
-EarlyPost PostAndTestOnce(Post& post, const std::function<absl::StatusOr<bool>()>& progress,
-                          const std::function<absl::Status(const MPI_Status&)>& finish,
-                          const mpi_internal::OpLabel& label, const WorkPtr& done) {
+EarlyPost PostAndTest(Post& post, absl::FunctionRef<absl::StatusOr<bool>()>* progress,
+                      const std::function<absl::Status(const MPI_Status&)>& finish,
+                      const mpi_internal::OpLabel& label, const WorkPtr& done, int tests) {
   EarlyPost early;
   absl::Status result;
   bool complete = false;
   if (const int rc = post(&early.request); rc != MPI_SUCCESS) {
     result = TANDEM_MPI_STATUS(rc);
-  } else if (progress) {
-    absl::StatusOr<bool> stepped = progress();
-    result = stepped.status();
-    complete = stepped.ok() && *stepped;
+  } else if (progress != nullptr) {
+    for (int test = 0; test < tests && result.ok() && !complete; ++test) {
+      absl::StatusOr<bool> stepped = (*progress)();
+      result = stepped.status();
+      complete = stepped.ok() && *stepped;
+    }
+    // What StepPosted runs after an algorithm's last step (an average's division).
+    if (complete && finish) result = finish(MPI_Status{});
   } else {
-    int flag = 0;
-    MPI_Status mpi_status;
-    if (const int rc = MPI_Test(&early.request, &flag, &mpi_status); rc != MPI_SUCCESS) {
-      result = TANDEM_MPI_STATUS(rc);
-    } else if (flag) {
-      complete = true;
-      if (finish) result = finish(mpi_status);
+    for (int test = 0; test < tests && result.ok() && !complete; ++test) {
+      int flag = 0;
+      MPI_Status mpi_status;
+      if (const int rc = MPI_Test(&early.request, &flag, &mpi_status); rc != MPI_SUCCESS) {
+        result = TANDEM_MPI_STATUS(rc);
+      } else if (flag) {
+        complete = true;
+        if (finish) result = finish(mpi_status);
+      }
     }
   }
   if (!result.ok()) {
@@ -540,6 +573,7 @@ WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool sen
       !state_->aborting.load(std::memory_order_acquire)) {
     return IssueSmallPointToPoint(send, buffer, type, peer, tag, label.sequence);
   }
+  state_->NoteIssued();
   // Large (or refused: the communicator was aborted): posted right away by this thread (pairs
   // match in posting order), then handed over. Not tested here: that test drives MPI's
   // progress, which may copy a large arriving message before this thread posts its next
@@ -567,6 +601,7 @@ WorkPtr MpiCommunicator::IssuePointToPoint(mpi_internal::OpLabel label, bool sen
 WorkPtr MpiCommunicator::IssueSmallPointToPoint(bool send, const Buffer& buffer,
                                                 MPI_Datatype type, int peer, int tag,
                                                 int64_t sequence) {
+  state_->NoteIssued();
   // Never destroyed; handed out without an owner (an aliasing pointer with no control block),
   // so that the usual outcome costs no reference count on a line every thread shares.
   static DoneWork* const kDone[2] = {new DoneWork("send"), new DoneWork("recv")};
@@ -641,12 +676,38 @@ MPI_Datatype MpiCommunicator::SmallPointToPointType(const Buffer& buffer, int pe
   return mpi_internal::BuiltinMpiType(buffer.dtype);
 }
 
+int MpiCommunicator::TestsAtIssueCount() {
+  return ProgressEngine::Get().polite() ? 1 : mpi_internal::kCollectiveTestsAtIssue;
+}
+
+bool MpiCommunicator::TestsAtIssue(const mpi_internal::OpLabel& label, bool verify) const {
+  return !verify &&
+         std::max<int64_t>(label.count, 0) * SizeOf(label.dtype) <=
+             mpi_internal::kTestAtIssueMaxBytes &&
+         !state_->aborting.load(std::memory_order_acquire);
+}
+
+const WorkPtr& MpiCommunicator::DoneAtIssue(Kind kind) {
+  // Never destroyed, and handed out without an owner (aliasing pointers with no control block,
+  // as for point-to-point operations): copying one costs no reference count.
+  static const auto* const kDone = new std::array<WorkPtr, 7>{
+      nullptr,
+      WorkPtr(WorkPtr(), new DoneWork("all_reduce")),
+      WorkPtr(WorkPtr(), new DoneWork("reduce_scatter")),
+      WorkPtr(WorkPtr(), new DoneWork("all_gather")),
+      WorkPtr(WorkPtr(), new DoneWork("broadcast")),
+      WorkPtr(WorkPtr(), new DoneWork("barrier")),
+      WorkPtr(WorkPtr(), new DoneWork("split"))};
+  return (*kDone)[static_cast<size_t>(kind)];
+}
+
 template <typename Post>
 WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                                          int64_t count, DataType dtype, ReduceOp reduce, int root,
                                          Post post,
                                          std::function<absl::Status(const MPI_Status&)> finish,
-                                         std::function<absl::StatusOr<bool>()> progress) {
+                                         bool eager_receive) {
+  state_->NoteIssued();
   label.sequence = collective_sequence_++;
   label.group_size = size();
   const bool verify = options_.verify_collectives && size() > 1;
@@ -654,25 +715,73 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
   // at a time, so posting order is issue order on every rank. A small one is also tested
   // before anything is allocated (see IssuePointToPoint).
   EarlyPost early;
-  if (!verify &&
-      std::max<int64_t>(label.count, 0) * SizeOf(label.dtype) <=
-          mpi_internal::kTestAtIssueMaxBytes &&
-      !state_->aborting.load(std::memory_order_acquire)) {
-    static const auto* const kDone = new std::array<WorkPtr, 7>{
-        nullptr,
-        std::make_shared<DoneWork>("all_reduce"),
-        std::make_shared<DoneWork>("reduce_scatter"),
-        std::make_shared<DoneWork>("all_gather"),
-        std::make_shared<DoneWork>("broadcast"),
-        std::make_shared<DoneWork>("barrier"),
-        std::make_shared<DoneWork>("split")};
-    early = PostAndTestOnce(post, progress, finish, label, (*kDone)[static_cast<size_t>(kind)]);
+  if (TestsAtIssue(label, verify)) {
+    early = PostAndTest(post, nullptr, finish, label, DoneAtIssue(kind), TestsAtIssueCount());
     if (early.finished != nullptr) return early.finished;
+    if (eager_receive) {
+      // Posted, so in issue order already: like a small point-to-point receive, completed by
+      // whoever waits on it or tests it, never queued (see IssueSmallPointToPoint).
+      auto work = MpiWork::CreateWaiterDriven(options_.timeout, state_);
+      Op& op = work->op();
+      op.label = std::move(label);
+      op.finish = std::move(finish);
+      op.request = early.request;
+      op.phase.store(Op::Phase::kPosted, std::memory_order_release);
+      return work;
+    }
   }
   auto [work, op] = MpiWork::Create(options_.timeout);
+  return Queue(kind, std::move(label), count, dtype, reduce, root, post, std::move(finish),
+               verify, early, std::move(work), std::move(op));
+}
+
+template <typename Algorithm>
+WorkPtr MpiCommunicator::IssueAlgorithm(Kind kind, mpi_internal::OpLabel label, int64_t count,
+                                        DataType dtype, ReduceOp reduce, int root,
+                                        std::function<absl::Status(const MPI_Status&)> finish,
+                                        Algorithm algorithm) {
+  state_->NoteIssued();
+  label.sequence = collective_sequence_++;
+  label.group_size = size();
+  const bool verify = options_.verify_collectives && size() > 1;
+  // An algorithm whose state MPI does not write into (no scratch memory of its own) is posted
+  // and tested where it stands, and moved into a Work only if it is still pending: one that
+  // completes at once allocates nothing. The others start in their Work.
+  std::shared_ptr<AlgorithmWork<Algorithm>> work;
+  Algorithm* running = &algorithm;
+  if (!Algorithm::kMovableOncePosted || !TestsAtIssue(label, verify)) {
+    work = std::make_shared<AlgorithmWork<Algorithm>>(options_.timeout, std::move(algorithm));
+    running = work->algorithm();
+  }
+  EarlyPost early;
+  if (TestsAtIssue(label, verify)) {
+    auto start = [running](MPI_Request*) { return running->Start(); };
+    auto step = [running]() { return running->Progress(); };
+    absl::FunctionRef<absl::StatusOr<bool>()> progress(step);
+    early = PostAndTest(start, &progress, finish, label, DoneAtIssue(kind),
+                        TestsAtIssueCount());
+    if (early.finished != nullptr) return early.finished;
+  }
+  if (work == nullptr) {
+    work = std::make_shared<AlgorithmWork<Algorithm>>(options_.timeout, std::move(*running));
+    running = work->algorithm();
+  }
+  std::shared_ptr<Op> op(work, &work->op());
+  // Plain pointers into the Work: std::function keeps them without allocating.
+  op->progress = [running]() { return running->Progress(); };
+  auto start = [running](MPI_Request*) { return running->Start(); };
+  return Queue(kind, std::move(label), count, dtype, reduce, root, start, std::move(finish),
+               verify, early, std::move(work), std::move(op));
+}
+
+template <typename Post>
+WorkPtr MpiCommunicator::Queue(Kind kind, mpi_internal::OpLabel label, int64_t count,
+                               DataType dtype, ReduceOp reduce, int root, Post& post,
+                               std::function<absl::Status(const MPI_Status&)> finish,
+                               bool verify, const EarlyPost& early, WorkPtr work,
+                               std::shared_ptr<mpi_internal::Op> op) {
   op->label = std::move(label);
   op->finish = std::move(finish);
-  op->progress = std::move(progress);
   op->verify = verify;
   if (op->verify) {
     const int64_t fields[mpi_internal::kSignatureFields] = {
@@ -796,13 +905,13 @@ WorkPtr MpiCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
   const bool power_of_two = group_size > 1 && (group_size & (group_size - 1)) == 0;
   if (power_of_two && buffer.count > 0 &&
       static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallAllReduceMaxBytes) {
-    auto algorithm = std::make_shared<mpi_internal::RecursiveDoublingAllReduce>(
-        state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction,
-        SizeOf(buffer.dtype), buffer.data, buffer.count);
-    return IssueCollective(
+    return IssueAlgorithm(
         Kind::kAllReduce, std::move(label), buffer.count, buffer.dtype, op, /*root=*/0,
-        [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
-        [algorithm]() { return algorithm->Progress(); });
+        std::move(finish),
+        mpi_internal::RecursiveDoublingAllReduce(state_->control, rank(), group_size,
+                                                 NextAlgorithmTag(), mpi_type, mpi_reduction,
+                                                 SizeOf(buffer.dtype), buffer.data,
+                                                 buffer.count));
   }
   return IssueCollective(
       Kind::kAllReduce, std::move(label), buffer.count, buffer.dtype, op, /*root=*/0,
@@ -850,13 +959,13 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
                     static_cast<int64_t>(input.bytes()) >= mpi_internal::kRingReduceScatterMinBytes;
   if (!ring && group_size > 1 && group_size <= mpi_internal::kSmallReduceScatterMaxRanks &&
       input.count > 0) {
-    auto algorithm = std::make_shared<mpi_internal::DirectReduceScatter>(
-        state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction,
-        SizeOf(input.dtype), input.data, output.data, input.count);
-    return IssueCollective(
+    return IssueAlgorithm(
         Kind::kReduceScatter, std::move(label), input.count, input.dtype, op, /*root=*/0,
-        [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
-        [algorithm]() { return algorithm->Progress(); });
+        std::move(finish),
+        mpi_internal::DirectReduceScatter(state_->control, rank(), group_size,
+                                          NextAlgorithmTag(), mpi_type, mpi_reduction,
+                                          SizeOf(input.dtype), input.data, output.data,
+                                          input.count));
   }
   if (!ring) {
     auto counts = std::make_shared<std::vector<int>>(size());
@@ -872,13 +981,12 @@ WorkPtr MpiCommunicator::ReduceScatter(const Buffer& input, const Buffer& output
         },
         std::move(finish));
   }
-  auto algorithm = std::make_shared<mpi_internal::RingReduceScatter>(
-      state_->control, rank(), group_size, NextAlgorithmTag(), mpi_type, mpi_reduction, SizeOf(input.dtype),
-      input.data, output.data, input.count);
-  return IssueCollective(
+  return IssueAlgorithm(
       Kind::kReduceScatter, std::move(label), input.count, input.dtype, op, /*root=*/0,
-      [algorithm](MPI_Request*) { return algorithm->Start(); }, std::move(finish),
-      [algorithm]() { return algorithm->Progress(); });
+      std::move(finish),
+      mpi_internal::RingReduceScatter(state_->control, rank(), group_size, NextAlgorithmTag(),
+                                      mpi_type, mpi_reduction, SizeOf(input.dtype), input.data,
+                                      output.data, input.count));
 }
 
 WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
@@ -934,21 +1042,18 @@ WorkPtr MpiCommunicator::AllGather(const Buffer& input, const Buffer& output) {
         nullptr);
   }
   if (size() <= mpi_internal::kDirectAllGatherMaxRanks) {
-    auto algorithm = std::make_shared<mpi_internal::DirectAllGather>(
-        state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, element, input.data,
-        output.data, output.count);
-    return IssueCollective(
+    return IssueAlgorithm(
         Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum,
-        /*root=*/0, [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
-        [algorithm]() { return algorithm->Progress(); });
+        /*root=*/0, nullptr,
+        mpi_internal::DirectAllGather(state_->control, rank(), size(), NextAlgorithmTag(),
+                                      mpi_type, element, input.data, output.data,
+                                      output.count));
   }
-  auto algorithm = std::make_shared<mpi_internal::RingAllGather>(
-      state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, element, input.data, output.data,
-      output.count);
-  return IssueCollective(
-      Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum, /*root=*/0,
-      [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
-      [algorithm]() { return algorithm->Progress(); });
+  return IssueAlgorithm(
+      Kind::kAllGather, std::move(label), output.count, output.dtype, ReduceOp::kSum,
+      /*root=*/0, nullptr,
+      mpi_internal::RingAllGather(state_->control, rank(), size(), NextAlgorithmTag(), mpi_type,
+                                  element, input.data, output.data, output.count));
 }
 
 WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
@@ -978,17 +1083,15 @@ WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
         [=](MPI_Request* request) {
           return MPI_Irecv(data, count, mpi_type, root, tag, control, request);
         },
-        nullptr);
+        nullptr, /*eager_receive=*/true);
   }
   if (size() > 1 && size() <= mpi_internal::kSmallBroadcastMaxRanks && buffer.count > 0 &&
       static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallBroadcastMaxBytes) {
-    auto algorithm = std::make_shared<mpi_internal::DirectBroadcast>(
-        state_->control, rank(), size(), NextAlgorithmTag(), mpi_type, root, buffer.data,
-        buffer.count);
-    return IssueCollective(
+    return IssueAlgorithm(
         Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
-        [algorithm](MPI_Request*) { return algorithm->Start(); }, nullptr,
-        [algorithm]() { return algorithm->Progress(); });
+        nullptr,
+        mpi_internal::DirectBroadcast(state_->control, rank(), size(), NextAlgorithmTag(),
+                                      mpi_type, root, buffer.data, buffer.count));
   }
   return IssueCollective(
       Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,

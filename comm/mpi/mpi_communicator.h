@@ -30,6 +30,8 @@ namespace tandem::comm {
 
 namespace mpi_internal {
 struct CommState;
+struct EarlyPost;
+struct Op;
 struct OpLabel;
 }
 
@@ -102,14 +104,38 @@ class MpiCommunicator : public Communicator {
   enum class Kind : int64_t {
     kAllReduce = 1, kReduceScatter, kAllGather, kBroadcast, kBarrier, kSplit,
   };
-  // Queues a collective: its signature check (if enabled) and its data request.
-  // `post` (int(MPI_Request*)) is called now by this thread, or kept for the progress side
-  // when the signature check runs first.
+  // Issues a collective that is one MPI request: its signature check (if enabled) and its data
+  // request. `post` (int(MPI_Request*)) is called now by this thread, or kept for the progress
+  // side when the signature check runs first. `eager_receive`: the request is a receive that
+  // needs nothing of this rank's progress when small (its message leaves the sender eagerly).
   template <typename Post>
   WorkPtr IssueCollective(Kind kind, mpi_internal::OpLabel label, int64_t count,
                           DataType dtype, ReduceOp op, int root, Post post,
                           std::function<absl::Status(const MPI_Status&)> finish,
-                          std::function<absl::StatusOr<bool>()> progress = nullptr);
+                          bool eager_receive = false);
+  // Issues a collective run by a tandem algorithm (comm/mpi/ring.h: Start posts its first
+  // step, Progress tests and advances it), kept in the operation's Work.
+  template <typename Algorithm>
+  WorkPtr IssueAlgorithm(Kind kind, mpi_internal::OpLabel label, int64_t count, DataType dtype,
+                         ReduceOp op, int root,
+                         std::function<absl::Status(const MPI_Status&)> finish,
+                         Algorithm algorithm);
+  // What the two share once the operation has its Work: queues it (posted early, posted now,
+  // or after its signature check).
+  template <typename Post>
+  WorkPtr Queue(Kind kind, mpi_internal::OpLabel label, int64_t count, DataType dtype,
+                ReduceOp op, int root, Post& post,
+                std::function<absl::Status(const MPI_Status&)> finish, bool verify,
+                const mpi_internal::EarlyPost& early, WorkPtr work,
+                std::shared_ptr<mpi_internal::Op> op_state);
+  // Whether a collective is posted and tested once by the issuing thread before anything is
+  // allocated (small, no signature check, not aborted).
+  bool TestsAtIssue(const mpi_internal::OpLabel& label, bool verify) const;
+  // How many times the issuing thread tests a small collective before it allocates anything
+  // and queues it (mpi_internal::kCollectiveTestsAtIssue; once with polite waits).
+  static int TestsAtIssueCount();
+  // The Work every operation of `kind` that completed when issued shares.
+  static const WorkPtr& DoneAtIssue(Kind kind);
   // Posts MPI_Isend (`send`) or MPI_Irecv of `buffer` now and hands it to the progress side
   // (a small one: IssueSmallPointToPoint).
   WorkPtr IssuePointToPoint(mpi_internal::OpLabel label, bool send, const Buffer& buffer,

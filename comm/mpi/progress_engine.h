@@ -18,7 +18,9 @@
 // A rank whose operation completed may still owe its peers protocol messages (e.g. the
 // acknowledgement of a rendezvous send), which only leave while it calls into MPI. So after the
 // last pending operation the engine's thread keeps driving MPI's progress (MPI_Iprobe on
-// MPI_COMM_SELF) every kLingerPause for kLinger, then every kIdleSleep while idle. It stops
+// MPI_COMM_SELF) for kLinger, every kLingerPause at first and then at doubling intervals, then
+// every kIdleSleep while idle; while the rank's own threads keep issuing operations (which calls
+// into MPI) it only looks every kWaiterHandoffSleep, as it does while a thread waits. It stops
 // calling MPI when MPI_Finalize begins (a delete callback on MPI_COMM_SELF). Issuing an
 // operation does not wake the engine's thread unless it is in its long idle sleep: a wake-up per
 // operation costs a context switch that, on a rank with one core, is paid by the waiter.
@@ -68,6 +70,12 @@ inline constexpr size_t kIncomingPruneSize = 8;
 // this thread posts its next operation (a receive issued before its send then delays the send:
 // 1-32 MiB send/recv pairs on two ranks ran at 0.65-1.03x instead of 0.92-1.21x).
 inline constexpr int64_t kTestAtIssueMaxBytes = 4096;
+
+// A small collective is tested up to this many times when issued (unless waits are polite):
+// one whose peers issued theirs about the same time then completes there, on MPI's own path,
+// with nothing allocated or queued; one whose peers are late costs its issuer that many tests
+// (a few microseconds at most) before it is queued.
+inline constexpr int kCollectiveTestsAtIssue = 32;
 
 // Fields of a collective's signature: every rank must agree on each.
 inline constexpr int kSignatureFields = 5;  // kind, count, dtype, reduce op, root
@@ -176,6 +184,12 @@ struct CommState {
   size_t incoming_prune_at ABSL_GUARDED_BY(incoming_mu) = kIncomingPruneSize;
   absl::Status aborted ABSL_GUARDED_BY(incoming_mu);  // non-OK once aborted
   std::atomic<bool> aborting{false};
+  // Operations issued so far (a plain increment: one thread issues at a time). Issuing calls
+  // into MPI, which drives its progress: while this moves, the engine's thread need not.
+  std::atomic<uint64_t> issued{0};
+  void NoteIssued() {
+    issued.store(issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
 
   std::mutex mu;
   std::deque<std::shared_ptr<Op>> collectives ABSL_GUARDED_BY(mu);  // issue order
@@ -275,6 +289,8 @@ class ProgressEngine {
  private:
   ProgressEngine();
   void Loop();
+  // Operations issued on every registered communicator (CommState::issued), summed.
+  uint64_t IssuedCount();
 
   std::mutex list_mu_;
   std::vector<std::weak_ptr<CommState>> states_ ABSL_GUARDED_BY(list_mu_);

@@ -84,6 +84,9 @@ class Scratch {
 
 class RingReduceScatter : private ShardLayout {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI writes into the output and the heap scratch only.
+  static constexpr bool kMovableOncePosted = true;
   RingReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
                     size_t element_bytes, const void* input, void* output, int64_t count);
   // Posts step 0; returns an MPI error code.
@@ -112,6 +115,9 @@ inline constexpr int kDirectAllGatherMaxRanks = kDirectMaxRanks;
 
 class DirectAllGather : private ShardLayout {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI writes into the output only.
+  static constexpr bool kMovableOncePosted = true;
   using ShardLayout::ShardLayout;
   int Start();  // MPI_ERR_COMM beyond kDirectMaxRanks ranks
   absl::StatusOr<bool> Progress();
@@ -123,6 +129,9 @@ class DirectAllGather : private ShardLayout {
 
 class RingAllGather : private ShardLayout {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI writes into the output only.
+  static constexpr bool kMovableOncePosted = true;
   // `input` is this rank's shard (copied into `output` first unless it is already there).
   using ShardLayout::ShardLayout;
   int Start();
@@ -147,6 +156,9 @@ inline constexpr int kSmallReduceScatterMaxRanks = kDirectMaxRanks;
 
 class RecursiveDoublingAllReduce {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI receives into received_, which may be inline.
+  static constexpr bool kMovableOncePosted = false;
   // In place on `buffer`; `size` must be a power of two.
   RecursiveDoublingAllReduce(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type,
                              MPI_Op op, size_t element_bytes, void* buffer, int64_t count);
@@ -177,6 +189,9 @@ inline constexpr int kSmallBroadcastMaxRanks = 8;
 
 class DirectBroadcast {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI reads the caller's buffer only.
+  static constexpr bool kMovableOncePosted = true;
   DirectBroadcast(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, int root,
                   void* buffer, int64_t count)
       : comm_(comm), rank_(rank), size_(size), tag_(tag), type_(type), root_(root),
@@ -199,6 +214,9 @@ class DirectBroadcast {
 
 class DirectReduceScatter : private ShardLayout {
  public:
+  // Whether it may move while its requests are pending (MpiCommunicator::IssueAlgorithm):
+  // MPI receives into received_, which may be inline.
+  static constexpr bool kMovableOncePosted = false;
   DirectReduceScatter(MPI_Comm comm, int rank, int size, int tag, MPI_Datatype type, MPI_Op op,
                       size_t element_bytes, const void* input, void* output, int64_t count);
   int Start();  // MPI_ERR_COMM beyond kDirectMaxRanks ranks
