@@ -236,10 +236,14 @@ struct CommState {
 // for, so "polite" mode sleeps 1 ms at a time once nothing changed for a while.
 class Backoff {
  public:
+  Backoff() = default;
+  // `polls_before_yield`: polls before the first sched_yield (kPollsBeforeYield by default).
+  explicit Backoff(int polls_before_yield) : polls_before_yield_(polls_before_yield) {}
   // Call after each poll; `progressed` restarts the polls before the first pause.
   void Pause(bool progressed);
 
  private:
+  int polls_before_yield_ = -1;  // -1: kPollsBeforeYield
   int idle_polls_ = 0;
 };
 

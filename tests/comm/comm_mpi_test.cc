@@ -675,8 +675,9 @@ TEST(MpiCommunicatorTest, SmallCollectivesThatCompleteWhenIssuedGiveFullResults)
     const int root = (late + round / n) % n;  // the late rank is root, then receiver
     SCOPED_TRACE(absl::StrCat("late rank ", late, ", root ", root));
     const ShardRange shard = Shard(kCount, n, me);
-    std::vector<float> averaged(kCount), input(kCount), scattered(std::max<int64_t>(shard.count, 1));
-    std::vector<float> own(std::max<int64_t>(shard.count, 1)), gathered(kCount), broadcast(kCount);
+    const int64_t shard_or_one = std::max<int64_t>(shard.count, 1);
+    std::vector<float> averaged(kCount), input(kCount), scattered(shard_or_one);
+    std::vector<float> own(shard_or_one), gathered(kCount), broadcast(kCount);
     for (int64_t i = 0; i < kCount; ++i) {
       averaged[i] = input[i] = static_cast<float>(Value(me, i));
       broadcast[i] = me == root ? static_cast<float>(i + 1) : -1.0f;
