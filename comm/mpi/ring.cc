@@ -104,17 +104,24 @@ absl::StatusOr<bool> RingAllGather::Progress() {
 
 int DirectAllGather::Start() {
   if (size_ > kDirectMaxRanks) return MPI_ERR_COMM;
-  num_requests_ = 2 * (size_ - 1);
+  num_requests_ = 0;
   const int mine = static_cast<int>(ShardOf(rank_).count);
+  // Empty shards travel nowhere (fewer elements than ranks: both sides know which are empty).
   for (int i = 1; i < size_; ++i) {
     const int from = (rank_ + size_ - i) % size_;
     const int to = (rank_ + i) % size_;
-    int rc = MPI_Irecv(output_ + ShardOf(from).offset * element_bytes_,
-                       static_cast<int>(ShardOf(from).count), type_, from, tag_, comm_,
-                       &requests_[2 * (i - 1)]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Isend(input_, mine, type_, to, tag_, comm_, &requests_[2 * (i - 1) + 1]);
-    if (rc != MPI_SUCCESS) return rc;
+    const ShardRange theirs = ShardOf(from);
+    if (theirs.count > 0) {
+      const int rc = MPI_Irecv(output_ + theirs.offset * element_bytes_,
+                               static_cast<int>(theirs.count), type_, from, tag_, comm_,
+                               &requests_[num_requests_++]);
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    if (mine > 0) {
+      const int rc =
+          MPI_Isend(input_, mine, type_, to, tag_, comm_, &requests_[num_requests_++]);
+      if (rc != MPI_SUCCESS) return rc;
+    }
   }
   char* own = output_ + ShardOf(rank_).offset * element_bytes_;
   if (mine > 0 && input_ != own) std::memcpy(own, input_, mine * element_bytes_);
@@ -195,17 +202,23 @@ DirectReduceScatter::DirectReduceScatter(MPI_Comm comm, int rank, int size, int 
 int DirectReduceScatter::Start() {
   if (size_ > kDirectMaxRanks) return MPI_ERR_COMM;
   const int mine = static_cast<int>(ShardOf(rank_).count);
-  num_requests_ = 2 * (size_ - 1);
+  num_requests_ = 0;
+  // Empty shards travel nowhere (fewer elements than ranks: both sides know which are empty).
   for (int i = 1; i < size_; ++i) {
     const int from = (rank_ + size_ - i) % size_;
     const int to = (rank_ + i) % size_;
-    int rc = MPI_Irecv(received_.get() + (i - 1) * mine * element_bytes_, mine, type_, from, tag_,
-                       comm_, &requests_[2 * (i - 1)]);
-    if (rc != MPI_SUCCESS) return rc;
-    rc = MPI_Isend(input_ + ShardOf(to).offset * element_bytes_,
-                   static_cast<int>(ShardOf(to).count), type_, to, tag_, comm_,
-                   &requests_[2 * (i - 1) + 1]);
-    if (rc != MPI_SUCCESS) return rc;
+    if (mine > 0) {
+      const int rc = MPI_Irecv(received_.get() + (i - 1) * mine * element_bytes_, mine, type_,
+                               from, tag_, comm_, &requests_[num_requests_++]);
+      if (rc != MPI_SUCCESS) return rc;
+    }
+    const ShardRange theirs = ShardOf(to);
+    if (theirs.count > 0) {
+      const int rc = MPI_Isend(input_ + theirs.offset * element_bytes_,
+                               static_cast<int>(theirs.count), type_, to, tag_, comm_,
+                               &requests_[num_requests_++]);
+      if (rc != MPI_SUCCESS) return rc;
+    }
   }
   if (mine > 0) {
     std::memcpy(output_, input_ + ShardOf(rank_).offset * element_bytes_, mine * element_bytes_);

@@ -111,7 +111,8 @@ inline constexpr int kDirectAllGatherMaxRanks = kDirectMaxRanks;
 
 // All-gather in one step: every rank sends its shard to every other rank, straight into their
 // outputs. The same bytes as the ring, without its n-1 dependent steps, which on a rank that
-// shares its core cost a scheduling delay each.
+// shares its core cost a scheduling delay each. Empty shards (fewer elements than ranks) are
+// neither sent nor received; the direct reduce-scatter below skips them the same way.
 
 class DirectAllGather : private ShardLayout {
  public:
