@@ -611,16 +611,27 @@ TEST(MpiCommunicatorTest, OverlapProgressesWithoutWaiting) {
   ASSERT_TRUE(work->Wait().ok());
 }
 
-// Without the signature check the issuing thread posts collectives itself and waiters test
-// their own requests: several collectives in flight, waited on in reverse order, across the
-// sizes where the algorithms change (recursive doubling / direct reduce-scatter, libnbc, rings).
-TEST(MpiCommunicatorTest, CollectivesPostedAtIssueWithoutSignatureChecks) {
+// A communicator over every rank without the signature check (the hot path users run); null
+// (with the failure recorded) if it cannot be created. Collective over MPI_COMM_WORLD.
+std::unique_ptr<MpiCommunicator> UncheckedWorld() {
   CommOptions options;
   options.timeout = kTestTimeout;
   options.verify_collectives = false;
   auto created = MpiCommunicator::FromMpiComm(MPI_COMM_WORLD, options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  MpiCommunicator& comm = **created;
+  if (!created.ok()) {
+    ADD_FAILURE() << created.status();
+    return nullptr;
+  }
+  return std::move(created).value();
+}
+
+// Without the signature check the issuing thread posts collectives itself and waiters test
+// their own requests: several collectives in flight, waited on in reverse order, across the
+// sizes where the algorithms change (recursive doubling / direct reduce-scatter, libnbc, rings).
+TEST(MpiCommunicatorTest, CollectivesPostedAtIssueWithoutSignatureChecks) {
+  std::unique_ptr<MpiCommunicator> unchecked = UncheckedWorld();
+  ASSERT_NE(unchecked, nullptr);
+  MpiCommunicator& comm = *unchecked;
   const int n = comm.size();
   const int me = comm.rank();
   for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{2000}, int64_t{9000}, int64_t{300000}}) {
@@ -660,12 +671,9 @@ TEST(MpiCommunicatorTest, CollectivesPostedAtIssueWithoutSignatureChecks) {
 // division included (it was once skipped there). Every rank but `late` issues first; `late`
 // issues once the others' messages left, and its operations usually complete at once.
 TEST(MpiCommunicatorTest, SmallCollectivesThatCompleteWhenIssuedGiveFullResults) {
-  CommOptions options;
-  options.timeout = kTestTimeout;
-  options.verify_collectives = false;
-  auto created = MpiCommunicator::FromMpiComm(MPI_COMM_WORLD, options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  MpiCommunicator& comm = **created;
+  std::unique_ptr<MpiCommunicator> unchecked = UncheckedWorld();
+  ASSERT_NE(unchecked, nullptr);
+  MpiCommunicator& comm = *unchecked;
   const int n = comm.size();
   const int me = comm.rank();
   constexpr int64_t kCount = 5;
