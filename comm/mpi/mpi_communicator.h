@@ -140,9 +140,9 @@ class MpiCommunicator : public Communicator {
   // (a small one: IssueSmallPointToPoint).
   WorkPtr IssuePointToPoint(mpi_internal::OpLabel label, bool send, const Buffer& buffer,
                             MPI_Datatype type, int peer, int tag);
-  // A checked point-to-point operation of at most kTestAtIssueMaxBytes: posted and tested now,
-  // then done (the usual case for a send, and for a receive whose message is there), or
-  // waiter-driven (a receive: Op::waiter_driven), or queued (a send that did not leave).
+  // A checked point-to-point operation of at most kTestAtIssueMaxBytes, posted now: a send is
+  // tested, then done (the usual case) or queued (it did not leave); a receive is
+  // waiter-driven (Op::waiter_driven).
   // Nothing is allocated and no operation label is built unless it is still pending.
   WorkPtr IssueSmallPointToPoint(bool send, const Buffer& buffer, MPI_Datatype type, int peer,
                                  int tag, int64_t sequence);

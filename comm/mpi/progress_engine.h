@@ -63,9 +63,11 @@ namespace tandem::comm::mpi_internal {
 // cache; the next pruning waits until the list has doubled, so pending ones cost no rescans).
 inline constexpr size_t kIncomingPruneSize = 8;
 
-// Operations up to this size (Open MPI's shared-memory eager limit) are tested once when
-// issued: most complete there (an eager send, a message already there) and then cost no queue
-// entry; a receive still pending then is waiter-driven (see the header comment). Not larger
+// Operations up to this size (Open MPI's shared-memory eager limit) are tested when issued
+// (collectives up to kCollectiveTestsAtIssue times, sends once, receives not at all: usually
+// posted before their message, they are waiter-driven, see the header comment): most complete
+// there (an eager send, a collective whose peers' messages are there) and then cost no queue
+// entry. Not larger
 // ones: that test drives MPI's progress, which may copy a large message arriving for it before
 // this thread posts its next operation (a receive issued before its send then delays the send:
 // 1-32 MiB send/recv pairs on two ranks ran at 0.65-1.03x instead of 0.92-1.21x).
