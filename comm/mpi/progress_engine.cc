@@ -551,10 +551,17 @@ void ProgressEngine::Loop() {
       if (issuing) last_active = std::chrono::steady_clock::now();
       const bool lingering = std::chrono::steady_clock::now() - last_active < kLinger;
       if (lingering) {
-        // A waiting or issuing thread is inside MPI already: no need to poke, nor to look
-        // often (8-byte all-gathers on two ranks woke this thread 4,000 times a second, 7% of
-        // the core both ranks' threads share).
+        // A waiting or issuing thread is inside MPI already: no need to look often (8-byte
+        // all-gathers on two ranks woke this thread 4,000 times a second, on the core both of
+        // the rank's threads share).
         if (waiters_.load() > 0 || issuing) {
+          // An issuing thread may call only MPI_Isend/MPI_Irecv, which need not progress MPI:
+          // one poke a look keeps what the rank owes its peers moving meanwhile.
+          if (waiters_.load() == 0) {
+            lock.unlock();
+            Poke();
+            lock.lock();
+          }
           linger_pause = kLingerPause;
           wake_.wait_for(lock, kWaiterHandoffSleep);
           continue;

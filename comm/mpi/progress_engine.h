@@ -19,8 +19,8 @@
 // acknowledgement of a rendezvous send), which only leave while it calls into MPI. So after the
 // last pending operation the engine's thread keeps driving MPI's progress (MPI_Iprobe on
 // MPI_COMM_SELF) for kLinger, every kLingerPause at first and then at doubling intervals, then
-// every kIdleSleep while idle; while the rank's own threads keep issuing operations (which calls
-// into MPI) it only looks every kWaiterHandoffSleep, as it does while a thread waits. It stops
+// every kIdleSleep while idle; while the rank's own threads keep issuing operations it looks
+// (and pokes) only every kWaiterHandoffSleep, and while a thread waits it only looks. It stops
 // calling MPI when MPI_Finalize begins (a delete callback on MPI_COMM_SELF). Issuing an
 // operation does not wake the engine's thread unless it is in its long idle sleep: a wake-up per
 // operation costs a context switch that, on a rank with one core, is paid by the waiter.
@@ -186,8 +186,9 @@ struct CommState {
   size_t incoming_prune_at ABSL_GUARDED_BY(incoming_mu) = kIncomingPruneSize;
   absl::Status aborted ABSL_GUARDED_BY(incoming_mu);  // non-OK once aborted
   std::atomic<bool> aborting{false};
-  // Operations issued so far (a plain increment: one thread issues at a time). Issuing calls
-  // into MPI, which drives its progress: while this moves, the engine's thread need not.
+  // Operations issued so far (a plain increment: one thread issues at a time). While this
+  // moves the rank is busy with MPI: the engine's thread looks (and pokes) only every
+  // kWaiterHandoffSleep instead of lingering at short pauses.
   std::atomic<uint64_t> issued{0};
   void NoteIssued() {
     issued.store(issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
