@@ -227,8 +227,8 @@ std::function<absl::Status(const MPI_Status&)> AverageAfterSum(ReduceOp op, cons
 
 }  // namespace
 
-// A small operation posted and tested once by the issuing thread before anything is allocated
-// (see kTestAtIssueMaxBytes): either finished (`finished` set: `done`, shared by every such
+// A small collective posted and tested (PostAndTest) by the issuing thread before anything is
+// allocated (see kTestAtIssueMaxBytes): either finished (`finished` set: `done`, shared by every such
 // operation of its kind, or an error naming the operation) or posted and pending (`request`,
 // unless a multi-step algorithm holds its own requests).
 struct mpi_internal::EarlyPost {

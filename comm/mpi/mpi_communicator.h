@@ -128,8 +128,8 @@ class MpiCommunicator : public Communicator {
                 std::function<absl::Status(const MPI_Status&)> finish, bool verify,
                 const mpi_internal::EarlyPost& early, WorkPtr work,
                 std::shared_ptr<mpi_internal::Op> op_state);
-  // Whether a collective is posted and tested once by the issuing thread before anything is
-  // allocated (small, no signature check, not aborted).
+  // Whether a collective is posted and tested (TestsAtIssueCount times) by the issuing thread
+  // before anything is allocated (small, no signature check, not aborted).
   bool TestsAtIssue(const mpi_internal::OpLabel& label, bool verify) const;
   // How many times the issuing thread tests a small collective before it allocates anything
   // and queues it (mpi_internal::kCollectiveTestsAtIssue; once with polite waits).
