@@ -681,6 +681,13 @@ int MpiCommunicator::TestsAtIssueCount() {
   return ProgressEngine::Get().polite() ? 1 : mpi_internal::kCollectiveTestsAtIssue;
 }
 
+bool MpiCommunicator::BeginCollective(mpi_internal::OpLabel& label) {
+  state_->NoteIssued();
+  label.sequence = collective_sequence_++;
+  label.group_size = size();
+  return options_.verify_collectives && size() > 1;
+}
+
 bool MpiCommunicator::TestsAtIssue(const mpi_internal::OpLabel& label, bool verify) const {
   return !verify &&
          std::max<int64_t>(label.count, 0) * SizeOf(label.dtype) <=
@@ -708,15 +715,13 @@ WorkPtr MpiCommunicator::IssueCollective(Kind kind, mpi_internal::OpLabel label,
                                          Post post,
                                          std::function<absl::Status(const MPI_Status&)> finish,
                                          bool eager_receive) {
-  state_->NoteIssued();
-  label.sequence = collective_sequence_++;
-  label.group_size = size();
-  const bool verify = options_.verify_collectives && size() > 1;
+  const bool verify = BeginCollective(label);
+  const bool test_at_issue = TestsAtIssue(label, verify);
   // Without a signature check this thread posts it now: operations are issued from one thread
   // at a time, so posting order is issue order on every rank. A small one is also tested
   // before anything is allocated (see IssuePointToPoint).
   EarlyPost early;
-  if (TestsAtIssue(label, verify)) {
+  if (test_at_issue) {
     early = PostAndTest(post, nullptr, finish, label, DoneAtIssue(kind), TestsAtIssueCount());
     if (early.finished != nullptr) return early.finished;
     if (eager_receive) {
@@ -741,21 +746,19 @@ WorkPtr MpiCommunicator::IssueAlgorithm(Kind kind, mpi_internal::OpLabel label, 
                                         DataType dtype, ReduceOp reduce, int root,
                                         std::function<absl::Status(const MPI_Status&)> finish,
                                         Algorithm algorithm) {
-  state_->NoteIssued();
-  label.sequence = collective_sequence_++;
-  label.group_size = size();
-  const bool verify = options_.verify_collectives && size() > 1;
+  const bool verify = BeginCollective(label);
+  const bool test_at_issue = TestsAtIssue(label, verify);
   // An algorithm whose state MPI does not write into (no scratch memory of its own) is posted
   // and tested where it stands, and moved into a Work only if it is still pending: one that
   // completes at once allocates nothing. The others start in their Work.
   std::shared_ptr<AlgorithmWork<Algorithm>> work;
   Algorithm* running = &algorithm;
-  if (!Algorithm::kMovableOncePosted || !TestsAtIssue(label, verify)) {
+  if (!Algorithm::kMovableOncePosted || !test_at_issue) {
     work = std::make_shared<AlgorithmWork<Algorithm>>(options_.timeout, std::move(algorithm));
     running = work->algorithm();
   }
   EarlyPost early;
-  if (TestsAtIssue(label, verify)) {
+  if (test_at_issue) {
     auto start = [running](MPI_Request*) { return running->Start(); };
     auto step = [running]() { return running->Progress(); };
     absl::FunctionRef<absl::StatusOr<bool>()> progress(step);

@@ -128,6 +128,9 @@ class MpiCommunicator : public Communicator {
                 std::function<absl::Status(const MPI_Status&)> finish, bool verify,
                 const mpi_internal::EarlyPost& early, WorkPtr work,
                 std::shared_ptr<mpi_internal::Op> op_state);
+  // What every collective does first: counts it as issued, numbers its label (the same
+  // sequence on every rank); returns whether its signature is checked first.
+  bool BeginCollective(mpi_internal::OpLabel& label);
   // Whether a collective is posted and tested (TestsAtIssueCount times) by the issuing thread
   // before anything is allocated (small, no signature check, not aborted).
   bool TestsAtIssue(const mpi_internal::OpLabel& label, bool verify) const;

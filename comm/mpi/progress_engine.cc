@@ -49,8 +49,11 @@ std::string MismatchMessage(const Op& op) {
   return "";
 }
 
-// Polls before the first sched_yield, or the first pause of a polite wait.
-constexpr int kPollsBeforeYield = 2000;
+// A polite wait's pause. Shorter ones, doubling from 20 us, were measured on 4 ranks of 2
+// cores: 2 MiB all-gather 0.85-0.90 -> 1.19-1.35x MPI's bus bandwidth, but 8-byte send/recv
+// 8-12 -> 23-74 us (all four ranks then share the cores in slices too thin for a pair to meet;
+// with 1 ms pauses one pair runs while the other sleeps), the emulated pipeline unchanged.
+constexpr auto kPolitePause = std::chrono::microseconds(1000);
 
 // Whether this process may run on one core only (mpirun --bind-to core): the engine's thread
 // then takes its polls from the rank's own threads.
@@ -59,17 +62,12 @@ bool BoundToOneCore() {
   CPU_ZERO(&cpus);
   return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1;
 }
-// A polite wait's pause. Shorter ones, doubling from 20 us, were measured on 4 ranks of 2
-// cores: 2 MiB all-gather 0.85-0.90 -> 1.19-1.35x MPI's bus bandwidth, but 8-byte send/recv
-// 8-12 -> 23-74 us (all four ranks then share the cores in slices too thin for a pair to meet;
-// with 1 ms pauses one pair runs while the other sleeps), the emulated pipeline unchanged.
-constexpr auto kPolitePause = std::chrono::microseconds(1000);
 
 }  // namespace
 
 void Backoff::Pause(bool progressed) {
   if (progressed) idle_polls_ = 0;
-  if (idle_polls_ < (polls_before_yield_ >= 0 ? polls_before_yield_ : kPollsBeforeYield)) {
+  if (idle_polls_ < polls_before_yield_) {
     ++idle_polls_;  // a message a few polls away: yielding would only add a system call
     return;
   }
@@ -554,10 +552,11 @@ void ProgressEngine::Loop() {
         // A waiting or issuing thread is inside MPI already: no need to look often (8-byte
         // all-gathers on two ranks woke this thread 4,000 times a second, on the core both of
         // the rank's threads share).
-        if (waiters_.load() > 0 || issuing) {
+        const bool waiting = waiters_.load() > 0;
+        if (waiting || issuing) {
           // An issuing thread may call only MPI_Isend/MPI_Irecv, which need not progress MPI:
           // one poke a look keeps what the rank owes its peers moving meanwhile.
-          if (waiters_.load() == 0) {
+          if (!waiting) {
             lock.unlock();
             Poke();
             lock.lock();

@@ -237,16 +237,18 @@ struct CommState {
 // Pauses between polls of a waiting thread. Spinning (sched_yield) gives the lowest latency
 // when every thread has a core; with more ranks than cores it starves the rank being waited
 // for, so "polite" mode sleeps 1 ms at a time once nothing changed for a while.
+// Polls before the first sched_yield, or the first pause of a polite wait.
+inline constexpr int kPollsBeforeYield = 2000;
+
 class Backoff {
  public:
-  Backoff() = default;
-  // `polls_before_yield`: polls before the first sched_yield (kPollsBeforeYield by default).
-  explicit Backoff(int polls_before_yield) : polls_before_yield_(polls_before_yield) {}
+  explicit Backoff(int polls_before_yield = kPollsBeforeYield)
+      : polls_before_yield_(polls_before_yield) {}
   // Call after each poll; `progressed` restarts the polls before the first pause.
   void Pause(bool progressed);
 
  private:
-  int polls_before_yield_ = -1;  // -1: kPollsBeforeYield
+  int polls_before_yield_;
   int idle_polls_ = 0;
 };
 
