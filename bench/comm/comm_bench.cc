@@ -30,6 +30,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "comm/buffer.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -138,6 +139,10 @@ void Die(const absl::Status& status, const char* what) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  absl::SetProgramUsageMessage(
+      "tandem's collectives and send/recv against the same operations called directly through "
+      "MPI (nccl-tests style: time, algorithm and bus bandwidth, ratio to MPI). Run under "
+      "mpirun: mpirun -np 2 comm_bench [flags]");
   absl::ParseCommandLine(argc, argv);
   auto environment = tandem::comm::CommOptions::FromEnvironment();
   Die(environment.status(), "TANDEM_COMM_* environment");

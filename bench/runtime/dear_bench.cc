@@ -26,6 +26,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "comm/buffer.h"
 #include "runtime/grad_sync.h"
@@ -266,6 +267,10 @@ void RunRow(MpiCommunicator& comm, const Row& row, int layers, int64_t layer_cou
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  absl::SetProgramUsageMessage(
+      "DeAR against the plain bucketed all-reduce on a data-parallel step with emulated "
+      "compute: iteration time against max(compute, communication). Run under mpirun: mpirun "
+      "-np 2 dear_bench [flags]");
   absl::ParseCommandLine(argc, argv);
   auto created = MpiCommunicator::World();
   Check(created.status(), "world");

@@ -21,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "comm/backend.h"
 #include "pipeline/plan.h"
@@ -179,6 +180,10 @@ int Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Every schedule run by the engine with emulated-compute stages, measured iteration time "
+      "against the simulator's makespan. Run under mpirun, one rank per pipeline position: "
+      "mpirun -np 4 runtime_emulated_bench [flags]");
   absl::ParseCommandLine(argc, argv);
   return tandem::Run();
 }

@@ -18,6 +18,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt.h"
 #include "runtime/torch/profiler.h"
@@ -160,6 +161,9 @@ int Main() {
 }  // namespace tandem::runtime::libtorch
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "What the LibTorch adapter costs: a GPT iteration with plain LibTorch against the same "
+      "work through TorchStage, and the profiler's prediction. torch_stage_bench [flags]");
   absl::ParseCommandLine(argc, argv);
   return tandem::runtime::libtorch::Main();
 }
