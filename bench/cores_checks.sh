@@ -10,7 +10,8 @@
 #
 # Environment: MAX_BYTES (default 64MiB) and FACTOR (default 4) for the bandwidth rows; RANKS
 # (default "2 4") for comm_bench; LATENCY_RUNS (default 3) runs of the 8-byte row, judged on
-# their median; EMULATED=0 leaves out runtime_emulated_bench.
+# their median; BCAST_ALGORITHMS (default "2 3"; empty: none) the libnbc broadcast algorithms
+# also timed from 1 MiB on more than 2 ranks; EMULATED=0 leaves out runtime_emulated_bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -75,6 +76,18 @@ for ranks in ${RANKS:-2 4}; do
   step "comm_np${ranks}_bw" "$ranks" "$build/bench/comm/comm_bench" --min_bytes=1MiB \
     --max_bytes="${MAX_BYTES:-64MiB}" --factor="${FACTOR:-4}"
   goal_rows "$out/comm_np${ranks}_bw.log" | grep -E "FAIL|^# goal"
+  if [ "$ranks" -gt 2 ] && [ -n "${BCAST_ALGORITHMS-2 3}" ]; then
+    # From 1 MiB tandem's broadcast is libnbc's MPI_Ibcast, whose own choice on up to 4 ranks is
+    # linear (the root sends the whole buffer to each rank) where the blocking MPI_Bcast tandem
+    # is compared with segments a chain. The same rows with libnbc's other algorithms forced
+    # (2 binomial, 3 chain, 4 k-nomial), for the choice of tandem's default there.
+    for algorithm in ${BCAST_ALGORITHMS-2 3}; do
+      step "comm_np${ranks}_bcast_libnbc${algorithm}" "$ranks" \
+        --mca coll_libnbc_ibcast_algorithm "$algorithm" "$build/bench/comm/comm_bench" \
+        --ops=broadcast --min_bytes=1MiB --max_bytes="${MAX_BYTES:-64MiB}" --factor="${FACTOR:-4}"
+      goal_rows "$out/comm_np${ranks}_bcast_libnbc${algorithm}.log" | grep -v "^# goal"
+    done
+  fi
 done
 
 if [ "${EMULATED:-1}" = 1 ]; then
