@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -728,6 +730,156 @@ TEST(MpiCommunicatorTest, SmallCollectivesThatCompleteWhenIssuedGiveFullResults)
   // Each rank was late three times, with four operations each: most complete when issued
   // (one that did not still gives its result through the normal path above).
   EXPECT_GT(completed_at_issue, 0) << "no operation of a late rank completed when issued";
+}
+
+// Many operations in flight at once, of every kind and across the sizes where the algorithms
+// change (direct, recursive doubling, libnbc, rings), with point-to-point messages between
+// them: every rank issues the same random sequence (a seed all ranks share), then waits on its
+// operations in an order of its own, now and then sleeping first or polling with Test, so that
+// some operations complete when issued, some on the engine's thread and some under another
+// operation's wait. Every result must match its sequential reference.
+void RunRandomMixOfOperations(Communicator& comm) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const int next = (me + 1) % n, previous = (me + n - 1) % n;
+  const std::vector<int64_t> counts = {1,    2,    3,    int64_t{n} - 1, n + 1, 64, 1000, 2047,
+                                       2048, 2049, 8191, 8192,           8193,  40000};
+  std::mt19937 shared(12345);              // the same operations on every rank
+  std::mt19937 own(777 + 31 * static_cast<unsigned>(me));  // this rank's waits and delays
+  enum Kind { kAllReduce, kAverage, kMax, kReduceScatter, kAllGather, kBroadcast, kExchange };
+  struct Pending {
+    Kind kind;
+    int64_t count;
+    int root = 0;
+    std::vector<float> data, out;
+    WorkPtr work, second;  // second: an exchange's send
+  };
+  int64_t wrong = 0, operations = 0;
+  for (int round = 0; round < 100; ++round) {
+    std::vector<Pending> pending(1 + shared() % 6);
+    for (Pending& p : pending) {
+      p.kind = static_cast<Kind>(shared() % 7);
+      p.count = std::max<int64_t>(counts[shared() % counts.size()], 0);
+      p.root = static_cast<int>(shared() % n);
+    }
+    if (own() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(own() % 3000));
+    for (size_t k = 0; k < pending.size(); ++k) {
+      Pending& p = pending[k];
+      const int64_t count = p.count;
+      const ShardRange shard = Shard(count, n, me);
+      switch (p.kind) {
+        case kAllReduce:
+        case kAverage:
+        case kMax:
+          p.data.resize(count);
+          for (int64_t i = 0; i < count; ++i) p.data[i] = static_cast<float>(Value(me, i));
+          p.work = comm.AllReduce(Buffer{p.data.data(), count},
+                                  p.kind == kAllReduce ? ReduceOp::kSum
+                                  : p.kind == kAverage ? ReduceOp::kAverage
+                                                       : ReduceOp::kMax);
+          break;
+        case kReduceScatter:
+          p.data.resize(count);
+          p.out.assign(std::max<int64_t>(shard.count, 1), -1.0f);
+          for (int64_t i = 0; i < count; ++i) p.data[i] = static_cast<float>(Value(me, i));
+          p.work = comm.ReduceScatter(Buffer{p.data.data(), count},
+                                      Buffer{p.out.data(), shard.count});
+          break;
+        case kAllGather:
+          p.data.resize(std::max<int64_t>(shard.count, 1));
+          p.out.assign(count, -1.0f);
+          for (int64_t i = 0; i < shard.count; ++i) {
+            p.data[i] = static_cast<float>(Value(me, shard.offset + i));
+          }
+          p.work = comm.AllGather(Buffer{p.data.data(), shard.count},
+                                  Buffer{p.out.data(), count});
+          break;
+        case kBroadcast:
+          p.data.resize(count);
+          for (int64_t i = 0; i < count; ++i) {
+            p.data[i] = me == p.root ? static_cast<float>((i + round) % 101) : -1.0f;
+          }
+          p.work = comm.Broadcast(Buffer{p.data.data(), count}, p.root);
+          break;
+        case kExchange: {  // a ring shift: send to the next rank, receive from the previous
+          p.data.resize(count);
+          p.out.assign(count, -1.0f);
+          for (int64_t i = 0; i < count; ++i) p.data[i] = static_cast<float>(Value(me, i + k));
+          const int tag = static_cast<int>(100 * round + k);
+          p.work = comm.Recv(Buffer{p.out.data(), count}, previous, tag);
+          p.second = comm.Send(Buffer{p.data.data(), count}, next, tag);
+          break;
+        }
+      }
+    }
+    // This rank's order of waits: a random permutation; some polled with Test first.
+    std::vector<size_t> order(pending.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::shuffle(order.begin(), order.end(), own);
+    for (size_t k : order) {
+      Pending& p = pending[k];
+      SCOPED_TRACE(absl::StrCat("round ", round, ", operation ", k, " (kind ", p.kind,
+                                ", count ", p.count, ")"));
+      if (own() % 3 == 0) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!p.work->Test() && std::chrono::steady_clock::now() < deadline) {
+        }
+      }
+      ASSERT_TRUE(p.work->Wait().ok()) << p.work->Describe();
+      if (p.second != nullptr) ASSERT_TRUE(p.second->Wait().ok()) << p.second->Describe();
+      ++operations;
+      const int64_t count = p.count;
+      const ShardRange shard = Shard(count, n, me);
+      switch (p.kind) {
+        case kAllReduce:
+        case kAverage:
+        case kMax: {
+          const ReduceOp op = p.kind == kAllReduce ? ReduceOp::kSum
+                              : p.kind == kAverage ? ReduceOp::kAverage
+                                                   : ReduceOp::kMax;
+          for (int64_t i = 0; i < count; ++i) {
+            wrong += p.data[i] != static_cast<float>(Reduce(op, n, i, DataType::kFloat32));
+          }
+          break;
+        }
+        case kReduceScatter:
+          for (int64_t i = 0; i < shard.count; ++i) {
+            wrong += p.out[i] != static_cast<float>(Reduce(ReduceOp::kSum, n, shard.offset + i,
+                                                           DataType::kFloat32));
+          }
+          break;
+        case kAllGather:
+          for (int64_t i = 0; i < count; ++i) {
+            wrong += p.out[i] != static_cast<float>(Value(OwnerOf(i, count, n), i));
+          }
+          break;
+        case kBroadcast:
+          for (int64_t i = 0; i < count; ++i) {
+            wrong += p.data[i] != static_cast<float>((i + round) % 101);
+          }
+          break;
+        case kExchange:
+          for (int64_t i = 0; i < count; ++i) {
+            wrong += p.out[i] != static_cast<float>(Value(previous, i + k));
+          }
+          break;
+      }
+    }
+    ASSERT_EQ(wrong, 0) << "after round " << round;
+  }
+  EXPECT_GT(operations, 100);
+}
+
+// The hot path users run: collectives posted and small ones tested by the issuing thread.
+TEST(MpiCommunicatorTest, RandomMixOfOperationsInFlightMatchesReferences) {
+  std::unique_ptr<MpiCommunicator> unchecked = UncheckedWorld();
+  ASSERT_NE(unchecked, nullptr);
+  RunRandomMixOfOperations(*unchecked);
+}
+
+// With the signature check every collective goes through the progress side's queue first.
+TEST(MpiCommunicatorTest, RandomMixOfOperationsInFlightWithSignatureChecksMatchesReferences) {
+  RunRandomMixOfOperations(World());
 }
 
 // Growing a running job: every rank takes part in starting two more processes of this test
