@@ -439,9 +439,9 @@ void ProgressEngine::Register(const std::shared_ptr<CommState>& state) {
   registered_.store(true);
   std::lock_guard<std::mutex> lock(list_mu_);
   states_.erase(std::remove_if(states_.begin(), states_.end(),
-                               [](const std::weak_ptr<CommState>& s) { return s.expired(); }),
+                               [](const Registered& r) { return r.state.expired(); }),
                 states_.end());
-  states_.push_back(state);
+  states_.push_back({state, state->issued});
 }
 
 void ProgressEngine::OperationAdded(bool stepped) {
@@ -502,8 +502,8 @@ bool ProgressEngine::TryProgress(bool* busy) {
   {
     std::lock_guard<std::mutex> lock(list_mu_);
     states.reserve(states_.size());
-    for (const auto& weak : states_) {
-      if (auto state = weak.lock()) states.push_back(std::move(state));
+    for (const Registered& registered : states_) {
+      if (auto state = registered.state.lock()) states.push_back(std::move(state));
     }
   }
   bool changed = false;
@@ -521,8 +521,8 @@ ProgressEngine::WaiterScope::~WaiterScope() { Get().waiters_.fetch_sub(1); }
 uint64_t ProgressEngine::IssuedCount() {
   uint64_t issued = 0;
   std::lock_guard<std::mutex> lock(list_mu_);
-  for (const auto& weak : states_) {
-    if (auto state = weak.lock()) issued += state->issued.load(std::memory_order_relaxed);
+  for (const Registered& registered : states_) {
+    issued += registered.issued->load(std::memory_order_relaxed);
   }
   return issued;
 }

@@ -188,10 +188,12 @@ struct CommState {
   std::atomic<bool> aborting{false};
   // Operations issued so far (a plain increment: one thread issues at a time). While this
   // moves the rank is busy with MPI: the engine's thread looks (and pokes) only every
-  // kWaiterHandoffSleep instead of lingering at short pauses.
-  std::atomic<uint64_t> issued{0};
+  // kWaiterHandoffSleep instead of lingering at short pauses. Shared with the engine, which
+  // reads it without taking a reference to this state (see ProgressEngine::Registered).
+  const std::shared_ptr<std::atomic<uint64_t>> issued =
+      std::make_shared<std::atomic<uint64_t>>(0);
   void NoteIssued() {
-    issued.store(issued.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    issued->store(issued->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
 
   std::mutex mu;
@@ -301,8 +303,15 @@ class ProgressEngine {
   // Operations issued on every registered communicator (CommState::issued), summed.
   uint64_t IssuedCount();
 
+  // A registered communicator, and its count of issued operations. The engine's thread reads
+  // the count once a millisecond under the engine's locks: a reference to the state taken
+  // there could be its last one, and would destroy it (MPI_Comm_free) under those locks.
+  struct Registered {
+    std::weak_ptr<CommState> state;
+    std::shared_ptr<const std::atomic<uint64_t>> issued;
+  };
   std::mutex list_mu_;
-  std::vector<std::weak_ptr<CommState>> states_ ABSL_GUARDED_BY(list_mu_);
+  std::vector<Registered> states_ ABSL_GUARDED_BY(list_mu_);
   std::mutex progress_mu_;
   std::atomic<int64_t> pending_{0};
   std::atomic<int> kept_{0};  // KeepProgressing handles alive
