@@ -1074,28 +1074,29 @@ WorkPtr MpiCommunicator::Broadcast(const Buffer& buffer, int root) {
   MPI_Comm comm = state_->comm;
   const MPI_Datatype mpi_type = *type;
   if (size() > 1 && size() <= mpi_internal::kSmallBroadcastMaxRanks && buffer.count > 0 &&
-      static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallBroadcastMaxBytes &&
-      rank() != root) {
-    // The direct broadcast's receiving side: one receive from the root (what DirectBroadcast
-    // posts there), as a plain request: no algorithm object, tested straight by MPI_Test.
-    MPI_Comm control = state_->control;
-    const int tag = NextAlgorithmTag();
-    void* data = buffer.data;
-    const int count = static_cast<int>(buffer.count);
-    return IssueCollective(
-        Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
-        [=](MPI_Request* request) {
-          return MPI_Irecv(data, count, mpi_type, root, tag, control, request);
-        },
-        nullptr, /*eager_receive=*/true);
-  }
-  if (size() > 1 && size() <= mpi_internal::kSmallBroadcastMaxRanks && buffer.count > 0 &&
       static_cast<int64_t>(buffer.bytes()) < mpi_internal::kSmallBroadcastMaxBytes) {
+    const mpi_internal::BroadcastTree tree(rank(), size(), root);
+    if (tree.parent >= 0 && tree.num_children == 0) {
+      // A leaf of the tree broadcast: one receive from its parent (what the parent's
+      // BinaryTreeBroadcast sends), as a plain request: no algorithm object, tested straight by
+      // MPI_Test.
+      MPI_Comm control = state_->control;
+      const int tag = NextAlgorithmTag();
+      void* data = buffer.data;
+      const int count = static_cast<int>(buffer.count);
+      const int parent = tree.parent;
+      return IssueCollective(
+          Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
+          [=](MPI_Request* request) {
+            return MPI_Irecv(data, count, mpi_type, parent, tag, control, request);
+          },
+          nullptr, /*eager_receive=*/true);
+    }
     return IssueAlgorithm(
         Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,
         nullptr,
-        mpi_internal::DirectBroadcast(state_->control, rank(), size(), NextAlgorithmTag(),
-                                      mpi_type, root, buffer.data, buffer.count));
+        mpi_internal::BinaryTreeBroadcast(state_->control, rank(), size(), NextAlgorithmTag(),
+                                          mpi_type, root, buffer.data, buffer.count));
   }
   return IssueCollective(
       Kind::kBroadcast, std::move(label), buffer.count, buffer.dtype, ReduceOp::kSum, root,

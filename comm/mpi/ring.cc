@@ -171,23 +171,40 @@ absl::StatusOr<bool> RecursiveDoublingAllReduce::Progress() {
   return false;
 }
 
-int DirectBroadcast::Start() {
-  if (rank_ != root_) return MPI_ERR_RANK;  // the others post a plain receive
-  // The request array's bound (the communicator sends larger groups to MPI_Ibcast).
-  if (size_ > kSmallBroadcastMaxRanks) return MPI_ERR_COMM;
-  requests_.fill(MPI_REQUEST_NULL);
-  pending_ = size_ - 1;
-  for (int i = 1; i < size_; ++i) {
-    const int rc = MPI_Isend(buffer_, count_, type_, (root_ + i) % size_, tag_, comm_,
-                             &requests_[i - 1]);
+BroadcastTree::BroadcastTree(int rank, int size, int root) {
+  const int v = (rank - root + size) % size;
+  if (v > 0) parent = ((v - 1) / 2 + root) % size;
+  for (int child = 2 * v + 1; child <= 2 * v + 2 && child < size; ++child) {
+    children[num_children++] = (child + root) % size;
+  }
+}
+
+int BinaryTreeBroadcast::Start() {
+  if (tree_.parent < 0) {
+    received_ = true;
+    return PostSends();
+  }
+  return MPI_Irecv(buffer_, count_, type_, tree_.parent, tag_, comm_, &receive_);
+}
+
+int BinaryTreeBroadcast::PostSends() {
+  for (int i = 0; i < tree_.num_children; ++i) {
+    const int rc = MPI_Isend(buffer_, count_, type_, tree_.children[i], tag_, comm_, &sends_[i]);
     if (rc != MPI_SUCCESS) return rc;
   }
   return MPI_SUCCESS;
 }
 
-absl::StatusOr<bool> DirectBroadcast::Progress() {
+absl::StatusOr<bool> BinaryTreeBroadcast::Progress() {
+  if (!received_) {
+    int done = 0;
+    TANDEM_MPI_CHECK(MPI_Test(&receive_, &done, MPI_STATUS_IGNORE));
+    if (!done) return false;
+    received_ = true;
+    if (const int rc = PostSends(); rc != MPI_SUCCESS) return TANDEM_MPI_STATUS(rc);
+  }
   int done = 0;
-  TANDEM_MPI_CHECK(MPI_Testall(pending_, requests_.data(), &done, MPI_STATUSES_IGNORE));
+  TANDEM_MPI_CHECK(MPI_Testall(tree_.num_children, sends_, &done, MPI_STATUSES_IGNORE));
   return done != 0;
 }
 

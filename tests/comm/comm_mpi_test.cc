@@ -17,6 +17,7 @@
 #include "comm/buffer.h"
 #include "comm/forwarding.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/mpi/ring.h"
 #include "gtest/gtest.h"
 #include "tests/comm/comm_test_util.h"
 
@@ -208,6 +209,42 @@ TEST(MpiCommunicatorTest, BroadcastFromEveryRoot) {
         }
         EXPECT_EQ(wrong, 0) << DataTypeName(type) << " root " << root << " count " << count;
       }
+    }
+  }
+}
+
+// The small broadcast's tree, for every group size it serves and every root: each rank but the
+// root has one parent that lists it as a child; nobody sends more than two messages; every rank
+// is reached from the root within ceil(log2(size)) hops; up to three ranks, the root sends to all.
+TEST(BroadcastTreeTest, BinaryTreeReachesEveryRankOnceWithAtMostTwoSendsEach) {
+  for (int size = 1; size <= mpi_internal::kSmallBroadcastMaxRanks; ++size) {
+    for (int root = 0; root < size; ++root) {
+      SCOPED_TRACE(absl::StrCat("size ", size, ", root ", root));
+      std::vector<mpi_internal::BroadcastTree> trees;
+      for (int rank = 0; rank < size; ++rank) trees.emplace_back(rank, size, root);
+      int max_depth = 0;
+      for (int rank = 0; rank < size; ++rank) {
+        const mpi_internal::BroadcastTree& tree = trees[rank];
+        EXPECT_LE(tree.num_children, 2);
+        if (rank == root) {
+          EXPECT_EQ(tree.parent, -1);
+          if (size <= 3) EXPECT_EQ(tree.num_children, size - 1);
+          continue;
+        }
+        ASSERT_GE(tree.parent, 0);
+        ASSERT_LT(tree.parent, size);
+        const mpi_internal::BroadcastTree& parent = trees[tree.parent];
+        EXPECT_EQ(std::count(parent.children, parent.children + parent.num_children, rank), 1);
+        int depth = 0;
+        for (int r = rank; r != root && depth <= size; r = trees[r].parent) ++depth;
+        max_depth = std::max(max_depth, depth);
+      }
+      int edges = 0;
+      for (const auto& tree : trees) edges += tree.num_children;
+      EXPECT_EQ(edges, size - 1);
+      int log2_size = 0;
+      while ((1 << log2_size) < size) ++log2_size;
+      EXPECT_LE(max_depth, log2_size);
     }
   }
 }
