@@ -180,16 +180,16 @@ class RecursiveDoublingAllReduce {
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
-// Broadcast of a small message over a small group, down a binary tree of the ranks counted
-// from the root (virtual rank v = (rank - root) mod size; v's children are 2v+1 and 2v+2): one
-// eager message per edge. With three ranks or fewer the root sends to every rank itself; from
-// four, no rank sends more than two messages, as in Open MPI's blocking MPI_Bcast for 4-15 ranks
-// at these sizes (a binary tree). Sending to every rank from the root made the root's three
-// sends on four ranks the bottleneck of back-to-back broadcasts: 1.09 us against MPI's 0.72 on
-// 16 cores, the ratio of their send counts. libnbc's MPI_Ibcast takes 1-1.5 us at 8 bytes on
-// two ranks where the blocking call takes a third of that. BinaryTreeBroadcast is the side of
-// the root and of every rank with children; a leaf posts one receive from its parent with the
-// same tag, a plain request (MpiCommunicator::Broadcast).
+// Broadcast of a small message over a small group, down a binary tree of the ranks counted from the
+// root (virtual rank v = (rank - root) mod size; v's children are 2v+1 and 2v+2): one eager message
+// per edge. With three ranks or fewer the root sends to every rank itself; from four, no rank sends
+// more than two messages, as in Open MPI's blocking MPI_Bcast for 4-15 ranks below 64 bytes (a
+// binary tree; binomial trees or the root alone at some larger sizes). Sending to every rank from
+// the root made the root's three sends on four ranks the bottleneck of back-to-back broadcasts:
+// 1.09 us against MPI's 0.72 on 16 cores, the ratio of their send counts. libnbc's MPI_Ibcast takes
+// 1-1.5 us at 8 bytes on two ranks where the blocking call takes a third of that.
+// BinaryTreeBroadcast is the side of the root and of every rank with children; a leaf posts one
+// receive from its parent with the same tag, a plain request (MpiCommunicator::Broadcast).
 inline constexpr int64_t kSmallBroadcastMaxBytes = int64_t{32} << 10;
 inline constexpr int kSmallBroadcastMaxRanks = 8;
 
