@@ -73,6 +73,37 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
 
 bool BackendCompiled(BackendKind kind) { return Entry(kind).compiled; }
 
+std::string NcclVersionName(int version) {
+  if (version <= 0) return "none";
+  // NCCL_VERSION(X, Y, Z): X*1000 + Y*100 + Z before 2.9, X*10000 + Y*100 + Z since.
+  if (version < 20900) {
+    return absl::StrCat(version / 1000, ".", version % 1000 / 100, ".", version % 100);
+  }
+  return absl::StrCat(version / 10000, ".", version % 10000 / 100, ".", version % 100);
+}
+
+absl::StatusOr<bool> SharedGpuOverNccl(SharedGpuMode mode, int nccl_version, std::string* why) {
+  std::string reason;
+  if (mode == SharedGpuMode::kMpi) {
+    reason = "TANDEM_COMM_SHARED_GPU=mpi";
+  } else if (nccl_version <= 0) {
+    reason = "no NCCL in this build";
+  } else if (nccl_version < kNcclMultiRankGpuVersion) {
+    reason = absl::StrCat("NCCL ", NcclVersionName(nccl_version),
+                          " is loaded; its multi-rank mode needs NCCL >= 2.30");
+  } else {
+    return true;
+  }
+  if (mode == SharedGpuMode::kNccl) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "TANDEM_COMM_SHARED_GPU=nccl, but ", reason,
+        " (put a newer libnccl.so.2 first, e.g. LD_LIBRARY_PATH or LD_PRELOAD, or unset the "
+        "variable for MPI host staging)"));
+  }
+  if (why != nullptr) *why = reason;
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(
     BackendKind kind, const CommOptions& options) {
   return Entry(kind).create_world(options);
@@ -89,6 +120,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicato
   return absl::UnimplementedError(
       "nccl backend: not compiled into this build (no CUDA toolkit with NCCL found)");
 }
+
+int NcclRuntimeVersion() { return 0; }
 
 int CudaDeviceCount(std::string* why) {
   if (why != nullptr) *why = "this build has no CUDA support";

@@ -35,12 +35,32 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(
 absl::StatusOr<std::unique_ptr<Communicator>> CreateWorldCommunicator(BackendKind kind);
 
 // NCCL communicator over the same processes as `bootstrap` (a CPU communicator, e.g. MPI),
-// with the unique id broadcast over it. One process per GPU. Collective over `bootstrap`.
+// with the unique id broadcast over it. One process per GPU, or several sharing one in NCCL's
+// multi-rank mode (SharedGpuOverNccl under options.shared_gpu). Collective over `bootstrap`.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
                                                                      const CommOptions& options);
 
+// NCCL's multi-rank mode: from release 2.30 (experimental there) NCCL takes several ranks (one
+// per process) on one GPU in a communicator; older releases refuse them. The NCCL communicator
+// turns the mode on (NCCL_MULTI_RANK_GPU_ENABLE=1, fewer channels a rank where more than two
+// share a GPU) when its ranks share a GPU and SharedGpuOverNccl allows it.
+inline constexpr int kNcclMultiRankGpuVersion = 23000;  // NCCL_VERSION(2, 30, 0)
+
+// The NCCL loaded at run time (ncclGetVersion: 23007 for 2.30.7; not the header's, since the
+// library found first may be another); 0 in a build without NCCL.
+int NcclRuntimeVersion();
+// "2.30.7" for 23007; "none" for 0.
+std::string NcclVersionName(int version);
+
+// Whether ranks that share a GPU should exchange device buffers over NCCL (its multi-rank
+// mode) rather than MPI host staging, under `mode` with NCCL `nccl_version` loaded (0: none).
+// False with the reason in `why` where host staging it is; FailedPrecondition naming the
+// version when `mode` is kNccl and that NCCL cannot.
+absl::StatusOr<bool> SharedGpuOverNccl(SharedGpuMode mode, int nccl_version, std::string* why);
+
 // A communicator for CUDA buffers over `inner` (a CPU communicator, e.g. MPI) through pinned
-// host staging (comm/host_staged.h): for ranks that share a GPU, which NCCL refuses.
+// host staging (comm/host_staged.h): for ranks that share a GPU where NCCL cannot take them
+// (NCCL older than 2.30, or TANDEM_COMM_SHARED_GPU=mpi).
 // Unimplemented in a build without CUDA.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(
     std::unique_ptr<Communicator> inner);

@@ -21,6 +21,9 @@ constexpr EnvVar kEnvVars[] = {
      "1: check collectives' count/type/op/root across ranks first (debug)"},
     {"TANDEM_COMM_WATCHDOG", "100ms", "NCCL watchdog polling interval"},
     {"TANDEM_COMM_WAIT", "auto", "MPI waits: spin, sleep, or auto (sleep if ranks > cores)"},
+    {"TANDEM_COMM_SHARED_GPU", "auto",
+     "ranks sharing a GPU: nccl (NCCL >= 2.30's multi-rank mode), mpi (host staging), or auto "
+     "(nccl where the NCCL loaded allows it)"},
 };
 
 const char* Get(const char* name) {
@@ -82,7 +85,29 @@ absl::StatusOr<CommOptions> CommOptions::FromEnvironment() {
           absl::StrCat("TANDEM_COMM_WAIT: expected auto, spin or sleep, got '", text, "'"));
     }
   }
+  if (const char* value = Get("TANDEM_COMM_SHARED_GPU")) {
+    const std::string text = value;
+    if (text == "auto") {
+      options.shared_gpu = SharedGpuMode::kAuto;
+    } else if (text == "nccl") {
+      options.shared_gpu = SharedGpuMode::kNccl;
+    } else if (text == "mpi") {
+      options.shared_gpu = SharedGpuMode::kMpi;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TANDEM_COMM_SHARED_GPU: expected auto, nccl or mpi, got '", text, "'"));
+    }
+  }
   return options;
+}
+
+const char* SharedGpuModeName(SharedGpuMode mode) {
+  switch (mode) {
+    case SharedGpuMode::kAuto: return "auto";
+    case SharedGpuMode::kNccl: return "nccl";
+    case SharedGpuMode::kMpi: return "mpi";
+  }
+  return "auto";
 }
 
 std::string DescribeCommEnvironment() {

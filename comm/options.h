@@ -12,6 +12,11 @@
 //                              core per waiting thread), sleep (polls with growing pauses:
 //                              for more ranks than cores) or auto (sleep when the node runs
 //                              more ranks than it has cores, else spin). Default auto.
+//   TANDEM_COMM_SHARED_GPU     how ranks that share one GPU carry device buffers: auto (NCCL
+//                              in its multi-rank mode where the NCCL loaded at run time is
+//                              2.30 or newer, else MPI through pinned host staging), nccl
+//                              (the multi-rank mode; an error with an older NCCL) or mpi (host
+//                              staging). Default auto.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,15 @@ inline constexpr absl::Duration kDefaultCommTimeout = absl::Seconds(300);
 inline constexpr absl::Duration kDefaultWatchdogInterval = absl::Milliseconds(100);
 
 enum class WaitMode : uint8_t { kAuto, kSpin, kSleep };
+
+// How ranks that share a GPU carry device buffers (TANDEM_COMM_SHARED_GPU).
+enum class SharedGpuMode : uint8_t {
+  kAuto,  // NCCL's multi-rank mode where the NCCL loaded is >= 2.30, else kMpi
+  kNccl,  // NCCL's multi-rank mode, or an error naming the NCCL loaded
+  kMpi,   // MPI through pinned host staging (comm/host_staged.h)
+};
+// "auto", "nccl", "mpi".
+const char* SharedGpuModeName(SharedGpuMode mode);
 
 struct CommOptions {
   // Default for Work::Wait() and for the blocking steps of Split/Shrink.
@@ -42,6 +56,8 @@ struct CommOptions {
   // MPI: how waiting threads and the progress thread poll (process-wide; the last
   // communicator created sets it).
   WaitMode wait_mode = WaitMode::kAuto;
+  // Ranks that share a GPU: NCCL's multi-rank mode or MPI host staging.
+  SharedGpuMode shared_gpu = SharedGpuMode::kAuto;
 
   // Defaults overridden by the TANDEM_COMM_* variables above. InvalidArgument names the
   // variable and its bad value.

@@ -13,33 +13,52 @@
 
 namespace tandem::runtime {
 
-absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& world, int device_index) {
+absl::StatusOr<DeviceSharing> SharingOfDevices(comm::Communicator& group, int device_index,
+                                               comm::SharedGpuMode mode) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   const std::string mine = absl::StrCat(host, "/", device_index);
-  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all, GatherStrings(world, mine));
-  // Rank 0 decides and broadcasts.
-  double shared = 0;
-  if (world.rank() == 0) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> all, GatherStrings(group, mine));
+  // Each rank asks its own NCCL (the library loaded may differ between hosts).
+  DeviceSharing sharing;
+  const absl::StatusOr<bool> local =
+      comm::SharedGpuOverNccl(mode, comm::NcclRuntimeVersion(), &sharing.why_not_nccl);
+  // Rank 0 decides whether a device is shared; every rank's verdict on NCCL is agreed on.
+  double flags[3] = {0, local.ok() && *local ? 0.0 : 1.0, local.ok() ? 0.0 : 1.0};
+  if (group.rank() == 0) {
     std::vector<std::string> sorted = all;
     std::sort(sorted.begin(), sorted.end());
-    shared = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ? 1 : 0;
+    flags[0] = std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() ? 1 : 0;
   }
-  TANDEM_RETURN_IF_ERROR(world.Broadcast(DoubleBuffer(&shared, 1), /*root=*/0)->Wait());
-  return shared != 0;
+  TANDEM_RETURN_IF_ERROR(group.Broadcast(DoubleBuffer(flags, 1), /*root=*/0)->Wait());
+  TANDEM_RETURN_IF_ERROR(
+      group.AllReduce(DoubleBuffer(flags + 1, 2), comm::ReduceOp::kMax)->Wait());
+  sharing.shared = flags[0] != 0;
+  if (!sharing.shared) {
+    sharing.why_not_nccl.clear();
+    return sharing;
+  }
+  if (flags[2] != 0) {
+    return local.ok() ? absl::FailedPreconditionError(
+                            "ranks share a GPU and another rank's NCCL cannot take them "
+                            "(TANDEM_COMM_SHARED_GPU=nccl)")
+                      : local.status();
+  }
+  sharing.over_nccl = flags[1] == 0;
+  if (sharing.over_nccl) sharing.why_not_nccl.clear();
+  return sharing;
 }
 
-absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclUnlessShared(comm::Communicator& group,
-                                                                     int device_index,
-                                                                     absl::Duration timeout) {
-  TANDEM_ASSIGN_OR_RETURN(const bool shared, AnyDeviceShared(group, device_index));
-  if (shared) return nullptr;
-  comm::CommOptions options;
-  options.timeout = timeout;
-  options.cuda_device = device_index;
+absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclGroupIfPossible(
+    comm::Communicator& group, int device_index, const comm::CommOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(const DeviceSharing sharing,
+                          SharingOfDevices(group, device_index, options.shared_gpu));
+  if (!sharing.over_nccl) return nullptr;
+  comm::CommOptions nccl_options = options;
+  nccl_options.cuda_device = device_index;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> nccl,
-                          comm::CreateNcclCommunicator(group, options));
-  nccl->set_timeout(timeout);
+                          comm::CreateNcclCommunicator(group, nccl_options));
+  nccl->set_timeout(options.timeout);
   return nccl;
 }
 
@@ -95,14 +114,18 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
   if (!any_cuda) return links;
 
   // CUDA stages: payloads and gradient synchronisation on device buffers, headers and
-  // agreements on MPI. With a GPU per rank NCCL carries the device buffers; NCCL refuses ranks
-  // that share a GPU, so then MPI carries them through pinned host staging.
+  // agreements on MPI. NCCL carries the device buffers, with a GPU per rank or with ranks that
+  // share one in its multi-rank mode; where it cannot, MPI through pinned host staging.
   const int device_index = stages.empty() ? -1 : stages[0]->stage->device().index;
-  TANDEM_ASSIGN_OR_RETURN(const bool shared, AnyDeviceShared(control, device_index));
-  comm::CommOptions comm_options;
+  absl::StatusOr<comm::CommOptions> environment = comm::CommOptions::FromEnvironment();
+  TANDEM_RETURN_IF_ERROR(AgreeOnSuccess(&control, environment.status(), "reading TANDEM_COMM_*"));
+  comm::CommOptions comm_options = *environment;
   comm_options.timeout = timeout;
   comm_options.cuda_device = device_index;
-  if (!shared) {
+  TANDEM_ASSIGN_OR_RETURN(const DeviceSharing sharing,
+                          SharingOfDevices(control, device_index, comm_options.shared_gpu));
+  links.device_backend = sharing.over_nccl ? "nccl" : "mpi host staging";
+  if (sharing.over_nccl) {
     TANDEM_ASSIGN_OR_RETURN(links.world, comm::CreateNcclCommunicator(control, comm_options));
     TANDEM_ASSIGN_OR_RETURN(ProcessGroups groups,
                             BuildProcessGroups(*links.world, layout));
@@ -110,8 +133,9 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
     for (StageDevice* l : stages) l->device_group = std::move(groups.gradient[l->index]);
   } else {
     if (world_rank == 0) {
-      TANDEM_LOG(INFO) << "ranks share a GPU (NCCL refuses that): pipeline transfers and "
-                          "gradient synchronisation go over MPI through pinned host staging";
+      TANDEM_LOG(INFO) << "ranks share a GPU and NCCL cannot take them ("
+                       << sharing.why_not_nccl << "): pipeline transfers and gradient "
+                          "synchronisation go over MPI through pinned host staging";
     }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> p2p_copy,
                             pipeline.Split(/*color=*/0, /*key=*/pipeline.rank()));
@@ -125,11 +149,14 @@ absl::StatusOr<DeviceLinks> ConnectDevices(comm::Communicator& control,
     }
   }
   if (tensor_group != nullptr && tensor_group->size() > 1) {
-    // Collective over each tensor-parallel group (every rank is in one): NCCL where its ranks
-    // have a GPU each; where they share one, the stages keep the MPI group.
-    TANDEM_ASSIGN_OR_RETURN(links.tensor, NcclUnlessShared(*tensor_group, device_index, timeout));
+    // Collective over each tensor-parallel group (every rank is in one): NCCL where it carries
+    // the device buffers; otherwise the stages keep the MPI group.
+    if (sharing.over_nccl) {
+      TANDEM_ASSIGN_OR_RETURN(links.tensor,
+                              NcclGroupIfPossible(*tensor_group, device_index, comm_options));
+    }
     if (links.tensor == nullptr && world_rank == 0 && tensor_group->rank() == 0) {
-      TANDEM_LOG(INFO) << "tensor-parallel ranks share a GPU (NCCL refuses that): their "
+      TANDEM_LOG(INFO) << "tensor-parallel ranks share a GPU and NCCL cannot take them: their "
                           "collectives reduce host copies over MPI";
     }
   }

@@ -4,19 +4,23 @@
 // Every rank must run its stages on one kind of device, the same kind on every rank. CPU
 // stages use their own DeviceOps or the CPU loops, and MPI for everything. CUDA stages bring
 // their DeviceOps (Stage::device_ops); payloads of transfers and gradient synchronisation go
-// over NCCL with a GPU per rank, or, where ranks share a GPU (which NCCL refuses), over MPI
-// through pinned host staging (comm/host_staged.h), with one notice line on rank 0. Shape
-// headers and agreements stay on MPI. With a GPU per rank the tensor-parallel group gets an
-// NCCL communicator too (its collectives then run on NCCL's stream, ordered with the compute
-// stream by events).
+// over NCCL: with a GPU per rank, or with ranks that share a GPU in NCCL's multi-rank mode
+// (NCCL >= 2.30 loaded at run time; comm::SharedGpuOverNccl). Where ranks share a GPU and NCCL
+// cannot take them (an older NCCL, or TANDEM_COMM_SHARED_GPU=mpi) they go over MPI through
+// pinned host staging (comm/host_staged.h), with one notice line on rank 0 saying why. Shape
+// headers and agreements stay on MPI. Where NCCL carries the device buffers the
+// tensor-parallel group gets an NCCL communicator too (its collectives then run on NCCL's
+// stream, ordered with the compute stream by events).
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "comm/options.h"
 #include "runtime/device_ops.h"
 #include "runtime/groups.h"
 #include "runtime/stage.h"
@@ -40,21 +44,31 @@ struct StageDevice {
 struct DeviceLinks {
   std::unique_ptr<comm::Communicator> world;     // NCCL over the world (a GPU per rank)
   std::unique_ptr<comm::Communicator> pipeline;  // transfer payloads of this pipeline
-  // NCCL over this rank's tensor-parallel group (a GPU per rank and a group given); null
-  // otherwise: ranks that share a GPU keep the MPI group (the stages reduce host copies).
+  // NCCL over this rank's tensor-parallel group (a group given and NCCL carrying device
+  // buffers); null otherwise: the stages reduce host copies over the MPI group.
   std::unique_ptr<comm::Communicator> tensor;
+  // What carries device buffers: "nccl", "mpi host staging", or "" for CPU stages.
+  std::string device_backend;
 };
 
-// Whether two ranks of `group` on one host use the same CUDA device `device_index` (NCCL
-// refuses that). Collective over `group` (host names and device indices are gathered).
-absl::StatusOr<bool> AnyDeviceShared(comm::Communicator& group, int device_index);
+// Whether ranks of a group share CUDA devices, and whether NCCL takes them.
+struct DeviceSharing {
+  bool shared = false;      // two ranks on one host use the same device index
+  bool over_nccl = true;    // device buffers go over NCCL (false: MPI host staging)
+  std::string why_not_nccl; // rank 0's reason when !over_nccl
+};
+
+// Collective over `group` (host names and device indices are gathered, and every rank's
+// comm::SharedGpuOverNccl under `mode` agreed on): every rank gets the same answer. An error
+// where `mode` is kNccl and a rank's NCCL cannot share a GPU (on every rank).
+absl::StatusOr<DeviceSharing> SharingOfDevices(comm::Communicator& group, int device_index,
+                                               comm::SharedGpuMode mode);
 
 // An NCCL communicator over the ranks of `group` (an MPI group) on CUDA device `device_index`,
-// or null where two of them share a GPU (NCCL refuses that; the caller keeps `group`). Every
-// wait gets `timeout`. Collective over `group`.
-absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclUnlessShared(comm::Communicator& group,
-                                                                     int device_index,
-                                                                     absl::Duration timeout);
+// or null where they share a GPU and NCCL cannot take them (the caller keeps `group`).
+// `options` give the timeout of every wait and the shared-GPU mode. Collective over `group`.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> NcclGroupIfPossible(
+    comm::Communicator& group, int device_index, const comm::CommOptions& options);
 
 // Collective over `control`. `pipeline` is this rank's pipeline group on MPI and
 // `tensor_group` its tensor-parallel group on MPI (null without tensor parallelism; every

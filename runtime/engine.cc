@@ -326,6 +326,7 @@ absl::Status Engine::Build(StageFactory factory) {
   TANDEM_ASSIGN_OR_RETURN(DeviceLinks links,
                           ConnectDevices(groups_world, *p2p_, tensor_group_.get(), layout,
                                          options_.timeout, devices));
+  device_backend_ = links.device_backend;
   nccl_world_ = std::move(links.world);
   nccl_pipeline_ = std::move(links.pipeline);
   if (links.tensor != nullptr) {

@@ -245,6 +245,9 @@ class Engine {
   const pipeline::Plan& plan() const { return plan_; }
   const pipeline::Schedule& schedule() const { return schedule_; }
   int world_rank() const { return world_rank_; }
+  // What carries this job's device buffers (transfers, gradients, tensor-parallel
+  // collectives): "nccl", "mpi host staging", or "" for CPU stages.
+  const std::string& device_backend() const { return device_backend_; }
   int data_parallel_index() const { return data_parallel_index_; }
   int pipeline_position() const { return pipeline_position_; }
   std::vector<LocalStageId> local_stages() const;
@@ -304,6 +307,7 @@ class Engine {
   comm::Communicator* world_ = nullptr;
   std::unique_ptr<comm::Communicator> control_;  // duplicate of the world: gathers
   std::unique_ptr<comm::Communicator> p2p_;      // pipeline group: transfers (headers)
+  std::string device_backend_;                         // DeviceLinks::device_backend
   std::unique_ptr<comm::Communicator> nccl_world_;     // CUDA stages only
   std::unique_ptr<comm::Communicator> nccl_pipeline_;  // CUDA stages: transfer payloads
   int world_rank_ = 0;

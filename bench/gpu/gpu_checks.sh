@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # What to check on a machine with a GPU, in one sitting (a tree built with CUDA, e.g. by
 # scripts/build.sh against a pip PyTorch's LibTorch and NCCL): the CUDA test cases
-# (NCCL, host staging, CUDA stages, device optimizer, tensor-parallel shards on CUDA, the
-# elastic job on CUDA stages), the command-line cases against that LibTorch (resume), then the
-# GPT-2 small bench beside plain PyTorch and one traced step of each, compared kernel by
-# kernel. Every step's output goes to OUT_DIR; a failing step does not stop the others.
+# (NCCL with 1, 2 and 4 ranks and a rank killed in an all-reduce, host staging, CUDA stages,
+# the runtime's equivalence suite on CUDA stages over NCCL with 2 and 4 ranks, device
+# optimizer, tensor-parallel shards on CUDA, `tandem train` with tensor parallelism over NCCL,
+# the elastic job on CUDA stages over NCCL and over host staging), the command-line cases
+# against that LibTorch (resume), NCCL against host staging for ranks sharing the GPU, then the
+# GPT-2 small bench beside plain PyTorch and one traced step of each, compared kernel by kernel.
+# Every step's output goes to OUT_DIR; a failing step does not stop the others.
+#
+# Several ranks on one GPU talk over NCCL only with NCCL >= 2.30 loaded (PyTorch's wheel brings
+# an older one): NCCL_PREFIX names a build of it (bench/gpu/build_nccl.sh, which can run in the
+# background beforehand: `setsid nohup bench/gpu/build_nccl.sh nccl-2.30.7.tar.xz /tmp/nccl &`),
+# loaded ahead of the other for every step (LD_PRELOAD). Without it those cases skip, saying
+# why, and ranks sharing the GPU use host staging.
 #
 #   bench/gpu/gpu_checks.sh [BUILD_DIR] [OUT_DIR]
 #
-# Environment: STEPS (default 6) and SHAPES (default small) for the bench; LD_LIBRARY_PATH as
-# the build needs (it is passed to the ranks).
+# Environment: NCCL_PREFIX (above); SECTIONS (default "cuda elastic cli shared_gpu gpt_bench
+# traces"); STEPS (default 6) and SHAPES (default small) for the bench; LD_LIBRARY_PATH as the
+# build needs (it is passed to the ranks).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
@@ -29,19 +39,47 @@ step() {  # name command...
   echo "== $name: exit $rc in $((SECONDS - start)) s"
 }
 
+sections=" ${SECTIONS:-cuda elastic cli shared_gpu gpt_bench traces} "
+wanted() { case "$sections" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if [ -n "${NCCL_PREFIX:-}" ]; then
+  if [ ! -f "$NCCL_PREFIX/lib/libnccl.so.2" ]; then
+    echo "gpu_checks: NCCL_PREFIX=$NCCL_PREFIX has no lib/libnccl.so.2" >&2
+    exit 2
+  fi
+  export LD_PRELOAD="$NCCL_PREFIX/lib/libnccl.so.2${LD_PRELOAD:+:$LD_PRELOAD}"
+fi
+export LD_PRELOAD="${LD_PRELOAD:-}"
+
 step gpus nvidia-smi -L
-step cuda_tests bash -c "cd '$build' && ctest --output-on-failure --timeout 300 \
-  -R 'nccl|host_staged|torch_cuda|device_ops|torch_tensor_parallel'"
-step elastic_cuda "$build/tests/elastic/elastic_train_test" "$build/bin/tandem" \
-  --gtest_filter='*Cuda*'
-step train_cli bash -c "cd '$build' && ctest --output-on-failure --timeout 300 -R train_cli"
-step gpt_bench env STEPS="${STEPS:-6}" SHAPES="${SHAPES:-small}" \
-  bench/gpu/gpt_gpu_bench.sh "$build" "$out/gpt"
-gpt2=(--layers 12 --hidden 768 --heads 12 --seq-len 1024 --vocab 50257)
-step trace_tandem mpirun -np 1 --bind-to none -x LD_LIBRARY_PATH "$build/bin/tandem" train \
-  "${gpt2[@]}" --device cuda --global-batch 16 --steps 4 --optimizer adamw --schedule gpipe \
-  --stages 1 --microbatches 1 --torch-trace "$out/trace_tandem.json"
-step trace_pytorch python3 bench/gpu/pytorch_gpt_bench.py "${gpt2[@]}" --modes eager-bf16 \
-  --steps 3 --warmup 2 --trace "$out/trace_pytorch"
-step trace_summary python3 bench/gpu/trace_summary.py "$out/trace_tandem.json" \
-  "$out/trace_pytorch.eager-bf16.json"
+if wanted cuda; then
+  step cuda_tests bash -c "cd '$build' && ctest --output-on-failure --timeout 600 \
+    -R 'nccl|host_staged|torch_cuda|device_ops|torch_tensor_parallel|equivalence_cuda'"
+  step tensor_parallel_cuda "$build/tests/runtime/runtime_tensor_parallel_test" \
+    "$build/bin/tandem" --gtest_filter='*Cuda*'
+fi
+if wanted elastic; then
+  step elastic_cuda "$build/tests/elastic/elastic_train_test" "$build/bin/tandem" \
+    --gtest_filter='*Cuda*'
+fi
+if wanted cli; then
+  step train_cli bash -c "cd '$build' && ctest --output-on-failure --timeout 300 -R train_cli"
+fi
+if wanted shared_gpu; then
+  step shared_gpu_comm env STEPS="${STEPS:-6}" bench/gpu/shared_gpu_comm_bench.sh "$build" \
+    "$out/shared_gpu_comm"
+fi
+if wanted gpt_bench; then
+  step gpt_bench env STEPS="${STEPS:-6}" SHAPES="${SHAPES:-small}" \
+    bench/gpu/gpt_gpu_bench.sh "$build" "$out/gpt"
+fi
+if wanted traces; then
+  gpt2=(--layers 12 --hidden 768 --heads 12 --seq-len 1024 --vocab 50257)
+  step trace_tandem mpirun -np 1 --bind-to none -x LD_LIBRARY_PATH -x LD_PRELOAD \
+    "$build/bin/tandem" train "${gpt2[@]}" --device cuda --global-batch 16 --steps 4 \
+    --optimizer adamw --schedule gpipe --stages 1 --microbatches 1 \
+    --torch-trace "$out/trace_tandem.json"
+  step trace_pytorch python3 bench/gpu/pytorch_gpt_bench.py "${gpt2[@]}" --modes eager-bf16 \
+    --steps 3 --warmup 2 --trace "$out/trace_pytorch"
+  step trace_summary python3 bench/gpu/trace_summary.py "$out/trace_tandem.json" \
+    "$out/trace_pytorch.eager-bf16.json"
+fi

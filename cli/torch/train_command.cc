@@ -371,13 +371,17 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
                 << " ..." << std::endl;
     }
     runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(device);
-    // With a GPU per rank the group's collectives run over NCCL, as the runtime runs them
-    // (null: the MPI group; CUDA shards then reduce host copies).
-    absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl =
-        device.is_cuda() ? runtime::NcclUnlessShared(*group,
-                                                     device.has_index() ? device.index() : 0,
-                                                     group->timeout())
-                         : nullptr;
+    // Where NCCL carries device buffers the group's collectives run over it, as the runtime
+    // runs them (null: the MPI group; CUDA shards then reduce host copies).
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl = nullptr;
+    if (device.is_cuda()) {
+      absl::StatusOr<comm::CommOptions> comm_options = comm::CommOptions::FromEnvironment();
+      if (comm_options.ok()) comm_options->timeout = group->timeout();
+      nccl = comm_options.ok()
+                 ? runtime::NcclGroupIfPossible(*group, device.has_index() ? device.index() : 0,
+                                                *comm_options)
+                 : comm_options.status();
+    }
     if (!nccl.ok()) {
       failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
       continue;

@@ -88,11 +88,6 @@ absl::Status WaitUntilReady(ncclComm_t comm, absl::Time deadline, const std::str
   }
 }
 
-ncclConfig_t NonBlockingConfig() {
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  return config;
-}
 
 // One enqueued operation: done when `done` (recorded on the communication stream) fires.
 struct WorkState {
@@ -134,6 +129,8 @@ struct NcclCommunicator::State {
   int* scratch = nullptr;  // device int for Barrier
   int64_t collective_sequence = 0;
   int64_t p2p_sequence = 0;
+  // Channel cap where ranks share the GPU (NCCL's multi-rank mode); 0: NCCL's default.
+  int max_ctas = 0;
 
   std::mutex mu;
   absl::Status aborted ABSL_GUARDED_BY(mu);
@@ -153,6 +150,14 @@ struct NcclCommunicator::State {
 };
 
 namespace {
+
+// Non-blocking communicators, with the channel cap of a shared GPU.
+ncclConfig_t Config(const NcclCommunicator::State& state) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  if (state.max_ctas > 0) config.maxCTAs = state.max_ctas;
+  return config;
+}
 
 class NcclWork : public Work {
  public:
@@ -339,6 +344,12 @@ int CudaDeviceCount(std::string* why) {
   return count;
 }
 
+int NcclRuntimeVersion() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return 0;
+  return version;
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator& bootstrap,
                                                                      const CommOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(auto nccl, NcclCommunicator::Create(bootstrap, options));
@@ -359,30 +370,73 @@ absl::Status InitDeviceResources(NcclCommunicator::State& state) {
   return absl::OkStatus();
 }
 
-// NCCL refuses ranks that share a GPU ("invalid usage" from its initialisation, after a
-// wait): find them first, from each rank's host name and the device's PCI bus id, and name them.
-absl::Status RefuseSharedDevices(Communicator& cpu, int device) {
-  constexpr int kHost = 96, kBus = 32, kRecord = kHost + kBus;
+// Channels (CTAs) a rank may use where `ranks` share its GPU: NCCL's defaults fit two ranks a
+// GPU; beyond that every rank's channels compete for the GPU's SMs and memory, and NCCL hangs
+// once they are exhausted (its documentation of NCCL_MULTI_RANK_GPU_ENABLE), so fewer a rank.
+// 0: NCCL's default. NCCL_MAX_CTAS in the environment overrides this (NCCL reads it last).
+int MaxCtasForSharedGpu(int ranks) {
+  if (ranks <= 2) return 0;
+  return ranks <= 4 ? 2 : 1;
+}
+
+// Which ranks of `cpu` share a CUDA device (host name and PCI bus id), and whether NCCL may take
+// them (every rank asks SharedGpuOverNccl of its own NCCL and mode; all must allow it). Every
+// rank sees the same gathered records, so every rank decides alike. Returns the largest number
+// of ranks on one device (1: none shared); FailedPrecondition naming two ranks on one device
+// where a rank cannot put them in NCCL's multi-rank mode.
+absl::StatusOr<int> RanksPerSharedDevice(Communicator& cpu, int device, SharedGpuMode mode) {
+  constexpr int kHost = 96, kBus = 32, kWhy = 160, kRecord = kHost + kBus + 1 + kWhy;
   std::vector<char> mine(kRecord, 0);
   gethostname(mine.data(), kHost - 1);
   TANDEM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.data() + kHost, kBus - 1, device));
+  std::string why;
+  absl::StatusOr<bool> allowed = SharedGpuOverNccl(mode, NcclRuntimeVersion(), &why);
+  if (!allowed.ok()) why = std::string(allowed.status().message());
+  mine[kHost + kBus] = allowed.ok() && *allowed ? 1 : 0;
+  std::copy_n(why.data(), std::min<size_t>(why.size(), kWhy - 1), mine.data() + kHost + kBus + 1);
   std::vector<char> all(static_cast<size_t>(kRecord) * cpu.size(), 0);
   TANDEM_RETURN_IF_ERROR(cpu.AllGather(MakeBuffer(mine.data(), kRecord, DataType::kUInt8),
                                        MakeBuffer(all.data(), kRecord * cpu.size(),
                                                   DataType::kUInt8))
                              ->Wait());
-  auto record = [&](int r) { return std::string(all.data() + r * kRecord, kRecord); };
+  auto device_of = [&](int r) { return std::string(all.data() + r * kRecord, kHost + kBus); };
+  int most = 1;
   for (int a = 0; a < cpu.size(); ++a) {
-    for (int b = a + 1; b < cpu.size(); ++b) {
-      if (record(a) != record(b)) continue;
+    int sharing = 1;
+    for (int b = 0; b < cpu.size(); ++b) {
+      if (b == a || device_of(a) != device_of(b)) continue;
+      ++sharing;
+      const int refusing = all[a * kRecord + kHost + kBus] == 0 ? a
+                           : all[b * kRecord + kHost + kBus] == 0 ? b
+                                                                    : -1;
+      if (refusing < 0) continue;
       return absl::FailedPreconditionError(absl::StrCat(
-          "nccl backend: ranks ", a, " and ", b, " share one CUDA device (PCI ",
-          all.data() + a * kRecord + kHost, " on ", all.data() + a * kRecord,
-          "); NCCL needs a GPU per rank (the runtime carries such ranks' device buffers over "
-          "MPI through pinned host memory instead)"));
+          "nccl backend: ranks ", std::min(a, b), " and ", std::max(a, b),
+          " share one CUDA device (PCI ", all.data() + a * kRecord + kHost, " on ",
+          all.data() + a * kRecord, ") and rank ", refusing, " cannot put them in one NCCL "
+          "communicator: ", all.data() + refusing * kRecord + kHost + kBus + 1,
+          " (the runtime then carries device buffers over MPI through pinned host memory)"));
     }
+    most = std::max(most, sharing);
   }
-  return absl::OkStatus();
+  return most;
+}
+
+// Turns NCCL's multi-rank mode on in this process where `ranks` share a GPU. NCCL reads the
+// variable once, at the first communicator initialisation of a process that checks it, so it
+// is set before this process's first communicator over a shared GPU is initialised.
+void EnableMultiRankMode(int ranks, int rank, int max_ctas) {
+  setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/1);
+  static std::once_flag logged;
+  if (rank != 0) return;
+  std::call_once(logged, [&] {
+    TANDEM_LOG(INFO) << "nccl: " << ranks << " ranks share a GPU: NCCL "
+                     << NcclVersionName(NcclRuntimeVersion())
+                     << "'s multi-rank mode (NCCL_MULTI_RANK_GPU_ENABLE=1"
+                     << (max_ctas > 0 ? absl::StrCat(", at most ", max_ctas, " channels a rank")
+                                      : std::string())
+                     << ")";
+  });
 }
 
 }  // namespace
@@ -410,14 +464,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   state->rank = state->cpu->rank();
   state->size = state->cpu->size();
   state->world_ranks = state->cpu->world_ranks();
-  TANDEM_RETURN_IF_ERROR(RefuseSharedDevices(*state->cpu, state->device));
+  TANDEM_ASSIGN_OR_RETURN(const int sharing,
+                          RanksPerSharedDevice(*state->cpu, state->device, options.shared_gpu));
+  if (sharing > 1) {
+    state->max_ctas = MaxCtasForSharedGpu(sharing);
+    EnableMultiRankMode(sharing, state->rank, state->max_ctas);
+  }
   TANDEM_RETURN_IF_ERROR(InitDeviceResources(*state));
 
   ncclUniqueId id;
   if (state->rank == 0) TANDEM_NCCL_CHECK(ncclGetUniqueId(&id));
   TANDEM_RETURN_IF_ERROR(
       state->cpu->Broadcast(MakeBuffer(&id, sizeof(id), DataType::kUInt8), /*root=*/0)->Wait());
-  ncclConfig_t config = NonBlockingConfig();
+  ncclConfig_t config = Config(*state);
   TANDEM_NCCL_CHECK(ncclCommInitRankConfig(&state->comm, state->size, id, state->rank, &config));
   TANDEM_RETURN_IF_ERROR(WaitUntilReady(state->comm, absl::Now() + options.timeout,
                                         absl::StrCat("ncclCommInitRankConfig (rank ", state->rank,
@@ -778,6 +837,7 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator::State>> ChildState(
   child->options = parent.options;
   child->device = parent.device;
   child->caller = parent.caller;
+  child->max_ctas = parent.max_ctas;
   child->cpu = std::move(cpu);
   child->rank = child->cpu->rank();
   child->size = child->cpu->size();
@@ -793,7 +853,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color,
   TANDEM_ASSIGN_OR_RETURN(auto cpu, state_->cpu->Split(color, key));
   TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
   ncclComm_t new_comm = nullptr;
-  ncclConfig_t config = NonBlockingConfig();
+  ncclConfig_t config = Config(*state_);
   TANDEM_NCCL_CHECK(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
                                   &new_comm, &config));
   TANDEM_RETURN_IF_ERROR(WaitUntilReady(state_->comm, absl::Now() + state_->options.timeout,
@@ -832,7 +892,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
   std::vector<int> exclude = dead_ranks;
   ncclComm_t new_comm = nullptr;
-  ncclConfig_t config = NonBlockingConfig();
+  ncclConfig_t config = Config(*state_);
   TANDEM_NCCL_CHECK(ncclCommShrink(parent, exclude.data(), static_cast<int>(exclude.size()),
                                    &new_comm, &config,
                                    revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));

@@ -1,8 +1,13 @@
-// The NCCL backend: a Communicator over NCCL for CUDA buffers, one process per GPU.
+// The NCCL backend: a Communicator over NCCL for CUDA buffers, one process per rank.
 //
 //   * Creation: rank 0's ncclUniqueId is broadcast over a CPU communicator (MPI), then every
 //     rank initialises a non-blocking communicator (ncclConfig_t.blocking = 0) and polls it
 //     until ready, within the communicator's timeout.
+//   * Ranks that share a GPU (same host, same PCI bus id): NCCL >= 2.30 takes them in its
+//     multi-rank mode, which Create turns on (NCCL_MULTI_RANK_GPU_ENABLE=1; a channel cap of 2
+//     a rank for 3-4 ranks on a GPU, 1 beyond, inherited by splits and shrinks) where every
+//     rank's SharedGpuOverNccl allows it (comm/backend.h); otherwise Create fails naming the
+//     two ranks and why (older NCCL, or TANDEM_COMM_SHARED_GPU=mpi).
 //   * Streams: each communicator owns one communication stream. Before an operation it waits
 //     (cudaStreamWaitEvent) for an event recorded on the caller's stream (set_caller_stream;
 //     default the legacy default stream), so the operation sees the caller's writes; after it

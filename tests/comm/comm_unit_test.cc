@@ -98,6 +98,52 @@ TEST(OptionsTest, EnvironmentOverridesDefaultsAndBadValuesAreNamed) {
       << DescribeCommEnvironment();
 }
 
+TEST(OptionsTest, SharedGpuModeComesFromTheEnvironment) {
+  EXPECT_EQ(CommOptions().shared_gpu, SharedGpuMode::kAuto);
+  setenv("TANDEM_COMM_SHARED_GPU", "mpi", 1);
+  EXPECT_EQ(CommOptions::FromEnvironment()->shared_gpu, SharedGpuMode::kMpi);
+  setenv("TANDEM_COMM_SHARED_GPU", "nccl", 1);
+  EXPECT_EQ(CommOptions::FromEnvironment()->shared_gpu, SharedGpuMode::kNccl);
+  setenv("TANDEM_COMM_SHARED_GPU", "always", 1);
+  auto bad = CommOptions::FromEnvironment();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("TANDEM_COMM_SHARED_GPU"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'always'"), std::string::npos);
+  unsetenv("TANDEM_COMM_SHARED_GPU");
+  EXPECT_EQ(CommOptions::FromEnvironment()->shared_gpu, SharedGpuMode::kAuto);
+  EXPECT_STREQ(SharedGpuModeName(SharedGpuMode::kNccl), "nccl");
+}
+
+TEST(BackendTest, NcclVersionsAreNamedAsNcclPrintsThem) {
+  EXPECT_EQ(NcclVersionName(23007), "2.30.7");
+  EXPECT_EQ(NcclVersionName(22809), "2.28.9");
+  EXPECT_EQ(NcclVersionName(2708), "2.7.8");  // before 2.9: X*1000 + Y*100 + Z
+  EXPECT_EQ(NcclVersionName(0), "none");
+  EXPECT_EQ(kNcclMultiRankGpuVersion, 23000);
+}
+
+TEST(BackendTest, RanksSharingAGpuUseNcclFromRelease230Only) {
+  std::string why;
+  // auto: NCCL from 2.30, host staging before, with the reason.
+  EXPECT_TRUE(*SharedGpuOverNccl(SharedGpuMode::kAuto, 23007, &why));
+  EXPECT_TRUE(*SharedGpuOverNccl(SharedGpuMode::kAuto, 23000, &why));
+  EXPECT_FALSE(*SharedGpuOverNccl(SharedGpuMode::kAuto, 22809, &why));
+  EXPECT_NE(why.find("NCCL 2.28.9 is loaded"), std::string::npos) << why;
+  EXPECT_NE(why.find(">= 2.30"), std::string::npos) << why;
+  EXPECT_FALSE(*SharedGpuOverNccl(SharedGpuMode::kAuto, 0, &why));
+  EXPECT_NE(why.find("no NCCL"), std::string::npos) << why;
+  // mpi: host staging whatever NCCL is loaded.
+  EXPECT_FALSE(*SharedGpuOverNccl(SharedGpuMode::kMpi, 23007, &why));
+  EXPECT_NE(why.find("TANDEM_COMM_SHARED_GPU=mpi"), std::string::npos) << why;
+  // nccl: the mode, or an error naming the NCCL loaded.
+  EXPECT_TRUE(*SharedGpuOverNccl(SharedGpuMode::kNccl, 23100, &why));
+  auto refused = SharedGpuOverNccl(SharedGpuMode::kNccl, 22809, &why);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("2.28.9"), std::string::npos) << refused.status();
+  // A build without NCCL reports none at run time.
+  if (!BackendCompiled(BackendKind::kNccl)) EXPECT_EQ(NcclRuntimeVersion(), 0);
+}
+
 TEST(BackendTest, TableNamesAndParses) {
   EXPECT_EQ(*ParseBackendKind("mpi"), BackendKind::kMpi);
   EXPECT_EQ(*ParseBackendKind("nccl"), BackendKind::kNccl);

@@ -1,8 +1,11 @@
-// NCCL backend tests. They need one GPU per rank: without a CUDA device they skip with the
-// reason; with one GPU the np=1 run exercises every operation and the stream ordering (NCCL
-// refuses two ranks on one GPU, so multi-rank runs need as many GPUs).
+// NCCL backend tests: every collective and data type, grouped sends and receives, splits,
+// shrink and abort. They need a GPU per rank, or ranks sharing a GPU in NCCL's multi-rank mode
+// (NCCL >= 2.30 loaded at run time, comm::SharedGpuOverNccl); elsewhere they skip with the
+// reason (no CUDA device; an older NCCL and fewer GPUs than ranks).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "comm/backend.h"
 #include "comm/buffer.h"
 #include "comm/dtype.h"
+#include "comm/internal/work_util.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "gtest/gtest.h"
@@ -28,6 +32,7 @@ struct NcclWorld {
   std::unique_ptr<MpiCommunicator> cpu;
   std::unique_ptr<NcclCommunicator> nccl;
   std::string skip_reason;
+  bool shared = false;  // ranks share GPUs (NCCL's multi-rank mode)
 };
 
 NcclWorld& World() {
@@ -41,13 +46,29 @@ NcclWorld& World() {
     w->cpu = std::move(cpu).value();
     std::string why;
     const int devices = CudaDeviceCount(&why);
+    // Ranks beyond the GPUs share them: NCCL's multi-rank mode, where the NCCL loaded has it.
+    std::string why_not_shared;
+    auto mode = CommOptions::FromEnvironment();
+    const bool can_share =
+        mode.ok() && SharedGpuOverNccl(mode->shared_gpu, NcclRuntimeVersion(), &why_not_shared)
+                         .value_or(false);
     // Every rank must agree to skip, or the others would wait in NCCL initialisation.
-    int64_t usable = devices >= w->cpu->size() ? 1 : 0;
+    int64_t usable = devices > 0 && (devices >= w->cpu->size() || can_share) ? 1 : 0;
     if (!w->cpu->AllReduce(CpuBuffer(&usable, 1), ReduceOp::kMin)->Wait().ok() || !usable) {
-      w->skip_reason = devices == 0 ? absl::StrCat("no CUDA device: ", why)
-                                    : absl::StrCat("needs one GPU per rank (", devices,
-                                                   " visible here, ", w->cpu->size(), " ranks)");
+      w->skip_reason =
+          devices == 0 ? absl::StrCat("no CUDA device: ", why)
+                       : absl::StrCat("needs a GPU per rank (", devices, " visible here, ",
+                                      w->cpu->size(), " ranks) or NCCL's multi-rank mode: ",
+                                      why_not_shared.empty() ? std::string("refused")
+                                                             : why_not_shared);
       return w;
+    }
+    w->shared = devices < w->cpu->size();
+    if (w->cpu->rank() == 0) {
+      std::printf("NCCL %s loaded; %d ranks on %d GPU(s)%s\n",
+                  NcclVersionName(NcclRuntimeVersion()).c_str(), w->cpu->size(),
+                  std::min(devices, w->cpu->size()),
+                  w->shared ? " (sharing: NCCL's multi-rank mode)" : "");
     }
     CommOptions options;
     options.timeout = absl::Seconds(60);
@@ -89,8 +110,10 @@ double Value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i %
 TEST(NcclTest, CollectivesMatchSequentialReference) {
   SKIP_WITHOUT_GPU();
   const int n = nccl.size();
-  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
-                        DataType::kInt32, DataType::kInt64}) {
+  // Sums of integers up to 12 a rank: exact in every type, int8 included (up to 8 ranks).
+  for (DataType type : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
+                        DataType::kFloat16, DataType::kInt8, DataType::kUInt8, DataType::kInt32,
+                        DataType::kInt64}) {
     const int64_t several_mb = (3 << 20) / static_cast<int64_t>(SizeOf(type)) + 1;
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{5 * n + 3}, several_mb}) {
       SCOPED_TRACE(absl::StrCat(DataTypeName(type), " count ", count));
@@ -231,6 +254,154 @@ TEST(NcclTest, SplitGroupsAndAbortRefusesLaterWork) {
   const absl::Status after = group->AllReduce(device.buffer)->Wait();
   EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(after.message().find("test abort"), std::string::npos) << after;
+}
+
+TEST(NcclTest, MaximumMinimumAndAverageReduceElementwise) {
+  SKIP_WITHOUT_GPU();
+  const int n = nccl.size();
+  constexpr int64_t kCount = 1000;
+  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAverage}) {
+    SCOPED_TRACE(internal::ReduceOpName(op));
+    std::vector<float> host(kCount);
+    for (int64_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(Value(nccl.rank(), i));
+    DeviceBuffer device(CpuBuffer(host.data(), kCount), nccl.device());
+    ASSERT_TRUE(nccl.AllReduce(device.buffer, op)->Wait().ok());
+    device.CopyTo(CpuBuffer(host.data(), kCount));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < kCount; ++i) {
+      double expected = op == ReduceOp::kMin ? 1e9 : op == ReduceOp::kMax ? -1e9 : 0;
+      for (int r = 0; r < n; ++r) {
+        const double v = Value(r, i);
+        expected = op == ReduceOp::kMin ? std::min(expected, v)
+                   : op == ReduceOp::kMax ? std::max(expected, v)
+                                          : expected + v / n;
+      }
+      wrong += std::abs(host[i] - expected) > 1e-5 * std::max(1.0, std::abs(expected));
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+// Every rank sends to both ring neighbours and receives from both in one batch (one NCCL group):
+// with two ranks the neighbours send to each other at once, several MiB each way, which
+// deadlocks unless the sends and receives are grouped.
+TEST(NcclTest, GroupedSendsAndReceivesToBothNeighboursAtOnce) {
+  SKIP_WITHOUT_GPU();
+  const int n = nccl.size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int next = (nccl.rank() + 1) % n, previous = (nccl.rank() + n - 1) % n;
+  for (int64_t count : {int64_t{1}, int64_t{4099}, int64_t{3} << 20}) {
+    SCOPED_TRACE(absl::StrCat("count ", count));
+    std::vector<float> mine(count);
+    for (int64_t i = 0; i < count; ++i) mine[i] = static_cast<float>(nccl.rank() * 1000 + i % 997);
+    DeviceBuffer to_next(CpuBuffer(mine.data(), count), nccl.device());
+    DeviceBuffer to_previous(CpuBuffer(mine.data(), count), nccl.device());
+    std::vector<float> zeros(count, 0.0f);
+    DeviceBuffer from_next(CpuBuffer(zeros.data(), count), nccl.device());
+    DeviceBuffer from_previous(CpuBuffer(zeros.data(), count), nccl.device());
+    std::vector<PointToPoint> batch = {
+        {PointToPoint::Kind::kSend, to_next.buffer, next, 0},
+        {PointToPoint::Kind::kSend, to_previous.buffer, previous, 0},
+        {PointToPoint::Kind::kRecv, from_next.buffer, next, 0},
+        {PointToPoint::Kind::kRecv, from_previous.buffer, previous, 0},
+    };
+    if (n == 2) batch = {batch[0], batch[2]};  // one neighbour, both ways
+    ASSERT_TRUE(nccl.SendRecvBatch(batch)->Wait().ok());
+    std::vector<float> got(count);
+    from_next.CopyTo(CpuBuffer(got.data(), count));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < count; ++i) wrong += got[i] != static_cast<float>(next * 1000 + i % 997);
+    EXPECT_EQ(wrong, 0) << "from the next rank";
+    if (n > 2) {
+      from_previous.CopyTo(CpuBuffer(got.data(), count));
+      wrong = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        wrong += got[i] != static_cast<float>(previous * 1000 + i % 997);
+      }
+      EXPECT_EQ(wrong, 0) << "from the previous rank";
+    }
+  }
+  // Single sends and receives posted back to back, each rank's send before its receive, in
+  // rank order (rank 0 sends first): small messages, as a pipeline's first exchange.
+  float value = static_cast<float>(nccl.rank() + 1);
+  DeviceBuffer out(CpuBuffer(&value, 1), nccl.device());
+  float zero = 0;
+  DeviceBuffer in(CpuBuffer(&zero, 1), nccl.device());
+  WorkPtr send, receive;
+  if (nccl.rank() % 2 == 0) {
+    send = nccl.Send(out.buffer, next);
+    receive = nccl.Recv(in.buffer, previous);
+  } else {
+    receive = nccl.Recv(in.buffer, previous);
+    send = nccl.Send(out.buffer, next);
+  }
+  ASSERT_TRUE(send->Wait().ok());
+  ASSERT_TRUE(receive->Wait().ok());
+  in.CopyTo(CpuBuffer(&zero, 1));
+  EXPECT_EQ(zero, static_cast<float>(previous + 1));
+}
+
+TEST(NcclTest, SplitIntoHalvesReducesWithinEachHalf) {
+  SKIP_WITHOUT_GPU();
+  const int n = nccl.size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int color = nccl.rank() % 2;
+  auto split = nccl.Split(color, nccl.rank());
+  ASSERT_TRUE(split.ok()) << split.status();
+  std::unique_ptr<Communicator> half = std::move(split).value();
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(half->size(), (n + 1 - color) / 2);
+  double expected = 0;
+  for (int r = color; r < n; r += 2) expected += r + 1;
+  for (DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt64}) {
+    OwnedBuffer host(type, 3);
+    for (int64_t i = 0; i < 3; ++i) SetElement(host.buffer, i, nccl.rank() + 1);
+    DeviceBuffer device(host.buffer, nccl.device());
+    ASSERT_TRUE(half->AllReduce(device.buffer)->Wait().ok());
+    device.CopyTo(host.buffer);
+    EXPECT_EQ(GetElement(host.buffer, 2), expected) << DataTypeName(type);
+  }
+  // A rank left out (colour -1) gets no communicator, and the others still reduce.
+  auto partial = nccl.Split(nccl.rank() == 0 ? -1 : 0, nccl.rank());
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  if (nccl.rank() == 0) {
+    EXPECT_EQ(*partial, nullptr);
+  } else {
+    ASSERT_NE(*partial, nullptr);
+    EXPECT_EQ((*partial)->size(), n - 1);
+    float one = 1;
+    DeviceBuffer device(CpuBuffer(&one, 1), nccl.device());
+    ASSERT_TRUE((*partial)->AllReduce(device.buffer)->Wait().ok());
+    device.CopyTo(CpuBuffer(&one, 1));
+    EXPECT_EQ(one, static_cast<float>(n - 1));
+  }
+}
+
+// Shrink without a failure: the last rank is left out (it does not take part), the others get a
+// communicator without it that reduces, and the parent keeps working for everyone afterwards.
+TEST(NcclTest, ShrinkLeavesARankOutAndTheRestReduce) {
+  SKIP_WITHOUT_GPU();
+  const int n = nccl.size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int left_out = n - 1;
+  if (nccl.rank() != left_out) {
+    auto shrunk = nccl.Shrink({left_out});
+    if (absl::IsUnimplemented(shrunk.status())) GTEST_SKIP() << shrunk.status();
+    ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+    std::unique_ptr<Communicator> rest = std::move(shrunk).value();
+    ASSERT_EQ(rest->size(), n - 1);
+    EXPECT_EQ(rest->rank(), nccl.rank());
+    float value = static_cast<float>(nccl.rank() + 1);
+    DeviceBuffer device(CpuBuffer(&value, 1), nccl.device());
+    ASSERT_TRUE(rest->AllReduce(device.buffer)->Wait().ok());
+    device.CopyTo(CpuBuffer(&value, 1));
+    EXPECT_EQ(value, static_cast<float>((n - 1) * n / 2));
+  }
+  float one = 1;
+  DeviceBuffer device(CpuBuffer(&one, 1), nccl.device());
+  ASSERT_TRUE(nccl.AllReduce(device.buffer)->Wait().ok());
+  device.CopyTo(CpuBuffer(&one, 1));
+  EXPECT_EQ(one, static_cast<float>(n));
 }
 
 TEST(NcclTest, BackendTableCreatesNcclOrSaysWhyNot) {

@@ -256,27 +256,35 @@ TEST(TorchTensorParallelTest, CudaShardsOverAnMpiGroupGiveTheWholeLossAndGradien
   ExpectCudaShardsEqualTheCpuShards(world->get(), world->get(), torch::Device(torch::kCUDA, 0));
 }
 
-// A GPU per rank: the group is NCCL's, its collectives run on NCCL's stream and the compute
-// stream waits for them on the device (AwaitCollective); the loss and the gradients are the
-// CPU reference's. Skipped with fewer CUDA devices than ranks.
+// NCCL's group, with a GPU per rank or ranks sharing one in NCCL >= 2.30's multi-rank mode: its
+// collectives run on NCCL's stream and the compute stream waits for them on the device
+// (AwaitCollective); the loss and the gradients are the CPU reference's. Skipped, with the
+// reason, where NCCL cannot take the ranks.
 TEST(TorchTensorParallelTest, CudaShardsOverAnNcclGroupGiveTheWholeLossAndGradients) {
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
   std::string why;
-  const int devices = comm::CudaDeviceCount(&why);
-  if (devices < t || !torch::cuda::is_available()) {
+  const int devices = torch::cuda::is_available() ? comm::CudaDeviceCount(&why) : 0;
+  std::string why_not_shared;
+  auto environment = comm::CommOptions::FromEnvironment();
+  const bool can_share =
+      environment.ok() && comm::SharedGpuOverNccl(environment->shared_gpu,
+                                                  comm::NcclRuntimeVersion(), &why_not_shared)
+                              .value_or(false);
+  if (devices == 0 || (devices < t && !can_share)) {
     GTEST_SKIP() << "needs a CUDA device per rank (" << t << "), " << devices << " visible"
-                 << (why.empty() ? "" : ": " + why);
+                 << (why.empty() ? "" : ": " + why)
+                 << (devices > 0 ? ", or NCCL's multi-rank mode: " + why_not_shared : "");
   }
   if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
-  comm::CommOptions options;
-  options.cuda_device = (*world)->rank();
+  comm::CommOptions options = *environment;
+  options.cuda_device = (*world)->rank() % devices;
   auto nccl = comm::CreateNcclCommunicator(**world, options);
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   ASSERT_EQ((*nccl)->backend(), "nccl");
   ExpectCudaShardsEqualTheCpuShards(world->get(), nccl->get(),
-                                    torch::Device(torch::kCUDA, (*world)->rank()));
+                                    torch::Device(torch::kCUDA, options.cuda_device));
 }
 
 }  // namespace
