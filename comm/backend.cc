@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status.h"
+#include "comm/buffer.h"
 #include "comm/host_staged.h"
 
 #if TANDEM_HAVE_MPI
@@ -138,6 +139,29 @@ absl::Status WaitOnStream(const WorkPtr& work, void* cuda_stream) {
   (void)cuda_stream;
   return work->Wait();
 #endif
+}
+
+bool NcclCanRun(Communicator& group, SharedGpuMode mode, std::string* why) {
+  std::string reason;
+  const int devices = CudaDeviceCount(&reason);
+  std::string why_not_shared;
+  const absl::StatusOr<bool> sharing = SharedGpuOverNccl(mode, NcclRuntimeVersion(), &why_not_shared);
+  if (!sharing.ok()) why_not_shared = std::string(sharing.status().message());
+  const bool can_share = sharing.value_or(false);
+  int64_t usable = devices > 0 && (devices >= group.size() || can_share) ? 1 : 0;
+  if (devices > 0 && usable == 0) {
+    reason = absl::StrCat(group.size(), " ranks, ", devices,
+                          " GPU(s): ranks share a GPU and NCCL cannot take them: ",
+                          why_not_shared);
+  } else if (devices == 0) {
+    reason = absl::StrCat("no CUDA device: ", reason);
+  }
+  const absl::Status agreed =
+      group.AllReduce(MakeBuffer(&usable, 1, DataType::kInt64), ReduceOp::kMin)->Wait();
+  if (!agreed.ok()) reason = absl::StrCat("agreeing on NCCL: ", agreed.message());
+  if (agreed.ok() && usable != 0) return true;
+  if (why != nullptr) *why = reason.empty() ? "another rank cannot run NCCL" : reason;
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedCommunicator(

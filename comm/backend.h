@@ -58,6 +58,12 @@ std::string NcclVersionName(int version);
 // version when `mode` is kNccl and that NCCL cannot.
 absl::StatusOr<bool> SharedGpuOverNccl(SharedGpuMode mode, int nccl_version, std::string* why);
 
+// Whether an NCCL communicator over the processes of `group` (a CPU communicator) can be made
+// here: a CUDA device, and a GPU per rank or ranks sharing GPUs in NCCL's multi-rank mode
+// (SharedGpuOverNccl under `mode`; GPUs counted on this host against the group's size).
+// Collective over `group`: every rank gets the same answer, the reason in `why` when false.
+bool NcclCanRun(Communicator& group, SharedGpuMode mode, std::string* why);
+
 // A communicator for CUDA buffers over `inner` (a CPU communicator, e.g. MPI) through pinned
 // host staging (comm/host_staged.h): for ranks that share a GPU where NCCL cannot take them
 // (NCCL older than 2.30, or TANDEM_COMM_SHARED_GPU=mpi).

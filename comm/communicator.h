@@ -120,6 +120,14 @@ class Communicator {
   // them (ncclGroupStart/End) so that paired sends and receives of a pipeline cannot
   // deadlock; the default posts each one (MPI's non-blocking transfers cannot deadlock).
   virtual WorkPtr SendRecvBatch(const std::vector<PointToPoint>& transfers);
+  // Declares the ranks this rank exchanges point-to-point transfers with, before the first of
+  // them. Collective over this communicator: every rank lists its own peers (a pair listed by
+  // either side counts). NCCL gives each ordered pair (this rank to a peer, a peer to this
+  // rank) a communicator and stream of its own, so that a send waits only for its own receive,
+  // as MPI's buffered sends do: an NCCL group holds its stream until every call in it
+  // completes, so on one communicator two ranks that each send to the other before receiving
+  // deadlock (Chimera's two pipelines in opposite directions do). The default does nothing.
+  virtual absl::Status ConnectPeers(const std::vector<int>& peers) { return absl::OkStatus(); }
 
   // Ranks with the same colour form a group, ordered by key (then by rank). colour < 0:
   // returns nullptr for this rank (not a member). Collective over this communicator.

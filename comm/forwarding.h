@@ -53,6 +53,9 @@ class ForwardingCommunicator : public Communicator {
   WorkPtr SendRecvBatch(const std::vector<PointToPoint>& transfers) override {
     return target_->SendRecvBatch(transfers);
   }
+  absl::Status ConnectPeers(const std::vector<int>& peers) override {
+    return target_->ConnectPeers(peers);
+  }
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
     return target_->Split(color, key);
   }

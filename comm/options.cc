@@ -24,6 +24,8 @@ constexpr EnvVar kEnvVars[] = {
     {"TANDEM_COMM_SHARED_GPU", "auto",
      "ranks sharing a GPU: nccl (NCCL >= 2.30's multi-rank mode), mpi (host staging), or auto "
      "(nccl where the NCCL loaded allows it)"},
+    {"TANDEM_COMM_NCCL_LINKS", "1",
+     "1: NCCL transfers with declared peers on a communicator per ordered pair; 0: one"},
 };
 
 const char* Get(const char* name) {
@@ -83,6 +85,15 @@ absl::StatusOr<CommOptions> CommOptions::FromEnvironment() {
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("TANDEM_COMM_WAIT: expected auto, spin or sleep, got '", text, "'"));
+    }
+  }
+  if (const char* value = Get("TANDEM_COMM_NCCL_LINKS")) {
+    const std::string text = value;
+    if (text == "1" || text == "0") {
+      options.nccl_pair_links = text == "1";
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_COMM_NCCL_LINKS: expected 0 or 1, got '", text, "'"));
     }
   }
   if (const char* value = Get("TANDEM_COMM_SHARED_GPU")) {

@@ -17,6 +17,11 @@
 //                              2.30 or newer, else MPI through pinned host staging), nccl
 //                              (the multi-rank mode; an error with an older NCCL) or mpi (host
 //                              staging). Default auto.
+//   TANDEM_COMM_NCCL_LINKS     1/0: NCCL point-to-point transfers with the peers a rank
+//                              declares (Communicator::ConnectPeers) on a communicator and
+//                              stream per ordered pair (1), or all on the group's one
+//                              communicator (0: two ranks that each send to the other before
+//                              receiving deadlock there). Default 1.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +63,8 @@ struct CommOptions {
   WaitMode wait_mode = WaitMode::kAuto;
   // Ranks that share a GPU: NCCL's multi-rank mode or MPI host staging.
   SharedGpuMode shared_gpu = SharedGpuMode::kAuto;
+  // NCCL: ConnectPeers makes a communicator per ordered pair (false: it does nothing).
+  bool nccl_pair_links = true;
 
   // Defaults overridden by the TANDEM_COMM_* variables above. InvalidArgument names the
   // variable and its bad value.

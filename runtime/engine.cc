@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -336,6 +337,17 @@ absl::Status Engine::Build(StageFactory factory) {
   transfers_->batcher =
       std::make_unique<TransferBatcher>(*p2p_, *payload_p2p(), engine_internal::kHeaderTag,
                                          engine_internal::kTransferTag);
+  {
+    // The backend's per-pair resources for this rank's transfers (NCCL: a communicator and
+    // stream per direction, so that a send never holds up this rank's receives, as MPI's
+    // buffered sends do not). Collective over the pipeline group.
+    std::set<int> peers;
+    for (const pipeline::Action& action : schedule_.programs[pipeline_position_]) {
+      if (pipeline::IsTransfer(action.type) && action.peer >= 0) peers.insert(action.peer);
+    }
+    TANDEM_RETURN_IF_ERROR(
+        payload_p2p()->ConnectPeers(std::vector<int>(peers.begin(), peers.end())));
+  }
   local = [&]() -> absl::Status {
     for (auto& l : locals_) {
       // Registered in backward order (the stage lists its parameters in forward order).

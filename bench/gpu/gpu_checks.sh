@@ -10,16 +10,18 @@
 # Every step's output goes to OUT_DIR; a failing step does not stop the others.
 #
 # Several ranks on one GPU talk over NCCL only with NCCL >= 2.30 loaded (PyTorch's wheel brings
-# an older one): NCCL_PREFIX names a build of it (bench/gpu/build_nccl.sh, which can run in the
-# background beforehand: `setsid nohup bench/gpu/build_nccl.sh nccl-2.30.7.tar.xz /tmp/nccl &`),
-# loaded ahead of the other for every step (LD_PRELOAD). Without it those cases skip, saying
-# why, and ranks sharing the GPU use host staging.
+# an older one): NCCL_PREFIX names a build of it, loaded ahead of the other for every step
+# (LD_PRELOAD); with NCCL_SOURCE (a tarball of NVIDIA/nccl >= 2.30) and no library there yet,
+# the first step builds it (bench/gpu/build_nccl.sh with TANDEM_NCCL_FUNCS=tandem; or build it
+# beforehand, in the background or on another machine with the CUDA toolkit, and copy the
+# folder). Without one those cases skip, saying why, and ranks sharing the GPU use host staging.
+# The NCCL checks alone (SECTIONS="cuda elastic shared_gpu") take a few minutes.
 #
 #   bench/gpu/gpu_checks.sh [BUILD_DIR] [OUT_DIR]
 #
-# Environment: NCCL_PREFIX (above); SECTIONS (default "cuda elastic cli shared_gpu gpt_bench
-# traces"); STEPS (default 6) and SHAPES (default small) for the bench; LD_LIBRARY_PATH as the
-# build needs (it is passed to the ranks).
+# Environment: NCCL_PREFIX and NCCL_SOURCE (above); SECTIONS (default "cuda elastic cli
+# shared_gpu gpt_bench traces"); STEPS (default 6) and SHAPES (default small) for the benches;
+# LD_LIBRARY_PATH as the build needs (it is passed to the ranks).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build}"
@@ -41,6 +43,11 @@ step() {  # name command...
 
 sections=" ${SECTIONS:-cuda elastic cli shared_gpu gpt_bench traces} "
 wanted() { case "$sections" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if [ -n "${NCCL_PREFIX:-}" ] && [ -n "${NCCL_SOURCE:-}" ] &&
+   [ ! -f "$NCCL_PREFIX/lib/libnccl.so.2" ]; then
+  step build_nccl env TANDEM_NCCL_FUNCS="${TANDEM_NCCL_FUNCS:-tandem}" \
+    bench/gpu/build_nccl.sh "$NCCL_SOURCE" "$NCCL_PREFIX"
+fi
 if [ -n "${NCCL_PREFIX:-}" ]; then
   if [ ! -f "$NCCL_PREFIX/lib/libnccl.so.2" ]; then
     echo "gpu_checks: NCCL_PREFIX=$NCCL_PREFIX has no lib/libnccl.so.2" >&2

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/buffer.h"
@@ -89,10 +91,21 @@ absl::Status WaitUntilReady(ncclComm_t comm, absl::Time deadline, const std::str
 }
 
 
-// One enqueued operation: done when `done` (recorded on the communication stream) fires.
+// Polls until a non-blocking call on `comm` (a revocation) is no longer in progress, or the
+// deadline passes; errors are left to the caller's next call.
+void WaitWhileInProgress(ncclComm_t comm, absl::Time deadline) {
+  ncclResult_t state = ncclInProgress;
+  while (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+         absl::Now() < deadline) {
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+// One enqueued operation: done when every event of `done` fires (one per stream it was
+// enqueued on: the communicator's, or point-to-point links').
 struct WorkState {
   std::string description;
-  cudaEvent_t done = nullptr;
+  std::vector<cudaEvent_t> done;
   absl::Time issued;
   std::atomic<bool> finished{false};
   std::mutex mu;
@@ -110,7 +123,7 @@ struct WorkState {
     return status;
   }
   ~WorkState() {
-    if (done != nullptr) cudaEventDestroy(done);
+    for (cudaEvent_t event : done) cudaEventDestroy(event);
   }
 };
 
@@ -131,6 +144,16 @@ struct NcclCommunicator::State {
   int64_t p2p_sequence = 0;
   // Channel cap where ranks share the GPU (NCCL's multi-rank mode); 0: NCCL's default.
   int max_ctas = 0;
+  int ranks_per_gpu = 1;  // the most ranks of this communicator on one GPU
+  // Point-to-point links (ConnectPeers): a two-rank communicator (the sender is its rank 0)
+  // and a stream for each ordered pair (sender, receiver) of this group's ranks that this rank
+  // belongs to. Written once by ConnectPeers (under mu), then read by the issuing thread.
+  struct Link {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  std::map<std::pair<int, int>, Link> links;
+  bool peers_connected = false;
 
   std::mutex mu;
   absl::Status aborted ABSL_GUARDED_BY(mu);
@@ -166,7 +189,11 @@ class NcclWork : public Work {
 
   bool Test() override {
     if (state_->finished.load()) return true;
-    const cudaError_t query = cudaEventQuery(state_->done);
+    cudaError_t query = cudaSuccess;
+    for (cudaEvent_t event : state_->done) {
+      query = cudaEventQuery(event);
+      if (query != cudaSuccess) break;
+    }
     if (query == cudaSuccess) {
       state_->Finish(absl::OkStatus());
       return true;
@@ -208,7 +235,7 @@ class NcclWork : public Work {
     return state_->finished.load() ? state_->Result() : absl::OkStatus();
   }
   std::string Describe() const override { return state_->description; }
-  cudaEvent_t done_event() const { return state_->done; }
+  const std::vector<cudaEvent_t>& done_events() const { return state_->done; }
   int device() const { return comm_->device; }
 
  private:
@@ -244,17 +271,24 @@ NcclCommunicator::State::~State() {
   if (watchdog.joinable()) watchdog.join();
   cudaSetDevice(device);
   if (comm != nullptr) {
-    bool clean = false;
+    bool clean = false, was_revoked = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       clean = aborted.ok();
+      was_revoked = revoked;
     }
     if (clean && ncclCommFinalize(comm) != ncclSystemError &&
         WaitUntilReady(comm, absl::Now() + options.timeout, "finalize").ok()) {
       ncclCommDestroy(comm);
     } else {
+      // A revoked communicator is safe to destroy once its revocation has finished.
+      if (was_revoked) WaitWhileInProgress(comm, absl::Now() + options.timeout);
       ncclCommAbort(comm);
     }
+  }
+  for (auto& [pair, link] : links) {
+    if (link.comm != nullptr) ncclCommAbort(link.comm);  // idle by now; abort never waits
+    if (link.stream != nullptr) cudaStreamDestroy(link.stream);
   }
   if (scratch != nullptr) cudaFree(scratch);
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -280,9 +314,16 @@ void NcclCommunicator::State::AbortLocked(const absl::Status& reason) {
   }
   pending.clear();
   cudaSetDevice(device);
+  // Links are only ever shrunk with their communicator: abort them.
+  for (auto& [pair, link] : links) {
+    if (link.comm != nullptr) ncclCommAbort(link.comm);
+    link.comm = nullptr;
+  }
 #if TANDEM_NCCL_HAS_REVOKE
-  // Stops in-flight operations but keeps the communicator for Shrink.
-  if (ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) == ncclSuccess) {
+  // Stops in-flight operations but keeps the communicator for Shrink. A non-blocking
+  // communicator answers ncclInProgress while the revocation completes (Shrink waits for it).
+  const ncclResult_t revoke = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+  if (revoke == ncclSuccess || revoke == ncclInProgress) {
     revoked = true;
     return;
   }
@@ -299,7 +340,12 @@ void NcclCommunicator::State::Watch() {
     std::lock_guard<std::mutex> lock(mu);
     if (!aborted.ok() || comm == nullptr) continue;
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    for (auto it = links.begin();
+         it != links.end() && query == ncclSuccess && (state == ncclSuccess || state == ncclInProgress);
+         ++it) {
+      if (it->second.comm != nullptr) query = ncclCommGetAsyncError(it->second.comm, &state);
+    }
     if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
       const absl::Status error(
           state == ncclRemoteError ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
@@ -466,6 +512,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   state->world_ranks = state->cpu->world_ranks();
   TANDEM_ASSIGN_OR_RETURN(const int sharing,
                           RanksPerSharedDevice(*state->cpu, state->device, options.shared_gpu));
+  state->ranks_per_gpu = sharing;
   if (sharing > 1) {
     state->max_ctas = MaxCtasForSharedGpu(sharing);
     EnableMultiRankMode(sharing, state->rank, state->max_ctas);
@@ -504,8 +551,11 @@ absl::Status NcclCommunicator::OrderAfter(const WorkPtr& work, void* cuda_stream
   int previous = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&previous));
   TANDEM_CUDA_CHECK(cudaSetDevice(nccl_work->device()));
-  const cudaError_t waited =
-      cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), nccl_work->done_event(), 0);
+  cudaError_t waited = cudaSuccess;
+  for (cudaEvent_t event : nccl_work->done_events()) {
+    waited = cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), event, 0);
+    if (waited != cudaSuccess) break;
+  }
   TANDEM_CUDA_CHECK(cudaSetDevice(previous));
   TANDEM_CUDA_CHECK(waited);
   return absl::OkStatus();
@@ -517,9 +567,18 @@ namespace {
 
 // Orders the communication stream after the caller's, runs `enqueue` (NCCL calls on the
 // communication stream), records the completion event.
-absl::StatusOr<WorkPtr> Enqueue(const std::shared_ptr<NcclCommunicator::State>& state,
-                                const std::string& description,
-                                const std::function<absl::Status()>& enqueue) {
+// NCCL calls on one communicator and stream: `enqueue` issues them.
+struct EnqueueTarget {
+  ncclComm_t comm;
+  cudaStream_t stream;
+  std::function<absl::Status()> enqueue;
+};
+
+// Orders each target's stream after the caller's, runs its `enqueue`, records a completion
+// event on its stream; one Work for all of them.
+absl::StatusOr<WorkPtr> EnqueueOn(const std::shared_ptr<NcclCommunicator::State>& state,
+                                  const std::string& description,
+                                  const std::vector<EnqueueTarget>& targets) {
   std::lock_guard<std::mutex> lock(state->mu);
   if (!state->aborted.ok()) {
     return absl::FailedPreconditionError(
@@ -528,20 +587,31 @@ absl::StatusOr<WorkPtr> Enqueue(const std::shared_ptr<NcclCommunicator::State>& 
   TANDEM_CUDA_CHECK(cudaSetDevice(state->device));
   cudaEvent_t ready = nullptr;
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  auto release_ready = absl::Cleanup([&] { cudaEventDestroy(ready); });  // once it has fired
   TANDEM_CUDA_CHECK(cudaEventRecord(ready, state->caller));
-  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(state->stream, ready, 0));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(ready));  // released once it has fired
-  const absl::Status enqueued = enqueue();
-  if (!enqueued.ok()) return Annotate(enqueued, description);
-  TANDEM_RETURN_IF_ERROR(WaitUntilReady(state->comm, absl::Now() + state->options.timeout,
-                                        description));
   auto work = std::make_shared<WorkState>();
   work->description = description;
   work->issued = absl::Now();
-  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
-  TANDEM_CUDA_CHECK(cudaEventRecord(work->done, state->stream));
+  for (const EnqueueTarget& target : targets) {
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(target.stream, ready, 0));
+    const absl::Status enqueued = target.enqueue();
+    if (!enqueued.ok()) return Annotate(enqueued, description);
+    TANDEM_RETURN_IF_ERROR(
+        WaitUntilReady(target.comm, absl::Now() + state->options.timeout, description));
+    cudaEvent_t done = nullptr;
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    work->done.push_back(done);
+    TANDEM_CUDA_CHECK(cudaEventRecord(done, target.stream));
+  }
   state->pending.push_back(work);
   return WorkPtr(std::make_shared<NcclWork>(state, std::move(work)));
+}
+
+// On the communicator's own stream.
+absl::StatusOr<WorkPtr> Enqueue(const std::shared_ptr<NcclCommunicator::State>& state,
+                                const std::string& description,
+                                const std::function<absl::Status()>& enqueue) {
+  return EnqueueOn(state, description, {EnqueueTarget{state->comm, state->stream, enqueue}});
 }
 
 WorkPtr ToWork(absl::StatusOr<WorkPtr> result, const std::string& description) {
@@ -603,31 +673,152 @@ WorkPtr NcclCommunicator::SendRecvBatch(const std::vector<PointToPoint>& transfe
     }
     if (!status.ok()) return internal::MakeCompletedWork(Annotate(status, description), description);
   }
-  auto state = state_;
-  return ToWork(Enqueue(state_, description,
-                        [&]() -> absl::Status {
-                          TANDEM_NCCL_CHECK(ncclGroupStart());
-                          for (const PointToPoint& t : transfers) {
-                            auto type = ToNcclType(t.buffer.dtype);
-                            if (!type.ok()) {
-                              ncclGroupEnd();
-                              return type.status();
-                            }
-                            const ncclResult_t rc =
-                                t.kind == PointToPoint::Kind::kSend
-                                    ? ncclSend(t.buffer.data, t.buffer.count, *type, t.peer,
-                                               state->comm, state->stream)
-                                    : ncclRecv(t.buffer.data, t.buffer.count, *type, t.peer,
-                                               state->comm, state->stream);
-                            if (rc != ncclSuccess && rc != ncclInProgress) {
-                              ncclGroupEnd();
-                              TANDEM_NCCL_CHECK(rc);
-                            }
-                          }
-                          TANDEM_NCCL_CHECK(ncclGroupEnd());
-                          return absl::OkStatus();
-                        }),
-                description);
+  // Each transfer goes on its ordered pair's link where ConnectPeers made one (there this
+  // rank is the link's rank 0 when it sends, 1 when it receives), else on the communicator.
+  // Every target's transfers form one group.
+  struct Routed {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    std::vector<std::pair<const PointToPoint*, int>> transfers;  // with the peer's rank there
+  };
+  std::vector<Routed> routes;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (const PointToPoint& t : transfers) {
+      const bool send = t.kind == PointToPoint::Kind::kSend;
+      auto link = state_->links.find(send ? std::make_pair(rank(), t.peer)
+                                          : std::make_pair(t.peer, rank()));
+      const bool linked = link != state_->links.end() && link->second.comm != nullptr;
+      const ncclComm_t comm = linked ? link->second.comm : state_->comm;
+      auto route = std::find_if(routes.begin(), routes.end(),
+                                [&](const Routed& r) { return r.comm == comm; });
+      if (route == routes.end()) {
+        routes.push_back({comm, linked ? link->second.stream : state_->stream, {}});
+        route = routes.end() - 1;
+      }
+      route->transfers.push_back({&t, linked ? (send ? 1 : 0) : t.peer});
+    }
+  }
+  std::vector<EnqueueTarget> targets;
+  for (const Routed& route : routes) {
+    targets.push_back({route.comm, route.stream, [&route]() -> absl::Status {
+                         TANDEM_NCCL_CHECK(ncclGroupStart());
+                         for (const auto& [t, peer] : route.transfers) {
+                           auto type = ToNcclType(t->buffer.dtype);
+                           if (!type.ok()) {
+                             ncclGroupEnd();
+                             return type.status();
+                           }
+                           const ncclResult_t rc =
+                               t->kind == PointToPoint::Kind::kSend
+                                   ? ncclSend(t->buffer.data, t->buffer.count, *type, peer,
+                                              route.comm, route.stream)
+                                   : ncclRecv(t->buffer.data, t->buffer.count, *type, peer,
+                                              route.comm, route.stream);
+                           if (rc != ncclSuccess && rc != ncclInProgress) {
+                             ncclGroupEnd();
+                             TANDEM_NCCL_CHECK(rc);
+                           }
+                         }
+                         TANDEM_NCCL_CHECK(ncclGroupEnd());
+                         return absl::OkStatus();
+                       }});
+  }
+  return ToWork(EnqueueOn(state_, description, targets), description);
+}
+
+absl::Status NcclCommunicator::ConnectPeers(const std::vector<int>& peers) {
+  State& state = *state_;
+  TANDEM_RETURN_IF_ERROR(state.Usable("connect peers"));
+  if (!state.options.nccl_pair_links) return absl::OkStatus();  // the same on every rank
+  const int n = size(), me = rank();
+  // Every rank's peers (one row each, and a last byte marking a bad list), gathered, so that
+  // every rank derives the same links and a bad list fails on every rank.
+  std::vector<uint8_t> mine(n + 1, 0), all(static_cast<size_t>(n + 1) * n, 0);
+  int bad_peer = -1;
+  for (int q : peers) {
+    if (q < 0 || q >= n) {
+      bad_peer = q;
+      mine[n] = 1;
+    } else if (q != me) {
+      mine[q] = 1;
+    }
+  }
+  if (state.peers_connected) mine[n] = 2;
+  TANDEM_RETURN_IF_ERROR(state.cpu->AllGather(MakeBuffer(mine.data(), n + 1, DataType::kUInt8),
+                                              MakeBuffer(all.data(), (n + 1) * n,
+                                                         DataType::kUInt8))
+                             ->Wait());
+  for (int r = 0; r < n; ++r) {
+    const uint8_t flag = all[r * (n + 1) + n];
+    if (flag == 0) continue;
+    if (flag == 2) {
+      return absl::FailedPreconditionError("connect peers: this communicator's links exist");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connect peers: rank ", r, " lists a peer outside the group of ", n,
+        r == me ? absl::StrCat(" (", bad_peer, ")") : std::string()));
+  }
+  // Both directions of every pair that either end lists, in one order on every rank.
+  std::vector<std::pair<int, int>> edges;
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      if (all[a * (n + 1) + b] == 0 && all[b * (n + 1) + a] == 0) continue;
+      edges.push_back({a, b});
+      edges.push_back({b, a});
+    }
+  }
+  if (edges.empty()) return absl::OkStatus();
+  std::vector<ncclUniqueId> ids(edges.size());
+  if (me == 0) {
+    for (ncclUniqueId& id : ids) TANDEM_NCCL_CHECK(ncclGetUniqueId(&id));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      state.cpu
+          ->Broadcast(MakeBuffer(ids.data(), static_cast<int64_t>(ids.size() * sizeof(ids[0])),
+                                 DataType::kUInt8),
+                      /*root=*/0)
+          ->Wait());
+  TANDEM_CUDA_CHECK(cudaSetDevice(state.device));
+  std::map<std::pair<int, int>, State::Link> made;
+  auto release = absl::Cleanup([&] {
+    for (auto& [pair, link] : made) {
+      if (link.comm != nullptr) ncclCommAbort(link.comm);
+      if (link.stream != nullptr) cudaStreamDestroy(link.stream);
+    }
+  });
+  for (const auto& edge : edges) {
+    if (edge.first != me && edge.second != me) continue;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&made[edge].stream, cudaStreamNonBlocking));
+  }
+  // All of this rank's links initialised in one group: none waits for a peer's other links.
+  TANDEM_NCCL_CHECK(ncclGroupStart());
+  for (size_t i = 0; i < edges.size(); ++i) {
+    auto link = made.find(edges[i]);
+    if (link == made.end()) continue;
+    ncclConfig_t config = Config(state);
+    // On a shared GPU every link's channels add to the ranks' own: two suffice for one peer.
+    if (state.ranks_per_gpu > 1) config.maxCTAs = std::min(state.max_ctas > 0 ? state.max_ctas : 2, 2);
+    const ncclResult_t rc = ncclCommInitRankConfig(&link->second.comm, 2, ids[i],
+                                                   edges[i].first == me ? 0 : 1, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      ncclGroupEnd();
+      TANDEM_NCCL_CHECK(rc);
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (ended != ncclSuccess && ended != ncclInProgress) TANDEM_NCCL_CHECK(ended);
+  for (auto& [edge, link] : made) {
+    TANDEM_RETURN_IF_ERROR(WaitUntilReady(
+        link.comm, absl::Now() + state.options.timeout,
+        absl::StrCat("ncclCommInitRankConfig (link from rank ", edge.first, " to rank ",
+                     edge.second, " of ", n, ")")));
+  }
+  std::lock_guard<std::mutex> lock(state.mu);
+  state.links = std::move(made);
+  made.clear();
+  state.peers_connected = true;
+  return absl::OkStatus();
 }
 
 WorkPtr NcclCommunicator::AllReduce(const Buffer& buffer, ReduceOp op) {
@@ -838,6 +1029,7 @@ absl::StatusOr<std::shared_ptr<NcclCommunicator::State>> ChildState(
   child->device = parent.device;
   child->caller = parent.caller;
   child->max_ctas = parent.max_ctas;
+  child->ranks_per_gpu = parent.ranks_per_gpu;
   child->cpu = std::move(cpu);
   child->rank = child->cpu->rank();
   child->size = child->cpu->size();
@@ -890,6 +1082,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
         "shrink: the NCCL communicator was destroyed by an abort (no ncclCommRevoke)");
   }
   TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
+  // A revocation may still be completing (ncclCommRevoke answers ncclInProgress on a
+  // non-blocking communicator): the communicator is safe to shrink once it is done.
+  if (revoked) WaitWhileInProgress(parent, absl::Now() + state_->options.timeout);
   std::vector<int> exclude = dead_ranks;
   ncclComm_t new_comm = nullptr;
   ncclConfig_t config = Config(*state_);

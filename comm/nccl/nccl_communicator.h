@@ -14,7 +14,9 @@
 //     an event is recorded, which Work::Wait polls from the host and OrderAfter makes another
 //     stream wait for without blocking the host.
 //   * Point to point: SendRecvBatch posts a group (ncclGroupStart/End) so paired sends and
-//     receives of a pipeline cannot deadlock. NCCL has no tags: tag must be 0.
+//     receives of a pipeline cannot deadlock. NCCL has no tags: tag must be 0. After
+//     ConnectPeers, transfers with the listed peers go on a communicator and stream per
+//     ordered pair (a group per pair), so that a send never holds up this rank's receives.
 //   * ReduceScatter/AllGather with shards of unequal size (count not divisible by the group
 //     size) go through padded staging buffers; divisible counts run directly.
 //   * Errors: a watchdog thread polls ncclCommGetAsyncError and aborts the communicator on an
@@ -55,6 +57,10 @@ class NcclCommunicator : public Communicator {
   WorkPtr Send(const Buffer& buffer, int peer, int tag = 0) override;
   WorkPtr Recv(const Buffer& buffer, int peer, int tag = 0) override;
   WorkPtr SendRecvBatch(const std::vector<PointToPoint>& transfers) override;
+  // A two-rank communicator and stream per ordered pair with each peer (comm/communicator.h);
+  // later transfers with those peers go on them. Once per communicator; not inherited by
+  // Split or Shrink.
+  absl::Status ConnectPeers(const std::vector<int>& peers) override;
   WorkPtr AllReduce(const Buffer& buffer, ReduceOp op = ReduceOp::kSum) override;
   WorkPtr ReduceScatter(const Buffer& input, const Buffer& output,
                         ReduceOp op = ReduceOp::kSum) override;

@@ -4,9 +4,8 @@
 // run_fault_test.cmake, which counts the survivors' success markers (the killed rank makes
 // mpirun's own exit status non-zero, so that status is not the verdict).
 //
-// Own main (not the shared MPI gtest main): that one ends with an all-reduce over
-// MPI_COMM_WORLD, which cannot complete once a rank is dead.
-#include <mpi.h>
+// Its main is tests/support/fault_gtest_main.cc (no reduction over the world, no
+// MPI_Finalize: a rank is dead).
 #include <signal.h>
 #include <unistd.h>
 
@@ -101,14 +100,3 @@ TEST(MpiFaultTest, SurvivorsDetectKilledRankAndContinueOnShrunkCommunicator) {
 
 }  // namespace
 }  // namespace tandem::comm
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int failed = RUN_ALL_TESTS();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // MPI_Finalize synchronises with every process, the dead one included: leave without it.
-  _exit(failed);
-}

@@ -111,6 +111,12 @@ TEST(OptionsTest, SharedGpuModeComesFromTheEnvironment) {
   EXPECT_NE(bad.status().message().find("'always'"), std::string::npos);
   unsetenv("TANDEM_COMM_SHARED_GPU");
   EXPECT_EQ(CommOptions::FromEnvironment()->shared_gpu, SharedGpuMode::kAuto);
+  EXPECT_TRUE(CommOptions::FromEnvironment()->nccl_pair_links);
+  setenv("TANDEM_COMM_NCCL_LINKS", "0", 1);
+  EXPECT_FALSE(CommOptions::FromEnvironment()->nccl_pair_links);
+  setenv("TANDEM_COMM_NCCL_LINKS", "yes", 1);
+  EXPECT_EQ(CommOptions::FromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  unsetenv("TANDEM_COMM_NCCL_LINKS");
   EXPECT_STREQ(SharedGpuModeName(SharedGpuMode::kNccl), "nccl");
 }
 

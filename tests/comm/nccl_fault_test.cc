@@ -4,9 +4,9 @@
 // (ncclCommShrink) and reduce on the survivors' communicator. Run under
 // `mpirun --enable-recovery` by run_fault_test.cmake (survivor markers are the verdict). Needs
 // a GPU per rank or NCCL's multi-rank mode (NCCL >= 2.30) on a shared GPU; elsewhere every rank
-// prints the skip marker with the reason and exits 0.
+// prints the skip marker with the reason and exits 0. Its main is
+// tests/support/fault_gtest_main.cc.
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -33,27 +33,13 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Why NCCL cannot run here ("" when it can), agreed by every rank.
-std::string SkipReason(Communicator& cpu) {
-  std::string why;
-  const int devices = CudaDeviceCount(&why);
-  std::string why_not_shared;
-  auto options = CommOptions::FromEnvironment();
-  const bool can_share = options.ok() && SharedGpuOverNccl(options->shared_gpu,
-                                                           NcclRuntimeVersion(), &why_not_shared)
-                                             .value_or(false);
-  int64_t usable = devices > 0 && (devices >= cpu.size() || can_share) ? 1 : 0;
-  if (!cpu.AllReduce(CpuBuffer(&usable, 1), ReduceOp::kMin)->Wait().ok()) return "MPI failed";
-  if (usable) return "";
-  if (devices == 0) return absl::StrCat("no CUDA device: ", why);
-  return absl::StrCat("ranks share a GPU and NCCL cannot take them: ", why_not_shared);
-}
-
 TEST(NcclFaultTest, SurvivorsOfARankKilledInAnAllReduceShrinkAndContinue) {
   auto cpu = MpiCommunicator::World();
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const std::string skip = SkipReason(**cpu);
-  if (!skip.empty()) {
+  std::string skip;
+  auto environment = CommOptions::FromEnvironment();
+  ASSERT_TRUE(environment.ok()) << environment.status();
+  if (!NcclCanRun(**cpu, environment->shared_gpu, &skip)) {
     std::printf("TANDEM_FAULT_SKIPPED rank %d: %s\n", (*cpu)->rank(), skip.c_str());
     std::fflush(stdout);
     return;
@@ -131,14 +117,3 @@ TEST(NcclFaultTest, SurvivorsOfARankKilledInAnAllReduceShrinkAndContinue) {
 
 }  // namespace
 }  // namespace tandem::comm
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  const int failed = RUN_ALL_TESTS();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  // MPI_Finalize synchronises with every process, the dead one included: leave without it.
-  _exit(failed);
-}

@@ -35,6 +35,8 @@ struct NcclWorld {
   bool shared = false;  // ranks share GPUs (NCCL's multi-rank mode)
 };
 
+NcclCommunicator* g_world_nccl = nullptr;  // World().nccl once made
+
 NcclWorld& World() {
   static NcclWorld* world = [] {
     auto* w = new NcclWorld;
@@ -44,25 +46,12 @@ NcclWorld& World() {
       return w;
     }
     w->cpu = std::move(cpu).value();
-    std::string why;
-    const int devices = CudaDeviceCount(&why);
-    // Ranks beyond the GPUs share them: NCCL's multi-rank mode, where the NCCL loaded has it.
-    std::string why_not_shared;
     auto mode = CommOptions::FromEnvironment();
-    const bool can_share =
-        mode.ok() && SharedGpuOverNccl(mode->shared_gpu, NcclRuntimeVersion(), &why_not_shared)
-                         .value_or(false);
-    // Every rank must agree to skip, or the others would wait in NCCL initialisation.
-    int64_t usable = devices > 0 && (devices >= w->cpu->size() || can_share) ? 1 : 0;
-    if (!w->cpu->AllReduce(CpuBuffer(&usable, 1), ReduceOp::kMin)->Wait().ok() || !usable) {
-      w->skip_reason =
-          devices == 0 ? absl::StrCat("no CUDA device: ", why)
-                       : absl::StrCat("needs a GPU per rank (", devices, " visible here, ",
-                                      w->cpu->size(), " ranks) or NCCL's multi-rank mode: ",
-                                      why_not_shared.empty() ? std::string("refused")
-                                                             : why_not_shared);
+    if (!mode.ok() || !NcclCanRun(*w->cpu, mode->shared_gpu, &w->skip_reason)) {
+      if (!mode.ok()) w->skip_reason = mode.status().ToString();
       return w;
     }
+    const int devices = CudaDeviceCount();
     w->shared = devices < w->cpu->size();
     if (w->cpu->rank() == 0) {
       std::printf("NCCL %s loaded; %d ranks on %d GPU(s)%s\n",
@@ -80,10 +69,27 @@ NcclWorld& World() {
       return w;
     }
     w->nccl = std::move(nccl).value();
+    g_world_nccl = w->nccl.get();
     return w;
   }();
   return *world;
 }
+
+// A failed check may leave an NCCL kernel waiting for a peer that moved on; the buffers freed
+// at the end of the test (cudaFree waits for the device) would then hang the run instead of
+// failing it. The first failure aborts the world communicator (its kernels stop), so the
+// remaining checks fail fast.
+class AbortOnFailure : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed() && g_world_nccl != nullptr) {
+      g_world_nccl->Abort(absl::AbortedError("a check of this test failed"));
+    }
+  }
+};
+const bool kAbortOnFailure = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new AbortOnFailure);
+  return true;
+}();
 
 #define SKIP_WITHOUT_GPU()                                            \
   if (World().nccl == nullptr) GTEST_SKIP() << World().skip_reason;   \
@@ -339,6 +345,57 @@ TEST(NcclTest, GroupedSendsAndReceivesToBothNeighboursAtOnce) {
   ASSERT_TRUE(receive->Wait().ok());
   in.CopyTo(CpuBuffer(&zero, 1));
   EXPECT_EQ(zero, static_cast<float>(previous + 1));
+}
+
+// Every rank sends to both ring neighbours, each in a batch of its own, before it receives
+// from them (two ranks: each sends to the other first, as Chimera's opposite pipelines do),
+// 12 MiB a message, more than NCCL's buffers. On one communicator NCCL holds a rank's stream in
+// its send until the peer's receive runs, and that receive is queued behind the peer's own
+// send: a deadlock. With a link per ordered pair (ConnectPeers) each send waits only for its
+// own receive.
+TEST(NcclTest, SendsBeforeReceivesInBothDirectionsCompleteOverPairLinks) {
+  SKIP_WITHOUT_GPU();
+  const int n = nccl.size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (!CommOptions::FromEnvironment()->nccl_pair_links) {
+    GTEST_SKIP() << "TANDEM_COMM_NCCL_LINKS=0: no links, this pattern deadlocks";
+  }
+  constexpr int64_t kCount = 3 << 20;
+  const int next = (nccl.rank() + 1) % n, previous = (nccl.rank() + n - 1) % n;
+  auto values = [](int rank) {
+    std::vector<float> v(kCount);
+    for (int64_t i = 0; i < kCount; ++i) v[i] = static_cast<float>(rank * 1000 + i % 997);
+    return v;
+  };
+  std::vector<float> mine = values(nccl.rank()), zeros(kCount, 0.0f);
+  // Declared before the communicator, so freed after it (a stuck transfer is aborted first).
+  DeviceBuffer to_next(CpuBuffer(mine.data(), kCount), nccl.device());
+  DeviceBuffer to_previous(CpuBuffer(mine.data(), kCount), nccl.device());
+  DeviceBuffer from_next(CpuBuffer(zeros.data(), kCount), nccl.device());
+  DeviceBuffer from_previous(CpuBuffer(zeros.data(), kCount), nccl.device());
+  auto split = nccl.Split(/*color=*/0, nccl.rank());  // links are made once a communicator
+  ASSERT_TRUE(split.ok()) << split.status();
+  Communicator& group = **split;
+  ASSERT_TRUE(group.ConnectPeers({next, previous}).ok());
+  EXPECT_EQ(group.ConnectPeers({next}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(nccl.ConnectPeers({n}).code(), absl::StatusCode::kInvalidArgument);
+  WorkPtr sends[2] = {group.Send(to_next.buffer, next), group.Send(to_previous.buffer, previous)};
+  WorkPtr receives[2] = {group.Recv(from_previous.buffer, previous),
+                         group.Recv(from_next.buffer, next)};
+  for (WorkPtr& work : sends) ASSERT_TRUE(work->Wait().ok()) << work->Describe();
+  for (WorkPtr& work : receives) ASSERT_TRUE(work->Wait().ok()) << work->Describe();
+  std::vector<float> got(kCount);
+  for (const auto& [buffer, peer] : {std::make_pair(&from_previous, previous),
+                                     std::make_pair(&from_next, next)}) {
+    buffer->CopyTo(CpuBuffer(got.data(), kCount));
+    EXPECT_EQ(got, values(peer)) << "from rank " << peer;
+  }
+  // Collectives still run on the group's own communicator.
+  float one = 1;
+  DeviceBuffer sum(CpuBuffer(&one, 1), nccl.device());
+  ASSERT_TRUE(group.AllReduce(sum.buffer)->Wait().ok());
+  sum.CopyTo(CpuBuffer(&one, 1));
+  EXPECT_EQ(one, static_cast<float>(n));
 }
 
 TEST(NcclTest, SplitIntoHalvesReducesWithinEachHalf) {

@@ -125,20 +125,14 @@ double MaxRelative(const torch::Tensor& got, const torch::Tensor& want) {
 // Why the CUDA cases cannot run here ("" when they can): agreed by every rank.
 std::string CudaSkipReason(comm::Communicator& world) {
   std::string why;
-  const int devices = torch::cuda::is_available() ? comm::CudaDeviceCount(&why) : 0;
-  std::string why_not_shared;
-  auto options = comm::CommOptions::FromEnvironment();
-  const bool can_share =
-      options.ok() && comm::SharedGpuOverNccl(options->shared_gpu, comm::NcclRuntimeVersion(),
-                                              &why_not_shared)
-                          .value_or(false);
-  double usable = devices > 0 && (devices >= world.size() || can_share) ? 1 : 0;
-  if (!world.AllReduce(DoubleBuffer(&usable, 1), comm::ReduceOp::kMin)->Wait().ok()) {
-    return "the MPI all-reduce failed";
+  double torch_sees_one = torch::cuda::is_available() ? 1 : 0;
+  if (!world.AllReduce(DoubleBuffer(&torch_sees_one, 1), comm::ReduceOp::kMin)->Wait().ok() ||
+      torch_sees_one == 0) {
+    return "no CUDA device LibTorch can use";
   }
-  if (usable != 0) return "";
-  if (devices == 0) return absl::StrCat("no CUDA device: ", why.empty() ? "LibTorch sees none" : why);
-  return absl::StrCat("ranks share a GPU and NCCL cannot take them: ", why_not_shared);
+  auto options = comm::CommOptions::FromEnvironment();
+  if (!options.ok()) return options.status().ToString();
+  return comm::NcclCanRun(world, options->shared_gpu, &why) ? "" : why;
 }
 
 void RunCase(const Case& c) {

@@ -264,19 +264,14 @@ TEST(TorchTensorParallelTest, CudaShardsOverAnNcclGroupGiveTheWholeLossAndGradie
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
-  std::string why;
-  const int devices = torch::cuda::is_available() ? comm::CudaDeviceCount(&why) : 0;
-  std::string why_not_shared;
   auto environment = comm::CommOptions::FromEnvironment();
-  const bool can_share =
-      environment.ok() && comm::SharedGpuOverNccl(environment->shared_gpu,
-                                                  comm::NcclRuntimeVersion(), &why_not_shared)
-                              .value_or(false);
-  if (devices == 0 || (devices < t && !can_share)) {
-    GTEST_SKIP() << "needs a CUDA device per rank (" << t << "), " << devices << " visible"
-                 << (why.empty() ? "" : ": " + why)
-                 << (devices > 0 ? ", or NCCL's multi-rank mode: " + why_not_shared : "");
+  ASSERT_TRUE(environment.ok()) << environment.status();
+  std::string why;
+  if (!comm::NcclCanRun(**world, environment->shared_gpu, &why) ||
+      !torch::cuda::is_available()) {
+    GTEST_SKIP() << (why.empty() ? "no CUDA device LibTorch can use" : why);
   }
+  const int devices = comm::CudaDeviceCount();
   if (SmallGpt().heads % t != 0 || SmallGpt().vocab % t != 0) GTEST_SKIP() << t << " ranks";
   comm::CommOptions options = *environment;
   options.cuda_device = (*world)->rank() % devices;
