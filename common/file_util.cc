@@ -162,6 +162,116 @@ int RemoveOne(const char* path, const struct stat*, int type, struct FTW*) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  // Non-blocking, so that opening a FIFO without a writer returns at once.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(error)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info;
+  if (::fstat(fd, &info) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    const char* kind = S_ISDIR(info.st_mode)    ? "a folder"
+                       : S_ISFIFO(info.st_mode) ? "a FIFO"
+                       : S_ISCHR(info.st_mode)  ? "a character device"
+                       : S_ISBLK(info.st_mode)  ? "a block device"
+                       : S_ISSOCK(info.st_mode) ? "a socket"
+                                                : "not a regular file";
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", kind, ", not a regular file; refusing to read it"));
+  }
+  if (info.st_size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", info.st_size,
+                                                     " bytes, more than the ", max_bytes,
+                                                     " this file may have"));
+  }
+  // Blocking reads again (a regular file never blocks, but O_NONBLOCK stays harmless).
+  std::string contents(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t got = ::read(fd, contents.data() + done, contents.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": read: ", std::strerror(errno)));
+    }
+    if (got == 0) break;  // shrank while being read
+    done += static_cast<size_t>(got);
+  }
+  contents.resize(done);
+  return contents;
+}
+
+namespace {
+
+// The folder holding `path` ("." for a bare name).
+std::string FolderOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+absl::Status OutputError(absl::string_view what, const std::string& path,
+                         absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": ", problem));
+}
+
+}  // namespace
+
+absl::Status CheckOutputFile(const std::string& path, absl::string_view what) {
+  if (path == "-") return absl::OkStatus();
+  if (path.empty() || path.back() == '/') return OutputError(what, path, "not a file name");
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return OutputError(what, path, "is a folder");
+    if (::access(path.c_str(), W_OK) != 0) {
+      return OutputError(what, path, absl::StrCat("cannot be written: ", std::strerror(errno)));
+    }
+    return absl::OkStatus();
+  }
+  const std::string folder = FolderOf(path);
+  if (::stat(folder.c_str(), &info) != 0) {
+    return OutputError(what, path,
+                       absl::StrCat("its folder ", folder, " does not exist (create it first)"));
+  }
+  if (!S_ISDIR(info.st_mode)) return OutputError(what, path, folder + " is not a folder");
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    return OutputError(what, path, absl::StrCat("its folder ", folder, " cannot be written: ",
+                                                std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputFolder(const std::string& path, absl::string_view what) {
+  if (path.empty()) return OutputError(what, path, "empty");
+  std::string existing = path;
+  while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
+  struct stat info;
+  while (::stat(existing.c_str(), &info) != 0) {
+    const std::string above = FolderOf(existing);
+    if ((errno != ENOENT && errno != ENOTDIR) || above == existing) {
+      return OutputError(what, path, absl::StrCat(existing, ": ", std::strerror(errno)));
+    }
+    existing = above;
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return OutputError(what, path, absl::StrCat(existing, " is a file, not a folder"));
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return OutputError(what, path, absl::StrCat(existing, " cannot be written: ",
+                                                std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RemoveAll(const std::string& path) {
   struct stat info;
   if (lstat(path.c_str(), &info) != 0) {

@@ -648,6 +648,7 @@ absl::Status ElasticTrainer::State::Train(
   if (engine != nullptr) {
     while (engine->iteration() < train_end()) {
       TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
+      TANDEM_RETURN_IF_ERROR(runtime::CheckLossIsFinite(r));
       last_result = r;
       has_last_result = true;
       const int64_t done = r.iteration + 1;

@@ -80,6 +80,36 @@ std::string SerializeShard(const CheckpointShard& shard) {
   return out;
 }
 
+namespace {
+
+// Elements of `t` whose exponent bits are all ones (NaN or infinite; none for integer types),
+// and the first one's index in `first`.
+template <typename Bits>
+int64_t CountAllOnesExponent(const std::string& bytes, Bits exponent, int64_t* first) {
+  int64_t found = 0;
+  const size_t n = bytes.size() / sizeof(Bits);
+  for (size_t i = 0; i < n; ++i) {
+    Bits value;
+    std::memcpy(&value, bytes.data() + i * sizeof(Bits), sizeof(Bits));
+    if ((value & exponent) != exponent) continue;
+    if (found++ == 0) *first = static_cast<int64_t>(i);
+  }
+  return found;
+}
+
+int64_t CountNonFinite(const ShardTensor& t, int64_t* first) {
+  switch (t.dtype) {
+    case comm::DataType::kFloat32: return CountAllOnesExponent<uint32_t>(t.bytes, 0x7f800000u, first);
+    case comm::DataType::kFloat64:
+      return CountAllOnesExponent<uint64_t>(t.bytes, 0x7ff0000000000000ull, first);
+    case comm::DataType::kBFloat16: return CountAllOnesExponent<uint16_t>(t.bytes, 0x7f80, first);
+    case comm::DataType::kFloat16: return CountAllOnesExponent<uint16_t>(t.bytes, 0x7c00, first);
+    default: return 0;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_view source) {
   auto corrupt = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat(source, ": corrupt shard: ", why));
@@ -136,6 +166,14 @@ absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_
     const uint64_t bytes = static_cast<uint64_t>(t.count) * element;
     t.bytes = std::string(data.substr(offset, bytes));
     offset += bytes;
+    // A checkpoint is written from finite values only (training stops at a non-finite loss):
+    // a NaN or an infinity here is damage that a checksum recomputed over it would hide.
+    int64_t first = 0;
+    if (const int64_t bad_values = CountNonFinite(t, &first); bad_values > 0) {
+      return corrupt(absl::StrCat("tensor '", t.name, "' holds ", bad_values,
+                                  " non-finite value(s) (NaN or infinite; the first at element ",
+                                  first, ")"));
+    }
     shard.tensors.push_back(std::move(t));
   }
   if (offset != data.size()) {
@@ -159,7 +197,8 @@ absl::StatusOr<ShardRecord> WriteShard(const std::string& dir, const CheckpointS
 
 absl::StatusOr<CheckpointShard> ReadShard(const std::string& dir, const ShardRecord& record) {
   const std::string path = absl::StrCat(dir, "/", record.file);
-  auto contents = ReadFile(path);
+  // One byte more than the manifest says, so that a longer file is reported as such.
+  auto contents = ReadRegularFile(path, std::max<int64_t>(record.bytes, 0) + 1);
   if (!contents.ok()) {
     if (absl::IsNotFound(contents.status())) {
       return absl::NotFoundError(
@@ -279,7 +318,7 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& man
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
-  auto text = ReadFile(path);
+  auto text = ReadRegularFile(path, kMaxManifestBytes);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
       return absl::NotFoundError(absl::StrCat(
@@ -342,7 +381,8 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& root) {
   const std::string latest_path = absl::StrCat(root, "/", kLatestFileName);
   std::error_code ec;
   if (!std::filesystem::exists(latest_path, ec)) return root;
-  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFile(latest_path));
+  // One short line; a FIFO, a device or a long file is refused without being read through.
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(latest_path, kMaxLatestBytes));
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   if (StepOfFolder(text) < 0) {
     return absl::DataLossError(absl::StrCat(latest_path, ": expected a step folder name (",

@@ -11,8 +11,10 @@
 // loads. Writers remove an old manifest before writing new shards (RemoveManifest).
 //
 // Errors on load: NotFound for a missing manifest or shard (naming the file), DataLoss for a
-// shard whose size or checksum differs from the manifest or whose contents are malformed,
-// InvalidArgument for a malformed manifest (naming the field).
+// shard whose size or checksum differs from the manifest, whose contents are malformed or
+// whose tensors hold a NaN or an infinity, InvalidArgument for a malformed manifest (naming
+// the field) or a checkpoint file that is not a regular file (a FIFO, a device),
+// ResourceExhausted for a manifest or `latest` beyond its size limit.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,11 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // Largest step a manifest may hold (2^40: far beyond any run, far below overflow).
 inline constexpr int64_t kMaxCheckpointStep = int64_t{1} << 40;
 inline constexpr char kManifestFileName[] = "manifest.json";
+// Checkpoint files are read only when they are regular files (never a FIFO or a device, which
+// would hang or never end), of at most these sizes: a manifest (shard list, plan, data
+// position) and the `latest` pointer of a checkpoint root (one step folder name).
+inline constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
+inline constexpr int64_t kMaxLatestBytes = 4096;
 
 // One named tensor of a shard, as raw bytes.
 struct ShardTensor {

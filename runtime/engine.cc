@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -172,6 +173,14 @@ std::vector<LocalStageId> Engine::local_stages() const {
   std::vector<LocalStageId> out;
   for (const auto& l : locals_) out.push_back({l->spec.replica, l->spec.stage});
   return out;
+}
+
+absl::Status CheckLossIsFinite(const IterationResult& result) {
+  if (std::isfinite(result.loss)) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "iteration ", result.iteration + 1, ": the loss is ", result.loss,
+      " (gradient norm ", result.grad_norm, ", learning rate ", result.learning_rate,
+      "); training stopped there, nothing of that iteration was saved"));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const pipeline::Plan& plan,
@@ -408,6 +417,7 @@ CheckpointScope Engine::checkpoint_scope() const {
   scope.plan = &plan_;
   scope.num_stages = schedule_.spec.NumStages();
   scope.optimizer = options_.optimizer;
+  scope.reset_optimizer = options_.reset_optimizer;
   return scope;
 }
 

@@ -140,6 +140,9 @@ struct EngineOptions {
   // action before its clock stops (see SynchronizeDevices): the recorded iteration loses the
   // overlap of launching and computing, so it runs a little slower than the others.
   bool record_timeline = false;
+  // LoadCheckpoint: start the optimizer afresh from the saved parameters instead of requiring
+  // the optimizer state the checkpoint should hold (runtime/stage_checkpoint.h).
+  bool reset_optimizer = false;
   // Step folders a checkpoint root keeps (the newest; <= 0: all).
   int keep_checkpoints = 2;
   // Timeout of every wait (transfers, synchronisation, collectives): a peer that hangs.
@@ -168,6 +171,11 @@ struct IterationResult {
   double bubble_ratio = 0;
   std::vector<ActionTiming> timings;  // this rank's actions in program order
 };
+
+// OutOfRange naming the iteration when its loss is NaN or infinite: training diverged (or ran
+// on damaged state) and every later step would be too. The loss is the world's, so every rank
+// stops alike; callers stop before they log or save anything of that iteration.
+absl::Status CheckLossIsFinite(const IterationResult& result);
 
 // A stage this rank runs.
 struct LocalStageId {

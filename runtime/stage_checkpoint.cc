@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 #include "runtime/checkpoint.h"
@@ -194,10 +195,24 @@ absl::Status SaveCheckpointStep(const std::string& root, const std::string& mode
   return SaveShardsStep(root, model, step, keep, scope, shards);
 }
 
+namespace {
+
+// The state `optimizer` keeps for a parameter it has stepped `steps` times.
+std::vector<const char*> RequiredOptimizerBuffers(const OptimizerConfig& optimizer,
+                                                  int64_t steps) {
+  if (steps <= 0) return {};
+  if (optimizer.kind == OptimizerKind::kAdamW) return {"exp_avg", "exp_avg_sq"};
+  if (optimizer.momentum > 0) return {"momentum_buffer"};
+  return {};
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
                                                     const std::string& model, int num_layers,
                                                     const OptimizerConfig& optimizer,
-                                                    int first_layer, int end_layer) {
+                                                    int first_layer, int end_layer,
+                                                    bool reset_optimizer) {
   TANDEM_ASSIGN_OR_RETURN(CheckpointManifest manifest, ReadManifest(dir));
   if (manifest.model != model) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint is of model '",
@@ -241,6 +256,7 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": optimizer_steps must be an object of step counts"));
     }
+    std::vector<std::string> missing;  // optimizer state tensors the shard should hold
     for (const ShardTensor& t : shard.tensors) {
       if (t.name.rfind(kParameterPrefix, 0) != 0) continue;
       if (t.dtype != comm::DataType::kFloat32) {
@@ -268,8 +284,29 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
         std::memcpy(values.data(), o.bytes.data(), o.bytes.size());
         p.optimizer.buffers.emplace_back(o.name.substr(prefix.size()), std::move(values));
       }
+      if (reset_optimizer) {
+        p.optimizer.steps = 0;
+        p.optimizer.buffers.clear();
+      } else {
+        // A stepped parameter without its state would restart the optimizer without a word.
+        const int64_t stepped = steps.contains(p.name) ? p.optimizer.steps : out.step;
+        for (const char* buffer : RequiredOptimizerBuffers(optimizer, stepped)) {
+          const bool present = std::any_of(
+              p.optimizer.buffers.begin(), p.optimizer.buffers.end(),
+              [&](const auto& named) { return named.first == buffer; });
+          if (!present) missing.push_back(absl::StrCat(prefix, buffer));
+        }
+      }
       std::string name = p.name;
       out.parameters.emplace(std::move(name), std::move(p));
+    }
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 4);
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", missing.size(), " optimizer state tensor(s) of stepped parameters are "
+          "missing (", absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+          missing.size() > shown ? ", ..." : "", "); --reset-optimizer starts the optimizer "
+          "afresh from the saved parameters"));
     }
   }
   return out;
@@ -305,7 +342,8 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
       const CheckpointedStage& l = stages[i];
       TANDEM_ASSIGN_OR_RETURN(CheckpointState saved,
                               ReadCheckpointState(dir, model, scope.plan->num_layers,
-                                                  scope.optimizer, l.first_layer, l.end_layer));
+                                                  scope.optimizer, l.first_layer, l.end_layer,
+                                                  scope.reset_optimizer));
       step = saved.step;
       for (const ParameterView& v : *l.parameters) {
         auto it = saved.parameters.find(v.name);

@@ -36,6 +36,8 @@ struct CheckpointScope {
   const pipeline::Plan* plan = nullptr;
   int num_stages = 0;
   OptimizerConfig optimizer;
+  // Loading: start the optimizer afresh instead of requiring its saved state.
+  bool reset_optimizer = false;
 };
 
 // Writes every stage into `dir` (created if needed) at `step`: shards by the lowest rank of
@@ -66,11 +68,16 @@ struct CheckpointState {
 
 // Every parameter (value and optimizer state) of the checkpoint's saved stages that overlap
 // layers [first_layer, end_layer) of the step folder `dir`, whatever partition saved it. The
-// manifest's model, layer count and optimizer must match (InvalidArgument otherwise). Local.
+// manifest's model, layer count and optimizer must match (InvalidArgument otherwise). A
+// parameter the optimizer has stepped must bring the state the optimizer keeps (AdamW's two
+// moments, SGD's momentum buffer when momentum > 0): without it InvalidArgument names the
+// tensors, unless `reset_optimizer`, which drops all saved optimizer state (the optimizer
+// starts afresh from the saved parameters). Local.
 absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
                                                     const std::string& model, int num_layers,
                                                     const OptimizerConfig& optimizer,
-                                                    int first_layer, int end_layer);
+                                                    int first_layer, int end_layer,
+                                                    bool reset_optimizer = false);
 
 // A tensor-parallel shard of a whole parameter's state: element i is whole element index[i]
 // (values and the optimizer buffers of the parameter's size).

@@ -131,6 +131,9 @@ ABSL_FLAG(int, keep_checkpoints, 2,
           "train: step folders kept in --checkpoint-dir, the newest (0: keep all)");
 ABSL_FLAG(std::string, resume, "",
           "train: resume from this checkpoint folder (its latest step, or a step folder)");
+ABSL_FLAG(bool, reset_optimizer, false,
+          "train: with --resume, start the optimizer afresh from the saved parameters (a "
+          "checkpoint whose optimizer state is missing is refused without it)");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
 ABSL_FLAG(double, heartbeat_timeout, 2,
           "train: seconds of silence (no heartbeat: the rank was killed or stopped) after which "
@@ -176,6 +179,15 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   auto sync = runtime::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
   if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
   options.grad_sync = *sync;
+  options.reset_optimizer = absl::GetFlag(FLAGS_reset_optimizer);
+  if (options.reset_optimizer && absl::GetFlag(FLAGS_resume).empty()) {
+    return absl::InvalidArgumentError("--reset-optimizer applies to --resume; there is none");
+  }
+  if (options.reset_optimizer && absl::GetFlag(FLAGS_elastic)) {
+    return absl::InvalidArgumentError(
+        "--reset-optimizer is for plain runs: an elastic job's checkpoints also restore lost "
+        "layers, whose optimizer state must stay; resume once without --elastic");
+  }
   const std::string grad_comm = absl::GetFlag(FLAGS_grad_comm);
   if (grad_comm == "bf16") {
     options.gradient_communication = comm::DataType::kBFloat16;
@@ -708,12 +720,38 @@ std::string TorchTracePath(const std::string& path, const comm::Communicator& wo
   return absl::StrCat(stem, ".rank", world.rank(), ".json");
 }
 
+// Every output path, before any work, on every rank that writes it (the plain run's log and
+// timeline are rank 0's; in an elastic job whichever rank leads the first pipeline writes them,
+// so every rank checks), agreed: a path that cannot be written is bad input on every rank.
+absl::Status CheckOutputPaths(comm::Communicator& world) {
+  const bool every_rank = absl::GetFlag(FLAGS_elastic) || world.rank() == 0;
+  absl::Status local = absl::OkStatus();
+  auto check = [&](absl::Status status) {
+    if (local.ok()) local = std::move(status);
+  };
+  if (every_rank && !absl::GetFlag(FLAGS_log_json).empty()) {
+    check(CheckOutputFile(absl::GetFlag(FLAGS_log_json), "--log-json"));
+  }
+  if (every_rank && !absl::GetFlag(FLAGS_timeline).empty()) {
+    check(CheckOutputFile(absl::GetFlag(FLAGS_timeline), "--timeline"));
+  }
+  if (!absl::GetFlag(FLAGS_torch_trace).empty()) {
+    check(CheckOutputFile(TorchTracePath(absl::GetFlag(FLAGS_torch_trace), world),
+                          "--torch-trace"));
+  }
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    check(CheckOutputFolder(absl::GetFlag(FLAGS_checkpoint_dir), "--checkpoint-dir"));
+  }
+  return runtime::AgreeOnSuccess(&world, local, "checking the output paths");
+}
+
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
 absl::Status Train(comm::Communicator& world, const std::function<void()>& engine_started) {
   const int rank = world.rank();
   const int seed = absl::GetFlag(FLAGS_seed);
   const int steps = absl::GetFlag(FLAGS_steps);
   if (steps < 0) return absl::InvalidArgumentError("--steps must not be negative");
+  TANDEM_RETURN_IF_ERROR(CheckOutputPaths(world));
   TANDEM_ASSIGN_OR_RETURN(runtime::EngineOptions options, EngineOptionsFromFlags());
   TANDEM_ASSIGN_OR_RETURN(torch::Device device, DeviceFromFlags());
   if (device.is_cuda() && absl::GetFlag(FLAGS_device) == "cuda") {
@@ -853,6 +891,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     const bool trace_now = !torch_trace.empty() && it == end - 1;
     if (trace_now) TANDEM_RETURN_IF_ERROR(runtime::libtorch::StartTorchTrace(device.is_cuda()));
     TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
+    TANDEM_RETURN_IF_ERROR(runtime::CheckLossIsFinite(r));
     if (trace_now) {
       TANDEM_RETURN_IF_ERROR(runtime::libtorch::StopTorchTrace(torch_trace));
       std::cout << "LibTorch trace of iteration " << it + 1 << " (rank " << rank
@@ -1021,7 +1060,7 @@ std::vector<std::string> TrainFlags() {
         "timeline", "torch_trace", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
-        "keep_checkpoints", "resume",
+        "keep_checkpoints", "resume", "reset_optimizer",
         "timeout", "startup_timeout", "heartbeat_timeout", "device", "precision",
         "libtorch_device_ops", "peak_tflops"}) {
     flags.push_back(name);
@@ -1038,7 +1077,8 @@ const CommandRegistrar registrar({
         "    --data-parallel D [--chunks V] [--waves W] | --plan plan.json] [--steps K]\n"
         "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
         "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
-        "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR]\n"
+        "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR\n"
+        "    [--reset-optimizer]]\n"
         "    [--device cpu|cuda|cuda:N] [--precision bf16|fp32] [--attention auto|explicit|fused]\n"
         "    [--elastic [--elastic-min-pipelines F+1] [--devices-per-node G]\n"
         "    [--elastic-replace] [--elastic-agreement-timeout SECONDS]]\n\n"

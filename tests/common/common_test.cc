@@ -69,6 +69,37 @@ TEST(FileTest, RemoveAllRemovesATreeButNotWhatItsLinksPointTo) {
   EXPECT_FALSE(fs::exists(outside));
 }
 
+TEST(FileTest, OutputPathsAreCheckedBeforeAnythingIsWritten) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "tandem_output_paths";
+  ASSERT_TRUE(RemoveAll(root.string()).ok());
+  fs::create_directories(root / "there");
+  ASSERT_TRUE(WriteFileAtomically((root / "file.txt").string(), "x").ok());
+  // Files: the folder must exist; a folder is no file; standard output is fine.
+  EXPECT_TRUE(CheckOutputFile((root / "there" / "log.jsonl").string(), "--log-json").ok());
+  EXPECT_TRUE(CheckOutputFile((root / "file.txt").string(), "--log-json").ok());
+  EXPECT_TRUE(CheckOutputFile("-", "--log-json").ok());
+  EXPECT_TRUE(CheckOutputFile("relative_name.json", "--timeline").ok());
+  const absl::Status missing =
+      CheckOutputFile((root / "missing" / "log.jsonl").string(), "--log-json");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("--log-json"), std::string::npos) << missing;
+  EXPECT_NE(missing.message().find("does not exist"), std::string::npos) << missing;
+  EXPECT_EQ(CheckOutputFile((root / "there").string(), "--timeline").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckOutputFile((root / "file.txt" / "x.json").string(), "--timeline").code(),
+            absl::StatusCode::kInvalidArgument);
+  // Folders: created with their parents, so the nearest existing one must be a folder.
+  EXPECT_TRUE(CheckOutputFolder((root / "there").string(), "--checkpoint-dir").ok());
+  EXPECT_TRUE(CheckOutputFolder((root / "new" / "deeper").string(), "--checkpoint-dir").ok());
+  const absl::Status blocked =
+      CheckOutputFolder((root / "file.txt" / "ckpt").string(), "--checkpoint-dir");
+  EXPECT_EQ(blocked.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(blocked.message().find("is a file"), std::string::npos) << blocked;
+  EXPECT_FALSE(fs::exists(root / "new"));  // checking writes nothing
+  ASSERT_TRUE(RemoveAll(root.string()).ok());
+}
+
 TEST(TraceTest, RoundTripsThroughJson) {
   ChromeTrace trace;
   trace.NameProcess(1, "rank 1");

@@ -1,7 +1,9 @@
 #include "runtime/checkpoint.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -75,6 +77,78 @@ TEST_F(CheckpointTest, ShardRoundTrip) {
   EXPECT_EQ(parsed->metadata["optimizer"], "adamw");
   ASSERT_NE(parsed->Find("adam.step"), nullptr);
   EXPECT_EQ(parsed->Find("missing"), nullptr);
+}
+
+// NaN or infinity in any floating type is damage (a checksum recomputed over it would hide
+// it): the shard is refused naming the tensor and the first bad element. Integers and finite
+// extremes pass.
+TEST_F(CheckpointTest, NonFiniteValuesInAnyFloatingTypeAreRefused) {
+  struct Case {
+    comm::DataType dtype;
+    std::vector<uint8_t> element;  // little-endian bit pattern of one element
+    bool finite;
+  };
+  const std::vector<Case> cases = {
+      {comm::DataType::kFloat32, {0x00, 0x00, 0xc0, 0x7f}, false},              // NaN
+      {comm::DataType::kFloat32, {0x00, 0x00, 0x80, 0xff}, false},              // -inf
+      {comm::DataType::kFloat32, {0xff, 0xff, 0x7f, 0x7f}, true},               // largest
+      {comm::DataType::kFloat64, {0, 0, 0, 0, 0, 0, 0xf0, 0x7f}, false},        // inf
+      {comm::DataType::kFloat64, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xef, 0x7f}, true},
+      {comm::DataType::kBFloat16, {0xc0, 0x7f}, false},                         // NaN
+      {comm::DataType::kBFloat16, {0x7f, 0x7f}, true},
+      {comm::DataType::kFloat16, {0x00, 0x7c}, false},                          // inf
+      {comm::DataType::kFloat16, {0xff, 0x7b}, true},                           // 65504
+      {comm::DataType::kInt32, {0x00, 0x00, 0xc0, 0x7f}, true},                 // an integer
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(comm::DataTypeName(c.dtype));
+    CheckpointShard shard = SampleShard(0);
+    ShardTensor t;
+    t.name = "param:x";
+    t.dtype = c.dtype;
+    t.count = 3;
+    const std::string zero(c.element.size(), '\0');
+    t.bytes = zero + std::string(c.element.begin(), c.element.end()) + zero;
+    shard.tensors.push_back(t);
+    auto parsed = ParseShard(SerializeShard(shard), "mem");
+    if (c.finite) {
+      EXPECT_TRUE(parsed.ok()) << parsed.status();
+      continue;
+    }
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(parsed.status().message().find("'param:x' holds 1 non-finite value(s)"),
+              std::string::npos)
+        << parsed.status();
+    EXPECT_NE(parsed.status().message().find("the first at element 1"), std::string::npos)
+        << parsed.status();
+  }
+}
+
+// The manifest and `latest` are read only as regular files of bounded size: a FIFO (which
+// would block), a link to /dev/zero (which never ends) or an oversized file is refused at once.
+TEST_F(CheckpointTest, SpecialOrOversizedFilesAreRefusedWithoutBeingRead) {
+  WriteComplete();
+  const std::string manifest = dir_ + "/" + kManifestFileName;
+  ASSERT_EQ(std::remove(manifest.c_str()), 0);
+  ASSERT_EQ(::mkfifo(manifest.c_str(), 0600), 0);
+  auto read = ReadManifest(dir_);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+  EXPECT_NE(read.status().message().find("a FIFO"), std::string::npos) << read.status();
+
+  const std::string root = dir_ + "/root";
+  ASSERT_TRUE(EnsureDirectory(root).ok());
+  const std::string latest = root + "/" + kLatestFileName;
+  std::filesystem::create_symlink("/dev/zero", latest);
+  auto resolved = ResolveCheckpoint(root);
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument) << resolved.status();
+  EXPECT_NE(resolved.status().message().find("character device"), std::string::npos)
+      << resolved.status();
+  ASSERT_EQ(std::remove(latest.c_str()), 0);
+  ASSERT_TRUE(tandem::WriteFileAtomically(latest, std::string(kMaxLatestBytes + 1, 's')).ok());
+  EXPECT_EQ(ResolveCheckpoint(root).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(tandem::WriteFileAtomically(latest, "step-00000010\n").ok());
+  EXPECT_TRUE(ResolveCheckpoint(root).ok());
 }
 
 TEST_F(CheckpointTest, ManifestRoundTripAndShardsLoad) {

@@ -3,6 +3,7 @@
 // trainer, its timeline, checkpoint/resume through the command line, and bad input (exit 2,
 // one clear line).
 #include <sched.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,13 +11,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/plan.h"
+#include "runtime/checkpoint.h"
 #include "runtime/torch/data.h"
 #include "runtime/torch/device_ops.h"
 #include "runtime/torch/gpt.h"
@@ -391,6 +396,164 @@ TEST(TrainCliTest, BadFlagsAndMissingCheckpointAreBadInput) {
                               " --schedule 1f1b --stages 2 --steps 1 --planning-costs 1,1,1"));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("zb-v only"), std::string::npos) << o.output;
+}
+
+// An output path that cannot be written is refused before the first step, on every rank
+// (exit 2, the flag and the path named; no iteration ran): a log or timeline in a missing
+// folder (plain and elastic runs), a checkpoint folder behind a file.
+TEST(TrainCliTest, OutputPathsThatCannotBeWrittenAreRefusedBeforeTheFirstStep) {
+  const std::string missing = TempPath("no_such_folder");
+  const std::string file = TempPath("a_file");
+  ASSERT_TRUE(tandem::WriteFileAtomically(file, "x").ok());
+  const std::string run = absl::StrCat(Mpirun(2), kModelFlags,
+                                       " --schedule 1f1b --stages 2 --steps 2 --global-batch 8");
+  struct Case {
+    std::string flags;
+    std::string named;
+  };
+  for (const Case& c : std::vector<Case>{
+           {absl::StrCat(" --log-json ", missing, "/log.jsonl"), "--log-json"},
+           {absl::StrCat(" --timeline ", missing, "/trace.json"), "--timeline"},
+           {absl::StrCat(" --checkpoint-dir ", file, "/checkpoints"), "--checkpoint-dir"},
+           {absl::StrCat(" --elastic --log-json ", missing, "/log.jsonl"), "--log-json"}}) {
+    SCOPED_TRACE(c.flags);
+    const std::string command =
+        absl::StrContains(c.flags, "--elastic")
+            ? absl::StrCat(Mpirun(2), kModelFlags, " --steps 2 --global-batch 8", c.flags)
+            : run + c.flags;
+    Outcome o = RunCommand(command);
+    EXPECT_EQ(o.exit_status, 2) << o.output;
+    EXPECT_NE(o.output.find(c.named), std::string::npos) << o.output;
+    for (const char* rank : {"(rank 0): error", "(rank 1): error"}) {
+      EXPECT_NE(o.output.find(rank), std::string::npos) << "every rank stops:\n" << o.output;
+    }
+    EXPECT_EQ(o.output.find("iter "), std::string::npos) << "an iteration ran:\n" << o.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing));
+  std::filesystem::remove(file);
+}
+
+// Rewrites stage 0's shard of the step folder `folder` through `edit`, with its size and
+// checksum recomputed in the manifest: damage that checksums cannot see.
+void RewriteShard(const std::string& folder,
+                  const std::function<void(tandem::runtime::CheckpointShard&)>& edit) {
+  namespace rt = tandem::runtime;
+  auto manifest = rt::ReadManifest(folder);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  for (rt::ShardRecord& record : manifest->shards) {
+    if (record.stage != 0) continue;
+    auto shard = rt::ReadShard(folder, record);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    edit(*shard);
+    auto written = rt::WriteShard(folder, *shard);
+    ASSERT_TRUE(written.ok()) << written.status();
+    record = *written;
+  }
+  ASSERT_TRUE(rt::WriteManifest(folder, *manifest).ok());
+}
+
+// What the checkpoint readers cannot trust is refused with one line and exit 2 on every rank,
+// never trained on and never waited on: a parameter that is NaN and a shard without its
+// optimizer state (both with valid checksums; --reset-optimizer accepts the latter), and
+// `latest` or `manifest.json` as something other than a regular file (a link to /dev/zero, a
+// FIFO), for `tandem train --resume` and `tandem checkpoint inspect`.
+TEST(TrainCliTest, CheckpointsThatCannotBeTrustedAreRefused) {
+  const std::string root = TempPath("untrusted_checkpoint");
+  const std::string train = absl::StrCat(Mpirun(2), kModelFlags, " --global-batch 8",
+                                         " --schedule 1f1b --stages 2 --optimizer adamw");
+  Outcome first = RunCommand(absl::StrCat(train, " --steps 2 --checkpoint-dir ", root));
+  ASSERT_EQ(first.exit_status, 0) << first.output;
+  auto folder = tandem::runtime::ResolveCheckpoint(root);
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  const std::string manifest_path = *folder + "/" + tandem::runtime::kManifestFileName;
+  const std::string shard_path = *folder + "/" + tandem::runtime::ShardFileName(0, 0, 1);
+  const std::string manifest_text = tandem::ReadFile(manifest_path).value_or("");
+  const std::string shard_bytes = tandem::ReadFile(shard_path).value_or("");
+  ASSERT_FALSE(manifest_text.empty());
+  auto restore = [&] {
+    ASSERT_TRUE(tandem::WriteFileAtomically(manifest_path, manifest_text).ok());
+    ASSERT_TRUE(tandem::WriteFileAtomically(shard_path, shard_bytes).ok());
+  };
+  // Bounded: a reader that hangs shows as exit 124.
+  auto resume = [&](const std::string& extra) {
+    return RunCommand(absl::StrCat("timeout 60 ", train, " --steps 1 --resume ", root, extra));
+  };
+  auto expect_refused = [](const Outcome& o, const std::string& says) {
+    EXPECT_EQ(o.exit_status, 2) << o.output;
+    EXPECT_NE(o.output.find(says), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("(rank 1): error"), std::string::npos) << o.output;
+    EXPECT_EQ(o.output.find("iter "), std::string::npos) << "it trained:\n" << o.output;
+  };
+
+  RewriteShard(*folder, [](tandem::runtime::CheckpointShard& shard) {
+    for (auto& t : shard.tensors) {
+      if (t.name.rfind("param:", 0) != 0) continue;
+      const float nan = std::nanf("");
+      std::memcpy(t.bytes.data() + 4 * sizeof(float), &nan, sizeof(nan));
+      break;
+    }
+  });
+  expect_refused(resume(""), "non-finite value");
+  restore();
+
+  RewriteShard(*folder, [](tandem::runtime::CheckpointShard& shard) {
+    auto& tensors = shard.tensors;
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const auto& t) { return t.name.rfind("optim:", 0) == 0; }),
+                  tensors.end());
+  });
+  expect_refused(resume(""), "optimizer state tensor(s) of stepped parameters are missing");
+  Outcome reset = resume(" --reset-optimizer");
+  EXPECT_EQ(reset.exit_status, 0) << reset.output;
+  EXPECT_NE(reset.output.find("iter "), std::string::npos) << reset.output;
+  restore();
+  Outcome whole = resume("");
+  EXPECT_EQ(whole.exit_status, 0) << whole.output;  // the restored checkpoint still resumes
+
+  // Special files: refused without being read.
+  const std::string latest = root + "/" + tandem::runtime::kLatestFileName;
+  const std::string latest_text = tandem::ReadFile(latest).value_or("");
+  ASSERT_EQ(std::remove(latest.c_str()), 0);
+  std::filesystem::create_symlink("/dev/zero", latest);
+  expect_refused(resume(""), "character device");
+  Outcome inspect = RunCommand(absl::StrCat("timeout 60 ", g_tandem, " checkpoint inspect ", root));
+  EXPECT_EQ(inspect.exit_status, 2) << inspect.output;
+  EXPECT_NE(inspect.output.find("not a regular file"), std::string::npos) << inspect.output;
+  ASSERT_EQ(std::remove(latest.c_str()), 0);
+  ASSERT_EQ(::mkfifo(latest.c_str(), 0600), 0);
+  expect_refused(resume(""), "a FIFO");
+  ASSERT_EQ(std::remove(latest.c_str()), 0);
+  ASSERT_TRUE(tandem::WriteFileAtomically(latest, latest_text).ok());
+  ASSERT_EQ(std::remove(manifest_path.c_str()), 0);
+  ASSERT_EQ(::mkfifo(manifest_path.c_str(), 0600), 0);
+  expect_refused(resume(""), "a FIFO");
+  inspect = RunCommand(absl::StrCat("timeout 60 ", g_tandem, " checkpoint inspect ", root));
+  EXPECT_EQ(inspect.exit_status, 2) << inspect.output;
+  ASSERT_TRUE(tandem::RemoveAll(root).ok());
+}
+
+// A loss that turns NaN or infinite stops the run on every rank (exit 2) naming the
+// iteration, before anything of it is logged or saved.
+TEST(TrainCliTest, ANonFiniteLossStopsEveryRankNamingTheIteration) {
+  const std::string log = TempPath("diverged.jsonl");
+  const std::string checkpoint = TempPath("diverged_checkpoint");
+  Outcome o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                                      " --global-batch 8 --schedule 1f1b --stages 2 --steps 6",
+                                      " --optimizer sgd --lr 1e30 --log-json ", log,
+                                      " --checkpoint-dir ", checkpoint, " --checkpoint-every 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  for (const char* rank : {"(rank 0): error: iteration 2: the loss is", "(rank 1): error"}) {
+    EXPECT_NE(o.output.find(rank), std::string::npos) << o.output;
+  }
+  const std::vector<nlohmann::json> lines = ReadLog(log);
+  ASSERT_EQ(lines.size(), 1u) << o.output;  // iteration 1 only
+  auto saved = tandem::runtime::ResolveCheckpoint(checkpoint);
+  ASSERT_TRUE(saved.ok());
+  auto manifest = tandem::runtime::ReadManifest(*saved);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step, 1);  // the last finite step
+  std::filesystem::remove(log);
+  ASSERT_TRUE(tandem::RemoveAll(checkpoint).ok());
 }
 
 // Gradients communicated in bfloat16 between two data-parallel pipelines (both strategies):
