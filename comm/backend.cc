@@ -145,7 +145,8 @@ bool NcclCanRun(Communicator& group, SharedGpuMode mode, std::string* why) {
   std::string reason;
   const int devices = CudaDeviceCount(&reason);
   std::string why_not_shared;
-  const absl::StatusOr<bool> sharing = SharedGpuOverNccl(mode, NcclRuntimeVersion(), &why_not_shared);
+  const absl::StatusOr<bool> sharing =
+      SharedGpuOverNccl(mode, NcclRuntimeVersion(), &why_not_shared);
   if (!sharing.ok()) why_not_shared = std::string(sharing.status().message());
   const bool can_share = sharing.value_or(false);
   int64_t usable = devices > 0 && (devices >= group.size() || can_share) ? 1 : 0;

@@ -1,6 +1,9 @@
 #include "comm/options.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +36,25 @@ const char* Get(const char* name) {
   return (value != nullptr && *value != '\0') ? value : nullptr;
 }
 
+// Sets `out` from the variable `name` when it is set: one of `choices`, else InvalidArgument
+// naming the variable, the choices and the value.
+template <typename T>
+absl::Status ParseChoice(const char* name,
+                         std::initializer_list<std::pair<const char*, T>> choices, T* out) {
+  const char* value = Get(name);
+  if (value == nullptr) return absl::OkStatus();
+  std::string known;
+  for (const auto& [text, choice] : choices) {
+    if (std::strcmp(value, text) == 0) {
+      *out = choice;
+      return absl::OkStatus();
+    }
+    absl::StrAppend(&known, known.empty() ? "" : ", ", text);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": expected one of ", known, "; got '", value, "'"));
+}
+
 }  // namespace
 
 absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
@@ -58,57 +80,26 @@ absl::StatusOr<CommOptions> CommOptions::FromEnvironment() {
     if (!parsed.ok()) return Annotate(parsed.status(), "TANDEM_COMM_TIMEOUT");
     options.timeout = *parsed;
   }
-  if (const char* value = Get("TANDEM_COMM_VERIFY")) {
-    const std::string text = value;
-    if (text == "1" || text == "true") {
-      options.verify_collectives = true;
-    } else if (text == "0" || text == "false") {
-      options.verify_collectives = false;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_COMM_VERIFY: expected 0 or 1, got '", text, "'"));
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(ParseChoice<bool>(
+      "TANDEM_COMM_VERIFY", {{"1", true}, {"true", true}, {"0", false}, {"false", false}},
+      &options.verify_collectives));
   if (const char* value = Get("TANDEM_COMM_WATCHDOG")) {
     auto parsed = ParseTimeout(value);
     if (!parsed.ok()) return Annotate(parsed.status(), "TANDEM_COMM_WATCHDOG");
     options.watchdog_interval = *parsed;
   }
-  if (const char* value = Get("TANDEM_COMM_WAIT")) {
-    const std::string text = value;
-    if (text == "auto") {
-      options.wait_mode = WaitMode::kAuto;
-    } else if (text == "spin") {
-      options.wait_mode = WaitMode::kSpin;
-    } else if (text == "sleep") {
-      options.wait_mode = WaitMode::kSleep;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_COMM_WAIT: expected auto, spin or sleep, got '", text, "'"));
-    }
-  }
-  if (const char* value = Get("TANDEM_COMM_NCCL_LINKS")) {
-    const std::string text = value;
-    if (text == "1" || text == "0") {
-      options.nccl_pair_links = text == "1";
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_COMM_NCCL_LINKS: expected 0 or 1, got '", text, "'"));
-    }
-  }
-  if (const char* value = Get("TANDEM_COMM_SHARED_GPU")) {
-    const std::string text = value;
-    if (text == "auto") {
-      options.shared_gpu = SharedGpuMode::kAuto;
-    } else if (text == "nccl") {
-      options.shared_gpu = SharedGpuMode::kNccl;
-    } else if (text == "mpi") {
-      options.shared_gpu = SharedGpuMode::kMpi;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TANDEM_COMM_SHARED_GPU: expected auto, nccl or mpi, got '", text, "'"));
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(ParseChoice<WaitMode>(
+      "TANDEM_COMM_WAIT",
+      {{"auto", WaitMode::kAuto}, {"spin", WaitMode::kSpin}, {"sleep", WaitMode::kSleep}},
+      &options.wait_mode));
+  TANDEM_RETURN_IF_ERROR(ParseChoice<bool>("TANDEM_COMM_NCCL_LINKS", {{"1", true}, {"0", false}},
+                                           &options.nccl_pair_links));
+  TANDEM_RETURN_IF_ERROR(ParseChoice<SharedGpuMode>(
+      "TANDEM_COMM_SHARED_GPU",
+      {{"auto", SharedGpuMode::kAuto},
+       {"nccl", SharedGpuMode::kNccl},
+       {"mpi", SharedGpuMode::kMpi}},
+      &options.shared_gpu));
   return options;
 }
 

@@ -99,7 +99,8 @@ int64_t CountAllOnesExponent(const std::string& bytes, Bits exponent, int64_t* f
 
 int64_t CountNonFinite(const ShardTensor& t, int64_t* first) {
   switch (t.dtype) {
-    case comm::DataType::kFloat32: return CountAllOnesExponent<uint32_t>(t.bytes, 0x7f800000u, first);
+    case comm::DataType::kFloat32:
+      return CountAllOnesExponent<uint32_t>(t.bytes, 0x7f800000u, first);
     case comm::DataType::kFloat64:
       return CountAllOnesExponent<uint64_t>(t.bytes, 0x7ff0000000000000ull, first);
     case comm::DataType::kBFloat16: return CountAllOnesExponent<uint16_t>(t.bytes, 0x7f80, first);

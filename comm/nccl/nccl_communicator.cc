@@ -341,9 +341,10 @@ void NcclCommunicator::State::Watch() {
     if (!aborted.ok() || comm == nullptr) continue;
     ncclResult_t state = ncclSuccess;
     ncclResult_t query = ncclCommGetAsyncError(comm, &state);
-    for (auto it = links.begin();
-         it != links.end() && query == ncclSuccess && (state == ncclSuccess || state == ncclInProgress);
-         ++it) {
+    auto healthy = [&] {
+      return query == ncclSuccess && (state == ncclSuccess || state == ncclInProgress);
+    };
+    for (auto it = links.begin(); it != links.end() && healthy(); ++it) {
       if (it->second.comm != nullptr) query = ncclCommGetAsyncError(it->second.comm, &state);
     }
     if (query != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
@@ -798,7 +799,9 @@ absl::Status NcclCommunicator::ConnectPeers(const std::vector<int>& peers) {
     if (link == made.end()) continue;
     ncclConfig_t config = Config(state);
     // On a shared GPU every link's channels add to the ranks' own: two suffice for one peer.
-    if (state.ranks_per_gpu > 1) config.maxCTAs = std::min(state.max_ctas > 0 ? state.max_ctas : 2, 2);
+    if (state.ranks_per_gpu > 1) {
+      config.maxCTAs = std::min(state.max_ctas > 0 ? state.max_ctas : 2, 2);
+    }
     const ncclResult_t rc = ncclCommInitRankConfig(&link->second.comm, 2, ids[i],
                                                    edges[i].first == me ? 0 : 1, &config);
     if (rc != ncclSuccess && rc != ncclInProgress) {
