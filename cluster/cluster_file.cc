@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/json_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -75,8 +76,13 @@ double ClusterDescription::Speed(const std::string& application,
 
 absl::StatusOr<ClusterDescription> ParseClusterDescription(const std::string& text,
                                                            const std::string& source) {
-  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return Invalid(source, "not valid JSON");
+  absl::StatusOr<json> parsed = ParseJson(text, source);
+  if (!parsed.ok()) {
+    return Invalid(source, JsonNestingDepth(text) > kMaxJsonDepth
+                               ? absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels")
+                               : std::string("not valid JSON"));
+  }
+  const json root = *std::move(parsed);
   if (!root.is_object()) return Invalid(source, "expected a JSON object");
   TANDEM_RETURN_IF_ERROR(OnlyKeys(root, {"device_types", "application_speeds"}, source, ""));
   if (!root.contains("device_types") || !root["device_types"].is_array() ||

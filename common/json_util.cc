@@ -1,5 +1,7 @@
 #include "common/json_util.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +28,39 @@ absl::StatusOr<const Json*> Find(const Json& object, absl::string_view field,
 
 }  // namespace
 
+int JsonNestingDepth(absl::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source) {
+  // Deep nesting costs a stack frame a level wherever a value is copied, printed or walked:
+  // refused before it is parsed.
+  if (const int depth = JsonNestingDepth(text); depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": JSON nested ", depth,
+                                                   " levels deep; at most ", kMaxJsonDepth,
+                                                   " are read"));
+  }
   Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Re-parse with exceptions to get nlohmann's position information.

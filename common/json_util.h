@@ -15,7 +15,13 @@ namespace tandem {
 
 using Json = nlohmann::json;
 
-// Parses text; `source` (a file name) prefixes error messages.
+// Deepest nesting of arrays and objects any input may have (tandem's formats use a handful).
+inline constexpr int kMaxJsonDepth = 256;
+// The deepest nesting of arrays and objects in `text` (brackets inside strings not counted).
+int JsonNestingDepth(absl::string_view text);
+
+// Parses text; `source` (a file name) prefixes error messages. Nesting beyond kMaxJsonDepth is
+// InvalidArgument, before it is parsed.
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view source);
 absl::StatusOr<Json> ReadJsonFile(const std::string& path);
 

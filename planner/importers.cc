@@ -722,7 +722,15 @@ class PiperTextReader {
   // Calls member(key) with the reader at each value; repeated keys are refused.
   template <typename Member>
   bool Object(Member member) {
-    if (!Eat('{')) return false;
+    // Deeper than any JSON tandem reads (common/json_util.h): refused here, named by ParseJson.
+    if (depth_ >= kMaxJsonDepth || !Eat('{')) return false;
+    ++depth_;
+    const bool read = ObjectMembers(member);
+    --depth_;
+    return read;
+  }
+  template <typename Member>
+  bool ObjectMembers(Member member) {
     if (Eat('}')) return true;
     absl::InlinedVector<absl::string_view, 8> keys;
     do {
@@ -737,12 +745,17 @@ class PiperTextReader {
   }
   template <typename Element>
   bool Array(Element element) {
-    if (!Eat('[')) return false;
-    if (Eat(']')) return true;
-    do {
-      if (!element()) return false;
-    } while (Eat(','));
-    return Eat(']');
+    if (depth_ >= kMaxJsonDepth || !Eat('[')) return false;
+    ++depth_;
+    const bool read = [&] {
+      if (Eat(']')) return true;
+      do {
+        if (!element()) return false;
+      } while (Eat(','));
+      return Eat(']');
+    }();
+    --depth_;
+    return read;
   }
   // A string without escapes, as a view of the text.
   bool View(absl::string_view* out) {
@@ -851,6 +864,7 @@ class PiperTextReader {
 
   const char* p_;
   const char* end_;
+  int depth_ = 0;  // arrays and objects open
 };
 
 std::optional<RawPiper> ReadPiperText(absl::string_view text) {

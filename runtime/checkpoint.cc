@@ -123,9 +123,10 @@ absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_
   std::memcpy(&header_size, data.data() + kShardMagicSize, sizeof(header_size));
   size_t offset = kShardMagicSize + sizeof(header_size);
   if (header_size > data.size() - offset) return corrupt("header runs past the end");
-  nlohmann::json header =
-      nlohmann::json::parse(data.substr(offset, header_size), nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) return corrupt("header is not JSON");
+  absl::StatusOr<nlohmann::json> parsed = ParseJson(data.substr(offset, header_size), "header");
+  if (!parsed.ok()) return corrupt(parsed.status().message());
+  nlohmann::json header = *std::move(parsed);
+  if (!header.is_object()) return corrupt("header is not a JSON object");
   offset += header_size;
   const std::string where = absl::StrCat(source, " header");
   CheckpointShard shard;

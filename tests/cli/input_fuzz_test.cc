@@ -399,6 +399,28 @@ TEST_F(ProgramTest, MutatedInputsExitTwoWithOneLineAndWriteNothing) {
   EXPECT_GE(rejected, kCases / 2);
 }
 
+// JSON nested 50,000 deep (a Piper file of nested objects): one line and exit 2, not a crash
+// of whatever walks, copies or prints the nested value.
+TEST_F(ProgramTest, DeeplyNestedJsonExitsTwoWithOneLine) {
+  const std::string path = absl::StrCat(dir_, "/nested.json");
+  std::string text;
+  for (int i = 0; i < 50000; ++i) text += "{\"a\":";
+  text += "1";
+  text += std::string(50000, '}');
+  ASSERT_TRUE(WriteFileAtomically(path, text).ok());
+  for (const std::string& args :
+       {absl::StrCat("plan --profile ", path, " --profile-format piper --algorithm piper"),
+        absl::StrCat("plan --profile ", path, " --algorithm pipedream --devices 4")}) {
+    SCOPED_TRACE(args);
+    const ProgramRun run = Tandem(args);
+    EXPECT_EQ(run.exit_code, 2) << run.err;
+    EXPECT_EQ(Lines(run.err), 1) << run.err;
+    EXPECT_NE(run.err.find("nested 50000 levels deep"), std::string::npos) << run.err;
+  }
+  EXPECT_EQ(JsonNestingDepth(R"({"a": "[[[{{{", "b": [[1], {"c": []}]})"), 4);
+  EXPECT_EQ(JsonNestingDepth(R"(["\"[", [2]])"), 2);
+}
+
 TEST_F(ProgramTest, OutputThatIsADirectoryExitsTwo) {
   const ProgramRun run = Tandem(absl::StrCat(kSchedule, " --output ", dir_));
   EXPECT_EQ(run.exit_code, 2) << run.err;
