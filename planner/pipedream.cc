@@ -100,6 +100,9 @@ class Solver {
   // not fit.
   double StageTime(int level, int i, int j, int r, int prefix_machines, int device) const;
   void SolveLevel(int level);
+  // ResourceExhausted when the dynamic program would run past options_.max_cell_updates or
+  // keep more than options_.max_table_bytes (SolveLevel's loops and tables, estimated).
+  absl::Status CheckSearchSize() const;
   void Collect(int level, int i, int j, int machines, int replica_factor,
                std::vector<PipeDreamStage>* stages) const;
   // Stages over positions become stages over `layer_order`.
@@ -189,6 +192,15 @@ absl::Status Solver::BuildStates() {
   auto ignored = [&](int v) { return !graph.ignored.empty() && graph.ignored[v]; };
   const size_t words = (n + 63) / 64;
   layer_words_ = words;
+  // Ancestors and descendants of every layer as bit sets: n^2 / 4 bytes, refused (a quarter of
+  // the table budget) before they are allocated.
+  const double closure_bytes = 2.0 * static_cast<double>(words) * n * sizeof(uint64_t);
+  if (closure_bytes > options_.max_table_bytes / 4) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "PipeDream's antichain search over ", n, " layers would need ",
+        FormatBytes(closure_bytes), " for their ancestor sets (limit ",
+        FormatBytes(options_.max_table_bytes / 4), ")"));
+  }
   // Direct consumers, ancestors and descendants of every kept layer (inputs come earlier in
   // the chain, which is topological).
   std::vector<std::vector<int>> consumers(n);
@@ -383,6 +395,35 @@ void Solver::MapStatesToLayers(PipeDreamResult* result) const {
   if (!identity) result->layer_order = std::move(order);
 }
 
+absl::Status Solver::CheckSearchSize() const {
+  const double n = num_positions_ + 1;
+  double updates = 0, bytes = 0;
+  for (size_t level = 0; level < options_.levels.size(); ++level) {
+    const double m = options_.levels[level].machines;
+    const bool final_level = level + 1 == options_.levels.size();
+    const bool fast = options_.use_fewer_machines && !options_.use_memory_constraint &&
+                      !options_.straight && !per_device_speed_;
+    const double starts = final_level ? 1 : n;
+    // (j, k) pairs per start, times machines, times the replica counts tried.
+    updates += starts * n * n / 2 * m * (fast || options_.straight ? 1 : m);
+    bytes += starts * n * m * (sizeof(double) + sizeof(Choice));
+    if (fast) bytes = std::max(bytes, n * n * sizeof(int));  // the crossing table
+  }
+  if (updates <= options_.max_cell_updates && bytes <= options_.max_table_bytes) {
+    return absl::OkStatus();
+  }
+  std::string machines;
+  for (const PipeDreamLevel& level : options_.levels) {
+    absl::StrAppend(&machines, machines.empty() ? "" : " x ", level.machines);
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "PipeDream's search over %d %s on %s machines is too large: about %.3g table updates "
+      "and %s of tables, beyond the limits of %.3g updates and %s (plan for fewer devices, "
+      "or merge layers of the profile)",
+      num_positions_, states_ ? "antichain states" : "layers", machines, updates,
+      FormatBytes(bytes), options_.max_cell_updates, FormatBytes(options_.max_table_bytes)));
+}
+
 void Solver::SolveLevel(int level) {
   const int n = options_.levels[level].machines;
   const bool final_level = level + 1 == static_cast<int>(options_.levels.size());
@@ -537,6 +578,7 @@ absl::StatusOr<PipeDreamResult> Solver::Run() {
         options_.levels.back().machines, states_ ? " antichain states" : " layers",
         "; the model has ", num_positions_, " (use fewer devices or allow unused machines)"));
   }
+  TANDEM_RETURN_IF_ERROR(CheckSearchSize());
   for (size_t level = 0; level < options_.levels.size(); ++level) {
     SolveLevel(static_cast<int>(level));
   }

@@ -77,6 +77,12 @@ struct PipeDreamOptions {
   PipeDreamGraph graph;
   // Refuse graphs with more antichain states than this (ResourceExhausted).
   int max_states = 20000;
+  // Refuse searches beyond these estimates (ResourceExhausted naming them): the dynamic
+  // program updates about positions^2/2 x machines cells per level (x machines again when
+  // every replica count is tried), about 10^8 a second on one core, and keeps tables of
+  // positions x machines entries (positions^2 x machines for outer levels).
+  double max_cell_updates = 4e9;
+  double max_table_bytes = 4.0 * (int64_t{1} << 30);
 };
 
 struct PipeDreamStage {

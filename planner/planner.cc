@@ -167,6 +167,11 @@ absl::StatusOr<PlanOutcome> PlanPipeDream(const PlanRequest& request) {
           "PipeDream's optimum over its antichain states: %.17g s, with stages that are not "
           "contiguous in the profile's layer order; planned over that order instead\n",
           states->bottleneck_seconds);
+    } else {
+      // Say which search ran: the layer order's is not PipeDream's optimum over its states.
+      states_note = absl::StrCat("PipeDream's search over antichain states did not run (",
+                                 states.status().message(),
+                                 "); planned over the profile's layer order instead\n");
     }
   }
   if (!over_states.has_value()) {

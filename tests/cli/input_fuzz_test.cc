@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -419,6 +420,38 @@ TEST_F(ProgramTest, DeeplyNestedJsonExitsTwoWithOneLine) {
   }
   EXPECT_EQ(JsonNestingDepth(R"({"a": "[[[{{{", "b": [[1], {"c": []}]})"), 4);
   EXPECT_EQ(JsonNestingDepth(R"(["\"[", [2]])"), 2);
+}
+
+// Small inputs that ask for unbounded work are refused within seconds, naming the limit: a
+// 100,000-layer chain graph and a cluster of a million devices for PipeDream.
+TEST_F(ProgramTest, SearchesTooLargeForThePlannerExitTwoQuickly) {
+  const std::string chain = absl::StrCat(dir_, "/chain.graph.txt");
+  std::string text;
+  constexpr int kLayers = 100000;
+  for (int i = 0; i < kLayers; ++i) {
+    absl::StrAppend(&text, "node", i, " -- Layer", i, " -- forward_compute_time=1.0, ",
+                    "backward_compute_time=2.0, activation_size=1000.0, parameter_size=100.0\n");
+  }
+  for (int i = 0; i + 1 < kLayers; ++i) absl::StrAppend(&text, "\tnode", i, " -- node", i + 1, "\n");
+  ASSERT_TRUE(WriteFileAtomically(chain, text).ok());
+  const std::string cluster = absl::StrCat(dir_, "/cluster.json");
+  ASSERT_TRUE(WriteFileAtomically(cluster, R"({"nodes": 1, "devices_per_node": 1000000,
+      "device_memory": "80GiB", "levels": [{"bandwidth": 1e11}]})").ok());
+  for (const std::string& args :
+       {absl::StrCat("plan --profile ", chain, " --profile-format pipedream",
+                     " --algorithm pipedream --devices 4"),
+        absl::StrCat("plan --profile ", TANDEM_TEST_DATA_DIR, "/pipedream/vgg16.graph.txt",
+                     " --profile-format pipedream --algorithm pipedream --cluster ", cluster)}) {
+    SCOPED_TRACE(args);
+    const auto start = std::chrono::steady_clock::now();
+    const ProgramRun run = Tandem(args);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(run.exit_code, 2) << run.err;
+    EXPECT_EQ(Lines(run.err), 1) << run.err;
+    EXPECT_NE(run.err.find("is too large"), std::string::npos) << run.err;
+    EXPECT_LT(seconds, 20.0);
+  }
 }
 
 TEST_F(ProgramTest, OutputThatIsADirectoryExitsTwo) {

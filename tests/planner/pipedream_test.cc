@@ -46,6 +46,27 @@ TEST(PipeDream, ReproducesReferenceFiguresOnVgg16) {
   EXPECT_NEAR(Bottleneck(chain, 8, false), 0.09351323, 1e-8);
 }
 
+// A search beyond the limits is refused before it starts, naming its size and the limits;
+// within them it runs. VGG-16 (41 layers) on 1,000,000 machines: about 8.8e14 table updates.
+TEST(PipeDream, SearchesBeyondTheLimitsAreRefusedNamingTheirSize) {
+  const LayerChain chain = Vgg16();
+  PipeDreamOptions options;
+  options.levels = {{1000000, kBandwidth}};
+  auto huge = RunPipeDream(chain, options);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("on 1000000 machines is too large"), std::string::npos)
+      << huge.status();
+  EXPECT_NE(huge.status().message().find("limits of 4e+09 updates"), std::string::npos)
+      << huge.status();
+  // Limits scale the refusal: the same 8-machine search runs under the default and is refused
+  // under a limit below its ~1.1e5 updates.
+  options.levels = {{8, kBandwidth}};
+  EXPECT_TRUE(RunPipeDream(chain, options).ok());
+  options.max_cell_updates = 1e4;
+  EXPECT_EQ(RunPipeDream(chain, options).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 TEST(PipeDream, ReplicatedVgg16UsesEveryMachineAndCoversTheModel) {
   const LayerChain chain = Vgg16();
   PipeDreamOptions options;
