@@ -114,6 +114,14 @@ absl::StatusOr<AdaPipeResult> AdaPipePlanner::Plan(int stages, int microbatches,
     return absl::InvalidArgumentError(
         absl::StrCat("AdaPipe: micro-batches must be at least 1, got ", microbatches));
   }
+  const double cache_bytes = static_cast<double>(layers + 1) * (layers + 1) *
+                             (std::max(stages, max_in_flight_) + 1) * sizeof(double);
+  if (cache_bytes > kMaxCacheBytes) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "AdaPipe's search over ", layers, " layers in ", stages, " stage(s) would keep ",
+        FormatBytes(cache_bytes), " of stage costs, beyond its limit of ",
+        FormatBytes(kMaxCacheBytes), " (merge layers of the profile, or plan fewer stages)"));
+  }
   if (stages > max_in_flight_) {
     // Grow the cache; entries are (first, end, in-flight), so re-index what is known.
     const int old_max = max_in_flight_;

@@ -57,7 +57,11 @@ class AdaPipePlanner {
  public:
   AdaPipePlanner(const LayerChain& chain, double memory_bytes, bool allow_recompute = true);
 
-  // ResourceExhausted when no partition into `stages` stages fits. With `replicas` > 1 every
+  // Largest table of stage costs Plan keeps: (layers + 1)^2 x (stages + 1) entries of 8 bytes.
+  static constexpr double kMaxCacheBytes = 2.0 * (int64_t{1} << 30);
+
+  // ResourceExhausted when no partition into `stages` stages fits; OutOfRange when the search
+  // would keep more than kMaxCacheBytes of stage costs (naming the size). With `replicas` > 1 every
   // stage runs on that many data-parallel devices taking turns with micro-batches, so stage i
   // holds ceil((p - i) / replicas) of them (pipeline templates use this).
   absl::StatusOr<AdaPipeResult> Plan(int stages, int microbatches,

@@ -373,6 +373,8 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
       const int m = total / d;
       any_tried = true;
       auto result = planner.Plan(p, m, inter_bandwidth);
+      // A search too large to run says so at once instead of quietly leaving a shape out.
+      if (absl::IsOutOfRange(result.status())) return result.status();
       if (!result.ok()) {
         last_error = result.status();
         continue;
