@@ -210,6 +210,33 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   return contents;
 }
 
+absl::Status AppendToFile(const std::string& path, absl::string_view text) {
+  if (path == "-") {
+    std::cout << text << std::flush;
+    return std::cout ? absl::OkStatus() : absl::InternalError("writing standard output");
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open for appending: ", std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote < 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(path, ": append: ", std::strerror(error)));
+    }
+    done += static_cast<size_t>(wrote);
+  }
+  if (::close(fd) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": close: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The folder holding `path` ("." for a bare name).

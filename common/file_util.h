@@ -37,6 +37,11 @@ absl::Status CheckOutputFile(const std::string& path, absl::string_view what);
 // way is InvalidArgument).
 absl::Status CheckOutputFolder(const std::string& path, absl::string_view what);
 
+// Appends `text` to `path` (created if missing; "-" is standard output) and returns once it is
+// written:
+// for logs that grow a line at a time, which rewriting whole would make quadratic.
+absl::Status AppendToFile(const std::string& path, absl::string_view text);
+
 // Removes `path` and, if it is a folder, everything under it (symbolic links are removed, not
 // followed); a path that does not exist is fine. What std::filesystem::remove_all does, without
 // it: PyTorch's pip LibTorch (2.11) exports its own copy of that function, which the dynamic

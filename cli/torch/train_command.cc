@@ -877,7 +877,10 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   const double tokens_per_iteration =
       static_cast<double>(plan.GlobalBatchSize()) * model_and_data.gpt.seq_len;
-  std::string log_text;
+  // The log starts empty and grows by a line an iteration (appended, not rewritten).
+  if (rank == 0 && !log_json.empty()) {
+    TANDEM_RETURN_IF_ERROR(WriteFileAtomically(log_json, ""));
+  }
   double measured_seconds = 0, measured_bubble = 0;
   int measured = 0;
   double last_loss = 0;
@@ -925,8 +928,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
                        mfu.Text(line.tokens_per_second))
                 << std::endl;
       if (!log_json.empty()) {
-        absl::StrAppend(&log_text, ToJson(line).dump(), "\n");
-        TANDEM_RETURN_IF_ERROR(WriteFileAtomically(log_json, log_text));
+        TANDEM_RETURN_IF_ERROR(AppendToFile(log_json, ToJson(line).dump() + "\n"));
       }
     }
     const bool checkpoint_now =

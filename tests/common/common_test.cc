@@ -69,6 +69,16 @@ TEST(FileTest, RemoveAllRemovesATreeButNotWhatItsLinksPointTo) {
   EXPECT_FALSE(fs::exists(outside));
 }
 
+TEST(FileTest, AppendGrowsAFileLineByLine) {
+  const std::string path = ::testing::TempDir() + "/tandem_append.jsonl";
+  std::remove(path.c_str());
+  ASSERT_TRUE(AppendToFile(path, "{\"a\": 1}\n").ok());
+  ASSERT_TRUE(AppendToFile(path, "{\"a\": 2}\n").ok());
+  EXPECT_EQ(*ReadFile(path), "{\"a\": 1}\n{\"a\": 2}\n");
+  EXPECT_FALSE(AppendToFile("/nonexistent-dir/x.jsonl", "x").ok());
+  std::remove(path.c_str());
+}
+
 TEST(FileTest, OutputPathsAreCheckedBeforeAnythingIsWritten) {
   namespace fs = std::filesystem;
   const fs::path root = fs::path(::testing::TempDir()) / "tandem_output_paths";
