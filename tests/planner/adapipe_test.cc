@@ -45,14 +45,7 @@ TEST(AdaPipe, SixLayersOnThreeStages) {
 // A search whose table of stage costs would pass the limit is refused at once, naming its
 // size (a 20,000-layer chain took 61 s and 21 GB before); a smaller one runs.
 TEST(AdaPipe, SearchesBeyondTheTableLimitAreRefusedNamingTheirSize) {
-  pipeline::Profile profile;
-  for (int i = 0; i < 10000; ++i) {
-    pipeline::LayerProfile layer;
-    layer.name = "l" + std::to_string(i);
-    layer.forward_seconds = 1;
-    profile.layers.push_back(layer);
-  }
-  const LayerChain chain = *LayerChain::FromProfile(profile);
+  const LayerChain chain = *LayerChain::FromProfile(testing::UniformProfile(10000));
   AdaPipePlanner planner(chain, /*memory_bytes=*/0);
   auto refused = planner.Plan(/*stages=*/4, /*microbatches=*/8, /*p2p=*/0);
   ASSERT_FALSE(refused.ok());

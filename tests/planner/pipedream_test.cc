@@ -204,15 +204,7 @@ TEST(PipeDream, FastReplicaSearchMatchesExhaustiveSearch) {
 }
 
 TEST(PipeDream, HeterogeneousStraightPipelineUsesEachDevicesSpeed) {
-  pipeline::Profile profile;
-  for (int i = 0; i < 4; ++i) {
-    pipeline::LayerProfile layer;
-    layer.name = "l" + std::to_string(i);
-    layer.forward_seconds = 1;
-    layer.backward_seconds = 0;
-    profile.layers.push_back(layer);
-  }
-  auto chain = LayerChain::FromProfile(profile);
+  auto chain = LayerChain::FromProfile(testing::UniformProfile(4));
   ASSERT_TRUE(chain.ok());
   PipeDreamOptions options;
   options.levels = {{2, kBandwidth}};

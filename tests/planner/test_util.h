@@ -12,6 +12,18 @@ inline std::string DataPath(const std::string& relative) {
   return std::string(TANDEM_TEST_DATA_DIR) + "/" + relative;
 }
 
+// A chain of `layers` layers of one second forward each, nothing else.
+inline pipeline::Profile UniformProfile(int layers) {
+  pipeline::Profile profile;
+  for (int i = 0; i < layers; ++i) {
+    pipeline::LayerProfile layer;
+    layer.name = "l" + std::to_string(i);
+    layer.forward_seconds = 1;
+    profile.layers.push_back(layer);
+  }
+  return profile;
+}
+
 // A chain of `layers` layers with random costs (times in [0.1, 1], sizes in [0, 10]).
 inline pipeline::Profile RandomProfile(int layers, std::mt19937* rng) {
   std::uniform_real_distribution<double> time(0.1, 1.0);
