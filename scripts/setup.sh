@@ -15,7 +15,7 @@ packages=(
   # count governs it too).
   libopenblas0-openmp
   libglpk-dev
-  python3
+  python3 python3-venv
 )
 
 missing=()

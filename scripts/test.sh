@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 build_dir="${TANDEM_BUILD_DIR:-build}"
+# The reference Python packages some tests compare against (numpy, safetensors), in a virtual
+# environment first on PATH.
+PATH="$(scripts/python_env.sh "$build_dir/python-env"):$PATH"
+export PATH
 # Open MPI refuses root without these, and more ranks than cores needs oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
