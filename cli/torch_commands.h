@@ -17,6 +17,7 @@ inline constexpr char kTrainSummary[] =
 inline constexpr char kProfileSummary[] =
     "measure a LibTorch model layer by layer and write profile.json";
 inline constexpr char kCheckpointSummary[] =
-    "inspect a checkpoint, or compare two tensor by tensor (inspect DIR | diff A B)";
+    "inspect a checkpoint, compare two tensor by tensor, or export one as a Hugging Face "
+    "folder (inspect DIR | diff A B | export --format safetensors DIR OUT)";
 
 }  // namespace tandem::cli

@@ -7,14 +7,20 @@
 # Includes are rooted at the repository ("pipeline/schedule.h"); the generated config header is
 # "common/config.h".
 
+# A library is also installed and exported (cmake/TandemInstall.cmake) as tandem::<NAME without
+# its "tandem_" prefix>: tandem_runtime_torch is tandem::runtime_torch.
 function(tandem_library)
   cmake_parse_arguments(T "" "NAME" "SRCS;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${T_NAME} ${T_SRCS})
   target_include_directories(${T_NAME} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
+    $<INSTALL_INTERFACE:include/tandem>)
   target_link_libraries(${T_NAME} PUBLIC ${T_DEPS} PRIVATE ${T_PRIVATE_DEPS})
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  string(REGEX REPLACE "^tandem_" "" _export_name "${T_NAME}")
+  set_target_properties(${T_NAME} PROPERTIES EXPORT_NAME ${_export_name})
+  set_property(GLOBAL APPEND PROPERTY TANDEM_EXPORTED_TARGETS ${T_NAME})
 endfunction()
 
 function(tandem_test)

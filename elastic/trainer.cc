@@ -740,6 +740,7 @@ absl::Status ElasticTrainer::State::SaveCheckpoint(int64_t step) {
   scope.plan = &plan;
   scope.num_stages = static_cast<int>(all_segments.size());
   scope.optimizer = options.engine.optimizer;
+  scope.run = options.engine.checkpoint_run;
   TANDEM_RETURN_IF_ERROR(Annotate(runtime::SaveShardsStep(options.checkpoint_dir, options.model,
                                                           step, options.keep_checkpoints, scope,
                                                           shards),

@@ -32,14 +32,16 @@ int main() {
   constexpr int kSteps = 100, kMicrobatches = 4, kMicrobatchSize = 16;
   auto world = OrExit(comm::CreateWorldCommunicator(comm::BackendKind::kMpi));
   // The model, built from the same seed on every rank: 4 layers, cut by the plan.
-  ModelSpec spec{"mlp", [] {
+  ModelSpec spec;
+  spec.name = "mlp";
+  spec.build = [] {
     return FromSequential("mlp",
                           torch::nn::Sequential(Dense(CurveData::kInputs, 64), Dense(64, 64),
                                                 Dense(64, 64), torch::nn::Linear(64, 1)),
                           [](const torch::Tensor& y, const torch::Tensor& target) {
                             return torch::nn::functional::mse_loss(y, target);
                           });
-  }};
+  };
   auto model = std::make_shared<const LayeredModel>(OrExit(spec.Build(/*seed=*/1)));
   auto data = std::make_shared<const CurveData>();
   pipeline::ScheduleSpec schedule{pipeline::ScheduleKind::k1F1B, world->size(), kMicrobatches};

@@ -50,7 +50,9 @@ int main() {
   constexpr int kSteps = 60, kMicrobatches = 4, kMicrobatchSize = 16;
   auto world = OrExit(comm::CreateWorldCommunicator(comm::BackendKind::kMpi));
   const int tensor_parallel = world->size() % 2 == 0 ? 2 : 1;
-  ModelSpec spec{"tp-mlp", [] {
+  ModelSpec spec;
+  spec.name = "tp-mlp";
+  spec.build = [] {
     // The head's outputs are split too; gather_output hands the loss all of them.
     LayeredModel model = FromSequential(
         "tp-mlp",
@@ -62,7 +64,7 @@ int main() {
         });
     EnableTensorParallelism(model);
     return model;
-  }};
+  };
   auto model = std::make_shared<const LayeredModel>(OrExit(spec.Build(/*seed=*/1)));
   auto data = std::make_shared<const CurveData>();
   pipeline::ScheduleSpec schedule{pipeline::ScheduleKind::k1F1B,

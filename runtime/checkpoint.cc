@@ -43,6 +43,23 @@ const ShardRecord* CheckpointManifest::FindShard(int stage, int part) const {
   return nullptr;
 }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i > 0 ? ", " : "", shape[i]);
+  return out + "]";
+}
+
+int64_t ShapeElements(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return count;
+}
+
+bool ShapesCompatible(const std::vector<int64_t>& saved, const std::vector<int64_t>& wanted) {
+  if (saved.empty() || wanted.empty() || saved == wanted) return true;
+  return saved.size() == 1 && saved[0] == ShapeElements(wanted);
+}
+
 std::string ShardFileName(int stage, int part, int num_parts) {
   return absl::StrFormat("stage-%03d.part-%d-of-%d.bin", stage, part, num_parts);
 }
@@ -69,6 +86,7 @@ std::string SerializeShard(const CheckpointShard& shard) {
                        {"dtype", static_cast<int>(t.dtype)},
                        {"dtype_name", comm::DataTypeName(t.dtype)},
                        {"count", t.count}});
+    if (!t.shape.empty()) tensors.back()["shape"] = t.shape;
   }
   header["tensors"] = tensors;
   const std::string header_text = header.dump();
@@ -159,6 +177,28 @@ absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_
     t.name = *name;
     t.dtype = static_cast<comm::DataType>(*dtype);
     t.count = *count;
+    // Shapes are recorded since shards carry them; an older shard's tensors have none.
+    if (tj.contains("shape")) {
+      const nlohmann::json& shape = tj["shape"];
+      bool valid = shape.is_array();
+      bool zero = false;
+      uint64_t product = 1;
+      for (size_t d = 0; valid && d < shape.size(); ++d) {
+        valid = shape[d].is_number_integer() && shape[d].get<int64_t>() >= 0;
+        if (!valid) break;
+        const uint64_t dim = static_cast<uint64_t>(shape[d].get<int64_t>());
+        zero = zero || dim == 0;
+        // Compared by division: a crafted shape could overflow the product.
+        if (dim != 0 && product > UINT64_MAX / dim) valid = false;
+        if (dim != 0) product *= dim;
+        t.shape.push_back(static_cast<int64_t>(dim));
+      }
+      if (zero) product = 0;
+      if (!valid || product != static_cast<uint64_t>(t.count)) {
+        return corrupt(absl::StrCat("tensor '", t.name, "' has shape ", shape.dump(),
+                                    ", which does not hold its ", t.count, " elements"));
+      }
+    }
     // Compared by division: count * size could overflow for a crafted count.
     const uint64_t element = comm::SizeOf(t.dtype);
     if (element == 0 || static_cast<uint64_t>(t.count) > (data.size() - offset) / element) {
@@ -244,6 +284,7 @@ nlohmann::json ToJson(const CheckpointManifest& manifest) {
           {"step", manifest.step},
           {"data_position", manifest.data_position},
           {"optimizer", manifest.optimizer},
+          {"run", manifest.run},
           {"plan", manifest.plan},
           {"shards", shards}};
 }
@@ -272,6 +313,12 @@ absl::StatusOr<CheckpointManifest> ManifestFromJson(const nlohmann::json& j,
   m.plan = *plan;
   if (j.contains("data_position")) m.data_position = j["data_position"];
   if (j.contains("optimizer")) m.optimizer = j["optimizer"];
+  if (j.contains("run")) {
+    if (!j["run"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": run: expected a JSON object"));
+    }
+    m.run = j["run"];
+  }
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* shards, GetArray(j, "shards", where));
   for (size_t i = 0; i < shards->size(); ++i) {
     const std::string swhere = absl::StrCat(where, ": shards[", i, "]");

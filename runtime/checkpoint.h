@@ -44,12 +44,26 @@ struct ShardTensor {
   std::string name;
   comm::DataType dtype = comm::DataType::kFloat32;
   int64_t count = 0;   // elements
+  // Dimensions, row-major; their product is `count`. Every shard written since shapes were
+  // recorded holds one for every tensor ([count] where the stage did not know the shape); empty
+  // only for a tensor of an older shard.
+  std::vector<int64_t> shape;
   std::string bytes;   // count * SizeOf(dtype) bytes
 
   bool operator==(const ShardTensor& o) const {
-    return name == o.name && dtype == o.dtype && count == o.count && bytes == o.bytes;
+    return name == o.name && dtype == o.dtype && count == o.count && shape == o.shape &&
+           bytes == o.bytes;
   }
 };
+
+// "[4096, 512]" ("[]" for none recorded).
+std::string ShapeString(const std::vector<int64_t>& shape);
+// The product of the dimensions (1 for []).
+int64_t ShapeElements(const std::vector<int64_t>& shape);
+// Whether a recorded shape `saved` fits a tensor of shape `wanted`: equal, or either is
+// unknown (empty), or `saved` is flat ([count]: written by a stage that did not know the shape)
+// with the same element count.
+bool ShapesCompatible(const std::vector<int64_t>& saved, const std::vector<int64_t>& wanted);
 
 // The state of one stage (or one part of it when the optimizer state is sharded over the
 // stage's gradient group): parameters and optimizer state as named tensors, plus free-form
@@ -86,6 +100,9 @@ struct CheckpointManifest {
   int64_t step = 0;            // iterations completed: training resumes at this iteration
   nlohmann::json data_position = nlohmann::json::object();  // e.g. {"next_iteration": 10}
   nlohmann::json optimizer = nlohmann::json::object();      // optimizer configuration
+  // What the run that wrote it trained on, for a resume to check (the front end's record: data
+  // set identity, learning-rate schedule, global batch); empty when none was given.
+  nlohmann::json run = nlohmann::json::object();
   std::vector<ShardRecord> shards;
 
   const ShardRecord* FindShard(int stage, int part) const;
@@ -97,8 +114,10 @@ std::string ShardFileName(int stage, int part, int num_parts);
 // FNV-1a 64-bit checksum as 16 hex digits.
 std::string Checksum(absl::string_view bytes);
 
-// Serialises a shard (magic, JSON header, raw tensor bytes) and parses it back. Parse errors
-// are DataLoss naming `source`.
+// Serialises a shard (magic, JSON header, raw tensor bytes) and parses it back. The header
+// lists each tensor's name, dtype, element count and shape; a shard without shapes (written
+// before they were recorded) parses with empty shapes. Parse errors are DataLoss naming
+// `source` (a shape whose product is not the element count among them).
 std::string SerializeShard(const CheckpointShard& shard);
 absl::StatusOr<CheckpointShard> ParseShard(absl::string_view data, absl::string_view source);
 

@@ -277,6 +277,7 @@ std::vector<ParameterView> EmulatedStage::Parameters() {
   view.value.count = static_cast<int64_t>(parameters_.size());
   view.grad.data = gradients_.data();
   view.grad.count = static_cast<int64_t>(gradients_.size());
+  view.shape = {view.value.count};
   return {view};
 }
 

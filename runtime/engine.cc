@@ -78,6 +78,7 @@ absl::StatusOr<std::vector<ParameterState>> Engine::ExportState() {
     for (const ParameterView& v : l->device.parameters) {
       ParameterState p;
       p.name = v.name;
+      p.shape = v.shape;
       p.value.resize(static_cast<size_t>(v.value.count));
       TANDEM_RETURN_IF_ERROR(l->device.ops->CopyToHost(
           p.value.data(), static_cast<const float*>(v.value.data), v.value.count));
@@ -418,6 +419,7 @@ CheckpointScope Engine::checkpoint_scope() const {
   scope.num_stages = schedule_.spec.NumStages();
   scope.optimizer = options_.optimizer;
   scope.reset_optimizer = options_.reset_optimizer;
+  scope.run = options_.checkpoint_run;
   return scope;
 }
 

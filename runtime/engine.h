@@ -145,6 +145,9 @@ struct EngineOptions {
   bool reset_optimizer = false;
   // Step folders a checkpoint root keeps (the newest; <= 0: all).
   int keep_checkpoints = 2;
+  // Saved in every checkpoint's manifest as its `run` record (CheckpointManifest::run): what
+  // the caller wants a resume to check (the front end: data set, learning-rate schedule).
+  nlohmann::json checkpoint_run = nlohmann::json::object();
   // Timeout of every wait (transfers, synchronisation, collectives): a peer that hangs.
   absl::Duration timeout = absl::Seconds(300);
   // A peer whose heartbeats stop this long (killed, stopped) fails every rank

@@ -50,6 +50,10 @@ struct ParameterView {
   // hold whole parameters and cut them with it, so they load onto any layout.
   const std::vector<int64_t>* tensor_parallel_index = nullptr;
   int64_t whole_count = 0;
+  // The whole parameter's dimensions (not a tensor-parallel shard's): their product is
+  // whole_count for a shard, value.count otherwise. Checkpoints record it with the values.
+  // Empty: the stage does not know them (checkpoints then record [count]).
+  std::vector<int64_t> shape;
 };
 
 class Stage {

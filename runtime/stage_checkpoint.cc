@@ -17,11 +17,14 @@ namespace {
 constexpr char kParameterPrefix[] = "param:";
 constexpr char kOptimizerPrefix[] = "optim:";
 
-ShardTensor FloatTensor(const std::string& name, const float* data, int64_t count) {
+// `shape` where it holds `count` elements, else flat.
+ShardTensor FloatTensor(const std::string& name, const float* data, int64_t count,
+                        const std::vector<int64_t>& shape) {
   ShardTensor t;
   t.name = name;
   t.dtype = comm::DataType::kFloat32;
   t.count = count;
+  t.shape = !shape.empty() && ShapeElements(shape) == count ? shape : std::vector<int64_t>{count};
   t.bytes.assign(reinterpret_cast<const char*>(data), static_cast<size_t>(count) * sizeof(float));
   return t;
 }
@@ -41,13 +44,14 @@ CheckpointShard ShardOf(int stage, int first_layer, int end_layer,
   nlohmann::json steps = nlohmann::json::object();
   for (const ParameterState& p : parameters) {
     shard.tensors.push_back(FloatTensor(absl::StrCat(kParameterPrefix, p.name), p.value.data(),
-                                        static_cast<int64_t>(p.value.size())));
+                                        static_cast<int64_t>(p.value.size()), p.shape));
   }
   for (const ParameterState& p : parameters) {
     steps[p.name] = p.optimizer.steps;
     for (const auto& [buffer, values] : p.optimizer.buffers) {
       shard.tensors.push_back(FloatTensor(absl::StrCat(kOptimizerPrefix, p.name, ":", buffer),
-                                          values.data(), static_cast<int64_t>(values.size())));
+                                          values.data(), static_cast<int64_t>(values.size()),
+                                          p.shape));
     }
   }
   shard.metadata = {{"optimizer_steps", steps}, {"layers", {first_layer, end_layer}}};
@@ -76,6 +80,7 @@ absl::StatusOr<std::vector<CheckpointShard>> StageShards(
       }
       ParameterState p;
       p.name = v.name;
+      p.shape = v.shape;
       p.value.resize(static_cast<size_t>(v.value.count));
       TANDEM_RETURN_IF_ERROR(l.ops->CopyToHost(
           p.value.data(), static_cast<const float*>(v.value.data), v.value.count));
@@ -141,6 +146,7 @@ absl::Status SaveShards(const std::string& dir, const std::string& model, int64_
     manifest.step = step;
     manifest.data_position = {{"next_iteration", step}};
     manifest.optimizer = OptimizerJson(scope.optimizer);
+    manifest.run = scope.run;
     local = [&]() -> absl::Status {
       for (const std::string& text : all) {
         nlohmann::json rank_records = nlohmann::json::parse(text, nullptr, false);
@@ -265,6 +271,7 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
       }
       ParameterState p;
       p.name = t.name.substr(sizeof(kParameterPrefix) - 1);
+      p.shape = t.shape;
       p.value.resize(static_cast<size_t>(t.count));
       std::memcpy(p.value.data(), t.bytes.data(), t.bytes.size());
       p.optimizer.name = p.name;
@@ -358,6 +365,11 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
           return absl::InvalidArgumentError(absl::StrCat(
               dir, ": parameter '", v.name, "' has another size (", it->second.value.size(),
               " vs ", whole, ")"));
+        }
+        if (!ShapesCompatible(it->second.shape, v.shape)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              dir, ": parameter '", v.name, "' has shape ", ShapeString(it->second.shape),
+              " in the checkpoint, the stage holds ", ShapeString(v.shape)));
         }
         if (v.tensor_parallel_index != nullptr) it->second = CutShard(it->second, *v.tensor_parallel_index);
         TANDEM_RETURN_IF_ERROR(l.ops->CopyFromHost(static_cast<float*>(v.value.data),

@@ -38,6 +38,8 @@ struct CheckpointScope {
   OptimizerConfig optimizer;
   // Loading: start the optimizer afresh instead of requiring its saved state.
   bool reset_optimizer = false;
+  // Saving: the manifest's record of the run (CheckpointManifest::run).
+  nlohmann::json run = nlohmann::json::object();
 };
 
 // Writes every stage into `dir` (created if needed) at `step`: shards by the lowest rank of
@@ -59,6 +61,9 @@ struct ParameterState {
   std::string name;
   std::vector<float> value;
   ParameterOptimizerState optimizer;
+  // The parameter's dimensions (whole, as ParameterView::shape); empty: unknown. A checkpoint
+  // records it with the values (runtime/checkpoint.h).
+  std::vector<int64_t> shape;
 };
 
 struct CheckpointState {
@@ -84,7 +89,8 @@ absl::StatusOr<CheckpointState> ReadCheckpointState(const std::string& dir,
 ParameterState CutShard(const ParameterState& whole, const std::vector<int64_t>& index);
 
 // A shard of `parameters` (values, optimizer buffers, step counts) for `stage`, which holds
-// layers [first_layer, end_layer).
+// layers [first_layer, end_layer). Every tensor gets a shape: the parameter's (an optimizer
+// buffer of the parameter's size shares it), or [count] where the parameter's is unknown.
 CheckpointShard ShardOf(int stage, int first_layer, int end_layer,
                         const std::vector<ParameterState>& parameters);
 // Writes this rank's `shards` into `dir`, then rank 0 of scope.control writes the manifest over
@@ -99,7 +105,8 @@ absl::Status SaveShardsStep(const std::string& root, const std::string& model, i
 
 // Loads parameters and optimizer state of every stage from `dir` (a step folder: see
 // ResolveCheckpoint for a root); returns the step saved. The manifest's model, layer count
-// and optimizer must match; its stages may split the layers differently (another world size or
+// and optimizer must match, and every parameter's recorded shape its stage's
+// (ShapesCompatible: a flat or missing record passes on the element count); its stages may split the layers differently (another world size or
 // plan): each stage reads its parameters by name from the saved stages overlapping its layers. Collective; an error on any
 // rank fails every rank.
 absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& model,

@@ -444,8 +444,12 @@ class ShardWriter:
         """Removes the open shard's temporary file and every shard completed so far."""
         if self.stream is not None:
             self.stream.close()
-            remove_quietly(self.stream_path)
             self.stream = None
+        # Whatever the moment of an interrupt (even between creating the temporary file and
+        # holding its stream, or between closing and renaming it), the open shard's files go.
+        if self.stream_path is not None:
+            remove_quietly(self.stream_path)
+            self.stream_path = None
             if self.layout == "megatron":  # an index renamed just before its .bin
                 index_name = self._name(len(self.shards))[:-len(".bin")] + ".idx"
                 remove_quietly(os.path.join(self.folder, index_name))
@@ -487,8 +491,10 @@ class ShardWriter:
             lengths = self.np.concatenate(self.sequence_lengths)
             documents = len(lengths)
             write_atomically(path[:-len(".bin")] + ".idx", self._megatron_index(lengths))
-        os.replace(self.stream_path, path)
+        # Recorded before the rename: an interrupt at any point leaves a name abandon() removes.
         self.shards.append((name, self.shard_count, documents))
+        os.replace(self.stream_path, path)
+        self.stream_path = None
 
     def _megatron_index(self, lengths):
         """Megatron-LM's _IndexWriter layout, one sequence per document (piece)."""

@@ -16,6 +16,9 @@ packages=(
   libopenblas0-openmp
   libglpk-dev
   python3 python3-venv
+  # Debian's CPU PyTorch for Python (the release of libtorch-dev): transformers' torch in the
+  # tests that compare tandem's Llama and GPT-2 with it (scripts/python_env.sh).
+  python3-torch
 )
 
 missing=()

@@ -1,6 +1,8 @@
-// `tandem checkpoint inspect DIR` and `tandem checkpoint diff A B [--tolerance X]`: what a
-// checkpoint (runtime/checkpoint.h) holds, and how far two are apart, tensor by tensor. Part of
-// tandem-torch because the checkpoint format lives in the runtime library (no LibTorch used).
+// `tandem checkpoint inspect DIR`, `tandem checkpoint diff A B [--tolerance X]` and
+// `tandem checkpoint export --format safetensors DIR OUT [--hf-config FILE]`: what a checkpoint
+// (runtime/checkpoint.h) holds, how far two are apart, tensor by tensor, and its parameters as a
+// Hugging Face folder (runtime/torch/hf_weights.h). Part of tandem-torch because the checkpoint
+// format lives in the runtime library (inspect and diff use no LibTorch).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,12 +14,18 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/command.h"
+#include "cli/flags.h"
+#include "cli/torch/commands.h"
 #include "cli/torch_commands.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "pipeline/plan.h"
 #include "runtime/checkpoint.h"
+#include "runtime/torch/hf_weights.h"
+
+ABSL_DECLARE_FLAG(std::string, hf_config);  // cli/torch/hf_models.cc
 
 ABSL_FLAG(double, tolerance, 0,
           "checkpoint diff: largest relative difference allowed per tensor (|a - b| over the "
@@ -31,6 +39,7 @@ struct Loaded {
   std::string folder;
   runtime::CheckpointManifest manifest;
   std::map<std::string, std::vector<float>> tensors;
+  std::map<std::string, std::vector<int64_t>> shape_of;  // empty: not recorded (older shards)
   std::map<std::string, int> stage_of;
 };
 
@@ -53,6 +62,7 @@ absl::StatusOr<Loaded> Load(const std::string& path) {
                                                 "' is in more than one shard"));
       }
       out.stage_of[t.name] = shard.stage;
+      out.shape_of[t.name] = t.shape;
     }
   }
   return out;
@@ -74,8 +84,8 @@ absl::Status Inspect(const std::string& path) {
   for (const runtime::ShardRecord& r : m.shards) bytes += static_cast<double>(r.bytes);
   std::cout << "  " << m.shards.size() << " shard(s), " << FormatBytes(bytes)
             << ", checksums verified\n";
-  std::cout << absl::StrFormat("  %-5s %-48s %12s %12s %12s\n", "stage", "tensor", "elements",
-                               "rms", "max |x|");
+  std::cout << absl::StrFormat("  %-5s %-48s %-16s %12s %12s %12s\n", "stage", "tensor",
+                               "shape", "elements", "rms", "max |x|");
   for (const auto& [name, values] : c.tensors) {
     double sum = 0, largest = 0;
     for (float v : values) {
@@ -83,7 +93,9 @@ absl::Status Inspect(const std::string& path) {
       largest = std::max(largest, static_cast<double>(std::fabs(v)));
     }
     const double rms = values.empty() ? 0 : std::sqrt(sum / static_cast<double>(values.size()));
-    std::cout << absl::StrFormat("  %-5d %-48s %12d %12.6g %12.6g\n", c.stage_of[name], name,
+    const std::vector<int64_t>& shape = c.shape_of[name];
+    std::cout << absl::StrFormat("  %-5d %-48s %-16s %12d %12.6g %12.6g\n", c.stage_of[name],
+                                 name, shape.empty() ? "-" : runtime::ShapeString(shape),
                                  values.size(), rms, largest);
   }
   return absl::OkStatus();
@@ -119,6 +131,15 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path, d
       ++differences;
       continue;
     }
+    const std::vector<int64_t>& a_shape = a.shape_of[name];
+    const std::vector<int64_t>& b_shape = b.shape_of[name];
+    if (!runtime::ShapesCompatible(a_shape, b_shape) ||
+        !runtime::ShapesCompatible(b_shape, a_shape)) {
+      std::cout << absl::StrFormat("%-48s shape %s vs %s\n", name,
+                                   runtime::ShapeString(a_shape), runtime::ShapeString(b_shape));
+      ++differences;
+      continue;
+    }
     double diff = 0, scale = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       diff = std::max(diff, std::fabs(static_cast<double>(x[i]) - y[i]));
@@ -150,11 +171,32 @@ absl::StatusOr<int> Diff(const std::string& a_path, const std::string& b_path, d
   return differences == 0 ? kExitOk : kExitFailure;
 }
 
+absl::Status Export(const std::string& checkpoint, const std::string& out) {
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "safetensors") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format: export writes Hugging Face safetensors folders (--format safetensors), got '",
+        format, "'"));
+  }
+  runtime::libtorch::HfExportOptions options;
+  options.hf_config = absl::GetFlag(FLAGS_hf_config);
+  TANDEM_ASSIGN_OR_RETURN(const runtime::libtorch::HfExportResult result,
+                          runtime::libtorch::ExportCheckpointToHf(checkpoint, out, options));
+  std::cout << "exported " << result.checkpoint << " (" << result.model << ") to " << out
+            << ": " << result.tensors << " tensor(s), "
+            << FormatBytes(static_cast<double>(result.bytes)) << " in "
+            << absl::StrJoin(result.files, ", ") << "; config.json from "
+            << result.config_source << "\n";
+  return absl::OkStatus();
+}
+
+constexpr char kExpected[] =
+    "expected `inspect DIR`, `diff A B` or `export --format safetensors DIR OUT`";
+
 int RunCheckpoint(const std::vector<std::string>& args) {
   const double tolerance = absl::GetFlag(FLAGS_tolerance);
   if (args.empty()) {
-    return ReportError("checkpoint", absl::InvalidArgumentError(
-                                         "expected `inspect DIR` or `diff A B`"));
+    return ReportError("checkpoint", absl::InvalidArgumentError(kExpected));
   }
   if (!(tolerance >= 0)) {
     return ReportError("checkpoint",
@@ -168,28 +210,45 @@ int RunCheckpoint(const std::vector<std::string>& args) {
     absl::StatusOr<int> code = Diff(args[1], args[2], tolerance);
     return code.ok() ? *code : ReportError("checkpoint diff", code.status());
   }
+  if (args[0] == "export" && args.size() == 3) {
+    absl::Status s = Export(args[1], args[2]);
+    return s.ok() ? kExitOk : ReportError("checkpoint export", s);
+  }
   return ReportError("checkpoint",
                      absl::InvalidArgumentError(absl::StrCat(
-                         "expected `inspect DIR` or `diff A B`, got '", args[0], "' with ",
-                         args.size() - 1, " argument(s)")));
+                         kExpected, ", got '", args[0], "' with ", args.size() - 1,
+                         " argument(s)")));
 }
 
-const CommandRegistrar registrar({
+}  // namespace
+
+CommandInfo CheckpointCommand() {
+  return {
     .name = "checkpoint",
     .summary = kCheckpointSummary,
     .usage =
         "tandem checkpoint inspect DIR\n"
-        "tandem checkpoint diff A B [--tolerance X]\n\n"
+        "tandem checkpoint diff A B [--tolerance X]\n"
+        "tandem checkpoint export --format safetensors DIR OUT [--hf-config config.json]\n\n"
         "DIR, A and B are checkpoint roots (their `latest` step) or step folders, saved by any\n"
         "run and partition. inspect checks every shard's checksum and prints the model, step,\n"
         "optimizer and every tensor (parameters `param:NAME`, optimizer state\n"
-        "`optim:NAME:BUFFER`) with its size, rms and largest magnitude. diff compares two\n"
+        "`optim:NAME:BUFFER`) with its shape, size, rms and largest magnitude. diff compares two\n"
         "checkpoints tensor by tensor, by name, whatever partition saved them: the largest\n"
         "absolute difference and the relative one (over the tensor's largest magnitude); exit\n"
         "0 when every tensor is within --tolerance (0: bit-equal) and both have the same model,\n"
-        "step and tensors, 1 otherwise, 2 for bad input.",
-    .flags = {"tolerance"},
-    .run = RunCheckpoint});
+        "step and tensors, 1 otherwise, 2 for bad input.\n\n"
+        "export writes the parameters of a llama or gpt2 checkpoint as a Hugging Face folder OUT\n"
+        "(which must not exist or be empty) that transformers' from_pretrained loads:\n"
+        "config.json and model.safetensors (shards and model.safetensors.index.json past 5 GB),\n"
+        "float32 under transformers' names, a tied embedding once. config.json is --hf-config's\n"
+        "file when given (it must describe the checkpoint's model), else written from the model\n"
+        "description the checkpoint records, with the norm epsilon at 1e-5 and Llama's\n"
+        "max_position_embeddings at the sequence length (as `tandem train` sets them without\n"
+        "--hf-config): pass --hf-config for a model trained from a config.json. Nothing is left\n"
+        "behind on an error (the folder is written aside and renamed).",
+    .flags = {"tolerance", "format", "hf_config"},
+    .run = RunCheckpoint};
+}
 
-}  // namespace
 }  // namespace tandem::cli

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdlib>
 #include <thread>
 
@@ -12,9 +13,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cli/torch/hf_models.h"
+#include "cli/torch/model_registry.h"
 #include "common/status.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/token_data.h"
 
-ABSL_FLAG(std::string, model, "gpt", "model: gpt (decoder-only transformer)");
+ABSL_FLAG(std::string, model, "gpt",
+          "model: gpt (decoder-only transformer), or one the program registered");
 ABSL_FLAG(int, layers, 4, "GPT: transformer blocks (the model has layers + 2 pipeline layers)");
 ABSL_FLAG(int, hidden, 64, "GPT: hidden size");
 ABSL_FLAG(int, heads, 4, "GPT: attention heads (must divide --hidden)");
@@ -22,8 +30,13 @@ ABSL_FLAG(int, seq_len, 32, "GPT: sequence length in tokens");
 ABSL_FLAG(int, vocab, 0,
           "GPT: vocabulary size (0: the data's, 16 for the synthetic task, 256 for --data)");
 ABSL_FLAG(std::string, data, "",
-          "training text file, read as bytes (vocabulary 256); empty: the embedded synthetic "
+          "training data: token shards (llm.c, nanoGPT or Megatron-LM .bin files, a folder of "
+          "them or a glob; several separated by commas; scripts/prepare_data.py writes them), "
+          "or a text file read as bytes (vocabulary 256); empty: the embedded synthetic "
           "arithmetic-sequence task");
+ABSL_FLAG(std::string, data_format, "auto",
+          "--data's format: auto (a folder, a glob or a .bin file is token shards of the format "
+          "their headers say, anything else text), llmc, nanogpt, megatron, or text");
 ABSL_FLAG(int, microbatch_size, 1, "samples per micro-batch");
 ABSL_FLAG(std::string, optimizer, "adamw", "optimizer: sgd (with momentum) or adamw");
 ABSL_FLAG(std::string, device, "cpu", "device: cpu, cuda or cuda:N");
@@ -37,20 +50,90 @@ using runtime::libtorch::GptConfig;
 
 constexpr int64_t kSyntheticVocabulary = 16;
 
-const std::vector<std::string>& ModelFlagNames() {
-  static const std::vector<std::string> names = {"model", "layers", "hidden",   "heads",
-                                                 "seq_len", "vocab", "data", "attention"};
-  return names;
+absl::StatusOr<std::optional<runtime::libtorch::TokenShardOptions>> TokenShardsFromFlags() {
+  const std::string data = absl::GetFlag(FLAGS_data);
+  const std::string format = absl::GetFlag(FLAGS_data_format);
+  if (data.empty() || format == "text") return std::nullopt;
+  runtime::libtorch::TokenShardOptions options;
+  std::vector<std::string> sources = absl::StrSplit(data, ',', absl::SkipEmpty());
+  if (format == "auto") {
+    bool shards = false;
+    for (const std::string& source : sources) {
+      shards = shards || runtime::libtorch::LooksLikeTokenShards(source);
+    }
+    if (!shards) return std::nullopt;
+  } else {
+    auto parsed = data::ParseTokenFileFormat(format);
+    if (!parsed.ok() || *parsed == data::TokenFileFormat::kAuto) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data-format: '", format, "' is not auto, llmc, nanogpt, megatron or text"));
+    }
+    options.format = *parsed;
+  }
+  // A folder scripts/prepare_data.py wrote: its training shards.
+  TANDEM_ASSIGN_OR_RETURN(options.sources,
+                          runtime::libtorch::PreparedSplitShards(sources, "train"));
+  return options;
 }
 
-absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed) {
-  const std::string model = absl::GetFlag(FLAGS_model);
-  if (model != "gpt") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--model: unknown model '", model, "' (known: gpt)"));
+absl::StatusOr<int64_t> VocabularyFromFlags(int64_t fixed) {
+  const int64_t flag = absl::GetFlag(FLAGS_vocab);
+  if (flag < 0) return absl::InvalidArgumentError(absl::StrCat("--vocab: negative: ", flag));
+  if (fixed > 0 && flag != 0 && flag != fixed) {
+    return absl::InvalidArgumentError(absl::StrCat("--vocab ", flag, " differs from --hf-config's "
+                                                   "vocab_size ", fixed, " (leave it at 0)"));
   }
+  const int64_t asked = fixed > 0 ? fixed : flag;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<runtime::libtorch::TokenShardOptions> shards,
+                          TokenShardsFromFlags());
+  if (shards.has_value()) {
+    if (asked > 0) return asked;  // every token is checked against it when the shards open
+    TANDEM_ASSIGN_OR_RETURN(const int64_t recorded,
+                            runtime::libtorch::RecordedVocabularySize(shards->sources));
+    if (recorded == 0) {
+      return absl::InvalidArgumentError(
+          "--vocab: token shards without a dataset.json beside them (scripts/prepare_data.py "
+          "writes one) need the vocabulary size");
+    }
+    return recorded;
+  }
+  if (!absl::GetFlag(FLAGS_data).empty()) {
+    if (asked != 0 && asked < runtime::libtorch::kByteVocabulary) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab ", asked, " is too small for byte data (--data needs at least ",
+          runtime::libtorch::kByteVocabulary, ")"));
+    }
+    return asked == 0 ? runtime::libtorch::kByteVocabulary : asked;
+  }
+  return asked == 0 ? kSyntheticVocabulary : asked;
+}
+
+absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> DataFromFlags(int64_t vocab,
+                                                                          int64_t seq_len,
+                                                                          uint64_t seed) {
+  TANDEM_ASSIGN_OR_RETURN(std::optional<runtime::libtorch::TokenShardOptions> shards,
+                          TokenShardsFromFlags());
+  if (shards.has_value()) {
+    shards->seq_len = seq_len;
+    shards->vocab = vocab;
+    shards->seed = seed;
+    return runtime::libtorch::MakeTokenShardDataset(*shards);
+  }
+  const std::string text = absl::GetFlag(FLAGS_data);
+  if (!text.empty()) return runtime::libtorch::MakeByteTextDataset(text, seq_len, seed);
+  runtime::libtorch::SyntheticTaskOptions task;
+  task.vocab = vocab;
+  task.seq_len = seq_len;
+  task.seed = seed;
+  return runtime::libtorch::MakeSyntheticDataset(task);
+}
+
+namespace {
+
+absl::StatusOr<ModelAndData> MakeGpt(const ModelRequest& request) {
+  const uint64_t data_seed = request.seed;
   ModelAndData result;
-  GptConfig& gpt = result.gpt;
+  GptConfig gpt;
   gpt.layers = absl::GetFlag(FLAGS_layers);
   gpt.hidden = absl::GetFlag(FLAGS_hidden);
   gpt.heads = absl::GetFlag(FLAGS_heads);
@@ -58,35 +141,42 @@ absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed) {
   auto attention = runtime::libtorch::ParseGptAttention(absl::GetFlag(FLAGS_attention));
   if (!attention.ok()) return Annotate(attention.status(), "--attention");
   gpt.attention = *attention;
-  const std::string text = absl::GetFlag(FLAGS_data);
-  const int vocab = absl::GetFlag(FLAGS_vocab);
-  if (vocab < 0) return absl::InvalidArgumentError(absl::StrCat("--vocab: negative: ", vocab));
-  if (!text.empty()) {
-    if (vocab != 0 && vocab < runtime::libtorch::kByteVocabulary) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--vocab ", vocab, " is too small for byte data (--data needs at least ",
-          runtime::libtorch::kByteVocabulary, ")"));
-    }
-    gpt.vocab = vocab == 0 ? runtime::libtorch::kByteVocabulary : vocab;
-  } else {
-    gpt.vocab = vocab == 0 ? kSyntheticVocabulary : vocab;
-  }
+  TANDEM_ASSIGN_OR_RETURN(gpt.vocab, VocabularyFromFlags(/*fixed=*/0));
   if (absl::Status valid = runtime::libtorch::ValidateGptConfig(gpt); !valid.ok()) {
     // "gpt: hidden ..." -> "--hidden ..." style context for the command line.
     return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
   }
-  if (text.empty()) {
-    runtime::libtorch::SyntheticTaskOptions task;
-    task.vocab = gpt.vocab;
-    task.seq_len = gpt.seq_len;
-    task.seed = data_seed;
-    TANDEM_ASSIGN_OR_RETURN(result.data, runtime::libtorch::MakeSyntheticDataset(task));
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(result.data,
-                            runtime::libtorch::MakeByteTextDataset(text, gpt.seq_len, data_seed));
-  }
+  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(gpt.vocab, gpt.seq_len, data_seed));
   result.spec = runtime::libtorch::GptModelSpec(gpt);
+  result.description = runtime::libtorch::DescribeGpt(gpt);
+  result.tokens_per_sample = gpt.seq_len;
+  result.training_flops_per_token = runtime::libtorch::GptTrainingFlopsPerToken(gpt);
+  // float32: 8 tensors of [b, s, h] and two of the attention scores per block, three of the
+  // logits on the last stage.
+  result.minimum_activation_bytes = [gpt](int64_t microbatch_size, int layers, bool last) {
+    const double b = static_cast<double>(microbatch_size);
+    const double s = static_cast<double>(gpt.seq_len);
+    const double per_layer = 4 * b * s * (8.0 * gpt.hidden + 2.0 * gpt.heads * s);
+    const double logits = 4 * 3 * b * s * gpt.vocab;
+    return per_layer * layers + (last ? logits : 0);
+  };
   return result;
+}
+
+}  // namespace
+
+void RegisterBuiltInModels() {
+  static const bool registered = [] {
+    absl::Status status = RegisterModel(
+        {.name = "gpt",
+         .summary = "decoder-only transformer (learned positions, pre-norm blocks)",
+         .flags = {"layers", "hidden", "heads", "seq_len", "vocab", "data", "data_format",
+                   "attention"},
+         .make = MakeGpt});
+    RegisterHuggingFaceModels();
+    return status.ok();
+  }();
+  (void)registered;
 }
 
 absl::StatusOr<torch::Device> DeviceFromFlags() {

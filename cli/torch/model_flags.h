@@ -1,10 +1,12 @@
 // Model, data and device flags shared by the LibTorch commands (`tandem profile`,
-// `tandem train`): each is defined once, in model_flags.cc. A command lists kModelFlagNames
-// (and any of the others it uses) in its CommandInfo::flags.
+// `tandem train`): each is defined once, in model_flags.cc. A command lists ModelFlagNames()
+// (cli/torch/model_registry.h: --model and every registered model's flags) and any of the
+// others it uses in its CommandInfo::flags.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,16 +14,17 @@
 #include "absl/status/statusor.h"
 #include "cli/cpu_binding.h"
 #include "runtime/torch/data.h"
-#include "runtime/torch/gpt.h"
 #include "runtime/torch/model.h"
+#include "runtime/torch/token_data.h"
 
-ABSL_DECLARE_FLAG(std::string, model);     // "gpt"
+ABSL_DECLARE_FLAG(std::string, model);     // a registered model: "gpt", ...
 ABSL_DECLARE_FLAG(int, layers);            // transformer blocks
 ABSL_DECLARE_FLAG(int, hidden);
 ABSL_DECLARE_FLAG(int, heads);
 ABSL_DECLARE_FLAG(int, seq_len);
 ABSL_DECLARE_FLAG(int, vocab);             // 0: the data's (16 synthetic, 256 bytes)
-ABSL_DECLARE_FLAG(std::string, data);      // "" (synthetic task) or a text file (bytes)
+ABSL_DECLARE_FLAG(std::string, data);      // "" (synthetic task), token shards or a text file
+ABSL_DECLARE_FLAG(std::string, data_format);  // auto, llmc, nanogpt, megatron, text
 ABSL_DECLARE_FLAG(int, microbatch_size);   // samples per micro-batch (profile)
 ABSL_DECLARE_FLAG(std::string, optimizer); // "sgd" or "adamw"
 ABSL_DECLARE_FLAG(std::string, device);    // "cpu", "cuda", "cuda:N"
@@ -29,19 +32,25 @@ ABSL_DECLARE_FLAG(std::string, attention); // "auto", "explicit", "fused"
 
 namespace tandem::cli {
 
-// The model-describing flags: --model --layers --hidden --heads --seq-len --vocab --data.
-const std::vector<std::string>& ModelFlagNames();
+// --data and --data-format as token shards (their sources resolved: a folder
+// scripts/prepare_data.py wrote gives its training shards; sizes and seed left for the model),
+// or nothing when --data is empty or a text file.
+absl::StatusOr<std::optional<runtime::libtorch::TokenShardOptions>> TokenShardsFromFlags();
 
-// A model and its data set as the flags describe them. The synthetic task uses `data_seed`.
-struct ModelAndData {
-  runtime::libtorch::ModelSpec spec;
-  std::shared_ptr<runtime::libtorch::Dataset> data;
-  runtime::libtorch::GptConfig gpt;  // when --model gpt
-};
+// The vocabulary of a model on the data the flags name: `fixed` (a config file's) when
+// non-zero, which --vocab may only repeat and the data must fit in; else --vocab, else the
+// data's (the dataset.json of token shards, 256 for a text file, 16 for the synthetic task).
+absl::StatusOr<int64_t> VocabularyFromFlags(int64_t fixed);
 
-// InvalidArgument naming the flag for an unknown model or bad sizes; NotFound for a missing
-// --data file.
-absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t data_seed);
+// The data set the flags name for a model of `vocab` tokens and `seq_len` tokens a sample:
+// token shards, a text file's bytes or the synthetic task, seeded with `seed`.
+absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> DataFromFlags(int64_t vocab,
+                                                                          int64_t seq_len,
+                                                                          uint64_t seed);
+
+// Registers the models `tandem-torch` has built in (gpt, llama, gpt2;
+// cli/torch/model_registry.h), once; later calls do nothing.
+void RegisterBuiltInModels();
 
 // --device as a LibTorch device. FailedPrecondition when CUDA is asked for but absent.
 absl::StatusOr<torch::Device> DeviceFromFlags();

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/command.h"
+#include "cli/torch/commands.h"
+#include "cli/torch/model_registry.h"
 #include "cli/flags.h"
 #include "cli/torch/model_flags.h"
 #include "cli/torch_commands.h"
@@ -67,7 +69,7 @@ absl::Status Profile() {
   TANDEM_ASSIGN_OR_RETURN(options.optimizer_state, OptimizerStateFromFlags());
   TANDEM_ASSIGN_OR_RETURN(options.device, DeviceFromFlags());
   TANDEM_ASSIGN_OR_RETURN(runtime::libtorch::LayeredModel model,
-                          model_and_data.spec.Build(seed));
+                          model_and_data.spec.BuildLayers(seed, /*first=*/0, /*end=*/0));
   TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
                           runtime::libtorch::ProfileModel(model, *model_and_data.data, options));
   TANDEM_RETURN_IF_ERROR(pipeline::ValidateProfile(profile, "measured profile"));
@@ -99,11 +101,14 @@ std::vector<std::string> ProfileFlags() {
   return flags;
 }
 
-const CommandRegistrar registrar({
+}  // namespace
+
+CommandInfo ProfileCommand() {
+  return {
     .name = "profile",
     .summary = kProfileSummary,
-    .usage =
-        "tandem profile [--model gpt] --layers N --hidden H --heads A --seq-len S\n"
+    .usage = absl::StrCat(
+        "tandem profile [--model gpt|NAME] --layers N --hidden H --heads A --seq-len S\n"
         "    [--vocab V] [--data FILE] --microbatch-size B [--warmup 3] [--repeats 10]\n"
         "    [--optimizer adamw|sgd] [--device cpu|cuda|cuda:N] [--seed X] [-o profile.json]\n\n"
         "Builds the model from --seed, feeds each layer a micro-batch of the data (the\n"
@@ -113,9 +118,10 @@ const CommandRegistrar registrar({
         "and optimizer-state bytes (2x parameters for adamw, 1x for sgd), recompute cost. On\n"
         "a GPU every timed region is synchronised. Prints a table; -o writes the profile JSON\n"
         "('-' for standard output, then no table).",
+        ModelsHelp()),
     .flags = ProfileFlags(),
     .aliases = {{"o", "output"}},
-    .run = RunProfile});
+    .run = RunProfile};
+}
 
-}  // namespace
 }  // namespace tandem::cli

@@ -27,13 +27,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
+#include "cli/torch/commands.h"
+#include "cli/torch/model_registry.h"
 #include "cli/flags.h"
 #include "cli/torch/elastic_train.h"
 #include "cli/torch/model_flags.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
+#include "data/dataset_identity.h"
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
 #include "common/file_util.h"
@@ -44,6 +48,7 @@
 #include "pipeline/profile.h"
 #include "planner/cluster.h"
 #include "planner/planner.h"
+#include "runtime/checkpoint.h"
 #include "runtime/control.h"
 #include "runtime/devices.h"
 #include "runtime/engine.h"
@@ -134,6 +139,12 @@ ABSL_FLAG(std::string, resume, "",
 ABSL_FLAG(bool, reset_optimizer, false,
           "train: with --resume, start the optimizer afresh from the saved parameters (a "
           "checkpoint whose optimizer state is missing is refused without it)");
+ABSL_FLAG(bool, reset_data, false,
+          "train: with --resume, accept a checkpoint trained on other data or another global "
+          "batch (the data order then starts from the resumed iteration of the new data)");
+ABSL_FLAG(bool, reset_schedule, false,
+          "train: with --resume, accept a checkpoint trained with another learning-rate "
+          "schedule (the new flags' schedule, at the resumed iteration)");
 ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
 ABSL_FLAG(double, heartbeat_timeout, 2,
           "train: seconds of silence (no heartbeat: the rank was killed or stopped) after which "
@@ -180,8 +191,12 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
   options.grad_sync = *sync;
   options.reset_optimizer = absl::GetFlag(FLAGS_reset_optimizer);
-  if (options.reset_optimizer && absl::GetFlag(FLAGS_resume).empty()) {
-    return absl::InvalidArgumentError("--reset-optimizer applies to --resume; there is none");
+  for (const auto& [name, set] : {std::pair<const char*, bool>{"--reset-optimizer", options.reset_optimizer},
+                                  {"--reset-data", absl::GetFlag(FLAGS_reset_data)},
+                                  {"--reset-schedule", absl::GetFlag(FLAGS_reset_schedule)}}) {
+    if (set && absl::GetFlag(FLAGS_resume).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " applies to --resume; there is none"));
+    }
   }
   if (options.reset_optimizer && absl::GetFlag(FLAGS_elastic)) {
     return absl::InvalidArgumentError(
@@ -630,10 +645,10 @@ struct MfuModel {
   }
 };
 
-MfuModel MfuFor(const runtime::libtorch::GptConfig& gpt, torch::Device device,
+MfuModel MfuFor(double flops_per_token, torch::Device device,
                 runtime::libtorch::Precision precision, int ranks) {
   MfuModel m;
-  m.flops_per_token = runtime::libtorch::GptTrainingFlopsPerToken(gpt);
+  m.flops_per_token = flops_per_token;
   double peak = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
   if (peak <= 0 && device.is_cuda()) {
     peak = runtime::libtorch::KnownPeakFlops(comm::CudaDeviceName(device.index()), precision);
@@ -676,30 +691,27 @@ absl::Status WriteTimeline(runtime::Engine& engine, const std::string& path, int
 
 // A first bound on the plan's micro-batch size before anything is allocated (a sanity bound,
 // not a memory planner: it catches sizes such as 10^6 that would run out of memory or run for
-// minutes). The activations a stage keeps at the least (float32: 8 tensors of [b, s, h] and
-// two of the attention scores per block, three of the logits on the last stage; for
+// minutes). The activations a stage keeps at the least (the model's estimate, for
 // min(micro-batches, stages) micro-batches in flight, as 1F1B keeps them) must fit this rank's
 // share of the device's memory (the host's is shared by the ranks on it, a GPU's by the ranks
-// that use it).
-absl::Status CheckMicrobatchFits(const pipeline::Plan& plan,
-                                 const runtime::libtorch::GptConfig& gpt, torch::Device device) {
+// that use it). Models without an estimate are not checked.
+absl::Status CheckMicrobatchFits(const pipeline::Plan& plan, const ModelAndData& model,
+                                 torch::Device device) {
   const double memory = runtime::libtorch::DeviceMemoryBytes(device);
-  if (memory <= 0) return absl::OkStatus();
+  if (memory <= 0 || !model.minimum_activation_bytes) return absl::OkStatus();
   const int local_ranks = LocalRanks();
   const int sharing =
       device.is_cuda()
           ? std::max(1, local_ranks / std::max(1, static_cast<int>(torch::cuda::device_count())))
           : local_ranks;
   const double share = memory / sharing;
-  const double b = static_cast<double>(plan.microbatch_size);
-  const double s = static_cast<double>(gpt.seq_len);
   const double in_flight = std::min(plan.schedule.num_microbatches, plan.schedule.NumStages());
-  const double per_layer = 4 * b * s * (8.0 * gpt.hidden + 2.0 * gpt.heads * s);
-  const double logits = 4 * 3 * b * s * gpt.vocab;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const pipeline::PlanStage& st = plan.stages[i];
-    const double bytes = in_flight * (per_layer * (st.end_layer - st.first_layer) +
-                                      (i + 1 == plan.stages.size() ? logits : 0));
+    const double bytes =
+        in_flight * model.minimum_activation_bytes(plan.microbatch_size,
+                                                   st.end_layer - st.first_layer,
+                                                   i + 1 == plan.stages.size());
     if (bytes > share) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "the plan's micro-batches of %d samples need at least %s of activations in stage %d, "
@@ -746,6 +758,76 @@ absl::Status CheckOutputPaths(comm::Communicator& world) {
 }
 
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
+// What every checkpoint of this run records, for a resume to check: the data set's identity
+// and the global batch (together the data position, with the iteration), and the
+// learning-rate schedule.
+nlohmann::json RunRecord(const runtime::libtorch::Dataset& data, int64_t global_batch,
+                         const runtime::LrSchedule& lr) {
+  return {{"data", data.Identity()},
+          {"global_batch", global_batch},
+          {"lr_schedule",
+           {{"base_lr", lr.base_lr},
+            {"warmup_steps", lr.warmup_steps},
+            {"decay_end_step", lr.decay_end_step},
+            {"min_lr", lr.min_lr}}}};
+}
+
+// Refuses a resume whose checkpoint was trained on other data, another global batch or another
+// learning-rate schedule, naming the difference, unless --reset-data / --reset-schedule accept
+// it. Checkpoints without a record (older ones) are not checked.
+absl::Status CheckResumeMatches(const std::string& resume, const nlohmann::json& current) {
+  TANDEM_ASSIGN_OR_RETURN(std::string dir, runtime::ResolveCheckpoint(resume));
+  TANDEM_ASSIGN_OR_RETURN(runtime::CheckpointManifest manifest, runtime::ReadManifest(dir));
+  const nlohmann::json& saved = manifest.run;
+  if (saved.empty()) return absl::OkStatus();
+  if (!absl::GetFlag(FLAGS_reset_data)) {
+    const char* reset = " (--reset-data to go on from this checkpoint on other data)";
+    if (saved.contains("data") && saved["data"] != current["data"]) {
+      const nlohmann::json& a = saved["data"];
+      const nlohmann::json& b = current["data"];
+      if (a.is_object() && b.is_object() && a.contains("shards") && b.contains("shards")) {
+        auto saved_identity = data::DatasetIdentity::FromJson(a, dir);
+        auto current_identity = data::DatasetIdentity::FromJson(b, "--data");
+        if (saved_identity.ok() && current_identity.ok()) {
+          absl::Status same = data::CheckSameDataset(*saved_identity, *current_identity);
+          if (!same.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(dir, ": ", same.message(), reset));
+          }
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": the checkpoint was trained on ",
+                                                     a.dump(), "; this run reads ", b.dump(),
+                                                     reset));
+    }
+    if (saved.contains("global_batch") && saved["global_batch"] != current["global_batch"]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": the checkpoint was trained with a global batch of ",
+          saved["global_batch"].dump(), " samples, this run's is ",
+          current["global_batch"].dump(), reset));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_reset_schedule) && saved.contains("lr_schedule") &&
+      saved["lr_schedule"] != current["lr_schedule"]) {
+    std::vector<std::string> differences;
+    const std::map<std::string, std::string> flag_of = {{"base_lr", "--lr"},
+                                                        {"warmup_steps", "--warmup-steps"},
+                                                        {"decay_end_step", "--decay-steps"},
+                                                        {"min_lr", "--min-lr"}};
+    for (const auto& [field, flag] : flag_of) {
+      const nlohmann::json a = saved["lr_schedule"].value(field, nlohmann::json());
+      const nlohmann::json b = current["lr_schedule"].value(field, nlohmann::json());
+      if (a != b) differences.push_back(absl::StrCat(flag, " ", a.dump(), " (this run ", b.dump(), ")"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": the checkpoint was trained with another learning-rate schedule: ",
+        absl::StrJoin(differences, ", "),
+        " (the same flags continue it; --reset-schedule to start the new one from this "
+        "checkpoint)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Train(comm::Communicator& world, const std::function<void()>& engine_started) {
   const int rank = world.rank();
   const int seed = absl::GetFlag(FLAGS_seed);
@@ -776,7 +858,10 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     precision = *parsed;
   }
   TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
-  TANDEM_ASSIGN_OR_RETURN(LayeredModel model, model_and_data.spec.Build(seed));
+  // The model's description alone: each stage builds its own layers (a model given whole is
+  // built whole here), and profiling builds one layer at a time.
+  TANDEM_ASSIGN_OR_RETURN(LayeredModel model,
+                          model_and_data.spec.BuildLayers(seed, /*first=*/0, /*end=*/0));
   std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
   const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
   const bool sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
@@ -833,9 +918,8 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     }
     run.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * 1048576.0;
     run.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
-    run.tokens_per_sample = model_and_data.gpt.seq_len;
-    run.model_text = absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt),
-                                  " seed=", seed);
+    run.tokens_per_sample = model_and_data.tokens_per_sample;
+    run.model_text = absl::StrCat(model_and_data.description, " seed=", seed);
     run.log_json = absl::GetFlag(FLAGS_log_json);
     run.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
     run.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -846,21 +930,35 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
                 << " on " << device.str() << ", elastic, " << threads << std::endl;
     }
+    if (run.global_batch > 0) {
+      TANDEM_RETURN_IF_ERROR(model_and_data.data->SetGlobalBatch(run.global_batch));
+    }
+    run.engine.checkpoint_run =
+        RunRecord(*model_and_data.data, run.global_batch, run.engine.lr_schedule);
+    if (!run.resume.empty()) {
+      TANDEM_RETURN_IF_ERROR(CheckResumeMatches(run.resume, run.engine.checkpoint_run));
+    }
     return RunElasticTraining(run, engine_started);
   }
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
                           PlanForRun(world, model, *model_and_data.data, device));
-  TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data.gpt, device));
+  TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data, device));
+  TANDEM_RETURN_IF_ERROR(model_and_data.data->SetGlobalBatch(plan.GlobalBatchSize()));
+  options.checkpoint_run =
+      RunRecord(*model_and_data.data, plan.GlobalBatchSize(), options.lr_schedule);
+  if (!absl::GetFlag(FLAGS_resume).empty()) {
+    TANDEM_RETURN_IF_ERROR(CheckResumeMatches(absl::GetFlag(FLAGS_resume), options.checkpoint_run));
+  }
   TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(std::max(1, plan.tensor_parallel)));
-  const std::string model_text =
-      absl::StrCat(runtime::libtorch::DescribeGpt(model_and_data.gpt), " seed=", seed);
+  const std::string model_text = absl::StrCat(model_and_data.description, " seed=", seed);
   if (rank == 0) {
     std::cout << model_text << ", " << runtime::libtorch::PrecisionName(precision) << " on "
               << device.str() << ", " << threads << "\n"
               << DescribePlan(plan) << std::flush;
   }
 
-  const MfuModel mfu = MfuFor(model_and_data.gpt, device, precision, world.size());
+  const MfuModel mfu =
+      MfuFor(model_and_data.training_flops_per_token, device, precision, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
                           runtime::Engine::Create(plan, &world, factory, options));
   engine_started();  // the engine's own failure watch takes over
@@ -876,7 +974,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   const double tokens_per_iteration =
-      static_cast<double>(plan.GlobalBatchSize()) * model_and_data.gpt.seq_len;
+      static_cast<double>(plan.GlobalBatchSize()) * model_and_data.tokens_per_sample;
   // The log starts empty and grows by a line an iteration (appended, not rewritten).
   if (rank == 0 && !log_json.empty()) {
     TANDEM_RETURN_IF_ERROR(WriteFileAtomically(log_json, ""));
@@ -1062,7 +1160,7 @@ std::vector<std::string> TrainFlags() {
         "timeline", "torch_trace", "log_json", "optimizer",
         "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
         "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
-        "keep_checkpoints", "resume", "reset_optimizer",
+        "keep_checkpoints", "resume", "reset_optimizer", "reset_data", "reset_schedule",
         "timeout", "startup_timeout", "heartbeat_timeout", "device", "precision",
         "libtorch_device_ops", "peak_tflops"}) {
     flags.push_back(name);
@@ -1070,11 +1168,14 @@ std::vector<std::string> TrainFlags() {
   return flags;
 }
 
-const CommandRegistrar registrar({
+}  // namespace
+
+CommandInfo TrainCommand() {
+  return {
     .name = "train",
     .summary = kTrainSummary,
-    .usage =
-        "mpirun -np N tandem train [--model gpt] --layers L --hidden H --heads A --seq-len S\n"
+    .usage = absl::StrCat(
+        "mpirun -np N tandem train [--model gpt|NAME] --layers L --hidden H --heads A --seq-len S\n"
         "    [--global-batch G] [--microbatches M] [--schedule NAME --stages P\n"
         "    --data-parallel D [--chunks V] [--waves W] | --plan plan.json] [--steps K]\n"
         "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
@@ -1109,8 +1210,9 @@ const CommandRegistrar registrar({
         "--elastic-replace lost nodes are started anew after a recovery; new ranks receive\n"
         "their layers' state from the ranks that hold them (docs/elastic.md).\n"
         "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
+        ModelsHelp()),
     .flags = TrainFlags(),
-    .run = RunTrain});
+    .run = RunTrain};
+}
 
-}  // namespace
 }  // namespace tandem::cli

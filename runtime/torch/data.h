@@ -17,7 +17,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem::runtime::libtorch {
 
@@ -36,6 +38,11 @@ class Dataset {
   // arguments give the same tensors on every rank and in every process.
   virtual absl::StatusOr<Batch> Samples(int64_t iteration, int64_t first,
                                         int64_t count) const = 0;
+  // For a data set whose order depends on the global batch G (epochs over a finite corpus):
+  // called with G before a training batch is read, from one thread. Default: nothing to do.
+  virtual absl::Status SetGlobalBatch(int64_t global_batch) { return absl::OkStatus(); }
+  // What a checkpoint records so that a resume on other data is refused; by default the name.
+  virtual nlohmann::json Identity() const { return {{"name", name()}}; }
 };
 
 struct SampleRange {

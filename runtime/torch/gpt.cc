@@ -392,19 +392,22 @@ std::string DescribeGpt(const GptConfig& config) {
 ModelSpec GptModelSpec(const GptConfig& config) {
   ModelSpec spec;
   spec.name = DescribeGpt(config);
-  spec.build = [config]() {
+  // Layer by layer: a rank builds only the layers of its stages.
+  spec.build_layer = [config](int layer) {
+    if (layer == 0) return torch::nn::AnyModule(GptEmbedding(config));
+    if (layer == config.layers + 1) return torch::nn::AnyModule(GptHead(config));
+    return torch::nn::AnyModule(GptBlock(config));
+  };
+  spec.describe = [config]() {
     if (absl::Status ok = ValidateGptConfig(config); !ok.ok()) {
       throw std::invalid_argument(std::string(ok.message()));
     }
     LayeredModel model;
     model.name = DescribeGpt(config);
-    model.layers.emplace_back(GptEmbedding(config));
     model.layer_names.push_back("embedding");
     for (int64_t block = 0; block < config.layers; ++block) {
-      model.layers.emplace_back(GptBlock(config));
       model.layer_names.push_back(absl::StrCat("block", block));
     }
-    model.layers.emplace_back(GptHead(config));
     model.layer_names.push_back("head");
     // Forward FLOPs per token: the embedding's lookups and sum; per block q/k/v, output and
     // MLP products (24h^2) and attention scores and values (4hS); the head's product and

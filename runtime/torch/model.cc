@@ -1,11 +1,15 @@
 #include "runtime/torch/model.h"
 
 #include <exception>
+#include <stdexcept>
 
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/torch/data.h"
 
 namespace tandem::runtime::libtorch {
 
@@ -24,12 +28,41 @@ absl::StatusOr<std::vector<torch::nn::AnyModule>> LayeredModel::CloneLayers(
   std::vector<torch::nn::AnyModule> copies;
   copies.reserve(end - first);
   for (int layer = first; layer < end; ++layer) {
-    absl::Status cloned = CatchTorchErrors(
-        absl::StrCat("model ", name, ": cloning layer ", layer, " (", layer_names[layer], ")"),
-        [&] { copies.push_back(layers[layer].clone(device)); });
-    if (!cloned.ok()) return absl::FailedPreconditionError(cloned.message());
+    if (HasLayer(layer)) {
+      absl::Status cloned = CatchTorchErrors(
+          absl::StrCat("model ", name, ": cloning layer ", layer, " (", layer_names[layer], ")"),
+          [&] { copies.push_back(layers[layer].clone(device)); });
+      if (!cloned.ok()) return absl::FailedPreconditionError(cloned.message());
+      continue;
+    }
+    if (!build_layer) {
+      return absl::FailedPreconditionError(absl::StrCat("model ", name, ": layer ", layer, " (",
+                                                        layer_names[layer],
+                                                        ") is not built here and the model has "
+                                                        "no layer builder"));
+    }
+    absl::Status built = CatchTorchErrors(
+        absl::StrCat("model ", name, ": building layer ", layer, " (", layer_names[layer], ")"),
+        [&] {
+          torch::nn::AnyModule module = build_layer(layer);
+          if (module.is_empty()) throw std::invalid_argument("the builder made no module");
+          module.ptr()->to(device);
+          copies.push_back(std::move(module));
+        });
+    if (!built.ok()) return absl::FailedPreconditionError(built.message());
   }
   return copies;
+}
+
+int64_t LayeredModel::BuiltParameterBytes() const {
+  int64_t bytes = 0;
+  for (const torch::nn::AnyModule& layer : layers) {
+    if (layer.is_empty()) continue;
+    for (const auto& parameter : layer.ptr()->parameters()) {
+      bytes += parameter.numel() * static_cast<int64_t>(parameter.element_size());
+    }
+  }
+  return bytes;
 }
 
 torch::Tensor LayeredModel::Forward(torch::Tensor x, int first, int end) const {
@@ -58,13 +91,98 @@ std::vector<std::pair<std::string, torch::Tensor>> LayeredModel::NamedParameters
   return NamedLayerParameters(range, first);
 }
 
+namespace {
+
+// The layer index of a parameter named "layers.<index>.<name>"; -1 for another form.
+int LayerOfParameter(const std::string& name) {
+  constexpr absl::string_view kPrefix = "layers.";
+  if (!absl::StartsWith(name, kPrefix)) return -1;
+  const size_t dot = name.find('.', kPrefix.size());
+  int layer = -1;
+  if (dot == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(name).substr(kPrefix.size(), dot - kPrefix.size()),
+                        &layer)) {
+    return -1;
+  }
+  return layer;
+}
+
+}  // namespace
+
+absl::Status ShareTiedWeights(const LayeredModel& model, int first, int end,
+                              std::vector<torch::nn::AnyModule>& layers) {
+  bool share = false;
+  for (const TiedParameter& pair : model.tied_weights.parameters) {
+    const int owner = LayerOfParameter(pair.owner), copy = LayerOfParameter(pair.copy);
+    const bool has_owner = owner >= first && owner < end, has_copy = copy >= first && copy < end;
+    if (has_owner && has_copy) {
+      share = true;
+    } else if (has_owner || has_copy) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", model.name, " ties ", pair.owner, " to ", pair.copy, ", and stage [", first,
+          ", ", end, ") holds only one of them: stages that split a tied embedding and LM head "
+          "are not supported yet (their gradients would be summed across stages); train it on "
+          "one stage, or untie it (tie_word_embeddings false)"));
+    }
+  }
+  if (!share) return absl::OkStatus();
+  if (!model.tied_weights.share) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model.name, " has tied weights but no way to share them"));
+  }
+  return model.tied_weights.share(layers, first);
+}
+
+uint64_t LayerSeed(uint64_t seed, int layer) {
+  // A stream of its own, apart from the data sets' MixSeed(seed, iteration, sample).
+  constexpr uint64_t kLayerStream = 0x6c617965720000ull;  // "layer"
+  return MixSeed(seed, kLayerStream, static_cast<uint64_t>(layer)) >> 1;  // torch wants < 2^63
+}
+
 absl::StatusOr<LayeredModel> ModelSpec::Build(uint64_t seed) const {
-  if (!build) return absl::InvalidArgumentError(absl::StrCat("model ", name, ": no builder"));
+  return BuildLayers(seed, 0, /*end=*/-1);  // -1: every layer
+}
+
+absl::StatusOr<LayeredModel> ModelSpec::BuildLayers(uint64_t seed, int first, int end) const {
+  if (!build && !layer_by_layer()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", name, ": no builder"));
+  }
   LayeredModel model;
-  absl::Status built = CatchTorchErrors(absl::StrCat("building model ", name), [&] {
-    torch::manual_seed(seed);
-    model = build();
-  });
+  absl::Status built;
+  if (layer_by_layer()) {
+    built = CatchTorchErrors(absl::StrCat("describing model ", name), [&] { model = describe(); });
+    if (!built.ok()) return absl::InvalidArgumentError(built.message());
+    const int layers = static_cast<int>(model.layer_names.size());
+    if (end < 0) end = layers;  // Build: every layer
+    if (!model.layers.empty() && static_cast<int>(model.layers.size()) != layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", name, ": described with ", model.layers.size(), " modules for ", layers,
+          " layer names (describe leaves the modules to build_layer)"));
+    }
+    model.layers.assign(layers, torch::nn::AnyModule());
+    if (first < 0 || end > layers || first > end) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", name, ": layer range [", first,
+                                                     ", ", end, ") is not within its ", layers,
+                                                     " layers"));
+    }
+    model.build_layer = [build_layer = build_layer, seed](int layer) {
+      torch::manual_seed(LayerSeed(seed, layer));
+      return build_layer(layer);
+    };
+    for (int layer = first; layer < end && built.ok(); ++layer) {
+      built = CatchTorchErrors(
+          absl::StrCat("building model ", name, " layer ", layer, " (",
+                       model.layer_names[layer], ")"),
+          [&] { model.layers[layer] = model.build_layer(layer); });
+    }
+  } else {
+    built = CatchTorchErrors(absl::StrCat("building model ", name), [&] {
+      torch::manual_seed(seed);
+      model = build();
+    });
+    first = 0;
+    end = static_cast<int>(model.layers.size());
+  }
   if (!built.ok()) return absl::InvalidArgumentError(built.message());
   if (model.layers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("model ", name, ": has no layers"));
@@ -75,7 +193,7 @@ absl::StatusOr<LayeredModel> ModelSpec::Build(uint64_t seed) const {
                                                    " layer names"));
   }
   if (!model.loss) return absl::InvalidArgumentError(absl::StrCat("model ", name, ": no loss"));
-  for (int layer = 0; layer < model.num_layers(); ++layer) {
+  for (int layer = first; layer < end; ++layer) {
     if (model.layers[layer].is_empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("model ", name, ": layer ", layer, " holds no module"));
@@ -83,6 +201,25 @@ absl::StatusOr<LayeredModel> ModelSpec::Build(uint64_t seed) const {
   }
   if (model.name.empty()) model.name = name;
   return model;
+}
+
+ModelSpec LayerByLayerSpec(std::string name, std::vector<std::string> layer_names,
+                           std::vector<std::function<torch::nn::AnyModule()>> layer_builders,
+                           LossFunction loss) {
+  ModelSpec spec;
+  spec.name = name;
+  spec.describe = [name, layer_names = std::move(layer_names), loss = std::move(loss)] {
+    LayeredModel model;
+    model.name = name;
+    model.layer_names = layer_names;
+    model.loss = loss;
+    return model;
+  };
+  // A layer without a builder throws std::out_of_range when built: an InvalidArgument then.
+  spec.build_layer = [builders = std::move(layer_builders)](int layer) {
+    return builders.at(static_cast<size_t>(layer))();
+  };
+  return spec;
 }
 
 LayeredModel FromSequential(std::string name, const torch::nn::Sequential& sequential,

@@ -167,17 +167,16 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
         "profiler: micro-batch size (", options.microbatch_size, ") and repeats (",
         options.repeats, ") must be positive, warm-up (", options.warmup, ") not negative"));
   }
+  // One layer at a time: each is cloned (or, for a model built layer by layer, built) when it
+  // is measured and dropped after, so profiling holds one layer's parameters, not the model's.
   LayeredModel copy = model;
-  TANDEM_ASSIGN_OR_RETURN(copy.layers,
-                          model.CloneLayers(0, model.num_layers(), options.device));
+  copy.layers.assign(model.layers.size(), torch::nn::AnyModule());
   const TensorParallel& tp = options.tensor_parallel;
   if (tp.enabled()) {
     if (!model.shard_for_tensor_parallel || !model.tensor_parallel_loss) {
       return absl::InvalidArgumentError(absl::StrCat(
           "profiler: ", model.name, " has no tensor-parallel form to profile"));
     }
-    TANDEM_RETURN_IF_ERROR(Annotate(model.shard_for_tensor_parallel(copy.layers, 0, tp),
-                                    "profiler: sharding for tensor parallelism"));
     copy.loss = [loss = model.tensor_parallel_loss, &tp](const torch::Tensor& output,
                                                          const torch::Tensor& targets) {
       return loss(output, targets, tp);
@@ -205,6 +204,15 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
   }));
 
   for (int layer = 0; layer <= last; ++layer) {
+    {
+      TANDEM_ASSIGN_OR_RETURN(std::vector<torch::nn::AnyModule> held,
+                              model.CloneLayers(layer, layer + 1, options.device));
+      if (tp.enabled()) {
+        TANDEM_RETURN_IF_ERROR(Annotate(model.shard_for_tensor_parallel(held, layer, tp),
+                                        "profiler: sharding for tensor parallelism"));
+      }
+      copy.layers[layer] = held[0];
+    }
     pipeline::LayerProfile measured;
     measured.name = copy.layer_names[layer];
     torch::Tensor next_input;
@@ -313,6 +321,7 @@ absl::StatusOr<pipeline::Profile> ProfileModel(const LayeredModel& model, const 
     measured.optimizer_seconds = *step;
     measured.stashed_activation_bytes = static_cast<double>(std::max<int64_t>(0, *retained));
     kept = torch::Tensor();
+    copy.layers[layer] = torch::nn::AnyModule();
     profile.layers.push_back(std::move(measured));
     input = next_input;
   }

@@ -68,6 +68,7 @@ absl::StatusOr<ReferenceResult> TrainReference(const LayeredModel& model, const 
   LayeredModel copy = model;
   TANDEM_ASSIGN_OR_RETURN(copy.layers,
                           model.CloneLayers(0, model.num_layers(), options.device));
+  TANDEM_RETURN_IF_ERROR(ShareTiedWeights(model, 0, model.num_layers(), copy.layers));
   std::vector<torch::Tensor> parameters;
   for (auto& named : copy.NamedParameters(0, copy.num_layers())) {
     parameters.push_back(named.second);

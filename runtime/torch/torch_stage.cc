@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   if (options.tensor_parallel.enabled()) {
     TANDEM_ASSIGN_OR_RETURN(tensor_parallel, ShardForTensorParallel(model, options, layers));
   }
+  TANDEM_RETURN_IF_ERROR(
+      ShareTiedWeights(model, options.first_layer, options.end_layer, layers));
   std::unique_ptr<TorchStage> stage(
       new TorchStage(model, std::move(data), options, std::move(layers)));
   stage->tensor_parallel_ = std::move(tensor_parallel);
@@ -178,6 +180,7 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
       int64_t count = 1;
       for (int64_t d : full[name]) count *= d;
       layout.whole_count[name] = count;
+      layout.whole_shape[name] = full[name];
     }
   }
   return layout;
@@ -339,11 +342,13 @@ std::vector<ParameterView> TorchStage::Parameters() {
                               device()};
     view.grad = comm::Buffer{parameter.grad().data_ptr(), parameter.numel(),
                              comm::DataType::kFloat32, device()};
+    view.shape = parameter.sizes().vec();
     view.tensor_parallel_replicated = tensor_parallel_.replicated.count(name) > 0;
     auto index = tensor_parallel_.index.find(name);
     if (index != tensor_parallel_.index.end()) {
       view.tensor_parallel_index = &index->second;
       view.whole_count = tensor_parallel_.whole_count.at(name);
+      view.shape = tensor_parallel_.whole_shape.at(name);  // the whole parameter's
     }
     views.push_back(std::move(view));
   }

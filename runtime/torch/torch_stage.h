@@ -170,6 +170,7 @@ class TorchStage final : public Stage, private GradientWriter {
     // Split parameters: for each element of this rank's shard, its index in the whole one.
     std::map<std::string, std::vector<int64_t>> index;
     std::map<std::string, int64_t> whole_count;
+    std::map<std::string, std::vector<int64_t>> whole_shape;
   };
   static absl::StatusOr<TensorParallelLayout> ShardForTensorParallel(
       const LayeredModel& model, const TorchStageOptions& options,

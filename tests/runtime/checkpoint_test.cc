@@ -5,12 +5,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "common/file_util.h"
 #include "gtest/gtest.h"
+#include "runtime/stage_checkpoint.h"
 
 namespace tandem::runtime {
 namespace {
@@ -228,6 +230,97 @@ TEST_F(CheckpointTest, GarbageShardIsDataLoss) {
   EXPECT_EQ(ParseShard(data.substr(0, data.size() - 3), "x").status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(ParseShard(data + "xx", "x").status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Every tensor's shape is recorded and read back; a shard written before shapes were
+// recorded (no "shape" in its header) still loads, with empty shapes.
+TEST_F(CheckpointTest, ShapesRoundTripAndShardsWithoutShapesStillLoad) {
+  CheckpointShard shard = SampleShard(1);
+  shard.tensors[0].shape = {1, 3};
+  shard.tensors[1].shape = {};  // a scalar recorded as [] would be ambiguous: left unrecorded
+  auto parsed = ParseShard(SerializeShard(shard), "mem");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->tensors[0].shape, (std::vector<int64_t>{1, 3}));
+  EXPECT_TRUE(parsed->tensors[1].shape.empty());
+  EXPECT_EQ(parsed->tensors[0], shard.tensors[0]);
+
+  // An older shard: the same header without "shape" fields.
+  std::string data = SerializeShard(shard);
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, data.data() + 12, sizeof(header_size));
+  nlohmann::json header = nlohmann::json::parse(data.substr(20, header_size));
+  ASSERT_TRUE(header["tensors"][0].contains("shape"));
+  for (auto& t : header["tensors"]) t.erase("shape");
+  const std::string old_header = header.dump();
+  const uint64_t old_size = old_header.size();
+  std::string old = data.substr(0, 12);
+  old.append(reinterpret_cast<const char*>(&old_size), sizeof(old_size));
+  old += old_header;
+  old += data.substr(20 + header_size);
+  auto older = ParseShard(old, "old");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_TRUE(older->tensors[0].shape.empty());
+  EXPECT_EQ(older->tensors[0].bytes, shard.tensors[0].bytes);
+
+  // A shape that does not hold the element count is damage, named.
+  for (const nlohmann::json& bad :
+       {nlohmann::json::array({2, 2}), nlohmann::json::array({-1, -3}), nlohmann::json("3"),
+        nlohmann::json::array({int64_t{1} << 40, int64_t{1} << 40, 0, 3})}) {
+    header["tensors"][0]["shape"] = bad;
+    const std::string text = header.dump();
+    const uint64_t size = text.size();
+    std::string damaged = data.substr(0, 12);
+    damaged.append(reinterpret_cast<const char*>(&size), sizeof(size));
+    damaged += text;
+    damaged += data.substr(20 + header_size);
+    auto refused = ParseShard(damaged, "bad");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << bad.dump();
+    EXPECT_NE(refused.status().message().find("tensor 'weight' has shape"), std::string::npos)
+        << refused.status();
+  }
+  // Zero-sized dimensions hold zero elements whatever the others are.
+  CheckpointShard empty;
+  ShardTensor none;
+  none.name = "empty";
+  none.count = 0;
+  none.shape = {int64_t{1} << 40, 0, 7};
+  empty.tensors.push_back(none);
+  auto parsed_empty = ParseShard(SerializeShard(empty), "empty");
+  ASSERT_TRUE(parsed_empty.ok()) << parsed_empty.status();
+  EXPECT_EQ(parsed_empty->tensors[0].shape, none.shape);
+}
+
+// ShardOf records each parameter's shape, and its optimizer buffers of the same size share it;
+// an unknown shape is recorded flat.
+TEST_F(CheckpointTest, ShardOfRecordsParameterShapes) {
+  ParameterState matrix;
+  matrix.name = "layers.1.weight";
+  matrix.shape = {2, 3};
+  matrix.value = {1, 2, 3, 4, 5, 6};
+  matrix.optimizer.name = matrix.name;
+  matrix.optimizer.steps = 1;
+  matrix.optimizer.buffers = {{"exp_avg", std::vector<float>(6, 0.5f)}};
+  ParameterState unknown;
+  unknown.name = "layers.1.bias";
+  unknown.value = {1, 2};
+  const CheckpointShard shard = ShardOf(0, 0, 2, {matrix, unknown});
+  auto parsed = ParseShard(SerializeShard(shard), "mem");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_NE(parsed->Find("param:layers.1.weight"), nullptr);
+  EXPECT_EQ(parsed->Find("param:layers.1.weight")->shape, (std::vector<int64_t>{2, 3}));
+  ASSERT_NE(parsed->Find("optim:layers.1.weight:exp_avg"), nullptr);
+  EXPECT_EQ(parsed->Find("optim:layers.1.weight:exp_avg")->shape, (std::vector<int64_t>{2, 3}));
+  ASSERT_NE(parsed->Find("param:layers.1.bias"), nullptr);
+  EXPECT_EQ(parsed->Find("param:layers.1.bias")->shape, (std::vector<int64_t>{2}));
+
+  EXPECT_EQ(ShapeString({4096, 512}), "[4096, 512]");
+  EXPECT_EQ(ShapeString({}), "[]");
+  EXPECT_TRUE(ShapesCompatible({2, 3}, {2, 3}));
+  EXPECT_TRUE(ShapesCompatible({6}, {2, 3}));   // flat: written without the shape
+  EXPECT_TRUE(ShapesCompatible({}, {2, 3}));    // an older shard
+  EXPECT_TRUE(ShapesCompatible({2, 3}, {}));    // a stage that does not know it
+  EXPECT_FALSE(ShapesCompatible({3, 2}, {2, 3}));
+  EXPECT_FALSE(ShapesCompatible({5}, {2, 3}));
 }
 
 TEST_F(CheckpointTest, RemoveManifestInvalidatesTheCheckpoint) {

@@ -292,6 +292,36 @@ TEST_F(EngineCheckpointErrorTest, CorruptShardFailsItsRanksAndTheOthersWithItsCo
   }
 }
 
+// Every parameter's shape is recorded (the emulated stage's flat one); a recorded shape that
+// does not fit the stage's parameter is refused naming both, even with the right element count.
+TEST_F(EngineCheckpointErrorTest, ShapesAreRecordedAndAnotherShapeIsRefused) {
+  const std::string file = ShardFileName(1, 0, 1);
+  OnRankZero([&] {
+    auto manifest = ReadManifest(step_dir_);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    auto shard = ReadShard(step_dir_, *manifest->FindShard(1, 0));
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    const ShardTensor* weight = shard->Find("param:stage1.weight");
+    ASSERT_NE(weight, nullptr);
+    ASSERT_EQ(weight->shape, std::vector<int64_t>{weight->count});
+    ASSERT_EQ(weight->count % 2, 0);
+    for (ShardTensor& t : shard->tensors) {
+      if (t.name == "param:stage1.weight") t.shape = {2, t.count / 2};
+    }
+    auto record = WriteShard(step_dir_, *shard);
+    ASSERT_TRUE(record.ok()) << record.status();
+    for (ShardRecord& r : manifest->shards) {
+      if (r.stage == 1) r = *record;
+    }
+    ASSERT_TRUE(WriteManifest(step_dir_, *manifest).ok());
+  });
+  absl::Status s = Load(dir_, kModel);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  if (World()->rank() == 1) {
+    EXPECT_NE(s.message().find("'stage1.weight' has shape [2, "), std::string::npos) << s;
+  }
+}
+
 TEST_F(EngineCheckpointErrorTest, MissingShardNamesTheFile) {
   OnRankZero([&] { std::filesystem::remove(step_dir_ + "/" + ShardFileName(0, 0, 1)); });
   absl::Status s = Load(dir_, kModel);

@@ -25,6 +25,13 @@ namespace {
 
 std::string g_tandem;  // path of the tandem program
 constexpr double kRelativeTolerance = 1e-5;
+// Checkpoints of a sharded run against one rank's, relative to each tensor's largest value:
+// a sharded product sums its partial results in another order, and AdamW's step, about the
+// learning rate for any gradient well above its epsilon, turns last-bit differences of the
+// near-zero gradients into parameter differences of up to 6e-5 of a tensor's largest value over
+// 6 steps (measured: 6.3e-5 for an MLP output weight with DeAR). Losses and gradient norms
+// keep 1e-5; a wrong shard or a lost update is off by orders of magnitude more.
+constexpr char kCheckpointTolerance[] = " --tolerance 1e-4";
 constexpr uint64_t kSeed = 11;
 constexpr int64_t kGlobalBatch = 16;
 constexpr int kSteps = 6;
@@ -157,7 +164,7 @@ void ExpectNormAndLossesOfOneRank(int ranks, int heads, const std::string& flags
   ASSERT_EQ(b.exit_status, 0) << b.output;
   if (checkpoints) {
     Outcome diff = RunCommand(absl::StrCat(g_tandem, " checkpoint diff ", sharded_dir, " ",
-                                           one_dir, " --tolerance 1e-5"));
+                                           one_dir, kCheckpointTolerance));
     EXPECT_EQ(diff.exit_status, 0) << diff.output;
     tandem::RemoveAll(one_dir).IgnoreError();
     tandem::RemoveAll(sharded_dir).IgnoreError();
@@ -206,8 +213,8 @@ TEST(TensorParallelTest, CheckpointsAreWholeAndResumeOnAnyLayout) {
   ASSERT_EQ(a.exit_status, 0) << a.output;
   Outcome b = RunCommand(Train(2, 2, absl::StrCat(pp_flags, " --checkpoint-dir ", plain), log));
   ASSERT_EQ(b.exit_status, 0) << b.output;
-  Outcome diff = RunCommand(absl::StrCat(g_tandem, " checkpoint diff ", sharded, " ", plain,
-                                         " --tolerance 1e-5"));
+  Outcome diff = RunCommand(
+      absl::StrCat(g_tandem, " checkpoint diff ", sharded, " ", plain, kCheckpointTolerance));
   EXPECT_EQ(diff.exit_status, 0) << diff.output;
 
   // Steps 6..11 from the sharded checkpoint: on the same layout, and with 1 x 1 x 2 and with

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <torch/autograd.h>
+#include <torch/nn/modules/linear.h>
 
 #include "gtest/gtest.h"
 #include "pipeline/profile.h"
@@ -140,6 +141,73 @@ TEST(GptTest, SameSeedSameParametersAndExpectedShapes) {
   bad.heads = 5;
   EXPECT_EQ(ValidateGptConfig(bad).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GptModelSpec(bad).Build(1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A rank that builds only its own layers gets them bit for bit as a whole-model build does,
+// allocates nothing for the others, and builds any other layer equal to the whole build's on
+// demand (elastic re-formation, a stage moved).
+TEST(LayerByLayerTest, OwnLayersEqualTheWholeBuildAndNothingElseIsAllocated) {
+  const GptConfig config = SmallGpt(/*layers=*/6, /*hidden=*/32);
+  const LayeredModel whole = BuildGpt(config, 9);
+  auto part = GptModelSpec(config).BuildLayers(9, /*first=*/2, /*end=*/4);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_EQ(part->num_layers(), whole.num_layers());
+  EXPECT_EQ(part->layer_names, whole.layer_names);
+  EXPECT_EQ(part->layer_costs, whole.layer_costs);
+  for (int layer = 0; layer < whole.num_layers(); ++layer) {
+    EXPECT_EQ(part->HasLayer(layer), layer == 2 || layer == 3) << layer;
+  }
+  const auto want = whole.NamedParameters(2, 4), got = part->NamedParameters(2, 4);
+  ASSERT_EQ(want.size(), got.size());
+  ASSERT_FALSE(want.empty());
+  int64_t block_bytes = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].first, got[i].first);
+    EXPECT_TRUE(torch::equal(want[i].second, got[i].second)) << want[i].first;
+    block_bytes += want[i].second.numel() * kFloatBytes;
+  }
+  EXPECT_EQ(part->BuiltParameterBytes(), block_bytes);
+  EXPECT_LT(part->BuiltParameterBytes(), whole.BuiltParameterBytes() / 2);
+
+  // The description alone allocates no parameters; its clones are built on demand and equal
+  // the whole build's layers, whatever was built before them.
+  auto description = GptModelSpec(config).BuildLayers(9, 0, 0);
+  ASSERT_TRUE(description.ok()) << description.status();
+  EXPECT_EQ(description->BuiltParameterBytes(), 0);
+  for (int layer : {7, 0, 4}) {
+    auto built = description->CloneLayers(layer, layer + 1, torch::kCPU);
+    ASSERT_TRUE(built.ok()) << built.status();
+    const auto a = NamedLayerParameters(*built, layer), b = whole.NamedParameters(layer, layer + 1);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+    }
+  }
+  EXPECT_EQ(GptModelSpec(config).BuildLayers(9, 3, 9).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LayerByLayerTest, SpecsFromLayerBuildersAndTheirErrors) {
+  auto linear = [] { return torch::nn::AnyModule(torch::nn::Linear(3, 3)); };
+  auto mse = [](const torch::Tensor& y, const torch::Tensor& t) { return (y - t).pow(2).mean(); };
+  ModelSpec spec = LayerByLayerSpec("mlp", {"a", "b", "c"}, {linear, linear, linear}, mse);
+  auto whole = spec.Build(4);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto last = spec.BuildLayers(4, 2, 3);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(torch::equal(whole->NamedParameters(2, 3)[0].second,
+                           last->NamedParameters(2, 3)[0].second));
+  // Each layer has its own seed: equal builders give different layers.
+  EXPECT_FALSE(torch::equal(whole->NamedParameters(0, 1)[0].second,
+                            whole->NamedParameters(1, 2)[0].second));
+  ModelSpec missing = LayerByLayerSpec("mlp", {"a", "b"}, {linear}, mse);
+  EXPECT_EQ(missing.Build(4).status().code(), absl::StatusCode::kInvalidArgument);
+  auto partial = missing.BuildLayers(4, 0, 1);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  auto unbuildable = partial->CloneLayers(1, 2, torch::kCPU);
+  EXPECT_EQ(unbuildable.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unbuildable.status().message().find("layer 1 (b)"), std::string::npos)
+      << unbuildable.status();
 }
 
 TEST(GptTest, AttentionIsCausal) {

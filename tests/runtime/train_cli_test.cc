@@ -33,7 +33,10 @@
 #include "runtime/torch/data.h"
 #include "runtime/torch/device_ops.h"
 #include "runtime/torch/gpt.h"
+#include "runtime/torch/gpt2.h"
 #include "runtime/torch/reference.h"
+#include "runtime/torch/token_data.h"
+#include "tests/tokens/token_files.h"
 #include "tests/support/train_cli.h"
 
 namespace {
@@ -321,6 +324,158 @@ TEST(TrainCliTest, CpuThreadsFollowTheCoresARankMayRunOn) {
   ASSERT_EQ(bound.exit_status, 0) << bound.output;
   EXPECT_NE(bound.output.find("1 CPU thread(s) per rank"), std::string::npos) << bound.output;
   EXPECT_NE(bound.output.find("--bind-to none"), std::string::npos) << bound.output;
+}
+
+// Token shards (llm.c files in a folder, with the dataset.json that names the vocabulary):
+// 4 ranks (2 stages x 2 replicas) train on them with the single-process reference trainer's
+// losses over several epochs (each shard gives 11 windows, a global batch 16 of the 22: a new
+// shuffled epoch every iteration). Their checkpoint records the data and the schedule: a resume
+// on other shards or with another learning rate is refused naming the difference, unless
+// --reset-data / --reset-schedule; a token outside the vocabulary is refused before training.
+TEST(TrainCliTest, TokenShardsTrainAsTheReferenceAndResumesCheckTheirData) {
+  namespace testing = tandem::data::testing;
+  testing::TemporaryFolder folder;
+  auto shard_tokens = [](int64_t stream) {
+    std::vector<int64_t> tokens;
+    for (int64_t k = 0; k < 90; ++k) tokens.push_back((stream + k * 3 + k / 7) % 16);
+    return tokens;
+  };
+  std::filesystem::create_directories(folder.File("train"));
+  std::filesystem::create_directories(folder.File("other"));
+  for (int shard = 0; shard < 2; ++shard) {
+    testing::WriteBytes(folder.File(absl::StrCat("train/train_00000", shard, ".bin")),
+                        testing::LlmcBytes(shard_tokens(shard)));
+    testing::WriteBytes(folder.File(absl::StrCat("other/train_00000", shard, ".bin")),
+                        testing::LlmcBytes(shard_tokens(shard + 5)));
+  }
+  testing::WriteBytes(folder.File("train/dataset.json"), R"({"vocab_size": 16})");
+  testing::WriteBytes(folder.File("other/dataset.json"), R"({"vocab_size": 16})");
+
+  // The reference: the same data set, model and optimizer in one process.
+  libtorch::TokenShardOptions shards;
+  shards.sources = {folder.File("train")};
+  shards.seq_len = 8;
+  shards.vocab = 16;
+  shards.seed = kSeed;
+  auto data = libtorch::MakeTokenShardDataset(shards);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_TRUE((*data)->SetGlobalBatch(kGlobalBatch).ok());
+  libtorch::GptConfig gpt;
+  gpt.vocab = 16;
+  gpt.layers = 2;
+  gpt.hidden = 16;
+  gpt.heads = 2;
+  gpt.seq_len = 8;
+  auto model = libtorch::GptModelSpec(gpt).Build(kSeed);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto want = libtorch::TrainReference(
+      *model, **data, tandem::testing::SmallModelReferenceOptions(6, kGlobalBatch));
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  const std::string checkpoint = TempPath("shards_checkpoint");
+  const std::string log = TempPath("shards.jsonl");
+  const std::string run = absl::StrCat(kModelFlags, " --global-batch ", kGlobalBatch,
+                                       " --microbatches 4 --seed ", kSeed);
+  Outcome o = RunCommand(absl::StrCat(Mpirun(4), run, " --data ", folder.File("train"),
+                                      " --schedule 1f1b --stages 2 --data-parallel 2 --steps 6"
+                                      " --checkpoint-dir ", checkpoint, " --log-json ", log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  ExpectLossesMatch(ReadLog(log), want->losses, 0);
+
+  auto resume = [&](const std::string& flags) {
+    return RunCommand(absl::StrCat(g_tandem, " train", run, " --schedule 1f1b --stages 1"
+                                   " --steps 1 --resume ", checkpoint, flags));
+  };
+  Outcome other = resume(absl::StrCat(" --data ", folder.File("other")));
+  EXPECT_EQ(other.exit_status, 2) << other.output;
+  EXPECT_TRUE(absl::StrContains(other.output, "checksum")) << other.output;
+  EXPECT_TRUE(absl::StrContains(other.output, "--reset-data")) << other.output;
+  Outcome lr = resume(absl::StrCat(" --data ", folder.File("train"), " --lr 1e-3"));
+  EXPECT_EQ(lr.exit_status, 2) << lr.output;
+  EXPECT_TRUE(absl::StrContains(lr.output, "--lr 0.003 (this run 0.001)")) << lr.output;
+  Outcome accepted = resume(absl::StrCat(" --data ", folder.File("other"), " --lr 1e-3"
+                                         " --reset-data --reset-schedule"));
+  EXPECT_EQ(accepted.exit_status, 0) << accepted.output;
+  Outcome same = resume(absl::StrCat(" --data ", folder.File("train")));
+  EXPECT_EQ(same.exit_status, 0) << same.output;
+
+  // A token the model's vocabulary does not hold: refused before the first step.
+  testing::WriteBytes(folder.File("other/train_000001.bin"),
+                      testing::LlmcBytes(std::vector<int64_t>(40, 20)));
+  Outcome bad = RunCommand(absl::StrCat(g_tandem, " train", run, " --data ",
+                                        folder.File("other"), " --steps 1"));
+  EXPECT_EQ(bad.exit_status, 2) << bad.output;
+  EXPECT_TRUE(absl::StrContains(bad.output, "train_000001.bin")) << bad.output;
+  EXPECT_FALSE(absl::StrContains(bad.output, "iter ")) << bad.output;
+  std::filesystem::remove_all(checkpoint);
+  std::filesystem::remove(log);
+}
+
+// GPT-2 ties its LM head to the token embedding: on one stage they are one tensor, and the
+// losses are the reference trainer's (which shares them as transformers does); a plan whose
+// stages split the pair is refused on every rank before training (exit 2, naming both).
+TEST(TrainCliTest, TiedGpt2TrainsOnOneStageAndStagesThatSplitItAreRefused) {
+  const std::string sizes = " --model gpt2 --layers 2 --hidden 16 --heads 2 --seq-len 8";
+  const std::string log = TempPath("gpt2.jsonl");
+  Outcome one = RunCommand(absl::StrCat(
+      g_tandem, " train", sizes, " --optimizer adamw --lr 3e-3 --warmup-steps 2 --weight-decay"
+      " 0.01 --global-batch ", kGlobalBatch, " --microbatches 4 --schedule 1f1b --stages 1"
+      " --steps 4 --seed ", kSeed, " --log-json ", log));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  libtorch::Gpt2Config gpt2;
+  gpt2.layers = 2;
+  gpt2.hidden = 16;
+  gpt2.heads = 2;
+  gpt2.seq_len = 8;
+  gpt2.positions = 8;
+  auto model = libtorch::Gpt2ModelSpec(gpt2).Build(kSeed);
+  ASSERT_TRUE(model.ok()) << model.status();
+  libtorch::SyntheticTaskOptions task;
+  task.seed = kSeed;
+  task.seq_len = 8;
+  auto data = libtorch::MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto want = libtorch::TrainReference(
+      *model, **data, tandem::testing::SmallModelReferenceOptions(4, kGlobalBatch));
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectLossesMatch(ReadLog(log), want->losses, 0);
+  // A tied pair is one parameter: the head's copy is not trained (or counted) apart.
+  EXPECT_TRUE(absl::StrContains(one.output, "gpt2")) << one.output;
+
+  Outcome split = RunCommand(absl::StrCat(Mpirun(2), sizes, " --global-batch ", kGlobalBatch,
+                                          " --microbatches 4 --schedule 1f1b --stages 2"
+                                          " --steps 1"));
+  EXPECT_EQ(split.exit_status, 2) << split.output;
+  EXPECT_TRUE(absl::StrContains(split.output, "stages that split a tied embedding"))
+      << split.output;
+  EXPECT_FALSE(absl::StrContains(split.output, "iter ")) << split.output;
+  std::filesystem::remove(log);
+}
+
+// Each rank builds only the layers of its stages: rank 0 of a 4-stage GPT (the embedding and
+// two of eight blocks) peaks at about a quarter of what one process holding the whole model
+// does, above the memory of a run with a tiny model (LibTorch itself). Before, every rank built
+// the whole model and then its stage's copies: half of the single process's figure.
+TEST(TrainCliTest, EachRankAllocatesOnlyItsOwnLayers) {
+  auto peak = [](const std::string& command) {
+    const std::string log = TempPath("memory.jsonl");
+    Outcome o = RunCommand(absl::StrCat(command, " --steps 2 --global-batch 4 --microbatches 4"
+                                        " --optimizer adamw --log-json ", log));
+    EXPECT_EQ(o.exit_status, 0) << o.output;
+    const std::vector<nlohmann::json> lines = ReadLog(log);
+    return lines.empty() ? 0.0 : lines.back()["peak_memory_bytes"].get<double>();
+  };
+  const std::string gpt = " --model gpt --layers 8 --hidden 512 --heads 8 --seq-len 8";
+  const double base = peak(absl::StrCat(g_tandem, " train --model gpt --layers 1 --hidden 16"
+                                        " --heads 2 --seq-len 8 --schedule 1f1b --stages 1"));
+  const double one = peak(absl::StrCat(g_tandem, " train", gpt, " --schedule 1f1b --stages 1"));
+  const double four = peak(absl::StrCat(Mpirun(4), gpt, " --schedule 1f1b --stages 4"));
+  ASSERT_GT(base, 0);
+  // Parameters, gradients and AdamW's two moments of 8 blocks of 12 x 512^2 floats: 400 MB.
+  ASSERT_GT(one - base, 300e6) << "one process: " << one << " B, LibTorch alone " << base;
+  EXPECT_LT(four - base, 0.4 * (one - base))
+      << "rank 0 of 4 stages: " << four << " B; one process " << one << " B; LibTorch alone "
+      << base << " B";
 }
 
 TEST(TrainCliTest, MicroBatchBeyondMemoryIsBadInput) {

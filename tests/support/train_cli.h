@@ -39,6 +39,20 @@ inline constexpr char kSmallGptFlags[] =
     " --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3"
     " --warmup-steps 2 --weight-decay 0.01";
 
+// The reference trainer's options for the optimizer and schedule of kSmallGptFlags.
+inline tandem::runtime::libtorch::ReferenceOptions SmallModelReferenceOptions(
+    int steps, int64_t global_batch) {
+  namespace libtorch = tandem::runtime::libtorch;
+  libtorch::ReferenceOptions options;
+  options.global_batch = global_batch;
+  options.steps = steps;
+  options.optimizer.kind = libtorch::OptimizerKind::kAdamW;
+  options.optimizer.weight_decay = 0.01;
+  options.lr.base_lr = 3e-3;
+  options.lr.warmup_steps = 2;
+  return options;
+}
+
 // Its losses, trained by the single-process reference trainer.
 // (`heads`: the same model with another head count, --heads.)
 inline std::vector<double> SmallGptReferenceLosses(int steps, int64_t global_batch,
@@ -60,14 +74,8 @@ inline std::vector<double> SmallGptReferenceLosses(int steps, int64_t global_bat
   auto data = libtorch::MakeSyntheticDataset(task);
   EXPECT_TRUE(data.ok());
   if (!data.ok()) return {};
-  libtorch::ReferenceOptions options;
-  options.global_batch = global_batch;
-  options.steps = steps;
-  options.optimizer.kind = libtorch::OptimizerKind::kAdamW;
-  options.optimizer.weight_decay = 0.01;
-  options.lr.base_lr = 3e-3;
-  options.lr.warmup_steps = 2;
-  auto result = libtorch::TrainReference(*model, **data, options);
+  auto result =
+      libtorch::TrainReference(*model, **data, SmallModelReferenceOptions(steps, global_batch));
   EXPECT_TRUE(result.ok()) << result.status();
   return result.ok() ? result->losses : std::vector<double>();
 }

@@ -1,0 +1,205 @@
+#include "cli/torch/hf_models.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli/torch/model_flags.h"
+#include "cli/torch/model_registry.h"
+#include "common/json_util.h"
+#include "common/status.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt2.h"
+#include "runtime/torch/hf_weights.h"
+#include "runtime/torch/llama.h"
+#include "runtime/torch/token_data.h"
+
+ABSL_FLAG(std::string, hf_config, "",
+          "llama, gpt2: a Hugging Face config.json to take the model's sizes from (then "
+          "--layers, --hidden, --heads, --kv-heads and --intermediate are not used, --vocab "
+          "must be 0 or the file's vocab_size, and --seq-len, the tokens per sample, must not "
+          "exceed its max_position_embeddings or n_positions); empty: sizes from those flags. "
+          "checkpoint export: the config.json to write (it must describe the checkpoint's "
+          "model); empty: written from the checkpoint's model description");
+ABSL_FLAG(std::string, init_from, "",
+          "llama, gpt2: a Hugging Face model folder to start from (config.json with "
+          "model.safetensors, or with shards and model.safetensors.index.json): the sizes come "
+          "from its config.json, as with --hf-config (then left empty), and each rank reads the "
+          "weights of the layers it builds, converted to float32; empty: random initial "
+          "weights");
+ABSL_FLAG(int, kv_heads, 0,
+          "llama: key/value heads of grouped-query attention (must divide --heads); 0: "
+          "as many as --heads");
+ABSL_FLAG(int, intermediate, 0,
+          "llama: SwiGLU units of each block's MLP; 0: 8/3 * --hidden rounded up to a "
+          "multiple of 32");
+
+namespace tandem::cli {
+namespace {
+
+using runtime::libtorch::Gpt2Config;
+using runtime::libtorch::LlamaConfig;
+
+// Where the config.json comes from, for messages: "--hf-config PATH", "--init-from FOLDER".
+std::string ConfigSource() {
+  const std::string folder = absl::GetFlag(FLAGS_init_from);
+  if (!folder.empty()) return absl::StrCat("--init-from ", folder);
+  return absl::StrCat("--hf-config ", absl::GetFlag(FLAGS_hf_config));
+}
+
+// The config.json of --init-from's folder or --hf-config, or nothing when both are empty.
+absl::StatusOr<std::optional<Json>> ConfigFileFromFlags() {
+  const std::string folder = absl::GetFlag(FLAGS_init_from);
+  std::string path = absl::GetFlag(FLAGS_hf_config);
+  if (!folder.empty()) {
+    if (!path.empty()) {
+      return absl::InvalidArgumentError(
+          "--init-from takes the model's config from its folder's config.json; drop "
+          "--hf-config");
+    }
+    path = absl::StrCat(folder, "/config.json");
+  }
+  if (path.empty()) return std::nullopt;
+  auto json = ReadJsonFile(path);
+  if (!json.ok()) return Annotate(json.status(), folder.empty() ? "--hf-config" : "--init-from");
+  return std::optional<Json>(*std::move(json));
+}
+
+// With --init-from, `spec` starts every layer it builds from the folder's weights (checked
+// against `layout` now, from the folder's index and headers).
+absl::Status InitializeFromFlags(runtime::libtorch::HfLayout layout,
+                                 runtime::libtorch::ModelSpec* spec) {
+  const std::string folder = absl::GetFlag(FLAGS_init_from);
+  if (folder.empty()) return absl::OkStatus();
+  auto weights = runtime::libtorch::HfWeights::Open(folder, std::move(layout));
+  if (!weights.ok()) return Annotate(weights.status(), "--init-from");
+  runtime::libtorch::InitializeFromHfWeights(*std::move(weights), spec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<runtime::libtorch::GptAttention> AttentionFromFlags() {
+  auto attention = runtime::libtorch::ParseGptAttention(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return Annotate(attention.status(), "--attention");
+  return *attention;
+}
+
+absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
+  LlamaConfig config;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<Json> file, ConfigFileFromFlags());
+  if (file.has_value()) {
+    auto parsed = runtime::libtorch::LlamaConfigFromJson(*file);
+    if (!parsed.ok()) {
+      return Annotate(parsed.status(), ConfigSource());
+    }
+    config = *parsed;
+  } else {
+    config.layers = absl::GetFlag(FLAGS_layers);
+    config.hidden = absl::GetFlag(FLAGS_hidden);
+    config.heads = absl::GetFlag(FLAGS_heads);
+    const int kv_heads = absl::GetFlag(FLAGS_kv_heads);
+    config.kv_heads = kv_heads == 0 ? config.heads : kv_heads;
+    const int intermediate = absl::GetFlag(FLAGS_intermediate);
+    constexpr int64_t kMultiple = 32;
+    const int64_t swiglu = (8 * config.hidden + 2) / 3;  // 8/3 * hidden, rounded up
+    config.intermediate =
+        intermediate != 0 ? intermediate : (swiglu + kMultiple - 1) / kMultiple * kMultiple;
+    config.max_position_embeddings = absl::GetFlag(FLAGS_seq_len);
+  }
+  config.seq_len = absl::GetFlag(FLAGS_seq_len);
+  TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
+  if (absl::Status valid = runtime::libtorch::ValidateLlamaConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
+  }
+  ModelAndData result;
+  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(config.vocab, config.seq_len, request.seed));
+  result.spec = runtime::libtorch::LlamaModelSpec(config);
+  TANDEM_RETURN_IF_ERROR(
+      InitializeFromFlags(runtime::libtorch::LlamaHfLayout(config), &result.spec));
+  result.description = runtime::libtorch::DescribeLlama(config);
+  result.tokens_per_sample = config.seq_len;
+  result.training_flops_per_token = runtime::libtorch::LlamaTrainingFlopsPerToken(config);
+  // float32, per block: the block's input and its two normalised copies, the attention output,
+  // the gate, up and product of the MLP and the attention scores and weights; three copies of
+  // the logits on the last stage.
+  result.minimum_activation_bytes = [config](int64_t microbatch_size, int layers, bool last) {
+    const double b = static_cast<double>(microbatch_size);
+    const double s = static_cast<double>(config.seq_len);
+    const double per_layer =
+        4 * b * s * (4.0 * config.hidden + 3.0 * config.intermediate + 2.0 * config.heads * s);
+    const double logits = 4 * 3 * b * s * config.vocab;
+    return per_layer * layers + (last ? logits : 0);
+  };
+  return result;
+}
+
+absl::StatusOr<ModelAndData> MakeGpt2(const ModelRequest& request) {
+  Gpt2Config config;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<Json> file, ConfigFileFromFlags());
+  if (file.has_value()) {
+    auto parsed = runtime::libtorch::Gpt2ConfigFromJson(*file);
+    if (!parsed.ok()) {
+      return Annotate(parsed.status(), ConfigSource());
+    }
+    config = *parsed;
+  } else {
+    config.layers = absl::GetFlag(FLAGS_layers);
+    config.hidden = absl::GetFlag(FLAGS_hidden);
+    config.heads = absl::GetFlag(FLAGS_heads);
+    config.positions = absl::GetFlag(FLAGS_seq_len);
+  }
+  config.seq_len = absl::GetFlag(FLAGS_seq_len);
+  TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
+  if (absl::Status valid = runtime::libtorch::ValidateGpt2Config(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
+  }
+  ModelAndData result;
+  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(config.vocab, config.seq_len, request.seed));
+  result.spec = runtime::libtorch::Gpt2ModelSpec(config);
+  TANDEM_RETURN_IF_ERROR(
+      InitializeFromFlags(runtime::libtorch::Gpt2HfLayout(config), &result.spec));
+  result.description = runtime::libtorch::DescribeGpt2(config);
+  result.tokens_per_sample = config.seq_len;
+  result.training_flops_per_token = runtime::libtorch::Gpt2TrainingFlopsPerToken(config);
+  // As the GPT's: float32, [b, s, h] tensors and the MLP's units, two of the attention scores
+  // per block; three of the logits on the last stage.
+  result.minimum_activation_bytes = [config](int64_t microbatch_size, int layers, bool last) {
+    const double b = static_cast<double>(microbatch_size);
+    const double s = static_cast<double>(config.seq_len);
+    const double per_layer =
+        4 * b * s * (4.0 * config.hidden + 1.0 * config.Inner() + 2.0 * config.heads * s);
+    const double logits = 4 * 3 * b * s * config.vocab;
+    return per_layer * layers + (last ? logits : 0);
+  };
+  return result;
+}
+
+}  // namespace
+
+void RegisterHuggingFaceModels() {
+  static const bool registered = [] {
+    const absl::Status llama = RegisterModel(
+        {.name = "llama",
+         .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
+                    "grouped-query attention, SwiGLU)",
+         .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
+                   "intermediate", "seq_len", "vocab", "data", "data_format", "attention"},
+         .make = MakeLlama});
+    const absl::Status gpt2 = RegisterModel(
+        {.name = "gpt2",
+         .summary = "GPT-2 as transformers' GPT2LMHeadModel (learned positions, LM head tied "
+                    "to the token embedding)",
+         .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "seq_len", "vocab",
+                   "data", "data_format", "attention"},
+         .make = MakeGpt2});
+    return llama.ok() && gpt2.ok();
+  }();
+  (void)registered;
+}
+
+}  // namespace tandem::cli

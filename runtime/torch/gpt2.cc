@@ -1,0 +1,440 @@
+#include "runtime/torch/gpt2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <ATen/ATen.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+bool KnownActivation(const std::string& name) {
+  for (const char* known :
+       {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu", "relu", "silu", "swish"}) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
+// transformers' ACT2FN[name], with the same operations.
+torch::Tensor Activate(const std::string& name, const torch::Tensor& x) {
+  if (name == "gelu_new") {  // NewGELUActivation
+    return 0.5 * x *
+           (1.0 + torch::tanh(std::sqrt(2.0 / kPi) * (x + 0.044715 * torch::pow(x, 3.0))));
+  }
+  if (name == "gelu_fast") {  // FastGELUActivation
+    return 0.5 * x * (1.0 + torch::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
+  }
+  if (name == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (name == "gelu") return torch::gelu(x);
+  if (name == "relu") return torch::relu(x);
+  return torch::silu(x);  // silu, swish
+}
+
+// transformers' Conv1D: weight [in, out], y = x W + b.
+class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
+ public:
+  Conv1DImpl(int64_t in, int64_t out, double init_std) : in_(in), out_(out), std_(init_std) {
+    reset();
+  }
+  void reset() override {
+    weight = register_parameter("weight", torch::empty({in_, out_}));
+    bias = register_parameter("bias", torch::zeros({out_}));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(weight, /*mean=*/0.0, std_);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out_;
+    return torch::addmm(bias, x.reshape({-1, in_}), weight).view(shape);
+  }
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_;
+  double std_;
+};
+TORCH_MODULE(Conv1D);
+
+torch::nn::LayerNorm MakeLayerNorm(const Gpt2Config& config) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({config.hidden}).eps(config.layer_norm_epsilon));
+}
+
+double ResidualStd(const Gpt2Config& config) {
+  return config.init_std / std::sqrt(2.0 * static_cast<double>(config.layers));
+}
+
+// Layer 0: token and position embeddings.
+class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl> {
+ public:
+  explicit Gpt2EmbeddingImpl(const Gpt2Config& config) : config_(config) { reset(); }
+
+  void reset() override {
+    wte = register_module("wte", torch::nn::Embedding(config_.vocab, config_.hidden));
+    wpe = register_module("wpe", torch::nn::Embedding(config_.positions, config_.hidden));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(wte->weight, 0.0, config_.init_std);
+    torch::nn::init::normal_(wpe->weight, 0.0, config_.init_std);
+  }
+
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const torch::Tensor positions = torch::arange(
+        ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    return wte(ids) + wpe(positions);
+  }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+
+ private:
+  Gpt2Config config_;
+};
+TORCH_MODULE(Gpt2Embedding);
+
+// attn: GPT2Attention (eager form, or the fused one where asked and the scale allows).
+class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
+ public:
+  Gpt2AttentionImpl(const Gpt2Config& config, int64_t block) : config_(config), block_(block) {
+    reset();
+  }
+
+  void reset() override {
+    c_attn = register_module("c_attn", Conv1D(config_.hidden, 3 * config_.hidden,
+                                              config_.init_std));
+    c_proj = register_module("c_proj",
+                             Conv1D(config_.hidden, config_.hidden, ResidualStd(config_)));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t batch = x.size(0), length = x.size(1), hidden = config_.hidden;
+    const int64_t heads = config_.heads, head_dim = hidden / heads;
+    // [b, S, 3H] -> [3, b, A, S, hd]: query, key and value are the thirds of c_attn's output.
+    const std::vector<torch::Tensor> split = c_attn(x)
+                                                 .view({batch, length, 3, heads, head_dim})
+                                                 .permute({2, 0, 3, 1, 4})
+                                                 .unbind(0);
+    double divisor = 1.0;
+    if (config_.scale_attn_weights) divisor = std::sqrt(static_cast<double>(head_dim));
+    if (config_.scale_attn_by_inverse_layer_idx) divisor *= static_cast<double>(block_ + 1);
+    const bool fused = config_.attention == GptAttention::kFused ||
+                       (config_.attention == GptAttention::kAuto && FusedAttentionByDefault());
+    const torch::Tensor attended = CausalSelfAttention(split[0], split[1], split[2], divisor, fused);
+    return c_proj(attended.transpose(1, 2).reshape({batch, length, hidden}));
+  }
+
+  Conv1D c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  Gpt2Config config_;
+  int64_t block_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+// mlp: GPT2MLP.
+class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
+ public:
+  explicit Gpt2MlpImpl(const Gpt2Config& config) : config_(config) { reset(); }
+
+  void reset() override {
+    c_fc = register_module("c_fc", Conv1D(config_.hidden, config_.Inner(), config_.init_std));
+    c_proj = register_module("c_proj",
+                             Conv1D(config_.Inner(), config_.hidden, ResidualStd(config_)));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    return c_proj(Activate(config_.activation, c_fc(x)));
+  }
+
+  Conv1D c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  Gpt2Config config_;
+};
+TORCH_MODULE(Gpt2Mlp);
+
+// Layers 1..L: GPT2Block (block `block`, counted from 0).
+class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
+ public:
+  Gpt2BlockImpl(const Gpt2Config& config, int64_t block) : config_(config), block_(block) {
+    reset();
+  }
+
+  void reset() override {
+    ln_1 = register_module("ln_1", MakeLayerNorm(config_));
+    attn = register_module("attn", Gpt2Attention(config_, block_));
+    ln_2 = register_module("ln_2", MakeLayerNorm(config_));
+    mlp = register_module("mlp", Gpt2Mlp(config_));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
+    return x + mlp(ln_2(x));
+  }
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Gpt2Attention attn{nullptr};
+  Gpt2Mlp mlp{nullptr};
+
+ private:
+  Gpt2Config config_;
+  int64_t block_;
+};
+TORCH_MODULE(Gpt2Block);
+
+// Layer L + 1: ln_f and the LM head.
+class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl> {
+ public:
+  explicit Gpt2HeadImpl(const Gpt2Config& config) : config_(config) { reset(); }
+
+  void reset() override {
+    ln_f = register_module("ln_f", MakeLayerNorm(config_));
+    lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) { return lm_head(ln_f(x)); }
+
+  torch::nn::LayerNorm ln_f{nullptr};
+  LmHead lm_head{nullptr};
+
+ private:
+  Gpt2Config config_;
+};
+TORCH_MODULE(Gpt2Head);
+
+bool Present(const Json& json, const char* field) {
+  return json.contains(field) && !json.at(field).is_null();
+}
+
+absl::StatusOr<bool> BoolOr(const Json& json, const char* field, bool fallback) {
+  if (!Present(json, field)) return fallback;
+  if (!json.at(field).is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: ", field, ": expected true or false, got ", json.at(field).dump()));
+  }
+  return json.at(field).get<bool>();
+}
+
+bool IsBlockParameter(absl::string_view name) {
+  for (const char* known :
+       {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+        "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
+// The index in "<prefix><i>.<rest>", with <rest> in `rest`; -1 when `name` is not of that form.
+int IndexOf(absl::string_view name, absl::string_view prefix, std::string* rest) {
+  if (!absl::ConsumePrefix(&name, prefix)) return -1;
+  const size_t dot = name.find('.');
+  int index = -1;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &index)) return -1;
+  *rest = std::string(name.substr(dot + 1));
+  return index;
+}
+
+}  // namespace
+
+absl::StatusOr<Gpt2Config> Gpt2ConfigFromJson(const Json& json) {
+  constexpr absl::string_view where = "config.json";
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError("config.json: expected a JSON object");
+  }
+  Gpt2Config config;
+  TANDEM_ASSIGN_OR_RETURN(const std::string model_type,
+                          GetStringOr(json, "model_type", "gpt2", where));
+  if (model_type != "gpt2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: model_type \"", model_type, "\" is not supported by tandem's gpt2"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.vocab, GetIntOr(json, "vocab_size", 50257, where));
+  TANDEM_ASSIGN_OR_RETURN(config.positions, GetIntOr(json, "n_positions", 1024, where));
+  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "n_embd", 768, where));
+  TANDEM_ASSIGN_OR_RETURN(config.layers, GetIntOr(json, "n_layer", 12, where));
+  TANDEM_ASSIGN_OR_RETURN(config.heads, GetIntOr(json, "n_head", 12, where));
+  config.inner = 0;
+  if (Present(json, "n_inner")) {
+    TANDEM_ASSIGN_OR_RETURN(config.inner, GetInt(json, "n_inner", where));
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.layer_norm_epsilon,
+                          GetNumberOr(json, "layer_norm_epsilon", 1e-5, where));
+  TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
+  TANDEM_ASSIGN_OR_RETURN(config.activation,
+                          GetStringOr(json, "activation_function", "gelu_new", where));
+  if (!KnownActivation(config.activation)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: activation_function \"", config.activation,
+        "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.scale_attn_weights, BoolOr(json, "scale_attn_weights", true));
+  TANDEM_ASSIGN_OR_RETURN(config.scale_attn_by_inverse_layer_idx,
+                          BoolOr(json, "scale_attn_by_inverse_layer_idx", false));
+  TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings, BoolOr(json, "tie_word_embeddings", true));
+  TANDEM_ASSIGN_OR_RETURN(const bool cross_attention, BoolOr(json, "add_cross_attention", false));
+  if (cross_attention) {
+    return absl::InvalidArgumentError(
+        "config.json: add_cross_attention true is not supported (a decoder-only model)");
+  }
+  config.seq_len = std::min(config.seq_len, config.positions);
+  if (absl::Status valid = ValidateGpt2Config(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", valid.message()));
+  }
+  return config;
+}
+
+absl::Status ValidateGpt2Config(const Gpt2Config& config) {
+  const std::pair<const char*, int64_t> sizes[] = {{"vocab_size", config.vocab},
+                                                   {"n_layer", config.layers},
+                                                   {"n_embd", config.hidden},
+                                                   {"n_head", config.heads},
+                                                   {"n_positions", config.positions},
+                                                   {"seq_len", config.seq_len}};
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gpt2: ", field, " must be positive, got ", value));
+    }
+  }
+  if (config.inner < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt2: n_inner must be positive, got ", config.inner));
+  }
+  if (config.hidden % config.heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt2: n_embd (", config.hidden,
+                                                   ") must be divisible by n_head (",
+                                                   config.heads, ")"));
+  }
+  if (config.seq_len > config.positions) {
+    return absl::InvalidArgumentError(absl::StrCat("gpt2: seq_len ", config.seq_len,
+                                                   " exceeds n_positions ", config.positions));
+  }
+  if (!KnownActivation(config.activation)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpt2: unknown activation_function \"", config.activation, "\""));
+  }
+  if (!(config.layer_norm_epsilon > 0) || !(config.init_std > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpt2: layer_norm_epsilon and initializer_range must be positive, got ",
+        config.layer_norm_epsilon, " and ", config.init_std));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeGpt2(const Gpt2Config& config) {
+  std::string text = absl::StrCat("gpt2 L=", config.layers, " H=", config.hidden,
+                                  " A=", config.heads, " S=", config.seq_len,
+                                  " V=", config.vocab, " P=", config.positions);
+  if (config.inner > 0) absl::StrAppend(&text, " I=", config.inner);
+  if (config.activation != "gelu_new") absl::StrAppend(&text, " act=", config.activation);
+  if (!config.tie_word_embeddings) absl::StrAppend(&text, " untied");
+  if (!config.scale_attn_weights) absl::StrAppend(&text, " no-scale");
+  if (config.scale_attn_by_inverse_layer_idx) absl::StrAppend(&text, " scale-by-layer");
+  return text;
+}
+
+double Gpt2TrainingFlopsPerToken(const Gpt2Config& config) {
+  const double h = static_cast<double>(config.hidden);
+  const double layers = static_cast<double>(config.layers);
+  const double block = 4.0 * h * h + 2.0 * h * static_cast<double>(config.Inner());
+  const double matmul_parameters = layers * block + h * static_cast<double>(config.vocab);
+  return 6.0 * matmul_parameters + 12.0 * layers * h * static_cast<double>(config.seq_len);
+}
+
+TiedWeights Gpt2TiedWeights(const Gpt2Config& config) {
+  if (!config.tie_word_embeddings) return {};
+  return TiedEmbeddingAndHead("wte.weight", static_cast<int>(config.layers) + 1);
+}
+
+ModelSpec Gpt2ModelSpec(const Gpt2Config& config) {
+  ModelSpec spec;
+  spec.name = DescribeGpt2(config);
+  spec.build_layer = [config](int layer) {
+    if (layer == 0) return torch::nn::AnyModule(Gpt2Embedding(config));
+    if (layer == config.layers + 1) return torch::nn::AnyModule(Gpt2Head(config));
+    return torch::nn::AnyModule(Gpt2Block(config, layer - 1));
+  };
+  spec.describe = [config]() {
+    if (absl::Status ok = ValidateGpt2Config(config); !ok.ok()) {
+      throw std::invalid_argument(std::string(ok.message()));
+    }
+    LayeredModel model;
+    model.name = DescribeGpt2(config);
+    model.layer_names.push_back("embedding");
+    for (int64_t block = 0; block < config.layers; ++block) {
+      model.layer_names.push_back(absl::StrCat("block", block));
+    }
+    model.layer_names.push_back("head");
+    // Forward FLOPs per token, as GptModelSpec counts them.
+    const double h = static_cast<double>(config.hidden);
+    const double products = 2.0 * (4.0 * h * h + 2.0 * h * static_cast<double>(config.Inner()));
+    const double attention = 4.0 * h * static_cast<double>(config.seq_len);
+    const double head = 2.0 * h * static_cast<double>(config.vocab);
+    model.layer_costs.push_back(2.0 * h);
+    model.layer_costs.insert(model.layer_costs.end(), config.layers, products + attention);
+    model.layer_costs.push_back(head + 5.0 * static_cast<double>(config.vocab));
+    const double blocks = static_cast<double>(config.layers);
+    model.split_pass_costs = {blocks * (products + attention) + head,
+                              blocks * (products + 2.0 * attention) + head,
+                              blocks * products + head};
+    model.loss = TokenCrossEntropy(config.vocab);
+    model.tied_weights = Gpt2TiedWeights(config);
+    return model;
+  };
+  return spec;
+}
+
+absl::StatusOr<std::string> Gpt2HfName(const Gpt2Config& config, absl::string_view name) {
+  std::string rest;
+  const int layer = IndexOf(name, "layers.", &rest);
+  const int last = static_cast<int>(config.layers) + 1;
+  if (layer == 0 && (rest == "wte.weight" || rest == "wpe.weight")) {
+    return absl::StrCat("transformer.", rest);
+  }
+  if (layer == last && (rest == "ln_f.weight" || rest == "ln_f.bias")) {
+    return absl::StrCat("transformer.", rest);
+  }
+  if (layer == last && rest == "lm_head.weight") return std::string("lm_head.weight");
+  if (layer > 0 && layer < last && IsBlockParameter(rest)) {
+    return absl::StrCat("transformer.h.", layer - 1, ".", rest);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("gpt2: '", name, "' is not a parameter of ", DescribeGpt2(config)));
+}
+
+absl::StatusOr<std::string> Gpt2TandemName(const Gpt2Config& config, absl::string_view key) {
+  const int last = static_cast<int>(config.layers) + 1;
+  if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
+  absl::string_view inner = key;
+  absl::ConsumePrefix(&inner, "transformer.");
+  if (inner == "wte.weight" || inner == "wpe.weight") return absl::StrCat("layers.0.", inner);
+  if (inner == "ln_f.weight" || inner == "ln_f.bias") {
+    return absl::StrCat("layers.", last, ".", inner);
+  }
+  std::string rest;
+  const int block = IndexOf(inner, "h.", &rest);
+  if (block >= 0 && block < config.layers && IsBlockParameter(rest)) {
+    return absl::StrCat("layers.", block + 1, ".", rest);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("gpt2: '", key, "' is not a transformers parameter of ", DescribeGpt2(config)));
+}
+
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,678 @@
+#include "runtime/torch/hf_weights.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <utility>
+
+#include <torch/types.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/file_util.h"
+#include "common/json_util.h"
+#include "common/status.h"
+#include "formats/safetensors.h"
+#include "runtime/checkpoint.h"
+#include "runtime/torch/gpt2.h"
+#include "runtime/torch/llama.h"
+#include "runtime/torch/model.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr char kParameterPrefix[] = "param:";  // stage_checkpoint.cc's parameter tensors
+constexpr char kConfigFileName[] = "config.json";
+// What transformers' configs default to and what `tandem train` uses without --hf-config.
+constexpr double kDefaultNormEpsilon = 1e-5;
+constexpr double kDefaultInitializerRange = 0.02;
+constexpr size_t kNamesShown = 4;  // keys listed in one message
+
+// "a, b, c, d and 3 more".
+std::string ListSome(const std::vector<std::string>& names) {
+  const size_t shown = std::min(names.size(), kNamesShown);
+  std::string text = absl::StrJoin(names.begin(), names.begin() + shown, ", ");
+  if (names.size() > shown) absl::StrAppend(&text, " and ", names.size() - shown, " more");
+  return text;
+}
+
+void AddTensor(HfLayout& layout, std::string key, std::string name,
+               std::vector<int64_t> shape) {
+  layout.tensors.push_back(HfTensor{std::move(key), std::move(name), std::move(shape)});
+}
+
+// The copies of `tied`: copy -> owner.
+std::map<std::string, std::string> CopiesOf(const TiedWeights& tied) {
+  std::map<std::string, std::string> copies;
+  for (const TiedParameter& pair : tied.parameters) copies[pair.copy] = pair.owner;
+  return copies;
+}
+
+// The key the mapping gives `name` (always one: the layouts below list the names the mappings
+// know); `name` itself otherwise, which then shows as missing from any folder.
+std::string KeyOf(const absl::StatusOr<std::string>& key, const std::string& name) {
+  return key.ok() ? *key : name;
+}
+
+}  // namespace
+
+const HfTensor* HfLayout::Find(absl::string_view name) const {
+  auto copy = tied_copies.find(std::string(name));
+  const std::string wanted = copy != tied_copies.end() ? copy->second : std::string(name);
+  for (const HfTensor& tensor : tensors) {
+    if (tensor.name == wanted) return &tensor;
+  }
+  return nullptr;
+}
+
+HfLayout LlamaHfLayout(const LlamaConfig& config) {
+  HfLayout layout;
+  layout.model = DescribeLlama(config);
+  const int64_t h = config.hidden, q = config.heads * config.HeadDim(),
+                kv = config.kv_heads * config.HeadDim(), units = config.intermediate;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    AddTensor(layout, KeyOf(LlamaHfName(config, name), name), name, std::move(shape));
+  };
+  add("layers.0.embed_tokens.weight", {config.vocab, h});
+  for (int64_t block = 1; block <= config.layers; ++block) {
+    const std::string p = absl::StrCat("layers.", block, ".");
+    add(p + "input_layernorm.weight", {h});
+    const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
+        {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
+    for (const auto& [projection, out_in] : attention) {
+      add(absl::StrCat(p, "self_attn.", projection, ".weight"), {out_in.first, out_in.second});
+      if (config.attention_bias) {
+        add(absl::StrCat(p, "self_attn.", projection, ".bias"), {out_in.first});
+      }
+    }
+    add(p + "post_attention_layernorm.weight", {h});
+    const std::pair<const char*, std::pair<int64_t, int64_t>> mlp[] = {
+        {"gate_proj", {units, h}}, {"up_proj", {units, h}}, {"down_proj", {h, units}}};
+    for (const auto& [projection, out_in] : mlp) {
+      add(absl::StrCat(p, "mlp.", projection, ".weight"), {out_in.first, out_in.second});
+      if (config.mlp_bias) add(absl::StrCat(p, "mlp.", projection, ".bias"), {out_in.first});
+    }
+  }
+  const std::string head = absl::StrCat("layers.", config.layers + 1, ".");
+  add(head + "norm.weight", {h});
+  layout.tied_copies = CopiesOf(LlamaTiedWeights(config));
+  if (layout.tied_copies.count(head + "lm_head.weight") == 0) {
+    add(head + "lm_head.weight", {config.vocab, h});
+  }
+  layout.tandem_name = [config](absl::string_view key) { return LlamaTandemName(config, key); };
+  return layout;
+}
+
+HfLayout Gpt2HfLayout(const Gpt2Config& config) {
+  HfLayout layout;
+  layout.model = DescribeGpt2(config);
+  const int64_t h = config.hidden, inner = config.Inner();
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    AddTensor(layout, KeyOf(Gpt2HfName(config, name), name), name, std::move(shape));
+  };
+  add("layers.0.wte.weight", {config.vocab, h});
+  add("layers.0.wpe.weight", {config.positions, h});
+  for (int64_t block = 1; block <= config.layers; ++block) {
+    const std::string p = absl::StrCat("layers.", block, ".");
+    add(p + "ln_1.weight", {h});
+    add(p + "ln_1.bias", {h});
+    // Conv1D: weight [in, out].
+    add(p + "attn.c_attn.weight", {h, 3 * h});
+    add(p + "attn.c_attn.bias", {3 * h});
+    add(p + "attn.c_proj.weight", {h, h});
+    add(p + "attn.c_proj.bias", {h});
+    add(p + "ln_2.weight", {h});
+    add(p + "ln_2.bias", {h});
+    add(p + "mlp.c_fc.weight", {h, inner});
+    add(p + "mlp.c_fc.bias", {inner});
+    add(p + "mlp.c_proj.weight", {inner, h});
+    add(p + "mlp.c_proj.bias", {h});
+  }
+  const std::string head = absl::StrCat("layers.", config.layers + 1, ".");
+  add(head + "ln_f.weight", {h});
+  add(head + "ln_f.bias", {h});
+  layout.tied_copies = CopiesOf(Gpt2TiedWeights(config));
+  if (layout.tied_copies.count(head + "lm_head.weight") == 0) {
+    add(head + "lm_head.weight", {config.vocab, h});
+  }
+  layout.tandem_name = [config](absl::string_view key) { return Gpt2TandemName(config, key); };
+  // The causal-mask buffers older GPT-2 checkpoints hold (transformers ignores them on load).
+  layout.ignored = [](absl::string_view key) {
+    absl::ConsumePrefix(&key, "transformer.");
+    if (!absl::ConsumePrefix(&key, "h.")) return false;
+    const size_t dot = key.find('.');
+    int block = 0;
+    if (dot == absl::string_view::npos || !absl::SimpleAtoi(key.substr(0, dot), &block)) {
+      return false;
+    }
+    const absl::string_view rest = key.substr(dot + 1);
+    return rest == "attn.bias" || rest == "attn.masked_bias";
+  };
+  return layout;
+}
+
+// ---- In -------------------------------------------------------------------------------------
+
+HfWeights::~HfWeights() = default;
+
+absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::string& folder,
+                                                                 HfLayout layout) {
+  std::shared_ptr<HfWeights> weights(new HfWeights());
+  weights->folder_ = folder;
+  TANDEM_ASSIGN_OR_RETURN(weights->files_, formats::SafetensorsFolder::Open(folder));
+  const std::string& model = layout.model;
+  // The key set, from the index (or the single file's header) alone.
+  std::vector<std::string> extra, tied_extra;
+  for (const std::string& key : weights->files_->TensorNames()) {
+    if (layout.ignored && layout.ignored(key)) continue;
+    absl::StatusOr<std::string> name = layout.tandem_name(key);
+    if (!name.ok()) {
+      extra.push_back(absl::StrCat("'", key, "'"));
+      continue;
+    }
+    if (layout.tied_copies.count(*name) > 0) {
+      tied_extra.push_back(absl::StrCat("'", key, "'"));
+      continue;
+    }
+    auto [it, added] = weights->key_of_.emplace(*name, key);
+    if (!added) {
+      return absl::InvalidArgumentError(absl::StrCat(folder, ": tensors '", it->second, "' and '",
+                                                     key, "' are both parameter '", *name,
+                                                     "' of ", model));
+    }
+  }
+  if (!tied_extra.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        folder, ": holds ", ListSome(tied_extra), ", which ", model,
+        " does not use: its config ties the LM head to the token embedding "
+        "(tie_word_embeddings), so the embedding's tensor initialises both"));
+  }
+  if (!extra.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        folder, ": holds ", extra.size(), " tensor(s) that ", model, " does not use: ",
+        ListSome(extra), " (does config.json describe these weights?)"));
+  }
+  std::vector<std::string> missing;
+  for (const HfTensor& tensor : layout.tensors) {
+    if (weights->key_of_.count(tensor.name) == 0) {
+      missing.push_back(absl::StrCat("'", tensor.key, "'"));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(folder, ": ", missing.size(),
+                                                   " tensor(s) of ", model, " missing: ",
+                                                   ListSome(missing)));
+  }
+  // Shapes and dtypes, from the shards' headers (a shard is mapped, its data not read).
+  for (const HfTensor& tensor : layout.tensors) {
+    const std::string& key = weights->key_of_.at(tensor.name);
+    TANDEM_ASSIGN_OR_RETURN(const formats::TensorInfo info, weights->files_->Info(key));
+    if (info.shape != tensor.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder, ": tensor '", key, "' has shape ", ShapeString(info.shape), ", ", model,
+          " needs ", ShapeString(tensor.shape), " (does config.json describe these weights?)"));
+    }
+    if (!formats::ConvertsToFloat32(info.data_type)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          folder, ": tensor '", key, "' is ", formats::DataTypeName(info.data_type),
+          "; tandem reads F32, BF16, F16 and F64 weights"));
+    }
+  }
+  weights->layout_ = std::move(layout);
+  return std::shared_ptr<const HfWeights>(std::move(weights));
+}
+
+absl::Status HfWeights::ReadParameter(absl::string_view name, float* out, int64_t count) const {
+  auto copy = layout_.tied_copies.find(std::string(name));
+  const std::string owner = copy != layout_.tied_copies.end() ? copy->second : std::string(name);
+  auto key = key_of_.find(owner);
+  if (key == key_of_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(folder_, ": '", name, "' is not a parameter of ",
+                                                   layout_.model));
+  }
+  {
+    absl::MutexLock lock(&mutex_);
+    read_.insert(key->second);
+  }
+  return files_->ReadAsFloat32(key->second, out, count);
+}
+
+std::vector<std::string> HfWeights::KeysRead() const {
+  absl::MutexLock lock(&mutex_);
+  return std::vector<std::string>(read_.begin(), read_.end());
+}
+
+namespace {
+
+absl::Status LoadLayer(const HfWeights& weights, const torch::nn::AnyModule& module, int layer) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, parameter] : NamedLayerParameters({module}, layer)) {
+    const HfTensor* tensor = weights.layout().Find(name);
+    if (tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights.folder(), ": parameter '", name, "' of layer ", layer, " has no tensor in ",
+          weights.layout().model, "'s checkpoint layout"));
+    }
+    if (parameter.sizes().vec() != tensor->shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights.folder(), ": tensor '", tensor->key, "' is ", ShapeString(tensor->shape),
+          ", parameter '", name, "' ", ShapeString(parameter.sizes().vec())));
+    }
+    if (parameter.is_contiguous() && parameter.scalar_type() == torch::kFloat &&
+        parameter.device().is_cpu()) {
+      TANDEM_RETURN_IF_ERROR(
+          weights.ReadParameter(name, parameter.data_ptr<float>(), parameter.numel()));
+      continue;
+    }
+    torch::Tensor staged = torch::empty(tensor->shape, torch::kFloat);
+    TANDEM_RETURN_IF_ERROR(weights.ReadParameter(name, staged.data_ptr<float>(), staged.numel()));
+    parameter.copy_(staged);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void InitializeFromHfWeights(std::shared_ptr<const HfWeights> weights, ModelSpec* spec) {
+  spec->build_layer = [build = spec->build_layer, weights = std::move(weights)](int layer) {
+    torch::nn::AnyModule module = build(layer);
+    const absl::Status loaded = LoadLayer(*weights, module, layer);
+    if (!loaded.ok()) throw std::invalid_argument(std::string(loaded.message()));
+    return module;
+  };
+}
+
+// ---- Model descriptions ---------------------------------------------------------------------
+
+namespace {
+
+// The description's tokens after the family name, without " seed=N"; InvalidArgument when it
+// is not of `family`.
+absl::StatusOr<std::vector<std::string>> DescriptionTokens(absl::string_view description,
+                                                           absl::string_view family) {
+  std::vector<std::string> tokens = absl::StrSplit(description, ' ', absl::SkipEmpty());
+  if (tokens.empty() || tokens[0] != family) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model description '", description, "' is not of ", family));
+  }
+  tokens.erase(tokens.begin());
+  std::vector<std::string> kept;
+  for (std::string& token : tokens) {
+    if (!absl::StartsWith(token, "seed=")) kept.push_back(std::move(token));
+  }
+  return kept;
+}
+
+std::string WithoutSeed(absl::string_view description) {
+  std::vector<std::string> tokens = absl::StrSplit(description, ' ', absl::SkipEmpty());
+  std::vector<std::string> kept;
+  for (std::string& token : tokens) {
+    if (!absl::StartsWith(token, "seed=")) kept.push_back(std::move(token));
+  }
+  return absl::StrJoin(kept, " ");
+}
+
+absl::Status Unreadable(absl::string_view description, absl::string_view token) {
+  return absl::InvalidArgumentError(absl::StrCat("cannot read '", token,
+                                                 "' of the model description '", description,
+                                                 "'"));
+}
+
+// The description `written` read back must give `description` again: nothing was dropped.
+absl::Status CheckReadBack(absl::string_view description, const std::string& written) {
+  if (written == WithoutSeed(description)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the model description '",
+                                                 WithoutSeed(description), "' reads back as '",
+                                                 written, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view description) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                          DescriptionTokens(description, "llama"));
+  LlamaConfig config;
+  config.rms_norm_eps = kDefaultNormEpsilon;
+  config.init_std = kDefaultInitializerRange;
+  config.head_dim = 0;
+  config.rope_scaling.reset();
+  std::set<std::string> seen;
+  for (const std::string& token : tokens) {
+    const size_t equals = token.find('=');
+    const std::string key = token.substr(0, equals);
+    const std::string value = equals == std::string::npos ? "" : token.substr(equals + 1);
+    seen.insert(key);
+    bool ok = true;
+    if (key == "L") ok = absl::SimpleAtoi(value, &config.layers);
+    else if (key == "H") ok = absl::SimpleAtoi(value, &config.hidden);
+    else if (key == "A") ok = absl::SimpleAtoi(value, &config.heads);
+    else if (key == "KV") ok = absl::SimpleAtoi(value, &config.kv_heads);
+    else if (key == "I") ok = absl::SimpleAtoi(value, &config.intermediate);
+    else if (key == "S") ok = absl::SimpleAtoi(value, &config.seq_len);
+    else if (key == "V") ok = absl::SimpleAtoi(value, &config.vocab);
+    else if (key == "hd") ok = absl::SimpleAtoi(value, &config.head_dim);
+    else if (key == "rope") ok = absl::SimpleAtod(value, &config.rope_theta);
+    else if (key == "llama3-scaling") {
+      const std::vector<std::string> parts = absl::StrSplit(value, '/');
+      LlamaRopeScaling scaling;
+      ok = parts.size() == 4 && absl::SimpleAtod(parts[0], &scaling.factor) &&
+           absl::SimpleAtod(parts[1], &scaling.low_freq_factor) &&
+           absl::SimpleAtod(parts[2], &scaling.high_freq_factor) &&
+           absl::SimpleAtoi(parts[3], &scaling.original_max_position_embeddings);
+      config.rope_scaling = scaling;
+    } else if (token == "tied") config.tie_word_embeddings = true;
+    else if (token == "attention-bias") config.attention_bias = true;
+    else if (token == "mlp-bias") config.mlp_bias = true;
+    else ok = false;
+    if (!ok) return Unreadable(description, token);
+  }
+  for (const char* required : {"L", "H", "A", "KV", "I", "S", "V"}) {
+    if (seen.count(required) == 0) return Unreadable(description, absl::StrCat(required, "="));
+  }
+  // As `tandem train` sets it without --hf-config.
+  config.max_position_embeddings = config.seq_len;
+  TANDEM_RETURN_IF_ERROR(CheckReadBack(description, DescribeLlama(config)));
+  TANDEM_RETURN_IF_ERROR(ValidateLlamaConfig(config));
+  return config;
+}
+
+absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view description) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                          DescriptionTokens(description, "gpt2"));
+  Gpt2Config config;
+  config.layer_norm_epsilon = kDefaultNormEpsilon;
+  config.init_std = kDefaultInitializerRange;
+  std::set<std::string> seen;
+  for (const std::string& token : tokens) {
+    const size_t equals = token.find('=');
+    const std::string key = token.substr(0, equals);
+    const std::string value = equals == std::string::npos ? "" : token.substr(equals + 1);
+    seen.insert(key);
+    bool ok = true;
+    if (key == "L") ok = absl::SimpleAtoi(value, &config.layers);
+    else if (key == "H") ok = absl::SimpleAtoi(value, &config.hidden);
+    else if (key == "A") ok = absl::SimpleAtoi(value, &config.heads);
+    else if (key == "S") ok = absl::SimpleAtoi(value, &config.seq_len);
+    else if (key == "V") ok = absl::SimpleAtoi(value, &config.vocab);
+    else if (key == "P") ok = absl::SimpleAtoi(value, &config.positions);
+    else if (key == "I") ok = absl::SimpleAtoi(value, &config.inner);
+    else if (key == "act") config.activation = value;
+    else if (token == "untied") config.tie_word_embeddings = false;
+    else if (token == "no-scale") config.scale_attn_weights = false;
+    else if (token == "scale-by-layer") config.scale_attn_by_inverse_layer_idx = true;
+    else ok = false;
+    if (!ok) return Unreadable(description, token);
+  }
+  for (const char* required : {"L", "H", "A", "S", "V", "P"}) {
+    if (seen.count(required) == 0) return Unreadable(description, absl::StrCat(required, "="));
+  }
+  TANDEM_RETURN_IF_ERROR(CheckReadBack(description, DescribeGpt2(config)));
+  TANDEM_RETURN_IF_ERROR(ValidateGpt2Config(config));
+  return config;
+}
+
+// ---- Out ------------------------------------------------------------------------------------
+
+namespace {
+
+Json LlamaConfigJson(const LlamaConfig& config) {
+  Json json = {{"architectures", {"LlamaForCausalLM"}},
+               {"model_type", "llama"},
+               {"vocab_size", config.vocab},
+               {"hidden_size", config.hidden},
+               {"intermediate_size", config.intermediate},
+               {"num_hidden_layers", config.layers},
+               {"num_attention_heads", config.heads},
+               {"num_key_value_heads", config.kv_heads},
+               {"head_dim", config.HeadDim()},
+               {"hidden_act", "silu"},
+               {"max_position_embeddings", config.max_position_embeddings},
+               {"rms_norm_eps", config.rms_norm_eps},
+               {"rope_theta", config.rope_theta},
+               {"rope_scaling", nullptr},
+               {"tie_word_embeddings", config.tie_word_embeddings},
+               {"attention_bias", config.attention_bias},
+               {"mlp_bias", config.mlp_bias},
+               {"attention_dropout", 0.0},
+               {"initializer_range", config.init_std},
+               {"torch_dtype", "float32"}};
+  if (config.rope_scaling) {
+    const LlamaRopeScaling& s = *config.rope_scaling;
+    json["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", s.factor},
+                            {"low_freq_factor", s.low_freq_factor},
+                            {"high_freq_factor", s.high_freq_factor},
+                            {"original_max_position_embeddings",
+                             s.original_max_position_embeddings}};
+  }
+  if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
+  return json;
+}
+
+Json Gpt2ConfigJson(const Gpt2Config& config) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", config.vocab},
+          {"n_embd", config.hidden},
+          {"n_layer", config.layers},
+          {"n_head", config.heads},
+          {"n_positions", config.positions},
+          {"n_ctx", config.positions},
+          {"n_inner", config.inner > 0 ? Json(config.inner) : Json(nullptr)},
+          {"activation_function", config.activation},
+          {"layer_norm_epsilon", config.layer_norm_epsilon},
+          {"scale_attn_weights", config.scale_attn_weights},
+          {"scale_attn_by_inverse_layer_idx", config.scale_attn_by_inverse_layer_idx},
+          {"reorder_and_upcast_attn", false},
+          {"tie_word_embeddings", config.tie_word_embeddings},
+          // tandem trains without dropout.
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"initializer_range", config.init_std},
+          {"torch_dtype", "float32"}};
+}
+
+struct ExportModel {
+  HfLayout layout;
+  Json config;
+  std::string config_source;
+};
+
+// The layout and config.json of the checkpoint's model `description`.
+absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
+                                          const std::string& hf_config) {
+  const std::string family = description.substr(0, description.find(' '));
+  if (family != "llama" && family != "gpt2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint holds model '", description,
+        "'; export writes Hugging Face folders of llama and gpt2 models only"));
+  }
+  const bool llama = family == "llama";
+  ExportModel out;
+  if (hf_config.empty()) {
+    out.config_source = "the model description";
+    const std::string advice =
+        "; pass the model's config.json as --hf-config";
+    if (llama) {
+      auto config = LlamaConfigFromDescription(description);
+      if (!config.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(config.status().message(), advice));
+      }
+      out.layout = LlamaHfLayout(*config);
+      out.config = LlamaConfigJson(*config);
+    } else {
+      auto config = Gpt2ConfigFromDescription(description);
+      if (!config.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(config.status().message(), advice));
+      }
+      out.layout = Gpt2HfLayout(*config);
+      out.config = Gpt2ConfigJson(*config);
+    }
+    return out;
+  }
+  out.config_source = absl::StrCat("--hf-config ", hf_config);
+  TANDEM_ASSIGN_OR_RETURN(out.config, ReadJsonFile(hf_config));
+  // The sequence length is no part of config.json: the description's.
+  int64_t seq_len = 0;
+  for (absl::string_view token : absl::StrSplit(description, ' ')) {
+    if (absl::ConsumePrefix(&token, "S=") && !absl::SimpleAtoi(token, &seq_len)) seq_len = 0;
+  }
+  std::string described;
+  if (llama) {
+    auto config = LlamaConfigFromJson(out.config);
+    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    if (seq_len > 0) config->seq_len = seq_len;
+    described = DescribeLlama(*config);
+    out.layout = LlamaHfLayout(*config);
+  } else {
+    auto config = Gpt2ConfigFromJson(out.config);
+    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    if (seq_len > 0) config->seq_len = seq_len;
+    described = DescribeGpt2(*config);
+    out.layout = Gpt2HfLayout(*config);
+  }
+  if (described != WithoutSeed(description)) {
+    return absl::InvalidArgumentError(absl::StrCat("--hf-config ", hf_config, " describes '",
+                                                   described, "', the checkpoint holds '",
+                                                   WithoutSeed(description), "'"));
+  }
+  out.config["torch_dtype"] = "float32";  // what the export writes
+  return out;
+}
+
+// `out_folder` without a trailing '/', and the check that it may be written.
+absl::StatusOr<std::filesystem::path> OutputFolder(const std::string& out_folder) {
+  namespace fs = std::filesystem;
+  if (out_folder.empty()) return absl::InvalidArgumentError("the output folder is empty");
+  fs::path out = fs::path(out_folder).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (!fs::is_directory(out, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(out.string(), ": exists and is not a folder"));
+    }
+    if (!fs::is_empty(out, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          out.string(), ": exists and is not empty (export writes a new folder)"));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoint,
+                                                    const std::string& out_folder,
+                                                    const HfExportOptions& options) {
+  namespace fs = std::filesystem;
+  HfExportResult result;
+  TANDEM_ASSIGN_OR_RETURN(const fs::path out, OutputFolder(out_folder));
+  TANDEM_ASSIGN_OR_RETURN(result.checkpoint, ResolveCheckpoint(checkpoint));
+  TANDEM_ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(result.checkpoint));
+  result.model = manifest.model;
+  TANDEM_ASSIGN_OR_RETURN(ExportModel model, ExportModelOf(manifest.model, options.hf_config));
+  result.config_source = model.config_source;
+
+  // The parameters (optimizer state is not exported).
+  std::map<std::string, ShardTensor> parameters;
+  for (const ShardRecord& record : manifest.shards) {
+    TANDEM_ASSIGN_OR_RETURN(CheckpointShard shard, ReadShard(result.checkpoint, record));
+    for (ShardTensor& t : shard.tensors) {
+      if (!absl::StartsWith(t.name, kParameterPrefix)) continue;
+      std::string name = t.name.substr(sizeof(kParameterPrefix) - 1);
+      if (parameters.count(name) > 0) {
+        return absl::DataLossError(absl::StrCat(result.checkpoint, ": parameter '", name,
+                                                "' is in more than one shard"));
+      }
+      parameters.emplace(std::move(name), std::move(t));
+    }
+  }
+  const HfLayout& layout = model.layout;
+  const std::string where = absl::StrCat(result.checkpoint, " (", layout.model, ")");
+  std::vector<std::string> extra;
+  for (const auto& [name, tensor] : parameters) {
+    // A tied copy held apart equals its owner (the runtime keeps them equal): written once.
+    if (layout.tied_copies.count(name) == 0 && layout.Find(name) == nullptr) {
+      extra.push_back(absl::StrCat("'", name, "'"));
+    }
+  }
+  if (!extra.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": holds ", extra.size(),
+                                                   " parameter(s) the model has not: ",
+                                                   ListSome(extra)));
+  }
+  std::vector<formats::TensorToWrite> tensors;
+  for (const HfTensor& hf : layout.tensors) {
+    auto it = parameters.find(hf.name);
+    if (it == parameters.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": holds no parameter '", hf.name,
+                                                     "' (", hf.key, ")"));
+    }
+    const ShardTensor& t = it->second;
+    if (t.dtype != comm::DataType::kFloat32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameter '", hf.name, "' is not float32"));
+    }
+    if (t.count != ShapeElements(hf.shape) || !ShapesCompatible(t.shape, hf.shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": parameter '", hf.name, "' is ", ShapeString(t.shape), " (", t.count,
+          " elements), ", hf.key, " must be ", ShapeString(hf.shape)));
+    }
+    formats::TensorToWrite w;
+    w.name = hf.key;
+    w.data_type = formats::DataType::kFloat32;
+    w.shape = hf.shape;
+    w.bytes = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(t.bytes.data()),
+                                        t.bytes.size());
+    tensors.push_back(std::move(w));
+    result.bytes += static_cast<int64_t>(t.bytes.size());
+  }
+  result.tensors = static_cast<int64_t>(tensors.size());
+
+  // Everything into a hidden folder beside the output, renamed to it at the end.
+  std::error_code ec;
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  fs::create_directories(parent, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(parent.string(), ": cannot create the folder: ", ec.message()));
+  }
+  const fs::path partial =
+      parent / absl::StrCat(".", out.filename().string(), ".export-", ::getpid());
+  RemoveAll(partial.string()).IgnoreError();  // a leftover of an earlier crash
+  absl::Status written = [&]() -> absl::Status {
+    fs::create_directories(partial, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(partial.string(), ": cannot create the folder: ", ec.message()));
+    }
+    TANDEM_RETURN_IF_ERROR(WriteFileAtomically((partial / kConfigFileName).string(),
+                                               model.config.dump(2) + "\n"));
+    formats::ShardedWriteOptions write;
+    write.max_shard_bytes = options.max_shard_bytes;
+    TANDEM_ASSIGN_OR_RETURN(const formats::ShardedWriteResult files,
+                            formats::WriteShardedSafetensors(partial.string(), tensors, write));
+    result.files = {kConfigFileName};
+    result.files.insert(result.files.end(), files.files.begin(), files.files.end());
+    if (!files.index_file.empty()) result.files.push_back(files.index_file);
+    fs::rename(partial, out, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot rename ", partial.string(), " to ",
+                                              out.string(), ": ", ec.message()));
+    }
+    return absl::OkStatus();
+  }();
+  if (!written.ok()) {
+    RemoveAll(partial.string()).IgnoreError();
+    return written;
+  }
+  return result;
+}
+
+}  // namespace tandem::runtime::libtorch

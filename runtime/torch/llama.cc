@@ -1,0 +1,667 @@
+#include "runtime/torch/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/pimpl.h>
+#include <ATen/ATen.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/parallel_linear.h"
+#include "runtime/torch/tensor_parallel.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+bool Fused(const LlamaConfig& config) {
+  return config.attention == GptAttention::kFused ||
+         (config.attention == GptAttention::kAuto && FusedAttentionByDefault());
+}
+
+// transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, times the weight.
+class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
+ public:
+  RmsNormImpl(int64_t size, double eps) : size_(size), eps_(eps) { reset(); }
+  void reset() override { weight = register_parameter("weight", torch::ones({size_})); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor h = x.to(torch::kFloat);
+    const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+    return weight * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+  }
+  torch::Tensor weight;
+
+ private:
+  int64_t size_;
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+// transformers' inverse frequencies (_compute_default_rope_parameters and, with rope scaling,
+// _compute_llama3_parameters), in float32 with the same operations.
+torch::Tensor InverseFrequencies(const LlamaConfig& config) {
+  const int64_t dim = config.HeadDim();
+  const torch::Tensor exponents =
+      torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
+      static_cast<double>(dim);
+  torch::Tensor inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
+  if (!config.rope_scaling) return inv_freq;
+  const LlamaRopeScaling& s = *config.rope_scaling;
+  const double old_context = static_cast<double>(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  const torch::Tensor wavelen = 2 * kPi / inv_freq;
+  torch::Tensor scaled =
+      torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  const torch::Tensor smooth =
+      (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  const torch::Tensor medium =
+      (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
+  return torch::where(medium, smoothed, scaled);
+}
+
+// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2.
+torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+void InitNormal(torch::Tensor& weight, torch::Tensor& bias, double std) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(weight, /*mean=*/0.0, std);
+  if (bias.defined()) torch::nn::init::zeros_(bias);
+}
+
+// An embedding of `rows` x `hidden` with transformers' padding row (zero, no gradient), if any.
+torch::nn::Embedding MakeEmbedding(int64_t rows, int64_t hidden, std::optional<int64_t> padding) {
+  torch::nn::EmbeddingOptions options(rows, hidden);
+  if (padding) options.padding_idx(*padding);
+  return torch::nn::Embedding(options);
+}
+
+// Layer 0: the token embedding.
+class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
+ public:
+  explicit LlamaEmbeddingImpl(const LlamaConfig& config)
+      : config_(config), pad_(config.pad_token_id) {
+    reset();
+  }
+
+  void reset() override {
+    embed_tokens =
+        register_module("embed_tokens", MakeEmbedding(config_.vocab, config_.hidden, pad_));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(embed_tokens->weight, 0.0, config_.init_std);
+    if (pad_) embed_tokens->weight[*pad_].zero_();
+  }
+
+  // This rank's vocabulary rows.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    const int64_t rows = tp.ShardSize(config_.vocab), begin = tp.ShardBegin(config_.vocab);
+    std::optional<int64_t> padding;
+    if (pad_ && *pad_ >= begin && *pad_ < begin + rows) padding = *pad_ - begin;
+    torch::nn::Embedding shard = MakeEmbedding(rows, config_.hidden, padding);
+    {
+      torch::NoGradGuard no_grad;
+      shard->weight.copy_(embed_tokens->weight.narrow(0, begin, rows));
+    }
+    embed_tokens = replace_module("embed_tokens", shard);
+    tp_ = tp;
+  }
+
+  torch::Tensor forward(const torch::Tensor& ids) {
+    if (!tp_.enabled()) return embed_tokens(ids);
+    // Ids outside this rank's rows look up zeros; the sum over the group is the full lookup.
+    const int64_t rows = embed_tokens->weight.size(0);
+    const torch::Tensor local = ids - tp_.ShardBegin(config_.vocab);
+    const torch::Tensor mine = local.ge(0).logical_and(local.lt(rows));
+    const torch::Tensor found = embed_tokens(local.clamp(0, rows - 1)) *
+                                mine.unsqueeze(-1).to(embed_tokens->weight.scalar_type());
+    return ReduceFromTensorParallel(found, tp_);
+  }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+
+ private:
+  LlamaConfig config_;
+  std::optional<int64_t> pad_;
+  TensorParallel tp_;
+};
+TORCH_MODULE(LlamaEmbedding);
+
+// self_attn: q/k/v_proj column-parallel (this rank's query and key/value heads), o_proj
+// row-parallel.
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    const int64_t hidden = config_.hidden, head_dim = config_.HeadDim();
+    const bool bias = config_.attention_bias;
+    q_proj = register_module("q_proj",
+                             ColumnParallelLinear(hidden, config_.heads * head_dim, bias));
+    k_proj = register_module("k_proj",
+                             ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
+    v_proj = register_module("v_proj",
+                             ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
+    o_proj =
+        register_module("o_proj", RowParallelLinear(config_.heads * head_dim, hidden, bias));
+    InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
+    InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
+    InitNormal(v_proj->weight, v_proj->bias, config_.init_std);
+    InitNormal(o_proj->weight, o_proj->bias, config_.init_std);
+  }
+
+  absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
+      TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
+    }
+    TANDEM_RETURN_IF_ERROR(o_proj->ShardForTensorParallel(tp));
+    tp_ = tp;
+    return absl::OkStatus();
+  }
+
+  // x: the normalised input [b, S, hidden]; cos, sin: [S, head_dim].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
+    const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
+    const int64_t heads = config_.heads / tp_.size, kv_heads = config_.kv_heads / tp_.size;
+    // One CopyToTensorParallel for the three products: one all-reduce backward.
+    const torch::Tensor input = CopyToTensorParallel(x, tp_);
+    const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
+      return DeferrableLinear(input, linear->weight, linear->bias)
+          .view({batch, length, count, head_dim})
+          .transpose(1, 2);
+    };
+    const torch::Tensor query = Rotate(project(q_proj, heads), cos, sin);
+    torch::Tensor key = Rotate(project(k_proj, kv_heads), cos, sin);
+    torch::Tensor value = project(v_proj, kv_heads);
+    if (heads != kv_heads) {  // grouped-query attention: each key/value head serves a group
+      const int64_t group = heads / kv_heads;
+      key = key.unsqueeze(2).expand({batch, kv_heads, group, length, head_dim})
+                .reshape({batch, heads, length, head_dim});
+      value = value.unsqueeze(2).expand({batch, kv_heads, group, length, head_dim})
+                  .reshape({batch, heads, length, head_dim});
+    }
+    const torch::Tensor attended =
+        CausalSelfAttention(query, key, value, std::sqrt(static_cast<double>(head_dim)),
+                            Fused(config_));
+    // o_proj sums its partial products over the group, then adds its whole bias.
+    return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
+  }
+
+  ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
+  RowParallelLinear o_proj{nullptr};
+
+ private:
+  LlamaConfig config_;
+  TensorParallel tp_;
+};
+TORCH_MODULE(LlamaAttention);
+
+// mlp: down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up column-parallel, down
+// row-parallel.
+class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
+ public:
+  explicit LlamaMlpImpl(const LlamaConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    const int64_t hidden = config_.hidden, units = config_.intermediate;
+    const bool bias = config_.mlp_bias;
+    gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
+    up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
+    down_proj = register_module("down_proj", RowParallelLinear(units, hidden, bias));
+    InitNormal(gate_proj->weight, gate_proj->bias, config_.init_std);
+    InitNormal(up_proj->weight, up_proj->bias, config_.init_std);
+    InitNormal(down_proj->weight, down_proj->bias, config_.init_std);
+  }
+
+  absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    TANDEM_RETURN_IF_ERROR(gate_proj->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(up_proj->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(down_proj->ShardForTensorParallel(tp));
+    tp_ = tp;
+    return absl::OkStatus();
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor input = CopyToTensorParallel(x, tp_);  // one all-reduce backward
+    const torch::Tensor gate = DeferrableLinear(input, gate_proj->weight, gate_proj->bias);
+    const torch::Tensor up = DeferrableLinear(input, up_proj->weight, up_proj->bias);
+    return down_proj(torch::silu(gate) * up);
+  }
+
+  ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
+  RowParallelLinear down_proj{nullptr};
+
+ private:
+  LlamaConfig config_;
+  TensorParallel tp_;
+};
+TORCH_MODULE(LlamaMlp);
+
+// Layers 1..L: transformers' LlamaDecoderLayer.
+class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
+ public:
+  explicit LlamaBlockImpl(const LlamaConfig& config)
+      : config_(config), inverse_frequencies_(InverseFrequencies(config)) {
+    reset();
+  }
+
+  void reset() override {
+    input_layernorm =
+        register_module("input_layernorm", RmsNorm(config_.hidden, config_.rms_norm_eps));
+    self_attn = register_module("self_attn", LlamaAttention(config_));
+    post_attention_layernorm = register_module("post_attention_layernorm",
+                                               RmsNorm(config_.hidden, config_.rms_norm_eps));
+    mlp = register_module("mlp", LlamaMlp(config_));
+  }
+
+  absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    TANDEM_RETURN_IF_ERROR(self_attn->ShardForTensorParallel(tp));
+    return mlp->ShardForTensorParallel(tp);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    // transformers' LlamaRotaryEmbedding: angles position * inverse frequency in float32, the
+    // two halves of a head rotated by the same angles.
+    const torch::Tensor positions =
+        torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+    const torch::Tensor angles =
+        torch::outer(positions, inverse_frequencies_.to(x.device()));
+    const torch::Tensor both = torch::cat({angles, angles}, -1);
+    const torch::Tensor cos = both.cos().to(x.scalar_type());
+    const torch::Tensor sin = both.sin().to(x.scalar_type());
+    x = x + self_attn->forward(input_layernorm(x), cos, sin);
+    return x + mlp(post_attention_layernorm(x));
+  }
+
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+
+ private:
+  LlamaConfig config_;
+  torch::Tensor inverse_frequencies_;  // [head_dim / 2], float32, on the CPU
+};
+TORCH_MODULE(LlamaBlock);
+
+// Layer L + 1: the final RMSNorm and the LM head.
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+ public:
+  explicit LlamaHeadImpl(const LlamaConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    norm = register_module("norm", RmsNorm(config_.hidden, config_.rms_norm_eps));
+    lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) { return lm_head(norm(x)); }
+
+  RmsNorm norm{nullptr};
+  LmHead lm_head{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaHead);
+
+// The optional fields of transformers' config.json: absent and null alike take the default.
+bool Present(const Json& json, const char* field) {
+  return json.contains(field) && !json.at(field).is_null();
+}
+
+absl::StatusOr<bool> BoolOr(const Json& json, const char* field, bool fallback) {
+  if (!Present(json, field)) return fallback;
+  if (!json.at(field).is_boolean()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: ", field, ": expected true or false, got ", json.at(field).dump()));
+  }
+  return json.at(field).get<bool>();
+}
+
+// Number of the block in "layers.<i>.<rest>" (0 for the embedding, layers + 1 for the head),
+// with <rest> in `rest`; -1 when `name` is not of that form.
+int LayerOf(absl::string_view name, absl::string_view prefix, std::string* rest) {
+  if (!absl::ConsumePrefix(&name, prefix)) return -1;
+  const size_t dot = name.find('.');
+  int layer = -1;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer)) return -1;
+  *rest = std::string(name.substr(dot + 1));
+  return layer;
+}
+
+// The parameter names of a block, as transformers names them inside model.layers.<i>.
+std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
+  std::vector<std::string> names = {"input_layernorm.weight", "post_attention_layernorm.weight"};
+  for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    names.push_back(absl::StrCat("self_attn.", projection, ".weight"));
+    if (config.attention_bias) names.push_back(absl::StrCat("self_attn.", projection, ".bias"));
+  }
+  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+    names.push_back(absl::StrCat("mlp.", projection, ".weight"));
+    if (config.mlp_bias) names.push_back(absl::StrCat("mlp.", projection, ".bias"));
+  }
+  return names;
+}
+
+bool IsBlockParameter(const LlamaConfig& config, const std::string& name) {
+  for (const std::string& known : BlockParameterNames(config)) {
+    if (known == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
+  constexpr absl::string_view where = "config.json";
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError("config.json: expected a JSON object");
+  }
+  LlamaConfig config;
+  TANDEM_ASSIGN_OR_RETURN(const std::string model_type,
+                          GetStringOr(json, "model_type", "llama", where));
+  if (model_type != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: model_type \"", model_type, "\" is not supported by tandem's llama"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.vocab, GetIntOr(json, "vocab_size", 32000, where));
+  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", 4096, where));
+  TANDEM_ASSIGN_OR_RETURN(config.intermediate, GetIntOr(json, "intermediate_size", 11008, where));
+  TANDEM_ASSIGN_OR_RETURN(config.layers, GetIntOr(json, "num_hidden_layers", 32, where));
+  TANDEM_ASSIGN_OR_RETURN(config.heads, GetIntOr(json, "num_attention_heads", 32, where));
+  config.kv_heads = config.heads;
+  if (Present(json, "num_key_value_heads")) {
+    TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
+  }
+  config.head_dim = 0;
+  if (Present(json, "head_dim")) {
+    TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
+                          GetIntOr(json, "max_position_embeddings", 2048, where));
+  TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps, GetNumberOr(json, "rms_norm_eps", 1e-6, where));
+  TANDEM_ASSIGN_OR_RETURN(config.rope_theta, GetNumberOr(json, "rope_theta", 10000.0, where));
+  TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
+  TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
+                          BoolOr(json, "tie_word_embeddings", false));
+  TANDEM_ASSIGN_OR_RETURN(config.attention_bias, BoolOr(json, "attention_bias", false));
+  TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, BoolOr(json, "mlp_bias", false));
+  TANDEM_ASSIGN_OR_RETURN(const std::string activation,
+                          GetStringOr(json, "hidden_act", "silu", where));
+  if (activation != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: hidden_act \"", activation, "\" is not supported (llama: silu only)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const double partial,
+                          GetNumberOr(json, "partial_rotary_factor", 1.0, where));
+  if (partial != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: partial_rotary_factor ", partial, " is not supported (only 1)"));
+  }
+  if (Present(json, "pad_token_id")) {
+    TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
+    config.pad_token_id = pad;
+  }
+  if (Present(json, "rope_scaling")) {
+    TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", where));
+    const std::string scaling_where = "config.json: rope_scaling";
+    // transformers reads "rope_type", and "type" from older files.
+    std::string type = "default";
+    if (Present(*scaling, "rope_type")) {
+      TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "rope_type", scaling_where));
+    } else if (Present(*scaling, "type")) {
+      TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "type", scaling_where));
+    }
+    if (type == "llama3") {
+      LlamaRopeScaling s;
+      TANDEM_ASSIGN_OR_RETURN(s.factor, GetNumber(*scaling, "factor", scaling_where));
+      TANDEM_ASSIGN_OR_RETURN(s.low_freq_factor,
+                              GetNumber(*scaling, "low_freq_factor", scaling_where));
+      TANDEM_ASSIGN_OR_RETURN(s.high_freq_factor,
+                              GetNumber(*scaling, "high_freq_factor", scaling_where));
+      TANDEM_ASSIGN_OR_RETURN(
+          s.original_max_position_embeddings,
+          GetInt(*scaling, "original_max_position_embeddings", scaling_where));
+      config.rope_scaling = s;
+    } else if (type != "default") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: rope_scaling type \"", type,
+          "\" is not supported (tandem's llama has \"llama3\" and \"default\")"));
+    }
+  }
+  config.seq_len = std::min(config.seq_len, config.max_position_embeddings);
+  if (absl::Status valid = ValidateLlamaConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", valid.message()));
+  }
+  return config;
+}
+
+absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", config.vocab},
+      {"num_hidden_layers", config.layers},
+      {"hidden_size", config.hidden},
+      {"num_attention_heads", config.heads},
+      {"num_key_value_heads", config.kv_heads},
+      {"intermediate_size", config.intermediate},
+      {"seq_len", config.seq_len},
+      {"max_position_embeddings", config.max_position_embeddings}};
+  for (const auto& [field, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama: ", field, " must be positive, got ", value));
+    }
+  }
+  if (config.heads % config.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: num_key_value_heads (", config.kv_heads, ") must divide num_attention_heads (",
+        config.heads, ")"));
+  }
+  if (config.head_dim < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: head_dim must be positive, got ", config.head_dim));
+  }
+  if (config.head_dim == 0 && config.hidden % config.heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: hidden_size (", config.hidden,
+                     ") must be divisible by num_attention_heads (", config.heads,
+                     ") unless head_dim is given"));
+  }
+  if (config.HeadDim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: the head dimension (", config.HeadDim(), ") must be even (rotary embeddings)"));
+  }
+  if (config.seq_len > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: seq_len ", config.seq_len, " exceeds max_position_embeddings ",
+                     config.max_position_embeddings));
+  }
+  if (!(config.rope_theta > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: rope_theta must be positive, got ", config.rope_theta));
+  }
+  if (!(config.rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: rms_norm_eps must be positive, got ", config.rms_norm_eps));
+  }
+  if (!(config.init_std > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: initializer_range must be positive, got ", config.init_std));
+  }
+  if (config.pad_token_id && (*config.pad_token_id < 0 || *config.pad_token_id >= config.vocab)) {
+    return absl::InvalidArgumentError(absl::StrCat("llama: pad_token_id ", *config.pad_token_id,
+                                                   " is not below vocab_size ", config.vocab));
+  }
+  if (config.rope_scaling) {
+    const LlamaRopeScaling& s = *config.rope_scaling;
+    if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
+        s.original_max_position_embeddings <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama: rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+          "original_max_position_embeddings > 0; got factor ",
+          s.factor, ", low_freq_factor ", s.low_freq_factor, ", high_freq_factor ",
+          s.high_freq_factor, ", original_max_position_embeddings ",
+          s.original_max_position_embeddings));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeLlama(const LlamaConfig& config) {
+  std::string text = absl::StrCat("llama L=", config.layers, " H=", config.hidden,
+                                  " A=", config.heads, " KV=", config.kv_heads,
+                                  " I=", config.intermediate, " S=", config.seq_len,
+                                  " V=", config.vocab);
+  if (config.head_dim > 0) absl::StrAppend(&text, " hd=", config.head_dim);
+  absl::StrAppend(&text, " rope=", config.rope_theta);
+  if (config.rope_scaling) {
+    const LlamaRopeScaling& s = *config.rope_scaling;
+    absl::StrAppend(&text, " llama3-scaling=", s.factor, "/", s.low_freq_factor, "/",
+                    s.high_freq_factor, "/", s.original_max_position_embeddings);
+  }
+  if (config.tie_word_embeddings) absl::StrAppend(&text, " tied");
+  if (config.attention_bias) absl::StrAppend(&text, " attention-bias");
+  if (config.mlp_bias) absl::StrAppend(&text, " mlp-bias");
+  return text;
+}
+
+double LlamaTrainingFlopsPerToken(const LlamaConfig& config) {
+  const double h = static_cast<double>(config.hidden);
+  const double q = static_cast<double>(config.heads * config.HeadDim());
+  const double kv = static_cast<double>(config.kv_heads * config.HeadDim());
+  const double units = static_cast<double>(config.intermediate);
+  const double layers = static_cast<double>(config.layers);
+  // Per block: q and o h*q each, k and v h*kv each, three MLP matrices h*units each.
+  const double block = 2.0 * h * q + 2.0 * h * kv + 3.0 * h * units;
+  const double matmul_parameters = layers * block + h * static_cast<double>(config.vocab);
+  return 6.0 * matmul_parameters + 12.0 * layers * q * static_cast<double>(config.seq_len);
+}
+
+TiedWeights LlamaTiedWeights(const LlamaConfig& config) {
+  if (!config.tie_word_embeddings) return {};
+  return TiedEmbeddingAndHead("embed_tokens.weight", static_cast<int>(config.layers) + 1);
+}
+
+ModelSpec LlamaModelSpec(const LlamaConfig& config) {
+  ModelSpec spec;
+  spec.name = DescribeLlama(config);
+  spec.build_layer = [config](int layer) {
+    if (layer == 0) return torch::nn::AnyModule(LlamaEmbedding(config));
+    if (layer == config.layers + 1) return torch::nn::AnyModule(LlamaHead(config));
+    return torch::nn::AnyModule(LlamaBlock(config));
+  };
+  spec.describe = [config]() {
+    if (absl::Status ok = ValidateLlamaConfig(config); !ok.ok()) {
+      throw std::invalid_argument(std::string(ok.message()));
+    }
+    LayeredModel model;
+    model.name = DescribeLlama(config);
+    model.layer_names.push_back("embedding");
+    for (int64_t block = 0; block < config.layers; ++block) {
+      model.layer_names.push_back(absl::StrCat("block", block));
+    }
+    model.layer_names.push_back("head");
+    // Forward FLOPs per token: the lookup; per block the products (2 per weight) and attention
+    // scores and values (4 * S * heads * head_dim); the head's product and its loss's softmax.
+    const double h = static_cast<double>(config.hidden);
+    const double q = static_cast<double>(config.heads * config.HeadDim());
+    const double kv = static_cast<double>(config.kv_heads * config.HeadDim());
+    const double s_len = static_cast<double>(config.seq_len);
+    const double products =
+        2.0 * (2.0 * h * q + 2.0 * h * kv + 3.0 * h * static_cast<double>(config.intermediate));
+    const double attention = 4.0 * q * s_len;
+    const double head = 2.0 * h * static_cast<double>(config.vocab);
+    model.layer_costs.push_back(2.0 * h);
+    model.layer_costs.insert(model.layer_costs.end(), config.layers, products + attention);
+    model.layer_costs.push_back(head + 5.0 * static_cast<double>(config.vocab));
+    // Input gradients cost each product's forward and twice attention's; weight gradients one
+    // product per weight.
+    const double blocks = static_cast<double>(config.layers);
+    model.split_pass_costs = {blocks * (products + attention) + head,
+                              blocks * (products + 2.0 * attention) + head,
+                              blocks * products + head};
+    model.loss = TokenCrossEntropy(config.vocab);
+    const int last = static_cast<int>(config.layers) + 1;
+    model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
+                                                     int first,
+                                                     const TensorParallel& tp) -> absl::Status {
+      if (tp.sequence_split()) {
+        return absl::InvalidArgumentError(
+            "llama: sequence parallelism is not supported (run without --sequence-parallel)");
+      }
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "llama: num_attention_heads"));
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads"));
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "llama: vocab_size"));
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const int index = first + static_cast<int>(i);
+        if (index == 0) {
+          layers[i].get<LlamaEmbedding>()->ShardForTensorParallel(tp);
+        } else if (index == last) {
+          LmHeadImpl* head = FindLmHead(layers[i]);
+          if (head == nullptr) return absl::InternalError("llama: the head has no lm_head");
+          head->ShardForTensorParallel(tp);
+        } else {
+          TANDEM_RETURN_IF_ERROR(layers[i].get<LlamaBlock>()->ShardForTensorParallel(tp));
+        }
+      }
+      return absl::OkStatus();
+    };
+    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
+                                    const TensorParallel& tp) {
+      return VocabParallelCrossEntropy(logits, targets, tp);
+    };
+    model.tied_weights = LlamaTiedWeights(config);
+    return model;
+  };
+  return spec;
+}
+
+absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_view name) {
+  std::string rest;
+  const int layer = LayerOf(name, "layers.", &rest);
+  const int last = static_cast<int>(config.layers) + 1;
+  if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
+  if (layer == last && rest == "norm.weight") return "model.norm.weight";
+  if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
+  if (layer > 0 && layer < last && IsBlockParameter(config, rest)) {
+    return absl::StrCat("model.layers.", layer - 1, ".", rest);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("llama: '", name, "' is not a parameter of ", DescribeLlama(config)));
+}
+
+absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::string_view key) {
+  const int last = static_cast<int>(config.layers) + 1;
+  if (key == "model.embed_tokens.weight") return std::string("layers.0.embed_tokens.weight");
+  if (key == "model.norm.weight") return absl::StrCat("layers.", last, ".norm.weight");
+  if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
+  std::string rest;
+  const int block = LayerOf(key, "model.layers.", &rest);
+  if (block >= 0 && block < config.layers && IsBlockParameter(config, rest)) {
+    return absl::StrCat("layers.", block + 1, ".", rest);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("llama: '", key, "' is not a transformers key of ", DescribeLlama(config)));
+}
+
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,122 @@
+// Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes:
+//
+//   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
+//   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
+//                    x + down_proj(silu(gate_proj(n)) * up_proj(n)) with n = RMSNorm(x);
+//                    causal attention with rotary position embeddings (rope_theta, optionally
+//                    Llama 3's frequency scaling) and grouped-query attention (kv_heads key/value
+//                    heads, each shared by heads / kv_heads query heads)
+//   layer L + 1      head: final RMSNorm + LM head -> logits [b, S, vocab]
+//   loss             cross-entropy of the logits against the next tokens, mean over b * S
+//
+// Parameter names inside each layer are transformers' (LlamaHfName maps them):
+//   layer 0: embed_tokens.weight
+//   block:   input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight (and .bias with
+//            attention_bias), post_attention_layernorm.weight,
+//            mlp.{gate,up,down}_proj.weight (and .bias with mlp_bias)
+//   head:    norm.weight, lm_head.weight
+// Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
+// rename. No dropout: tandem computes what transformers' model computes in eval mode (a
+// config's attention_dropout is ignored).
+//
+// Tied embeddings (tie_word_embeddings): the head holds a copy of the embedding; LlamaTiedWeights
+// names the pair and shares it where one process holds both layers (runtime/torch/lm_parts.h).
+//
+// Initial values as transformers draws them: linear and embedding weights N(0, init_std),
+// biases 0, RMSNorm weights 1 (a tied head's copy is drawn apart: the runtime must start it
+// from the embedding, see lm_parts.h).
+//
+// Tensor parallelism (Megatron-LM): query heads and key/value heads, MLP units and vocabulary
+// rows split over the group (heads, kv_heads, intermediate and vocab must divide); sequence
+// parallelism is not supported (refused).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/json_util.h"
+#include "runtime/torch/gpt.h"
+#include "runtime/torch/lm_parts.h"
+#include "runtime/torch/model.h"
+
+namespace tandem::runtime::libtorch {
+
+// Llama 3's rotary frequency scaling (transformers' rope_scaling with rope_type "llama3"):
+// wavelengths above original_max_position_embeddings / low_freq_factor are stretched by
+// `factor`, those below original_max_position_embeddings / high_freq_factor are kept, those
+// between are interpolated.
+struct LlamaRopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  int64_t vocab = 16;             // vocab_size
+  int64_t layers = 4;             // num_hidden_layers (decoder blocks)
+  int64_t hidden = 64;            // hidden_size
+  int64_t heads = 4;              // num_attention_heads
+  int64_t kv_heads = 4;           // num_key_value_heads: divides heads
+  int64_t head_dim = 0;           // head_dim; 0: hidden / heads
+  int64_t intermediate = 192;     // intermediate_size (SwiGLU units)
+  int64_t seq_len = 32;           // tokens per sample (not in config.json): at most
+                                  // max_position_embeddings
+  int64_t max_position_embeddings = 8192;
+  double rope_theta = 500000.0;
+  std::optional<LlamaRopeScaling> rope_scaling;  // none: plain rotary embeddings
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;    // biases of q/k/v/o_proj
+  bool mlp_bias = false;          // biases of gate/up/down_proj
+  std::optional<int64_t> pad_token_id;  // the embedding's padding row (zero, no gradient)
+  double init_std = 0.02;         // initializer_range
+  GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
+
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
+};
+
+// A config from a transformers config.json, with transformers' LlamaConfig defaults for absent
+// (or null) fields. seq_len is not in the file: it keeps LlamaConfig's default, at most
+// max_position_embeddings; set it afterwards. Fields that change the
+// computation in ways tandem does not implement are refused with InvalidArgument naming the
+// field and value: hidden_act other than "silu", a rope_scaling type other than "llama3" (or
+// "default"), partial_rotary_factor other than 1, a model_type other than "llama". Ignored:
+// attention_dropout (tandem has no dropout) and fields that only describe (torch_dtype,
+// bos/eos_token_id, use_cache, pretraining_tp: a split of the same products).
+absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
+
+// InvalidArgument naming the field: positive sizes, kv_heads dividing heads, an even head_dim,
+// seq_len within max_position_embeddings, rope scaling factors as Llama 3 needs them.
+absl::Status ValidateLlamaConfig(const LlamaConfig& config);
+
+// "llama L=2 H=32 A=4 KV=2 I=64 S=8 V=64" (+ " hd=16" for an explicit head_dim, " tied",
+// " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " mlp-bias").
+std::string DescribeLlama(const LlamaConfig& config);
+
+// The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as
+// InvalidArgument.
+ModelSpec LlamaModelSpec(const LlamaConfig& config);
+
+// The embedding/head pair of a tied config (none otherwise), see lm_parts.h.
+TiedWeights LlamaTiedWeights(const LlamaConfig& config);
+
+// Training FLOPs per token (forward + backward, no recomputation), PaLM's count: 6 * the
+// parameters of the matrix products (q/k/v/o, the three MLP matrices, the LM head; not the
+// embedding) + 12 * layers * heads * head_dim * seq_len for attention scores and values.
+double LlamaTrainingFlopsPerToken(const LlamaConfig& config);
+
+// tandem's parameter name ("layers.<i>.<name>", LayeredModel::NamedParameters) to
+// transformers' state-dict key: "model.embed_tokens.weight", "model.layers.<i - 1>.<name>",
+// "model.norm.weight", "lm_head.weight". InvalidArgument for a name that is not one of the
+// model's. (A tied model's checkpoint holds no lm_head.weight: the copy comes from
+// model.embed_tokens.weight.)
+absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_view name);
+// The reverse: transformers' key to tandem's name.
+absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::string_view key);
+
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,550 @@
+// Llama and GPT-2 (runtime/torch/llama.h, gpt2.h) against the reference implementation,
+// Hugging Face transformers: hf_reference.py builds tiny random models (grouped-query
+// attention, tied and untied heads, Llama 3 rope scaling, biases, GPT-2 variants), saves them
+// with save_pretrained and records logits, loss and gradients on fixed tokens. tandem's models
+// load the same weights by name and must compute the same, run whole in one process (tied
+// weights shared) and in contiguous groups of layers as pipeline stages run them (each group
+// built alone, its input detached, the tied copies' gradients summed). Skipped, with the
+// reason, when python3 cannot import transformers and torch.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/json_util.h"
+#include "formats/safetensors.h"
+#include "gtest/gtest.h"
+#include "runtime/torch/gpt2.h"
+#include "runtime/torch/llama.h"
+#include "runtime/torch/lm_parts.h"
+#include "runtime/torch/model.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+using formats::DataType;
+using formats::SafetensorsFile;
+
+constexpr double kOutputTolerance = 1e-5;    // logits and loss, relative
+constexpr double kGradientTolerance = 1e-4;  // each parameter's gradient, relative
+constexpr int64_t kSequenceLength = 16;      // hf_reference.py's LENGTH
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, got);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// The reference models, made once for the whole program (in a temporary folder removed at
+// exit): the folder, or why there is none.
+struct Reference {
+  std::string folder;
+  std::string unavailable;  // non-empty: skip, with this reason
+  std::string failed;       // non-empty: the script failed (a test failure, not a skip)
+};
+
+const Reference& References() {
+  static const Reference* reference = [] {
+    auto* made = new Reference;
+    const CommandResult probe =
+        RunCommand("python3 -c 'import torch, transformers, safetensors'");
+    if (probe.exit_code != 0) {
+      made->unavailable = absl::StrCat(
+          "python3 cannot import torch, transformers and safetensors (exit ", probe.exit_code,
+          "); install them (CPU torch) to compare against Hugging Face transformers: ",
+          probe.output.substr(0, 400));
+      return made;
+    }
+    char pattern[] = "/tmp/tandem_hf_models_XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) {
+      made->failed = "cannot make a temporary folder";
+      return made;
+    }
+    made->folder = pattern;
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(References().folder, ignored);
+    });
+    const CommandResult written = RunCommand(
+        absl::StrCat("python3 '", TANDEM_HF_REFERENCE_SCRIPT, "' '", made->folder, "'"));
+    if (written.exit_code != 0) {
+      made->failed = absl::StrCat("hf_reference.py failed (exit ", written.exit_code,
+                                  "): ", written.output);
+    }
+    return made;
+  }();
+  return *reference;
+}
+
+#define REQUIRE_REFERENCE()                                          \
+  do {                                                               \
+    const Reference& ref = References();                             \
+    if (!ref.unavailable.empty()) GTEST_SKIP() << ref.unavailable;   \
+    ASSERT_TRUE(ref.failed.empty()) << ref.failed;                   \
+  } while (false)
+
+torch::Tensor ReadTensor(const SafetensorsFile& file, const std::string& name) {
+  auto info = file.Info(name);
+  if (!info.ok()) throw std::runtime_error(std::string(info.status().message()));
+  const formats::TensorInfo& tensor = **info;
+  if (tensor.data_type == DataType::kInt64) {
+    torch::Tensor out = torch::empty(tensor.shape, torch::kLong);
+    auto bytes = file.Bytes(name);
+    if (!bytes.ok()) throw std::runtime_error(std::string(bytes.status().message()));
+    std::memcpy(out.data_ptr(), bytes->data(), bytes->size());
+    return out;
+  }
+  torch::Tensor out = torch::empty(tensor.shape, torch::kFloat);
+  const absl::Status read = file.ReadAsFloat32(name, out.data_ptr<float>(), out.numel());
+  if (!read.ok()) throw std::runtime_error(std::string(read.message()));
+  return out;
+}
+
+// max |a - b| / max |b|.
+double RelativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  const double difference = (a - b).abs().max().item<double>();
+  return scale > 0 ? difference / scale : difference;
+}
+
+// One reference case as tandem builds it.
+struct HfCase {
+  std::string name;
+  ModelSpec spec;
+  TiedWeights tied;
+  std::function<absl::StatusOr<std::string>(absl::string_view)> hf_name;
+  int layers = 0;  // tandem layers (blocks + 2)
+};
+
+absl::StatusOr<Json> ReadConfig(const std::string& case_name) {
+  return ReadJsonFile(absl::StrCat(References().folder, "/", case_name, "/config.json"));
+}
+
+HfCase LlamaCase(const std::string& name, GptAttention attention,
+                 const std::function<void(LlamaConfig&)>& change = {}) {
+  auto json = ReadConfig(name);
+  EXPECT_TRUE(json.ok()) << json.status();
+  auto config = LlamaConfigFromJson(*json);
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->seq_len = kSequenceLength;
+  config->attention = attention;
+  if (change) change(*config);
+  HfCase c;
+  c.name = name;
+  c.spec = LlamaModelSpec(*config);
+  c.tied = LlamaTiedWeights(*config);
+  c.hf_name = [config = *config](absl::string_view tandem) { return LlamaHfName(config, tandem); };
+  c.layers = static_cast<int>(config->layers) + 2;
+  return c;
+}
+
+HfCase Gpt2Case(const std::string& name, GptAttention attention) {
+  auto json = ReadConfig(name);
+  EXPECT_TRUE(json.ok()) << json.status();
+  auto config = Gpt2ConfigFromJson(*json);
+  EXPECT_TRUE(config.ok()) << config.status();
+  config->seq_len = kSequenceLength;
+  config->attention = attention;
+  HfCase c;
+  c.name = name;
+  c.spec = Gpt2ModelSpec(*config);
+  c.tied = Gpt2TiedWeights(*config);
+  c.hf_name = [config = *config](absl::string_view tandem) { return Gpt2HfName(config, tandem); };
+  c.layers = static_cast<int>(config->layers) + 2;
+  return c;
+}
+
+// The owner of a tied copy ("" for a parameter that is not one).
+std::string OwnerOf(const HfCase& c, const std::string& name) {
+  for (const TiedParameter& pair : c.tied.parameters) {
+    if (pair.copy == name) return pair.owner;
+  }
+  return "";
+}
+
+struct Comparison {
+  double logits = 0, loss = 0, gradients = 0;  // largest relative differences
+  std::string worst_gradient;
+};
+
+// Builds `c` as stages [boundaries[i], boundaries[i + 1]), each from its own layers alone,
+// with the checkpoint's weights; runs forward and backward of the reference tokens as a
+// pipeline would (each stage's input detached, its gradient sent back); compares with the
+// reference. One stage holding the whole model shares its tied weights.
+Comparison Compare(const HfCase& c, const std::vector<int>& boundaries) {
+  const std::string folder = absl::StrCat(References().folder, "/", c.name);
+  auto weights = SafetensorsFile::Open(folder + "/model.safetensors");
+  auto expected = SafetensorsFile::Open(folder + "/reference.safetensors");
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  if (!weights.ok() || !expected.ok()) return {};
+  const bool whole = boundaries.size() == 2;
+
+  std::vector<LayeredModel> stages;
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  for (size_t s = 0; s + 1 < boundaries.size(); ++s) {
+    auto stage = c.spec.BuildLayers(/*seed=*/11, boundaries[s], boundaries[s + 1]);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    if (!stage.ok()) return {};
+    for (int layer = 0; layer < c.layers; ++layer) {
+      const bool mine = layer >= boundaries[s] && layer < boundaries[s + 1];
+      EXPECT_EQ(stage->HasLayer(layer), mine) << "stage " << s << " layer " << layer;
+    }
+    // The checkpoint's tensors by name; a tied copy (absent from a tied checkpoint) takes its
+    // owner's.
+    for (auto& [name, parameter] : stage->NamedParameters(boundaries[s], boundaries[s + 1])) {
+      const std::string owner = OwnerOf(c, name);
+      auto key = c.hf_name(owner.empty() ? name : owner);
+      EXPECT_TRUE(key.ok()) << key.status();
+      if (!key.ok()) return {};
+      const torch::Tensor value = ReadTensor(**weights, *key);
+      EXPECT_EQ(value.sizes(), parameter.sizes()) << name << " <- " << *key;
+      torch::NoGradGuard no_grad;
+      parameter.copy_(value);
+    }
+    if (whole && c.tied.share) {
+      const absl::Status shared = c.tied.share(stage->layers, 0);
+      EXPECT_TRUE(shared.ok()) << shared;
+    }
+    for (auto& named : stage->NamedParameters(boundaries[s], boundaries[s + 1])) {
+      parameters.push_back(named);
+    }
+    stages.push_back(*std::move(stage));
+  }
+  if (whole && !c.tied.parameters.empty()) {
+    // Shared: the copy is no parameter of its own any more.
+    for (const auto& named : parameters) EXPECT_NE(named.first, c.tied.parameters[0].copy);
+  }
+
+  const torch::Tensor ids = ReadTensor(**expected, "input_ids");
+  const torch::Tensor targets = ReadTensor(**expected, "targets");
+  std::vector<torch::Tensor> inputs, outputs;
+  torch::Tensor x = ids;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (s > 0) x = x.detach().requires_grad_(true);
+    inputs.push_back(x);
+    x = stages[s].Forward(x, boundaries[s], boundaries[s + 1]);
+    outputs.push_back(x);
+  }
+  const torch::Tensor loss = stages.back().loss(x, targets);
+  loss.backward();
+  for (size_t s = stages.size() - 1; s > 0; --s) outputs[s - 1].backward(inputs[s].grad());
+
+  Comparison result;
+  result.logits = RelativeDifference(x.detach(), ReadTensor(**expected, "logits"));
+  result.loss = RelativeDifference(loss.detach(), ReadTensor(**expected, "loss"));
+  std::map<std::string, torch::Tensor> gradients;
+  for (const auto& [name, parameter] : parameters) {
+    EXPECT_TRUE(parameter.grad().defined()) << name;
+    if (parameter.grad().defined()) gradients[name] = parameter.grad();
+  }
+  // Tied copies held apart: what the runtime must sum.
+  for (const TiedParameter& pair : c.tied.parameters) {
+    if (gradients.count(pair.copy) == 0 || gradients.count(pair.owner) == 0) continue;
+    const torch::Tensor sum = gradients[pair.owner] + gradients[pair.copy];
+    gradients[pair.owner] = sum;
+    gradients[pair.copy] = sum;
+  }
+  for (const auto& [name, gradient] : gradients) {
+    const std::string owner = OwnerOf(c, name);
+    auto key = c.hf_name(owner.empty() ? name : owner);
+    if (!key.ok()) continue;
+    const double difference =
+        RelativeDifference(gradient, ReadTensor(**expected, "grad." + *key));
+    if (difference >= result.gradients) {
+      result.gradients = difference;
+      result.worst_gradient = name;
+    }
+  }
+  return result;
+}
+
+void ExpectEqualToTransformers(const HfCase& c, const std::vector<int>& boundaries) {
+  const Comparison comparison = Compare(c, boundaries);
+  const std::string where =
+      absl::StrCat(c.name, " stages at [", absl::StrJoin(boundaries, ", "), "]");
+  EXPECT_LE(comparison.logits, kOutputTolerance) << where;
+  EXPECT_LE(comparison.loss, kOutputTolerance) << where;
+  EXPECT_LE(comparison.gradients, kGradientTolerance)
+      << where << ": worst " << comparison.worst_gradient;
+  std::cout << where << ": max relative difference logits " << comparison.logits << ", loss "
+            << comparison.loss << ", gradients " << comparison.gradients << " ("
+            << comparison.worst_gradient << ")\n";
+}
+
+// Every way of cutting 4 layers (2 blocks) into contiguous stages that a test here runs.
+const std::vector<std::vector<int>> kSplits = {
+    {0, 4}, {0, 1, 4}, {0, 2, 4}, {0, 3, 4}, {0, 1, 3, 4}, {0, 1, 2, 3, 4}};
+
+class HfModelsTest : public ::testing::TestWithParam<GptAttention> {};
+
+TEST_P(HfModelsTest, LlamaWithGroupedQueryAttentionEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("llama_gqa", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, TiedLlamaWithLlama3RopeScalingEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("llama_tied_rope_scaling", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  EXPECT_EQ(c.tied.parameters[0],
+            (TiedParameter{"layers.0.embed_tokens.weight", "layers.3.lm_head.weight"}));
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, LlamaWithBiasesAndHeadDimEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("llama_bias_head_dim", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = Gpt2Case("gpt2", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, Gpt2VariantsEqualTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = Gpt2Case("gpt2_untied_variants", GetParam());
+  EXPECT_TRUE(c.tied.parameters.empty());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, HfModelsTest,
+                         ::testing::Values(GptAttention::kExplicit, GptAttention::kFused),
+                         [](const auto& info) { return std::string(GptAttentionName(info.param)); });
+
+// The comparison can fail: without Llama 3's scaling (or with a wrong weight) the logits move
+// far beyond the tolerance.
+TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase unscaled = LlamaCase("llama_tied_rope_scaling", GptAttention::kExplicit,
+                                    [](LlamaConfig& config) { config.rope_scaling.reset(); });
+  EXPECT_GT(Compare(unscaled, {0, 4}).logits, 1000 * kOutputTolerance);
+  const HfCase theta = LlamaCase("llama_gqa", GptAttention::kExplicit,
+                                 [](LlamaConfig& config) { config.rope_theta = 500000; });
+  EXPECT_GT(Compare(theta, {0, 4}).logits, 1000 * kOutputTolerance);
+}
+
+// Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
+// parameter.
+TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
+  REQUIRE_REFERENCE();
+  for (const std::string name : {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim",
+                                 "gpt2", "gpt2_untied_variants"}) {
+    SCOPED_TRACE(name);
+    const bool llama = name.rfind("llama", 0) == 0;
+    auto json = ReadConfig(name);
+    ASSERT_TRUE(json.ok()) << json.status();
+    std::function<absl::StatusOr<std::string>(absl::string_view)> to_hf, to_tandem;
+    ModelSpec spec;
+    if (llama) {
+      auto config = LlamaConfigFromJson(*json);
+      ASSERT_TRUE(config.ok()) << config.status();
+      spec = LlamaModelSpec(*config);
+      to_hf = [c = *config](absl::string_view n) { return LlamaHfName(c, n); };
+      to_tandem = [c = *config](absl::string_view n) { return LlamaTandemName(c, n); };
+    } else {
+      auto config = Gpt2ConfigFromJson(*json);
+      ASSERT_TRUE(config.ok()) << config.status();
+      spec = Gpt2ModelSpec(*config);
+      to_hf = [c = *config](absl::string_view n) { return Gpt2HfName(c, n); };
+      to_tandem = [c = *config](absl::string_view n) { return Gpt2TandemName(c, n); };
+    }
+    auto model = spec.Build(/*seed=*/1);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto file = SafetensorsFile::Open(absl::StrCat(References().folder, "/", name,
+                                                   "/model.safetensors"));
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::vector<std::string> mapped;
+    for (const auto& [parameter, tensor] : model->NamedParameters(0, model->num_layers())) {
+      auto key = to_hf(parameter);
+      ASSERT_TRUE(key.ok()) << key.status();
+      auto back = to_tandem(*key);
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(*back, parameter);
+      if ((*file)->Contains(*key)) mapped.push_back(*key);
+    }
+    std::sort(mapped.begin(), mapped.end());
+    EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
+    EXPECT_FALSE(to_hf("layers.1.no_such.weight").ok());
+    EXPECT_FALSE(to_tandem("model.layers.99.mlp.up_proj.weight").ok());
+  }
+  Gpt2Config gpt2;
+  gpt2.layers = 2;
+  auto old_style = Gpt2TandemName(gpt2, "h.1.attn.c_attn.weight");
+  ASSERT_TRUE(old_style.ok()) << old_style.status();
+  EXPECT_EQ(*old_style, "layers.2.attn.c_attn.weight");
+  EXPECT_FALSE(Gpt2TandemName(gpt2, "h.1.attn.bias").ok());  // a mask buffer, no parameter
+}
+
+// ---- Config files: what is refused, and how ------------------------------------------------
+
+void ExpectRefused(const absl::Status& status, const std::string& mentions) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find(mentions), std::string::npos) << status;
+}
+
+TEST(LlamaConfigTest, ReadsLlama3ConfigAndRefusesWhatItDoesNotImplement) {
+  const Json llama32 = Json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+    "pretraining_tp": 1, "use_cache": true, "attention_dropout": 0.0,
+    "initializer_range": 0.02})");
+  auto config = LlamaConfigFromJson(llama32);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->vocab, 128256);
+  EXPECT_EQ(config->kv_heads, 8);
+  EXPECT_EQ(config->HeadDim(), 64);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  ASSERT_TRUE(config->rope_scaling.has_value());
+  EXPECT_EQ(config->rope_scaling->factor, 32.0);
+  EXPECT_EQ(config->rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=16 H=2048 A=32 KV=8 I=8192 S=32 V=128256 hd=64 rope=500000 "
+            "llama3-scaling=32/1/4/8192 tied");
+  // PaLM's count for Llama 3.2 1B at S=32: 6 * (16 * (2*2048*2048 + 2*2048*512 + 3*2048*8192)
+  // + 2048 * 128256) + 12 * 16 * 2048 * 32.
+  EXPECT_DOUBLE_EQ(LlamaTrainingFlopsPerToken(*config),
+                   6.0 * (16.0 * (2.0 * 2048 * 2048 + 2.0 * 2048 * 512 + 3.0 * 2048 * 8192) +
+                          2048.0 * 128256) +
+                       12.0 * 16 * 2048 * 32);
+
+  auto with = [&](const char* field, const Json& value) {
+    Json changed = llama32;
+    changed[field] = value;
+    return LlamaConfigFromJson(changed).status();
+  };
+  ExpectRefused(with("hidden_act", "gelu"), "hidden_act");
+  ExpectRefused(with("model_type", "mistral"), "model_type");
+  ExpectRefused(with("num_key_value_heads", 5), "num_key_value_heads");
+  ExpectRefused(with("partial_rotary_factor", 0.5), "partial_rotary_factor");
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "yarn", "factor": 4})")),
+                "yarn");
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "llama3", "factor": 4})")),
+                "low_freq_factor");
+  ExpectRefused(with("tie_word_embeddings", "yes"), "tie_word_embeddings");
+  ExpectRefused(with("vocab_size", 0), "vocab_size");
+  EXPECT_EQ(LlamaConfigFromJson(Json::array()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Biases are supported; nulls take the defaults.
+  EXPECT_TRUE(with("attention_bias", true).ok());
+  EXPECT_TRUE(with("rope_scaling", nullptr).ok());
+  EXPECT_TRUE(with("head_dim", nullptr).ok());
+}
+
+TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {
+  const Json gpt2 = Json::parse(R"({
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "resid_pdrop": 0.1, "summary_activation": null, "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": true, "summary_type": "cls_index", "summary_use_proj": true,
+    "vocab_size": 50257})");
+  auto config = Gpt2ConfigFromJson(gpt2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hidden, 768);
+  EXPECT_EQ(config->Inner(), 3072);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(DescribeGpt2(*config), "gpt2 L=12 H=768 A=12 S=32 V=50257 P=1024");
+  auto with = [&](const char* field, const Json& value) {
+    Json changed = gpt2;
+    changed[field] = value;
+    return Gpt2ConfigFromJson(changed).status();
+  };
+  ExpectRefused(with("activation_function", "quick_gelu"), "activation_function");
+  ExpectRefused(with("add_cross_attention", true), "add_cross_attention");
+  ExpectRefused(with("n_head", 7), "n_head");
+  ExpectRefused(with("model_type", "gpt_neo"), "model_type");
+}
+
+TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {
+  LlamaConfig llama;
+  llama.layers = 2;
+  llama.hidden = 32;
+  llama.heads = 4;
+  llama.kv_heads = 2;
+  llama.intermediate = 64;
+  llama.vocab = 64;
+  llama.seq_len = 16;
+  auto model = LlamaModelSpec(llama).BuildLayers(/*seed=*/1, 0, 0);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->layer_names,
+            (std::vector<std::string>{"embedding", "block0", "block1", "head"}));
+  ASSERT_EQ(model->layer_costs.size(), 4u);
+  // Per block: 2 * (2*32*32 + 2*32*16 + 3*32*64) products + 4 * 32 * 16 attention.
+  EXPECT_DOUBLE_EQ(model->layer_costs[1],
+                   2.0 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 4.0 * 32 * 16);
+  EXPECT_GT(model->split_pass_costs[1], model->split_pass_costs[0]);
+  EXPECT_TRUE(model->shard_for_tensor_parallel);
+  // A degree that does not divide the key/value heads is refused before anything changes.
+  auto built = LlamaModelSpec(llama).Build(/*seed=*/1);
+  ASSERT_TRUE(built.ok());
+  TensorParallel tp;
+  tp.size = 4;
+  const absl::Status refused = built->shard_for_tensor_parallel(built->layers, 0, tp);
+  ExpectRefused(refused, "num_key_value_heads");
+  tp.size = 2;
+  tp.sequence_parallel = true;
+  ExpectRefused(built->shard_for_tensor_parallel(built->layers, 0, tp), "sequence parallelism");
+
+  Gpt2Config gpt2;
+  gpt2.layers = 3;
+  auto gpt2_model = Gpt2ModelSpec(gpt2).Build(/*seed=*/1);
+  ASSERT_TRUE(gpt2_model.ok()) << gpt2_model.status();
+  EXPECT_EQ(gpt2_model->num_layers(), 5);
+  EXPECT_FALSE(gpt2_model->shard_for_tensor_parallel);
+  // Same seed, same parameters, layer by layer.
+  auto again = Gpt2ModelSpec(gpt2).BuildLayers(/*seed=*/1, 2, 3);
+  ASSERT_TRUE(again.ok());
+  const auto whole = gpt2_model->NamedParameters(2, 3);
+  const auto alone = again->NamedParameters(2, 3);
+  ASSERT_EQ(whole.size(), alone.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(whole[i].first, alone[i].first);
+    EXPECT_TRUE(torch::equal(whole[i].second, alone[i].second)) << whole[i].first;
+  }
+  // Invalid configs are refused when the model is built.
+  gpt2.hidden = 30;
+  gpt2.heads = 4;
+  EXPECT_EQ(Gpt2ModelSpec(gpt2).Build(1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::runtime::libtorch

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The reference side of tests/runtime/hf_models_test.cc: tiny random Llama and GPT-2 models
+built and run by Hugging Face transformers (CPU, float32), offline.
+
+    hf_reference.py OUTPUT_FOLDER
+
+writes for each case OUTPUT_FOLDER/<case>/ with config.json and model.safetensors
+(save_pretrained) and reference.safetensors holding what transformers computes on fixed tokens:
+input_ids and targets (int64 [batch, length]), logits [batch, length, vocab], loss (the mean
+token cross-entropy of the logits against the targets) and, after one backward of the loss,
+grad.<key> for every parameter key of the state dict (a tied embedding's is the sum over both
+uses). Prints the case names, one a line.
+"""
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+BATCH, LENGTH = 2, 16
+
+
+def llama(**overrides):
+    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
+                   tie_word_embeddings=False, attn_implementation="eager")
+    options.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**options))
+
+
+def gpt2(**overrides):
+    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return GPT2LMHeadModel(GPT2Config(**options))
+
+
+CASES = {
+    # Grouped-query attention (4 query heads, 2 key/value heads), untied head.
+    "llama_gqa": lambda: llama(),
+    # Tied embedding and head, Llama 3's rope scaling with every frequency band in use
+    # (head_dim 8, theta 100: wavelengths 6.3 kept, 19.9 interpolated, 62.8 and 199 stretched).
+    "llama_tied_rope_scaling": lambda: llama(
+        tie_word_embeddings=True, rope_theta=100.0,
+        rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    # Multi-head attention with biases and a head_dim that is not hidden / heads.
+    "llama_bias_head_dim": lambda: llama(num_key_value_heads=4, head_dim=16, attention_bias=True,
+                                         mlp_bias=True),
+    # GPT-2 as released: tied, gelu_new.
+    "gpt2": lambda: gpt2(),
+    # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.
+    "gpt2_untied_variants": lambda: gpt2(tie_word_embeddings=False, activation_function="gelu",
+                                         n_inner=48, scale_attn_by_inverse_layer_idx=True),
+}
+
+
+def perturb(model, generator):
+    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: hf_reference.py OUTPUT_FOLDER")
+    output = sys.argv[1]
+    torch.set_default_dtype(torch.float32)
+    for index, (name, make) in enumerate(CASES.items()):
+        torch.manual_seed(1000 + index)
+        model = make()
+        model.train()  # no dropout in any case: train and eval compute the same
+        perturb(model, torch.Generator().manual_seed(2000 + index))
+        folder = os.path.join(output, name)
+        model.save_pretrained(folder, safe_serialization=True)
+        vocab = model.config.vocab_size
+        tokens = torch.randint(0, vocab, (BATCH, LENGTH + 1),
+                               generator=torch.Generator().manual_seed(3000 + index))
+        input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        logits = model(input_ids=input_ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+        loss.backward()
+        tensors = {"input_ids": input_ids, "targets": targets,
+                   "logits": logits.detach().contiguous(), "loss": loss.detach().reshape([])}
+        for key, parameter in model.named_parameters():
+            tensors["grad." + key] = parameter.grad.detach().contiguous()
+        save_file(tensors, os.path.join(folder, "reference.safetensors"),
+                  metadata={"transformers": transformers.__version__,
+                            "torch": torch.__version__})
+        print(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+// Tensor-parallel shards of Llama (runtime/torch/llama.h) under mpirun: a whole-model
+// TorchStage sharded over the world (query and key/value heads, MLP units, vocabulary rows)
+// gives the loss of the unsharded stage, and every shard's parameters and gradients are the
+// elements of the whole ones that the stage's index map names.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/backend.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/llama.h"
+#include "runtime/torch/torch_stage.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+constexpr double kRelativeTolerance = 1e-5;
+
+// Grouped-query attention where the degree allows it (2 key/value heads for 4 query heads).
+LlamaConfig SmallLlama(int degree, bool tied) {
+  LlamaConfig config;
+  config.vocab = 16;
+  config.layers = 2;
+  config.hidden = 32;
+  config.heads = 4;
+  config.kv_heads = std::max(2, degree);
+  config.intermediate = 64;
+  config.seq_len = 8;
+  config.max_position_embeddings = 8;
+  config.tie_word_embeddings = tied;
+  config.attention = GptAttention::kExplicit;
+  return config;
+}
+
+struct StageRun {
+  std::unique_ptr<TorchStage> stage;
+  double loss = 0;
+};
+
+// One iteration of 2 micro-batches of 2 samples through a whole-model stage.
+StageRun RunStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
+                  const TensorParallel& tp) {
+  TorchStageOptions options;
+  options.device = torch::kCPU;
+  options.first_layer = 0;
+  options.end_layer = model.num_layers();
+  options.microbatches = 2;
+  options.microbatch_size = 2;
+  options.tensor_parallel = tp;
+  auto stage = TorchStage::Create(model, data, options);
+  EXPECT_TRUE(stage.ok()) << stage.status();
+  StageRun run;
+  if (!stage.ok()) return run;
+  run.stage = *std::move(stage);
+  EXPECT_TRUE(run.stage->BeginIteration(1).ok());
+  for (int m = 0; m < 2; ++m) {
+    auto out = run.stage->Forward(m, {});
+    EXPECT_TRUE(out.ok()) << out.status();
+    auto in = run.stage->Backward(m, {});
+    EXPECT_TRUE(in.ok()) << in.status();
+  }
+  run.loss = run.stage->IterationLoss();
+  return run;
+}
+
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const double scale = std::max(expected.abs().max().item<double>(), 1e-12);
+  return (actual - expected).abs().max().item<double>() / scale;
+}
+
+void ExpectShardsGiveTheWholeLossAndGradients(bool tied) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  const int me = (*world)->rank();
+  const LlamaConfig config = SmallLlama(t, tied);
+  if (config.heads % t != 0 || config.vocab % t != 0) GTEST_SKIP() << t << " ranks";
+  auto model = LlamaModelSpec(config).Build(/*seed=*/7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SyntheticTaskOptions task;
+  task.vocab = config.vocab;
+  task.seq_len = config.seq_len;
+  task.seed = 5;
+  auto data = MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+
+  const StageRun whole = RunStage(*model, *data, TensorParallel{});
+  const StageRun shard = RunStage(*model, *data, TensorParallel{t, me, world->get()});
+  ASSERT_NE(whole.stage, nullptr);
+  ASSERT_NE(shard.stage, nullptr);
+  EXPECT_NEAR(shard.loss, whole.loss, kRelativeTolerance * std::abs(whole.loss));
+
+  std::map<std::string, torch::Tensor> full_value, full_grad;
+  for (const auto& [name, p] : whole.stage->named_parameters()) {
+    full_value[name] = p.detach().clone();
+    full_grad[name] = p.grad().clone();
+  }
+  std::map<std::string, const std::vector<int64_t>*> index;
+  for (const ParameterView& v : shard.stage->Parameters()) index[v.name] = v.tensor_parallel_index;
+  int split = 0;
+  for (const auto& [name, p] : shard.stage->named_parameters()) {
+    ASSERT_EQ(full_value.count(name), 1u) << name;
+    torch::Tensor want_value = full_value[name], want_grad = full_grad[name];
+    if (index[name] != nullptr) {
+      ++split;
+      const torch::Tensor picked = torch::tensor(*index[name]);
+      want_value = want_value.reshape({-1}).index_select(0, picked).view(p.sizes());
+      want_grad = want_grad.reshape({-1}).index_select(0, picked).view(p.sizes());
+    }
+    ASSERT_EQ(p.sizes(), want_value.sizes()) << name;
+    EXPECT_TRUE(torch::equal(p.detach(), want_value)) << name;
+    EXPECT_LT(RelativeError(p.grad(), want_grad), kRelativeTolerance)
+        << name << " on rank " << me;
+  }
+  if (t > 1) {
+    // Per block q, k, v, o, gate, up, down; the embedding and the LM head (a tied head uses
+    // the embedding's shard: one parameter).
+    EXPECT_EQ(split, 7 * config.layers + (tied ? 1 : 2));
+    EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
+    EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
+  }
+}
+
+TEST(LlamaTensorParallelTest, ShardsGiveTheWholeLossAndGradients) {
+  ExpectShardsGiveTheWholeLossAndGradients(/*tied=*/false);
+}
+
+// A tied model in a stage holding both ends shares one tensor, split by vocabulary rows: the
+// head computes with this rank's rows of the embedding, and their gradients are summed by
+// autograd, as the whole stage's are.
+TEST(LlamaTensorParallelTest, TiedCopiesAreShardedLikeTheEmbedding) {
+  ExpectShardsGiveTheWholeLossAndGradients(/*tied=*/true);
+}
+
+}  // namespace
+}  // namespace tandem::runtime::libtorch

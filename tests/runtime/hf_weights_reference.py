@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The reference side of tests/runtime/hf_weights_test.cc: Hugging Face transformers (CPU,
+float32, offline) saves tiny random models for `tandem train --init-from` and loads the folders
+`tandem checkpoint export` writes.
+
+    hf_weights_reference.py make OUTPUT_FOLDER
+        writes OUTPUT_FOLDER/<case>/ with save_pretrained for each case and prints the case
+        names, one a line: llama_gqa (grouped-query attention, untied head), llama_tied (tied
+        embedding and head), gpt2 (tied, as released), llama_bf16 (llama_gqa's weights stored
+        as bfloat16), llama_sharded (llama_gqa in several shards with an index).
+
+    hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
+        loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
+        token cross-entropy of its logits for TOKENS_FILE's input_ids (int64 [batch, length], a
+        safetensors file) against its targets; "missing", "unexpected" and "mismatched", the
+        keys from_pretrained reports; "log", every record transformers logged and every Python
+        warning raised while loading.
+"""
+import json
+import logging
+import os
+import sys
+import warnings
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM)
+
+
+def llama(**overrides):
+    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
+                   tie_word_embeddings=False, attn_implementation="eager")
+    options.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**options))
+
+
+def gpt2(**overrides):
+    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return GPT2LMHeadModel(GPT2Config(**options))
+
+
+def perturb(model, seed):
+    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def make(output):
+    cases = [
+        ("llama_gqa", lambda: llama(), {}),
+        ("llama_tied", lambda: llama(tie_word_embeddings=True), {}),
+        ("gpt2", lambda: gpt2(), {}),
+        ("llama_bf16", lambda: llama(), {"dtype": torch.bfloat16}),
+        ("llama_sharded", lambda: llama(), {"max_shard_size": "16KB"}),
+    ]
+    for index, (name, build, options) in enumerate(cases):
+        # llama_bf16 and llama_sharded hold llama_gqa's weights.
+        seed = 0 if name in ("llama_gqa", "llama_bf16", "llama_sharded") else index
+        torch.manual_seed(1000 + seed)
+        model = perturb(build(), 2000 + seed)
+        if "dtype" in options:
+            model = model.to(options["dtype"])
+        folder = os.path.join(output, name)
+        model.save_pretrained(folder, safe_serialization=True,
+                              max_shard_size=options.get("max_shard_size", "5GB"))
+        print(name)
+
+
+def loss(folder, tokens_file):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(f"{record.levelname}: {record.getMessage()}")
+
+    transformers.logging.set_verbosity_warning()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(Keep(level=logging.WARNING))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, output_loading_info=True, attn_implementation="eager",
+            torch_dtype=torch.float32)
+    records += [f"warning: {w.message}" for w in caught]
+    model.eval()
+    tokens = load_file(tokens_file)
+    with torch.no_grad():
+        logits = model(input_ids=tokens["input_ids"]).logits
+        vocab = logits.shape[-1]
+        value = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab),
+                                                  tokens["targets"].reshape(-1))
+    print(json.dumps({"loss": value.item(), "missing": list(info["missing_keys"]),
+                      "unexpected": list(info["unexpected_keys"]),
+                      "mismatched": [list(map(str, m)) for m in info["mismatched_keys"]],
+                      "log": records}))
+
+
+def main():
+    torch.set_default_dtype(torch.float32)
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "loss":
+        loss(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit("usage: hf_weights_reference.py make OUTPUT_FOLDER | "
+                 "loss MODEL_FOLDER TOKENS_FILE")
+
+
+if __name__ == "__main__":
+    main()

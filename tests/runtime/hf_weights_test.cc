@@ -1,0 +1,906 @@
+// Hugging Face weights in and out (runtime/torch/hf_weights.h), against transformers:
+// hf_weights_reference.py saves tiny random Llama (grouped-query attention, tied and untied,
+// bfloat16, sharded) and GPT-2 models; `tandem train --init-from` must start from them (its
+// first loss equal to transformers' on the same batch), `tandem checkpoint export` must write
+// folders transformers loads without a warning and with tandem's loss, and importing then
+// exporting must give the same bytes. Layouts, descriptions and every refusal are checked in
+// C++ without Python. The path of the tandem program is the first argument. Tests that need
+// transformers are skipped, with the reason, when python3 cannot import it and torch.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/file_util.h"
+#include "common/json_util.h"
+#include "common/status.h"
+#include "formats/safetensors.h"
+#include "gtest/gtest.h"
+#include "runtime/checkpoint.h"
+#include "runtime/stage_checkpoint.h"
+#include "runtime/torch/data.h"
+#include "runtime/torch/gpt2.h"
+#include "runtime/torch/hf_weights.h"
+#include "runtime/torch/llama.h"
+#include "runtime/torch/model.h"
+#include "tests/support/command.h"
+#include "tests/support/train_cli.h"
+
+namespace tandem::runtime::libtorch {
+namespace {
+
+namespace fs = std::filesystem;
+using formats::SafetensorsFile;
+using formats::SafetensorsFolder;
+using testing::Outcome;
+using testing::RunCommand;
+
+std::string g_tandem;  // the tandem program
+constexpr double kLossTolerance = 1e-5;  // relative
+constexpr int64_t kSeqLen = 16;
+constexpr uint64_t kSeed = 7;
+// tandem train's batch in these tests, and the flags that give it.
+constexpr int64_t kGlobalBatch = 4;
+constexpr char kBatchFlags[] = " --global-batch 4 --microbatches 2 --schedule 1f1b";
+
+std::string Python() { return "python3"; }
+
+// ---- The reference folders -------------------------------------------------------------------
+
+struct Reference {
+  std::string folder;
+  std::string unavailable;  // non-empty: skip, with this reason
+  std::string failed;       // non-empty: the script failed
+};
+
+const Reference& References() {
+  static const Reference* reference = [] {
+    auto* made = new Reference;
+    const Outcome probe = RunCommand(Python() + " -c 'import torch, transformers, safetensors'");
+    if (probe.exit_status != 0) {
+      made->unavailable = absl::StrCat(
+          "python3 cannot import torch, transformers and safetensors (exit ", probe.exit_status,
+          "); install them (CPU torch) to compare with Hugging Face transformers: ",
+          probe.output.substr(0, 400));
+      return made;
+    }
+    char pattern[] = "/tmp/tandem_hf_weights_XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) {
+      made->failed = "cannot make a temporary folder";
+      return made;
+    }
+    made->folder = pattern;
+    std::atexit([] { RemoveAll(References().folder).IgnoreError(); });
+    const Outcome written = RunCommand(absl::StrCat(Python(), " '", TANDEM_HF_WEIGHTS_SCRIPT,
+                                                    "' make '", made->folder, "'"));
+    if (written.exit_status != 0) {
+      made->failed = absl::StrCat("hf_weights_reference.py make failed (exit ",
+                                  written.exit_status, "): ", written.output);
+    }
+    return made;
+  }();
+  return *reference;
+}
+
+#define REQUIRE_REFERENCE()                                        \
+  do {                                                             \
+    const Reference& ref = References();                           \
+    if (!ref.unavailable.empty()) GTEST_SKIP() << ref.unavailable; \
+    ASSERT_TRUE(ref.failed.empty()) << ref.failed;                 \
+  } while (false)
+
+std::string Case(const std::string& name) { return absl::StrCat(References().folder, "/", name); }
+
+// A fresh folder for one test's files, removed at the end of the test.
+class Scratch {
+ public:
+  Scratch() {
+    path_ = (fs::temp_directory_path() /
+             absl::StrCat("tandem_hf_weights_test_", ::getpid(), "_",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+                .string();
+    RemoveAll(path_).IgnoreError();
+    fs::create_directories(path_);
+  }
+  ~Scratch() { RemoveAll(path_).IgnoreError(); }
+  std::string operator/(const std::string& name) const { return absl::StrCat(path_, "/", name); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// ---- Helpers ----------------------------------------------------------------------------------
+
+// Samples [0, count) of `iteration` of the synthetic task `tandem train` trains on.
+Batch SyntheticBatch(int64_t vocab, int64_t iteration, int64_t count) {
+  SyntheticTaskOptions task;
+  task.vocab = vocab;
+  task.seq_len = kSeqLen;
+  task.seed = kSeed;
+  auto data = MakeSyntheticDataset(task);
+  EXPECT_TRUE(data.ok()) << data.status();
+  auto batch = (*data)->Samples(iteration, 0, count);
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  return *batch;
+}
+
+void WriteTokens(const std::string& path, const Batch& batch) {
+  const torch::Tensor inputs = batch.inputs.to(torch::kLong).contiguous();
+  const torch::Tensor targets = batch.targets.to(torch::kLong).contiguous();
+  auto tensor = [](const char* name, const torch::Tensor& t) {
+    formats::TensorToWrite w;
+    w.name = name;
+    w.data_type = formats::DataType::kInt64;
+    w.shape = t.sizes().vec();
+    w.bytes = absl::Span<const uint8_t>(static_cast<const uint8_t*>(t.data_ptr()),
+                                        static_cast<size_t>(t.numel()) * sizeof(int64_t));
+    return w;
+  };
+  const std::vector<formats::TensorToWrite> tensors = {tensor("input_ids", inputs),
+                                                       tensor("targets", targets)};
+  const absl::Status written = formats::WriteSafetensorsFile(path, tensors);
+  ASSERT_TRUE(written.ok()) << written;
+}
+
+// What transformers makes of a folder: from_pretrained's report and the loss on `tokens`.
+struct HfLoad {
+  double loss = NAN;
+  Json report;
+  std::string output;
+};
+
+HfLoad TransformersLoss(const std::string& folder, const std::string& tokens) {
+  HfLoad load;
+  const Outcome o = RunCommand(absl::StrCat(Python(), " '", TANDEM_HF_WEIGHTS_SCRIPT, "' loss '",
+                                            folder, "' '", tokens, "'"));
+  load.output = o.output;
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  for (absl::string_view line : absl::StrSplit(o.output, '\n')) {
+    if (!absl::StartsWith(line, "{\"loss\"")) continue;
+    load.report = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (load.report.is_object()) load.loss = load.report["loss"].get<double>();
+  }
+  EXPECT_FALSE(std::isnan(load.loss)) << o.output;
+  return load;
+}
+
+// No missing, unexpected or mismatched key and nothing logged while loading.
+void ExpectCleanLoad(const HfLoad& load) {
+  ASSERT_TRUE(load.report.is_object()) << load.output;
+  EXPECT_TRUE(load.report["missing"].empty()) << load.report.dump();
+  EXPECT_TRUE(load.report["unexpected"].empty()) << load.report.dump();
+  EXPECT_TRUE(load.report["mismatched"].empty()) << load.report.dump();
+  EXPECT_TRUE(load.report["log"].empty()) << load.report.dump();
+}
+
+double Relative(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
+
+// The loss of iteration 0 in a --log-json log.
+double FirstLoss(const std::string& log) {
+  for (const Json& line : testing::ReadJsonLines(log)) {
+    if (line["iteration"].get<int>() == 0) return line["loss"].get<double>();
+  }
+  ADD_FAILURE() << log << ": no iteration 0";
+  return NAN;
+}
+
+std::string Train(int ranks, const std::string& flags) {
+  const std::string program =
+      ranks == 1 ? absl::StrCat(g_tandem, " train")
+                 : absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe",
+                                " --bind-to none -np ", ranks, " ", g_tandem, " train");
+  return absl::StrCat(program, flags, kBatchFlags, " --stages ", ranks, " --seq-len ", kSeqLen,
+                      " --seed ", kSeed);
+}
+
+// Every parameter of a checkpoint (a root or a step folder) by name.
+std::map<std::string, ShardTensor> CheckpointParameters(const std::string& root) {
+  std::map<std::string, ShardTensor> out;
+  auto folder = ResolveCheckpoint(root);
+  EXPECT_TRUE(folder.ok()) << folder.status();
+  auto manifest = ReadManifest(*folder);
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  if (!manifest.ok()) return out;
+  for (const ShardRecord& record : manifest->shards) {
+    auto shard = ReadShard(*folder, record);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    if (!shard.ok()) continue;
+    for (ShardTensor& t : shard->tensors) {
+      if (absl::StartsWith(t.name, "param:")) out[t.name.substr(6)] = std::move(t);
+    }
+  }
+  return out;
+}
+
+std::string ModelOf(const std::string& root) {
+  auto folder = ResolveCheckpoint(root);
+  EXPECT_TRUE(folder.ok()) << folder.status();
+  auto manifest = ReadManifest(*folder);
+  EXPECT_TRUE(manifest.ok()) << manifest.status();
+  return manifest.ok() ? manifest->model : "";
+}
+
+// A model of the checkpoint's description with the checkpoint's parameters (a tied copy the
+// checkpoint does not hold takes its owner's values).
+absl::StatusOr<LayeredModel> ModelFromCheckpoint(const std::string& root) {
+  const std::string model = ModelOf(root);
+  ModelSpec spec;
+  if (absl::StartsWith(model, "llama")) {
+    TANDEM_ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromDescription(model));
+    spec = LlamaModelSpec(config);
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(Gpt2Config config, Gpt2ConfigFromDescription(model));
+    spec = Gpt2ModelSpec(config);
+  }
+  TANDEM_ASSIGN_OR_RETURN(LayeredModel built, spec.Build(/*seed=*/1));
+  const std::map<std::string, ShardTensor> saved = CheckpointParameters(root);
+  std::map<std::string, std::string> owner;
+  for (const TiedParameter& pair : built.tied_weights.parameters) owner[pair.copy] = pair.owner;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, parameter] : built.NamedParameters(0, built.num_layers())) {
+    auto it = saved.find(name);
+    if (it == saved.end() && owner.count(name) > 0) it = saved.find(owner[name]);
+    if (it == saved.end()) return absl::NotFoundError(absl::StrCat("no parameter ", name));
+    if (it->second.count != parameter.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": another size"));
+    }
+    std::memcpy(parameter.data_ptr<float>(), it->second.bytes.data(), it->second.bytes.size());
+  }
+  return built;
+}
+
+double TandemLoss(const LayeredModel& model, const Batch& batch) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = model.Forward(batch.inputs, 0, model.num_layers());
+  return model.loss(logits, batch.targets).item<double>();
+}
+
+// Tensors of a Hugging Face folder (single file or shards) by key, as raw bytes with shape.
+struct RawTensor {
+  formats::DataType type;
+  std::vector<int64_t> shape;
+  std::string bytes;
+  bool operator==(const RawTensor& o) const {
+    return type == o.type && shape == o.shape && bytes == o.bytes;
+  }
+};
+
+std::map<std::string, RawTensor> FolderTensors(const std::string& folder) {
+  std::map<std::string, RawTensor> out;
+  auto files = SafetensorsFolder::Open(folder);
+  EXPECT_TRUE(files.ok()) << files.status();
+  if (!files.ok()) return out;
+  for (const std::string& key : (*files)->TensorNames()) {
+    auto info = (*files)->Info(key);
+    auto bytes = (*files)->Bytes(key);
+    EXPECT_TRUE(info.ok() && bytes.ok()) << key;
+    if (!info.ok() || !bytes.ok()) continue;
+    out[key] = RawTensor{info->data_type, info->shape,
+                         std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size())};
+  }
+  return out;
+}
+
+// ---- Layouts and descriptions (no Python) -----------------------------------------------------
+
+LlamaConfig SmallLlama() {
+  LlamaConfig config;
+  config.vocab = 64;
+  config.layers = 2;
+  config.hidden = 32;
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.intermediate = 64;
+  config.seq_len = kSeqLen;
+  config.max_position_embeddings = kSeqLen;
+  return config;
+}
+
+Gpt2Config SmallGpt2() {
+  Gpt2Config config;
+  config.vocab = 64;
+  config.layers = 2;
+  config.hidden = 32;
+  config.heads = 4;
+  config.positions = 32;
+  config.seq_len = kSeqLen;
+  return config;
+}
+
+// The layout lists each parameter the built model has, with its shape; a tied copy maps to the
+// owner's tensor and is not listed itself.
+void ExpectLayoutMatchesModel(const HfLayout& layout, const ModelSpec& spec) {
+  SCOPED_TRACE(layout.model);
+  auto model = spec.Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  size_t owned = 0;
+  std::set<std::string> keys;
+  for (const auto& [name, parameter] : model->NamedParameters(0, model->num_layers())) {
+    const HfTensor* tensor = layout.Find(name);
+    ASSERT_NE(tensor, nullptr) << name;
+    EXPECT_EQ(tensor->shape, parameter.sizes().vec()) << name;
+    if (layout.tied_copies.count(name) > 0) {
+      EXPECT_NE(tensor->name, name);
+      continue;
+    }
+    ++owned;
+    EXPECT_EQ(tensor->name, name);
+    auto back = layout.tandem_name(tensor->key);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, name);
+    keys.insert(tensor->key);
+  }
+  EXPECT_EQ(layout.tensors.size(), owned);
+  EXPECT_EQ(keys.size(), owned);
+  EXPECT_EQ(layout.tied_copies.size(), model->tied_weights.parameters.size());
+}
+
+TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
+  LlamaConfig llama = SmallLlama();
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  llama.tie_word_embeddings = true;
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  llama.tie_word_embeddings = false;
+  llama.kv_heads = 4;
+  llama.head_dim = 16;
+  llama.attention_bias = true;
+  llama.mlp_bias = true;
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  Gpt2Config gpt2 = SmallGpt2();
+  ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
+  gpt2.tie_word_embeddings = false;
+  gpt2.inner = 48;
+  ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
+  // GPT-2's attention-mask buffers of older checkpoints are ignored, nothing else.
+  const HfLayout layout = Gpt2HfLayout(gpt2);
+  EXPECT_TRUE(layout.ignored("h.0.attn.bias"));
+  EXPECT_TRUE(layout.ignored("transformer.h.1.attn.masked_bias"));
+  EXPECT_FALSE(layout.ignored("transformer.h.1.attn.c_attn.bias"));
+  EXPECT_FALSE(layout.ignored("transformer.wte.weight"));
+}
+
+TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
+  std::vector<LlamaConfig> llamas(4, SmallLlama());
+  llamas[1].tie_word_embeddings = true;
+  llamas[1].rope_theta = 500000;
+  llamas[2].head_dim = 16;
+  llamas[2].attention_bias = true;
+  llamas[2].mlp_bias = true;
+  llamas[3].rope_scaling = LlamaRopeScaling{4.0, 1.0, 4.0, 32};
+  for (const LlamaConfig& config : llamas) {
+    const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
+    auto read = LlamaConfigFromDescription(text);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(DescribeLlama(*read), DescribeLlama(config));
+    EXPECT_EQ(read->HeadDim(), config.HeadDim());
+    EXPECT_EQ(read->rms_norm_eps, 1e-5);
+    EXPECT_EQ(read->max_position_embeddings, config.seq_len);
+  }
+  std::vector<Gpt2Config> gpt2s(3, SmallGpt2());
+  gpt2s[1].tie_word_embeddings = false;
+  gpt2s[1].inner = 48;
+  gpt2s[2].activation = "gelu";
+  gpt2s[2].scale_attn_by_inverse_layer_idx = true;
+  gpt2s[2].scale_attn_weights = false;
+  for (const Gpt2Config& config : gpt2s) {
+    auto read = Gpt2ConfigFromDescription(DescribeGpt2(config));
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(DescribeGpt2(*read), DescribeGpt2(config));
+  }
+  auto unknown = LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 "
+                                            "sliding-window=8");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("sliding-window=8"), std::string::npos)
+      << unknown.status();
+  EXPECT_FALSE(LlamaConfigFromDescription("gpt L=2 H=32").ok());
+  EXPECT_FALSE(Gpt2ConfigFromDescription("gpt2 L=2 H=32 A=4 S=16 V=64").ok());  // no P=
+}
+
+// ---- Import (C++) -----------------------------------------------------------------------------
+
+absl::StatusOr<LlamaConfig> CaseLlamaConfig(const std::string& name) {
+  TANDEM_ASSIGN_OR_RETURN(Json json, ReadJsonFile(Case(name) + "/config.json"));
+  TANDEM_ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfigFromJson(json));
+  config.seq_len = kSeqLen;
+  return config;
+}
+
+// Each parameter equals the folder's tensor (converted to float32).
+void ExpectParametersEqualFolder(const LayeredModel& model, int first, int end,
+                                 const HfLayout& layout, const std::string& folder) {
+  auto files = SafetensorsFolder::Open(folder);
+  ASSERT_TRUE(files.ok()) << files.status();
+  for (const auto& [name, parameter] : model.NamedParameters(first, end)) {
+    const HfTensor* tensor = layout.Find(name);
+    ASSERT_NE(tensor, nullptr) << name;
+    torch::Tensor expected = torch::empty(tensor->shape, torch::kFloat);
+    ASSERT_TRUE((*files)->ReadAsFloat32(tensor->key, expected.data_ptr<float>(),
+                                        expected.numel()).ok());
+    EXPECT_TRUE(torch::equal(parameter, expected)) << name << " <- " << tensor->key;
+  }
+}
+
+TEST(HfImportTest, EachLayerReadsItsOwnTensorsOnlyConvertedToFloat32) {
+  REQUIRE_REFERENCE();
+  for (const std::string name : {"llama_sharded", "llama_bf16"}) {
+    SCOPED_TRACE(name);
+    auto config = CaseLlamaConfig(name);
+    ASSERT_TRUE(config.ok()) << config.status();
+    const HfLayout layout = LlamaHfLayout(*config);
+    auto weights = HfWeights::Open(Case(name), layout);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    EXPECT_TRUE((*weights)->KeysRead().empty());  // the checks read headers only
+    ModelSpec spec = LlamaModelSpec(*config);
+    InitializeFromHfWeights(*weights, &spec);
+    // Block 0 alone (layer 1), as a pipeline stage builds it.
+    auto stage = spec.BuildLayers(/*seed=*/3, 1, 2);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    std::vector<std::string> block0;
+    for (const HfTensor& t : layout.tensors) {
+      if (absl::StartsWith(t.key, "model.layers.0.")) block0.push_back(t.key);
+    }
+    std::sort(block0.begin(), block0.end());
+    EXPECT_EQ((*weights)->KeysRead(), block0);
+    ExpectParametersEqualFolder(*stage, 1, 2, layout, Case(name));
+    // The rest, built later by the model's builder (as CloneLayers does), reads the rest.
+    auto rest = stage->CloneLayers(0, stage->num_layers(), torch::kCPU);
+    ASSERT_TRUE(rest.ok()) << rest.status();
+    EXPECT_EQ((*weights)->KeysRead().size(), layout.tensors.size());
+  }
+  // bfloat16 weights are llama_gqa's rounded: the conversion is exact.
+  auto bf16 = SafetensorsFile::Open(Case("llama_bf16") + "/model.safetensors");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  auto info = (*bf16)->Info("model.layers.1.mlp.down_proj.weight");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ((*info)->data_type, formats::DataType::kBfloat16);
+}
+
+TEST(HfImportTest, TiedHeadStartsFromTheEmbedding) {
+  REQUIRE_REFERENCE();
+  auto config = CaseLlamaConfig("llama_tied");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->tie_word_embeddings);
+  auto weights = HfWeights::Open(Case("llama_tied"), LlamaHfLayout(*config));
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ModelSpec spec = LlamaModelSpec(*config);
+  InitializeFromHfWeights(*weights, &spec);
+  const int head = static_cast<int>(config->layers) + 1;
+  auto stage = spec.BuildLayers(/*seed=*/3, head, head + 1);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  EXPECT_EQ((*weights)->KeysRead(),
+            (std::vector<std::string>{"model.embed_tokens.weight", "model.norm.weight"}));
+  ExpectParametersEqualFolder(*stage, head, head + 1, (*weights)->layout(), Case("llama_tied"));
+}
+
+// Writes `tensors` (raw) as <folder>/model.safetensors with `config` beside it.
+void WriteFolder(const std::string& folder, const std::map<std::string, RawTensor>& tensors,
+                 const std::string& config_from) {
+  fs::create_directories(folder);
+  fs::copy_file(config_from, folder + "/config.json", fs::copy_options::overwrite_existing);
+  std::vector<formats::TensorToWrite> out;
+  for (const auto& [key, t] : tensors) {
+    formats::TensorToWrite w;
+    w.name = key;
+    w.data_type = t.type;
+    w.shape = t.shape;
+    w.bytes = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(t.bytes.data()),
+                                        t.bytes.size());
+    out.push_back(w);
+  }
+  const absl::Status written =
+      formats::WriteSafetensorsFile(folder + "/model.safetensors", out, {{"format", "pt"}});
+  ASSERT_TRUE(written.ok()) << written;
+}
+
+void ExpectOpenRefused(const std::string& folder, const HfLayout& layout,
+                       const std::vector<std::string>& mentions) {
+  auto opened = HfWeights::Open(folder, layout);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << opened.status();
+  for (const std::string& m : mentions) {
+    EXPECT_NE(opened.status().message().find(m), std::string::npos) << opened.status();
+  }
+}
+
+TEST(HfImportTest, MissingExtraMisShapedAndUnreadableTensorsAreRefusedNamingTheKey) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  auto config = CaseLlamaConfig("llama_gqa");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const HfLayout layout = LlamaHfLayout(*config);
+  const std::map<std::string, RawTensor> good = FolderTensors(Case("llama_gqa"));
+  const std::string config_file = Case("llama_gqa") + "/config.json";
+
+  std::map<std::string, RawTensor> missing = good;
+  missing.erase("model.layers.1.mlp.up_proj.weight");
+  WriteFolder(scratch / "missing", missing, config_file);
+  ExpectOpenRefused(scratch / "missing", layout,
+                    {"missing", "'model.layers.1.mlp.up_proj.weight'", scratch / "missing"});
+
+  std::map<std::string, RawTensor> extra = good;
+  extra["model.layers.2.mlp.up_proj.weight"] = good.at("model.layers.1.mlp.up_proj.weight");
+  WriteFolder(scratch / "extra", extra, config_file);
+  ExpectOpenRefused(scratch / "extra", layout,
+                    {"does not use", "'model.layers.2.mlp.up_proj.weight'"});
+
+  std::map<std::string, RawTensor> shaped = good;
+  RawTensor& k = shaped.at("model.layers.0.self_attn.k_proj.weight");
+  ASSERT_EQ(k.shape, (std::vector<int64_t>{16, 32}));
+  k.shape = {32, 16};
+  WriteFolder(scratch / "shaped", shaped, config_file);
+  ExpectOpenRefused(scratch / "shaped", layout,
+                    {"'model.layers.0.self_attn.k_proj.weight'", "[32, 16]", "[16, 32]"});
+
+  std::map<std::string, RawTensor> integers = good;
+  RawTensor& norm = integers.at("model.norm.weight");
+  norm.type = formats::DataType::kInt32;
+  WriteFolder(scratch / "integers", integers, config_file);
+  ExpectOpenRefused(scratch / "integers", layout, {"'model.norm.weight'", "I32"});
+
+  // A tied model uses the embedding for the head: a separate lm_head.weight is not used.
+  auto tied = CaseLlamaConfig("llama_tied");
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  std::map<std::string, RawTensor> with_head = FolderTensors(Case("llama_tied"));
+  with_head["lm_head.weight"] = with_head.at("model.embed_tokens.weight");
+  WriteFolder(scratch / "tied", with_head, Case("llama_tied") + "/config.json");
+  ExpectOpenRefused(scratch / "tied", LlamaHfLayout(*tied),
+                    {"'lm_head.weight'", "tie_word_embeddings"});
+
+  // A parameter the folder's tensor does not fit is refused when its layer is built (a model
+  // whose spec does not match the layout it was opened with).
+  auto weights = HfWeights::Open(Case("llama_gqa"), layout);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  LlamaConfig wider = *config;
+  wider.intermediate = 96;
+  ModelSpec spec = LlamaModelSpec(wider);
+  InitializeFromHfWeights(*weights, &spec);
+  auto built = spec.BuildLayers(/*seed=*/1, 1, 2);
+  EXPECT_EQ(built.status().code(), absl::StatusCode::kInvalidArgument) << built.status();
+  EXPECT_NE(built.status().message().find("'model.layers.0.mlp."), std::string::npos)
+      << built.status();
+}
+
+// ---- Import through `tandem train --init-from` ------------------------------------------------
+
+struct ImportCase {
+  std::string name;
+  std::string model;  // --model
+  int ranks = 1;
+};
+
+TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  const Batch batch = SyntheticBatch(/*vocab=*/64, /*iteration=*/0, kGlobalBatch);
+  WriteTokens(scratch / "tokens.safetensors", batch);
+  for (const ImportCase& c : {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
+                              ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_bf16", "llama"},
+                              ImportCase{"llama_sharded", "llama", /*ranks=*/2}}) {
+    SCOPED_TRACE(c.name);
+    const std::string log = scratch / (c.name + ".jsonl");
+    const Outcome o = RunCommand(Train(c.ranks, absl::StrCat(" --model ", c.model,
+                                                             " --init-from ", Case(c.name),
+                                                             " --steps 1 --log-json ", log)));
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    const double tandem = FirstLoss(log);
+    const HfLoad hf = TransformersLoss(Case(c.name), scratch / "tokens.safetensors");
+    EXPECT_LE(Relative(tandem, hf.loss), kLossTolerance) << tandem << " vs " << hf.loss;
+    std::cout << c.name << " (" << c.ranks << " rank(s)): tandem's first loss " << tandem
+              << ", transformers' " << hf.loss << ", relative difference "
+              << Relative(tandem, hf.loss) << "\n";
+  }
+  // The comparison can fail: randomly initialised, the same model starts elsewhere.
+  const std::string log = scratch / "random.jsonl";
+  const Outcome o = RunCommand(Train(1, absl::StrCat(" --model llama --hf-config ",
+                                                     Case("llama_gqa"), "/config.json",
+                                                     " --steps 1 --log-json ", log)));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const HfLoad hf = TransformersLoss(Case("llama_gqa"), scratch / "tokens.safetensors");
+  EXPECT_GT(Relative(FirstLoss(log), hf.loss), 1000 * kLossTolerance);
+}
+
+TEST(HfImportTest, TrainInitFromRefusesBadFoldersWithOneClearLine) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  // An unsupported config.
+  fs::create_directories(scratch / "gelu");
+  fs::copy_file(Case("llama_gqa") + "/model.safetensors", scratch / "gelu/model.safetensors");
+  auto json = ReadJsonFile(Case("llama_gqa") + "/config.json");
+  ASSERT_TRUE(json.ok());
+  (*json)["hidden_act"] = "gelu";
+  ASSERT_TRUE(WriteFileAtomically(scratch / "gelu/config.json", json->dump()).ok());
+  Outcome o = RunCommand(Train(1, absl::StrCat(" --model llama --init-from ", scratch / "gelu",
+                                               " --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--init-from"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("hidden_act"), std::string::npos) << o.output;
+  // A missing tensor.
+  std::map<std::string, RawTensor> tensors = FolderTensors(Case("gpt2"));
+  tensors.erase("transformer.h.1.mlp.c_fc.bias");
+  WriteFolder(scratch / "missing", tensors, Case("gpt2") + "/config.json");
+  o = RunCommand(Train(1, absl::StrCat(" --model gpt2 --init-from ", scratch / "missing",
+                                       " --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("'transformer.h.1.mlp.c_fc.bias'"), std::string::npos) << o.output;
+  // A Llama folder for gpt2.
+  o = RunCommand(Train(1, absl::StrCat(" --model gpt2 --init-from ", Case("llama_gqa"),
+                                       " --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("model_type"), std::string::npos) << o.output;
+  // Both sources of the config.
+  o = RunCommand(Train(1, absl::StrCat(" --model llama --init-from ", Case("llama_gqa"),
+                                       " --hf-config ", Case("llama_gqa"), "/config.json",
+                                       " --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("drop --hf-config"), std::string::npos) << o.output;
+}
+
+// ---- Export ---------------------------------------------------------------------------------
+
+std::string Export(const std::string& checkpoint, const std::string& out,
+                   const std::string& flags = "") {
+  return absl::StrCat(g_tandem, " checkpoint export --format safetensors ", checkpoint, " ", out,
+                      flags);
+}
+
+struct ExportCase {
+  std::string name;
+  int ranks = 1;
+  std::string train_flags;
+  std::string export_flags;
+};
+
+TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  const Batch held_out = SyntheticBatch(/*vocab=*/64, /*iteration=*/1000, /*count=*/8);
+  WriteTokens(scratch / "held_out.safetensors", held_out);
+  const std::string training = " --steps 5 --optimizer adamw --lr 1e-2 --checkpoint-dir ";
+  for (const ExportCase& c : {
+           // Sizes from flags, two stages (two shards); config.json from the description.
+           ExportCase{"llama_flags", 2,
+                      " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2"
+                      " --intermediate 64 --vocab 64",
+                      ""},
+           // Tied GPT-2 from flags: the embedding written once.
+           ExportCase{"gpt2_flags", 1,
+                      " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64", ""},
+           // Tied Llama started from a folder, exported with its config.json.
+           ExportCase{"llama_tied_init", 1,
+                      absl::StrCat(" --model llama --init-from ", Case("llama_tied")),
+                      absl::StrCat(" --hf-config ", Case("llama_tied"), "/config.json")}}) {
+    SCOPED_TRACE(c.name);
+    const std::string checkpoint = scratch / (c.name + "_ckpt");
+    const std::string out = scratch / (c.name + "_hf");
+    Outcome o = RunCommand(Train(c.ranks, c.train_flags + training + checkpoint));
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    o = RunCommand(Export(checkpoint, out, c.export_flags));
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    EXPECT_NE(o.output.find("exported"), std::string::npos) << o.output;
+    EXPECT_TRUE(fs::exists(out + "/config.json"));
+    EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+
+    // Every tensor as the checkpoint holds it, under transformers' key.
+    const std::map<std::string, ShardTensor> saved = CheckpointParameters(checkpoint);
+    const std::map<std::string, RawTensor> written = FolderTensors(out);
+    auto file = SafetensorsFile::Open(out + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->Metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+    const std::string model = ModelOf(checkpoint);
+    const bool llama = absl::StartsWith(model, "llama");
+    std::function<absl::StatusOr<std::string>(absl::string_view)> tandem_name;
+    if (llama) {
+      auto config = LlamaConfigFromDescription(model);
+      ASSERT_TRUE(config.ok()) << config.status();
+      tandem_name = [config = *config](absl::string_view k) { return LlamaTandemName(config, k); };
+    } else {
+      auto config = Gpt2ConfigFromDescription(model);
+      ASSERT_TRUE(config.ok()) << config.status();
+      tandem_name = [config = *config](absl::string_view k) { return Gpt2TandemName(config, k); };
+    }
+    for (const auto& [key, tensor] : written) {
+      auto name = tandem_name(key);
+      ASSERT_TRUE(name.ok()) << name.status();
+      ASSERT_EQ(saved.count(*name), 1u) << key;
+      EXPECT_EQ(tensor.bytes, saved.at(*name).bytes) << key;
+      EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
+    }
+    EXPECT_EQ(written.count("lm_head.weight"), c.name == "llama_flags" ? 1u : 0u);
+
+    // transformers loads it without a word and computes tandem's loss.
+    const HfLoad hf = TransformersLoss(out, scratch / "held_out.safetensors");
+    ExpectCleanLoad(hf);
+    auto trained = ModelFromCheckpoint(checkpoint);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    const double tandem = TandemLoss(*trained, held_out);
+    EXPECT_LE(Relative(tandem, hf.loss), kLossTolerance) << tandem << " vs " << hf.loss;
+    std::cout << c.name << ": tandem's held-out loss " << tandem << ", transformers' "
+              << hf.loss << ", relative difference " << Relative(tandem, hf.loss) << "\n";
+  }
+  // The config written from --hf-config keeps the file's fields.
+  auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["initializer_range"], 0.1);
+  EXPECT_EQ((*config)["torch_dtype"], "float32");
+}
+
+TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  for (const ImportCase& c : {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
+                              ImportCase{"gpt2", "gpt2"},
+                              ImportCase{"llama_sharded", "llama", /*ranks=*/2}}) {
+    SCOPED_TRACE(c.name);
+    const std::string checkpoint = scratch / (c.name + "_ckpt");
+    const std::string out = scratch / (c.name + "_hf");
+    // One step at learning rate 0 changes nothing.
+    Outcome o = RunCommand(Train(c.ranks, absl::StrCat(" --model ", c.model, " --init-from ",
+                                                       Case(c.name),
+                                                       " --steps 1 --optimizer sgd --lr 0",
+                                                       " --checkpoint-dir ", checkpoint)));
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    o = RunCommand(Export(checkpoint, out, absl::StrCat(" --hf-config ", Case(c.name),
+                                                        "/config.json")));
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    const std::map<std::string, RawTensor> original = FolderTensors(Case(c.name));
+    const std::map<std::string, RawTensor> exported = FolderTensors(out);
+    ASSERT_EQ(original.size(), exported.size());
+    size_t same = 0;
+    for (const auto& [key, tensor] : original) {
+      auto it = exported.find(key);
+      ASSERT_NE(it, exported.end()) << key;
+      EXPECT_TRUE(it->second == tensor) << key;
+      same += it->second == tensor;
+    }
+    std::cout << c.name << ": " << same << " of " << original.size()
+              << " tensors bit-identical after import and export\n";
+  }
+}
+
+// A checkpoint of `layout`'s model written directly (as SaveShards does), with `change` applied
+// to its parameter states first.
+void WriteCheckpoint(const std::string& dir, const std::string& model, const ModelSpec& spec,
+                     bool with_shapes,
+                     const std::function<void(std::vector<ParameterState>&)>& change = {}) {
+  auto built = spec.Build(/*seed=*/5);
+  ASSERT_TRUE(built.ok()) << built.status();
+  std::vector<ParameterState> states;
+  for (const auto& [name, parameter] : built->NamedParameters(0, built->num_layers())) {
+    ParameterState p;
+    p.name = name;
+    const torch::Tensor values = parameter.detach().contiguous();
+    p.value.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+    if (with_shapes) p.shape = values.sizes().vec();
+    states.push_back(std::move(p));
+  }
+  if (change) change(states);
+  ASSERT_TRUE(EnsureDirectory(dir).ok());
+  CheckpointManifest manifest;
+  manifest.model = model;
+  manifest.plan = Json::object();
+  auto record = WriteShard(dir, ShardOf(0, 0, built->num_layers(), states));
+  ASSERT_TRUE(record.ok()) << record.status();
+  manifest.shards.push_back(*record);
+  ASSERT_TRUE(WriteManifest(dir, manifest).ok());
+}
+
+TEST(HfExportTest, ShardsWithoutShapesExportWithTheLayoutsAndShardedOutputHasAnIndex) {
+  Scratch scratch;
+  const LlamaConfig config = SmallLlama();
+  const std::string model = absl::StrCat(DescribeLlama(config), " seed=5");
+  WriteCheckpoint(scratch / "flat", model, LlamaModelSpec(config), /*with_shapes=*/false);
+  HfExportOptions options;
+  options.max_shard_bytes = 20000;
+  auto exported = ExportCheckpointToHf(scratch / "flat", scratch / "out", options);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_GT(exported->files.size(), 3u);
+  EXPECT_EQ(exported->files.front(), "config.json");
+  EXPECT_EQ(exported->files.back(), "model.safetensors.index.json");
+  const std::map<std::string, RawTensor> written = FolderTensors(scratch / "out");
+  EXPECT_EQ(written.size(), LlamaHfLayout(config).tensors.size());
+  EXPECT_EQ(written.at("model.layers.0.self_attn.k_proj.weight").shape,
+            (std::vector<int64_t>{16, 32}));
+  auto json = ReadJsonFile(scratch / "out/config.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ((*json)["num_key_value_heads"], 2);
+  EXPECT_EQ((*json)["rms_norm_eps"], 1e-5);
+  EXPECT_EQ((*json)["max_position_embeddings"], kSeqLen);
+}
+
+TEST(HfExportTest, BadCheckpointsAndOutputsAreRefusedLeavingNothingBehind) {
+  Scratch scratch;
+  const LlamaConfig config = SmallLlama();
+  const std::string model = DescribeLlama(config);
+  auto expect_refused = [&](const std::string& checkpoint, const std::string& out,
+                            const std::string& mentions, const HfExportOptions& options = {}) {
+    auto exported = ExportCheckpointToHf(checkpoint, out, options);
+    ASSERT_FALSE(exported.ok()) << mentions;
+    EXPECT_EQ(exported.status().code(), absl::StatusCode::kInvalidArgument) << exported.status();
+    EXPECT_NE(exported.status().message().find(mentions), std::string::npos)
+        << exported.status();
+    for (const auto& entry : fs::directory_iterator(scratch.path())) {
+      EXPECT_FALSE(absl::StrContains(entry.path().filename().string(), ".export-"))
+          << entry.path() << " left behind";
+    }
+  };
+  WriteCheckpoint(scratch / "good", model, LlamaModelSpec(config), /*with_shapes=*/true);
+  // A folder that holds something.
+  fs::create_directories(scratch / "full");
+  ASSERT_TRUE(WriteFileAtomically(scratch / "full/notes.txt", "mine").ok());
+  expect_refused(scratch / "good", scratch / "full", "is not empty");
+  EXPECT_TRUE(fs::exists(scratch / "full/notes.txt"));
+  // A parameter missing, one too many, one of another shape.
+  WriteCheckpoint(scratch / "missing", model, LlamaModelSpec(config), true,
+                  [](std::vector<ParameterState>& s) { s.erase(s.begin() + 3); });
+  expect_refused(scratch / "missing", scratch / "out", "holds no parameter");
+  WriteCheckpoint(scratch / "extra", model, LlamaModelSpec(config), true,
+                  [](std::vector<ParameterState>& s) {
+                    s.push_back(s.back());
+                    s.back().name = "layers.1.mlp.extra.weight";
+                  });
+  expect_refused(scratch / "extra", scratch / "out", "'layers.1.mlp.extra.weight'");
+  WriteCheckpoint(scratch / "shaped", model, LlamaModelSpec(config), true,
+                  [](std::vector<ParameterState>& s) {
+                    for (ParameterState& p : s) {
+                      if (p.name == "layers.0.embed_tokens.weight") p.shape = {32, 64};
+                    }
+                  });
+  expect_refused(scratch / "shaped", scratch / "out", "[32, 64]");
+  // A config.json of another model.
+  HfExportOptions other;
+  other.hf_config = scratch / "other.json";
+  Json wider = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32},
+                {"intermediate_size", 96}, {"num_hidden_layers", 2},
+                {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                {"max_position_embeddings", 64}};
+  ASSERT_TRUE(WriteFileAtomically(other.hf_config, wider.dump()).ok());
+  expect_refused(scratch / "good", scratch / "out", "I=96", other);
+  // A model export does not know.
+  WriteCheckpoint(scratch / "gpt", "gpt L=2 H=32", LlamaModelSpec(config), true);
+  expect_refused(scratch / "gpt", scratch / "out", "llama and gpt2 models only");
+  EXPECT_FALSE(fs::exists(scratch / "out"));
+  // The good one goes into an empty folder.
+  fs::create_directories(scratch / "empty");
+  auto exported = ExportCheckpointToHf(scratch / "good", scratch / "empty/");
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  EXPECT_TRUE(fs::exists(scratch / "empty/model.safetensors"));
+}
+
+TEST(HfExportTest, CommandLineNeedsTheFormatAndPrintsShapes) {
+  Scratch scratch;
+  const LlamaConfig config = SmallLlama();
+  WriteCheckpoint(scratch / "ckpt", DescribeLlama(config), LlamaModelSpec(config), true);
+  Outcome o = RunCommand(absl::StrCat(g_tandem, " checkpoint export ", scratch / "ckpt", " ",
+                                      scratch / "out"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--format safetensors"), std::string::npos) << o.output;
+  EXPECT_FALSE(fs::exists(scratch / "out"));
+  o = RunCommand(Export(scratch / "ckpt", scratch / "out"));
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  o = RunCommand(absl::StrCat(g_tandem, " checkpoint inspect ", scratch / "ckpt"));
+  EXPECT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("param:layers.1.self_attn.k_proj.weight"), std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find("[16, 32]"), std::string::npos) << o.output;
+}
+
+}  // namespace
+}  // namespace tandem::runtime::libtorch
+
+int main(int argc, char** argv) {
+  return tandem::testing::RunTestsWithProgramPath(argc, argv, "PATH_TO_TANDEM",
+                                                  &tandem::runtime::libtorch::g_tandem);
+}
