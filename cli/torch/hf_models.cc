@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -87,6 +88,33 @@ absl::StatusOr<runtime::libtorch::GptAttention> AttentionFromFlags() {
   return *attention;
 }
 
+// What both decoder models make alike: the flags' data set, the spec (its layers read from
+// --init-from's folder when given), the description and figures, and the activation estimate:
+// float32, `block_floats_per_token` floats per token and block besides two [heads, S, S]
+// attention tensors, three copies of the logits on the last stage.
+absl::StatusOr<ModelAndData> DecoderModel(int64_t vocab, int64_t seq_len, int64_t heads,
+                                          double block_floats_per_token,
+                                          runtime::libtorch::ModelSpec spec,
+                                          runtime::libtorch::HfLayout layout,
+                                          std::string description, double flops_per_token,
+                                          uint64_t seed) {
+  ModelAndData result;
+  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(vocab, seq_len, seed));
+  result.spec = std::move(spec);
+  TANDEM_RETURN_IF_ERROR(InitializeFromFlags(std::move(layout), &result.spec));
+  result.description = std::move(description);
+  result.tokens_per_sample = seq_len;
+  result.training_flops_per_token = flops_per_token;
+  result.minimum_activation_bytes = [=](int64_t microbatch_size, int layers, bool last) {
+    const double b = static_cast<double>(microbatch_size);
+    const double s = static_cast<double>(seq_len);
+    const double per_layer = 4 * b * s * (block_floats_per_token + 2.0 * heads * s);
+    const double logits = 4 * 3 * b * s * vocab;
+    return per_layer * layers + (last ? logits : 0);
+  };
+  return result;
+}
+
 absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   LlamaConfig config;
   TANDEM_ASSIGN_OR_RETURN(std::optional<Json> file, ConfigFileFromFlags());
@@ -115,26 +143,14 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   if (absl::Status valid = runtime::libtorch::ValidateLlamaConfig(config); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
   }
-  ModelAndData result;
-  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(config.vocab, config.seq_len, request.seed));
-  result.spec = runtime::libtorch::LlamaModelSpec(config);
-  TANDEM_RETURN_IF_ERROR(
-      InitializeFromFlags(runtime::libtorch::LlamaHfLayout(config), &result.spec));
-  result.description = runtime::libtorch::DescribeLlama(config);
-  result.tokens_per_sample = config.seq_len;
-  result.training_flops_per_token = runtime::libtorch::LlamaTrainingFlopsPerToken(config);
-  // float32, per block: the block's input and its two normalised copies, the attention output,
-  // the gate, up and product of the MLP and the attention scores and weights; three copies of
-  // the logits on the last stage.
-  result.minimum_activation_bytes = [config](int64_t microbatch_size, int layers, bool last) {
-    const double b = static_cast<double>(microbatch_size);
-    const double s = static_cast<double>(config.seq_len);
-    const double per_layer =
-        4 * b * s * (4.0 * config.hidden + 3.0 * config.intermediate + 2.0 * config.heads * s);
-    const double logits = 4 * 3 * b * s * config.vocab;
-    return per_layer * layers + (last ? logits : 0);
-  };
-  return result;
+  // Per block: the block's input and its two normalised copies, the attention output, and
+  // the gate, up and product of the MLP.
+  return DecoderModel(config.vocab, config.seq_len, config.heads,
+                      4.0 * config.hidden + 3.0 * config.intermediate,
+                      runtime::libtorch::LlamaModelSpec(config),
+                      runtime::libtorch::LlamaHfLayout(config),
+                      runtime::libtorch::DescribeLlama(config),
+                      runtime::libtorch::LlamaTrainingFlopsPerToken(config), request.seed);
 }
 
 absl::StatusOr<ModelAndData> MakeGpt2(const ModelRequest& request) {
@@ -158,25 +174,13 @@ absl::StatusOr<ModelAndData> MakeGpt2(const ModelRequest& request) {
   if (absl::Status valid = runtime::libtorch::ValidateGpt2Config(config); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
   }
-  ModelAndData result;
-  TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(config.vocab, config.seq_len, request.seed));
-  result.spec = runtime::libtorch::Gpt2ModelSpec(config);
-  TANDEM_RETURN_IF_ERROR(
-      InitializeFromFlags(runtime::libtorch::Gpt2HfLayout(config), &result.spec));
-  result.description = runtime::libtorch::DescribeGpt2(config);
-  result.tokens_per_sample = config.seq_len;
-  result.training_flops_per_token = runtime::libtorch::Gpt2TrainingFlopsPerToken(config);
-  // As the GPT's: float32, [b, s, h] tensors and the MLP's units, two of the attention scores
-  // per block; three of the logits on the last stage.
-  result.minimum_activation_bytes = [config](int64_t microbatch_size, int layers, bool last) {
-    const double b = static_cast<double>(microbatch_size);
-    const double s = static_cast<double>(config.seq_len);
-    const double per_layer =
-        4 * b * s * (4.0 * config.hidden + 1.0 * config.Inner() + 2.0 * config.heads * s);
-    const double logits = 4 * 3 * b * s * config.vocab;
-    return per_layer * layers + (last ? logits : 0);
-  };
-  return result;
+  // As the GPT's: [b, s, h] tensors and the MLP's units per block.
+  return DecoderModel(config.vocab, config.seq_len, config.heads,
+                      4.0 * config.hidden + 1.0 * config.Inner(),
+                      runtime::libtorch::Gpt2ModelSpec(config),
+                      runtime::libtorch::Gpt2HfLayout(config),
+                      runtime::libtorch::DescribeGpt2(config),
+                      runtime::libtorch::Gpt2TrainingFlopsPerToken(config), request.seed);
 }
 
 }  // namespace
