@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
+#include "common/mapped_file.h"
 #include "common/status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -419,52 +419,14 @@ absl::StatusOr<std::vector<int64_t>> SliceShape(absl::Span<const int64_t> shape,
 
 // ---- Reading ---------------------------------------------------------------------------------
 
-struct SafetensorsFile::Mapping {
-  void* address = nullptr;
-  size_t length = 0;
-  ~Mapping() {
-    if (address != nullptr) ::munmap(address, length);
-  }
-};
-
 SafetensorsFile::~SafetensorsFile() = default;
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    if (error == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(error)));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat info;
-  if (::fstat(fd, &info) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, S_ISDIR(info.st_mode) ? ": is a folder" : ": is not a regular file",
-        ", not a safetensors file"));
-  }
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
+  TANDEM_ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path));
   file->source_ = path;
-  file->size_ = static_cast<int64_t>(info.st_size);
-  if (file->size_ > 0) {
-    void* address = ::mmap(nullptr, static_cast<size_t>(file->size_), PROT_READ, MAP_PRIVATE,
-                           fd, 0);
-    if (address == MAP_FAILED) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": cannot map: ", std::strerror(errno)));
-    }
-    file->mapping_ = std::make_unique<Mapping>();
-    file->mapping_->address = address;
-    file->mapping_->length = static_cast<size_t>(file->size_);
-    file->bytes_ = static_cast<const uint8_t*>(address);
-  }
+  file->size_ = file->mapping_->size_bytes();
+  file->bytes_ = file->mapping_->data();
   return Parse(std::move(file));
 }
 

@@ -53,6 +53,10 @@
 #include "absl/types/span.h"
 #include "common/json_util.h"
 
+namespace tandem {
+class MappedFile;
+}  // namespace tandem
+
 namespace tandem::formats {
 
 // The reference implementation refuses larger headers.
@@ -190,7 +194,6 @@ class SafetensorsFile {
                               int64_t byte_count) const;
 
  private:
-  struct Mapping;
   SafetensorsFile() = default;
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(
       std::unique_ptr<SafetensorsFile> file);
@@ -201,7 +204,7 @@ class SafetensorsFile {
       const std::function<void(const uint8_t*, int64_t, int64_t)>& copy) const;
 
   std::string source_;
-  std::unique_ptr<Mapping> mapping_;  // null for FromBytes
+  std::unique_ptr<MappedFile> mapping_;  // null for FromBytes
   const uint8_t* bytes_ = nullptr;   // the whole file
   int64_t size_ = 0;
   int64_t header_bytes_ = 0;

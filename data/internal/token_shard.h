@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/dataset_identity.h"
-#include "data/internal/mapped_file.h"
+#include "common/mapped_file.h"
 #include "data/token_dataset.h"
 
 namespace tandem::data::internal {

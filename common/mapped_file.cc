@@ -1,4 +1,4 @@
-#include "data/internal/mapped_file.h"
+#include "common/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace tandem::data::internal {
+namespace tandem {
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   struct stat info;
@@ -69,4 +69,4 @@ void MappedFile::AdviseNormal() const {
   }
 }
 
-}  // namespace tandem::data::internal
+}  // namespace tandem

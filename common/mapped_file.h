@@ -1,4 +1,5 @@
-// A read-only memory mapping of a whole regular file, for the token shard readers. The mapping
+// A read-only memory mapping of a whole regular file, for the readers of large inputs (token
+// shards, safetensors files). The mapping
 // is never written and never read whole by this class: callers read the pages they touch.
 //
 // The file must not be truncated or rewritten while it is mapped: reading a page past a file
@@ -14,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tandem::data::internal {
+namespace tandem {
 
 class MappedFile {
  public:
@@ -45,4 +46,4 @@ class MappedFile {
   int64_t size_bytes_ = 0;
 };
 
-}  // namespace tandem::data::internal
+}  // namespace tandem
