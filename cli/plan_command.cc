@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, algorithm, "", "planner: pipedream, piper or adapipe");
 ABSL_FLAG(bool, straight, false, "PipeDream: no replication, one device per stage");
 ABSL_FLAG(bool, use_fewer_machines, false,
           "PipeDream: the pipeline may leave devices unused (faster search on large clusters)");
+ABSL_FLAG(int, max_antichain_states, tandem::planner::PipeDreamOptions{}.max_states,
+          "PipeDream on a graph.txt DAG: the most antichain states its search runs over; above "
+          "it the plan is the best over the profile's layer order (not PipeDream's optimum)");
 ABSL_FLAG(double, activation_compression_ratio, 0.0,
           "PipeDream: also bound stages by their activation transfers, divided by this ratio "
           "(0: ignore transfers, as PipeDream's default)");
@@ -162,6 +165,11 @@ absl::Status RunPlanOrError() {
   request.microbatches = absl::GetFlag(FLAGS_microbatches);
   request.straight = absl::GetFlag(FLAGS_straight);
   request.use_fewer_machines = absl::GetFlag(FLAGS_use_fewer_machines);
+  request.pipedream_max_states = absl::GetFlag(FLAGS_max_antichain_states);
+  if (request.pipedream_max_states < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-antichain-states must be at least 1, got ", request.pipedream_max_states));
+  }
   request.activation_compression_ratio = absl::GetFlag(FLAGS_activation_compression_ratio);
   if (!(request.activation_compression_ratio >= 0)) {
     return absl::InvalidArgumentError("--activation-compression-ratio must not be negative");
@@ -208,6 +216,8 @@ absl::Status RunPlanOrError() {
     TANDEM_RETURN_IF_ERROR(pipeline::WritePlanFile(outcome.plan, output));
   }
   if (output != "-") std::cout << (output_format == "json" ? json : outcome.summary);
+  // Which search ran, when it is not the algorithm's own, whatever stdout carries.
+  if (output == "-" || output_format == "json") std::cerr << outcome.notes;
   return absl::OkStatus();
 }
 
@@ -228,11 +238,13 @@ const CommandRegistrar registrar({
         "tandem plan --profile FILE [--profile-format tandem|pipedream|piper|metis|builtin]\n"
         "    --algorithm {pipedream,piper,adapipe} --devices N [--memory BYTES]\n"
         "    [--bandwidth BYTES_PER_S ...] [--devices-per-node K] [--cluster FILE]\n"
-        "    [--microbatches M] [--straight] [--use-fewer-machines]\n"
+        "    [--microbatches M] [--straight] [--use-fewer-machines] [--max-antichain-states N]\n"
         "    [--activation-compression-ratio R] [--knapsack exact|greedy] [--stages P]\n"
         "    [--tensor-parallel T] [--schedule auto|1f1b|interleaved|chimera|hanayo|zb-h1]\n"
         "    [--format text|json] [-o plan.json] [--templates]\n\n"
-        "Algorithms: pipedream (partition + per-stage replication; --straight for none),\n"
+        "Algorithms: pipedream (partition + per-stage replication; --straight for none; on a\n"
+        "graph.txt DAG over PipeDream's antichain states, the plan's layer_order keeping each\n"
+        "stage contiguous),\n"
         "piper (stages x data/tensor-parallel degrees x per-layer configurations such as\n"
         "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
         "pipeline depths and tensor-parallel degrees; with --schedule, the simulator times\n"
@@ -248,6 +260,7 @@ const CommandRegistrar registrar({
         "every node count instead.",
     .flags = {"profile", "profile_format", "algorithm", "devices", "memory", "bandwidth",
               "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
+              "max_antichain_states",
               "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "schedule",
               "templates", "format", "output"},
     .aliases = {{"o", "output"}},

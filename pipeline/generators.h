@@ -18,6 +18,10 @@
 //   zb-h1        1F1B with backward split; rank r runs W of micro-batch i after Bi of i+r.
 //   zb-v         list scheduler over the V placement: Bi, then F, then W fills the gaps;
 //                stashed activations capped at 2p chunks (1F1B's first stage).
+//   dualpipe     DeepSeek's eight steps per rank over its two mirrored stages (see
+//   dualpipev    pipeline/generators/dualpipe.cc): warm-up forwards of both, then
+//                forward/backward pairs of opposite chunks, weight gradients deferred into
+//                the warm-up and drain bubbles.
 // The list-scheduled orders use nominal costs only to choose an order; any costs can then be
 // simulated. Each checks its constraints first and
 // returns InvalidArgument naming the violated one ("chimera needs an even number of ranks,
@@ -52,6 +56,12 @@ absl::StatusOr<Schedule> GenerateZBH1(int num_ranks, int num_microbatches);
 // `planning_costs` (forward, input gradient, weight gradient; all zero: equal).
 absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
                                      std::array<int, 3> planning_costs = {});
+// DualPipe (DeepSeek-V3): two opposite pipelines as Chimera's (2x parameters), p even, m even
+// and at least 2p; the first m/2 micro-batches go down, the rest up. Backward split where it
+// fills a bubble, whole elsewhere.
+absl::StatusOr<Schedule> GenerateDualPipe(int num_ranks, int num_microbatches);
+// DualPipeV: DualPipe cut in half: two chunks per rank in V placement (ZB-V's), m >= 2p.
+absl::StatusOr<Schedule> GenerateDualPipeV(int num_ranks, int num_microbatches);
 
 // Completes per-rank compute orders (F, B, Bi, W actions only) into a schedule: inserts the
 // transfers, one GradientSync per (replica, stage) a rank holds and the final OptimizerStep.

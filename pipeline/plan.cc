@@ -364,7 +364,7 @@ bool Plan::operator==(const Plan& o) const {
          stages == o.stages && predicted_iteration_seconds == o.predicted_iteration_seconds &&
          predicted_peak_memory_bytes == o.predicted_peak_memory_bytes &&
          bottleneck_seconds == o.bottleneck_seconds && time_per_sample == o.time_per_sample &&
-         algorithm == o.algorithm && inputs == o.inputs;
+         algorithm == o.algorithm && inputs == o.inputs && layer_order == o.layer_order;
 }
 
 int Plan::RankOf(int data_parallel_index, int replica, int stage) const {
@@ -384,7 +384,13 @@ Placement PlacementFor(const ScheduleSpec& schedule) {
     case ScheduleKind::kHanayo:
       return Placement::Wave(schedule.num_ranks, schedule.waves);
     case ScheduleKind::kZBV:
+    case ScheduleKind::kDualPipeV:
       return Placement::Wave(schedule.num_ranks, /*waves=*/1);
+    case ScheduleKind::kDualPipe:
+      return Placement::Bidirectional(schedule.num_ranks);
+    case ScheduleKind::kCustom:
+      return schedule.wave_placement ? Placement::Wave(schedule.num_ranks, schedule.chunks / 2)
+                                     : Placement::Looped(schedule.num_ranks, schedule.chunks);
     case ScheduleKind::kGPipe:
     case ScheduleKind::k1F1B:
     case ScheduleKind::kZBH1:
@@ -569,6 +575,24 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
                                                " but the model has ", plan.num_layers,
                                                " layers"));
   }
+  if (!plan.layer_order.empty()) {
+    if (static_cast<int>(plan.layer_order.size()) != plan.num_layers) {
+      return Invalid("plan.layer_order", absl::StrCat("lists ", plan.layer_order.size(),
+                                                      " layers but the model has ",
+                                                      plan.num_layers));
+    }
+    std::vector<bool> listed(plan.num_layers, false);
+    for (int layer : plan.layer_order) {
+      if (layer < 0 || layer >= plan.num_layers || listed[layer]) {
+        return Invalid("plan.layer_order",
+                       absl::StrCat("must list every layer of [0, ", plan.num_layers,
+                                    ") once; layer ", layer, " is ",
+                                    layer < 0 || layer >= plan.num_layers ? "out of range"
+                                                                          : "listed twice"));
+      }
+      listed[layer] = true;
+    }
+  }
   if (plan.IsUniform()) {
     const int64_t mesh_ranks =
         int64_t{plan.data_parallel} * plan.pipeline_parallel * plan.tensor_parallel;
@@ -613,7 +637,7 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
 nlohmann::json ToJson(const Plan& plan) {
   nlohmann::json stages = nlohmann::json::array();
   for (const PlanStage& stage : plan.stages) stages.push_back(StageToJson(stage));
-  return {{"format_version", plan.format_version},
+  nlohmann::json j = {{"format_version", plan.format_version},
           {"model", plan.model},
           {"num_layers", plan.num_layers},
           {"world_size", plan.world_size},
@@ -631,6 +655,9 @@ nlohmann::json ToJson(const Plan& plan) {
           {"time_per_sample", plan.time_per_sample},
           {"algorithm", plan.algorithm},
           {"inputs", plan.inputs}};
+  // Written only when it is not the identity, so plans of chain models read as before.
+  if (!plan.layer_order.empty()) j["layer_order"] = plan.layer_order;
+  return j;
 }
 
 absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view where) {
@@ -691,6 +718,16 @@ absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view whe
   TANDEM_ASSIGN_OR_RETURN(plan.time_per_sample, GetNumberOr(j, "time_per_sample", 0, top));
   TANDEM_ASSIGN_OR_RETURN(plan.algorithm, GetStringOr(j, "algorithm", "", top));
   if (j.contains("inputs")) plan.inputs = j["inputs"];
+  if (j.contains("layer_order")) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<int64_t> order, GetIntArray(j, "layer_order", top));
+    for (int64_t layer : order) {
+      if (layer < 0 || layer >= plan.num_layers) {
+        return Invalid(absl::StrCat(top, ".layer_order"),
+                       absl::StrCat("layer ", layer, " is outside [0, ", plan.num_layers, ")"));
+      }
+      plan.layer_order.push_back(static_cast<int>(layer));
+    }
+  }
   // Structural errors name the file too.
   TANDEM_RETURN_IF_ERROR(Annotate(ValidatePlan(plan), where));
   return plan;

@@ -51,6 +51,13 @@ struct Plan {
   int64_t microbatch_size = 1;  // samples per micro-batch
   std::vector<std::vector<int>> mesh;  // mesh[d][q] = global rank
   std::vector<PlanStage> stages;       // one per pipeline stage (schedule.NumStages())
+  // The order of the model's layers that stage ranges (and recompute_layers) index: stage s
+  // runs layers layer_order[first_layer], ..., layer_order[end_layer - 1]. Empty means the
+  // model's own order, as for every chain model. Only a model whose layers may run in another
+  // topological order (a branching model planned by PipeDream, whose stages are contiguous in
+  // some such order but not always in the profile's) has one. A reader that runs layers in the
+  // model's order can run only plans without one (or with the identity).
+  std::vector<int> layer_order;
 
   // Predictions of the planner.
   double predicted_iteration_seconds = 0;
@@ -64,6 +71,10 @@ struct Plan {
 
   // Whether the ranks form a D x p mesh (see above); false for per-stage replication.
   bool IsUniform() const { return !mesh.empty(); }
+  // The model layer at `position` of the plan's layer order.
+  int LayerAt(int position) const {
+    return layer_order.empty() ? position : layer_order[position];
+  }
   int64_t GlobalBatchSize() const {
     return microbatch_size * schedule.num_microbatches * data_parallel;
   }
@@ -94,7 +105,8 @@ absl::StatusOr<Plan> MakeBalancedPlan(const std::vector<double>& layer_costs,
 absl::StatusOr<Plan> WithTensorParallel(Plan plan, int tensor_parallel);
 
 // Structural checks: mesh is a permutation of [0, world_size), stages cover [0, num_layers)
-// contiguously in order, counts agree with the schedule. `expected_world_size` and
+// contiguously in order, layer_order (if any) is a permutation of [0, num_layers), counts
+// agree with the schedule. `expected_world_size` and
 // `expected_num_layers` (-1 to skip) are what the caller runs with; a mismatch names both.
 absl::Status ValidatePlan(const Plan& plan, int expected_world_size = -1,
                           int expected_num_layers = -1);

@@ -43,7 +43,7 @@ struct ScheduleKindEntry {
   absl::string_view name;
 };
 
-constexpr std::array<ScheduleKindEntry, 7> kScheduleKinds = {{
+constexpr std::array<ScheduleKindEntry, 10> kScheduleKinds = {{
     {ScheduleKind::kGPipe, "gpipe"},
     {ScheduleKind::k1F1B, "1f1b"},
     {ScheduleKind::kInterleaved, "interleaved"},
@@ -51,6 +51,9 @@ constexpr std::array<ScheduleKindEntry, 7> kScheduleKinds = {{
     {ScheduleKind::kHanayo, "hanayo"},
     {ScheduleKind::kZBH1, "zb-h1"},
     {ScheduleKind::kZBV, "zb-v"},
+    {ScheduleKind::kDualPipe, "dualpipe"},
+    {ScheduleKind::kDualPipeV, "dualpipev"},
+    {ScheduleKind::kCustom, "custom"},
 }};
 
 bool IsSend(ActionType type) {
@@ -179,13 +182,16 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
   if (lower == "zbh1" || lower == "zb_h1") return ScheduleKind::kZBH1;
   if (lower == "zbv" || lower == "zb_v") return ScheduleKind::kZBV;
   if (lower == "pipedream-flush") return ScheduleKind::k1F1B;
+  if (lower == "dualpipe-v" || lower == "dualpipe_v") return ScheduleKind::kDualPipeV;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown schedule '", name, "' (expected one of ", ScheduleKindList(), ")"));
 }
 
 std::string ScheduleKindList() {
   std::vector<absl::string_view> names;
-  for (const auto& entry : kScheduleKinds) names.push_back(entry.name);
+  for (const auto& entry : kScheduleKinds) {
+    if (entry.kind != ScheduleKind::kCustom) names.push_back(entry.name);
+  }
   return absl::StrJoin(names, ", ");
 }
 
@@ -196,7 +202,10 @@ int ScheduleSpec::ChunksPerRank() const {
     case ScheduleKind::kHanayo:
       return 2 * waves;
     case ScheduleKind::kZBV:
+    case ScheduleKind::kDualPipeV:
       return 2;
+    case ScheduleKind::kCustom:
+      return chunks;
     default:
       return 1;
   }
@@ -204,10 +213,21 @@ int ScheduleSpec::ChunksPerRank() const {
 
 int ScheduleSpec::NumStages() const { return num_ranks * ChunksPerRank(); }
 
-int ScheduleSpec::NumReplicas() const { return kind == ScheduleKind::kChimera ? 2 : 1; }
+int ScheduleSpec::NumReplicas() const {
+  return kind == ScheduleKind::kChimera || kind == ScheduleKind::kDualPipe ? 2 : 1;
+}
 
 bool ScheduleSpec::SplitsBackward() const {
-  return kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kZBV;
+  switch (kind) {
+    case ScheduleKind::kZBH1:
+    case ScheduleKind::kZBV:
+    case ScheduleKind::kDualPipe:
+    case ScheduleKind::kDualPipeV:
+    case ScheduleKind::kCustom:
+      return true;
+    default:
+      return false;
+  }
 }
 
 absl::Status CheckScheduleSpec(const ScheduleSpec& spec) {
@@ -231,6 +251,17 @@ absl::Status CheckScheduleSpec(const ScheduleSpec& spec) {
     if (spec.kind != ScheduleKind::kZBV) {
       return absl::InvalidArgumentError(absl::StrCat(
           "planning costs are for zb-v only (", ScheduleKindName(spec.kind), " has a fixed order)"));
+    }
+  }
+  if (spec.wave_placement) {
+    if (spec.kind != ScheduleKind::kCustom) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wave_placement is for custom schedules only (",
+                       ScheduleKindName(spec.kind), " has a fixed placement)"));
+    }
+    if (spec.chunks % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a custom schedule in waves needs an even number of chunks, got ", spec.chunks));
     }
   }
   // Chimera splits its micro-batches between the replicas, so each is counted once.
@@ -371,6 +402,7 @@ nlohmann::json ToJson(const ScheduleSpec& spec) {
                       {"chunks", spec.chunks},
                       {"waves", spec.waves}};
   if (spec.planning_costs != std::array<int, 3>{}) j["planning_costs"] = spec.planning_costs;
+  if (spec.wave_placement) j["wave_placement"] = true;
   return j;
 }
 
@@ -406,6 +438,9 @@ absl::StatusOr<ScheduleSpec> ScheduleSpecFromJson(const nlohmann::json& j,
       }
       spec.planning_costs[k] = narrow(costs[k].get<int64_t>());
     }
+  }
+  if (j.contains("wave_placement")) {
+    TANDEM_ASSIGN_OR_RETURN(spec.wave_placement, GetBool(j, "wave_placement", where));
   }
   TANDEM_RETURN_IF_ERROR(Annotate(CheckScheduleSpec(spec), where));
   return spec;

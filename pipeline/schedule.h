@@ -87,12 +87,26 @@ std::string ToString(const Action& action);
 // Inverse of ToString (shape only: no range checks). InvalidArgument names the text.
 absl::StatusOr<Action> ParseAction(absl::string_view text);
 
-enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved, kChimera, kHanayo, kZBH1, kZBV };
+// kCustom is a schedule given as explicit per-rank programs (read from a file, e.g. torch's CSV
+// format: pipeline/torch_csv.h); it has no generator.
+enum class ScheduleKind : uint8_t {
+  kGPipe,
+  k1F1B,
+  kInterleaved,
+  kChimera,
+  kHanayo,
+  kZBH1,
+  kZBV,
+  kDualPipe,
+  kDualPipeV,
+  kCustom,
+};
 
-// "gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "zb-v".
+// "gpipe", "1f1b", "interleaved", "chimera", "hanayo", "zb-h1", "zb-v", "dualpipe",
+// "dualpipev", "custom".
 absl::string_view ScheduleKindName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
-// Names of all kinds, for help text and errors.
+// Names of all kinds, for help text and errors (the generated ones: not "custom").
 std::string ScheduleKindList();
 
 // Ranges every spec must respect (generators add their own constraints).
@@ -117,19 +131,26 @@ struct ScheduleSpec {
   // pass its list scheduler plans with, each in [1, kMaxPlanningCost]; all zero: equal (the
   // zero-bubble paper's assumption). Every rank must use the same (they are in the plan).
   std::array<int, 3> planning_costs{};
+  // Custom only: the stages (chunks per rank) go on the ranks in waves, down the ranks and back
+  // up (torch's "v" style: Placement::Wave(p, chunks / 2)), rather than looped
+  // (Placement::Looped(p, chunks)).
+  bool wave_placement = false;
 
   bool operator==(const ScheduleSpec& o) const {
     return kind == o.kind && num_ranks == o.num_ranks && num_microbatches == o.num_microbatches &&
-           chunks == o.chunks && waves == o.waves && planning_costs == o.planning_costs;
+           chunks == o.chunks && waves == o.waves && planning_costs == o.planning_costs &&
+           wave_placement == o.wave_placement;
   }
-  // Stages in one pipeline: p for GPipe/1F1B/ZB-H1/Chimera, p*v interleaved, 2*W*p Hanayo,
-  // 2*p ZB-V.
+  // Stages in one pipeline: p for GPipe/1F1B/ZB-H1/Chimera/DualPipe, p*v interleaved and
+  // custom, 2*W*p Hanayo, 2*p ZB-V and DualPipeV.
   int NumStages() const;
-  // Pipeline replicas: 2 for Chimera, else 1.
+  // Pipeline replicas: 2 for Chimera and DualPipe, else 1.
   int NumReplicas() const;
-  // Whether backward is split into input and weight halves (ZB-H1, ZB-V).
+  // Whether backward may be split into input and weight halves (ZB-H1, ZB-V, DualPipe(V),
+  // custom). Such a schedule runs every backward either as Bi and W or as one B (both halves
+  // at once: DualPipe does so where it has nothing to fill).
   bool SplitsBackward() const;
-  // Chunks (stages) each rank holds per replica: 1, v, 2W or 2.
+  // Chunks (stages) each rank holds per replica: 1, v (interleaved, custom), 2W or 2.
   int ChunksPerRank() const;
 };
 

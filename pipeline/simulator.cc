@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/json_util.h"
@@ -15,8 +14,18 @@
 namespace tandem::pipeline {
 namespace {
 
-constexpr double kNotSent = -1;
 constexpr int64_t kNotBlocked = -1;
+// Actions fetched ahead for a rank that will resume later (see Run): four cache lines.
+constexpr int64_t kActionsPerLine = 64 / sizeof(Action);
+constexpr int64_t kPrefetchActions = 4 * kActionsPerLine;
+
+void Prefetch(const void* address) {
+#if defined(__GNUC__)
+  __builtin_prefetch(address);
+#else
+  (void)address;
+#endif
+}
 
 absl::Status CheckArray(const std::vector<double>& values, absl::string_view name,
                         int num_stages, bool may_be_empty) {
@@ -190,66 +199,33 @@ absl::Status CostModel::Check(int num_stages) const {
 absl::StatusOr<ScheduleSimulator> ScheduleSimulator::Create(const Schedule& schedule) {
   ScheduleSimulator sim;
   sim.schedule_ = &schedule;
-  const int num_ranks = schedule.NumRanks();
-  const int num_stages = schedule.placement.num_stages;
-  sim.rank_begin_.assign(num_ranks + 1, 0);
-  for (int r = 0; r < num_ranks; ++r) {
-    sim.rank_begin_[r + 1] = sim.rank_begin_[r] + static_cast<int64_t>(schedule.programs[r].size());
-  }
-  sim.ops_.resize(sim.rank_begin_[num_ranks]);
-  // Channels (from, to) in order of first use; message k of a channel gets slot base + k for
-  // its send and its receive alike (FIFO per direction).
-  absl::flat_hash_map<int64_t, int> channel_of;
-  std::vector<int64_t> sends_per_channel, recvs_per_channel;
-  std::vector<int32_t> channel_index(sim.ops_.size(), -1);
-  auto channel = [&](int from, int to) {
-    auto [it, inserted] = channel_of.try_emplace(static_cast<int64_t>(from) * num_ranks + to,
-                                                 static_cast<int>(sends_per_channel.size()));
-    if (inserted) {
-      sends_per_channel.push_back(0);
-      recvs_per_channel.push_back(0);
-    }
-    return it->second;
-  };
-  std::vector<int64_t> position(sim.ops_.size(), 0);
-  for (int r = 0; r < num_ranks; ++r) {
-    const auto& program = schedule.programs[r];
-    for (size_t i = 0; i < program.size(); ++i) {
-      const Action& a = program[i];
-      const int64_t k = sim.rank_begin_[r] + static_cast<int64_t>(i);
-      if (a.type != ActionType::kOptimizerStep && (a.stage < 0 || a.stage >= num_stages)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " step ", i, " (", ToString(a), "): stage out of range"));
-      }
-      sim.ops_[k] = {a.type, a.stage, -1, a.peer};
-      if (!IsTransfer(a.type)) continue;
-      if (a.peer < 0 || a.peer >= num_ranks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " step ", i, " (", ToString(a), "): bad peer"));
-      }
-      const bool send =
-          a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient;
-      const int c = send ? channel(r, a.peer) : channel(a.peer, r);
-      channel_index[k] = c;
-      position[k] = send ? sends_per_channel[c]++ : recvs_per_channel[c]++;
-    }
-  }
-  std::vector<int64_t> base(sends_per_channel.size() + 1, 0);
-  for (size_t c = 0; c < sends_per_channel.size(); ++c) {
-    if (sends_per_channel[c] != recvs_per_channel[c]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transfers do not pair up: a channel has ", sends_per_channel[c], " sends and ",
-          recvs_per_channel[c], " receives (run the validator for details)"));
-    }
-    base[c + 1] = base[c] + sends_per_channel[c];
-  }
-  sim.num_messages_ = base.back();
-  for (size_t k = 0; k < sim.ops_.size(); ++k) {
-    if (channel_index[k] >= 0) {
-      sim.ops_[k].message = static_cast<int32_t>(base[channel_index[k]] + position[k]);
-    }
-  }
+  // Channels are found by the first run, as their first messages go by: a pass over the
+  // programs just to list them would read 10^8 actions at p=1024, m=4096.
+  sim.rank_peers_.assign(schedule.NumRanks(), {});
   return sim;
+}
+
+int ScheduleSimulator::AddChannel(int from, int to) {
+  const int id = num_channels_++;
+  auto add = [](PeerList& list, const Peer& peer) {
+    if (list.count < kInlinePeers) {
+      list.inline_peers[list.count] = peer;
+    } else {
+      list.more.push_back(peer);
+    }
+    ++list.count;
+  };
+  add(rank_peers_[from], {to, id, true});
+  add(rank_peers_[to], {from, id, false});
+  in_flight_.emplace_back();
+  return id;
+}
+
+void ScheduleSimulator::InFlight::Grow() {
+  std::vector<double> grown(ring.empty() ? 8 : 2 * ring.size());
+  for (size_t j = 0; j < size; ++j) grown[j] = ring[(head + j) & (ring.size() - 1)];
+  ring.swap(grown);
+  head = 0;
 }
 
 absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
@@ -288,8 +264,12 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   result.idle_seconds.assign(num_ranks, 0.0);
   result.peak_activations.assign(num_ranks, 0.0);
   std::vector<double> now(num_ranks, 0.0), stashed(num_ranks, 0.0), sync_end(num_ranks, 0.0);
-  arrival_.assign(num_messages_, kNotSent);
-  pc_.assign(rank_begin_.begin(), rank_begin_.end() - 1);
+  // Per channel, the arrival times of the messages sent and not yet received, in order.
+  for (InFlight& queue : in_flight_) {
+    queue.head = 0;
+    queue.size = 0;
+  }
+  pc_.assign(num_ranks, 0);
   blocked_on_.assign(num_ranks, kNotBlocked);
   worklist_.clear();
   for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
@@ -304,7 +284,7 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
     }
   }
   auto record = [&](int r, int64_t k, int lane, double start, double duration) {
-    const Action& a = schedule.programs[r][k - rank_begin_[r]];
+    const Action& a = schedule.programs[r][k];
     TraceEvent e;
     e.name = lane == kTraceLaneWait ? absl::StrCat("wait ", ToString(a)) : ToString(a);
     e.category = std::string(Category(a.type));
@@ -322,14 +302,24 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   while (!worklist_.empty()) {
     const int r = worklist_.back();
     worklist_.pop_back();
+    const std::vector<Action>& program = schedule.programs[r];
     int64_t k = pc_[r];
-    const int64_t end = rank_begin_[r + 1];
+    const int64_t end = static_cast<int64_t>(program.size());
     double t = now[r];
     double busy = 0;
     bool blocked = false;
     for (; k < end && !blocked; ++k) {
-      const Op& op = ops_[k];
+      const Action& op = program[k];
       const int s = op.stage;
+      if (static_cast<unsigned>(s) >= static_cast<unsigned>(num_stages) &&
+          op.type != ActionType::kOptimizerStep) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " step ", k, " (", ToString(op), "): stage out of range"));
+      }
+      if (IsTransfer(op.type) && (op.peer < 0 || op.peer >= num_ranks)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " step ", k, " (", ToString(op), "): bad peer"));
+      }
       double cost = 0;
       switch (op.type) {
         case ActionType::kForward:
@@ -352,23 +342,35 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
         case ActionType::kSendGradient: {
           const double flight = op.type == ActionType::kSendActivation ? activation_transfer[s]
                                                                        : gradient_transfer[s];
-          arrival_[op.message] = t + flight;
+          int c = ChannelOf(r, op.peer, /*send=*/true);
+          if (c < 0) c = AddChannel(r, op.peer);
+          in_flight_[c].push(t + flight);
           if (trace && flight > 0) record(r, k, kTraceLaneTransfer, t, flight);
-          if (blocked_on_[op.peer] == op.message) {
+          if (blocked_on_[op.peer] == c) {
             blocked_on_[op.peer] = kNotBlocked;
             worklist_.push_back(op.peer);
+            // It resumes soon, where it stopped long ago: a line no cache holds any more.
+            Prefetch(&schedule.programs[op.peer][pc_[op.peer]]);
           }
           break;
         }
         case ActionType::kRecvActivation:
         case ActionType::kRecvGradient: {
-          const double arrives = arrival_[op.message];
-          if (arrives == kNotSent) {
-            blocked_on_[r] = op.message;
+          int c = ChannelOf(r, op.peer, /*send=*/false);
+          if (c < 0) c = AddChannel(op.peer, r);
+          if (in_flight_[c].empty()) {
+            blocked_on_[r] = c;
             blocked = true;
+            // The rank resumes here after its peers have moved (often ~p ranks later): fetch
+            // the actions after this receive now, as no hardware prefetcher will.
+            for (int64_t ahead = k; ahead < end && ahead < k + kPrefetchActions;
+                 ahead += kActionsPerLine) {
+              Prefetch(&program[ahead]);
+            }
             --k;  // stay on this receive
             break;
           }
+          const double arrives = in_flight_[c].pop();
           if (arrives > t) {
             if (trace) record(r, k, kTraceLaneWait, t, arrives - t);
             t = arrives;
@@ -399,11 +401,23 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
     result.busy_seconds[r] += busy;
   }
   for (int r = 0; r < num_ranks; ++r) {
-    if (pc_[r] < rank_begin_[r + 1]) {
-      const int64_t step = pc_[r] - rank_begin_[r];
+    if (pc_[r] < static_cast<int64_t>(schedule.programs[r].size())) {
+      const int64_t step = pc_[r];
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", r, " step ", step, " (", ToString(schedule.programs[r][step]),
           "): deadlock: waiting for a send that never comes"));
+    }
+  }
+  for (int r = 0; r < num_ranks; ++r) {
+    const PeerList& list = rank_peers_[r];
+    for (int j = 0; j < list.count; ++j) {
+      const Peer& peer = j < kInlinePeers ? list.inline_peers[j] : list.more[j - kInlinePeers];
+      if (peer.send && !in_flight_[peer.channel].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "transfers do not pair up: ", in_flight_[peer.channel].size, " of rank ", r,
+            "'s sends to rank ", peer.rank, " are never received (run the validator for "
+            "details)"));
+      }
     }
   }
   double makespan = 0;

@@ -94,35 +94,80 @@ struct SimulationOptions {
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const CostModel& costs,
                                           const SimulationOptions& options = {});
 
-// A schedule indexed once for repeated simulation (the planner tries many cost models on one
-// schedule): transfers are resolved to message slots, so Run() allocates only its result and
-// costs O(actions). Refers to `schedule`, which must outlive it. Not thread-safe; use one per
-// thread.
+// A schedule prepared for repeated simulation (the planner tries many cost models on one
+// schedule): the channels between ranks, found by the first run, are kept, so Run() costs
+// O(actions) and holds only the messages in flight, never a copy of the programs (at
+// p=1024, m=4096 those are 10^8 actions). Refers to `schedule`, which must outlive it. Not
+// thread-safe; use one per thread. Malformed programs (a stage or peer out of range, sends
+// never received) are InvalidArgument from Run.
 class ScheduleSimulator {
  public:
-  // InvalidArgument if the transfers do not pair up (run the validator first for details).
   static absl::StatusOr<ScheduleSimulator> Create(const Schedule& schedule);
 
   absl::StatusOr<SimulationResult> Run(const CostModel& costs,
                                        const SimulationOptions& options = {});
 
  private:
-  struct Op {
-    ActionType type;
-    int32_t stage;
-    int32_t message;  // transfers: message slot; -1 otherwise
-    int32_t peer;
+  // One end of a channel (the messages from one rank to another, FIFO) on a rank.
+  struct Peer {
+    int rank;     // the other end
+    int channel;
+    bool send;    // this rank sends on it
   };
   ScheduleSimulator() = default;
 
+  // The arrival times of the messages of one channel sent and not yet received, in order: a
+  // ring whose capacity (a power of two) doubles when full.
+  struct InFlight {
+    std::vector<double> ring;
+    size_t head = 0;
+    size_t size = 0;
+    bool empty() const { return size == 0; }
+    void push(double arrival) {
+      if (size == ring.size()) Grow();
+      ring[(head + size) & (ring.size() - 1)] = arrival;
+      ++size;
+    }
+    double pop() {
+      const double arrival = ring[head];
+      head = (head + 1) & (ring.size() - 1);
+      --size;
+      return arrival;
+    }
+    void Grow();
+  };
+  // A rank's ends of channels: a pipeline rank has a few neighbours, kept inline so that
+  // finding one reads one cache line; more spill into `more`.
+  static constexpr int kInlinePeers = 6;
+  struct PeerList {
+    Peer inline_peers[kInlinePeers];
+    int count = 0;
+    std::vector<Peer> more;
+  };
+
+  // A new channel from one rank to another; its id.
+  int AddChannel(int from, int to);
+  // The channel on which `rank` sends to (send) or receives from `peer`; -1 if none yet.
+  int ChannelOf(int rank, int peer, bool send) const {
+    const PeerList& list = rank_peers_[rank];
+    const int inline_count = list.count < kInlinePeers ? list.count : kInlinePeers;
+    for (int j = 0; j < inline_count; ++j) {
+      const Peer& p = list.inline_peers[j];
+      if (p.rank == peer && p.send == send) return p.channel;
+    }
+    for (const Peer& p : list.more) {
+      if (p.rank == peer && p.send == send) return p.channel;
+    }
+    return -1;
+  }
+
   const Schedule* schedule_ = nullptr;
-  std::vector<Op> ops_;
-  std::vector<int64_t> rank_begin_;  // ops of rank r: [rank_begin_[r], rank_begin_[r+1])
-  int64_t num_messages_ = 0;
+  std::vector<PeerList> rank_peers_;  // per rank
+  int num_channels_ = 0;
   // Scratch reused between runs.
-  std::vector<double> arrival_;
+  std::vector<InFlight> in_flight_;  // per channel
   std::vector<int64_t> pc_;
-  std::vector<int64_t> blocked_on_;
+  std::vector<int64_t> blocked_on_;  // per rank: the channel it waits on
   std::vector<int> worklist_;
 };
 

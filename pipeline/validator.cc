@@ -318,14 +318,21 @@ class Proof {
             break;
           case ActionType::kBackward:
           case ActionType::kBackwardInput:
-            if (rank_of[pair] != r || split != (type == ActionType::kBackwardInput)) return false;
+            if (rank_of[pair] != r || (!split && type == ActionType::kBackwardInput)) {
+              return false;
+            }
             if ((state[i] & kBackwardDone) || !(state[i] & kForwardDone)) return false;
             if (a.stage + 1 < num_stages &&
                 !(state[i + m] & (rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived))) {
               return false;
             }
-            state[i] |= kBackwardDone;
-            if (!split) ++finished[pair];
+            // A whole B in a split schedule is its Bi and W at once.
+            if (type == ActionType::kBackward) {
+              state[i] |= kBackwardDone | (split ? kWeightDone : 0);
+              ++finished[pair];
+            } else {
+              state[i] |= kBackwardDone;
+            }
             break;
           case ActionType::kBackwardWeight:
             if (rank_of[pair] != r || !split) return false;
@@ -669,9 +676,6 @@ class Validator {
       }
       case ActionType::kBackward:
       case ActionType::kBackwardInput: {
-        if (split_ && a.type == ActionType::kBackward) {
-          return Fail(Error(r, step, "this schedule splits backward: expected Bi and W"));
-        }
         if (!split_ && a.type == ActionType::kBackwardInput) {
           return Fail(Error(r, step, "this schedule does not split backward: expected B"));
         }
@@ -687,8 +691,13 @@ class Validator {
                                            local ? ", not computed yet" : ", not received yet")));
           }
         }
-        state |= kBackwardDone;
-        if (!split_) ++finished_backwards_[a.replica * num_stages_ + a.stage];
+        // A whole B in a split schedule is its Bi and W at once.
+        if (a.type == ActionType::kBackward) {
+          state |= kBackwardDone | (split_ ? kWeightDone : 0);
+          ++finished_backwards_[a.replica * num_stages_ + a.stage];
+        } else {
+          state |= kBackwardDone;
+        }
         return true;
       }
       case ActionType::kBackwardWeight: {

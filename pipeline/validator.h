@@ -1,6 +1,7 @@
 // Proves a schedule correct by executing it symbolically:
 //   * every (replica, stage, micro-batch) forward exactly once on the rank that owns the stage,
-//     and backward exactly once (or backward-input and backward-weight exactly once each);
+//     and backward exactly once (or, where the spec splits backward, backward-input and
+//     backward-weight exactly once each, or a whole backward standing for both);
 //   * dependencies: F(s) after F(s-1) of the same micro-batch; B(s) after B(s+1) and after
 //     F(s); W after Bi; data from another rank only after its receive;
 //   * every send matched by a receive on the peer, in the same order per direction (FIFO);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
@@ -19,6 +20,15 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 constexpr double kAllReduceFactor = 4.0;
 // An activation and its gradient both cross a boundary.
 constexpr double kActivationTransfers = 2.0;
+// How the refusal of a graph with more than max_states antichain states begins.
+constexpr absl::string_view kTooManyStates = "PipeDream's antichain DAG";
+// What one candidate costs, in units of the replicated search's (split, replica count) pair
+// (about 5 ns on one core): a straight pipeline's split evaluates a stage every time (about
+// 20 ns), the fast replica search's about four stages and its crossing (about 40 ns, more on
+// a million machines). The limits count these weighted updates, so that a search admitted
+// under the default takes at most about 10 s whichever path it takes.
+constexpr double kStraightUpdateCost = 4;
+constexpr double kFastUpdateCost = 8;
 
 // How [i, j) on `machines` machines of a level came about: one replicated stage (split < 0),
 // or the best plan for [i, split) on `earlier` machines followed by stage [split, j) on
@@ -33,8 +43,15 @@ struct Choice {
 // use_fewer_machines, at most) m+1 machines. Outer levels only need i = 0.
 class LevelTable {
  public:
-  LevelTable(int num_layers, int machines, bool all_starts)
-      : layers_(num_layers), machines_(machines), all_starts_(all_starts) {
+  // `machine_major` lays entries out machine count by machine count (rows of positions)
+  // instead of position by position: the fast replica search reads, for one machine count,
+  // every split of a range at nearby machine counts, which on a million machines are 8 MB
+  // apart in the other layout (a cache miss each; 40+ s instead of a few).
+  LevelTable(int num_layers, int machines, bool all_starts, bool machine_major)
+      : layers_(num_layers),
+        machines_(machines),
+        all_starts_(all_starts),
+        machine_major_(machine_major) {
     const size_t starts = all_starts ? num_layers + 1 : 1;
     value_.assign(starts * (num_layers + 1) * machines, kInfinity);
     choice_.assign(value_.size(), Choice{});
@@ -48,10 +65,14 @@ class LevelTable {
  private:
   size_t Index(int i, int j, int m) const {
     const size_t row = all_starts_ ? static_cast<size_t>(i) : 0;
+    if (machine_major_) {
+      const size_t starts = all_starts_ ? layers_ + 1 : 1;
+      return (static_cast<size_t>(m) * starts + row) * (layers_ + 1) + j;
+    }
     return (row * (layers_ + 1) + j) * machines_ + m;
   }
   int layers_, machines_;
-  bool all_starts_;
+  bool all_starts_, machine_major_;
   std::vector<double> value_;
   std::vector<Choice> choice_;
 };
@@ -79,7 +100,7 @@ class Solver {
   double StageStash(int i, int j) const { return stash_[j] - stash_[i]; }
   // Whether a stage may run from position i to position j.
   bool Precedes(int i, int j) const {
-    if (!states_) return i < j;
+    if (!states_ || states_in_line_) return i < j;
     if (i == 0) return j > 0;
     const int a = i - 1, b = j - 1;
     return (reach_[static_cast<size_t>(a) * reach_words_ + b / 64] >> (b % 64)) & 1;
@@ -87,7 +108,7 @@ class Solver {
   // Calls fn(k) for every k with i < k < j where [i, k) and [k, j) may both be stages.
   template <typename Fn>
   void ForEachSplit(int i, int j, Fn fn) const {
-    if (!states_) {
+    if (!states_ || states_in_line_) {
       for (int k = i + 1; k < j; ++k) fn(k);
       return;
     }
@@ -103,6 +124,7 @@ class Solver {
   // ResourceExhausted when the dynamic program would run past options_.max_cell_updates or
   // keep more than options_.max_table_bytes (SolveLevel's loops and tables, estimated).
   absl::Status CheckSearchSize() const;
+  std::string MachinesText() const;  // "4 x 2"
   void Collect(int level, int i, int j, int machines, int replica_factor,
                std::vector<PipeDreamStage>* stages) const;
   // Stages over positions become stages over `layer_order`.
@@ -119,6 +141,9 @@ class Solver {
   // Positions 0..num_positions_ (num_positions_ plays the part of the layer count).
   int num_positions_ = 0;
   bool states_ = false;
+  // The states form one line (each reaches every later one: a chain model's prefixes), so
+  // positions precede as numbers do and reach_/earlier_, quadratic in the states, are not built.
+  bool states_in_line_ = false;
   std::vector<double> compute_, parameters_, stash_, cut_;
   // With a graph: per state (position - 1), its down-set; reach_[a] has bit b
   // when state b descends from state a; earlier_[j] lists the positions k < j preceding j.
@@ -130,6 +155,9 @@ class Solver {
   double uniform_speed_ = 1.0;
   bool per_device_speed_ = false;
   std::vector<LevelTable> tables_;
+  // Candidate (split, replica count) pairs the dynamic program has weighed, all levels: what
+  // CheckSearchSize bounds.
+  double updates_ = 0;
 };
 
 double Solver::StageTime(int level, int i, int j, int r, int prefix_machines,
@@ -287,8 +315,8 @@ absl::Status Solver::BuildStates() {
         if (inserted) {
           if (static_cast<int>(antichains.size()) >= options_.max_states) {
             return absl::ResourceExhaustedError(absl::StrCat(
-                "PipeDream's antichain DAG of this model has more than ", options_.max_states,
-                " states"));
+                kTooManyStates, " of this model has more than ", options_.max_states,
+                " states, the limit"));
           }
           antichains.push_back(std::move(key));
           next.emplace_back();
@@ -350,8 +378,22 @@ absl::Status Solver::BuildStates() {
           kept, "); is the graph connected?"));
     }
   }
-  // Which states descend from which.
+  states_in_line_ = true;
+  for (int k = 0; k + 1 < num_states && states_in_line_; ++k) {
+    const std::vector<int>& out = next[order[k]];
+    states_in_line_ = std::binary_search(out.begin(), out.end(), order[k + 1]);
+  }
+  if (states_in_line_) return absl::OkStatus();
+  // Which states descend from which: a bit per pair of states, refused (like the closures)
+  // beyond a quarter of the table budget before it is allocated.
   reach_words_ = (num_states + 63) / 64;
+  const double reach_bytes = static_cast<double>(reach_words_) * num_states * sizeof(uint64_t);
+  if (reach_bytes > options_.max_table_bytes / 4) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "PipeDream's search over ", num_states, " antichain states would need ",
+        FormatBytes(reach_bytes), " for their descendant sets (limit ",
+        FormatBytes(options_.max_table_bytes / 4), ")"));
+  }
   reach_.assign(reach_words_ * num_states, 0);
   for (int k = num_states - 1; k >= 0; --k) {
     const int a = order[k];
@@ -395,6 +437,14 @@ void Solver::MapStatesToLayers(PipeDreamResult* result) const {
   if (!identity) result->layer_order = std::move(order);
 }
 
+std::string Solver::MachinesText() const {
+  std::string machines;
+  for (const PipeDreamLevel& level : options_.levels) {
+    absl::StrAppend(&machines, machines.empty() ? "" : " x ", level.machines);
+  }
+  return machines;
+}
+
 absl::Status Solver::CheckSearchSize() const {
   const double n = num_positions_ + 1;
   double updates = 0, bytes = 0;
@@ -404,45 +454,44 @@ absl::Status Solver::CheckSearchSize() const {
     const bool fast = options_.use_fewer_machines && !options_.use_memory_constraint &&
                       !options_.straight && !per_device_speed_;
     const double starts = final_level ? 1 : n;
-    // (j, k) pairs per start, times machines, times the replica counts tried.
-    updates += starts * n * n / 2 * m * (fast || options_.straight ? 1 : m);
+    // (j, k) pairs per start, times machines, times the replica counts tried (each at its
+    // cost: see kStraightUpdateCost).
+    const double cost = options_.straight ? kStraightUpdateCost : fast ? kFastUpdateCost : m;
+    updates += starts * n * n / 2 * m * cost;
     bytes += starts * n * m * (sizeof(double) + sizeof(Choice));
     if (fast) bytes = std::max(bytes, n * n * sizeof(int));  // the crossing table
   }
   if (updates <= options_.max_cell_updates && bytes <= options_.max_table_bytes) {
     return absl::OkStatus();
   }
-  std::string machines;
-  for (const PipeDreamLevel& level : options_.levels) {
-    absl::StrAppend(&machines, machines.empty() ? "" : " x ", level.machines);
-  }
   return absl::ResourceExhaustedError(absl::StrFormat(
       "PipeDream's search over %d %s on %s machines is too large: about %.3g table updates "
       "and %s of tables, beyond the limits of %.3g updates and %s (plan for fewer devices, "
       "or merge layers of the profile)",
-      num_positions_, states_ ? "antichain states" : "layers", machines, updates,
+      num_positions_, states_ ? "antichain states" : "layers", MachinesText(), updates,
       FormatBytes(bytes), options_.max_cell_updates, FormatBytes(options_.max_table_bytes)));
 }
 
 void Solver::SolveLevel(int level) {
   const int n = options_.levels[level].machines;
   const bool final_level = level + 1 == static_cast<int>(options_.levels.size());
-  tables_.emplace_back(num_positions_, n, /*all_starts=*/!final_level);
-  LevelTable& table = tables_.back();
   const int max_start = final_level ? 0 : num_positions_ - 1;
   const bool straight = options_.straight;
   const bool fast = options_.use_fewer_machines && !options_.use_memory_constraint && !straight &&
                     !per_device_speed_;
+  tables_.emplace_back(num_positions_, n, /*all_starts=*/!final_level, /*machine_major=*/fast);
+  LevelTable& table = tables_.back();
+  const double split_cost = straight ? kStraightUpdateCost : fast ? kFastUpdateCost : 1;
   // Fast path: per (k, j), the smallest r where the earlier stages are no faster than the
   // new one (see below).
   std::vector<int> crossing;
   for (int i = 0; i <= max_start; ++i) {
     if (fast) crossing.assign(static_cast<size_t>(num_positions_ + 1) * (num_positions_ + 1), 1);
     // One stage on m+1 replicas.
-    for (int j = i + 1; j <= num_positions_; ++j) {
-      if (!Precedes(i, j)) continue;
-      const int max_replicas = straight ? 1 : n;
-      for (int m = 0; m < max_replicas; ++m) {
+    const int max_replicas = straight ? 1 : n;
+    for (int m = 0; m < max_replicas; ++m) {
+      for (int j = i + 1; j <= num_positions_; ++j) {
+        if (!Precedes(i, j)) continue;
         table.Value(i, j, m) = StageTime(level, i, j, m + 1, m + 1, /*device=*/m);
         table.At(i, j, m) = Choice{-1, -1, m + 1};
       }
@@ -457,6 +506,7 @@ void Solver::SolveLevel(int level) {
           best_choice = table.At(i, j, m - 1);
         }
         ForEachSplit(i, j, [&](int k) {
+          updates_ += split_cost;
           if (straight) {
             const double earlier = table.Value(i, k, m - 1);
             if (!(earlier < best)) return;
@@ -491,6 +541,7 @@ void Solver::SolveLevel(int level) {
             const double compute = RangeTime(level, k, j);
             for (int r = m; r >= 1; --r) {
               if (compute / r >= best) break;
+              ++updates_;
               const double earlier = table.Value(i, k, m - r);
               if (!(earlier < best)) continue;
               const double candidate =
@@ -587,6 +638,7 @@ absl::StatusOr<PipeDreamResult> Solver::Run() {
   PipeDreamResult result;
   result.bottleneck_seconds = tables_[top].Value(0, num_positions_, top_machines - 1);
   result.num_states = num_positions_;
+  result.table_updates = updates_;
   if (!std::isfinite(result.bottleneck_seconds) && !options_.use_memory_constraint) {
     // Only a straight pipeline over antichain states can run out of places to split.
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -621,6 +673,11 @@ absl::StatusOr<PipeDreamResult> RunPipeDream(const LayerChain& chain,
                                              const PipeDreamOptions& options) {
   Solver solver(chain, options);
   return solver.Run();
+}
+
+bool IsTooManyStates(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         absl::StartsWith(status.message(), kTooManyStates);
 }
 
 }  // namespace tandem::planner

@@ -35,7 +35,7 @@
 // PipeDream's on every profile it publishes, and `layer_order` gives an order of the layers in
 // which every stage is contiguous.
 //
-// Complexity: O(L^2 N^2) per level with all machines used; with use_fewer_machines and no
+// Complexity (L positions, N machines): O(L^2 N^2) per level with all machines used; with use_fewer_machines and no
 // memory constraint the replica split is found at the crossing of the earlier stages' time
 // (rising as the new stage takes more of the machines) and the new stage's (falling), which
 // only moves one way as N grows: O(L^2 N).
@@ -75,13 +75,17 @@ struct PipeDreamOptions {
   // Optional: plan over PipeDream's antichain states of this DAG (one entry per layer)
   // instead of contiguous ranges of the chain's order.
   PipeDreamGraph graph;
-  // Refuse graphs with more antichain states than this (ResourceExhausted).
+  // Refuse graphs with more antichain states than this (ResourceExhausted, recognised by
+  // IsTooManyStates). PipeDream's own profiles have at most a few thousand; inception_v3 has
+  // 221,564, beyond what the tables below allow.
   int max_states = 20000;
   // Refuse searches beyond these estimates (ResourceExhausted naming them): the dynamic
-  // program updates about positions^2/2 x machines cells per level (x machines again when
-  // every replica count is tried), about 10^8 a second on one core, and keeps tables of
-  // positions x machines entries (positions^2 x machines for outer levels).
-  double max_cell_updates = 4e9;
+  // program weighs about positions^2/2 x machines (split, machines) pairs per level, each
+  // trying every replica count (the default: an update per count, about 5 ns on one core),
+  // one (straight: counted as 4 updates, about 20 ns) or the crossing of the fast search
+  // (use_fewer_machines: counted as 8), and keeps tables of positions x machines entries
+  // (positions^2 x machines for outer levels). The default admits about 10 s of search.
+  double max_cell_updates = 2e9;
   double max_table_bytes = 4.0 * (int64_t{1} << 30);
 };
 
@@ -102,11 +106,18 @@ struct PipeDreamResult {
   // that is the chain's own order).
   std::vector<int> layer_order;
   int num_states = 0;  // positions the search split at (antichain states, or layers)
+  // Updates the dynamic program made, weighted as max_cell_updates counts them: at most the
+  // estimate that was checked against that limit.
+  double table_updates = 0;
 };
 
 // InvalidArgument for bad options; ResourceExhausted when no partition satisfies the memory
 // constraint.
 absl::StatusOr<PipeDreamResult> RunPipeDream(const LayerChain& chain,
                                              const PipeDreamOptions& options);
+
+// Whether `status` is RunPipeDream's refusal of a graph with more than options.max_states
+// antichain states (raising the limit may let the search run).
+bool IsTooManyStates(const absl::Status& status);
 
 }  // namespace tandem::planner

@@ -135,6 +135,27 @@ pipeline::Profile AtSlowestSpeed(const pipeline::Profile& profile, const Cluster
 
 // ---- PipeDream -----------------------------------------------------------------------------
 
+// The profile with its layers in `order`, a topological order: inputs become explicit and
+// renumbered (an empty list means "the previous layer", which the new order changes).
+pipeline::Profile Reordered(const pipeline::Profile& profile, const std::vector<int>& order) {
+  std::vector<int> position(order.size());
+  for (size_t q = 0; q < order.size(); ++q) position[order[q]] = static_cast<int>(q);
+  pipeline::Profile reordered = profile;
+  reordered.layers.clear();
+  for (size_t q = 0; q < order.size(); ++q) {
+    const int v = order[q];
+    pipeline::LayerProfile layer = profile.layers[v];
+    if (layer.inputs.empty() && v > 0) layer.inputs = {v - 1};
+    for (int& u : layer.inputs) u = position[u];
+    std::sort(layer.inputs.begin(), layer.inputs.end());
+    if (layer.inputs.size() == 1 && layer.inputs[0] == static_cast<int>(q) - 1) {
+      layer.inputs.clear();
+    }
+    reordered.layers.push_back(std::move(layer));
+  }
+  return reordered;
+}
+
 absl::StatusOr<PlanOutcome> PlanPipeDream(const PlanRequest& request) {
   TANDEM_ASSIGN_OR_RETURN(LayerChain chain, LayerChain::FromProfile(request.profile));
   const ClusterSpec& cluster = request.cluster;
@@ -151,39 +172,51 @@ absl::StatusOr<PlanOutcome> PlanPipeDream(const PlanRequest& request) {
   options.memory_bytes = cluster.device_memory_bytes;
   options.activation_compression_ratio = request.activation_compression_ratio;
   options.device_speeds = cluster.device_speeds;
-  // Over PipeDream's antichain states when the graph is known; the plan needs stages that are
-  // contiguous in the profile's order, so when the best split over the states is not, it is
-  // reported and the plan is the best over the profile's order.
-  std::string states_note;
+  options.max_states = request.pipedream_max_states;
+  // Over PipeDream's antichain states when the graph is known: its stages are differences of
+  // down-sets, contiguous in a topological order the plan then carries (layer_order). When
+  // that search cannot run, or finds no partition where contiguous ranges of the profile's
+  // order may still find one, the plan is the best over that order and a note says so.
+  std::string search_note;
   std::optional<PipeDreamResult> over_states;
   if (request.pipedream_graph.has_value()) {
     options.graph = *request.pipedream_graph;
     auto states = RunPipeDream(chain, options);
     options.graph = PipeDreamGraph{};
-    if (states.ok() && states->layer_order.empty()) {
+    if (states.ok()) {
       over_states = *std::move(states);
-    } else if (states.ok()) {
-      states_note = absl::StrFormat(
-          "PipeDream's optimum over its antichain states: %.17g s, with stages that are not "
-          "contiguous in the profile's layer order; planned over that order instead\n",
-          states->bottleneck_seconds);
+    } else if (states.status().code() != absl::StatusCode::kResourceExhausted) {
+      return states.status();
     } else {
-      // Say which search ran: the layer order's is not PipeDream's optimum over its states.
-      states_note = absl::StrCat("PipeDream's search over antichain states did not run (",
-                                 states.status().message(),
-                                 "); planned over the profile's layer order instead\n");
+      search_note = absl::StrCat(
+          "note: PipeDream's search over antichain states did not finish (",
+          states.status().message(),
+          "); planned over contiguous ranges of the profile's layer order instead, which is "
+          "not PipeDream's optimum",
+          IsTooManyStates(states.status())
+              ? absl::StrCat("; --max-antichain-states raises the limit of ",
+                             request.pipedream_max_states)
+              : "",
+          "\n");
     }
   }
   if (!over_states.has_value()) {
     TANDEM_ASSIGN_OR_RETURN(over_states, RunPipeDream(chain, options));
   }
   const PipeDreamResult& result = *over_states;
+  // Stage sums over the plan's order.
+  if (!result.layer_order.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(chain,
+                            LayerChain::FromProfile(Reordered(request.profile,
+                                                              result.layer_order)));
+  }
 
   pipeline::Plan plan;
   plan.model = request.profile.model;
   plan.num_layers = chain.num_layers();
   plan.microbatch_size = request.profile.microbatch_size;
   plan.algorithm = "pipedream";
+  plan.layer_order = result.layer_order;
   const int p = static_cast<int>(result.stages.size());
   std::vector<int> replicas, degrees(p, 1);
   for (const PipeDreamStage& s : result.stages) {
@@ -226,7 +259,17 @@ absl::StatusOr<PlanOutcome> PlanPipeDream(const PlanRequest& request) {
       request.straight ? " (straight)" : "", request.profile.model, chain.num_layers(),
       cluster.NumDevices(), result.bottleneck_seconds, result.single_machine_seconds,
       result.single_machine_seconds / result.bottleneck_seconds, result.data_parallel_seconds);
-  outcome.summary += states_note;
+  if (request.pipedream_graph.has_value() && search_note.empty()) {
+    absl::StrAppend(&outcome.summary, "PipeDream's search over its ", result.num_states,
+                    " antichain states",
+                    result.layer_order.empty()
+                        ? ""
+                        : "; stages are contiguous in the plan's layer_order, a topological "
+                          "order of the layers",
+                    "\n");
+  }
+  outcome.notes = search_note;
+  outcome.summary += search_note;
   return outcome;
 }
 
@@ -256,9 +299,15 @@ PiperInstance PiperInstanceFor(const PlanRequest& request) {
     settings.memory_per_device_bytes =
         cluster.device_memory_bytes > 0 ? cluster.device_memory_bytes : kUnlimitedMemory;
     settings.bandwidth_bytes_per_second = cluster.levels.back().bandwidth_bytes_per_second;
-    settings.microbatches_per_batch = request.microbatches > 0
-                                          ? request.microbatches
-                                          : kDefaultMicrobatchesPerStage * cluster.NumDevices();
+    // The default stays within what a plan may hold (pipeline::kMaxMicrobatches, the count
+    // of a non-uniform plan): 4 per device on a million devices is 4e6, which Piper's search
+    // took 27 s to plan before the plan was refused.
+    settings.microbatches_per_batch =
+        request.microbatches > 0
+            ? request.microbatches
+            : static_cast<int>(std::min<int64_t>(
+                  int64_t{kDefaultMicrobatchesPerStage} * cluster.NumDevices(),
+                  pipeline::kMaxMicrobatches));
     instance = PiperFromProfile(AtSlowestSpeed(request.profile, cluster), settings);
   }
   return instance;

@@ -41,12 +41,17 @@ struct PlanRequest {
   std::optional<PiperInstance> piper_instance;
   ClusterSpec cluster;
   // Micro-batches per iteration over all pipelines (Piper's mbsInBatch); 0 = a default (the
-  // Piper file's, else 4 per pipeline stage for every pipeline).
+  // Piper file's, else 4 per pipeline stage for every pipeline; for Piper, 4 per device, at
+  // most pipeline::kMaxMicrobatches).
   int microbatches = 0;
   // PipeDream.
-  // PipeDream's view of a graph.txt DAG (its antichain states); the plan keeps the profile's
-  // layer order, so a better split over the states that needs another order is reported only.
+  // PipeDream's view of a graph.txt DAG: with it the plan is PipeDream's optimum over its
+  // antichain states, its stages written in a topological order of the layers in which each
+  // is contiguous (pipeline::Plan::layer_order, absent when that is the profile's order).
   std::optional<PipeDreamGraph> pipedream_graph;
+  // Above this many antichain states the search over them is not run and the plan is the best
+  // over contiguous ranges of the profile's layer order, which the summary says.
+  int pipedream_max_states = PipeDreamOptions{}.max_states;
   bool straight = false;
   bool use_fewer_machines = false;
   double activation_compression_ratio = 0;
@@ -63,7 +68,10 @@ struct PlanRequest {
 
 struct PlanOutcome {
   pipeline::Plan plan;
-  std::string summary;  // readable table
+  std::string summary;  // readable table (includes `notes`)
+  // Lines the user should see whatever the output format (which search ran, when it is not
+  // the algorithm's own); `tandem plan` prints them on stderr when stdout carries JSON.
+  std::string notes;
   double planning_seconds = 0;
 };
 

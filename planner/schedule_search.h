@@ -39,7 +39,8 @@ struct ScheduleSearchOptions {
   std::vector<pipeline::ScheduleKind> kinds = {
       pipeline::ScheduleKind::k1F1B, pipeline::ScheduleKind::kInterleaved,
       pipeline::ScheduleKind::kChimera, pipeline::ScheduleKind::kHanayo,
-      pipeline::ScheduleKind::kZBH1};
+      pipeline::ScheduleKind::kZBH1, pipeline::ScheduleKind::kDualPipe,
+      pipeline::ScheduleKind::kDualPipeV};
   std::vector<int> interleaved_chunks = {2, 4};
   std::vector<int> hanayo_waves = {1, 2};
   std::vector<FixedPartition> fixed_partitions;  // tried with 1F1B and ZB-H1

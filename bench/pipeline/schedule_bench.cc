@@ -67,6 +67,8 @@ std::vector<ScheduleSpec> DefaultCases() {
     // The list-scheduled kinds are slower to generate; still worth a figure.
     cases.push_back(Make(ScheduleKind::kZBV, p, m));
     cases.push_back(Make(ScheduleKind::kHanayo, p, m, 1));
+    cases.push_back(Make(ScheduleKind::kDualPipe, p, m));
+    cases.push_back(Make(ScheduleKind::kDualPipeV, p, m));
   }
   return cases;
 }

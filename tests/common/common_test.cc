@@ -37,6 +37,30 @@ TEST(JsonTest, NamesMissingAndMistypedFields) {
   EXPECT_NE(bad.status().message().find("bad.json: malformed JSON"), std::string::npos);
 }
 
+// The one JSON reader refuses nesting deeper than kMaxJsonDepth before parsing it: 50,000
+// nested objects (a Piper file that crashed `tandem plan` through the parser's recursion) are
+// one InvalidArgument naming the file and the depth; kMaxJsonDepth levels still parse, and
+// brackets inside strings do not count.
+TEST(JsonTest, NestingBeyondTheLimitIsRefusedBeforeParsing) {
+  auto nested = [](int depth) {
+    std::string text;
+    for (int i = 0; i < depth; ++i) text += "{\"a\":";
+    text += "1";
+    text += std::string(depth, '}');
+    return text;
+  };
+  auto deep = tandem::ParseJson(nested(50000), "deep.json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(deep.status().message(),
+            "deep.json: JSON nested 50000 levels deep; at most 256 are read");
+  EXPECT_TRUE(tandem::ParseJson(nested(tandem::kMaxJsonDepth), "ok.json").ok());
+  EXPECT_FALSE(tandem::ParseJson(nested(tandem::kMaxJsonDepth + 1), "over.json").ok());
+  const std::string quoted = "{\"a\": \"" + std::string(1000, '[') + "\"}";
+  EXPECT_EQ(tandem::JsonNestingDepth(quoted), 1);
+  EXPECT_TRUE(tandem::ParseJson(quoted, "quoted.json").ok());
+}
+
 TEST(FileTest, AtomicWriteRoundTripsAndLeavesNoTemporary) {
   std::string path = ::testing::TempDir() + "/tandem_atomic.txt";
   ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());

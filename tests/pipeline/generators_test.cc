@@ -1,5 +1,6 @@
 #include "pipeline/generators.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -62,7 +63,111 @@ TEST(GeneratorsTest, EveryGeneratorPassesTheValidatorOverAGrid) {
       for (int v : {1, 2, 3, 4}) ExpectValid(Spec(ScheduleKind::kInterleaved, p, m, v));
       for (int w : {1, 2, 3}) ExpectValid(Spec(ScheduleKind::kHanayo, p, m, 1, w));
       if (p % 2 == 0 && m % p == 0) ExpectValid(Spec(ScheduleKind::kChimera, p, m));
+      if (p % 2 == 0 && m % 2 == 0 && m >= 2 * p) ExpectValid(Spec(ScheduleKind::kDualPipe, p, m));
+      if (m >= 2 * p) ExpectValid(Spec(ScheduleKind::kDualPipeV, p, m));
     }
+  }
+}
+
+// Makespan of a schedule with uniform costs of one stage (a chunk takes its share).
+double Makespan(const Schedule& schedule, double forward, double backward, double weight) {
+  auto result = Simulate(schedule, CostModel::Uniform(schedule.spec, forward, backward, weight));
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->makespan_seconds : -1;
+}
+
+TEST(GeneratorsTest, DualPipeFollowsDeepSeeksSteps) {
+  // p=4 (two rank pairs), m=8 (4 per direction): rank 0 is the first stage of the downward
+  // pipeline (replica 0, micro-batches 0-3) and the last of the upward one (replica 1, 4-7).
+  auto schedule = GenerateDualPipe(4, 8);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  EXPECT_EQ(schedule->placement, Placement::Bidirectional(4));
+  // h=0: 2 warm-up F0, then F0 F1, step 3 once (B1 split, its W at once, F1), main step
+  // 4-4+0+1 = 1 round (F0 B1 F1 B0), step 5 once (B1 F1 B0), step 6 once (B1 whole, then B0
+  // split: h even), step 7 once (the deferred W, B0 split), step 8 (the last W).
+  EXPECT_EQ(ComputeString(*schedule, 0),
+            "F0.0 F0.1 F0.2 F3.4r1 Bi3.4r1 W3.4r1 F3.5r1 F0.3 B3.5r1 F3.6r1 B0.0 "
+            "B3.6r1 F3.7r1 B0.1 B3.7r1 Bi0.2 W0.2 Bi0.3 W0.3");
+}
+
+TEST(GeneratorsTest, DualPipeConstraintsAreCheckedUpFront) {
+  EXPECT_TRUE(absl::StrContains(GenerateDualPipe(3, 12).status().message(),
+                                "even number of ranks, got 3"));
+  EXPECT_TRUE(absl::StrContains(GenerateDualPipe(4, 6).status().message(), "at least"));
+  EXPECT_TRUE(absl::StrContains(GenerateDualPipe(4, 9).status().message(), "even number"));
+  EXPECT_TRUE(absl::StrContains(GenerateDualPipeV(4, 7).status().message(), "at least"));
+  EXPECT_TRUE(GenerateDualPipeV(1, 2).ok());
+}
+
+// The DualPipe README's bubble, (PP/2 - 1)(F&B + B - 3W) with PP pipeline stages, F, B and W
+// the times of one chunk and F&B = F + B here (tandem does not overlap the pair), on top of
+// the work: DualPipe's PP ranks each run m/2 micro-batches through each of two full stages,
+// DualPipeV's PP/2 ranks m micro-batches through two half stages. With F=1, Bi=2, W=1 (B=3)
+// the makespan is exactly that; other costs let the simulated order do better than the
+// formula (it counts the worst cell of a step for every step), never worse. Both are shorter
+// than 1F1B on the same ranks.
+TEST(GeneratorsTest, DualPipeMakespansAreTheReadmesBubble) {
+  struct Costs {
+    double forward, backward_input, weight;
+    bool exact;
+  };
+  for (Costs c : {Costs{1, 2, 1, true}, Costs{2, 4, 2, true}, Costs{1, 1, 1, false},
+                  Costs{2, 3, 1, false}, Costs{1, 1, 0.5, false}}) {
+    const double full_backward = c.backward_input + c.weight;
+    const double pair_bubble = c.forward + full_backward + full_backward - 3 * c.weight;
+    for (int p : {2, 4, 6, 8, 16}) {
+      for (int m : {2 * p, 2 * p + 2, 4 * p, 6 * p}) {
+        SCOPED_TRACE(absl::StrCat("p=", p, " m=", m, " F=", c.forward, " B=", full_backward,
+                                  " W=", c.weight));
+        auto dual = GenerateDualPipe(p, m);
+        ASSERT_TRUE(dual.ok()) << dual.status();
+        const double dual_oracle = m * (c.forward + full_backward) + (p / 2.0 - 1) * pair_bubble;
+        const double dual_makespan = Makespan(*dual, c.forward, c.backward_input, c.weight);
+        // DualPipeV on p ranks: 2p stages of half a stage each, so the chunk costs given here
+        // are the halves of the per-stage costs the cost model takes.
+        auto v = GenerateDualPipeV(p, m);
+        ASSERT_TRUE(v.ok()) << v.status();
+        const double v_oracle = 2 * m * (c.forward + full_backward) + (p - 1.0) * pair_bubble;
+        const double v_makespan =
+            Makespan(*v, 2 * c.forward, 2 * c.backward_input, 2 * c.weight);
+        if (c.exact) {
+          EXPECT_DOUBLE_EQ(dual_makespan, dual_oracle);
+          EXPECT_DOUBLE_EQ(v_makespan, v_oracle);
+        } else {
+          EXPECT_LE(dual_makespan, dual_oracle);
+          EXPECT_LE(v_makespan, v_oracle);
+        }
+        auto one_f_one_b = Generate1F1B(p, m);
+        ASSERT_TRUE(one_f_one_b.ok());
+        EXPECT_LT(dual_makespan, Makespan(*one_f_one_b, c.forward, c.backward_input, c.weight));
+      }
+    }
+  }
+}
+
+// Memory as the README's table says: DualPipe holds two stages' parameters per rank (both
+// replicas) and at most PP + 1 stashed micro-batches of a stage's activations; DualPipeV
+// the same counted in its stages (2p chunks of half a stage: PP + 1 chunks = p + 1/2 stages).
+TEST(GeneratorsTest, DualPipeHoldsTwoCopiesAndPPPlusOneActivations) {
+  for (int p : {2, 4, 8, 16}) {
+    SCOPED_TRACE(absl::StrCat("p=", p));
+    auto dual = GenerateDualPipe(p, 4 * p);
+    ASSERT_TRUE(dual.ok()) << dual.status();
+    auto v = GenerateDualPipeV(p, 4 * p);
+    ASSERT_TRUE(v.ok()) << v.status();
+    for (int r = 0; r < p; ++r) {
+      EXPECT_EQ(dual->placement.StagesOf(r).size(), 2u);  // a stage of each replica: 2x
+      EXPECT_EQ(v->placement.StagesOf(r).size(), 2u);     // two half stages: 1x
+    }
+    auto dual_run = Simulate(*dual, CostModel::Uniform(dual->spec, 1, 1, 1));
+    auto v_run = Simulate(*v, CostModel::Uniform(v->spec, 1, 1, 1));
+    ASSERT_TRUE(dual_run.ok() && v_run.ok());
+    double dual_peak = 0, v_peak = 0;
+    for (double a : dual_run->peak_activations) dual_peak = std::max(dual_peak, a);
+    for (double a : v_run->peak_activations) v_peak = std::max(v_peak, a);
+    EXPECT_EQ(dual_peak, p + 1);
+    // In stage units (a chunk counts 1/2): (2p + 1) chunks at most.
+    EXPECT_LE(v_peak, (2 * p + 1) / 2.0);
   }
 }
 
@@ -379,6 +484,19 @@ const Golden kGolden[] = {
     {"hanayo", 64, 256, 1, 0xe959e5df090d87bbull},
     {"hanayo", 64, 256, 2, 0xff2ef5cdd766c5cbull},
     {"chimera", 64, 256, 1, 0xe00fa362a71bd38bull},
+    // DualPipe(V), as first generated.
+    {"dualpipe", 4, 8, 1, 0xd7a235f308f125f6ull},
+    {"dualpipev", 4, 8, 1, 0xfbcc702c5e17ab57ull},
+    {"dualpipe", 6, 12, 1, 0xb552c069b878b03full},
+    {"dualpipev", 6, 12, 1, 0x8f5b19aad8327265ull},
+    {"dualpipe", 8, 32, 1, 0xc0b2547335c74f83ull},
+    {"dualpipev", 8, 32, 1, 0xc5a706cf8e265483ull},
+    {"dualpipe", 16, 48, 1, 0xe476374377c86dd7ull},
+    {"dualpipev", 16, 48, 1, 0xea8eb1d5d8a39e4bull},
+    {"dualpipe", 32, 128, 1, 0xb681046a139f31dfull},
+    {"dualpipev", 32, 128, 1, 0xed9a5ddafbab16bbull},
+    {"dualpipe", 64, 256, 1, 0x3fffd926e56721efull},
+    {"dualpipev", 64, 256, 1, 0x920517ef63a52eebull},
 };
 // clang-format on
 
@@ -391,6 +509,8 @@ std::vector<Golden> Grid() {
     for (int v : {2, 3}) grid.push_back({"interleaved", p, m, v, 0});
     for (int w : {1, 2}) grid.push_back({"hanayo", p, m, w, 0});
     if (p % 2 == 0 && m % p == 0) grid.push_back({"chimera", p, m, 1, 0});
+    if (p % 2 == 0 && m % 2 == 0 && m >= 2 * p) grid.push_back({"dualpipe", p, m, 1, 0});
+    if (m >= 2 * p) grid.push_back({"dualpipev", p, m, 1, 0});
   }
   return grid;
 }

@@ -59,6 +59,13 @@ expect_figure bubble_ratio "0\\.(2|19999999[0-9]*)" --schedule chimera --stages 
 # 1 + 2 * latency per hop: F0 [0,1], F1 [1.5,2.5], B1 [2.5,4.5], B0 [5,7].
 expect_figure makespan 7.0 --schedule gpipe --stages 2 --microbatches 1 --latency 0.5
 
+# DualPipe(V): the README's bubble at F=1, B=3 (Bi=2, W=1): 8 * 4 + (4/2 - 1) * (4 + 3 - 3),
+# and with 4 ranks of two half stages 2 * 8 * 4 + (8/2 - 1) * 4.
+expect_figure makespan 36.0 --schedule dualpipe --stages 4 --microbatches 8 --forward 1 \
+  --backward 2 --weight 1
+expect_figure makespan 76.0 --schedule dualpipev --stages 4 --microbatches 8 --forward 2 \
+  --backward 4 --weight 2
+
 # Heterogeneous costs from a file: 1 + 4 * (2 + 2) + 1.
 cat >"$work/costs.json" <<'JSON'
 {"forward": [1, 2], "backward": [1, 2]}
@@ -82,6 +89,30 @@ fi
   fail "1f1b p=64 m=256 failed"
 grep -q 'grid truncated' "$work/big.txt" || fail "large grid not truncated"
 
+# torch's CSV format: a file torch wrote is read, simulated and written back without its idle
+# cells (compute only) or its bookkeeping cells (lowered); a schedule written by --to-csv reads
+# back to the same figures.
+torch_data="$(dirname "$0")/../data/torch_schedules"
+expect_figure num_stages 8 --from-csv "$torch_data/zbv_p4_m8.csv"
+if "$tandem" schedule --from-csv "$torch_data/interleaved1f1b_p2_m6.csv" \
+    --to-csv "$work/back.csv" >/dev/null; then
+  tr -d '\r' <"$torch_data/interleaved1f1b_p2_m6.csv" | sed -e 's/,,*/,/g' -e 's/^,//' \
+    -e 's/,$//' >"$work/expected.csv"
+  tr -d '\r' <"$work/back.csv" | cmp -s - "$work/expected.csv" ||
+    fail "--to-csv did not write back torch's compute order"
+else
+  fail "--from-csv of torch's interleaved schedule failed"
+fi
+"$tandem" schedule --from-csv "$torch_data/zbv_p2_m4_comms.csv" --to-csv "$work/lowered.csv" \
+  >/dev/null || fail "--from-csv of a lowered schedule failed"
+grep -q "SEND_F" "$work/lowered.csv" || fail "a lowered schedule was not written back lowered"
+"$tandem" schedule --schedule zb-v --stages 4 --microbatches 8 --format json \
+  --to-csv "$work/zbv.csv" >"$work/zbv.json" || fail "--to-csv of zb-v failed"
+"$tandem" schedule --from-csv "$work/zbv.csv" --format json >"$work/zbv_back.json" ||
+  fail "--from-csv of tandem's own csv failed"
+grep '"makespan"' "$work/zbv.json" | cmp -s - <(grep '"makespan"' "$work/zbv_back.json") ||
+  fail "zb-v read back from CSV simulates differently"
+
 # Bad input.
 expect_bad_input "unknown schedule 'zigzag'" --schedule zigzag --stages 4 --microbatches 8
 expect_bad_input "missing --schedule" --stages 4 --microbatches 8
@@ -102,6 +133,16 @@ expect_bad_input "malformed JSON" --schedule 1f1b --stages 4 --microbatches 8 \
   --costs "$work/broken.json"
 expect_bad_input "no such file" --schedule 1f1b --stages 4 --microbatches 8 \
   --costs "$work/missing.json"
+expect_bad_input "even number of ranks, got 3" --schedule dualpipe --stages 3 --microbatches 12
+printf '0F0,0Q0\r\n' >"$work/bad.csv"
+expect_bad_input "rank 0, cell 2 ('0Q0'): unknown action type 'Q'" --from-csv "$work/bad.csv"
+printf '0B0,0F0\r\n' >"$work/order.csv"
+expect_bad_input "not a valid schedule" --from-csv "$work/order.csv"
+expect_bad_input "not both" --from-csv "$torch_data/zbv_p2_m4.csv" --schedule 1f1b
+expect_bad_input "come from the file" --from-csv "$torch_data/zbv_p2_m4.csv" --stages 2
+expect_bad_input "no such file" --from-csv "$work/missing.csv"
+expect_bad_input "one pipeline" --schedule chimera --stages 4 --microbatches 8 \
+  --to-csv "$work/chimera.csv"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)"

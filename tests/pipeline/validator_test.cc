@@ -101,13 +101,19 @@ TEST(ValidatorTest, UnreceivedSend) {
               "needs the gradient from stage 1 for micro-batch 0, not received yet");
 }
 
-TEST(ValidatorTest, SplitBackwardNeedsBiAndW) {
+TEST(ValidatorTest, SplitBackwardNeedsBiAndWOrAWholeB) {
   Schedule s = Parse(ScheduleKind::kZBH1, 1, Placement::Linear(1), {"F0.0 Bi0.0 sync0 step"});
   ExpectError(s, "gradient sync before W0.0");
-  s = Parse(ScheduleKind::kZBH1, 1, Placement::Linear(1), {"F0.0 B0.0 sync0 step"});
-  ExpectError(s, "this schedule splits backward");
   s = Parse(ScheduleKind::kZBH1, 1, Placement::Linear(1), {"F0.0 Bi0.0 W0.0 sync0 step"});
   EXPECT_TRUE(ValidateSchedule(s).ok());
+  // A whole B (DualPipe runs some so) is its Bi and W at once: valid, and no W may follow.
+  s = Parse(ScheduleKind::kZBH1, 1, Placement::Linear(1), {"F0.0 B0.0 sync0 step"});
+  EXPECT_TRUE(ValidateSchedule(s).ok());
+  s = Parse(ScheduleKind::kZBH1, 1, Placement::Linear(1), {"F0.0 B0.0 W0.0 sync0 step"});
+  ExpectError(s, "weight gradient runs twice");
+  // A schedule that does not split backward still refuses Bi and W.
+  s = Parse(ScheduleKind::k1F1B, 1, Placement::Linear(1), {"F0.0 Bi0.0 W0.0 sync0 step"});
+  ExpectError(s, "this schedule does not split backward");
 }
 
 TEST(ValidatorTest, ChimeraMicroBatchOnOneReplica) {

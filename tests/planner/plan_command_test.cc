@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -42,6 +43,80 @@ TEST(PlanCommand, PipeDreamReferenceAsJson) {
   EXPECT_NEAR(j["bottleneck_seconds"].get<double>(), 0.09351323, 1e-8);
   EXPECT_EQ(j["algorithm"], "pipedream");
   EXPECT_FALSE(j["stages"].empty());
+}
+
+// ResNet-50 on 8 machines: PipeDream's optimum (0.056315324 s per stage), its stages
+// contiguous in the plan's layer_order; with the state limit below ResNet-50's states, the
+// best over the profile's order (1.0379x) and a line saying so.
+TEST(PlanCommand, PipeDreamOnABranchingModelWritesItsLayerOrder) {
+  const std::string path = Temp("resnet50_plan.json");
+  std::remove(path.c_str());
+  const std::string args = "plan --profile " + Data("pipedream/resnet50.graph.txt") +
+                           " --profile-format pipedream --algorithm pipedream --devices 8 "
+                           "--bandwidth 1e9 -o " + path;
+  const Outcome run = Tandem(args);
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  EXPECT_TRUE(absl::StrContains(run.output, "contiguous in the plan's layer_order")) << run.output;
+  auto plan = pipeline::ReadPlanFile(path);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(plan->bottleneck_seconds, 0.056315324, 1e-9 * 0.056315324);
+  EXPECT_EQ(static_cast<int>(plan->layer_order.size()), plan->num_layers);
+
+  const Outcome limited = Tandem(args + " --max-antichain-states 10");
+  ASSERT_EQ(limited.exit_status, 0) << limited.output;
+  EXPECT_TRUE(absl::StrContains(limited.output, "more than 10 states")) << limited.output;
+  EXPECT_TRUE(absl::StrContains(limited.output, "not PipeDream's optimum")) << limited.output;
+  plan = pipeline::ReadPlanFile(path);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->layer_order.empty());
+  EXPECT_GT(plan->bottleneck_seconds, 1.03 * 0.056315324);
+}
+
+// Small inputs that once meant unbounded work end quickly: a 100,000-layer chain as a PipeDream
+// graph (quadratic search; ran past 30 s) and a million devices in one node with
+// --use-fewer-machines (40+ s) are refused with exit 2 naming the limit; Piper on that
+// cluster plans 65,536 micro-batches by default (4 per device made 4,000,000, which took 27 s
+// to plan and was then refused). The bound on time is generous: each takes about a second.
+TEST(PlanCommand, SmallInputsDemandingUnboundedWorkEndQuickly) {
+  const std::string chain = Temp("chain100k.graph.txt");
+  {
+    std::ofstream out(chain);
+    for (int v = 0; v < 100000; ++v) {
+      out << "node" << v << " -- Linear -- forward_compute_time=1.0, backward_compute_time=2.0, "
+          << "activation_size=1000.0, parameter_size=100.0\n";
+    }
+    for (int v = 0; v + 1 < 100000; ++v) out << "\tnode" << v << " -- node" << v + 1 << "\n";
+  }
+  const std::string cluster = Temp("million.json");
+  WriteText(cluster, R"({"nodes": 1, "devices_per_node": 1000000, "device_memory": "8GB",
+                         "levels": [{"bandwidth": 1e11}]})");
+  const std::string output = Temp("unbounded_plan.json");
+  const struct {
+    std::string args;
+    int exit_status;
+    std::string message;
+  } cases[] = {
+      {"plan --profile " + chain + " --profile-format pipedream --algorithm pipedream "
+       "--devices 4",
+       2, "over 100000 layers on 4 machines is too large"},
+      {"plan --profile " + Data("pipedream/vgg16.graph.txt") + " --profile-format pipedream "
+       "--algorithm pipedream --cluster " + cluster + " --use-fewer-machines",
+       2, "on 1000000 machines is too large"},
+      {"plan --profile " + Data("pipedream/vgg16.graph.txt") + " --profile-format pipedream "
+       "--algorithm piper --cluster " + cluster,
+       0, "65536 micro-batches"},
+  };
+  for (const auto& c : cases) {
+    std::remove(output.c_str());
+    const auto start = std::chrono::steady_clock::now();
+    const Outcome run = Tandem(c.args + " -o " + output);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(run.exit_status, c.exit_status) << c.args << "\n" << run.output;
+    EXPECT_TRUE(absl::StrContains(run.output, c.message)) << c.args << "\n" << run.output;
+    EXPECT_LT(seconds, 20) << c.args;
+    EXPECT_EQ(std::ifstream(output).good(), c.exit_status == 0) << c.args;
+  }
 }
 
 TEST(PlanCommand, PiperReferenceWritesAPlanFile) {
@@ -153,6 +228,9 @@ TEST(PlanCommand, BadInputExitsTwoWithAClearMessageAndWritesNothing) {
        "needs at least 64 layers"},
       {"plan --profile " + vgg + " --profile-format yaml --algorithm pipedream --devices 2",
        "unknown profile format 'yaml'"},
+      {"plan --profile " + vgg + " --profile-format pipedream --algorithm pipedream "
+       "--devices 2 --max-antichain-states 0",
+       "--max-antichain-states must be at least 1"},
   };
   const std::string output = Temp("must_not_exist.json");
   for (const BadCase& c : cases) {

@@ -332,6 +332,35 @@ TEST(PlanFormat, NonUniformPlanValidates) {
   EXPECT_TRUE(absl::StrContains(ValidatePlan(plan).message(), "rank 2 is used twice"));
 }
 
+// A plan's stages index its layer_order when it has one; without one (every chain model's
+// plan) nothing is written, so such plans read and write as before.
+TEST(PlanFormat, LayerOrderRoundTripsAndIsWrittenOnlyWhenNeeded) {
+  Plan plan;
+  plan.num_layers = 4;
+  plan.world_size = 2;
+  plan.pipeline_parallel = 2;
+  plan.schedule.num_ranks = 2;
+  plan.schedule.num_microbatches = 2;
+  plan.stages.resize(2);
+  plan.stages[0] = {0, 2, {0}, 1, {}, 0, 0};
+  plan.stages[1] = {2, 4, {1}, 1, {}, 0, 0};
+  const nlohmann::json chain = ToJson(plan);
+  EXPECT_FALSE(chain.contains("layer_order"));
+  EXPECT_EQ(plan.LayerAt(2), 2);
+  plan.layer_order = {0, 2, 1, 3};  // stage 0 runs layers 0 and 2, stage 1 layers 1 and 3
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  EXPECT_EQ(plan.LayerAt(1), 2);
+  EXPECT_EQ(plan.LayerAt(2), 1);
+  const nlohmann::json ordered = ToJson(plan);
+  EXPECT_EQ(ordered["layer_order"], nlohmann::json({0, 2, 1, 3}));
+  auto parsed = PlanFromJson(ordered);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, plan);
+  nlohmann::json without = ordered;
+  without.erase("layer_order");
+  EXPECT_EQ(without, chain);
+}
+
 TEST(PlanFormat, BadPlansNameTheField) {
   ScheduleSpec spec;
   spec.num_ranks = 2;
@@ -354,6 +383,12 @@ TEST(PlanFormat, BadPlansNameTheField) {
       {[](nlohmann::json& j) { j["stages"][0]["ranks"] = {1}; }, "plan.stages[0].ranks"},
       {[](nlohmann::json& j) { j["stages"][0]["recompute_layers"] = {3}; },
        "outside the stage's [0, 2)"},
+      {[](nlohmann::json& j) { j["layer_order"] = {0, 2, 1}; },
+       "plan.layer_order: lists 3 layers but the model has 4"},
+      {[](nlohmann::json& j) { j["layer_order"] = {0, 2, 2, 1}; }, "layer 2 is listed twice"},
+      {[](nlohmann::json& j) { j["layer_order"] = {0, 4, 2, 1}; },
+       "plan.layer_order: layer 4 is outside [0, 4)"},
+      {[](nlohmann::json& j) { j["layer_order"] = "0123"; }, "plan.layer_order"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = good;

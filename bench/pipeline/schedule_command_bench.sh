@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `tandem schedule` as a user runs it: for every built-in schedule at p=64, m=512 and
+# p=1024, m=4096, the whole command (generate, validate, simulate, statistics, JSON output to
+# /dev/null) pinned to one core, with its wall time and peak resident memory from
+# /usr/bin/time. The goals: p=1024, m=4096 within 2 s and 1 GiB; p=64, m=512 within 0.1 s.
+# The processor time (user + system) is printed beside the wall time: on a machine shared with
+# other work it is what the wall time would be alone, and the goal is judged on it.
+# Unlike pipeline_schedule_bench (which times the engine's parts inside one process), this is
+# the figure a user sees, process start and output included.
+#
+#   bench/pipeline/schedule_command_bench.sh BUILD/bin/tandem [CORE] [kind:p:m[:v or W] ...]
+#
+# Prints one line per case; the exit status is 0 even when a goal is missed (the figures
+# depend on the machine), 1 when a command fails.
+set -u
+tandem=${1:?usage: $0 path/to/tandem [core] [kind:p:m[:extra] ...]}
+core=${2:-0}
+shift $(( $# >= 2 ? 2 : 1 ))
+cases=("$@")
+if [ ${#cases[@]} -eq 0 ]; then
+  for size in 64:512 1024:4096; do
+    cases+=(gpipe:$size 1f1b:$size interleaved:$size:2 chimera:$size hanayo:$size:1
+            hanayo:$size:2 zb-h1:$size zb-v:$size dualpipe:$size dualpipev:$size)
+  done
+fi
+pin=()
+if command -v taskset > /dev/null; then pin=(taskset -c "$core"); fi
+status=0
+printf "%-12s %6s %6s %5s %9s %9s %9s  %s\n" schedule p m extra "wall (s)" "cpu (s)" "peak MiB" \
+  goal
+for case in "${cases[@]}"; do
+  IFS=: read -r kind p m extra <<< "$case"
+  args=(schedule --schedule "$kind" --stages "$p" --microbatches "$m" --format json)
+  case $kind in
+    interleaved) args+=(--chunks "${extra:-2}") ;;
+    hanayo) args+=(--waves "${extra:-1}") ;;
+  esac
+  measure=$(mktemp)
+  if ! /usr/bin/time -f "%e %U %S %M" -o "$measure" "${pin[@]}" "$tandem" "${args[@]}" > /dev/null; then
+    echo "$case: tandem failed" >&2
+    status=1
+    rm -f "$measure"
+    continue
+  fi
+  read -r wall user system kib < <(tail -n 1 "$measure")
+  cpu=$(awk -v u="$user" -v s="$system" 'BEGIN { printf "%.2f", u + s }')
+  rm -f "$measure"
+  mib=$(( kib / 1024 ))
+  if [ "$p" -ge 1024 ]; then
+    limit_s=2; limit_mib=1024
+  else
+    limit_s=0.1; limit_mib=1024
+  fi
+  goal=$(awk -v w="$cpu" -v r="$mib" -v ls="$limit_s" -v lm="$limit_mib" \
+    'BEGIN { print (w <= ls && r <= lm) ? "ok" : "MISSED" }')
+  printf "%-12s %6s %6s %5s %9s %9s %9s  %s (%ss, %s MiB)\n" "$kind" "$p" "$m" \
+    "${extra:--}" "$wall" "$cpu" "$mib" "$goal" "$limit_s" "$limit_mib"
+done
+exit $status

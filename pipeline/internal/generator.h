@@ -1,0 +1,31 @@
+// What every schedule generator (pipeline/generators/*.cc) shares: the checked spec, the
+// error form, compute orders and the two ways to complete them (CompleteScheduleFor for fixed
+// orders, ScheduleAndComplete for list-scheduled ones). Private to pipeline/.
+//
+// Adding a schedule: a ScheduleKind (pipeline/schedule.h), its placement (PlacementFor in
+// pipeline/plan.cc), a file here that builds its per-rank compute orders, and a case in
+// GenerateSchedule (pipeline/generators.cc).
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "pipeline/internal/completion.h"
+#include "pipeline/internal/list_scheduler.h"
+#include "pipeline/internal/orders.h"
+#include "pipeline/schedule.h"
+
+namespace tandem::pipeline::internal {
+
+// InvalidArgument "<kind>: <message>".
+inline absl::Status Invalid(absl::string_view kind, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(kind, ": ", message));
+}
+
+// A spec of `kind`, with the range checks every kind shares and a refusal of the options that
+// do not apply to it (chunks, waves).
+absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int num_microbatches,
+                                         int chunks, int waves);
+
+}  // namespace tandem::pipeline::internal

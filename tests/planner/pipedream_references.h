@@ -1,0 +1,137 @@
+// PipeDream's own optimizer's figures on the profiles it publishes, shared by the partitioner's
+// tests (tests/planner/pipedream_test.cc) and the planner's (tests/planner/planner_test.cc).
+#pragma once
+
+namespace tandem::planner::testing {
+
+// PipeDream's partitioner against PipeDream's own optimizer (optimizer_graph_hierarchical.py
+// at msr-fiddle/pipedream 7db6a1c, run under Python 3 with one bandwidth level of 1e9 bytes/s
+// and its default flags, straight (--straight_pipeline) and replicated) on the profiles it
+// publishes: the "time per stage in pipeline" it prints, to 1e-9 relative. Rerun with
+// bench/planner/pipedream_compare.py.
+
+inline constexpr double kInfeasible = -1;  // PipeDream finds no partition (None)
+
+struct Reference {
+  const char* model;
+  int machines;
+  bool straight;
+  double time_per_stage_seconds;
+};
+
+// Generated from PipeDream's optimizer; profiles in tests/data/pipedream/ (see README.md).
+inline constexpr Reference kReferences[] = {
+    {"alexnet", 2, /*straight=*/false, 0.04307500000000001},
+    {"alexnet", 4, /*straight=*/false, 0.023165751999999998},
+    {"alexnet", 8, /*straight=*/false, 0.011620000000000005},
+    {"alexnet", 16, /*straight=*/false, 0.007324568000000002},
+    {"alexnet", 32, /*straight=*/false, 0.004808999999999994},
+    {"alexnet", 64, /*straight=*/false, 0.004808999999999994},
+    {"alexnet", 2, /*straight=*/true, 0.04307500000000002},
+    {"alexnet", 4, /*straight=*/true, 0.028721},
+    {"alexnet", 8, /*straight=*/true, 0.028721},
+    {"alexnet", 16, /*straight=*/true, 0.028721},
+    {"alexnet", 32, /*straight=*/true, kInfeasible},
+    {"alexnet", 64, /*straight=*/true, kInfeasible},
+    {"densenet121", 2, /*straight=*/true, 0.16308499999999998},
+    {"densenet121", 4, /*straight=*/true, 0.08198500000000011},
+    {"densenet121", 8, /*straight=*/true, 0.04161500000000015},
+    {"densenet121", 16, /*straight=*/true, 0.021165},
+    {"densenet121", 32, /*straight=*/true, 0.011081000000000008},
+    {"densenet121", 64, /*straight=*/true, 0.009078},
+    {"gnmt", 2, /*straight=*/false, 0.045936},
+    {"gnmt", 4, /*straight=*/false, 0.025868000000000016},
+    {"gnmt", 8, /*straight=*/false, 0.019032000000000007},
+    {"gnmt", 16, /*straight=*/false, 0.018379575537190083},
+    {"gnmt", 32, /*straight=*/false, 0.011080999999999994},
+    {"gnmt", 64, /*straight=*/false, 0.011080999999999994},
+    {"gnmt", 2, /*straight=*/true, 0.045936000000000005},
+    {"gnmt", 4, /*straight=*/true, 0.025868000000000002},
+    {"gnmt", 8, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 16, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 32, /*straight=*/true, 0.019032000000000007},
+    {"gnmt", 64, /*straight=*/true, kInfeasible},
+    {"gnmt_large", 2, /*straight=*/false, 0.26335300000000006},
+    {"gnmt_large", 4, /*straight=*/false, 0.13712900000000017},
+    {"gnmt_large", 8, /*straight=*/false, 0.08284500000000003},
+    {"gnmt_large", 2, /*straight=*/true, 0.26335299999999995},
+    {"gnmt_large", 4, /*straight=*/true, 0.13712900000000006},
+    {"gnmt_large", 8, /*straight=*/true, 0.08284500000000003},
+    {"gnmt_large", 16, /*straight=*/true, 0.07682500000000003},
+    {"gnmt_large", 32, /*straight=*/true, 0.07682500000000003},
+    {"gnmt_large", 64, /*straight=*/true, 0.07682500000000003},
+    {"resnet101", 2, /*straight=*/true, 0.20613000000000015},
+    {"resnet101", 4, /*straight=*/true, 0.10394100000000012},
+    {"resnet101", 8, /*straight=*/true, 0.05212500000000003},
+    {"resnet101", 16, /*straight=*/true, 0.026148999999999867},
+    {"resnet101", 32, /*straight=*/true, 0.014061999999999963},
+    {"resnet101", 64, /*straight=*/true, 0.008737},
+    {"resnet18", 2, /*straight=*/false, 0.13019899999999998},
+    {"resnet18", 4, /*straight=*/false, 0.06591799999999998},
+    {"resnet18", 8, /*straight=*/false, 0.033883000000000024},
+    {"resnet18", 16, /*straight=*/false, 0.018237135111111108},
+    {"resnet18", 32, /*straight=*/false, 0.009212447999999996},
+    {"resnet18", 64, /*straight=*/false, 0.005996000000000085},
+    {"resnet18", 2, /*straight=*/true, 0.13019899999999998},
+    {"resnet18", 4, /*straight=*/true, 0.069523},
+    {"resnet18", 8, /*straight=*/true, 0.035207000000000016},
+    {"resnet18", 16, /*straight=*/true, 0.03233},
+    {"resnet18", 32, /*straight=*/true, 0.03233},
+    {"resnet18", 64, /*straight=*/true, 0.03233},
+    {"resnet50", 2, /*straight=*/false, 0.22193299999999996},
+    {"resnet50", 4, /*straight=*/false, 0.11149699999999999},
+    {"resnet50", 8, /*straight=*/false, 0.056315324},
+    {"resnet50", 16, /*straight=*/false, 0.02921199999999996},
+    {"resnet50", 32, /*straight=*/false, 0.01496499999999995},
+    {"resnet50", 64, /*straight=*/false, 0.008693999999999924},
+    {"resnet50", 2, /*straight=*/true, 0.22193300000000002},
+    {"resnet50", 4, /*straight=*/true, 0.11149699999999982},
+    {"resnet50", 8, /*straight=*/true, 0.056683999999999964},
+    {"resnet50", 16, /*straight=*/true, 0.029641999999999946},
+    {"resnet50", 32, /*straight=*/true, 0.01613899999999996},
+    {"resnet50", 64, /*straight=*/true, 0.014256999999999999},
+    {"resnext101", 2, /*straight=*/true, 0.27943600000000013},
+    {"resnext101", 4, /*straight=*/true, 0.14052499999999998},
+    {"resnext101", 8, /*straight=*/true, 0.07100999999999999},
+    {"resnext101", 16, /*straight=*/true, 0.03576499999999999},
+    {"resnext101", 32, /*straight=*/true, 0.018625000000000003},
+    {"resnext101", 64, /*straight=*/true, 0.010152000000000001},
+    {"resnext50", 2, /*straight=*/false, 0.296329},
+    {"resnext50", 4, /*straight=*/false, 0.151622572},
+    {"resnext50", 8, /*straight=*/false, 0.07510099999999997},
+    {"resnext50", 16, /*straight=*/false, 0.03869700000000004},
+    {"resnext50", 32, /*straight=*/false, 0.02022882752},
+    {"resnext50", 64, /*straight=*/false, 0.010965350666666667},
+    {"resnext50", 2, /*straight=*/true, 0.296329},
+    {"resnext50", 4, /*straight=*/true, 0.15198800000000035},
+    {"resnext50", 8, /*straight=*/true, 0.07609500000000036},
+    {"resnext50", 16, /*straight=*/true, 0.040547},
+    {"resnext50", 32, /*straight=*/true, 0.021014000000000088},
+    {"resnext50", 64, /*straight=*/true, 0.016373},
+    {"squeezenet1_0", 2, /*straight=*/false, 0.14414300000000008},
+    {"squeezenet1_0", 4, /*straight=*/false, 0.07232884266666666},
+    {"squeezenet1_0", 8, /*straight=*/false, 0.035963061119999994},
+    {"squeezenet1_0", 16, /*straight=*/false, 0.018563236000000028},
+    {"squeezenet1_0", 32, /*straight=*/false, 0.009301333333333337},
+    {"squeezenet1_0", 64, /*straight=*/false, 0.004729964827340691},
+    {"squeezenet1_0", 2, /*straight=*/true, 0.14414300000000002},
+    {"squeezenet1_0", 4, /*straight=*/true, 0.07295399999999998},
+    {"squeezenet1_0", 8, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 16, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 32, /*straight=*/true, 0.051094},
+    {"squeezenet1_0", 64, /*straight=*/true, 0.051094},
+    {"vgg16", 2, /*straight=*/false, 0.37093100000000007},
+    {"vgg16", 4, /*straight=*/false, 0.175732624},
+    {"vgg16", 8, /*straight=*/false, 0.09351323000000002},
+    {"vgg16", 16, /*straight=*/false, 0.04738646000000002},
+    {"vgg16", 32, /*straight=*/false, 0.024579256132231407},
+    {"vgg16", 64, /*straight=*/false, 0.012868204800000024},
+    {"vgg16", 2, /*straight=*/true, 0.370931},
+    {"vgg16", 4, /*straight=*/true, 0.21645},
+    {"vgg16", 8, /*straight=*/true, 0.159531},
+    {"vgg16", 16, /*straight=*/true, 0.159531},
+    {"vgg16", 32, /*straight=*/true, 0.159531},
+    {"vgg16", 64, /*straight=*/true, kInfeasible},
+};
+
+}  // namespace tandem::planner::testing
