@@ -23,6 +23,7 @@ CommandInfo TorchCommand(const char* name, const char* summary) {
 const CommandRegistrar train_registrar(TorchCommand("train", kTrainSummary));
 const CommandRegistrar profile_registrar(TorchCommand("profile", kProfileSummary));
 const CommandRegistrar checkpoint_registrar(TorchCommand("checkpoint", kCheckpointSummary));
+const CommandRegistrar generate_registrar(TorchCommand("generate", kGenerateSummary));
 
 }  // namespace
 }  // namespace tandem::cli

@@ -310,7 +310,7 @@ class Controller {
       r.duplicate_iterations = 0;
       for (const auto& [it, n] : j.logged) r.duplicate_iterations += n - 1;
       r.missing_iterations = 0;
-      for (int64_t it = 0; it < j.spec->steps; ++it)
+      for (int64_t it = 1; it <= j.spec->steps; ++it)  // the logs count from 1
         r.missing_iterations += j.logged.count(it) == 0;
       for (const auto& [ranks, seconds] : j.iteration_seconds) {
         r.seconds_per_iteration[ranks] = Median(seconds);
@@ -409,7 +409,8 @@ class Controller {
       // The checkpoint the job wrote (DIR/latest names its step folder); the log must reach
       // just that far.
       int64_t logged_end = 0;
-      for (const auto& [it, n] : j.logged) logged_end = std::max(logged_end, it + 1);
+      // The log counts iterations from 1: its last one is the step a checkpoint holds.
+      for (const auto& [it, n] : j.logged) logged_end = std::max(logged_end, it);
       absl::StatusOr<std::string> latest = ReadFile(
           (fs::path(options_.work_dir) / j.spec->name / "checkpoints" / "latest").string());
       int64_t step = -1;
@@ -672,7 +673,7 @@ class Controller {
       argv.insert(argv.end(), {"--elastic-min-pipelines", "1"});
     }
     argv.insert(argv.end(), {"--global-batch", absl::StrCat(s.global_batch), "--steps",
-                             absl::StrCat(s.steps - j.checkpoint_step), "--checkpoint-dir",
+                             absl::StrCat(s.steps), "--checkpoint-dir",
                              checkpoints, "--log-json", l.log});
     if (j.checkpoint_step > 0) argv.insert(argv.end(), {"--resume", checkpoints});
     { std::ofstream(l.output, std::ios::app) << "$ " << absl::StrJoin(argv, " ") << "\n"; }

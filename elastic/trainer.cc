@@ -225,7 +225,7 @@ struct ElasticTrainer::State {
   // death aborts them too.
   std::unique_ptr<comm::Communicator> config;
   int64_t first_iteration = 0;
-  int64_t end_iteration = 0;  // first_iteration + options.steps
+  int64_t end_iteration = 0;  // options.steps, or first_iteration when past it
   int64_t saved_step = -1;    // the last checkpoint written (-1 also after a re-formation)
   // The end agreed at a commit after a stop request (-1: none); forgotten by a re-formation.
   int64_t stop_end = -1;
@@ -624,6 +624,17 @@ absl::Status ElasticTrainer::State::Configure(
   eo.job.sum_over_job = [this](int64_t it, std::array<double, 3>& sums) {
     return SumOverJob(it, sums);
   };
+  eo.job.sum_evaluation = [this](double& loss) {
+    auto buffer = std::make_shared<double>(loss);
+    const absl::Status reduced =
+        training->AllReduce(runtime::DoubleBuffer(buffer.get(), 1), comm::ReduceOp::kSum)->Wait();
+    if (!reduced.ok()) {
+      Leak(buffer);
+      return reduced;
+    }
+    loss = *buffer;
+    return absl::OkStatus();
+  };
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> built,
                           runtime::Engine::Create(plan, pipeline.get(), PipelineFactory(p), eo));
   if (import != nullptr) {
@@ -653,9 +664,14 @@ absl::Status ElasticTrainer::State::Train(
       has_last_result = true;
       const int64_t done = r.iteration + 1;
       if (on_iteration) on_iteration(Report(r));
+      if (runtime::EvaluationDue(done, job_end(), options.eval_every)) {
+        // A death during it is recovered like one during an iteration; this validation loss
+        // is then not reported.
+        TANDEM_ASSIGN_OR_RETURN(const double loss, engine->Evaluate(options.eval_batches));
+        if (options.on_evaluation) options.on_evaluation(done, loss, reporter);
+      }
       if (!options.checkpoint_dir.empty() &&
-          ((options.checkpoint_every > 0 && done % options.checkpoint_every == 0) ||
-           done == job_end())) {
+          runtime::CheckpointDue(done, job_end(), options.checkpoint_every)) {
         TANDEM_RETURN_IF_ERROR(SaveCheckpoint(done));
       }
     }
@@ -1357,7 +1373,8 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Create(
     resumed = *std::move(read);
     s.first_iteration = resumed.step;
   }
-  s.end_iteration = s.first_iteration + s.options.steps;
+  // --steps is the run's total: a resumed run goes on to it (and does nothing past it).
+  s.end_iteration = std::max(s.first_iteration, s.options.steps);
   TANDEM_RETURN_IF_ERROR(s.StartMembership(s.first_iteration - 1));
   TANDEM_RETURN_IF_ERROR(
       s.Configure(s.options.resume.empty() ? nullptr : &resumed.parameters, s.first_iteration));

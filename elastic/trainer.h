@@ -135,7 +135,7 @@ struct ElasticOptions {
   // for devices_per_node / tensor_parallel devices per node.
   int tensor_parallel = 1;
   int min_pipelines = 2;  // f + 1 at the start, to survive f failures
-  int64_t steps = 0;      // iterations to run from the start (a resumed checkpoint's step)
+  int64_t steps = 0;      // the run's last iteration, counted from 1 (a resume goes on to it)
   MembershipOptions membership;
   // How long survivors wait for the agreement's decision; also the longest a rank stays inside
   // an MPI call nothing can interrupt (building the survivors' communicator, starting new
@@ -175,6 +175,13 @@ struct ElasticOptions {
   // an MPI call nothing can interrupt (see agreement_timeout), with the line it prints, e.g. to
   // log the failure. Null: nothing.
   std::function<void(const std::string&)> on_fatal;
+  // Validation: after every eval_every-th iteration (and the last) the pipelines evaluate
+  // eval_batches validation batches (runtime::Engine::Evaluate; the stages' validation data)
+  // and every training rank gets the job's mean loss, with the iteration (counted from 1) and
+  // whether it reports. 0: never.
+  int eval_every = 0;
+  int64_t eval_batches = 1;
+  std::function<void(int64_t iteration, double loss, bool reporter)> on_evaluation;
   // Handed to every started rank (JoinRequest::payload), e.g. what it needs to compute the
   // same templates.
   std::string join_payload;
@@ -263,7 +270,7 @@ class ElasticTrainer {
 
   const JobLayout& layout() const;
   int64_t first_iteration() const;  // where training starts (a resumed checkpoint's step)
-  int64_t end_iteration() const;    // first_iteration() + options.steps
+  int64_t end_iteration() const;    // options.steps (first_iteration() when past it)
   // The iteration an agreed stop request (ElasticOptions::stop_requested) ended the job at, or
   // -1 when it ran to end_iteration().
   int64_t stopped_at() const;

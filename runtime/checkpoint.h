@@ -39,6 +39,12 @@ inline constexpr char kManifestFileName[] = "manifest.json";
 inline constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
 inline constexpr int64_t kMaxLatestBytes = 4096;
 
+// When a training run saves (plain and elastic alike): after iteration `done` (counted from 1)
+// when it is a multiple of `every` (> 0), and after the run's last iteration `end`.
+inline bool CheckpointDue(int64_t done, int64_t end, int every) {
+  return (every > 0 && done % every == 0) || done == end;
+}
+
 // One named tensor of a shard, as raw bytes.
 struct ShardTensor {
   std::string name;

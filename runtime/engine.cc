@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
+#include "pipeline/validator.h"
 #include "runtime/checkpoint.h"
 #include "runtime/control.h"
 #include "runtime/devices.h"
@@ -134,6 +135,12 @@ absl::StatusOr<IterationResult> Engine::RunIteration() {
   return result;
 }
 
+absl::StatusOr<double> Engine::Evaluate(int64_t batches) {
+  auto loss = EvaluateInternal(batches);
+  if (!loss.ok()) return Report(loss.status());
+  return loss;
+}
+
 absl::Status Engine::Flush() { return Report(FlushInternal()); }
 
 absl::Status Engine::SaveCheckpoint(const std::string& dir, const std::string& model) {
@@ -245,7 +252,23 @@ absl::Status Engine::Build(StageFactory factory) {
           "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
           "runtime runs mesh plans only");
     }
-    TANDEM_ASSIGN_OR_RETURN(schedule_, pipeline::GenerateSchedule(plan_.schedule));
+    if (options_.schedule != nullptr) {
+      // Explicit programs: they must be the plan's schedule and run as the IR promises.
+      if (!(options_.schedule->spec == plan_.schedule)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the given schedule (", pipeline::ToJson(options_.schedule->spec).dump(),
+            ") is not the plan's (", pipeline::ToJson(plan_.schedule).dump(), ")"));
+      }
+      if (!(options_.schedule->placement == pipeline::PlacementFor(plan_.schedule))) {
+        return absl::InvalidArgumentError(
+            "the given schedule places its stages unlike the plan's schedule spec");
+      }
+      TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidateSchedule(*options_.schedule),
+                                      "the given schedule is not valid"));
+      schedule_ = *options_.schedule;
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(schedule_, pipeline::GenerateSchedule(plan_.schedule));
+    }
     if (!found) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", world_rank_, " is not in the plan's mesh"));
@@ -359,14 +382,17 @@ absl::Status Engine::Build(StageFactory factory) {
         payload_p2p()->ConnectPeers(std::vector<int>(peers.begin(), peers.end())));
   }
   local = [&]() -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(CheckTiedParameters());
     for (auto& l : locals_) {
       // Registered in backward order (the stage lists its parameters in forward order).
       std::vector<runtime::SyncParameter> params;
       for (const ParameterView& v : l->device.parameters) {
         // A whole parameter of a tensor-parallel group has the same summed gradient in every
-        // lane: the first lane's groups count it in the norm.
-        params.push_back(
-            {v.name, v.value, v.grad, !(tensor_parallel_index_ > 0 && v.tensor_parallel_replicated)});
+        // lane: the first lane's groups count it in the norm. A tied copy has its owner's
+        // gradient (SumTiedGradients): the owner counts it.
+        params.push_back({v.name, v.value, v.grad,
+                          !(tensor_parallel_index_ > 0 && v.tensor_parallel_replicated) &&
+                              !v.is_tied_copy()});
       }
       std::reverse(params.begin(), params.end());
       runtime::GradSyncOptions sync_options;
@@ -439,6 +465,44 @@ std::vector<CheckpointedStage> Engine::checkpointed_stages() const {
   return stages;
 }
 
+absl::Status Engine::CheckTiedParameters() {
+  for (auto& l : locals_) {
+    l->tied.clear();
+    for (size_t i = 0; i < l->device.parameters.size(); ++i) {
+      const ParameterView& v = l->device.parameters[i];
+      if (v.tied_owner.empty()) continue;
+      const std::string where = absl::StrCat(
+          "rank ", world_rank_, " stage ", l->spec.stage, ": parameter '", v.name, "' is tied",
+          v.is_tied_copy() ? absl::StrCat(" to '", v.tied_owner, "'") : std::string(" to a copy"));
+      if (options_.job.sync_gradients) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " on another stage: elastic training does not support stages that split a "
+                   "tied embedding and LM head; train without --elastic, keep both ends on one "
+                   "stage, or untie them (tie_word_embeddings false)"));
+      }
+      if (v.tied_layers.size() < 2 ||
+          std::count(v.tied_layers.begin(), v.tied_layers.end(), v.tied_layer) != 1 ||
+          std::set<int>(v.tied_layers.begin(), v.tied_layers.end()).size() !=
+              v.tied_layers.size()) {
+        return absl::InternalError(absl::StrCat(
+            where, " with fewer than two members, one twice, or not among them"));
+      }
+      for (int layer : v.tied_layers) {
+        const bool placed = std::any_of(
+            plan_.stages.begin(), plan_.stages.end(), [layer](const pipeline::PlanStage& s) {
+              return s.first_layer <= layer && layer < s.end_layer;
+            });
+        if (!placed) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ", held by layer ", layer, ", which no stage of the plan holds"));
+        }
+      }
+      l->tied.push_back(static_cast<int>(i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState() {
   TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterState> flat, ExportState());
   const int t = tensor_group_->size();
@@ -502,7 +566,12 @@ absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::s
     for (size_t i = 0; i < locals_.size(); ++i) {
       const Local& l = *locals_[i];
       if (tensor_parallel_index_ == 0 && l.group->rank() == 0) {
-        shards.push_back(ShardOf(l.spec.stage, l.spec.first_layer, l.spec.end_layer, whole[i]));
+        // A tied copy is saved once, as its owner (runtime/stage.h).
+        std::vector<ParameterState> saved;
+        for (size_t p = 0; p < whole[i].size(); ++p) {
+          if (!l.device.parameters[p].is_tied_copy()) saved.push_back(std::move(whole[i][p]));
+        }
+        shards.push_back(ShardOf(l.spec.stage, l.spec.first_layer, l.spec.end_layer, saved));
       }
     }
     return SaveShardsStep(dir, model, iteration_, options_.keep_checkpoints, checkpoint_scope(),

@@ -24,6 +24,15 @@
 // there (an elastic job: job.sum_over_job); otherwise the step is queued first, behind the
 // backward on the device, and the loss and norm are read while it runs.
 //
+// Tied parameters (ParameterView::tied_owner: an LM head that is the token embedding, on the
+// first and the last stage). At the optimizer step, before the gradient groups synchronise,
+// the members' gradients are summed within each pipeline (host buffers over the pipeline
+// group, so with tensor parallelism each lane sums its own vocabulary shard), so every member
+// then takes the step a single process sharing one tensor takes; the copies are left out of
+// the norm. The stages holding members hand their buckets to the synchroniser only then (no
+// overlap with the backward for them). Any schedule works, also ones that put both ends on one
+// rank (ZB-V, Hanayo: summed there without messages); elastic jobs (JobHooks) are refused.
+//
 // Collective contract: Create, RunIteration, Flush, SaveCheckpoint, LoadCheckpoint and
 // GatherTimeline are collective over the world communicator (every rank calls them in the
 // same order); the destructor waits (at most 10 s) for every rank's closing notice. Every wait has the communicator's timeout; an error names the rank, the
@@ -126,6 +135,9 @@ struct JobHooks {
   // committed: every rank has synchronised its gradients and can apply the step.
   std::function<absl::Status(int64_t iteration, std::array<double, 3>& sums)> sum_over_job;
   int ranks = 0;  // ranks in the job (bubble estimate); 0: the engine's world
+  // Sums an evaluation's loss in place over every rank of the job (Engine::Evaluate; null:
+  // over the engine's world).
+  std::function<absl::Status(double& loss)> sum_evaluation;
 };
 
 struct EngineOptions {
@@ -155,6 +167,11 @@ struct EngineOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   Clock* clock = nullptr;  // null: RealClock
   JobHooks job;
+  // The programs to run, when they are given explicitly rather than generated from the plan's
+  // schedule spec: a custom schedule read from a file (pipeline/torch_csv.h) or one built by
+  // hand. Its spec must equal plan.schedule (whose placement, PlacementFor, the plan's stages
+  // follow) and it must pass the validator; every rank must be given the same schedule.
+  std::shared_ptr<const pipeline::Schedule> schedule;
 };
 
 
@@ -180,6 +197,13 @@ struct IterationResult {
 // stops alike; callers stop before they log or save anything of that iteration.
 absl::Status CheckLossIsFinite(const IterationResult& result);
 
+// When a training run evaluates its validation loss (plain and elastic alike): after iteration
+// `done` (counted from 1) when it is a multiple of `every`, and after the last, `end`; never
+// when `every` is 0.
+inline bool EvaluationDue(int64_t done, int64_t end, int every) {
+  return every > 0 && (done % every == 0 || done == end);
+}
+
 // A stage this rank runs.
 struct LocalStageId {
   int replica = 0;
@@ -198,6 +222,12 @@ class Engine {
 
   // Runs iteration iteration() and advances it. Collective.
   absl::StatusOr<IterationResult> RunIteration();
+
+  // The mean loss of validation batches [0, batches) (Stage::BeginEvaluation): every local
+  // stage's forward of each micro-batch in the order the schedule runs them, without
+  // gradients, then the world's sum (the job's, JobHooks::sum_evaluation). Parameters and
+  // optimizer state are untouched; the iteration counter does not move. Collective.
+  absl::StatusOr<double> Evaluate(int64_t batches);
 
   // Makes every local stage's parameters hold the last step's values (DeAR leaves all-gathers
   // in flight after a step). Collective over the gradient groups.
@@ -271,6 +301,10 @@ class Engine {
   Engine() = default;
 
   absl::StatusOr<IterationResult> RunIterationInternal();
+  absl::StatusOr<double> EvaluateInternal(int64_t batches);
+  // Runs `program` (this rank's actions) to its end: transfers posted in batches, each
+  // computation after its inputs arrived; timings into `result` (recorded where asked).
+  absl::Status RunProgram(const std::vector<pipeline::Action>& program, IterationResult* result);
   absl::Status FlushInternal();
   absl::Status SaveCheckpointInternal(const std::string& dir, const std::string& model);
   absl::Status LoadCheckpointInternal(const std::string& dir, const std::string& model);
@@ -295,6 +329,15 @@ class Engine {
   // stop when the work is launched) and the simulator is fed what the device spent.
   absl::Status SynchronizeDevices();
   absl::Status OptimizerStep(IterationResult* result);
+  // Tied parameters (ParameterView::tied_owner): checks that every member of each group this
+  // rank holds lies in a stage of the plan (at Build).
+  absl::Status CheckTiedParameters();
+  // Sums the gradients of every tied group over its members in this pipeline (the ranks
+  // holding them exchange them over the pipeline group; members on one rank add locally), in
+  // member order (ParameterView::tied_layers) on every rank so that all end bit-identical,
+  // then hands the
+  // holding stages' buckets to their synchronisers. At the optimizer step, before the norm.
+  absl::Status SumTiedGradients();
   absl::Status ApplyStep(const std::array<double, 3>& sums, IterationResult* result);
   // The result's loss, norm, compute time, clipping coefficient and learning rate from the
   // world's sums.
@@ -313,6 +356,9 @@ class Engine {
 
   pipeline::Plan plan_;
   pipeline::Schedule schedule_;
+  // This rank's program reduced to its forwards and their activation transfers, for Evaluate
+  // (made at its first call).
+  std::vector<pipeline::Action> evaluation_program_;
   EngineOptions options_;
   Clock* clock_ = nullptr;
   comm::Communicator* world_ = nullptr;

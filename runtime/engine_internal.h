@@ -23,6 +23,7 @@ namespace engine_internal {
 // the control communicator).
 constexpr int kTransferTag = 1;  // payloads
 constexpr int kHeaderTag = 4;    // transfer headers (first exchange of each kind)
+constexpr int kTiedTag = 6;      // gradients of tied parameters (Engine::SumTiedGradients)
 
 // Timeline lanes (Chrome-trace threads) of a rank.
 enum Lane : int { kComputeLane = 0, kSendLane = 1, kReceiveLane = 2, kSyncLane = 3 };
@@ -52,6 +53,10 @@ struct Engine::Local {
   std::unique_ptr<runtime::GradientSync> sync;
   bool sync_started = false;
   bool parameters_current = false;  // WaitForParameters done since the last step
+  // Indices in device.parameters of the parameters tied to other stages' (tied_owner): their
+  // gradients are summed at the optimizer step (Engine::SumTiedGradients), and the stage's
+  // buckets are handed to the synchroniser only then.
+  std::vector<int> tied;
   // Device operations, parameters on the device and, on CUDA, the gradient group for device
   // buffers (runtime/devices.h).
   StageDevice device;

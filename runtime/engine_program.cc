@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -93,8 +97,68 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
     }
     l->sync_started = false;
   }
-  const std::vector<pipeline::Action>& program = schedule_.programs[pipeline_position_];
-  result.timings.reserve(program.size());
+  TANDEM_RETURN_IF_ERROR(RunProgram(schedule_.programs[pipeline_position_], &result));
+  result.seconds = Now() - start;
+  const double capacity =
+      result.seconds * (options_.job.ranks > 0 ? options_.job.ranks : world_->size());
+  result.bubble_ratio = capacity > 0 ? 1.0 - result.world_compute_seconds / capacity : 0;
+  ++iteration_;
+  return result;
+}
+
+absl::StatusOr<double> Engine::EvaluateInternal(int64_t batches) {
+  using pipeline::ActionType;
+  if (batches < 1) return absl::InvalidArgumentError("evaluation needs at least one batch");
+  if (evaluation_program_.empty()) {
+    // The forwards in the training program's order, with the transfers of their activations:
+    // a subset of a deadlock-free order with only the forward dependencies left, so it runs
+    // to its end too.
+    for (const pipeline::Action& action : schedule_.programs[pipeline_position_]) {
+      if (action.type == ActionType::kForward || action.type == ActionType::kSendActivation ||
+          action.type == ActionType::kRecvActivation) {
+        evaluation_program_.push_back(action);
+      }
+    }
+  }
+  const bool recording = options_.record_timeline;
+  options_.record_timeline = false;
+  double total = 0;
+  absl::Status status = [&]() -> absl::Status {
+    for (int64_t batch = 0; batch < batches; ++batch) {
+      for (auto& l : locals_) {
+        absl::Status s = l->impl->BeginEvaluation(batch);
+        if (!s.ok()) {
+          return Annotate(s, absl::StrCat("rank ", world_rank_, " evaluation batch ", batch,
+                                          ": beginning stage ", l->spec.stage));
+        }
+      }
+      IterationResult unused;
+      TANDEM_RETURN_IF_ERROR(RunProgram(evaluation_program_, &unused));
+      // Every rank of a tensor-parallel group computes the same loss: one counts it.
+      double loss = 0;
+      for (auto& l : locals_) {
+        if (l->spec.is_last() && tensor_parallel_index_ == 0) loss += l->impl->IterationLoss();
+      }
+      if (options_.job.sum_evaluation) {
+        TANDEM_RETURN_IF_ERROR(Annotate(options_.job.sum_evaluation(loss),
+                                        "summing the validation loss over the job"));
+      } else {
+        TANDEM_RETURN_IF_ERROR(Annotate(
+            control_->AllReduce(DoubleBuffer(&loss, 1), comm::ReduceOp::kSum)->Wait(),
+            "summing the validation loss over the world"));
+      }
+      total += loss;
+    }
+    return absl::OkStatus();
+  }();
+  options_.record_timeline = recording;
+  TANDEM_RETURN_IF_ERROR(status);
+  return total / static_cast<double>(batches);
+}
+
+absl::Status Engine::RunProgram(const std::vector<pipeline::Action>& program,
+                                IterationResult* result) {
+  result->timings.reserve(result->timings.size() + program.size());
   for (size_t i = 0; i < program.size();) {
     const pipeline::Action& action = program[i];
     if (pipeline::IsTransfer(action.type)) {
@@ -105,7 +169,7 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
       TANDEM_RETURN_IF_ERROR(Fail(PostTransfers(program, i, end), static_cast<int>(i), action));
       const double batch_end = Now();
       for (size_t k = i; k < end; ++k) {
-        result.timings.push_back({program[k], batch_start, batch_end});
+        result->timings.push_back({program[k], batch_start, batch_end});
         Record(program[k], batch_start, batch_end);
       }
       TANDEM_RETURN_IF_ERROR(Fail(transfers_->Reap(), static_cast<int>(i), action));
@@ -116,33 +180,26 @@ absl::StatusOr<IterationResult> Engine::RunIterationInternal() {
     // not counted as compute.
     TANDEM_RETURN_IF_ERROR(Fail(WaitForInputs(action), static_cast<int>(i), action));
     const double action_start = Now();
-    TANDEM_RETURN_IF_ERROR(Fail(Execute(action, &result), static_cast<int>(i), action));
+    TANDEM_RETURN_IF_ERROR(Fail(Execute(action, result), static_cast<int>(i), action));
     if (options_.record_timeline) {
       TANDEM_RETURN_IF_ERROR(Fail(SynchronizeDevices(), static_cast<int>(i), action));
     }
     const double action_end = Now();
-    if (pipeline::IsCompute(action.type)) result.compute_seconds += action_end - action_start;
-    result.timings.push_back({action, action_start, action_end});
+    if (pipeline::IsCompute(action.type)) result->compute_seconds += action_end - action_start;
+    result->timings.push_back({action, action_start, action_end});
     Record(action, action_start, action_end);
     TANDEM_RETURN_IF_ERROR(Fail(transfers_->Reap(), static_cast<int>(i), action));
     ++i;
   }
   absl::Status s = transfers_->WaitAll();
-  if (!s.ok()) {
-    return Annotate(s, absl::StrCat("rank ", world_rank_, " iteration ", iteration_));
-  }
+  if (!s.ok()) return Annotate(s, absl::StrCat("rank ", world_rank_, " iteration ", iteration_));
   if (!transfers_->activations.empty() || !transfers_->gradients.empty()) {
     return absl::InternalError(absl::StrCat(
         "rank ", world_rank_, " iteration ", iteration_, ": ", transfers_->activations.size(),
         " activations and ", transfers_->gradients.size(),
         " gradients were produced but never used (schedule mismatch)"));
   }
-  result.seconds = Now() - start;
-  const double capacity =
-      result.seconds * (options_.job.ranks > 0 ? options_.job.ranks : world_->size());
-  result.bubble_ratio = capacity > 0 ? 1.0 - result.world_compute_seconds / capacity : 0;
-  ++iteration_;
-  return result;
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* result) {
@@ -211,6 +268,8 @@ absl::Status Engine::Execute(const pipeline::Action& action, IterationResult* re
       }
       l->sync_started = true;
       TANDEM_RETURN_IF_ERROR(l->impl->FinishGradients());
+      // A stage with tied parameters waits for their sum (SumTiedGradients) at the step.
+      if (!l->tied.empty()) return absl::OkStatus();
       for (int b = 0; b < l->sync->num_buckets(); ++b) {
         TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
       }
@@ -302,6 +361,9 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
                                               "synchronisation of stage ", l->spec.stage));
     }
   }
+  TANDEM_RETURN_IF_ERROR(Annotate(SumTiedGradients(),
+                                  absl::StrCat("rank ", world_rank_, " iteration ", iteration_,
+                                               ": summing tied gradients")));
   // Every rank of a tensor-parallel group computes the same loss: one counts it.
   auto counts_loss = [this](const Local& l) {
     return l.spec.is_last() && tensor_parallel_index_ == 0;
@@ -358,6 +420,90 @@ absl::Status Engine::OptimizerStep(IterationResult* result) {
                  "summing loss and gradient norm over the world"));
   }
   return ApplyStep(sums, result);
+}
+
+absl::Status Engine::SumTiedGradients() {
+  // This rank's members of each group, by pipeline replica and owner.
+  struct Member {
+    Local* local;
+    const ParameterView* view;
+  };
+  std::map<std::pair<int, std::string>, std::vector<Member>> groups;
+  for (auto& l : locals_) {
+    for (int i : l->tied) {
+      const ParameterView& v = l->device.parameters[i];
+      groups[{l->spec.replica, v.tied_owner}].push_back({l.get(), &v});
+    }
+  }
+  auto stage_of_layer = [this](int layer) {
+    for (size_t s = 0; s < plan_.stages.size(); ++s) {
+      if (plan_.stages[s].first_layer <= layer && layer < plan_.stages[s].end_layer) {
+        return static_cast<int>(s);
+      }
+    }
+    return -1;
+  };
+  for (const auto& [key, here] : groups) {
+    const auto& [replica, owner] = key;
+    const std::vector<int>& layers = here.front().view->tied_layers;
+    const int64_t count = here.front().view->grad.count;
+    // Every member's gradient on the host, in layer order: those here copied, the others
+    // received from the pipeline positions holding them.
+    std::vector<std::vector<float>> grads(layers.size(), std::vector<float>(count));
+    std::vector<int> positions(layers.size());
+    std::vector<bool> local(layers.size(), false);
+    for (size_t m = 0; m < layers.size(); ++m) {
+      positions[m] = schedule_.placement.RankOf(replica, stage_of_layer(layers[m]));
+    }
+    for (const Member& member : here) {
+      const auto at = std::find(layers.begin(), layers.end(), member.view->tied_layer);
+      if (at == layers.end() || member.view->grad.count != count) {
+        return absl::InternalError(absl::StrCat("tied parameter '", member.view->name,
+                                                "' does not match its group of '", owner, "'"));
+      }
+      const size_t m = static_cast<size_t>(at - layers.begin());
+      local[m] = true;
+      TANDEM_RETURN_IF_ERROR(member.local->device.ops->CopyToHost(
+          grads[m].data(), static_cast<const float*>(member.view->grad.data), count));
+    }
+    std::set<int> peers;
+    for (size_t m = 0; m < layers.size(); ++m) {
+      if (!local[m]) peers.insert(positions[m]);
+    }
+    // Sends and receives between two positions pair up in member order (MPI keeps the order
+    // of messages of one tag between two ranks).
+    std::vector<comm::WorkPtr> works;
+    auto buffer = [&](size_t m) {
+      return comm::Buffer{grads[m].data(), count, comm::DataType::kFloat32, comm::Device::Cpu()};
+    };
+    for (size_t m = 0; m < layers.size(); ++m) {
+      if (local[m]) {
+        for (int peer : peers) works.push_back(p2p_->Send(buffer(m), peer, engine_internal::kTiedTag));
+      } else {
+        works.push_back(p2p_->Recv(buffer(m), positions[m], engine_internal::kTiedTag));
+      }
+    }
+    for (comm::WorkPtr& work : works) {
+      TANDEM_RETURN_IF_ERROR(Annotate(work->Wait(), absl::StrCat("gradient of '", owner,
+                                                                 "' (replica ", replica, ")")));
+    }
+    // The same sum, in the same order, on every rank holding a member.
+    std::vector<float>& total = grads.front();
+    for (size_t m = 1; m < grads.size(); ++m) {
+      for (int64_t i = 0; i < count; ++i) total[i] += grads[m][i];
+    }
+    for (const Member& member : here) {
+      TANDEM_RETURN_IF_ERROR(member.local->device.ops->CopyFromHost(
+          static_cast<float*>(member.view->grad.data), total.data(), count));
+    }
+  }
+  for (auto& l : locals_) {
+    if (l->tied.empty()) continue;
+    for (int b = 0; b < l->sync->num_buckets(); ++b) {
+      TANDEM_RETURN_IF_ERROR(l->sync->BucketReady(b));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Engine::FillStepResult(const std::array<double, 3>& sums, IterationResult* result) const {

@@ -54,6 +54,17 @@ struct ParameterView {
   // whole_count for a shard, value.count otherwise. Checkpoints record it with the values.
   // Empty: the stage does not know them (checkpoints then record [count]).
   std::vector<int64_t> shape;
+  // A parameter tied to parameters of other stages (an LM head that is the token embedding,
+  // held by the first and the last stage): every member names the group's owner here and
+  // lists the model layers holding the members, the owner's first. Empty:
+  // not tied across stages. The members start equal (the stages' doing); the engine sums
+  // their gradients over the stages of each pipeline that hold them before the gradient
+  // synchronisation, so they take identical steps; the norm counts the owner alone, and
+  // checkpoints hold the owner alone (a copy loads the owner's state).
+  std::string tied_owner;
+  std::vector<int> tied_layers;
+  int tied_layer = -1;  // the layer holding this member (one of tied_layers)
+  bool is_tied_copy() const { return !tied_owner.empty() && tied_owner != name; }
 };
 
 class Stage {
@@ -96,6 +107,15 @@ class Stage {
   // Starts moving IterationLoss to the host, so that reading it after more work is queued
   // (the optimizer step) waits for the loss alone. By default nothing.
   virtual absl::Status StartReadingIterationLoss() { return absl::OkStatus(); }
+
+  // Evaluation (a validation loss): selects batch `batch` of the stage's validation data (the
+  // first and last stage; the same slicing as BeginIteration). Until the next BeginIteration,
+  // Forward runs without gradients and stashes nothing, and the last stage sums its scaled
+  // losses for IterationLoss (so the world's sum is the batch's mean loss, as in training).
+  // Unimplemented by default: the stage has no validation data.
+  virtual absl::Status BeginEvaluation(int64_t batch) {
+    return absl::UnimplementedError("this stage has no validation data to evaluate");
+  }
 
   virtual std::vector<ParameterView> Parameters() = 0;
   virtual comm::Device device() const = 0;

@@ -74,6 +74,7 @@ absl::StatusOr<std::vector<CheckpointShard>> StageShards(
     for (ParameterOptimizerState& o : state) by_name[o.name] = std::move(o);
     std::vector<ParameterState> parameters;
     for (const ParameterView& v : *l.parameters) {
+      if (v.is_tied_copy()) continue;  // saved once, as its owner (runtime/stage.h)
       if (v.value.dtype != comm::DataType::kFloat32) {
         return absl::UnimplementedError(absl::StrCat("checkpoint of parameter '", v.name,
                                                      "': only float32 parameters"));
@@ -352,6 +353,26 @@ absl::StatusOr<int64_t> LoadStages(const std::string& dir, const std::string& mo
                                                   scope.optimizer, l.first_layer, l.end_layer,
                                                   scope.reset_optimizer));
       step = saved.step;
+      // A tied copy held apart loads its owner's state, which the stages holding the owner's
+      // layer saved.
+      for (const ParameterView& v : *l.parameters) {
+        if (!v.is_tied_copy() || v.tied_layers.empty()) continue;
+        const int owner_layer = v.tied_layers.front();
+        TANDEM_ASSIGN_OR_RETURN(CheckpointState owners,
+                                ReadCheckpointState(dir, model, scope.plan->num_layers,
+                                                    scope.optimizer, owner_layer, owner_layer + 1,
+                                                    scope.reset_optimizer));
+        auto owner = owners.parameters.find(v.tied_owner);
+        if (owner == owners.parameters.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              dir, ": parameter '", v.tied_owner, "', to which '", v.name, "' is tied, is in "
+              "none of the checkpoint's stages holding layer ", owner_layer));
+        }
+        ParameterState copy = std::move(owner->second);
+        copy.name = v.name;
+        copy.optimizer.name = v.name;
+        saved.parameters[v.name] = std::move(copy);
+      }
       for (const ParameterView& v : *l.parameters) {
         auto it = saved.parameters.find(v.name);
         if (it == saved.parameters.end()) {

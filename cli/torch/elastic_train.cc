@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch/train_reporter.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/units.h"
@@ -103,23 +104,24 @@ absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateIn
   TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
                           pipeline::ProfileFromJson(nlohmann::json::parse(inputs.profile), "profile"));
   TANDEM_ASSIGN_OR_RETURN(planner::LayerChain chain, planner::LayerChain::FromProfile(profile));
-  if (inputs.ranks % run.devices_per_node != 0) {
+  const ElasticSettings& elastic = run.options.elastic_settings;
+  if (inputs.ranks % elastic.devices_per_node != 0) {
     return absl::InvalidArgumentError(absl::StrCat(inputs.ranks, " ranks are not whole nodes of ",
-                                                   run.devices_per_node,
+                                                   elastic.devices_per_node,
                                                    " (--devices-per-node)"));
   }
   // With tensor parallelism the templates' devices are the tensor-parallel groups, each with
   // the memory of its ranks together (the layers' costs are the unsharded profile's: the
   // partition does not change when every stage is T times faster).
-  const int t = std::max(1, run.tensor_parallel);
+  const int t = std::max(1, run.options.tensor_parallel);
   TANDEM_ASSIGN_OR_RETURN(planner::ClusterSpec cluster,
-                          planner::MakeCluster(inputs.ranks / t, run.devices_per_node / t,
-                                               run.device_memory_bytes * t,
+                          planner::MakeCluster(inputs.ranks / t, elastic.devices_per_node / t,
+                                               elastic.device_memory_bytes * t,
                                                {/*bandwidth=*/10e9}));
   planner::TemplateOptions template_options;
   template_options.microbatches = static_cast<int>(
-      std::max<int64_t>(1, global_microbatches / run.min_pipelines));
-  template_options.microbatch_size = run.microbatch_size;
+      std::max<int64_t>(1, global_microbatches / elastic.min_pipelines));
+  template_options.microbatch_size = run.options.microbatch_size;
   const absl::Time t0 = absl::Now();
   Templates out;
   TANDEM_ASSIGN_OR_RETURN(out.set,
@@ -130,7 +132,7 @@ absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateIn
                      "in %.1f ms",
                      out.set.templates.size(), out.set.min_nodes,
                      out.set.templates.empty() ? 0 : out.set.templates.back().nodes,
-                     run.devices_per_node / t,
+                     elastic.devices_per_node / t,
                      t > 1 ? absl::StrCat(" (tensor-parallel groups of ", t, " ranks)") : "",
                      absl::ToDoubleMilliseconds(absl::Now() - t0))
               << std::endl;
@@ -255,7 +257,7 @@ class JobTimeline {
 nlohmann::json ReformationEvent(const char* kind, const elastic::Reconfiguration& c) {
   return {{"event", kind},
           {"live", c.live},
-          {"resume_iteration", c.resume_iteration},
+          {"resume_iteration", c.resume_iteration + 1},
           {"replan_seconds", c.plan_seconds},
           {"state_copy_seconds", c.move_seconds},
           {"build_seconds", c.build_seconds},
@@ -263,13 +265,6 @@ nlohmann::json ReformationEvent(const char* kind, const elastic::Reconfiguration
           {"bytes_moved", c.bytes_moved},
           {"layout", c.layout},
           {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
-}
-
-// Appends one JSON object to the log (when there is one).
-void AppendEvent(const std::string& log, const nlohmann::json& line) {
-  if (log.empty()) return;
-  std::ofstream out(log, std::ios::app);
-  out << line.dump() << "\n";
 }
 
 absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& started);
@@ -286,9 +281,9 @@ absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void(
   // rank.
   absl::Status status = RunElastic(run, started);
   if (!status.ok()) {
-    AppendEvent(run.log_json, {{"event", "failed"},
-                               {"rank", run.world->rank()},
-                               {"error", std::string(status.message())}});
+    (void)AppendLogEvent(run.options.log_json, {{"event", "failed"},
+                                                {"rank", run.world->rank()},
+                                                {"error", std::string(status.message())}});
   }
   return status;
 }
@@ -298,15 +293,14 @@ namespace {
 absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& started) {
   comm::Communicator& world = *run.world;
   const int rank = world.rank();
-  if (run.global_batch <= 0 || run.global_batch % run.microbatch_size != 0) {
+  const TrainOptions& train = run.options;
+  const ElasticSettings& elastic = train.elastic_settings;
+  if (train.global_batch <= 0 || train.global_batch % train.microbatch_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--elastic needs --global-batch, a multiple of --microbatch-size (", run.microbatch_size,
-        ")"));
+        "--elastic needs --global-batch, a multiple of --microbatch-size (",
+        train.microbatch_size, ")"));
   }
-  if (run.min_pipelines < 1) {
-    return absl::InvalidArgumentError("--elastic-min-pipelines must be at least 1");
-  }
-  const int64_t global_microbatches = run.global_batch / run.microbatch_size;
+  const int64_t global_microbatches = train.global_batch / train.microbatch_size;
   // Under Open MPI, a death ends the whole job unless mpirun keeps the survivors running.
   const char* launcher = std::getenv("OMPI_COMM_WORLD_SIZE");
   const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
@@ -323,7 +317,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   TemplateInputs inputs;
   if (joining) {
     started();
-    TANDEM_ASSIGN_OR_RETURN(elastic::JoinRequest request, elastic::AcceptJoin(run.engine.timeout));
+    TANDEM_ASSIGN_OR_RETURN(elastic::JoinRequest request, elastic::AcceptJoin(train.engine.timeout));
     TANDEM_ASSIGN_OR_RETURN(inputs, DecodeTemplateInputs(request.payload));
     join = std::move(request);
     // The job's ranks' CPU threads (this process counted only the ranks started with it).
@@ -336,7 +330,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     std::string text;
     absl::Status local = absl::OkStatus();
     if (rank == 0) {
-      std::cout << "elastic: profiling the model (micro-batch " << run.microbatch_size
+      std::cout << "elastic: profiling the model (micro-batch " << train.microbatch_size
                 << ") on rank 0 ..." << std::endl;
       auto profile = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
       if (profile.ok()) {
@@ -353,31 +347,40 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   TANDEM_ASSIGN_OR_RETURN(Templates templates,
                           BuildTemplates(run, inputs, global_microbatches, rank == 0 && !joining));
 
+  // What this rank reports while it is the job's reporter (the first rank of the first
+  // pipeline, which a failure may change), and the first error writing the log.
+  TrainReporter reporter(train.log_json);
+  absl::Status log_status = absl::OkStatus();
   elastic::ElasticOptions options;
-  options.engine = run.engine;
-  options.schedule = run.schedule;
+  options.on_evaluation = [&](int64_t iteration, double loss, bool reports) {
+    if (reports && log_status.ok()) log_status = reporter.Validation(iteration, loss);
+  };
+  options.engine = train.engine;
+  options.schedule = train.schedule.value_or(pipeline::ScheduleKind::k1F1B);
   options.model = run.model_text;
   options.num_layers = run.model->num_layers();
-  options.microbatch_size = run.microbatch_size;
+  options.microbatch_size = train.microbatch_size;
   options.global_microbatches = global_microbatches;
-  options.devices_per_node = run.devices_per_node;
-  options.tensor_parallel = run.tensor_parallel;
-  options.min_pipelines = run.min_pipelines;
-  options.steps = run.steps;
-  options.membership.heartbeat_timeout = run.heartbeat_timeout;
-  options.agreement_timeout = run.agreement_timeout;
+  options.devices_per_node = elastic.devices_per_node;
+  options.tensor_parallel = train.tensor_parallel;
+  options.min_pipelines = elastic.min_pipelines;
+  options.steps = train.steps;
+  options.membership.heartbeat_timeout = elastic.heartbeat_timeout;
+  options.agreement_timeout = elastic.agreement_timeout;
   // A rank that ends itself (stuck inside MPI after a death) logs its failure as any other.
-  options.on_fatal = [log = run.log_json, rank](const std::string& line) {
-    AppendEvent(log, {{"event", "failed"}, {"rank", rank}, {"error", line}});
+  options.on_fatal = [log = train.log_json, rank](const std::string& line) {
+    (void)AppendLogEvent(log, {{"event", "failed"}, {"rank", rank}, {"error", line}});
   };
   options.layer_state_bytes = templates.layer_state_bytes;
-  options.checkpoint_dir = run.checkpoint_dir;
-  options.checkpoint_every = run.checkpoint_every;
-  options.keep_checkpoints = run.keep_checkpoints;
-  options.resume = run.resume;
+  options.checkpoint_dir = train.checkpoint_dir;
+  options.checkpoint_every = train.checkpoint_every;
+  options.keep_checkpoints = train.engine.keep_checkpoints;
+  options.resume = train.resume;
+  options.eval_every = train.eval_every;
+  options.eval_batches = train.eval_batches;
   options.stop_requested = &stop_requested;
   options.grow_requested = &grow_requested;
-  options.replace_lost = run.replace_lost;
+  options.replace_lost = elastic.replace_lost;
   options.spawn_command = OwnCommand();
   options.join_payload = EncodeTemplateInputs(inputs);
   std::signal(SIGUSR1, OnStopSignal);
@@ -399,37 +402,23 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
         trainer, elastic::ElasticTrainer::Create(std::move(job), std::move(templates.set),
                                                  run.factory, std::move(options)));
   }
-  const int reporter = trainer->layout().pipelines.empty()
-                           ? -1
-                           : trainer->layout().pipelines[0].ranks[0];
-  if (rank == reporter && !joining) {
+  const int first_reporter = trainer->layout().pipelines.empty()
+                                 ? -1
+                                 : trainer->layout().pipelines[0].ranks[0];
+  if (rank == first_reporter && !joining) {
     std::cout << "elastic: " << elastic::Describe(trainer->layout())
-              << " (global batch " << run.global_batch << ": " << global_microbatches
-              << " micro-batches of " << run.microbatch_size << ")" << std::endl;
-    if (!run.log_json.empty()) std::ofstream(run.log_json, std::ios::trunc).flush();
-    if (!run.resume.empty()) {
-      std::cout << "resumed from " << run.resume << " at iteration "
-                << trainer->first_iteration() + 1 << std::endl;
+              << " (global batch " << train.global_batch << ": " << global_microbatches
+              << " micro-batches of " << train.microbatch_size << ")" << std::endl;
+    TANDEM_RETURN_IF_ERROR(reporter.StartLog());
+    if (!train.resume.empty()) {
+      std::cout << "resumed from " << train.resume << " after iteration "
+                << trainer->first_iteration() << std::endl;
     }
   }
-  const double tokens = static_cast<double>(run.global_batch) * run.tokens_per_sample;
+  const double tokens = static_cast<double>(train.global_batch) * run.tokens_per_sample;
   int reconfigurations = 0;
   double last_loss = 0;
   int64_t last_iteration = -1;
-  absl::Status log_status = absl::OkStatus();
-  // The log keeps one line per completed iteration: a reporter that takes over from a dead one
-  // first reads where it stopped, and iterations run again after a roll-back are not repeated.
-  int64_t last_logged = -1;
-  bool log_read = false;
-  auto append = [&](const nlohmann::json& line) {
-    if (run.log_json.empty()) return;
-    std::ofstream out(run.log_json, std::ios::app);
-    out << line.dump() << "\n";
-    out.flush();
-    if (!out) log_status = absl::InternalError(absl::StrCat("writing ", run.log_json));
-  };
-  // A recovery's event, written once the first iteration after it has completed.
-  std::optional<nlohmann::json> pending_recovery;
   JobTimeline timeline;
   auto on_iteration = [&](const elastic::ElasticIteration& e) {
     timeline.Iteration(e);
@@ -437,42 +426,17 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     last_iteration = e.result.iteration;
     if (!e.reporter) return;
     const runtime::IterationResult& r = e.result;
-    std::cout << absl::StrFormat(
-                     "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  %d pipeline(s) on %d "
-                     "rank(s)",
-                     r.iteration + 1, trainer->end_iteration(), r.loss, r.seconds * 1e3,
-                     r.seconds > 0 ? tokens / r.seconds : 0.0, e.pipelines, e.ranks)
-              << std::endl;
-    if (run.log_json.empty()) return;
-    if (!log_read) {
-      log_read = true;
-      std::ifstream in(run.log_json);
-      std::string text;
-      while (std::getline(in, text)) {
-        const nlohmann::json line = nlohmann::json::parse(text, nullptr, false);
-        if (line.is_object() && line.contains("iteration") && !line.contains("event")) {
-          last_logged = std::max<int64_t>(last_logged, line["iteration"].get<int64_t>());
-        }
-      }
-    }
-    if (pending_recovery.has_value()) {
-      (*pending_recovery)["first_step_after_iteration"] = r.iteration;
-      (*pending_recovery)["first_step_after_seconds"] = r.seconds;
-      append(*pending_recovery);
-      pending_recovery.reset();
-    }
-    if (r.iteration <= last_logged) return;  // run again after a roll-back: logged already
-    last_logged = r.iteration;
-    nlohmann::json line = {{"iteration", r.iteration},
-                           {"loss", r.loss},
-                           {"iteration_ms", r.seconds * 1e3},
-                           {"tokens_per_second", r.seconds > 0 ? tokens / r.seconds : 0.0},
-                           {"grad_norm", r.grad_norm},
-                           {"learning_rate", r.learning_rate},
-                           {"pipelines", e.pipelines},
-                           {"ranks", e.ranks},
-                           {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}};
-    append(line);
+    ProgressLine line;
+    line.iteration = r.iteration + 1;
+    line.end = trainer->end_iteration();
+    line.loss = r.loss;
+    line.seconds = r.seconds;
+    line.tokens_per_second = r.seconds > 0 ? tokens / r.seconds : 0.0;
+    line.grad_norm = r.grad_norm;
+    line.learning_rate = r.learning_rate;
+    line.pipelines = e.pipelines;
+    line.ranks = e.ranks;
+    if (log_status.ok()) log_status = reporter.Iteration(line);
   };
   int growths = 0;
   auto on_reconfiguration = [&](const elastic::Reconfiguration& c) {
@@ -481,26 +445,24 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
       timeline.Growth(c);
       ++growths;
       if (!c.reporter) return;
-      pending_recovery = ReformationEvent("growth", c);
-      (*pending_recovery)["added"] = c.added;
-      (*pending_recovery)["spawn_seconds"] = c.spawn_seconds;
-      std::cout << absl::StrFormat(
-                       "elastic: rank(s) %s started and joined in %.3f s; re-formed in %.3f s "
-                       "(plan %.3f s, state %.3f s, engines %.3f s; %s of state copied): %s; "
-                       "resuming at iteration %d",
-                       absl::StrJoin(c.added, ", "), c.spawn_seconds, c.rebuild_seconds,
-                       c.plan_seconds, c.move_seconds, c.build_seconds,
-                       FormatBytes(c.bytes_moved), c.layout, c.resume_iteration + 1)
-                << std::endl;
+      nlohmann::json event = ReformationEvent("growth", c);
+      event["added"] = c.added;
+      event["spawn_seconds"] = c.spawn_seconds;
+      const std::string text = absl::StrFormat(
+          "elastic: rank(s) %s started and joined in %.3f s; re-formed in %.3f s (plan %.3f s, "
+          "state %.3f s, engines %.3f s; %s of state copied): %s; resuming at iteration %d",
+          absl::StrJoin(c.added, ", "), c.spawn_seconds, c.rebuild_seconds, c.plan_seconds,
+          c.move_seconds, c.build_seconds, FormatBytes(c.bytes_moved), c.layout,
+          c.resume_iteration + 1);
+      if (log_status.ok()) log_status = reporter.Reformation(text, std::move(event));
       return;
     }
     timeline.Recovery(c);
     ++reconfigurations;
     if (!c.reporter) return;
-    pending_recovery = ReformationEvent("recovery", c);
-    nlohmann::json& event = *pending_recovery;
+    nlohmann::json event = ReformationEvent("recovery", c);
     event["dead"] = c.dead;
-    event["committed_iteration"] = c.committed_iteration;
+    event["committed_iteration"] = c.committed_iteration + 1;
     event["detection_seconds"] = c.detection_seconds;
     event["agreement_seconds"] = c.agree_seconds;
     event["shrink_seconds"] = c.shrink_seconds;
@@ -509,29 +471,25 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
         c.restored_step >= 0
             ? absl::StrCat(c.layers_received, " parameter(s) read from the checkpoint here")
             : absl::StrCat(FormatBytes(c.bytes_moved), " of state copied");
-    std::cout << absl::StrFormat(
-                     "elastic: rank(s) %s died; %d survivor(s) agreed in %.3f s (found dead "
-                     "after %.2f s of silence) that iteration %d is the last committed; "
-                     "re-formed in %.3f s (plan %.3f s, state %.3f s, engines %.3f s; %s): %s; "
-                     "resuming at iteration %d",
-                     absl::StrJoin(c.dead, ", "), c.live.size(), c.agree_seconds,
-                     c.detection_seconds, c.committed_iteration + 1, c.rebuild_seconds,
-                     c.plan_seconds, c.move_seconds, c.build_seconds, received, c.layout,
-                     c.resume_iteration + 1)
-              << std::endl;
+    std::string text = absl::StrFormat(
+        "elastic: rank(s) %s died; %d survivor(s) agreed in %.3f s (found dead after %.2f s of "
+        "silence) that iteration %d is the last committed; re-formed in %.3f s (plan %.3f s, "
+        "state %.3f s, engines %.3f s; %s): %s; resuming at iteration %d",
+        absl::StrJoin(c.dead, ", "), c.live.size(), c.agree_seconds, c.detection_seconds,
+        c.committed_iteration + 1, c.rebuild_seconds, c.plan_seconds, c.move_seconds,
+        c.build_seconds, received, c.layout, c.resume_iteration + 1);
     if (c.restored_step >= 0) {
-      std::cout << "elastic: no survivor held some layers: every rank rolled back to the "
-                   "checkpoint of step "
-                << c.restored_step << " in " << run.checkpoint_dir << std::endl;
+      absl::StrAppend(&text, "\nelastic: no survivor held some layers: every rank rolled back to "
+                             "the checkpoint of step ",
+                      c.restored_step, " in ", train.checkpoint_dir);
     }
+    if (log_status.ok()) log_status = reporter.Reformation(text, std::move(event));
   };
   auto on_checkpoint = [&](int64_t step) {
-    std::cout << "checkpoint: " << run.checkpoint_dir << " (step " << step << ")" << std::endl;
-    append(nlohmann::json{{"event", "checkpoint"}, {"step", step}});
+    if (log_status.ok()) log_status = reporter.Checkpoint(train.checkpoint_dir, step);
   };
   if (joined.has_value()) on_reconfiguration(*joined);
   TANDEM_RETURN_IF_ERROR(trainer->Run(on_iteration, on_reconfiguration, on_checkpoint));
-  if (pending_recovery.has_value()) append(*pending_recovery);  // nothing ran after it
   TANDEM_RETURN_IF_ERROR(log_status);
   if (trainer->layout().pipelines.empty() ||
       trainer->layout().pipelines[0].ranks[0] == trainer->job_rank()) {
@@ -545,24 +503,24 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
       // Stopped on request (SIGUSR1) before --steps: `--resume` continues at this step.
       finished["stopped"] = true;
       std::cout << "stopped on request after iteration " << trainer->stopped_at()
-                << (run.checkpoint_dir.empty()
+                << (train.checkpoint_dir.empty()
                         ? std::string(" (no --checkpoint-dir: nothing saved)")
                         : absl::StrCat(" (checkpoint of step ", trainer->stopped_at(), " in ",
-                                       run.checkpoint_dir, ")"))
+                                       train.checkpoint_dir, ")"))
                 << std::endl;
     }
-    AppendEvent(run.log_json, finished);
-    if (!run.timeline.empty()) {
-      TANDEM_RETURN_IF_ERROR(timeline.Write(run.timeline));
-      std::cout << "timeline: " << run.timeline << " (" << reconfigurations
+    if (!train.timeline.empty()) {
+      TANDEM_RETURN_IF_ERROR(timeline.Write(train.timeline));
+      std::cout << "timeline: " << train.timeline << " (" << reconfigurations
                 << " recovery(ies) beside the iterations)" << std::endl;
     }
-    std::cout << absl::StrFormat(
-                     "trained to iteration %d elastically: final loss %.5f, %d "
-                     "reconfiguration(s), %d growth(s), %s",
-                     last_iteration + 1, last_loss, reconfigurations, growths,
-                     elastic::Describe(trainer->layout()))
-              << std::endl;
+    RunSummary summary;
+    summary.iterations = last_iteration + 1;
+    summary.final_loss = last_loss;
+    summary.reconfigurations = reconfigurations;
+    summary.growths = growths;
+    summary.layout = elastic::Describe(trainer->layout());
+    TANDEM_RETURN_IF_ERROR(reporter.Finish(summary, std::move(finished)));
   }
   return absl::OkStatus();
 }

@@ -100,6 +100,7 @@ absl::StatusOr<ModelAndData> DecoderModel(int64_t vocab, int64_t seq_len, int64_
                                           uint64_t seed) {
   ModelAndData result;
   TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(vocab, seq_len, seed));
+  TANDEM_ASSIGN_OR_RETURN(result.validation, ValidationDataFromFlags(vocab, seq_len, seed));
   result.spec = std::move(spec);
   TANDEM_RETURN_IF_ERROR(InitializeFromFlags(std::move(layout), &result.spec));
   result.description = std::move(description);
@@ -192,14 +193,14 @@ void RegisterHuggingFaceModels() {
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
                     "grouped-query attention, SwiGLU)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
-                   "intermediate", "seq_len", "vocab", "data", "data_format", "attention"},
+                   "intermediate", "seq_len", "vocab", "data", "data_format", "valid_data", "attention"},
          .make = MakeLlama});
     const absl::Status gpt2 = RegisterModel(
         {.name = "gpt2",
          .summary = "GPT-2 as transformers' GPT2LMHeadModel (learned positions, LM head tied "
                     "to the token embedding)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "seq_len", "vocab",
-                   "data", "data_format", "attention"},
+                   "data", "data_format", "valid_data", "attention"},
          .make = MakeGpt2});
     return llama.ok() && gpt2.ok();
   }();

@@ -37,6 +37,12 @@ ABSL_FLAG(std::string, data, "",
 ABSL_FLAG(std::string, data_format, "auto",
           "--data's format: auto (a folder, a glob or a .bin file is token shards of the format "
           "their headers say, anything else text), llmc, nanogpt, megatron, or text");
+ABSL_FLAG(std::string, valid_data, "",
+          "validation data for `train --eval-every`: token shards (as --data; a folder "
+          "scripts/prepare_data.py wrote gives its validation split) or a text file; empty: "
+          "the validation split of such a --data folder, or held-out samples of the synthetic "
+          "task");
+ABSL_DECLARE_FLAG(int, eval_every);  // cli/torch/train_options.cc
 ABSL_FLAG(int, microbatch_size, 1, "samples per micro-batch");
 ABSL_FLAG(std::string, optimizer, "adamw", "optimizer: sgd (with momentum) or adamw");
 ABSL_FLAG(std::string, device, "cpu", "device: cpu, cuda or cuda:N");
@@ -128,6 +134,63 @@ absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> DataFromFlags(int64_
   return runtime::libtorch::MakeSyntheticDataset(task);
 }
 
+absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> ValidationDataFromFlags(
+    int64_t vocab, int64_t seq_len, uint64_t seed) {
+  const std::string valid = absl::GetFlag(FLAGS_valid_data);
+  if (valid.empty() && absl::GetFlag(FLAGS_eval_every) == 0) return nullptr;
+  // Other samples than training draws (the seed only orders the shards' windows).
+  const uint64_t valid_seed = runtime::libtorch::MixSeed(seed, 0x76616c6964, 0);
+  std::vector<std::string> sources;
+  data::TokenFileFormat format = data::TokenFileFormat::kAuto;
+  if (!valid.empty()) {
+    const std::string format_flag = absl::GetFlag(FLAGS_data_format);
+    std::vector<std::string> given = absl::StrSplit(valid, ',', absl::SkipEmpty());
+    bool shards = false;
+    for (const std::string& source : given) {
+      shards = shards || runtime::libtorch::LooksLikeTokenShards(source);
+    }
+    if (format_flag != "auto" && format_flag != "text") {
+      TANDEM_ASSIGN_OR_RETURN(format, data::ParseTokenFileFormat(format_flag));
+      shards = true;
+    }
+    if (!shards || format_flag == "text") {
+      auto text = runtime::libtorch::MakeByteTextDataset(valid, seq_len, valid_seed);
+      if (!text.ok()) return Annotate(text.status(), "--valid-data");
+      return text;
+    }
+    auto split = runtime::libtorch::PreparedSplitShards(given, "valid");
+    if (!split.ok()) return Annotate(split.status(), "--valid-data");
+    sources = *std::move(split);
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<runtime::libtorch::TokenShardOptions> training,
+                            TokenShardsFromFlags());
+    if (!training.has_value()) {
+      if (!absl::GetFlag(FLAGS_data).empty()) return nullptr;  // a text file: none held out
+      runtime::libtorch::SyntheticTaskOptions task;
+      task.vocab = vocab;
+      task.seq_len = seq_len;
+      task.seed = valid_seed;
+      return runtime::libtorch::MakeSyntheticDataset(task);
+    }
+    // The validation split of the folders --data names, if scripts/prepare_data.py wrote one.
+    std::vector<std::string> given = absl::StrSplit(absl::GetFlag(FLAGS_data), ',',
+                                                    absl::SkipEmpty());
+    auto split = runtime::libtorch::PreparedSplitShards(given, "valid");
+    if (!split.ok() || *split == given) return nullptr;
+    sources = *std::move(split);
+    format = training->format;
+  }
+  runtime::libtorch::TokenShardOptions options;
+  options.sources = std::move(sources);
+  options.format = format;
+  options.seq_len = seq_len;
+  options.vocab = vocab;
+  options.seed = valid_seed;
+  auto made = runtime::libtorch::MakeTokenShardDataset(options);
+  if (!made.ok()) return Annotate(made.status(), "validation data");
+  return made;
+}
+
 namespace {
 
 absl::StatusOr<ModelAndData> MakeGpt(const ModelRequest& request) {
@@ -147,6 +210,8 @@ absl::StatusOr<ModelAndData> MakeGpt(const ModelRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
   }
   TANDEM_ASSIGN_OR_RETURN(result.data, DataFromFlags(gpt.vocab, gpt.seq_len, data_seed));
+  TANDEM_ASSIGN_OR_RETURN(result.validation,
+                          ValidationDataFromFlags(gpt.vocab, gpt.seq_len, data_seed));
   result.spec = runtime::libtorch::GptModelSpec(gpt);
   result.description = runtime::libtorch::DescribeGpt(gpt);
   result.tokens_per_sample = gpt.seq_len;
@@ -171,7 +236,7 @@ void RegisterBuiltInModels() {
         {.name = "gpt",
          .summary = "decoder-only transformer (learned positions, pre-norm blocks)",
          .flags = {"layers", "hidden", "heads", "seq_len", "vocab", "data", "data_format",
-                   "attention"},
+                   "valid_data", "attention"},
          .make = MakeGpt});
     RegisterHuggingFaceModels();
     return status.ok();

@@ -25,6 +25,7 @@ ABSL_DECLARE_FLAG(int, seq_len);
 ABSL_DECLARE_FLAG(int, vocab);             // 0: the data's (16 synthetic, 256 bytes)
 ABSL_DECLARE_FLAG(std::string, data);      // "" (synthetic task), token shards or a text file
 ABSL_DECLARE_FLAG(std::string, data_format);  // auto, llmc, nanogpt, megatron, text
+ABSL_DECLARE_FLAG(std::string, valid_data);   // validation data ("": --data's split)
 ABSL_DECLARE_FLAG(int, microbatch_size);   // samples per micro-batch (profile)
 ABSL_DECLARE_FLAG(std::string, optimizer); // "sgd" or "adamw"
 ABSL_DECLARE_FLAG(std::string, device);    // "cpu", "cuda", "cuda:N"
@@ -47,6 +48,13 @@ absl::StatusOr<int64_t> VocabularyFromFlags(int64_t fixed);
 absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> DataFromFlags(int64_t vocab,
                                                                           int64_t seq_len,
                                                                           uint64_t seed);
+
+// The validation data the flags name for `train --eval-every` (cli/torch/train_options.h):
+// --valid-data (token shards, a prepared folder's validation split, or a text file), else the
+// validation split of the folder --data names, else held-out samples of the synthetic task;
+// null when there is none, or neither --valid-data nor --eval-every is given.
+absl::StatusOr<std::shared_ptr<runtime::libtorch::Dataset>> ValidationDataFromFlags(
+    int64_t vocab, int64_t seq_len, uint64_t seed);
 
 // Registers the models `tandem-torch` has built in (gpt, llama, gpt2;
 // cli/torch/model_registry.h), once; later calls do nothing.

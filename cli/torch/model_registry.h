@@ -42,6 +42,9 @@ struct ModelAndData {
   // The samples of every iteration (runtime/torch/data.h): deterministic in (iteration,
   // sample), so every rank and a single process see the same batches.
   std::shared_ptr<runtime::libtorch::Dataset> data;
+  // Held-out samples for the validation loss (`train --eval-every`), read as `data` is; null:
+  // none (ValidationDataFromFlags gives the flags' choice).
+  std::shared_ptr<runtime::libtorch::Dataset> validation;
   // One line naming the model and its sizes ("gpt layers=4 hidden=64 ..."): printed at the
   // start and stored in checkpoints, which a resume must match. Empty: the model's name.
   std::string description;

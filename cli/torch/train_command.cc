@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <iostream>
 #include <memory>
 #include <map>
@@ -35,6 +36,8 @@
 #include "cli/flags.h"
 #include "cli/torch/elastic_train.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch/train_options.h"
+#include "cli/torch/train_reporter.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
 #include "data/dataset_identity.h"
@@ -46,6 +49,7 @@
 #include "common/units.h"
 #include "pipeline/plan.h"
 #include "pipeline/profile.h"
+#include "pipeline/torch_csv.h"
 #include "planner/cluster.h"
 #include "planner/planner.h"
 #include "runtime/checkpoint.h"
@@ -62,107 +66,16 @@
 #include "runtime/torch/stage_factory.h"
 #include "runtime/torch/torch_stage.h"
 
-ABSL_FLAG(int, global_batch, 0,
-          "train: samples per iteration over all replicas, G (0: microbatch-size x "
-          "micro-batches x data-parallel, or the plan's)");
 ABSL_FLAG(int, data_parallel, 1, "train: pipeline replicas, D (with --schedule)");
-ABSL_FLAG(int, tensor_parallel, 1,
-          "train: tensor-parallel degree T inside every stage (Megatron-style sharding of the "
-          "GPT, T consecutive ranks per pipeline position; world = D x stages x T): with "
-          "--schedule, with --elastic, or planned (the planner partitions over world / T "
-          "groups); 0 (without --schedule): the shards are profiled at T = 2, 4, 8 and the "
-          "planner chooses T with the partition");
-ABSL_FLAG(bool, sequence_parallel, false,
-          "train: with --tensor-parallel T, split the activations outside the split matrix "
-          "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
-          "residuals and pipeline transfers on S/T tokens per rank; S must divide by T)");
-ABSL_FLAG(int, steps, 10, "train: iterations to run");
-ABSL_FLAG(bool, elastic, false,
-          "train: survive dead ranks (run under `mpirun --enable-recovery`): pipelines from "
-          "templates for every node count, re-formed on the survivors after a failure "
-          "(docs/elastic.md); schedules GPipe, 1F1B or ZB-H1, with --tensor-parallel too");
-ABSL_FLAG(int, elastic_min_pipelines, 2,
-          "train --elastic: pipelines at the start, f + 1 to survive f failures");
-ABSL_FLAG(bool, elastic_replace, false,
-          "train --elastic: after ranks die, start new ones (MPI_Comm_spawn) for the lost nodes "
-          "once the survivors train, back to the job's starting size (SIGUSR2 to the job adds "
-          "a node at any time)");
-ABSL_FLAG(double, elastic_agreement_timeout, 60,
-          "train --elastic: seconds survivors wait for each other after a failure, to agree on "
-          "who lives, and inside a call MPI cannot interrupt (building the survivors' "
-          "communicator, starting new ranks) before a rank ends with an error instead");
-ABSL_FLAG(double, device_memory_mb, 0,
-          "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
-          "limit)");
-ABSL_FLAG(int, devices_per_node, 1,
-          "train --elastic: ranks per node (a node that loses a rank is dropped whole; default "
-          "1, or --tensor-parallel's T: a tensor-parallel group lives inside a node)");
 ABSL_FLAG(std::string, plan, "", "train: plan.json to run (from `tandem plan`)");
-ABSL_FLAG(std::string, timeline, "",
-          "train: write the last iteration's timeline here (Chrome trace, every rank, with the "
-          "simulator's prediction beside it; on a GPU the recorded iteration waits for the "
-          "device after each action, so its times are the device's, and the summary's mean "
-          "leaves it out when other iterations were measured); with --elastic, every "
-          "iteration and every recovery's phases");
-ABSL_FLAG(std::string, torch_trace, "",
-          "train: write LibTorch's profiler trace (operators and, on CUDA, kernels; Chrome "
-          "JSON) of the last iteration to this file, one per rank (FILE.rankN.json beyond one "
-          "rank); LibTorch 2 or later");
-ABSL_FLAG(std::string, log_json, "",
-          "train: write one JSON object per iteration here (iteration, loss, tokens_per_second, "
-          "iteration_ms, ...)");
-ABSL_FLAG(double, lr, 1e-3, "train: base learning rate");
-ABSL_FLAG(int, warmup_steps, 0, "train: linear learning-rate warm-up steps");
-ABSL_FLAG(int, decay_steps, 0,
-          "train: step at which the cosine decay reaches --min-lr (0: no decay)");
-ABSL_FLAG(double, min_lr, 0, "train: learning rate at the end of the decay");
-ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum");
-ABSL_FLAG(double, weight_decay, 0, "train: weight decay (SGD: L2; AdamW: decoupled)");
-ABSL_FLAG(double, clip_norm, 0, "train: clip the global gradient norm to this (0: off)");
-ABSL_FLAG(std::string, grad_sync, "allreduce",
-          "train: gradient synchronisation: allreduce (bucketed) or dear (decoupled)");
-ABSL_FLAG(double, bucket_mb, 25, "train: gradient bucket size in MiB");
-ABSL_FLAG(std::string, grad_comm, "fp32",
-          "train: the type gradients are communicated in between data-parallel replicas: fp32, "
-          "or bf16 (half the bytes; summed in bfloat16, averaged and applied in float32)");
+ABSL_FLAG(std::string, schedule_file, "",
+          "train: run the schedule in this file, torch.distributed.pipelining's CSV format "
+          "(a row of actions per rank, e.g. written by its _dump_csv or `tandem schedule "
+          "--to-csv`), instead of a generated one: p ranks per pipeline x --data-parallel D "
+          "(x --tensor-parallel T) = the world");
 ABSL_FLAG(std::string, recompute, "",
           "train: layers whose activations are recomputed in backward: none, all, or a comma "
           "list of layer indices (default: the plan's)");
-ABSL_FLAG(std::string, checkpoint_dir, "",
-          "train: write checkpoints into this folder (one step-NNNNNNNN folder per save, "
-          "`latest` naming the newest complete one)");
-ABSL_FLAG(int, checkpoint_every, 0, "train: checkpoint every N iterations (0: at the end only)");
-ABSL_FLAG(int, keep_checkpoints, 2,
-          "train: step folders kept in --checkpoint-dir, the newest (0: keep all)");
-ABSL_FLAG(std::string, resume, "",
-          "train: resume from this checkpoint folder (its latest step, or a step folder)");
-ABSL_FLAG(bool, reset_optimizer, false,
-          "train: with --resume, start the optimizer afresh from the saved parameters (a "
-          "checkpoint whose optimizer state is missing is refused without it)");
-ABSL_FLAG(bool, reset_data, false,
-          "train: with --resume, accept a checkpoint trained on other data or another global "
-          "batch (the data order then starts from the resumed iteration of the new data)");
-ABSL_FLAG(bool, reset_schedule, false,
-          "train: with --resume, accept a checkpoint trained with another learning-rate "
-          "schedule (the new flags' schedule, at the resumed iteration)");
-ABSL_FLAG(double, timeout, 300, "train: seconds any wait may take before it is an error");
-ABSL_FLAG(double, heartbeat_timeout, 2,
-          "train: seconds of silence (no heartbeat: the rank was killed or stopped) after which "
-          "a rank counts as failed; a silent rank on the same host is then killed so the job "
-          "ends (0: off, e.g. to stop a rank in a debugger)");
-ABSL_FLAG(double, startup_timeout, 60,
-          "train: seconds MPI's start-up may take (a rank that dies while MPI starts leaves the "
-          "others inside MPI_Init or the first split; after them, heartbeats notice a dead rank "
-          "within 2 s)");
-ABSL_FLAG(std::string, precision, "",
-          "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
-          "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
-ABSL_FLAG(bool, libtorch_device_ops, false,
-          "train: CPU stages run gradient averaging and the optimizer as LibTorch tensor "
-          "operations, as CUDA stages always do (default: the runtime's vectorised loops)");
-ABSL_FLAG(double, peak_tflops, 0,
-          "train: the device's peak TFLOP/s for the MFU figure (0: from a table of known GPUs "
-          "for the precision; no MFU on the CPU)");
 
 namespace tandem::cli {
 namespace {
@@ -170,74 +83,6 @@ namespace {
 using runtime::libtorch::LayeredModel;
 
 constexpr int kDefaultMicrobatchesPerRank = 4;  // auto plans: micro-batches per device
-constexpr double kBytesPerMiB = 1 << 20;
-
-absl::StatusOr<runtime::OptimizerConfig> OptimizerFromFlags() {
-  TANDEM_ASSIGN_OR_RETURN(runtime::OptimizerKind kind,
-                          runtime::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
-  const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  runtime::OptimizerConfig config =
-      kind == runtime::OptimizerKind::kAdamW
-          ? runtime::OptimizerConfig::AdamW(weight_decay)
-          : runtime::OptimizerConfig::Sgd(absl::GetFlag(FLAGS_momentum), weight_decay);
-  TANDEM_RETURN_IF_ERROR(runtime::ValidateOptimizerConfig(config));
-  return config;
-}
-
-absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
-  runtime::EngineOptions options;
-  TANDEM_ASSIGN_OR_RETURN(options.optimizer, OptimizerFromFlags());
-  auto sync = runtime::ParseGradSyncStrategy(absl::GetFlag(FLAGS_grad_sync));
-  if (!sync.ok()) return Annotate(sync.status(), "--grad-sync");
-  options.grad_sync = *sync;
-  options.reset_optimizer = absl::GetFlag(FLAGS_reset_optimizer);
-  for (const auto& [name, set] : {std::pair<const char*, bool>{"--reset-optimizer", options.reset_optimizer},
-                                  {"--reset-data", absl::GetFlag(FLAGS_reset_data)},
-                                  {"--reset-schedule", absl::GetFlag(FLAGS_reset_schedule)}}) {
-    if (set && absl::GetFlag(FLAGS_resume).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " applies to --resume; there is none"));
-    }
-  }
-  if (options.reset_optimizer && absl::GetFlag(FLAGS_elastic)) {
-    return absl::InvalidArgumentError(
-        "--reset-optimizer is for plain runs: an elastic job's checkpoints also restore lost "
-        "layers, whose optimizer state must stay; resume once without --elastic");
-  }
-  const std::string grad_comm = absl::GetFlag(FLAGS_grad_comm);
-  if (grad_comm == "bf16") {
-    options.gradient_communication = comm::DataType::kBFloat16;
-  } else if (grad_comm != "fp32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--grad-comm: '", grad_comm, "' is not fp32 or bf16"));
-  }
-  const double bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
-  const double lr = absl::GetFlag(FLAGS_lr);
-  const double clip = absl::GetFlag(FLAGS_clip_norm);
-  const double timeout = absl::GetFlag(FLAGS_timeout);
-  if (!(bucket_mb > 0) || !(lr >= 0) || !(clip >= 0) || !(timeout > 0) ||
-      absl::GetFlag(FLAGS_warmup_steps) < 0 || absl::GetFlag(FLAGS_decay_steps) < 0) {
-    return absl::InvalidArgumentError(
-        "--bucket-mb and --timeout must be positive; --lr, --clip-norm, --warmup-steps and "
-        "--decay-steps must not be negative");
-  }
-  options.bucket_bytes = static_cast<int64_t>(bucket_mb * kBytesPerMiB);
-  options.lr_schedule.base_lr = lr;
-  options.lr_schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  options.lr_schedule.decay_end_step = absl::GetFlag(FLAGS_decay_steps);
-  options.lr_schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
-  options.clip_norm = clip;
-  options.timeout = absl::Seconds(timeout);
-  if (absl::GetFlag(FLAGS_keep_checkpoints) < 0) {
-    return absl::InvalidArgumentError("--keep-checkpoints must not be negative");
-  }
-  options.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  const double heartbeat = absl::GetFlag(FLAGS_heartbeat_timeout);
-  if (!(heartbeat >= 0)) {
-    return absl::InvalidArgumentError("--heartbeat-timeout must not be negative");
-  }
-  options.heartbeat_timeout = absl::Seconds(heartbeat);
-  return options;
-}
 
 // --recompute applied to every stage of `plan` ("" keeps the plan's).
 absl::Status ApplyRecompute(pipeline::Plan* plan) {
@@ -302,8 +147,8 @@ absl::Status CheckTensorParallel(int tensor_parallel, int world_size, bool plann
 
 // --sequence-parallel needs the degree the run has (from the flag, a plan file or the
 // planner's choice) to be 2 or more.
-absl::Status CheckSequenceParallel(int tensor_parallel) {
-  if (!absl::GetFlag(FLAGS_sequence_parallel) || tensor_parallel >= 2) return absl::OkStatus();
+absl::Status CheckSequenceParallel(const TrainOptions& options, int tensor_parallel) {
+  if (!options.sequence_parallel || tensor_parallel >= 2) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "--sequence-parallel splits the sequence over a tensor-parallel group: it needs "
       "--tensor-parallel 2 or more (this run's is ", tensor_parallel, ")"));
@@ -312,26 +157,41 @@ absl::Status CheckSequenceParallel(int tensor_parallel) {
 // A plan from --schedule, --stages, --microbatches, --data-parallel: the layers split by the
 // model's cost estimates where it has them (each pipeline position's load as even as whole
 // layers allow), evenly by count otherwise.
-absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
+absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const TrainOptions& options,
+                                                     const LayeredModel& model,
                                                      int world_size) {
   const int num_layers = model.num_layers();
   pipeline::ScheduleSpec spec;
-  TANDEM_ASSIGN_OR_RETURN(spec.kind,
-                          pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
+  if (options.engine.schedule != nullptr) {
+    // A schedule read from a file: its shape is the file's; the flags may only repeat it.
+    spec = options.engine.schedule->spec;
+    for (const auto& [flag, given, has] :
+         {std::tuple<const char*, int, int>{"--stages", absl::GetFlag(FLAGS_stages), spec.num_ranks},
+          {"--microbatches", absl::GetFlag(FLAGS_microbatches), spec.num_microbatches}}) {
+      if (given != 0 && given != has) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", given, " differs from the ",
+                                                       has, " of --schedule-file"));
+      }
+    }
+  } else {
+    spec.kind = *options.schedule;
+  }
   const int data_parallel = absl::GetFlag(FLAGS_data_parallel);
-  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  const int tensor_parallel = options.tensor_parallel;
   TANDEM_RETURN_IF_ERROR(
       CheckTensorParallel(tensor_parallel, world_size, /*planned=*/false, "--schedule"));
   world_size /= tensor_parallel;  // pipeline positions: the plan gets its groups below
-  spec.num_ranks = absl::GetFlag(FLAGS_stages);
-  if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
-  spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
-  if (spec.num_microbatches == 0) {
-    spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
+  if (options.engine.schedule == nullptr) {
+    spec.num_ranks = absl::GetFlag(FLAGS_stages);
+    if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
+    spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+    if (spec.num_microbatches == 0) {
+      spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
+    }
+    spec.chunks = absl::GetFlag(FLAGS_chunks);
+    spec.waves = absl::GetFlag(FLAGS_waves);
+    TANDEM_ASSIGN_OR_RETURN(spec.planning_costs, PlanningCosts(spec.kind, model));
   }
-  spec.chunks = absl::GetFlag(FLAGS_chunks);
-  spec.waves = absl::GetFlag(FLAGS_waves);
-  TANDEM_ASSIGN_OR_RETURN(spec.planning_costs, PlanningCosts(spec.kind, model));
   if (data_parallel < 1 || spec.num_ranks * data_parallel != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--stages ", spec.num_ranks, " x --data-parallel ", data_parallel,
@@ -339,8 +199,8 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
         " = ", spec.num_ranks * data_parallel * tensor_parallel,
         " ranks, but this run has ", world_size * tensor_parallel));
   }
-  int64_t microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
-  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  int64_t microbatch_size = options.microbatch_size;
+  const int64_t global_batch = options.global_batch;
   if (global_batch > 0) {
     const int64_t per_microbatch = int64_t{spec.num_microbatches} * data_parallel;
     if (global_batch % per_microbatch != 0) {
@@ -364,12 +224,12 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const LayeredModel& model,
 
 // Rank 0 profiles the model and plans for the world (AdaPipe: a uniform mesh with per-stage
 // recomputation); the plan is returned on rank 0 only.
-runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(torch::Device device) {
+runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(const TrainOptions& options) {
   runtime::libtorch::ProfilerOptions profiler;
-  profiler.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+  profiler.microbatch_size = options.microbatch_size;
   profiler.warmup = 1;
   profiler.repeats = 3;
-  profiler.device = device;
+  profiler.device = options.device;
   profiler.optimizer_state = absl::GetFlag(FLAGS_optimizer) == "adamw"
                                  ? runtime::libtorch::OptimizerStateKind::kAdam
                                  : runtime::libtorch::OptimizerStateKind::kMomentum;
@@ -380,9 +240,10 @@ runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(torch::Device device)
 // world and the model), each by the first T ranks together (their collectives timed with
 // them). Collective over `world`; rank 0 gets the shard profiles, by degree.
 absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicator& world,
+                                                               const TrainOptions& train,
                                                                const LayeredModel& model,
-                                                               const runtime::libtorch::Dataset& data,
-                                                               torch::Device device) {
+                                                               const runtime::libtorch::Dataset& data) {
+  const torch::Device device = train.device;
   std::map<int, pipeline::Profile> shards;
   if (!model.shard_for_tensor_parallel) return shards;
   // A failure skips the remaining measurements but not the splits, which every rank makes.
@@ -397,7 +258,7 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
       std::cout << "profiling the shards of tensor parallelism " << t << " on ranks 0-" << t - 1
                 << " ..." << std::endl;
     }
-    runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(device);
+    runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(train);
     // Where NCCL carries device buffers the group's collectives run over it, as the runtime
     // runs them (null: the MPI group; CUDA shards then reduce host copies).
     absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl = nullptr;
@@ -435,11 +296,10 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
   return shards;
 }
 
-absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
+absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const LayeredModel& model,
                                         const runtime::libtorch::Dataset& data, int world_size,
-                                        torch::Device device,
                                         const std::map<int, pipeline::Profile>& shards) {
-  const runtime::libtorch::ProfilerOptions profiler = AutoPlanProfilerOptions(device);
+  const runtime::libtorch::ProfilerOptions profiler = AutoPlanProfilerOptions(options);
   std::cout << "profiling " << model.name << " (micro-batch " << profiler.microbatch_size
             << ") on rank 0 ..." << std::endl;
   TANDEM_ASSIGN_OR_RETURN(pipeline::Profile profile,
@@ -477,7 +337,7 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const LayeredModel& model,
   TANDEM_ASSIGN_OR_RETURN(request.cluster,
                           planner::MakeCluster(world_size, world_size, /*memory=*/0,
                                                {/*bandwidth=*/10e9}));
-  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  const int64_t global_batch = options.global_batch;
   if (global_batch > 0) {
     if (global_batch % profiler.microbatch_size != 0) {
       return absl::InvalidArgumentError(
@@ -515,16 +375,16 @@ absl::Status Agree(comm::Communicator& world, const absl::Status& local, absl::s
   return runtime::AgreeOnSuccess(&world, local, what);
 }
 
-absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const LayeredModel& model,
-                                          const runtime::libtorch::Dataset& data,
-                                          torch::Device device) {
+absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const TrainOptions& options,
+                                          const LayeredModel& model,
+                                          const runtime::libtorch::Dataset& data) {
   const int world_size = world.size();
   const std::string plan_file = absl::GetFlag(FLAGS_plan);
-  const bool from_schedule = !absl::GetFlag(FLAGS_schedule).empty();
+  const bool from_schedule = options.schedule.has_value() || options.engine.schedule != nullptr;
   if (!plan_file.empty() && from_schedule) {
-    return absl::InvalidArgumentError("give --plan or --schedule, not both");
+    return absl::InvalidArgumentError("give --plan or --schedule (--schedule-file), not both");
   }
-  const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  const int tensor_parallel = options.tensor_parallel;
   if (tensor_parallel != 1 && !plan_file.empty()) {
     return absl::InvalidArgumentError(
         "--tensor-parallel does not go with --plan: a plan file carries its own "
@@ -534,11 +394,22 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
   if (!plan_file.empty()) {
     absl::Status local = [&]() -> absl::Status {
       TANDEM_ASSIGN_OR_RETURN(plan, pipeline::ReadPlanFile(plan_file));
-      return Annotate(pipeline::ValidatePlan(plan, world_size, model.num_layers()), plan_file);
+      TANDEM_RETURN_IF_ERROR(
+          Annotate(pipeline::ValidatePlan(plan, world_size, model.num_layers()), plan_file));
+      // A model's layers run in their own order: a plan that reorders them (PipeDream on a
+      // branching graph) is for a model the runtime does not build.
+      for (int position = 0; position < plan.num_layers; ++position) {
+        if (plan.LayerAt(position) != position) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              plan_file, ": layer_order puts layer ", plan.LayerAt(position), " at position ",
+              position, "; tandem train runs a model's layers in their own order"));
+        }
+      }
+      return absl::OkStatus();
     }();
     TANDEM_RETURN_IF_ERROR(Agree(world, local, "reading the plan"));
   } else if (from_schedule) {
-    TANDEM_ASSIGN_OR_RETURN(plan, PlanFromScheduleFlags(model, world_size));
+    TANDEM_ASSIGN_OR_RETURN(plan, PlanFromScheduleFlags(options, model, world_size));
   } else {
     std::string text;
     absl::Status local = absl::OkStatus();
@@ -549,7 +420,7 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
     std::map<int, pipeline::Profile> shards;
     if (tensor_parallel == 0) {
       absl::StatusOr<std::map<int, pipeline::Profile>> measured =
-          ProfileShards(world, model, data, device);
+          ProfileShards(world, options, model, data);
       TANDEM_RETURN_IF_ERROR(Agree(world, measured.status(), "profiling tensor-parallel shards"));
       shards = *std::move(measured);
     }
@@ -558,10 +429,10 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
       // the unsharded profile's: every stage T times faster leaves the partition as it is),
       // and each plan position becomes a group of T ranks.
       auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
-        if (tensor_parallel == 0) return AutoPlan(model, data, world_size, device, shards);
+        if (tensor_parallel == 0) return AutoPlan(options, model, data, world_size, shards);
         TANDEM_ASSIGN_OR_RETURN(
             pipeline::Plan plan,
-            AutoPlan(model, data, world_size / tensor_parallel, device, /*shards=*/{}));
+            AutoPlan(options, model, data, world_size / tensor_parallel, /*shards=*/{}));
         if (tensor_parallel == 1) return plan;
         return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
       }();
@@ -577,7 +448,7 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Layer
                                                          "broadcast plan"));
   }
   TANDEM_RETURN_IF_ERROR(ApplyRecompute(&plan));
-  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  const int64_t global_batch = options.global_batch;
   if (global_batch > 0 && global_batch != plan.GlobalBatchSize()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--global-batch ", global_batch, " differs from the plan's ", plan.GlobalBatchSize(),
@@ -615,22 +486,6 @@ std::string DescribePlan(const pipeline::Plan& plan) {
   return out;
 }
 
-struct LogLine {
-  int64_t iteration;
-  double loss, tokens_per_second, iteration_ms, grad_norm, learning_rate, bubble, peak_bytes;
-  double mfu;  // model FLOP utilisation; < 0: unknown peak
-};
-
-nlohmann::json ToJson(const LogLine& l) {
-  nlohmann::json j = {{"iteration", l.iteration},         {"loss", l.loss},
-                      {"tokens_per_second", l.tokens_per_second},
-                      {"iteration_ms", l.iteration_ms},   {"grad_norm", l.grad_norm},
-                      {"learning_rate", l.learning_rate}, {"bubble", l.bubble},
-                      {"peak_memory_bytes", l.peak_bytes}};
-  if (l.mfu >= 0) j["mfu"] = l.mfu;
-  return j;
-}
-
 // MFU = model FLOPs per second / (ranks x the device's peak). The peak comes from
 // --peak-tflops or a table of known GPUs; on the CPU (or an unknown GPU) it is unknown: -1.
 struct MfuModel {
@@ -645,13 +500,14 @@ struct MfuModel {
   }
 };
 
-MfuModel MfuFor(double flops_per_token, torch::Device device,
-                runtime::libtorch::Precision precision, int ranks) {
+MfuModel MfuFor(const TrainOptions& options, double flops_per_token, int ranks) {
+  const torch::Device device = options.device;
   MfuModel m;
   m.flops_per_token = flops_per_token;
-  double peak = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  double peak = options.peak_tflops * 1e12;
   if (peak <= 0 && device.is_cuda()) {
-    peak = runtime::libtorch::KnownPeakFlops(comm::CudaDeviceName(device.index()), precision);
+    peak = runtime::libtorch::KnownPeakFlops(comm::CudaDeviceName(device.index()),
+                                             options.precision);
   }
   // Ranks that share a GPU share its peak: count the GPUs, not the ranks.
   int devices = ranks;
@@ -723,36 +579,24 @@ absl::Status CheckMicrobatchFits(const pipeline::Plan& plan, const ModelAndData&
   return absl::OkStatus();
 }
 
-// --torch-trace's file for this rank: FILE itself on one rank, else FILE.rankN.json (a
-// ".json" ending of FILE moved after the rank).
-std::string TorchTracePath(const std::string& path, const comm::Communicator& world) {
-  if (path.empty() || world.size() == 1) return path;
-  std::string stem = path;
-  if (absl::EndsWith(stem, ".json")) stem.resize(stem.size() - 5);
-  return absl::StrCat(stem, ".rank", world.rank(), ".json");
-}
-
 // Every output path, before any work, on every rank that writes it (the plain run's log and
 // timeline are rank 0's; in an elastic job whichever rank leads the first pipeline writes them,
 // so every rank checks), agreed: a path that cannot be written is bad input on every rank.
-absl::Status CheckOutputPaths(comm::Communicator& world) {
-  const bool every_rank = absl::GetFlag(FLAGS_elastic) || world.rank() == 0;
+absl::Status CheckOutputPaths(comm::Communicator& world, const TrainOptions& options) {
+  const bool every_rank = options.elastic || world.rank() == 0;
   absl::Status local = absl::OkStatus();
   auto check = [&](absl::Status status) {
     if (local.ok()) local = std::move(status);
   };
-  if (every_rank && !absl::GetFlag(FLAGS_log_json).empty()) {
-    check(CheckOutputFile(absl::GetFlag(FLAGS_log_json), "--log-json"));
+  if (every_rank && !options.log_json.empty()) {
+    check(CheckOutputFile(options.log_json, "--log-json"));
   }
-  if (every_rank && !absl::GetFlag(FLAGS_timeline).empty()) {
-    check(CheckOutputFile(absl::GetFlag(FLAGS_timeline), "--timeline"));
+  if (every_rank && !options.timeline.empty()) {
+    check(CheckOutputFile(options.timeline, "--timeline"));
   }
-  if (!absl::GetFlag(FLAGS_torch_trace).empty()) {
-    check(CheckOutputFile(TorchTracePath(absl::GetFlag(FLAGS_torch_trace), world),
-                          "--torch-trace"));
-  }
-  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
-    check(CheckOutputFolder(absl::GetFlag(FLAGS_checkpoint_dir), "--checkpoint-dir"));
+  if (!options.torch_trace.empty()) check(CheckOutputFile(options.torch_trace, "--torch-trace"));
+  if (!options.checkpoint_dir.empty()) {
+    check(CheckOutputFolder(options.checkpoint_dir, "--checkpoint-dir"));
   }
   return runtime::AgreeOnSuccess(&world, local, "checking the output paths");
 }
@@ -775,12 +619,13 @@ nlohmann::json RunRecord(const runtime::libtorch::Dataset& data, int64_t global_
 // Refuses a resume whose checkpoint was trained on other data, another global batch or another
 // learning-rate schedule, naming the difference, unless --reset-data / --reset-schedule accept
 // it. Checkpoints without a record (older ones) are not checked.
-absl::Status CheckResumeMatches(const std::string& resume, const nlohmann::json& current) {
+absl::Status CheckResumeMatches(const TrainOptions& options, const nlohmann::json& current) {
+  const std::string& resume = options.resume;
   TANDEM_ASSIGN_OR_RETURN(std::string dir, runtime::ResolveCheckpoint(resume));
   TANDEM_ASSIGN_OR_RETURN(runtime::CheckpointManifest manifest, runtime::ReadManifest(dir));
   const nlohmann::json& saved = manifest.run;
   if (saved.empty()) return absl::OkStatus();
-  if (!absl::GetFlag(FLAGS_reset_data)) {
+  if (!options.reset_data) {
     const char* reset = " (--reset-data to go on from this checkpoint on other data)";
     if (saved.contains("data") && saved["data"] != current["data"]) {
       const nlohmann::json& a = saved["data"];
@@ -807,7 +652,7 @@ absl::Status CheckResumeMatches(const std::string& resume, const nlohmann::json&
           current["global_batch"].dump(), reset));
     }
   }
-  if (!absl::GetFlag(FLAGS_reset_schedule) && saved.contains("lr_schedule") &&
+  if (!options.reset_schedule && saved.contains("lr_schedule") &&
       saved["lr_schedule"] != current["lr_schedule"]) {
     std::vector<std::string> differences;
     const std::map<std::string, std::string> flag_of = {{"base_lr", "--lr"},
@@ -830,227 +675,185 @@ absl::Status CheckResumeMatches(const std::string& resume, const nlohmann::json&
 
 absl::Status Train(comm::Communicator& world, const std::function<void()>& engine_started) {
   const int rank = world.rank();
-  const int seed = absl::GetFlag(FLAGS_seed);
-  const int steps = absl::GetFlag(FLAGS_steps);
-  if (steps < 0) return absl::InvalidArgumentError("--steps must not be negative");
-  TANDEM_RETURN_IF_ERROR(CheckOutputPaths(world));
-  TANDEM_ASSIGN_OR_RETURN(runtime::EngineOptions options, EngineOptionsFromFlags());
-  TANDEM_ASSIGN_OR_RETURN(torch::Device device, DeviceFromFlags());
-  if (device.is_cuda() && absl::GetFlag(FLAGS_device) == "cuda") {
-    // One device per rank: ranks on a node take the node's devices in turn (several ranks
-    // share one when there are fewer devices than ranks).
-    const int devices = static_cast<int>(torch::cuda::device_count());
-    device = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(rank % devices));
-  }
-  if (!absl::GetFlag(FLAGS_torch_trace).empty() && !runtime::libtorch::HasTorchTrace()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--torch-trace needs LibTorch 2 or later (its Kineto profiler); this build has ",
-        TORCH_VERSION));
-  }
-  if (absl::GetFlag(FLAGS_peak_tflops) < 0) {
-    return absl::InvalidArgumentError("--peak-tflops must not be negative");
+  TANDEM_ASSIGN_OR_RETURN(TrainOptions options, TrainOptionsFromFlags(rank, world.size()));
+  TANDEM_RETURN_IF_ERROR(CheckOutputPaths(world, options));
+  const std::string schedule_file = absl::GetFlag(FLAGS_schedule_file);
+  if (!schedule_file.empty()) {
+    if (options.schedule.has_value() || options.elastic) {
+      return absl::InvalidArgumentError(
+          "--schedule-file is the schedule: drop --schedule (and --elastic, which plans its own)");
+    }
+    absl::StatusOr<pipeline::Schedule> read = pipeline::ReadTorchCsvSchedule(schedule_file);
+    if (!read.ok()) return Annotate(read.status(), "--schedule-file");
+    options.engine.schedule = std::make_shared<const pipeline::Schedule>(*std::move(read));
   }
   const std::string threads = SetHostThreads();
-  runtime::libtorch::Precision precision = runtime::libtorch::DefaultPrecision(device);
-  if (!absl::GetFlag(FLAGS_precision).empty()) {
-    auto parsed = runtime::libtorch::ParsePrecision(absl::GetFlag(FLAGS_precision));
-    if (!parsed.ok()) return Annotate(parsed.status(), "--precision");
-    precision = *parsed;
+  TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(options.seed));
+  if (options.eval_every > 0 && model_and_data.validation == nullptr) {
+    return absl::InvalidArgumentError(
+        "--eval-every needs validation data: --valid-data (a folder scripts/prepare_data.py "
+        "wrote gives its validation split by itself)");
   }
-  TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
   // The model's description alone: each stage builds its own layers (a model given whole is
   // built whole here), and profiling builds one layer at a time.
   TANDEM_ASSIGN_OR_RETURN(LayeredModel model,
-                          model_and_data.spec.BuildLayers(seed, /*first=*/0, /*end=*/0));
+                          model_and_data.spec.BuildLayers(options.seed, /*first=*/0, /*end=*/0));
   std::shared_ptr<const runtime::libtorch::Dataset> data = model_and_data.data;
-  const bool libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
-  const bool sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
+  std::shared_ptr<const runtime::libtorch::Dataset> validation = model_and_data.validation;
   runtime::StageFactory factory =
       [&](const runtime::StageSpec& s) -> absl::StatusOr<std::unique_ptr<runtime::Stage>> {
-    runtime::libtorch::TorchStageOptions o = runtime::libtorch::TorchStageOptionsFor(s, device);
-    o.precision = precision;
-    o.libtorch_device_ops = libtorch_device_ops;
-    o.tensor_parallel.sequence_parallel = sequence_parallel;
+    runtime::libtorch::TorchStageOptions o =
+        runtime::libtorch::TorchStageOptionsFor(s, options.device);
+    o.precision = options.precision;
+    o.libtorch_device_ops = options.libtorch_device_ops;
+    o.tensor_parallel.sequence_parallel = options.sequence_parallel;
+    o.validation_data = validation;
     TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
     return std::unique_ptr<runtime::Stage>(std::move(stage));
   };
-  if (absl::GetFlag(FLAGS_elastic)) {
-    const int tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-    TANDEM_RETURN_IF_ERROR(
-        CheckTensorParallel(tensor_parallel, world.size(), /*planned=*/false, "--elastic"));
-    TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(tensor_parallel));
+  const std::string model_text = absl::StrCat(model_and_data.description, " seed=", options.seed);
+  const std::string start_line =
+      absl::StrCat(model_text, ", ", runtime::libtorch::PrecisionName(options.precision), " on ",
+                   options.device.str(), options.elastic ? ", elastic, " : ", ", threads);
+  if (options.elastic) {
+    TANDEM_RETURN_IF_ERROR(CheckTensorParallel(options.tensor_parallel, world.size(),
+                                               /*planned=*/false, "--elastic"));
+    TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, options.tensor_parallel));
     if (!absl::GetFlag(FLAGS_plan).empty()) {
       return absl::InvalidArgumentError(
           "--elastic plans its own pipelines from templates; drop --plan");
     }
-    ElasticRun run;
+    ElasticRun run{.options = options};
     run.world = &world;
     run.model = &model;
     run.data = data;
-    run.profiler.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+    run.profiler.microbatch_size = options.microbatch_size;
     run.profiler.warmup = 1;
     run.profiler.repeats = 3;
-    run.profiler.device = device;
+    run.profiler.device = options.device;
     run.factory = factory;
-    run.engine = options;
-    const std::string schedule = absl::GetFlag(FLAGS_schedule);
-    if (!schedule.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(run.schedule, pipeline::ParseScheduleKind(schedule));
-    }
-    run.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
-    run.global_batch = absl::GetFlag(FLAGS_global_batch);
-    run.steps = steps;
-    run.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
-    run.replace_lost = absl::GetFlag(FLAGS_elastic_replace);
-    const double agreement = absl::GetFlag(FLAGS_elastic_agreement_timeout);
-    if (!(agreement > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--elastic-agreement-timeout must be a positive number of seconds, got ", agreement));
-    }
-    run.agreement_timeout = absl::Seconds(agreement);
-    run.tensor_parallel = tensor_parallel;
-    run.devices_per_node = std::max(1, absl::GetFlag(FLAGS_devices_per_node));
-    if (tensor_parallel > 1 && run.devices_per_node == 1) run.devices_per_node = tensor_parallel;
-    if (run.devices_per_node % tensor_parallel != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--devices-per-node ", run.devices_per_node, " is not a multiple of --tensor-parallel ",
-          tensor_parallel, " (a tensor-parallel group lives inside one node)"));
-    }
-    run.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * 1048576.0;
-    run.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
     run.tokens_per_sample = model_and_data.tokens_per_sample;
-    run.model_text = absl::StrCat(model_and_data.description, " seed=", seed);
-    run.log_json = absl::GetFlag(FLAGS_log_json);
-    run.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-    run.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-    run.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-    run.resume = absl::GetFlag(FLAGS_resume);
-    run.timeline = absl::GetFlag(FLAGS_timeline);
-    if (rank == 0 && !ElasticJoining()) {
-      std::cout << run.model_text << ", " << runtime::libtorch::PrecisionName(precision)
-                << " on " << device.str() << ", elastic, " << threads << std::endl;
+    run.model_text = model_text;
+    if (rank == 0 && !ElasticJoining()) std::cout << start_line << std::endl;
+    if (options.global_batch > 0) {
+      TANDEM_RETURN_IF_ERROR(model_and_data.data->SetGlobalBatch(options.global_batch));
+      if (validation != nullptr) {
+        TANDEM_RETURN_IF_ERROR(model_and_data.validation->SetGlobalBatch(options.global_batch));
+      }
     }
-    if (run.global_batch > 0) {
-      TANDEM_RETURN_IF_ERROR(model_and_data.data->SetGlobalBatch(run.global_batch));
-    }
-    run.engine.checkpoint_run =
-        RunRecord(*model_and_data.data, run.global_batch, run.engine.lr_schedule);
-    if (!run.resume.empty()) {
-      TANDEM_RETURN_IF_ERROR(CheckResumeMatches(run.resume, run.engine.checkpoint_run));
+    run.options.engine.checkpoint_run =
+        RunRecord(*model_and_data.data, options.global_batch, options.engine.lr_schedule);
+    if (!options.resume.empty()) {
+      TANDEM_RETURN_IF_ERROR(CheckResumeMatches(options, run.options.engine.checkpoint_run));
     }
     return RunElasticTraining(run, engine_started);
   }
   TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
-                          PlanForRun(world, model, *model_and_data.data, device));
-  TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data, device));
+                          PlanForRun(world, options, model, *model_and_data.data));
+  TANDEM_RETURN_IF_ERROR(CheckMicrobatchFits(plan, model_and_data, options.device));
   TANDEM_RETURN_IF_ERROR(model_and_data.data->SetGlobalBatch(plan.GlobalBatchSize()));
-  options.checkpoint_run =
-      RunRecord(*model_and_data.data, plan.GlobalBatchSize(), options.lr_schedule);
-  if (!absl::GetFlag(FLAGS_resume).empty()) {
-    TANDEM_RETURN_IF_ERROR(CheckResumeMatches(absl::GetFlag(FLAGS_resume), options.checkpoint_run));
+  if (validation != nullptr) {
+    TANDEM_RETURN_IF_ERROR(model_and_data.validation->SetGlobalBatch(plan.GlobalBatchSize()));
   }
-  TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(std::max(1, plan.tensor_parallel)));
-  const std::string model_text = absl::StrCat(model_and_data.description, " seed=", seed);
-  if (rank == 0) {
-    std::cout << model_text << ", " << runtime::libtorch::PrecisionName(precision) << " on "
-              << device.str() << ", " << threads << "\n"
-              << DescribePlan(plan) << std::flush;
+  options.engine.checkpoint_run =
+      RunRecord(*model_and_data.data, plan.GlobalBatchSize(), options.engine.lr_schedule);
+  if (!options.resume.empty()) {
+    TANDEM_RETURN_IF_ERROR(CheckResumeMatches(options, options.engine.checkpoint_run));
   }
+  TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, std::max(1, plan.tensor_parallel)));
+  if (rank == 0) std::cout << start_line << "\n" << DescribePlan(plan) << std::flush;
 
-  const MfuModel mfu =
-      MfuFor(model_and_data.training_flops_per_token, device, precision, world.size());
+  const MfuModel mfu = MfuFor(options, model_and_data.training_flops_per_token, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,
-                          runtime::Engine::Create(plan, &world, factory, options));
+                          runtime::Engine::Create(plan, &world, factory, options.engine));
   engine_started();  // the engine's own failure watch takes over
-  const std::string resume = absl::GetFlag(FLAGS_resume);
-  if (!resume.empty()) {
-    TANDEM_RETURN_IF_ERROR(engine->LoadCheckpoint(resume, model_text));
-    if (rank == 0) std::cout << "resumed from " << resume << " at iteration "
-                             << engine->iteration() << std::endl;
+  if (!options.resume.empty()) {
+    TANDEM_RETURN_IF_ERROR(engine->LoadCheckpoint(options.resume, model_text));
+    if (rank == 0) {
+      std::cout << "resumed from " << options.resume << " after iteration "
+                << engine->iteration() << std::endl;
+    }
   }
-
-  const std::string timeline = absl::GetFlag(FLAGS_timeline);
-  const std::string log_json = absl::GetFlag(FLAGS_log_json);
-  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  const int64_t first = engine->iteration();
+  const int64_t end = std::max(first, options.steps);
+  if (rank == 0 && first >= options.steps && options.steps > 0) {
+    std::cout << "the checkpoint is at iteration " << first << ", --steps " << options.steps
+              << ": nothing to train (--steps is the run's last iteration)" << std::endl;
+  }
   const double tokens_per_iteration =
       static_cast<double>(plan.GlobalBatchSize()) * model_and_data.tokens_per_sample;
-  // The log starts empty and grows by a line an iteration (appended, not rewritten).
-  if (rank == 0 && !log_json.empty()) {
-    TANDEM_RETURN_IF_ERROR(WriteFileAtomically(log_json, ""));
-  }
+  TrainReporter reporter(options.log_json);
+  if (rank == 0) TANDEM_RETURN_IF_ERROR(reporter.StartLog());
   double measured_seconds = 0, measured_bubble = 0;
   int measured = 0;
   double last_loss = 0;
   std::vector<runtime::ActionTiming> last_timings;
-  const int64_t first = engine->iteration();
-  const int64_t end = first + steps;
-  const std::string torch_trace = TorchTracePath(absl::GetFlag(FLAGS_torch_trace), world);
   for (int64_t it = first; it < end; ++it) {
-    const bool recorded = !timeline.empty() && it == end - 1;
+    const int64_t done = it + 1;  // counted from 1 from here on
+    const bool recorded = !options.timeline.empty() && done == end;
     engine->set_record_timeline(recorded);
-    const bool trace_now = !torch_trace.empty() && it == end - 1;
-    if (trace_now) TANDEM_RETURN_IF_ERROR(runtime::libtorch::StartTorchTrace(device.is_cuda()));
+    const bool trace_now = !options.torch_trace.empty() && done == end;
+    if (trace_now) {
+      TANDEM_RETURN_IF_ERROR(runtime::libtorch::StartTorchTrace(options.device.is_cuda()));
+    }
     TANDEM_ASSIGN_OR_RETURN(runtime::IterationResult r, engine->RunIteration());
     TANDEM_RETURN_IF_ERROR(runtime::CheckLossIsFinite(r));
     if (trace_now) {
-      TANDEM_RETURN_IF_ERROR(runtime::libtorch::StopTorchTrace(torch_trace));
-      std::cout << "LibTorch trace of iteration " << it + 1 << " (rank " << rank
-                << "): " << torch_trace << std::endl;
+      TANDEM_RETURN_IF_ERROR(runtime::libtorch::StopTorchTrace(options.torch_trace));
+      std::cout << "LibTorch trace of iteration " << done << " (rank " << rank
+                << "): " << options.torch_trace << std::endl;
     }
-    const double tokens_per_second = tokens_per_iteration / r.seconds;
-    const LogLine line{it,
-                       r.loss,
-                       tokens_per_second,
-                       r.seconds * 1e3,
-                       r.grad_norm,
-                       r.learning_rate,
-                       r.bubble_ratio,
-                       runtime::libtorch::PeakMemoryBytes(device),
-                       mfu.Of(tokens_per_second)};
     last_loss = r.loss;
     last_timings = r.timings;
     // The first iteration includes warm-up costs, and the recorded one waits for the device
     // after every action: the mean counts neither unless nothing else was measured.
-    if ((it > first || steps == 1) && !(recorded && it > first + 1)) {
+    if ((it > first || end - first == 1) && !(recorded && it > first + 1)) {
       measured_seconds += r.seconds;
       measured_bubble += r.bubble_ratio;
       ++measured;
     }
     if (rank == 0) {
-      std::cout << absl::StrFormat(
-                       "iter %4d/%d  loss %.5f  %8.1f ms  %9.0f tokens/s  bubble %.2f  "
-                       "peak %s%s",
-                       it + 1, end, line.loss, line.iteration_ms, line.tokens_per_second,
-                       line.bubble, FormatBytes(line.peak_bytes),
-                       mfu.Text(line.tokens_per_second))
-                << std::endl;
-      if (!log_json.empty()) {
-        TANDEM_RETURN_IF_ERROR(AppendToFile(log_json, ToJson(line).dump() + "\n"));
-      }
+      ProgressLine line;
+      line.iteration = done;
+      line.end = end;
+      line.loss = r.loss;
+      line.seconds = r.seconds;
+      line.tokens_per_second = tokens_per_iteration / r.seconds;
+      line.grad_norm = r.grad_norm;
+      line.learning_rate = r.learning_rate;
+      line.bubble = r.bubble_ratio;
+      line.peak_bytes = runtime::libtorch::PeakMemoryBytes(options.device);
+      if (mfu.Of(line.tokens_per_second) >= 0) line.mfu = mfu.Of(line.tokens_per_second);
+      TANDEM_RETURN_IF_ERROR(reporter.Iteration(line));
     }
-    const bool checkpoint_now =
-        !checkpoint_dir.empty() &&
-        ((checkpoint_every > 0 && (it + 1) % checkpoint_every == 0) || it == end - 1);
-    if (checkpoint_now) {
-      TANDEM_RETURN_IF_ERROR(engine->SaveCheckpoint(checkpoint_dir, model_text));
-      if (rank == 0) std::cout << "checkpoint: " << checkpoint_dir << " (step " << it + 1 << ")\n";
+    if (runtime::EvaluationDue(done, end, options.eval_every)) {
+      TANDEM_ASSIGN_OR_RETURN(const double loss, engine->Evaluate(options.eval_batches));
+      if (rank == 0) TANDEM_RETURN_IF_ERROR(reporter.Validation(done, loss));
+    }
+    if (!options.checkpoint_dir.empty() &&
+        runtime::CheckpointDue(done, end, options.checkpoint_every)) {
+      TANDEM_RETURN_IF_ERROR(engine->SaveCheckpoint(options.checkpoint_dir, model_text));
+      if (rank == 0) TANDEM_RETURN_IF_ERROR(reporter.Checkpoint(options.checkpoint_dir, done));
     }
   }
-  if (!timeline.empty() && steps > 0) {
-    TANDEM_RETURN_IF_ERROR(WriteTimeline(*engine, timeline, end - 1, last_timings));
+  if (!options.timeline.empty() && end > first) {
+    TANDEM_RETURN_IF_ERROR(WriteTimeline(*engine, options.timeline, end - 1, last_timings));
   }
   if (rank == 0 && measured > 0) {
     const double mean = measured_seconds / measured;
-    std::cout << absl::StrFormat(
-                     "trained %d iteration(s) on %d rank(s): final loss %.5f, %.1f ms per "
-                     "iteration, %.0f tokens/s, measured bubble %.2f, peak %s memory %s "
-                     "(rank 0)%s",
-                     steps, world.size(), last_loss, mean * 1e3, tokens_per_iteration / mean,
-                     measured_bubble / measured, device.is_cuda() ? "device" : "host",
-                     FormatBytes(runtime::libtorch::PeakMemoryBytes(device)),
-                     mfu.Text(tokens_per_iteration / mean))
-              << std::endl;
+    RunSummary summary;
+    summary.iterations = end;
+    summary.trained = end - first;
+    summary.ranks = world.size();
+    summary.final_loss = last_loss;
+    summary.mean_seconds = mean;
+    summary.tokens_per_second = tokens_per_iteration / mean;
+    summary.bubble = measured_bubble / measured;
+    summary.memory = absl::StrCat(
+        "peak ", options.device.is_cuda() ? "device" : "host", " memory ",
+        FormatBytes(runtime::libtorch::PeakMemoryBytes(options.device)), " (rank 0)");
+    if (mfu.Of(summary.tokens_per_second) >= 0) summary.mfu = mfu.Of(summary.tokens_per_second);
+    TANDEM_RETURN_IF_ERROR(reporter.Finish(summary, nlohmann::json()));
   }
   return absl::OkStatus();
 }
@@ -1151,18 +954,10 @@ int RunTrain(const std::vector<std::string>& args) {
 
 std::vector<std::string> TrainFlags() {
   std::vector<std::string> flags = ModelFlagNames();
-  for (const char* name :
-       {"global_batch", "microbatches", "microbatch_size", "schedule", "stages", "chunks",
-        "waves", "planning_costs", "data_parallel", "tensor_parallel", "sequence_parallel", "steps",
-        "elastic",
-        "elastic_min_pipelines", "elastic_replace", "elastic_agreement_timeout",
-        "devices_per_node", "device_memory_mb", "seed", "plan",
-        "timeline", "torch_trace", "log_json", "optimizer",
-        "lr", "warmup_steps", "decay_steps", "min_lr", "momentum", "weight_decay", "clip_norm",
-        "grad_sync", "grad_comm", "bucket_mb", "recompute", "checkpoint_dir", "checkpoint_every",
-        "keep_checkpoints", "resume", "reset_optimizer", "reset_data", "reset_schedule",
-        "timeout", "startup_timeout", "heartbeat_timeout", "device", "precision",
-        "libtorch_device_ops", "peak_tflops"}) {
+  for (const std::string& name : TrainOptionFlagNames()) flags.push_back(name);
+  for (const char* name : {"microbatches", "schedule", "stages", "chunks", "waves",
+                           "planning_costs", "data_parallel", "plan", "recompute",
+                           "schedule_file"}) {
     flags.push_back(name);
   }
   return flags;
@@ -1176,8 +971,10 @@ CommandInfo TrainCommand() {
     .summary = kTrainSummary,
     .usage = absl::StrCat(
         "mpirun -np N tandem train [--model gpt|NAME] --layers L --hidden H --heads A --seq-len S\n"
+        "    [--data SHARDS|FILE [--valid-data ...] [--eval-every N --eval-batches K]]\n"
         "    [--global-batch G] [--microbatches M] [--schedule NAME --stages P\n"
-        "    --data-parallel D [--chunks V] [--waves W] | --plan plan.json] [--steps K]\n"
+        "    --data-parallel D [--chunks V] [--waves W] | --schedule-file torch.csv\n"
+        "    | --plan plan.json] [--steps LAST]\n"
         "    [--seed X] [--optimizer adamw|sgd] [--lr R] [--warmup-steps N] [--decay-steps N]\n"
         "    [--clip-norm C] [--grad-sync allreduce|dear] [--recompute none|all|L,L,...]\n"
         "    [--timeline FILE] [--log-json FILE] [--checkpoint-dir DIR] [--resume DIR\n"
@@ -1209,6 +1006,11 @@ CommandInfo TrainCommand() {
         "a node's worth of new ranks (MPI_Comm_spawn) after the next iteration, and with\n"
         "--elastic-replace lost nodes are started anew after a recovery; new ranks receive\n"
         "their layers' state from the ranks that hold them (docs/elastic.md).\n"
+        "Iterations count from 1 in the progress line, the JSON log and the checkpoints;\n"
+        "--steps is the last one (a resumed run goes on to it). --eval-every N evaluates the\n"
+        "validation loss on --eval-batches fixed batches after every N-th iteration and the\n"
+        "last (docs/data.md). --schedule-file runs a schedule in torch.distributed.pipelining's\n"
+        "CSV format (docs/pipeline.md).\n"
         "Exit codes: 0 done, 1 runtime failure (every rank reports), 2 bad input.",
         ModelsHelp()),
     .flags = TrainFlags(),

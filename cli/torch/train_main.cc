@@ -17,6 +17,7 @@ void RegisterTorchCommands() {
     CommandRegistrar train(TrainCommand());
     CommandRegistrar profile(ProfileCommand());
     CommandRegistrar checkpoint(CheckpointCommand());
+    CommandRegistrar generate(GenerateCommand());
     return true;
   }();
   (void)registered;

@@ -13,8 +13,8 @@
 //   mpirun -np 4 ./my_program --model mine --schedule 1f1b --stages 2 --steps 100
 //
 // The program then runs the commands `tandem-torch` runs: `train` (the default when the first
-// argument is a flag), `profile` and `checkpoint` (`./my_program profile --model mine`,
-// `./my_program help train`). `tandem-torch` itself is this call with the built-in models.
+// argument is a flag), `profile`, `checkpoint` and `generate` (`./my_program profile --model
+// mine`, `./my_program help train`). `tandem-torch` itself is this call with the built-in models.
 // Link the CMake target tandem::train (find_package(tandem)).
 #pragma once
 

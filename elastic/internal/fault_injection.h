@@ -62,10 +62,17 @@ class KillingStage final : public runtime::Stage {
       : inner_(std::move(inner)), kill_(std::move(kill)), rank_(rank) {}
   absl::Status BeginIteration(int64_t iteration) override {
     iteration_ = iteration;
+    evaluating_ = false;
     return inner_->BeginIteration(iteration);
+  }
+  // Evaluation passes are not training iterations: no kill fires in them.
+  absl::Status BeginEvaluation(int64_t batch) override {
+    evaluating_ = true;
+    return inner_->BeginEvaluation(batch);
   }
   absl::StatusOr<std::vector<runtime::Tensor>> Forward(int m,
                                                        std::vector<runtime::Tensor> in) override {
+    if (evaluating_) return inner_->Forward(m, std::move(in));
     if (m == 0 && kill_.Hits(rank_, iteration_, "forward")) KillSelf(rank_, iteration_, "forward");
     if (m == 0 && kill_.Hits(rank_, iteration_, "stop")) KillSelf(rank_, iteration_, "stop");
     if (m == 0 && kill_.Hits(rank_, iteration_, "grow")) {
@@ -86,6 +93,10 @@ class KillingStage final : public runtime::Stage {
     return inner_->BackwardInput(m, std::move(g));
   }
   absl::Status BackwardWeight(int m) override { return inner_->BackwardWeight(m); }
+  absl::Status FinishGradients() override { return inner_->FinishGradients(); }
+  absl::Status StartReadingIterationLoss() override {
+    return inner_->StartReadingIterationLoss();
+  }
   absl::StatusOr<runtime::Tensor> NewTensor(const runtime::TensorMeta& meta) override {
     return inner_->NewTensor(meta);
   }
@@ -104,6 +115,7 @@ class KillingStage final : public runtime::Stage {
   KillPoint kill_;
   int rank_;
   int64_t iteration_ = 0;
+  bool evaluating_ = false;
 };
 
 }  // namespace tandem::elastic::internal

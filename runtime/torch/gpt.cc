@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -17,9 +18,13 @@
 #include <torch/version.h>
 #include <ATen/ATen.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/kv_cache.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -60,7 +65,7 @@ torch::nn::Linear ShardLinear(const torch::Tensor& weight, const torch::Tensor& 
 }
 
 // Layer 0: token + learned position embeddings.
-class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
+class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl>, public IncrementalLayer {
  public:
   explicit GptEmbeddingImpl(const GptConfig& config) : config_(config) { reset(); }
 
@@ -105,6 +110,16 @@ class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
     return ReduceFromTensorParallel(found, tp_) + position(positions);
   }
 
+  // ids [b, n] at positions [start, start + n), start + n <= seq_len.
+  torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t start,
+                                   KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("gpt: incremental decoding of a shard");
+    const auto positions =
+        torch::arange(start, start + ids.size(1),
+                      torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    return token(ids) + position(positions);
+  }
+
   torch::nn::Embedding token{nullptr}, position{nullptr};
 
  private:
@@ -114,7 +129,7 @@ class GptEmbeddingImpl : public torch::nn::Cloneable<GptEmbeddingImpl> {
 TORCH_MODULE(GptEmbedding);
 
 // Layers 1..N: pre-LN transformer block with causal self-attention and a GELU MLP.
-class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
+class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public IncrementalLayer {
  public:
   explicit GptBlockImpl(const GptConfig& config)
       : config_(config),
@@ -207,6 +222,25 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
     return x + Apply(mlp_out, torch::gelu(Apply(mlp_in, mlp_norm(x))));
   }
 
+  // forward() for positions [start, start + n) with the keys and values of the earlier ones
+  // in `cache` (explicit attention).
+  torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
+                                   KeyValueCache& cache) override {
+    if (tp_.enabled()) throw std::logic_error("gpt: incremental decoding of a shard");
+    const int64_t batch = input.size(0), length = input.size(1), hidden = input.size(2);
+    const int64_t heads = config_.heads, head_dim = hidden / heads;
+    const std::vector<torch::Tensor> split = Apply(qkv, attention_norm(input))
+                                                 .view({batch, length, 3, heads, head_dim})
+                                                 .permute({2, 0, 3, 1, 4})
+                                                 .unbind(0);
+    const auto [keys, values] = cache.Append(split[1], split[2]);
+    const torch::Tensor attended = CachedCausalAttention(
+        split[0], keys, values, start, std::sqrt(static_cast<double>(head_dim)));
+    const torch::Tensor x =
+        input + Apply(attention_out, attended.transpose(1, 2).reshape({batch, length, hidden}));
+    return x + Apply(mlp_out, torch::gelu(Apply(mlp_in, mlp_norm(x))));
+  }
+
   torch::nn::LayerNorm attention_norm{nullptr}, mlp_norm{nullptr};
   torch::nn::Linear qkv{nullptr}, attention_out{nullptr}, mlp_in{nullptr}, mlp_out{nullptr};
 
@@ -289,7 +323,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl> {
 TORCH_MODULE(GptBlock);
 
 // Layer N + 1: final LayerNorm and LM head.
-class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
+class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl>, public IncrementalLayer {
  public:
   explicit GptHeadImpl(const GptConfig& config) : config_(config) { reset(); }
 
@@ -319,6 +353,12 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl> {
                                                        tp_));
     }
     if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));
+    return Apply(lm_head, norm(x));
+  }
+
+  torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
+                                   KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("gpt: incremental decoding of a shard");
     return Apply(lm_head, norm(x));
   }
 
@@ -387,6 +427,39 @@ absl::Status ValidateGptConfig(const GptConfig& config) {
 std::string DescribeGpt(const GptConfig& config) {
   return absl::StrCat("gpt L=", config.layers, " H=", config.hidden, " A=", config.heads,
                       " S=", config.seq_len, " V=", config.vocab);
+}
+
+absl::StatusOr<GptConfig> GptConfigFromDescription(absl::string_view description) {
+  const std::vector<std::string> tokens = absl::StrSplit(description, ' ', absl::SkipEmpty());
+  if (tokens.empty() || tokens[0] != "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model description '", description, "' is not of gpt"));
+  }
+  GptConfig config;
+  std::set<std::string> seen;
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    const std::string& token = tokens[i];
+    if (absl::StartsWith(token, "seed=")) continue;
+    const size_t equals = token.find('=');
+    const std::string key = token.substr(0, equals);
+    const std::string value = equals == std::string::npos ? "" : token.substr(equals + 1);
+    int64_t* field = key == "L"   ? &config.layers
+                     : key == "H" ? &config.hidden
+                     : key == "A" ? &config.heads
+                     : key == "S" ? &config.seq_len
+                     : key == "V" ? &config.vocab
+                                  : nullptr;
+    if (field == nullptr || !absl::SimpleAtoi(value, field) || !seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot read '", token, "' of the model description '", description, "'"));
+    }
+  }
+  if (seen.size() != 5) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model description '", description, "' lacks one of L=, H=, A=, S=, V="));
+  }
+  TANDEM_RETURN_IF_ERROR(ValidateGptConfig(config));
+  return config;
 }
 
 ModelSpec GptModelSpec(const GptConfig& config) {

@@ -55,6 +55,9 @@ absl::Status ValidateGptConfig(const GptConfig& config);
 
 // "gpt L=4 H=64 A=4 S=32 V=16".
 std::string DescribeGpt(const GptConfig& config);
+// The config a DescribeGpt text stands for (a " seed=N" token, as checkpoints record it, is
+// ignored; init_std keeps its default); InvalidArgument naming what it cannot read.
+absl::StatusOr<GptConfig> GptConfigFromDescription(absl::string_view description);
 
 // A builder of the GPT above (N + 2 layers). ModelSpec::Build reports an invalid config as
 // InvalidArgument.

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "runtime/torch/kv_cache.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -83,7 +84,8 @@ double ResidualStd(const Gpt2Config& config) {
 }
 
 // Layer 0: token and position embeddings.
-class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl> {
+class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>,
+                          public IncrementalLayer {
  public:
   explicit Gpt2EmbeddingImpl(const Gpt2Config& config) : config_(config) { reset(); }
 
@@ -98,6 +100,15 @@ class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl> {
   torch::Tensor forward(const torch::Tensor& ids) {
     const torch::Tensor positions = torch::arange(
         ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    return wte(ids) + wpe(positions);
+  }
+
+  // ids [b, n] at positions [start, start + n), start + n <= n_positions.
+  torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t start,
+                                   KeyValueCache& /*cache*/) override {
+    const torch::Tensor positions =
+        torch::arange(start, start + ids.size(1),
+                      torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
     return wte(ids) + wpe(positions);
   }
 
@@ -139,9 +150,31 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
     return c_proj(attended.transpose(1, 2).reshape({batch, length, hidden}));
   }
 
+  // forward() for positions [start, start + n), the earlier keys and values in `cache`.
+  torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t start, KeyValueCache& cache) {
+    const int64_t batch = x.size(0), length = x.size(1), hidden = config_.hidden;
+    const int64_t heads = config_.heads, head_dim = hidden / heads;
+    const std::vector<torch::Tensor> split = c_attn(x)
+                                                 .view({batch, length, 3, heads, head_dim})
+                                                 .permute({2, 0, 3, 1, 4})
+                                                 .unbind(0);
+    const auto [keys, values] = cache.Append(split[1], split[2]);
+    const torch::Tensor attended =
+        CachedCausalAttention(split[0], keys, values, start, Divisor(head_dim));
+    return c_proj(attended.transpose(1, 2).reshape({batch, length, hidden}));
+  }
+
   Conv1D c_attn{nullptr}, c_proj{nullptr};
 
  private:
+  // What the scores are divided by (forward's rule).
+  double Divisor(int64_t head_dim) const {
+    double divisor = 1.0;
+    if (config_.scale_attn_weights) divisor = std::sqrt(static_cast<double>(head_dim));
+    if (config_.scale_attn_by_inverse_layer_idx) divisor *= static_cast<double>(block_ + 1);
+    return divisor;
+  }
+
   Gpt2Config config_;
   int64_t block_;
 };
@@ -170,7 +203,7 @@ class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
 TORCH_MODULE(Gpt2Mlp);
 
 // Layers 1..L: GPT2Block (block `block`, counted from 0).
-class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
+class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public IncrementalLayer {
  public:
   Gpt2BlockImpl(const Gpt2Config& config, int64_t block) : config_(config), block_(block) {
     reset();
@@ -188,6 +221,12 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
     return x + mlp(ln_2(x));
   }
 
+  torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
+                                   KeyValueCache& cache) override {
+    const torch::Tensor x = input + attn->ForwardIncremental(ln_1(input), start, cache);
+    return x + mlp(ln_2(x));
+  }
+
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};
   Gpt2Mlp mlp{nullptr};
@@ -199,7 +238,7 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
 TORCH_MODULE(Gpt2Block);
 
 // Layer L + 1: ln_f and the LM head.
-class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl> {
+class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public IncrementalLayer {
  public:
   explicit Gpt2HeadImpl(const Gpt2Config& config) : config_(config) { reset(); }
 
@@ -209,6 +248,11 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl> {
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return lm_head(ln_f(x)); }
+
+  torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
+                                   KeyValueCache& /*cache*/) override {
+    return forward(x);
+  }
 
   torch::nn::LayerNorm ln_f{nullptr};
   LmHead lm_head{nullptr};

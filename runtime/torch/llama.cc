@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/kv_cache.h"
 #include "runtime/torch/parallel_linear.h"
 #include "runtime/torch/tensor_parallel.h"
 
@@ -97,7 +98,8 @@ torch::nn::Embedding MakeEmbedding(int64_t rows, int64_t hidden, std::optional<i
 }
 
 // Layer 0: the token embedding.
-class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
+class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>,
+                           public IncrementalLayer {
  public:
   explicit LlamaEmbeddingImpl(const LlamaConfig& config)
       : config_(config), pad_(config.pad_token_id) {
@@ -135,6 +137,12 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl> {
     const torch::Tensor found = embed_tokens(local.clamp(0, rows - 1)) *
                                 mine.unsqueeze(-1).to(embed_tokens->weight.scalar_type());
     return ReduceFromTensorParallel(found, tp_);
+  }
+
+  torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t /*start*/,
+                                   KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
+    return embed_tokens(ids);
   }
 
   torch::nn::Embedding embed_tokens{nullptr};
@@ -207,6 +215,34 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
   }
 
+  // forward() (whole, not sharded) for positions [start, start + n) with cos, sin [n,
+  // head_dim] of those positions; the cache keeps the kv_heads rotated keys and values.
+  torch::Tensor ForwardIncremental(const torch::Tensor& x, const torch::Tensor& cos,
+                                   const torch::Tensor& sin, int64_t start,
+                                   KeyValueCache& cache) {
+    if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
+    const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
+    const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
+    const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
+      return DeferrableLinear(x, linear->weight, linear->bias)
+          .view({batch, length, count, head_dim})
+          .transpose(1, 2);
+    };
+    const torch::Tensor query = Rotate(project(q_proj, heads), cos, sin);
+    auto [key, value] =
+        cache.Append(Rotate(project(k_proj, kv_heads), cos, sin), project(v_proj, kv_heads));
+    if (heads != kv_heads) {
+      const int64_t group = heads / kv_heads, total = key.size(2);
+      key = key.unsqueeze(2).expand({batch, kv_heads, group, total, head_dim})
+                .reshape({batch, heads, total, head_dim});
+      value = value.unsqueeze(2).expand({batch, kv_heads, group, total, head_dim})
+                  .reshape({batch, heads, total, head_dim});
+    }
+    const torch::Tensor attended =
+        CachedCausalAttention(query, key, value, start, std::sqrt(static_cast<double>(head_dim)));
+    return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
+  }
+
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   RowParallelLinear o_proj{nullptr};
 
@@ -258,7 +294,7 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
 TORCH_MODULE(LlamaMlp);
 
 // Layers 1..L: transformers' LlamaDecoderLayer.
-class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
+class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public IncrementalLayer {
  public:
   explicit LlamaBlockImpl(const LlamaConfig& config)
       : config_(config), inverse_frequencies_(InverseFrequencies(config)) {
@@ -293,6 +329,22 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
     return x + mlp(post_attention_layernorm(x));
   }
 
+  // forward() for positions [start, start + n): the same angles for those positions.
+  torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
+                                   KeyValueCache& cache) override {
+    const torch::Tensor positions =
+        torch::arange(start, start + input.size(1),
+                      torch::TensorOptions().dtype(torch::kFloat).device(input.device()));
+    const torch::Tensor angles =
+        torch::outer(positions, inverse_frequencies_.to(input.device()));
+    const torch::Tensor both = torch::cat({angles, angles}, -1);
+    const torch::Tensor cos = both.cos().to(input.scalar_type());
+    const torch::Tensor sin = both.sin().to(input.scalar_type());
+    const torch::Tensor x =
+        input + self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
+    return x + mlp(post_attention_layernorm(x));
+  }
+
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
@@ -304,7 +356,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl> {
 TORCH_MODULE(LlamaBlock);
 
 // Layer L + 1: the final RMSNorm and the LM head.
-class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
+class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public IncrementalLayer {
  public:
   explicit LlamaHeadImpl(const LlamaConfig& config) : config_(config) { reset(); }
 
@@ -314,6 +366,11 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl> {
   }
 
   torch::Tensor forward(const torch::Tensor& x) { return lm_head(norm(x)); }
+
+  torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
+                                   KeyValueCache& /*cache*/) override {
+    return forward(x);
+  }
 
   RmsNorm norm{nullptr};
   LmHead lm_head{nullptr};

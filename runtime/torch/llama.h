@@ -23,8 +23,8 @@
 // names the pair and shares it where one process holds both layers (runtime/torch/lm_parts.h).
 //
 // Initial values as transformers draws them: linear and embedding weights N(0, init_std),
-// biases 0, RMSNorm weights 1 (a tied head's copy is drawn apart: the runtime must start it
-// from the embedding, see lm_parts.h).
+// biases 0, RMSNorm weights 1 (a tied head's copy is drawn apart; a stage holding the head
+// without the embedding starts it from the embedding's values, see lm_parts.h).
 //
 // Tensor parallelism (Megatron-LM): query heads and key/value heads, MLP units and vocabulary
 // rows split over the group (heads, kv_heads, intermediate and vocab must divide); sequence

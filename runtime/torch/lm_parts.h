@@ -5,8 +5,9 @@
 // Tied weights. transformers ties the LM head to the token embedding (one tensor used twice).
 // tandem's layers are separate modules that may live on different pipeline stages, so a tied
 // model's head holds its own copy of the embedding, as Megatron-LM's last stage does: the copy
-// must start equal to the embedding and the two gradients must be summed every step (over the
-// ranks holding either), which keeps them equal. TiedWeights names such pairs. Where one
+// starts equal to the embedding (TorchStage builds it from the embedding's values) and the two
+// gradients are summed every step (Engine::SumTiedGradients, over the ranks holding either),
+// which keeps them equal. TiedWeights names such pairs. Where one
 // process holds both layers (a single stage, the reference trainer), TiedWeights::share makes
 // the head use the embedding's parameter itself, so autograd sums the gradients and the
 // optimizer steps one tensor, exactly as transformers does.

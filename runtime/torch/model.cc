@@ -9,6 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
 #include "runtime/torch/data.h"
 
 namespace tandem::runtime::libtorch {
@@ -91,9 +93,6 @@ std::vector<std::pair<std::string, torch::Tensor>> LayeredModel::NamedParameters
   return NamedLayerParameters(range, first);
 }
 
-namespace {
-
-// The layer index of a parameter named "layers.<index>.<name>"; -1 for another form.
 int LayerOfParameter(const std::string& name) {
   constexpr absl::string_view kPrefix = "layers.";
   if (!absl::StartsWith(name, kPrefix)) return -1;
@@ -107,22 +106,73 @@ int LayerOfParameter(const std::string& name) {
   return layer;
 }
 
+namespace {
+
+bool InRange(int layer, int first, int end) { return layer >= first && layer < end; }
+
+// Parameter `name` ("layers.<i>.<inner>") of `layer`, a module of layer i; null if absent.
+torch::Tensor* FindParameter(torch::nn::AnyModule& layer, const std::string& name,
+                             torch::OrderedDict<std::string, torch::Tensor>& storage) {
+  const size_t dot = name.find('.', sizeof("layers.") - 1);
+  if (dot == std::string::npos || layer.is_empty()) return nullptr;
+  storage = layer.ptr()->named_parameters(/*recurse=*/true);
+  return storage.find(name.substr(dot + 1));
+}
+
 }  // namespace
+
+std::vector<TiedParameter> SplitTiedPairs(const LayeredModel& model, int first, int end) {
+  std::vector<TiedParameter> split;
+  for (const TiedParameter& pair : model.tied_weights.parameters) {
+    const bool has_owner = InRange(LayerOfParameter(pair.owner), first, end);
+    const bool has_copy = InRange(LayerOfParameter(pair.copy), first, end);
+    if (has_owner != has_copy) split.push_back(pair);
+  }
+  return split;
+}
+
+absl::Status InitializeTiedCopies(const LayeredModel& model, int first, int end,
+                                  std::vector<torch::nn::AnyModule>& layers) {
+  for (const TiedParameter& pair : SplitTiedPairs(model, first, end)) {
+    const int owner_layer = LayerOfParameter(pair.owner), copy_layer = LayerOfParameter(pair.copy);
+    if (!InRange(copy_layer, first, end)) continue;  // the owner is here: it keeps its values
+    if (owner_layer < 0 || owner_layer >= model.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", model.name, " ties ", pair.copy,
+                                                     " to ", pair.owner,
+                                                     ", which names no layer of the model"));
+    }
+    // The owner's layer as the stage holding it starts (cloned, or built from its seed).
+    TANDEM_ASSIGN_OR_RETURN(std::vector<torch::nn::AnyModule> owner_layers,
+                            model.CloneLayers(owner_layer, owner_layer + 1, torch::kCPU));
+    torch::OrderedDict<std::string, torch::Tensor> owner_storage, copy_storage;
+    torch::Tensor* owner = FindParameter(owner_layers.front(), pair.owner, owner_storage);
+    torch::Tensor* copy = FindParameter(layers[copy_layer - first], pair.copy, copy_storage);
+    if (owner == nullptr || copy == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model ", model.name, ": tied parameter ", owner == nullptr ? pair.owner : pair.copy,
+          " is not a parameter of its layer"));
+    }
+    if (owner->sizes() != copy->sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", model.name, ": tied ", pair.copy, " [", absl::StrJoin(copy->sizes(), "x"),
+          "] is not the shape of ", pair.owner, " [", absl::StrJoin(owner->sizes(), "x"), "]"));
+    }
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(
+        absl::StrCat("model ", model.name, ": starting ", pair.copy, " as ", pair.owner), [&] {
+          torch::NoGradGuard no_grad;
+          copy->copy_(*owner);
+        }));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ShareTiedWeights(const LayeredModel& model, int first, int end,
                               std::vector<torch::nn::AnyModule>& layers) {
   bool share = false;
   for (const TiedParameter& pair : model.tied_weights.parameters) {
-    const int owner = LayerOfParameter(pair.owner), copy = LayerOfParameter(pair.copy);
-    const bool has_owner = owner >= first && owner < end, has_copy = copy >= first && copy < end;
-    if (has_owner && has_copy) {
+    if (InRange(LayerOfParameter(pair.owner), first, end) &&
+        InRange(LayerOfParameter(pair.copy), first, end)) {
       share = true;
-    } else if (has_owner || has_copy) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model ", model.name, " ties ", pair.owner, " to ", pair.copy, ", and stage [", first,
-          ", ", end, ") holds only one of them: stages that split a tied embedding and LM head "
-          "are not supported yet (their gradients would be summed across stages); train it on "
-          "one stage, or untie it (tie_word_embeddings false)"));
     }
   }
   if (!share) return absl::OkStatus();

@@ -83,8 +83,9 @@ struct LayeredModel {
       tensor_parallel_loss;
 
   // Parameters tied across layers (an LM head that is the token embedding): a stage holding
-  // both ends shares one tensor (ShareTiedWeights); stages that split a pair are refused until
-  // the runtime sums their gradients across stages. Empty: nothing tied.
+  // both ends shares one tensor (ShareTiedWeights); stages that split a pair each hold one
+  // end, the copy starting as the owner's values (InitializeTiedCopies), and the engine sums
+  // their gradients every step (runtime::ParameterView::tied_owner). Empty: nothing tied.
   TiedWeights tied_weights;
 
   // For a model built layer by layer (ModelSpec::BuildLayers): makes layer `layer` afresh,
@@ -127,9 +128,24 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedLayerParameters(
 
 // For `layers`, clones of layers [first, end) of `model` (after tensor-parallel sharding): a
 // tied pair with both ends among them shares one tensor (TiedWeights::share); a pair with one
-// end among them is InvalidArgument naming both (a stage boundary between them).
+// end among them is left as it is (SplitTiedPairs: the runtime keeps the two ends equal).
 absl::Status ShareTiedWeights(const LayeredModel& model, int first, int end,
                               std::vector<torch::nn::AnyModule>& layers);
+
+// The tied pairs of `model` with exactly one end in layers [first, end): a stage boundary
+// between their ends.
+std::vector<TiedParameter> SplitTiedPairs(const LayeredModel& model, int first, int end);
+
+// For `layers`, clones of layers [first, end) of `model` before tensor-parallel sharding:
+// every tied copy among them whose owner is not gets the owner's initial values (the owner's
+// layer is cloned, or built from its seed, for the purpose and dropped), so that the stage
+// holding the copy starts as a single process sharing one tensor does. InvalidArgument where
+// the shapes differ; FailedPrecondition where a parameter is missing.
+absl::Status InitializeTiedCopies(const LayeredModel& model, int first, int end,
+                                  std::vector<torch::nn::AnyModule>& layers);
+
+// The layer of a parameter named "layers.<index>.<name>"; -1 for another form.
+int LayerOfParameter(const std::string& name);
 
 // The seed of layer `layer` of a model built layer by layer from `seed`.
 uint64_t LayerSeed(uint64_t seed, int layer);

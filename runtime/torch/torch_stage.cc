@@ -70,6 +70,10 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   TANDEM_ASSIGN_OR_RETURN(
       std::vector<torch::nn::AnyModule> layers,
       model.CloneLayers(options.first_layer, options.end_layer, options.device));
+  // A tied copy whose owner is on another stage starts as the owner (whole, before any
+  // tensor-parallel cut: the two are cut alike).
+  TANDEM_RETURN_IF_ERROR(
+      InitializeTiedCopies(model, options.first_layer, options.end_layer, layers));
   TensorParallelLayout tensor_parallel;
   if (options.tensor_parallel.enabled()) {
     TANDEM_ASSIGN_OR_RETURN(tensor_parallel, ShardForTensorParallel(model, options, layers));
@@ -79,6 +83,12 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   std::unique_ptr<TorchStage> stage(
       new TorchStage(model, std::move(data), options, std::move(layers)));
   stage->tensor_parallel_ = std::move(tensor_parallel);
+  for (const TiedParameter& pair :
+       SplitTiedPairs(model, options.first_layer, options.end_layer)) {
+    const int owner = LayerOfParameter(pair.owner);
+    const bool holds_owner = owner >= options.first_layer && owner < options.end_layer;
+    stage->tied_[holds_owner ? pair.owner : pair.copy] = pair;
+  }
   if (options.tensor_parallel.enabled() && stage->is_last_) {
     // The loss of the sharded logits; the group lives in the stage's options.
     const TensorParallel* tp = &stage->options_.tensor_parallel;
@@ -350,6 +360,13 @@ std::vector<ParameterView> TorchStage::Parameters() {
       view.whole_count = tensor_parallel_.whole_count.at(name);
       view.shape = tensor_parallel_.whole_shape.at(name);  // the whole parameter's
     }
+    auto tied = tied_.find(name);
+    if (tied != tied_.end()) {
+      view.tied_owner = tied->second.owner;
+      view.tied_layers = {LayerOfParameter(tied->second.owner),
+                          LayerOfParameter(tied->second.copy)};
+      view.tied_layer = LayerOfParameter(name);
+    }
     views.push_back(std::move(view));
   }
   return views;
@@ -362,13 +379,33 @@ absl::Status TorchStage::BeginIteration(int64_t iteration) {
         stash_.size(), " micro-batch(es) still wait for backward"));
   }
   iteration_ = iteration;
+  evaluating_ = false;
+  std::fill(unwritten_.begin(), unwritten_.end(), 1);  // each first gradient writes over
+  return SelectBatch(*data_, iteration);
+}
+
+absl::Status TorchStage::BeginEvaluation(int64_t batch) {
+  if (!stash_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(stash_.begin()->first), ": evaluation begins while ", stash_.size(),
+        " micro-batch(es) still wait for backward"));
+  }
+  if ((is_first() || is_last_) && options_.validation_data == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(Where(-1), ": no validation data"));
+  }
+  evaluating_ = true;
+  if (iteration_ < 0) iteration_ = 0;  // a forward needs a begun iteration
+  if (!is_first() && !is_last_) return SelectBatch(*data_, batch);
+  return SelectBatch(*options_.validation_data, batch);
+}
+
+absl::Status TorchStage::SelectBatch(const Dataset& data, int64_t iteration) {
   iteration_loss_ = torch::Tensor();
   if (loss_on_its_way_.started()) loss_on_its_way_.Take();  // one nobody read
   microbatch_losses_.clear();
-  std::fill(unwritten_.begin(), unwritten_.end(), 1);  // each first gradient writes over
   if (!is_first() && !is_last_) return absl::OkStatus();
   const int64_t replica_samples = options_.microbatches * options_.microbatch_size;
-  absl::StatusOr<Batch> batch = data_->Samples(
+  absl::StatusOr<Batch> batch = data.Samples(
       iteration,
       options_.sample_offset >= 0 ? options_.sample_offset
                                   : options_.data_parallel_index * replica_samples,
@@ -440,6 +477,22 @@ absl::StatusOr<std::vector<Tensor>> TorchStage::Forward(int microbatch,
   if (is_last_) {
     stash.targets =
         replica_batch_.targets.narrow(0, offset, options_.microbatch_size).to(options_.device);
+  }
+  if (evaluating_) {
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(Where(microbatch), " evaluation"), [&] {
+      torch::NoGradGuard no_grad;
+      for (const Segment& segment : segments_) x = RunSegment(segment, x, stash.targets);
+    }));
+    std::vector<Tensor> outputs;
+    if (!is_last_) {
+      outputs.push_back(ToRuntime(x));
+      return outputs;
+    }
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(Where(microbatch), [&] {
+      const torch::Tensor scaled = x.to(torch::kFloat64);
+      iteration_loss_ = iteration_loss_.defined() ? iteration_loss_ + scaled : scaled;
+    }));
+    return outputs;
   }
   TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(Where(microbatch), " forward"), [&] {
     torch::AutoGradMode grad_mode(true);

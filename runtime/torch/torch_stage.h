@@ -40,6 +40,11 @@
 // the gradients of parameters that got none, so the gradients are complete after it. The
 // engine's optimizer updates values in place between iterations (no stash is alive then).
 //
+// Tied weights. A stage holding both ends of a tied pair (an LM head that is the token
+// embedding) shares one tensor; a stage holding one end keeps its own, the copy starting as the
+// owner's values, and reports the pair in its ParameterViews (tied_owner, tied_layers), so that
+// the engine sums the two gradients each step.
+//
 // Device operations. A CUDA stage brings TorchDeviceOps (runtime/torch/device_ops.h) for the
 // gradient passes and the optimizer, so training state never leaves the GPU; a CPU stage uses
 // the runtime's CPU loops unless options.libtorch_device_ops asks for the LibTorch ones (the
@@ -80,6 +85,9 @@ struct TorchStageOptions {
   // replica's share (-1: d * M * b) and micro-batches of the global batch (0: M * D).
   int64_t sample_offset = -1;
   int loss_microbatches = 0;
+  // Validation batches for BeginEvaluation (first and last stage; null: none), sliced as the
+  // training data is.
+  std::shared_ptr<const Dataset> validation_data;
   torch::Device device = torch::kCPU;
   // CPU stages: LibTorch tensor operations for the gradient passes and the optimizer instead
   // of the runtime's CPU loops (CUDA stages always use them).
@@ -103,6 +111,7 @@ class TorchStage final : public Stage, private GradientWriter {
                                                             const TorchStageOptions& options);
 
   absl::Status BeginIteration(int64_t iteration) override;
+  absl::Status BeginEvaluation(int64_t batch) override;
   absl::StatusOr<std::vector<Tensor>> Forward(int microbatch, std::vector<Tensor> inputs) override;
   absl::StatusOr<std::vector<Tensor>> Backward(int microbatch,
                                                std::vector<Tensor> output_grads) override;
@@ -163,6 +172,9 @@ class TorchStage final : public Stage, private GradientWriter {
 
   // Moves the parameters' values and gradients into the arenas.
   void BuildArenas();
+  // This replica's samples of batch `iteration` of `data` (first and last stage), on the
+  // device; the loss of the previous batch forgotten.
+  absl::Status SelectBatch(const Dataset& data, int64_t iteration);
   // Replaces `layers` by this rank's tensor-parallel shards; the names of the parameters that
   // stay whole.
   struct TensorParallelLayout {
@@ -197,6 +209,9 @@ class TorchStage final : public Stage, private GradientWriter {
   std::vector<torch::nn::AnyModule> layers_;
   // Tensor parallelism: which parameters are whole, and where each shard's elements sit.
   TensorParallelLayout tensor_parallel_;
+  // Parameters tied to another stage's (SplitTiedPairs): name -> the pair, as Parameters()
+  // reports them (ParameterView::tied_owner).
+  std::map<std::string, TiedParameter> tied_;
   std::vector<Segment> segments_;
   std::vector<std::vector<torch::Tensor>> segment_parameters_;
   std::vector<std::pair<std::string, torch::Tensor>> parameters_;
@@ -210,6 +225,7 @@ class TorchStage final : public Stage, private GradientWriter {
   double loss_scale_ = 1.0;
 
   int64_t iteration_ = -1;
+  bool evaluating_ = false;  // since BeginEvaluation: forward only, without gradients
   Batch replica_batch_;  // this replica's M * b samples of the current iteration
   std::map<int, MicrobatchStash> stash_;
   std::map<int, torch::Tensor> microbatch_losses_;  // scaled, float64, on the device

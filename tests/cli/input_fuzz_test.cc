@@ -32,6 +32,7 @@
 #include "pipeline/plan.h"
 #include "pipeline/profile.h"
 #include "pipeline/simulator.h"
+#include "pipeline/torch_csv.h"
 #include "planner/cluster.h"
 #include "planner/importers.h"
 #include "runtime/checkpoint.h"
@@ -259,6 +260,17 @@ TEST(InputFuzzTest, ProfilesInEveryFormat) {
                                        TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, Parse(t));
                                        return planner::ImportMetisJson(j, "metis").status();
                                      }));
+}
+
+// Schedules in torch.distributed.pipelining's CSV format (`tandem schedule --from-csv`,
+// `tandem train --schedule-file`), as torch writes them: compute-only and lowered.
+TEST(InputFuzzTest, TorchCsvSchedules) {
+  for (const char* name : {"torch_schedules/zbv_p2_m4.csv", "torch_schedules/zbv_p2_m4_comms.csv",
+                           "torch_schedules/dualpipev_p4_m8.csv"}) {
+    ExpectRejected(name, FuzzFormat(name, Data(name), /*json=*/false, [](const std::string& t) {
+                     return pipeline::ParseTorchCsvSchedule(t, "input.csv").status();
+                   }));
+  }
 }
 
 TEST(InputFuzzTest, CheckpointManifestsAndShards) {

@@ -107,7 +107,7 @@ TEST_P(ClusterRun, ShrinksAndGrowsAndRecordsTheJcts) {
     std::map<int, int> seen;
     int recoveries = 0, resumes = 0, finished = 0, growths = 0;
     const int launches = job["launches"];
-    int next_expected = 0;
+    int next_expected = 1;  // the logs count iterations from 1
     for (int k = 0; k < launches; ++k) {
       const std::string path = work + "/" + name + "/launch-" + std::to_string(k) + ".jsonl";
       bool first = true;

@@ -99,7 +99,8 @@ Log ReadElasticLog(const std::string& path) {
       if (event == "finished") ++log.finished;
       continue;
     }
-    const int it = line["iteration"].get<int>();
+    // Indices from 0 below (the reference's); the log counts iterations from 1.
+    const int it = line["iteration"].get<int>() - 1;
     const double loss = line["loss"].get<double>();
     const bool inserted = log.loss.emplace(it, loss).second;
     EXPECT_TRUE(inserted) << "iteration " << it << " logged twice";
@@ -217,15 +218,16 @@ TEST_P(ElasticKillTest, SurvivorsFinishWithTheReferenceLosses) {
   const nlohmann::json& r = l.reconfigurations[0];
   EXPECT_EQ(r["dead"], nlohmann::json(c.dead)) << o.output;
   EXPECT_EQ(r["live"].size(), static_cast<size_t>(c.ranks) - c.dead.size());
-  EXPECT_EQ(r["committed_iteration"].get<int>(), c.committed) << o.output;
-  EXPECT_EQ(r["resume_iteration"].get<int>(), c.committed + 1);
+  // The log counts from 1: the committed iteration's number, the next one's.
+  EXPECT_EQ(r["committed_iteration"].get<int>(), c.committed + 1) << o.output;
+  EXPECT_EQ(r["resume_iteration"].get<int>(), c.committed + 2);
   // The recovery's parts, and the first step after it. (No bytes may move: survivors often
   // keep a part of what they held.)
   for (const char* key : {"detection_seconds", "agreement_seconds", "replan_seconds",
                           "state_copy_seconds", "build_seconds", "bytes_moved"}) {
     EXPECT_GE(r[key].get<double>(), 0) << key;
   }
-  EXPECT_EQ(r["first_step_after_iteration"].get<int>(), c.committed + 1);
+  EXPECT_EQ(r["first_step_after_iteration"].get<int>(), c.committed + 2);
   // After the deaths the survivors train.
   EXPECT_EQ(l.ranks.at(kSteps - 1), c.ranks - static_cast<int>(c.dead.size()));
   ExpectRecoveryInTimeline(timeline);
@@ -296,8 +298,8 @@ TEST(ElasticTrainTest, ALostRankIsReplacedLive) {
   EXPECT_EQ(g["added"], nlohmann::json({4})) << o.output;
   EXPECT_EQ(g["live"], nlohmann::json({0, 2, 3, 4})) << o.output;
   // One iteration on the survivors (3, run again), then the growth.
-  EXPECT_EQ(g["resume_iteration"].get<int>(), 4) << o.output;
-  EXPECT_EQ(g["first_step_after_iteration"].get<int>(), 4) << o.output;
+  EXPECT_EQ(g["resume_iteration"].get<int>(), 5) << o.output;
+  EXPECT_EQ(g["first_step_after_iteration"].get<int>(), 5) << o.output;
   EXPECT_GT(g["bytes_moved"].get<double>(), 0) << "the new rank holds layers: " << o.output;
   EXPECT_EQ(l.ranks.at(3), 3);
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
@@ -319,9 +321,9 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
   const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
   ASSERT_EQ(l.growths.size(), 2u) << o.output;
   EXPECT_EQ(l.growths[0]["added"], nlohmann::json({2})) << o.output;
-  EXPECT_EQ(l.growths[0]["resume_iteration"].get<int>(), 3) << o.output;
+  EXPECT_EQ(l.growths[0]["resume_iteration"].get<int>(), 4) << o.output;
   EXPECT_EQ(l.growths[1]["added"], nlohmann::json({3})) << o.output;
-  EXPECT_EQ(l.growths[1]["resume_iteration"].get<int>(), 6) << o.output;
+  EXPECT_EQ(l.growths[1]["resume_iteration"].get<int>(), 7) << o.output;
   EXPECT_EQ(l.ranks.at(0), 2);
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
@@ -366,7 +368,7 @@ TEST(ElasticTrainTest, TensorParallelGroupsSurviveALostRank) {
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   const nlohmann::json& r = l.reconfigurations[0];
   EXPECT_EQ(r["dead"], nlohmann::json({3})) << o.output;
-  EXPECT_EQ(r["resume_iteration"].get<int>(), 3) << o.output;
+  EXPECT_EQ(r["resume_iteration"].get<int>(), 4) << o.output;
   EXPECT_EQ(l.ranks.at(2), 8);
   EXPECT_EQ(l.ranks.at(kSteps - 1), 6);  // rank 2, alone in its group, is idle
 }
@@ -495,7 +497,7 @@ TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
   EXPECT_EQ(l.finished, 1) << o.output;
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
   EXPECT_EQ(l.reconfigurations[0]["restored_step"].get<int>(), 4);
-  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4);
+  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 5);
   tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
@@ -512,10 +514,49 @@ std::pair<Outcome, Log> ResumePlainCheckpointElastically(const std::string& name
       " --steps 4 --checkpoint-dir ", checkpoint));
   EXPECT_EQ(plain.exit_status, 0) << plain.output;
   Outcome o = RunElastic(4, kill, absl::StrCat(kPipelined, " --resume ", checkpoint), log,
-                         kSteps - 4);
+                         kSteps);
   EXPECT_EQ(o.exit_status, 0) << o.output;
   tandem::RemoveAll(checkpoint).IgnoreError();
   return {o, plain.exit_status == 0 ? ReadElasticLog(log) : Log{}};
+}
+
+// Validation under --elastic: the pipelines evaluate the same fixed batches forward only and
+// the job sums them, also after a recovery re-formed the pipelines (rank 3 dies in iteration
+// 7): the losses equal one plain process's.
+TEST(ElasticTrainTest, ValidationLossEqualsOneProcessAcrossARecovery) {
+  const std::string eval = " --eval-every 5 --eval-batches 2";
+  auto validation = [](const std::string& log) {
+    std::map<int, double> losses;
+    for (const nlohmann::json& line : tandem::testing::ReadJsonLines(log)) {
+      if (line.value("event", "") == "validation") {
+        losses[line["iteration"].get<int>()] = line["valid_loss"].get<double>();
+      }
+    }
+    return losses;
+  };
+  const std::string one_log = TempPath("validation_one.jsonl");
+  Outcome one = RunCommand(absl::StrCat(
+      "OMP_NUM_THREADS=1 ", g_tandem, " train", tandem::testing::kSmallGptFlags,
+      " --global-batch ", kGlobalBatch, " --microbatch-size 2 --microbatches 8 --schedule 1f1b"
+      " --stages 1 --steps ", kSteps, " --seed ", kSeed, eval, " --log-json ", one_log));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  const std::map<int, double> want = validation(one_log);
+  ASSERT_EQ(want.size(), 2u) << one.output;
+  const std::string log = TempPath("validation_elastic.jsonl");
+  Outcome o = RunElastic(4, "3:7:forward", absl::StrCat(kPipelined, eval), log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const Log l = ReadElasticLog(log);
+  ExpectReferenceLosses(l);
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  const std::map<int, double> got = validation(log);
+  ASSERT_EQ(got.size(), 2u) << o.output;
+  for (const auto& [it, loss] : want) {
+    EXPECT_LE(std::abs(got.at(it) - loss), kRelativeTolerance * loss)
+        << "iteration " << it << ": " << got.at(it) << " vs one process " << loss;
+  }
+  EXPECT_NE(o.output.find("validation loss"), std::string::npos) << o.output;
+  std::filesystem::remove(one_log);
+  std::filesystem::remove(log);
 }
 
 TEST(ElasticTrainTest, ResumesAPlainCheckpointOfAnotherWorldSize) {
@@ -530,8 +571,8 @@ TEST(ElasticTrainTest, ADeathInTheFirstIterationAfterAResumeRedoesIt) {
   // this run: the survivors agree that 3 (the checkpoint's) is the last committed iteration.
   const auto [o, l] = ResumePlainCheckpointElastically("first_after_resume", "3:4:forward");
   ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
-  EXPECT_EQ(l.reconfigurations[0]["committed_iteration"].get<int>(), 3) << o.output;
-  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 4) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["committed_iteration"].get<int>(), 4) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["resume_iteration"].get<int>(), 5) << o.output;
   ExpectReferenceLosses(l, 4);
   EXPECT_EQ(l.finished, 1);
 }
@@ -569,7 +610,7 @@ TEST(ElasticTrainTest, AStopRequestEndsAtACheckpointThatResumesOnOtherRanks) {
   Outcome resumed = RunCommand(absl::StrCat(
       "timeout 120 ", TANDEM_MPIEXEC,
       " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 3 ", g_tandem,
-      " train --elastic", flags, " --steps ", kLongSteps - stop, " --resume ", checkpoint,
+      " train --elastic", flags, " --steps ", kLongSteps, " --resume ", checkpoint,
       " --log-json ", second));
   ASSERT_EQ(resumed.exit_status, 0) << resumed.output;
   const Log b = ReadElasticLog(second);

@@ -9,13 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "comm/backend.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "pipeline/generators.h"
 #include "pipeline/plan.h"
+#include "pipeline/torch_csv.h"
 #include "runtime/emulated_stage.h"
 #include "runtime/timeline.h"
 #include "tests/support/delegating_device_ops.h"
@@ -113,15 +116,21 @@ EngineOptions SgdOptions(runtime::GradSyncStrategy strategy) {
 }
 
 // Runs `iterations` of a case and checks loss, norm and every local parameter.
+// With `schedule`, the engine runs those programs (the plan is made for their spec).
 void RunAndCheck(const Case& c, runtime::GradSyncStrategy strategy, int iterations,
-                 double clip_norm = 0) {
+                 double clip_norm = 0,
+                 std::shared_ptr<const pipeline::Schedule> schedule = nullptr) {
   SCOPED_TRACE(Name(c) + " sync " + runtime::GradSyncStrategyName(strategy));
   comm::Communicator* world = World();
   ASSERT_NE(world, nullptr);
-  auto plan = PlanFor(c, world->size());
+  auto plan = schedule != nullptr
+                  ? pipeline::MakeUniformPlan(kLayers, schedule->spec, c.data_parallel,
+                                              /*microbatch_size=*/1)
+                  : PlanFor(c, world->size());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EngineOptions options = SgdOptions(strategy);
   options.clip_norm = clip_norm;
+  options.schedule = std::move(schedule);
   auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const int num_stages = plan->schedule.NumStages();
@@ -167,11 +176,78 @@ TEST(EngineTest, EverySchedulePipelineOnly) {
       {pipeline::ScheduleKind::kHanayo, 1, /*waves=*/1},
       {pipeline::ScheduleKind::kZBH1},
       {pipeline::ScheduleKind::kZBV},
+      {pipeline::ScheduleKind::kDualPipeV},
       // Fewer micro-batches than a multiple of p, and fewer than p.
       {pipeline::ScheduleKind::k1F1B, 1, 1, 1, /*microbatches=*/p + 1},
       {pipeline::ScheduleKind::kInterleaved, 2, 1, 1, /*microbatches=*/p + 2},
   };
+  // DualPipe: an even number of ranks.
+  if (p % 2 == 0) cases.push_back({pipeline::ScheduleKind::kDualPipe});
   for (const Case& c : cases) RunAndCheck(c, runtime::GradSyncStrategy::kAllReduce, 2);
+}
+
+// Programs given explicitly (EngineOptions::schedule) run like generated ones: a custom
+// schedule (the kind a torch CSV reads as) with ZB-V's programs, and one with interleaved's.
+TEST(EngineTest, ExplicitProgramsRunLikeGeneratedOnes) {
+  const int p = World()->size();
+  for (bool wave : {true, false}) {
+    pipeline::ScheduleSpec generated_spec;
+    generated_spec.kind =
+        wave ? pipeline::ScheduleKind::kZBV : pipeline::ScheduleKind::kInterleaved;
+    generated_spec.num_ranks = p;
+    generated_spec.num_microbatches = 8;
+    generated_spec.chunks = 2;
+    auto generated = pipeline::GenerateSchedule(generated_spec);
+    ASSERT_TRUE(generated.ok()) << generated.status();
+    pipeline::Schedule custom = *generated;
+    custom.spec.kind = pipeline::ScheduleKind::kCustom;
+    custom.spec.wave_placement = wave;
+    Case c{pipeline::ScheduleKind::kCustom, /*chunks=*/2};
+    RunAndCheck(c, runtime::GradSyncStrategy::kAllReduce, 2, /*clip_norm=*/0,
+                std::make_shared<const pipeline::Schedule>(custom));
+  }
+}
+
+// Schedules written by torch.distributed.pipelining (tests/data/torch_schedules), both forms,
+// for this world size: losses and parameters equal the closed form.
+TEST(EngineTest, TorchWrittenSchedulesRun) {
+  const int p = World()->size();
+  const std::string here = __FILE__;
+  const std::string data = here.substr(0, here.rfind('/')) + "/../data/torch_schedules/";
+  int ran = 0;
+  for (const char* name :
+       {"interleaved1f1b_p2_m6", "loopedbfs_p2_m4", "zbv_p2_m4", "interleaved1f1b_p4_m8",
+        "interleavedzb_p4_m8", "zbv_p4_m8", "dualpipev_p4_m8"}) {
+    for (const char* suffix : {".csv", "_comms.csv"}) {
+      auto schedule = pipeline::ReadTorchCsvSchedule(data + name + suffix);
+      ASSERT_TRUE(schedule.ok()) << schedule.status();
+      if (schedule->spec.num_ranks != p) continue;
+      SCOPED_TRACE(std::string(name) + suffix);
+      Case c{pipeline::ScheduleKind::kCustom, schedule->spec.chunks, 1, 1,
+             schedule->spec.num_microbatches};
+      RunAndCheck(c, runtime::GradSyncStrategy::kAllReduce, 2, /*clip_norm=*/0,
+                  std::make_shared<const pipeline::Schedule>(*std::move(schedule)));
+      ++ran;
+    }
+  }
+  if (p == 2 || p == 4) EXPECT_GE(ran, 6);
+}
+
+TEST(EngineTest, ExplicitProgramsMustBeThePlansSchedule) {
+  comm::Communicator* world = World();
+  ASSERT_NE(world, nullptr);
+  auto plan = PlanFor({pipeline::ScheduleKind::k1F1B}, world->size());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  pipeline::ScheduleSpec other = plan->schedule;
+  other.kind = pipeline::ScheduleKind::kGPipe;
+  auto gpipe = pipeline::GenerateSchedule(other);
+  ASSERT_TRUE(gpipe.ok());
+  EngineOptions options = SgdOptions(runtime::GradSyncStrategy::kAllReduce);
+  options.schedule = std::make_shared<const pipeline::Schedule>(*gpipe);
+  auto engine = Engine::Create(*plan, world, EmulatedFactory(0, 0, 0), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_TRUE(absl::StrContains(engine.status().message(), "is not the plan's"))
+      << engine.status();
 }
 
 TEST(EngineTest, DataParallelTimesPipeline) {

@@ -72,10 +72,10 @@ void ExpectReferenceLosses(const Layout& c, const std::string& environment = "",
   ASSERT_EQ(o.exit_status, 0) << o.output;
   const std::vector<double> want =
       tandem::testing::SmallGptReferenceLosses(kSteps, kGlobalBatch, kSeed, c.heads);
-  const std::vector<nlohmann::json> lines = tandem::testing::ReadJsonLines(log);
+  const std::vector<nlohmann::json> lines = tandem::testing::ReadLogIterations(log);
   ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps)) << o.output;
   for (const nlohmann::json& line : lines) {
-    const int it = line["iteration"].get<int>();
+    const int it = line["iteration"].get<int>() - 1;  // the log counts from 1
     ASSERT_LT(it, static_cast<int>(want.size()));
     const double loss = line["loss"].get<double>();
     EXPECT_LE(std::abs(loss - want[it]), tolerance * std::abs(want[it]))
@@ -169,8 +169,8 @@ void ExpectNormAndLossesOfOneRank(int ranks, int heads, const std::string& flags
     tandem::RemoveAll(one_dir).IgnoreError();
     tandem::RemoveAll(sharded_dir).IgnoreError();
   }
-  const auto x = tandem::testing::ReadJsonLines(one);
-  const auto y = tandem::testing::ReadJsonLines(sharded);
+  const auto x = tandem::testing::ReadLogIterations(one);
+  const auto y = tandem::testing::ReadLogIterations(sharded);
   ASSERT_EQ(x.size(), y.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double want = x[i]["grad_norm"].get<double>();
@@ -225,12 +225,14 @@ TEST(TensorParallelTest, CheckpointsAreWholeAndResumeOnAnyLayout) {
       {4, tp_flags}, {2, pp_flags}, {2, "--schedule gpipe --stages 1 --tensor-parallel 2"}};
   for (const auto& [ranks, flags] : layouts) {
     std::filesystem::remove(log);
-    Outcome r = RunCommand(Train(ranks, 2, absl::StrCat(flags, " --resume ", sharded), log));
+    // --steps is the run's last iteration (the later flag wins).
+    Outcome r = RunCommand(
+        Train(ranks, 2, absl::StrCat(flags, " --resume ", sharded, " --steps ", 2 * kSteps), log));
     ASSERT_EQ(r.exit_status, 0) << flags << "\n" << r.output;
-    const auto lines = tandem::testing::ReadJsonLines(log);
+    const auto lines = tandem::testing::ReadLogIterations(log);
     ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps)) << r.output;
     for (const nlohmann::json& line : lines) {
-      const int it = line["iteration"].get<int>();
+      const int it = line["iteration"].get<int>() - 1;  // the log counts from 1
       ASSERT_GE(it, kSteps);
       ASSERT_LT(it, 2 * kSteps);
       EXPECT_LE(std::abs(line["loss"].get<double>() - want[it]),

@@ -27,6 +27,7 @@
 #include "comm/backend.h"
 #include "gtest/gtest.h"
 #include "pipeline/plan.h"
+#include "pipeline/torch_csv.h"
 #include "runtime/control.h"
 #include "runtime/engine.h"
 #include "runtime/torch/data.h"
@@ -81,6 +82,9 @@ struct Case {
   bool bf16 = false;          // autocast in the stages and the reference
   bool cuda = false;          // stages and reference on a GPU, device buffers over NCCL
   bool bf16_gradients = false;  // data-parallel gradients communicated as bfloat16
+  // A schedule written by torch.distributed.pipelining (tests/data/torch_schedules/), run as
+  // explicit programs instead of `kind`'s generator.
+  const char* torch_csv = nullptr;
 };
 
 // bf16 autocast: both runs compute each micro-batch's forward with the same bfloat16 kernels,
@@ -102,7 +106,8 @@ std::string Name(const Case& c) {
                       c.adamw ? " adamw" : " sgd", c.dear ? " dear" : " allreduce",
                       c.recompute ? " recompute" : "", c.clip_norm > 0 ? " clip" : "",
                       c.libtorch_ops ? " libtorch-ops" : "", c.bf16 ? " bf16" : "",
-                      c.cuda ? " cuda" : "", c.bf16_gradients ? " bf16-gradients" : "");
+                      c.cuda ? " cuda" : "", c.bf16_gradients ? " bf16-gradients" : "",
+                      c.torch_csv != nullptr ? absl::StrCat(" torch csv ", c.torch_csv) : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
@@ -184,6 +189,19 @@ void RunCase(const Case& c) {
   spec.num_ranks = world->size() / c.data_parallel;
   spec.num_microbatches = 8 / c.data_parallel;
   spec.chunks = c.chunks;
+  std::shared_ptr<const pipeline::Schedule> torch_schedule;
+  if (c.torch_csv != nullptr) {
+    const std::string here = __FILE__;
+    auto read = pipeline::ReadTorchCsvSchedule(here.substr(0, here.rfind('/')) +
+                                               "/../data/torch_schedules/" + c.torch_csv);
+    ASSERT_TRUE(read.ok()) << read.status();
+    if (read->spec.num_ranks != spec.num_ranks ||
+        read->spec.num_microbatches != spec.num_microbatches) {
+      GTEST_SKIP() << c.torch_csv << " is a schedule for other ranks or micro-batches";
+    }
+    spec = read->spec;
+    torch_schedule = std::make_shared<const pipeline::Schedule>(*std::move(read));
+  }
   const int64_t microbatch_size = kGlobalBatch / (spec.num_microbatches * c.data_parallel);
   auto plan = pipeline::MakeUniformPlan(model->num_layers(), spec, c.data_parallel,
                                         microbatch_size);
@@ -213,6 +231,7 @@ void RunCase(const Case& c) {
   options.lr_schedule = Lr(c);
   options.clip_norm = c.clip_norm;
   options.timeout = absl::Seconds(120);
+  options.schedule = torch_schedule;
   if (c.bf16_gradients) options.gradient_communication = comm::DataType::kBFloat16;
   auto engine = Engine::Create(*plan, world, factory, options);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -287,7 +306,24 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{K::kChimera, 1, true, false, false, /*clip=*/0.5},
                       Case{K::kHanayo, 1, false, false, true},
                       Case{K::kZBH1, 1, true, false, false},
-                      Case{K::k1F1B, 1, false, false, false, /*clip=*/0.1}),
+                      Case{K::k1F1B, 1, false, false, false, /*clip=*/0.1},
+                      Case{K::kDualPipe, 1, true, false, false},
+                      Case{K::kDualPipeV, 1, false, false, true}),
+    [](const auto& info) { return absl::StrCat("case", info.index); });
+
+// Schedules written by torch.distributed.pipelining for 4 ranks and 8 micro-batches, read
+// from its CSV format (both forms) and run as explicit programs.
+Case FromTorchCsv(const char* file, bool adamw) {
+  Case c{K::kCustom, 1, adamw};
+  c.torch_csv = file;
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(
+    TorchCsv, EquivalenceTest,
+    ::testing::Values(FromTorchCsv("interleaved1f1b_p4_m8.csv", false),
+                      FromTorchCsv("zbv_p4_m8_comms.csv", true),
+                      FromTorchCsv("dualpipev_p4_m8.csv", false),
+                      FromTorchCsv("interleavedzb_p4_m8_comms.csv", true)),
     [](const auto& info) { return absl::StrCat("case", info.index); });
 
 // Two pipelines of world/2 stages: data parallelism with plain all-reduce and DeAR.

@@ -16,6 +16,7 @@
 #include "runtime/torch/data.h"
 #include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/gpt.h"
+#include "runtime/torch/gpt2.h"
 #include "runtime/torch/model.h"
 #include "runtime/torch/precision.h"
 #include "runtime/torch/torch_stage.h"
@@ -485,6 +486,65 @@ TEST(TorchStageTest, StagesOfTheSameLayersHaveIndependentParameters) {
     a.add_(1.0);
   }
   EXPECT_FALSE(torch::equal(a, b));
+}
+
+// GPT-2's LM head is tied to its token embedding. A stage holding both shares one tensor; the
+// stages of a split hold one end each, the head's copy starting as the embedding (drawn from
+// another layer's seed, it would differ), and report the pair for the engine to sum.
+TEST(TorchStageTest, StagesThatSplitATiedPairStartEqualAndReportIt) {
+  Gpt2Config config;
+  config.layers = 2;
+  config.hidden = 16;
+  config.heads = 2;
+  config.seq_len = 8;
+  config.positions = 8;
+  auto model = Gpt2ModelSpec(config).BuildLayers(/*seed=*/5, /*first=*/0, /*end=*/0);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SyntheticTaskOptions task;
+  task.seq_len = 8;
+  auto data = MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto make = [&](int first, int end) {
+    TorchStageOptions options;
+    options.first_layer = first;
+    options.end_layer = end;
+    return TorchStage::Create(*model, *data, options);
+  };
+  auto whole = make(0, 4);
+  auto first = make(0, 2);
+  auto last = make(2, 4);
+  ASSERT_TRUE(whole.ok() && first.ok() && last.ok());
+  auto named = [](const TorchStage& stage, const std::string& name) {
+    for (const auto& [n, tensor] : stage.named_parameters()) {
+      if (n == name) return tensor;
+    }
+    return torch::Tensor();
+  };
+  const torch::Tensor embedding = named(**first, "layers.0.wte.weight");
+  const torch::Tensor head = named(**last, "layers.3.lm_head.weight");
+  ASSERT_TRUE(embedding.defined() && head.defined());
+  EXPECT_TRUE(torch::equal(embedding, head));
+  EXPECT_TRUE(torch::equal(embedding, named(**whole, "layers.0.wte.weight")));
+  EXPECT_FALSE(named(**whole, "layers.3.lm_head.weight").defined());  // one tensor
+  for (const ParameterView& v : (*whole)->Parameters()) EXPECT_TRUE(v.tied_owner.empty());
+  auto tied = [](TorchStage& stage) {
+    std::vector<ParameterView> out;
+    for (ParameterView& v : stage.Parameters()) {
+      if (!v.tied_owner.empty()) out.push_back(v);
+    }
+    return out;
+  };
+  const std::vector<ParameterView> owner = tied(**first), copy = tied(**last);
+  ASSERT_EQ(owner.size(), 1u);
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(owner[0].name, "layers.0.wte.weight");
+  EXPECT_FALSE(owner[0].is_tied_copy());
+  EXPECT_EQ(copy[0].tied_owner, "layers.0.wte.weight");
+  EXPECT_TRUE(copy[0].is_tied_copy());
+  EXPECT_EQ(copy[0].tied_layers, (std::vector<int>{0, 3}));
+  EXPECT_EQ(owner[0].tied_layers, copy[0].tied_layers);
+  EXPECT_EQ(owner[0].tied_layer, 0);
+  EXPECT_EQ(copy[0].tied_layer, 3);
 }
 
 TEST(TorchStageTest, MisuseIsReportedWithCodesAndContext) {

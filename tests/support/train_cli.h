@@ -32,6 +32,16 @@ inline std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
   return lines;
 }
 
+// The iterations of a --log-json file: its lines without "event" (checkpoints, validation,
+// an elastic job's re-formations).
+inline std::vector<nlohmann::json> ReadLogIterations(const std::string& path) {
+  std::vector<nlohmann::json> iterations;
+  for (nlohmann::json& line : ReadJsonLines(path)) {
+    if (!line.contains("event")) iterations.push_back(std::move(line));
+  }
+  return iterations;
+}
+
 // The model the train tests pass as flags:
 //   --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --optimizer adamw --lr 3e-3
 //   --warmup-steps 2 --weight-decay 0.01

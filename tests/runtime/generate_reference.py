@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The reference side of tests/runtime/generate_test.cc: Hugging Face transformers (CPU,
+float32, offline) saves tiny random models and records what its greedy generate() makes of a
+prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
+
+    generate_reference.py make OUTPUT_FOLDER
+        writes OUTPUT_FOLDER/<case>/ with save_pretrained for each case and OUTPUT_FOLDER/
+        cases.json: [{"name", "prompt": [ids], "tokens": [the new ids greedy generate gives],
+        "text": the prompt text or null}]. Cases: llama_gqa (grouped-query attention, untied
+        head), llama_tied, gpt2 (tied), gpt2_scaled (attention scaled by the inverse layer
+        index), gpt2_text (a 320-token model with OUTPUT_FOLDER/tokenizer.json: the prompt is
+        text, encoded by that tokenizer).
+
+    generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
+        prints the new ids of greedy generate (comma-separated) for PROMPT_IDS ("1,2,3") with
+        the model of MODEL_FOLDER (a `tandem checkpoint export`).
+"""
+import json
+import os
+import sys
+
+import torch
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM)
+
+NEW_TOKENS = 20
+TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
+        "fortune, must be in want of a wife. However little known the feelings or views of such "
+        "a man may be on his first entering a neighbourhood, this truth is so well fixed in the "
+        "minds of the surrounding families, that he is considered the rightful property of some "
+        "one or other of their daughters. ") * 8
+PROMPT_TEXT = "However little known the feelings"
+
+
+def llama(**overrides):
+    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
+                   tie_word_embeddings=False, attn_implementation="eager")
+    options.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**options))
+
+
+def gpt2(**overrides):
+    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=48,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return GPT2LMHeadModel(GPT2Config(**options))
+
+
+def perturb(model, seed):
+    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def greedy(model, prompt, new_tokens):
+    model.eval()
+    # No end-of-text stop: exactly new_tokens tokens.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                                                               dtype=torch.long),
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, num_beams=1, use_cache=True,
+                             # Debian's torch 1.13 cannot import torch.distributed.fsdp under
+                             # Python 3.11, which the default (None) makes generate import.
+                             synced_gpus=False)
+    return out[0, len(prompt):].tolist()
+
+
+def train_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([TEXT], trainer=trainer)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def make(output):
+    os.makedirs(output, exist_ok=True)
+    tokenizer = train_tokenizer(os.path.join(output, "tokenizer.json"))
+    text_prompt = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
+    cases = [
+        ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),
+        ("llama_tied", lambda: llama(tie_word_embeddings=True), [1, 2, 3]),
+        ("gpt2", lambda: gpt2(), [5, 40, 7, 7, 61]),
+        ("gpt2_scaled", lambda: gpt2(scale_attn_by_inverse_layer_idx=True), [11]),
+        ("gpt2_text", lambda: gpt2(vocab_size=320), text_prompt),
+    ]
+    records = []
+    for index, (name, build, prompt) in enumerate(cases):
+        torch.manual_seed(3000 + index)
+        model = perturb(build(), 4000 + index)
+        model.save_pretrained(os.path.join(output, name), safe_serialization=True)
+        records.append({"name": name, "prompt": prompt, "tokens": greedy(model, prompt, NEW_TOKENS),
+                        "text": PROMPT_TEXT if name == "gpt2_text" else None})
+    with open(os.path.join(output, "cases.json"), "w", encoding="utf-8") as stream:
+        json.dump(records, stream)
+
+
+def generate(folder, prompt_ids, new_tokens):
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                 torch_dtype=torch.float32)
+    prompt = [int(x) for x in prompt_ids.split(",")]
+    print(",".join(str(t) for t in greedy(model, prompt, int(new_tokens))))
+
+
+def main():
+    torch.set_default_dtype(torch.float32)
+    torch.set_num_threads(1)
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) == 5 and sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit("usage: generate_reference.py make OUTPUT_FOLDER | "
+                 "generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS")
+
+
+if __name__ == "__main__":
+    main()
