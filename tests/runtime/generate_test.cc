@@ -46,6 +46,7 @@
 #include "runtime/torch/kv_cache.h"
 #include "runtime/torch/llama.h"
 #include "tests/support/command.h"
+#include "tests/support/python_reference.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -274,46 +275,15 @@ class Scratch {
 
 std::string Python() { return "python3"; }
 
-struct Reference {
-  std::string folder;
-  std::string unavailable;  // non-empty: skip, with this reason
-  std::string failed;       // non-empty: the script failed
-};
+using Reference = tandem::testing::PythonReference;
 
 const Reference& References() {
-  static const Reference* reference = [] {
-    auto* made = new Reference;
-    const Outcome probe =
-        RunCommand(Python() + " -c 'import torch, transformers, safetensors, tokenizers'");
-    if (probe.exit_status != 0) {
-      made->unavailable = absl::StrCat(
-          "python3 cannot import torch, transformers, safetensors and tokenizers (exit ",
-          probe.exit_status, "); scripts/python_env.sh installs them: ",
-          probe.output.substr(0, 400));
-      return made;
-    }
-    made->folder = (fs::temp_directory_path() /
-                    absl::StrCat("tandem_generate_reference_", ::getpid()))
-                       .string();
-    fs::remove_all(made->folder);
-    std::atexit([] { fs::remove_all(References().folder); });
-    const Outcome written = RunCommand(absl::StrCat(Python(), " '", TANDEM_GENERATE_SCRIPT,
-                                                    "' make '", made->folder, "'"));
-    if (written.exit_status != 0) {
-      made->failed = absl::StrCat("generate_reference.py make failed (exit ",
-                                  written.exit_status, "): ", written.output);
-    }
-    return made;
-  }();
+  static const Reference* reference = new Reference(
+      tandem::testing::MakePythonReference("torch, transformers, safetensors, tokenizers", TANDEM_GENERATE_SCRIPT, "generate"));
   return *reference;
 }
 
-#define REQUIRE_REFERENCE()                                        \
-  do {                                                             \
-    const Reference& ref = References();                           \
-    if (!ref.unavailable.empty()) GTEST_SKIP() << ref.unavailable; \
-    ASSERT_TRUE(ref.failed.empty()) << ref.failed;                 \
-  } while (false)
+#define REQUIRE_REFERENCE() TANDEM_REQUIRE_PYTHON_REFERENCE(References())
 
 std::string Quoted(const std::string& text) { return absl::StrCat("'", text, "'"); }
 

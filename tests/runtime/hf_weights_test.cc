@@ -36,6 +36,7 @@
 #include "runtime/torch/llama.h"
 #include "runtime/torch/model.h"
 #include "tests/support/command.h"
+#include "tests/support/python_reference.h"
 #include "tests/support/train_cli.h"
 
 namespace tandem::runtime::libtorch {
@@ -59,47 +60,15 @@ std::string Python() { return "python3"; }
 
 // ---- The reference folders -------------------------------------------------------------------
 
-struct Reference {
-  std::string folder;
-  std::string unavailable;  // non-empty: skip, with this reason
-  std::string failed;       // non-empty: the script failed
-};
+using Reference = tandem::testing::PythonReference;
 
 const Reference& References() {
-  static const Reference* reference = [] {
-    auto* made = new Reference;
-    const Outcome probe = RunCommand(Python() + " -c 'import torch, transformers, safetensors'");
-    if (probe.exit_status != 0) {
-      made->unavailable = absl::StrCat(
-          "python3 cannot import torch, transformers and safetensors (exit ", probe.exit_status,
-          "); install them (CPU torch) to compare with Hugging Face transformers: ",
-          probe.output.substr(0, 400));
-      return made;
-    }
-    char pattern[] = "/tmp/tandem_hf_weights_XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) {
-      made->failed = "cannot make a temporary folder";
-      return made;
-    }
-    made->folder = pattern;
-    std::atexit([] { RemoveAll(References().folder).IgnoreError(); });
-    const Outcome written = RunCommand(absl::StrCat(Python(), " '", TANDEM_HF_WEIGHTS_SCRIPT,
-                                                    "' make '", made->folder, "'"));
-    if (written.exit_status != 0) {
-      made->failed = absl::StrCat("hf_weights_reference.py make failed (exit ",
-                                  written.exit_status, "): ", written.output);
-    }
-    return made;
-  }();
+  static const Reference* reference = new Reference(
+      tandem::testing::MakePythonReference("torch, transformers, safetensors", TANDEM_HF_WEIGHTS_SCRIPT, "hf_weights"));
   return *reference;
 }
 
-#define REQUIRE_REFERENCE()                                        \
-  do {                                                             \
-    const Reference& ref = References();                           \
-    if (!ref.unavailable.empty()) GTEST_SKIP() << ref.unavailable; \
-    ASSERT_TRUE(ref.failed.empty()) << ref.failed;                 \
-  } while (false)
+#define REQUIRE_REFERENCE() TANDEM_REQUIRE_PYTHON_REFERENCE(References())
 
 std::string Case(const std::string& name) { return absl::StrCat(References().folder, "/", name); }
 
