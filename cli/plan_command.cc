@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, knapsack, "exact",
           "Piper: per-layer configuration choice, exact or greedy (Piper's heuristic)");
 ABSL_FLAG(int, tensor_parallel, 0,
           "AdaPipe: tensor-parallel degree (0: search); templates: the degree of every stage");
+ABSL_FLAG(bool, baseline, false,
+          "AdaPipe: plan Megatron-LM's default instead (uniform partition, every layer "
+          "recomputed) for the pipeline shape AdaPipe chooses, the baseline it is compared with");
 ABSL_FLAG(bool, templates, false,
           "instead of one plan, print the best pipeline template for every node count from the "
           "smallest that fits up to the cluster's (Oobleck-style, for the elastic layer)");
@@ -188,6 +191,10 @@ absl::Status RunPlanOrError() {
     return absl::InvalidArgumentError(
         "--schedule applies to --algorithm adapipe (the others plan for 1F1B)");
   }
+  request.adapipe_baseline = absl::GetFlag(FLAGS_baseline);
+  if (request.adapipe_baseline && request.algorithm != planner::Algorithm::kAdaPipe) {
+    return absl::InvalidArgumentError("--baseline applies to --algorithm adapipe");
+  }
   request.stages = absl::GetFlag(FLAGS_stages);
   request.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   if (request.stages < 0 || request.tensor_parallel < 0) {
@@ -207,6 +214,7 @@ absl::Status RunPlanOrError() {
                     {"use_fewer_machines", request.use_fewer_machines},
                     {"knapsack", knapsack},
                     {"schedule", request.schedule}};
+  if (request.adapipe_baseline) request.inputs["baseline"] = true;
 
   if (absl::GetFlag(FLAGS_templates)) return PrintTemplates(request, output_format);
   TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
@@ -241,14 +249,16 @@ const CommandRegistrar registrar({
         "    [--microbatches M] [--straight] [--use-fewer-machines] [--max-antichain-states N]\n"
         "    [--activation-compression-ratio R] [--knapsack exact|greedy] [--stages P]\n"
         "    [--tensor-parallel T] [--schedule auto|1f1b|interleaved|chimera|hanayo|zb-h1]\n"
-        "    [--format text|json] [-o plan.json] [--templates]\n\n"
+        "    [--baseline] [--format text|json] [-o plan.json] [--templates]\n\n"
         "Algorithms: pipedream (partition + per-stage replication; --straight for none; on a\n"
         "graph.txt DAG over PipeDream's antichain states, the plan's layer_order keeping each\n"
         "stage contiguous),\n"
         "piper (stages x data/tensor-parallel degrees x per-layer configurations such as\n"
         "recomputation), adapipe (per-stage adaptive recomputation with the partition, over\n"
         "pipeline depths and tensor-parallel degrees; with --schedule, the simulator times\n"
-        "each schedule's programs and the fastest that fits memory wins, 'auto' trying all).\n"
+        "each schedule's programs and the fastest that fits memory wins, 'auto' trying all;\n"
+        "--baseline plans Megatron-LM's default for the same shape instead, uniform with every\n"
+        "layer recomputed, to run beside AdaPipe's plan).\n"
         "--microbatches is the number of micro-batches per iteration over all pipelines\n"
         "(Piper's mbsInBatch). --bandwidth is innermost first; with two, --devices-per-node\n"
         "says how many devices share the first.\n"
@@ -262,7 +272,7 @@ const CommandRegistrar registrar({
               "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
               "max_antichain_states",
               "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "schedule",
-              "templates", "format", "output"},
+              "baseline", "templates", "format", "output"},
     .aliases = {{"o", "output"}},
     .run = RunPlan,
 });

@@ -397,6 +397,10 @@ std::vector<int> TensorParallelCandidates(const PlanRequest& request) {
 }
 
 absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
+  if (request.adapipe_baseline && !request.schedule.empty()) {
+    return absl::InvalidArgumentError(
+        "AdaPipe's baseline (Megatron-LM's default) is planned for 1F1B: drop --schedule");
+  }
   const ClusterSpec& cluster = request.cluster;
   const int devices = cluster.NumDevices();
   const double memory = cluster.device_memory_bytes;
@@ -461,12 +465,25 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   if (!std::isfinite(best.seconds)) return last_error;
   AdaPipeOptions baseline_options{best.stages, best.microbatches, memory, true, inter_bandwidth};
   best.baseline = UniformFullRecompute(*best.chain, baseline_options);
+  // The baseline asked for: its partition and recomputation become the plan, AdaPipe's
+  // figures stay for the summary's comparison.
+  const double adaptive_seconds = best.seconds;
+  if (request.adapipe_baseline) {
+    if (!best.baseline.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Megatron-LM's default (uniform, full recomputation) does not fit the shape AdaPipe "
+          "chose (", best.data_parallel, " data x ", best.stages, " pipeline x ",
+          best.tensor_parallel, " tensor parallel): ", best.baseline.status().message()));
+    }
+    best.result = *best.baseline;
+    best.seconds = best.baseline->iteration_seconds + best.sync_seconds;
+  }
 
   pipeline::Plan plan;
   plan.model = request.profile.model;
   plan.num_layers = best.chain->num_layers();
   plan.microbatch_size = request.profile.microbatch_size;
-  plan.algorithm = "adapipe";
+  plan.algorithm = request.adapipe_baseline ? "adapipe-baseline" : "adapipe";
   plan.schedule.kind = pipeline::ScheduleKind::k1F1B;
   plan.schedule.num_ranks = best.stages;
   plan.schedule.num_microbatches = best.microbatches;
@@ -571,15 +588,28 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   if (best.baseline.ok()) {
     const double base_seconds = best.baseline->iteration_seconds + best.sync_seconds;
     baseline = absl::StrFormat("%s (AdaPipe %.3fx faster)", FormatSeconds(base_seconds),
-                               base_seconds / best.seconds);
+                               base_seconds / adaptive_seconds);
   }
-  outcome.summary = absl::StrFormat(
-      "adapipe on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor parallel, "
-      "%d micro-batches per pipeline: iteration %s (slowest stage %s, gradient sync %s); "
-      "Megatron-LM default (uniform, full recomputation): %s\n",
-      request.profile.model, best.chain->num_layers(), devices, best.data_parallel, best.stages,
-      best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
-      FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds), baseline);
+  if (request.adapipe_baseline) {
+    outcome.summary = absl::StrFormat(
+        "adapipe baseline on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor "
+        "parallel, %d micro-batches per pipeline: Megatron-LM default (uniform, full "
+        "recomputation) %s (slowest stage %s, gradient sync %s); AdaPipe's plan: iteration "
+        "%s (%.3fx faster)\n",
+        request.profile.model, best.chain->num_layers(), devices, best.data_parallel,
+        best.stages, best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
+        FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds),
+        FormatSeconds(adaptive_seconds), best.seconds / adaptive_seconds);
+  } else {
+    outcome.summary = absl::StrFormat(
+        "adapipe on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor parallel, "
+        "%d micro-batches per pipeline: iteration %s (slowest stage %s, gradient sync %s); "
+        "Megatron-LM default (uniform, full recomputation): %s\n",
+        request.profile.model, best.chain->num_layers(), devices, best.data_parallel,
+        best.stages, best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
+        FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds),
+        baseline);
+  }
   outcome.summary += schedule_note;
   return outcome;
 }

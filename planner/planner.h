@@ -63,6 +63,10 @@ struct PlanRequest {
   // Schedule search (planner/schedule_search.h) over the AdaPipe partition: "" = 1f1b only,
   // "auto" = every schedule, or one schedule name.
   std::string schedule;
+  // AdaPipe: the plan is the baseline its summary compares with, Megatron-LM's default
+  // (uniform partition, every layer recomputed; UniformFullRecompute) for the pipeline shape
+  // AdaPipe chose, so that the two can be run side by side. 1F1B only (no schedule search).
+  bool adapipe_baseline = false;
   nlohmann::json inputs = nlohmann::json::object();  // provenance, copied into the plan
 };
 

@@ -7,8 +7,11 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "planner/adapipe.h"
 #include "planner/importers.h"
+#include "planner/layer_chain.h"
 #include "tests/planner/pipedream_references.h"
 #include "tests/planner/test_util.h"
 
@@ -109,6 +112,94 @@ TEST(MakePlan, TooLittleMemoryNamesTheSmallestThatFits) {
   EXPECT_TRUE(MakePlan(request).ok());
   request.cluster.device_memory_bytes = 87;
   EXPECT_FALSE(MakePlan(request).ok());
+}
+
+// ---- AdaPipe against its baseline ----------------------------------------------------------
+
+// The GPT of bench/planner/adapipe_measured.sh as tandem profile measures it on a CPU (L=8,
+// H=256, S=128, micro-batch 4, AdamW), in round figures: a block runs 12 ms forward and 24 ms
+// backward, stashes 10 MiB per micro-batch (0.5 MiB, its input, when recomputed) and holds
+// 3 MiB of parameters and 6 MiB of optimizer state.
+pipeline::Profile CpuGptProfile() {
+  constexpr double kMiB = 1 << 20;
+  pipeline::Profile profile;
+  profile.model = "gpt L=8 H=256";
+  profile.microbatch_size = 4;
+  auto layer = [&](const std::string& name, double forward, double backward, double stashed,
+                   double parameters) {
+    pipeline::LayerProfile l;
+    l.name = name;
+    l.forward_seconds = forward;
+    l.backward_seconds = backward;
+    l.recompute_seconds = forward;
+    l.stashed_activation_bytes = stashed;
+    l.recompute_stashed_bytes = 0.5 * kMiB;
+    l.output_activation_bytes = 0.5 * kMiB;
+    l.parameter_bytes = parameters;
+    l.optimizer_state_bytes = 2 * parameters;
+    profile.layers.push_back(l);
+  };
+  layer("embedding", 0.06e-3, 0.08e-3, 0.5 * kMiB, 0.375 * kMiB);
+  for (int b = 0; b < 8; ++b) layer("block" + std::to_string(b), 12e-3, 24e-3, 10 * kMiB, 3 * kMiB);
+  layer("head", 1e-3, 1.6e-3, 1 * kMiB, 0.25 * kMiB);
+  return profile;
+}
+
+// 100 MiB per rank forces recomputation on two stages (without it no partition fits); AdaPipe
+// recomputes only where it must and fits, the baseline (--baseline) is the uniform partition
+// with every layer recomputed, and the predicted gain is what the bench sets out to measure.
+TEST(MakePlan, AdaPipeRecomputesLessThanItsBaselineWithinTheBudget) {
+  constexpr double kBudget = 100.0 * (1 << 20);
+  PlanRequest request;
+  request.algorithm = Algorithm::kAdaPipe;
+  request.profile = CpuGptProfile();
+  request.cluster = *MakeCluster(2, 0, kBudget, {1e9});
+  request.stages = 2;
+  request.microbatches = 8;
+  const LayerChain chain = *LayerChain::FromProfile(request.profile);
+  EXPECT_EQ(RunAdaPipe(chain, {.stages = 2, .microbatches = 8, .memory_bytes = kBudget,
+                               .allow_recompute = false})
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+
+  auto adaptive = MakePlan(request);
+  ASSERT_TRUE(adaptive.ok()) << adaptive.status();
+  request.adapipe_baseline = true;
+  auto baseline = MakePlan(request);
+  ASSERT_TRUE(baseline.ok()) << baseline.status();
+  EXPECT_EQ(baseline->plan.algorithm, "adapipe-baseline");
+  EXPECT_TRUE(pipeline::ValidatePlan(baseline->plan, 2, 10).ok());
+
+  int adaptive_recomputed = 0;
+  for (const pipeline::PlanStage& stage : adaptive->plan.stages) {
+    EXPECT_LE(stage.predicted_memory_bytes, kBudget);
+    adaptive_recomputed += static_cast<int>(stage.recompute_layers.size());
+  }
+  EXPECT_GT(adaptive_recomputed, 0);
+  EXPECT_LT(adaptive_recomputed, 5);
+  // The baseline: embedding and four blocks, four blocks and the head, all recomputed.
+  ASSERT_EQ(baseline->plan.stages.size(), 2u);
+  EXPECT_EQ(baseline->plan.stages[0].end_layer, 5);
+  for (const pipeline::PlanStage& stage : baseline->plan.stages) {
+    EXPECT_EQ(static_cast<int>(stage.recompute_layers.size()),
+              stage.end_layer - stage.first_layer);
+    EXPECT_LE(stage.predicted_memory_bytes, kBudget);
+  }
+  auto uniform = UniformFullRecompute(
+      chain, {.stages = 2, .microbatches = 8, .memory_bytes = kBudget,
+              .p2p_bandwidth_bytes_per_second = 1e9});
+  ASSERT_TRUE(uniform.ok()) << uniform.status();
+  EXPECT_DOUBLE_EQ(baseline->plan.predicted_iteration_seconds, uniform->iteration_seconds);
+  const double gain =
+      baseline->plan.predicted_iteration_seconds / adaptive->plan.predicted_iteration_seconds;
+  EXPECT_GE(gain, 1.15);
+  EXPECT_TRUE(absl::StrContains(baseline->summary, absl::StrFormat("(%.3fx faster)", gain)))
+      << baseline->summary;
+
+  // The baseline is planned for 1F1B only.
+  request.schedule = "auto";
+  EXPECT_EQ(MakePlan(request).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---- PipeDream on branching models --------------------------------------------------------
