@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/kv_cache.h"
+#include "runtime/torch/lm_parts.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -40,13 +41,6 @@ void InitLinear(torch::nn::Linear& linear, double std) {
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t hidden) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}));
-}
-
-// `norm` with the given weight and bias (its own, as SharedOverTheSequence returns them).
-torch::Tensor NormWith(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
-                       const torch::Tensor& weight, const torch::Tensor& bias) {
-  return torch::layer_norm(x, norm->options.normalized_shape(), weight, bias,
-                           norm->options.eps());
 }
 
 // A linear layer's product with a deferrable weight gradient (zero-bubble's W pass).
@@ -299,7 +293,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public Increment
     const int64_t head_dim = hidden / config_.heads;
     const int64_t heads = tp_.ShardSize(config_.heads), local = heads * head_dim;
     const torch::Tensor normed =
-        GatherFromSequenceParallel(NormWith(attention_norm, x, shared[0], shared[1]), tp_);
+        GatherFromSequenceParallel(LayerNormWith(attention_norm, x, shared[0], shared[1]), tp_);
     const int64_t length = normed.size(1);
     const auto qkv_heads =
         Apply(qkv, normed).view({batch, length, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
@@ -310,7 +304,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public Increment
                          attention_out->weight, torch::Tensor());
     x = x + (ReduceScatterToSequenceParallel(projected, tp_) + shared[2]);
     const auto units = torch::gelu(Apply(
-        mlp_in, GatherFromSequenceParallel(NormWith(mlp_norm, x, shared[3], shared[4]), tp_)));
+        mlp_in, GatherFromSequenceParallel(LayerNormWith(mlp_norm, x, shared[3], shared[4]), tp_)));
     return x + (ReduceScatterToSequenceParallel(DeferrableLinear(units, mlp_out->weight, {}),
                                                 tp_) +
                 shared[5]);
@@ -349,7 +343,7 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl>, public Incremental
       // This rank's tokens normalised, then the whole sequence through its vocabulary rows.
       const std::vector<torch::Tensor> shared =
           SharedOverTheSequence({norm->weight, norm->bias}, tp_);
-      return Apply(lm_head, GatherFromSequenceParallel(NormWith(norm, x, shared[0], shared[1]),
+      return Apply(lm_head, GatherFromSequenceParallel(LayerNormWith(norm, x, shared[0], shared[1]),
                                                        tp_));
     }
     if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));

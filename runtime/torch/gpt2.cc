@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "runtime/torch/kv_cache.h"
+#include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
 namespace {
@@ -66,6 +67,36 @@ class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
     shape.back() = out_;
     return torch::addmm(bias, x.reshape({-1, in_}), weight).view(shape);
   }
+  // x W without the bias (a row-parallel shard's partial product).
+  torch::Tensor Product(const torch::Tensor& x) {
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out_;
+    return torch::mm(x.reshape({-1, in_}), weight).view(shape);
+  }
+
+  // Column-parallel: of each of `parts` equal parts of the output features (c_attn's query,
+  // key and value), keeps [begin, begin + length), with the bias's.
+  void KeepColumns(int64_t parts, int64_t begin, int64_t length) {
+    torch::NoGradGuard no_grad;
+    const int64_t part = out_ / parts;
+    weight.set_data(weight.view({in_, parts, part})
+                        .narrow(2, begin, length)
+                        .reshape({in_, parts * length})
+                        .clone(torch::MemoryFormat::Contiguous));
+    bias.set_data(bias.view({parts, part})
+                      .narrow(1, begin, length)
+                      .reshape({parts * length})
+                      .clone(torch::MemoryFormat::Contiguous));
+    out_ = parts * length;
+  }
+  // Row-parallel: keeps input features [begin, begin + length); the bias stays whole (added
+  // after the partial products are summed).
+  void KeepRows(int64_t begin, int64_t length) {
+    torch::NoGradGuard no_grad;
+    weight.set_data(weight.narrow(0, begin, length).clone());
+    in_ = length;
+  }
+
   torch::Tensor weight, bias;
 
  private:
@@ -97,15 +128,42 @@ class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>,
     torch::nn::init::normal_(wpe->weight, 0.0, config_.init_std);
   }
 
+  // Keeps this rank's rows of wte (vocabulary-parallel); wpe stays whole.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    const int64_t rows = tp.ShardSize(config_.vocab);
+    torch::nn::Embedding shard(rows, config_.hidden);
+    {
+      torch::NoGradGuard no_grad;
+      shard->weight.copy_(wte->weight.narrow(0, tp.ShardBegin(config_.vocab), rows));
+    }
+    wte = replace_module("wte", shard);
+    tp_ = tp;
+  }
+
   torch::Tensor forward(const torch::Tensor& ids) {
     const torch::Tensor positions = torch::arange(
         ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-    return wte(ids) + wpe(positions);
+    if (!tp_.enabled()) return wte(ids) + wpe(positions);
+    // Ids outside this rank's rows look up zeros; the sum over the group is the full lookup.
+    const int64_t rows = wte->weight.size(0);
+    const torch::Tensor local = ids - tp_.ShardBegin(config_.vocab);
+    const torch::Tensor mine = local.ge(0).logical_and(local.lt(rows));
+    const torch::Tensor found =
+        wte(local.clamp(0, rows - 1)) * mine.unsqueeze(-1).to(wte->weight.scalar_type());
+    if (tp_.sequence_split()) {
+      // Summed and split along the sequence at once; this rank adds its tokens' positions.
+      const int64_t length = ids.size(1) / tp_.size;
+      const torch::Tensor table = SharedOverTheSequence({wpe->weight}, tp_)[0];
+      return ReduceScatterToSequenceParallel(found, tp_) +
+             torch::embedding(table, positions.narrow(0, tp_.rank * length, length));
+    }
+    return ReduceFromTensorParallel(found, tp_) + wpe(positions);
   }
 
   // ids [b, n] at positions [start, start + n), start + n <= n_positions.
   torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t start,
                                    KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("gpt2: incremental decoding of a shard");
     const torch::Tensor positions =
         torch::arange(start, start + ids.size(1),
                       torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
@@ -116,6 +174,7 @@ class Gpt2EmbeddingImpl : public torch::nn::Cloneable<Gpt2EmbeddingImpl>,
 
  private:
   Gpt2Config config_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(Gpt2Embedding);
 
@@ -133,21 +192,31 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
                              Conv1D(config_.hidden, config_.hidden, ResidualStd(config_)));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t batch = x.size(0), length = x.size(1), hidden = config_.hidden;
-    const int64_t heads = config_.heads, head_dim = hidden / heads;
-    // [b, S, 3H] -> [3, b, A, S, hd]: query, key and value are the thirds of c_attn's output.
+  // This rank's heads: the thirds of c_attn (query, key, value) column-parallel, c_proj
+  // row-parallel (heads must divide).
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    c_attn->KeepColumns(3, tp.ShardBegin(config_.hidden), tp.ShardSize(config_.hidden));
+    c_proj->KeepRows(tp.ShardBegin(config_.hidden), tp.ShardSize(config_.hidden));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) { return c_proj(Attend(x)); }
+
+  // The heads this module holds attended, [b, S, their width], before c_proj: `x` is the whole
+  // normalised sequence (under tensor parallelism as the group's products take it).
+  torch::Tensor Attend(const torch::Tensor& x) {
+    const int64_t batch = x.size(0), length = x.size(1);
+    const int64_t head_dim = config_.hidden / config_.heads;
+    const int64_t width = c_attn->weight.size(1) / 3, heads = width / head_dim;
+    // [b, S, 3w] -> [3, b, A, S, hd]: query, key and value are the thirds of c_attn's output.
     const std::vector<torch::Tensor> split = c_attn(x)
                                                  .view({batch, length, 3, heads, head_dim})
                                                  .permute({2, 0, 3, 1, 4})
                                                  .unbind(0);
-    double divisor = 1.0;
-    if (config_.scale_attn_weights) divisor = std::sqrt(static_cast<double>(head_dim));
-    if (config_.scale_attn_by_inverse_layer_idx) divisor *= static_cast<double>(block_ + 1);
     const bool fused = config_.attention == GptAttention::kFused ||
                        (config_.attention == GptAttention::kAuto && FusedAttentionByDefault());
-    const torch::Tensor attended = CausalSelfAttention(split[0], split[1], split[2], divisor, fused);
-    return c_proj(attended.transpose(1, 2).reshape({batch, length, hidden}));
+    const torch::Tensor attended =
+        CausalSelfAttention(split[0], split[1], split[2], Divisor(head_dim), fused);
+    return attended.transpose(1, 2).reshape({batch, length, width});
   }
 
   // forward() for positions [start, start + n), the earlier keys and values in `cache`.
@@ -191,9 +260,16 @@ class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
                              Conv1D(config_.Inner(), config_.hidden, ResidualStd(config_)));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) {
-    return c_proj(Activate(config_.activation, c_fc(x)));
+  // This rank's units: c_fc column-parallel, c_proj row-parallel (n_inner must divide).
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    c_fc->KeepColumns(1, tp.ShardBegin(config_.Inner()), tp.ShardSize(config_.Inner()));
+    c_proj->KeepRows(tp.ShardBegin(config_.Inner()), tp.ShardSize(config_.Inner()));
   }
+
+  torch::Tensor forward(const torch::Tensor& x) { return c_proj(Units(x)); }
+
+  // act(c_fc(x)) of the units this module holds.
+  torch::Tensor Units(const torch::Tensor& x) { return Activate(config_.activation, c_fc(x)); }
 
   Conv1D c_fc{nullptr}, c_proj{nullptr};
 
@@ -216,13 +292,46 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public Increme
     mlp = register_module("mlp", Gpt2Mlp(config_));
   }
 
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    attn->ShardForTensorParallel(tp);
+    mlp->ShardForTensorParallel(tp);
+    tp_ = tp;
+  }
+
   torch::Tensor forward(torch::Tensor x) {
+    if (tp_.enabled()) return ForwardTensorParallel(x);
     x = x + attn(ln_1(x));
     return x + mlp(ln_2(x));
   }
 
+  // Megatron's block: the whole normalised input enters the group's products (copied, or
+  // under sequence parallelism gathered from the ranks' S/t tokens), their partial products
+  // leave summed (or reduce-scattered back to S/t tokens), then the whole biases. Under
+  // sequence parallelism the layer norms and biases apply to this rank's tokens and their
+  // gradients are summed over the group (SharedOverTheSequence; without it, the parameters).
+  torch::Tensor ForwardTensorParallel(torch::Tensor x) {
+    const bool split = tp_.sequence_split();
+    const auto enter = [&](const torch::Tensor& y) {
+      return split ? GatherFromSequenceParallel(y, tp_) : CopyToTensorParallel(y, tp_);
+    };
+    const auto leave = [&](const torch::Tensor& y) {
+      return split ? ReduceScatterToSequenceParallel(y, tp_) : ReduceFromTensorParallel(y, tp_);
+    };
+    const std::vector<torch::Tensor> shared = SharedOverTheSequence(
+        {ln_1->weight, ln_1->bias, attn->c_proj->bias, ln_2->weight, ln_2->bias,
+         mlp->c_proj->bias},
+        tp_);
+    x = x + (leave(attn->c_proj->Product(
+                 attn->Attend(enter(LayerNormWith(ln_1, x, shared[0], shared[1]))))) +
+             shared[2]);
+    return x + (leave(mlp->c_proj->Product(
+                   mlp->Units(enter(LayerNormWith(ln_2, x, shared[3], shared[4]))))) +
+                shared[5]);
+  }
+
   torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
                                    KeyValueCache& cache) override {
+    if (tp_.enabled()) throw std::logic_error("gpt2: incremental decoding of a shard");
     const torch::Tensor x = input + attn->ForwardIncremental(ln_1(input), start, cache);
     return x + mlp(ln_2(x));
   }
@@ -234,6 +343,7 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public Increme
  private:
   Gpt2Config config_;
   int64_t block_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(Gpt2Block);
 
@@ -247,10 +357,26 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public Increment
     lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) { return lm_head(ln_f(x)); }
+  // This rank's vocabulary rows of the LM head.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    lm_head->ShardForTensorParallel(tp);
+    tp_ = tp;
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    // Under sequence parallelism this rank's tokens are normalised (ln_f's gradients summed
+    // over the group) and the LM head gathers the whole sequence.
+    if (tp_.sequence_split()) {
+      const std::vector<torch::Tensor> shared =
+          SharedOverTheSequence({ln_f->weight, ln_f->bias}, tp_);
+      return lm_head(LayerNormWith(ln_f, x, shared[0], shared[1]));
+    }
+    return lm_head(ln_f(x));
+  }
 
   torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
                                    KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("gpt2: incremental decoding of a shard");
     return forward(x);
   }
 
@@ -259,6 +385,7 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public Increment
 
  private:
   Gpt2Config config_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(Gpt2Head);
 
@@ -440,6 +567,37 @@ ModelSpec Gpt2ModelSpec(const Gpt2Config& config) {
                               blocks * products + head};
     model.loss = TokenCrossEntropy(config.vocab);
     model.tied_weights = Gpt2TiedWeights(config);
+    const int last = static_cast<int>(config.layers) + 1;
+    model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
+                                                     int first,
+                                                     const TensorParallel& tp) -> absl::Status {
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "gpt2: n_head"));
+      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.Inner(), "gpt2: n_inner (the MLP's units)"));
+      if (absl::Status vocab = tp.CheckDivisible(config.vocab, "gpt2: vocab_size"); !vocab.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            vocab.message(), ": tensor parallelism splits the vocabulary (GPT-2's 50257 rows "
+            "do not split; a model trained from scratch can take --vocab 50304)"));
+      }
+      if (tp.sequence_split()) {
+        TANDEM_RETURN_IF_ERROR(
+            tp.CheckDivisible(config.seq_len, "gpt2: the sequence length (sequence parallelism)"));
+      }
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const int index = first + static_cast<int>(i);
+        if (index == 0) {
+          layers[i].get<Gpt2Embedding>()->ShardForTensorParallel(tp);
+        } else if (index == last) {
+          layers[i].get<Gpt2Head>()->ShardForTensorParallel(tp);
+        } else {
+          layers[i].get<Gpt2Block>()->ShardForTensorParallel(tp);
+        }
+      }
+      return absl::OkStatus();
+    };
+    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
+                                    const TensorParallel& tp) {
+      return VocabParallelCrossEntropy(logits, targets, tp);
+    };
     return model;
   };
   return spec;

@@ -25,7 +25,13 @@
 // Initial values as transformers draws them: weights N(0, init_std), the residual projections
 // (attn.c_proj, mlp.c_proj) N(0, init_std / sqrt(2 L)), biases 0, layer norms (1, 0).
 //
-// No tensor-parallel form: the model runs with tensor_parallel = 1.
+// Tensor parallelism (Megatron-LM): heads (the query, key and value thirds of c_attn and the
+// rows of attn.c_proj), MLP units (columns of c_fc, rows of mlp.c_proj) and vocabulary rows
+// (wte, lm_head) split over the group; n_head, n_inner and vocab_size must divide. Sequence
+// parallelism as the GPT's (tensor_parallel.h): layer norms, residual adds, the position
+// embedding and pipeline transfers hold S/t tokens per rank. Under either the partial products
+// are summed before the whole bias is added, so results equal transformers' within rounding,
+// not bit for bit.
 #pragma once
 
 #include <cstdint>

@@ -40,10 +40,12 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
   RmsNormImpl(int64_t size, double eps) : size_(size), eps_(eps) { reset(); }
   void reset() override { weight = register_parameter("weight", torch::ones({size_})); }
-  torch::Tensor forward(const torch::Tensor& x) {
+  torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight); }
+  // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it).
+  torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale) const {
     const torch::Tensor h = x.to(torch::kFloat);
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-    return weight * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+    return scale * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
   }
   torch::Tensor weight;
 
@@ -136,6 +138,8 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>,
     const torch::Tensor mine = local.ge(0).logical_and(local.lt(rows));
     const torch::Tensor found = embed_tokens(local.clamp(0, rows - 1)) *
                                 mine.unsqueeze(-1).to(embed_tokens->weight.scalar_type());
+    // Under sequence parallelism summed and split along the sequence at once.
+    if (tp_.sequence_split()) return ReduceScatterToSequenceParallel(found, tp_);
     return ReduceFromTensorParallel(found, tp_);
   }
 
@@ -189,10 +193,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // x: the normalised input [b, S, hidden]; cos, sin: [S, head_dim].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
-    const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
+    // One CopyToTensorParallel for the three products: one all-reduce backward. o_proj sums
+    // its partial products over the group, then adds its whole bias.
+    return o_proj(Attend(CopyToTensorParallel(x, tp_), cos, sin));
+  }
+
+  // This rank's heads attended, [b, S, local heads * head_dim], before o_proj: `input` is the
+  // whole normalised sequence as the group's products take it (copied or gathered).
+  torch::Tensor Attend(const torch::Tensor& input, const torch::Tensor& cos,
+                       const torch::Tensor& sin) {
+    const int64_t batch = input.size(0), length = input.size(1), head_dim = config_.HeadDim();
     const int64_t heads = config_.heads / tp_.size, kv_heads = config_.kv_heads / tp_.size;
-    // One CopyToTensorParallel for the three products: one all-reduce backward.
-    const torch::Tensor input = CopyToTensorParallel(x, tp_);
     const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
       return DeferrableLinear(input, linear->weight, linear->bias)
           .view({batch, length, count, head_dim})
@@ -211,8 +222,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const torch::Tensor attended =
         CausalSelfAttention(query, key, value, std::sqrt(static_cast<double>(head_dim)),
                             Fused(config_));
-    // o_proj sums its partial products over the group, then adds its whole bias.
-    return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
+    return attended.transpose(1, 2).reshape({batch, length, heads * head_dim});
   }
 
   // forward() (whole, not sharded) for positions [start, start + n) with cos, sin [n,
@@ -278,10 +288,14 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    const torch::Tensor input = CopyToTensorParallel(x, tp_);  // one all-reduce backward
+    return down_proj(Units(CopyToTensorParallel(x, tp_)));  // one all-reduce backward
+  }
+
+  // This rank's units silu(gate) * up of the whole sequence `input` (copied or gathered).
+  torch::Tensor Units(const torch::Tensor& input) {
     const torch::Tensor gate = DeferrableLinear(input, gate_proj->weight, gate_proj->bias);
     const torch::Tensor up = DeferrableLinear(input, up_proj->weight, up_proj->bias);
-    return down_proj(torch::silu(gate) * up);
+    return torch::silu(gate) * up;
   }
 
   ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
@@ -312,21 +326,48 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     TANDEM_RETURN_IF_ERROR(self_attn->ShardForTensorParallel(tp));
-    return mlp->ShardForTensorParallel(tp);
+    TANDEM_RETURN_IF_ERROR(mlp->ShardForTensorParallel(tp));
+    tp_ = tp;
+    return absl::OkStatus();
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    // transformers' LlamaRotaryEmbedding: angles position * inverse frequency in float32, the
-    // two halves of a head rotated by the same angles.
-    const torch::Tensor positions =
-        torch::arange(x.size(1), torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
-    const torch::Tensor angles =
-        torch::outer(positions, inverse_frequencies_.to(x.device()));
-    const torch::Tensor both = torch::cat({angles, angles}, -1);
-    const torch::Tensor cos = both.cos().to(x.scalar_type());
-    const torch::Tensor sin = both.sin().to(x.scalar_type());
+    if (tp_.sequence_split()) return ForwardSequenceParallel(x);
+    const auto [cos, sin] = Angles(x.size(1), x);
     x = x + self_attn->forward(input_layernorm(x), cos, sin);
     return x + mlp(post_attention_layernorm(x));
+  }
+
+  // x: this rank's S/t tokens [b, S/t, hidden]. The norms and residual adds run on them; the
+  // split products see the whole sequence (gathered before, reduce-scattered after), and the
+  // parameters applied to this rank's tokens only have their gradients summed over the group.
+  torch::Tensor ForwardSequenceParallel(torch::Tensor x) {
+    std::vector<torch::Tensor> whole = {input_layernorm->weight,
+                                        post_attention_layernorm->weight};
+    const bool attention_bias = self_attn->o_proj->bias.defined();
+    const bool mlp_bias = mlp->down_proj->bias.defined();
+    if (attention_bias) whole.push_back(self_attn->o_proj->bias);
+    if (mlp_bias) whole.push_back(mlp->down_proj->bias);
+    const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
+    size_t next_bias = 2;
+    const torch::Tensor o_bias = attention_bias ? shared[next_bias++] : torch::Tensor();
+    const torch::Tensor down_bias = mlp_bias ? shared[next_bias++] : torch::Tensor();
+    const auto with_bias = [](const torch::Tensor& y, const torch::Tensor& bias) {
+      return bias.defined() ? y + bias : y;
+    };
+
+    const torch::Tensor normed =
+        GatherFromSequenceParallel(input_layernorm->Normalize(x, shared[0]), tp_);
+    const auto [cos, sin] = Angles(normed.size(1), x);
+    const torch::Tensor attended = self_attn->Attend(normed, cos, sin);
+    x = x + with_bias(ReduceScatterToSequenceParallel(
+                          DeferrableLinear(attended, self_attn->o_proj->weight, {}), tp_),
+                      o_bias);
+    const torch::Tensor units = mlp->Units(GatherFromSequenceParallel(
+        post_attention_layernorm->Normalize(x, shared[1]), tp_));
+    return x + with_bias(ReduceScatterToSequenceParallel(
+                             DeferrableLinear(units, mlp->down_proj->weight, {}), tp_),
+                         down_bias);
   }
 
   // forward() for positions [start, start + n): the same angles for those positions.
@@ -350,8 +391,20 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   LlamaMlp mlp{nullptr};
 
  private:
+  // transformers' LlamaRotaryEmbedding for positions [0, length): angles position * inverse
+  // frequency in float32, the two halves of a head rotated by the same angles; cos and sin
+  // [length, head_dim] in `like`'s type, on its device.
+  std::pair<torch::Tensor, torch::Tensor> Angles(int64_t length, const torch::Tensor& like) const {
+    const torch::Tensor positions =
+        torch::arange(length, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+    const torch::Tensor angles = torch::outer(positions, inverse_frequencies_.to(like.device()));
+    const torch::Tensor both = torch::cat({angles, angles}, -1);
+    return {both.cos().to(like.scalar_type()), both.sin().to(like.scalar_type())};
+  }
+
   LlamaConfig config_;
   torch::Tensor inverse_frequencies_;  // [head_dim / 2], float32, on the CPU
+  TensorParallel tp_;
 };
 TORCH_MODULE(LlamaBlock);
 
@@ -365,10 +418,24 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
     lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) { return lm_head(norm(x)); }
+  // This rank's vocabulary rows of the LM head.
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    lm_head->ShardForTensorParallel(tp);
+    tp_ = tp;
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    // Under sequence parallelism this rank's tokens are normalised (the norm's gradient summed
+    // over the group) and the LM head gathers the whole sequence.
+    if (tp_.sequence_split()) {
+      return lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0]));
+    }
+    return lm_head(norm(x));
+  }
 
   torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
                                    KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
     return forward(x);
   }
 
@@ -377,6 +444,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
 
  private:
   LlamaConfig config_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(LlamaHead);
 
@@ -661,22 +729,20 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
     model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
                                                      int first,
                                                      const TensorParallel& tp) -> absl::Status {
-      if (tp.sequence_split()) {
-        return absl::InvalidArgumentError(
-            "llama: sequence parallelism is not supported (run without --sequence-parallel)");
-      }
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "llama: num_attention_heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "llama: vocab_size"));
+      if (tp.sequence_split()) {
+        TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(
+            config.seq_len, "llama: the sequence length (sequence parallelism)"));
+      }
       for (size_t i = 0; i < layers.size(); ++i) {
         const int index = first + static_cast<int>(i);
         if (index == 0) {
           layers[i].get<LlamaEmbedding>()->ShardForTensorParallel(tp);
         } else if (index == last) {
-          LmHeadImpl* head = FindLmHead(layers[i]);
-          if (head == nullptr) return absl::InternalError("llama: the head has no lm_head");
-          head->ShardForTensorParallel(tp);
+          layers[i].get<LlamaHead>()->ShardForTensorParallel(tp);
         } else {
           TANDEM_RETURN_IF_ERROR(layers[i].get<LlamaBlock>()->ShardForTensorParallel(tp));
         }

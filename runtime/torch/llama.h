@@ -27,8 +27,10 @@
 // without the embedding starts it from the embedding's values, see lm_parts.h).
 //
 // Tensor parallelism (Megatron-LM): query heads and key/value heads, MLP units and vocabulary
-// rows split over the group (heads, kv_heads, intermediate and vocab must divide); sequence
-// parallelism is not supported (refused).
+// rows split over the group (heads, kv_heads, intermediate and vocab must divide). Sequence
+// parallelism (tensor_parallel.h) as the GPT's: the RMSNorms, residual adds and pipeline
+// transfers hold S/t tokens per rank (seq_len must divide); the rotary angles are those of the
+// whole sequence, which the split products see gathered.
 #pragma once
 
 #include <cstdint>

@@ -38,6 +38,12 @@ torch::Tensor CausalSelfAttention(const torch::Tensor& query, const torch::Tenso
   return torch::matmul(torch::softmax(scores, /*dim=*/-1), value);
 }
 
+torch::Tensor LayerNormWith(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
+                            const torch::Tensor& weight, const torch::Tensor& bias) {
+  return torch::layer_norm(x, norm->options.normalized_shape(), weight, bias,
+                           norm->options.eps());
+}
+
 LmHeadImpl::LmHeadImpl(int64_t hidden, int64_t vocab, double init_std)
     : hidden_(hidden), vocab_(vocab), init_std_(init_std) {
   reset();
@@ -51,7 +57,10 @@ void LmHeadImpl::reset() {
 }
 
 torch::Tensor LmHeadImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor input = tp_.enabled() ? CopyToTensorParallel(x, tp_) : x;
+  // Under sequence parallelism `x` is this rank's tokens: the product takes them all.
+  const torch::Tensor input = tp_.sequence_split() ? GatherFromSequenceParallel(x, tp_)
+                              : tp_.enabled()      ? CopyToTensorParallel(x, tp_)
+                                                   : x;
   // A shared weight's gradient is left to autograd, which adds it to the embedding's.
   if (shared_.defined()) return torch::linear(input, shared_);
   return DeferrableLinear(input, weight, torch::Tensor());

@@ -20,6 +20,7 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/status.h"
@@ -35,9 +36,15 @@ namespace tandem::runtime::libtorch {
 torch::Tensor CausalSelfAttention(const torch::Tensor& query, const torch::Tensor& key,
                                   const torch::Tensor& value, double divisor, bool fused);
 
+// `norm` applied with `weight` and `bias` in place of its own parameters (as
+// SharedOverTheSequence returns them under sequence parallelism).
+torch::Tensor LayerNormWith(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
+                            const torch::Tensor& weight, const torch::Tensor& bias);
+
 // An LM head without bias: logits = x W^T with W [vocab, hidden] (parameter "weight", drawn
 // N(0, init_std)). Under tensor parallelism it keeps this rank's vocabulary rows and gives this
-// rank's logits (for VocabParallelCrossEntropy).
+// rank's logits (for VocabParallelCrossEntropy); under sequence parallelism it takes this rank's
+// S/t tokens and gives the logits of the whole sequence (gathered before the product).
 class LmHeadImpl : public torch::nn::Cloneable<LmHeadImpl> {
  public:
   LmHeadImpl(int64_t hidden, int64_t vocab, double init_std);

@@ -520,16 +520,33 @@ TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {
   tp.size = 4;
   const absl::Status refused = built->shard_for_tensor_parallel(built->layers, 0, tp);
   ExpectRefused(refused, "num_key_value_heads");
+  // Sequence parallelism needs a sequence that splits.
+  LlamaConfig odd = llama;
+  odd.seq_len = 15;
+  auto odd_model = LlamaModelSpec(odd).Build(/*seed=*/1);
+  ASSERT_TRUE(odd_model.ok()) << odd_model.status();
   tp.size = 2;
   tp.sequence_parallel = true;
-  ExpectRefused(built->shard_for_tensor_parallel(built->layers, 0, tp), "sequence parallelism");
+  ExpectRefused(odd_model->shard_for_tensor_parallel(odd_model->layers, 0, tp),
+                "sequence length");
 
   Gpt2Config gpt2;
   gpt2.layers = 3;
   auto gpt2_model = Gpt2ModelSpec(gpt2).Build(/*seed=*/1);
   ASSERT_TRUE(gpt2_model.ok()) << gpt2_model.status();
   EXPECT_EQ(gpt2_model->num_layers(), 5);
-  EXPECT_FALSE(gpt2_model->shard_for_tensor_parallel);
+  EXPECT_TRUE(gpt2_model->shard_for_tensor_parallel);
+  // GPT-2's own vocabulary (50257 rows) does not split: refused naming it.
+  Gpt2Config released = gpt2;
+  released.layers = 1;
+  released.hidden = 16;
+  released.vocab = 50257;
+  auto released_model = Gpt2ModelSpec(released).Build(/*seed=*/1);
+  ASSERT_TRUE(released_model.ok()) << released_model.status();
+  TensorParallel pair;
+  pair.size = 2;
+  ExpectRefused(released_model->shard_for_tensor_parallel(released_model->layers, 0, pair),
+                "vocab_size");
   // Same seed, same parameters, layer by layer.
   auto again = Gpt2ModelSpec(gpt2).BuildLayers(/*seed=*/1, 2, 3);
   ASSERT_TRUE(again.ok());

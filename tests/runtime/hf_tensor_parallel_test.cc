@@ -1,7 +1,8 @@
-// Tensor-parallel shards of Llama (runtime/torch/llama.h) under mpirun: a whole-model
-// TorchStage sharded over the world (query and key/value heads, MLP units, vocabulary rows)
-// gives the loss of the unsharded stage, and every shard's parameters and gradients are the
-// elements of the whole ones that the stage's index map names.
+// Tensor-parallel shards of Llama and GPT-2 (runtime/torch/llama.h, gpt2.h) under mpirun: a
+// whole-model TorchStage sharded over the world (query and key/value heads, MLP units,
+// vocabulary rows), with and without sequence parallelism, gives the loss of the unsharded
+// stage, and every shard's parameters and gradients are the elements of the whole ones that the
+// stage's index map names.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -12,6 +13,7 @@
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "runtime/torch/data.h"
+#include "runtime/torch/gpt2.h"
 #include "runtime/torch/llama.h"
 #include "runtime/torch/torch_stage.h"
 
@@ -72,24 +74,49 @@ double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected)
   return (actual - expected).abs().max().item<double>() / scale;
 }
 
-void ExpectShardsGiveTheWholeLossAndGradients(bool tied) {
+Gpt2Config SmallGpt2(bool tied) {
+  Gpt2Config config;
+  config.vocab = 16;
+  config.layers = 2;
+  config.hidden = 32;
+  config.heads = 4;
+  config.seq_len = 8;
+  config.positions = 8;
+  config.tie_word_embeddings = tied;
+  config.attention = GptAttention::kExplicit;
+  return config;
+}
+
+struct Case {
+  bool gpt2 = false;
+  bool tied = false;
+  bool sequence_parallel = false;
+};
+
+void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
   const int me = (*world)->rank();
-  const LlamaConfig config = SmallLlama(t, tied);
-  if (config.heads % t != 0 || config.vocab % t != 0) GTEST_SKIP() << t << " ranks";
-  auto model = LlamaModelSpec(config).Build(/*seed=*/7);
+  const LlamaConfig llama = SmallLlama(t, c.tied);
+  const Gpt2Config gpt2 = SmallGpt2(c.tied);
+  if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
+    GTEST_SKIP() << t << " ranks";
+  }
+  auto model = c.gpt2 ? Gpt2ModelSpec(gpt2).Build(/*seed=*/7)
+                      : LlamaModelSpec(llama).Build(/*seed=*/7);
   ASSERT_TRUE(model.ok()) << model.status();
   SyntheticTaskOptions task;
-  task.vocab = config.vocab;
-  task.seq_len = config.seq_len;
+  task.vocab = llama.vocab;
+  task.seq_len = llama.seq_len;
   task.seed = 5;
   auto data = MakeSyntheticDataset(task);
   ASSERT_TRUE(data.ok()) << data.status();
 
+  TensorParallel tp{t, me, world->get()};
+  tp.sequence_parallel = c.sequence_parallel;
   const StageRun whole = RunStage(*model, *data, TensorParallel{});
-  const StageRun shard = RunStage(*model, *data, TensorParallel{t, me, world->get()});
+  const StageRun shard = RunStage(*model, *data, tp);
   ASSERT_NE(whole.stage, nullptr);
   ASSERT_NE(shard.stage, nullptr);
   EXPECT_NEAR(shard.loss, whole.loss, kRelativeTolerance * std::abs(whole.loss));
@@ -116,24 +143,51 @@ void ExpectShardsGiveTheWholeLossAndGradients(bool tied) {
     EXPECT_LT(RelativeError(p.grad(), want_grad), kRelativeTolerance)
         << name << " on rank " << me;
   }
-  if (t > 1) {
+  if (t > 1 && !c.gpt2) {
     // Per block q, k, v, o, gate, up, down; the embedding and the LM head (a tied head uses
     // the embedding's shard: one parameter).
-    EXPECT_EQ(split, 7 * config.layers + (tied ? 1 : 2));
+    EXPECT_EQ(split, 7 * llama.layers + (c.tied ? 1 : 2));
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
+  }
+  if (t > 1 && c.gpt2) {
+    // Per block c_attn (weight, bias), attn.c_proj.weight, c_fc (weight, bias),
+    // mlp.c_proj.weight; wte, and an untied head's lm_head. wpe, the layer norms and the
+    // row-parallel biases stay whole.
+    EXPECT_EQ(split, 6 * gpt2.layers + (c.tied ? 1 : 2));
+    EXPECT_NE(index.at("layers.1.attn.c_attn.bias"), nullptr);
+    EXPECT_EQ(index.at("layers.1.attn.c_proj.bias"), nullptr);
+    EXPECT_EQ(index.at("layers.0.wpe.weight"), nullptr);
   }
 }
 
 TEST(LlamaTensorParallelTest, ShardsGiveTheWholeLossAndGradients) {
-  ExpectShardsGiveTheWholeLossAndGradients(/*tied=*/false);
+  ExpectShardsGiveTheWholeLossAndGradients({});
 }
 
 // A tied model in a stage holding both ends shares one tensor, split by vocabulary rows: the
 // head computes with this rank's rows of the embedding, and their gradients are summed by
 // autograd, as the whole stage's are.
 TEST(LlamaTensorParallelTest, TiedCopiesAreShardedLikeTheEmbedding) {
-  ExpectShardsGiveTheWholeLossAndGradients(/*tied=*/true);
+  ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/false, /*tied=*/true});
+}
+
+// Sequence parallelism: the RMSNorms' gradients are summed over the ranks' tokens.
+TEST(LlamaTensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients) {
+  ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/false, /*tied=*/true, /*sequence_parallel=*/true});
+}
+
+// GPT-2: c_attn's query, key and value thirds split by heads, biases of the row-parallel
+// products added once after the sum.
+TEST(Gpt2TensorParallelTest, ShardsGiveTheWholeLossAndGradients) {
+  ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/true, /*tied=*/true});
+  ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/true, /*tied=*/false});
+}
+
+// Sequence parallelism: wpe, the layer norms and the row-parallel biases summed over tokens.
+TEST(Gpt2TensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients) {
+  ExpectShardsGiveTheWholeLossAndGradients(
+      {/*gpt2=*/true, /*tied=*/true, /*sequence_parallel=*/true});
 }
 
 }  // namespace

@@ -168,13 +168,19 @@ double FirstLoss(const std::string& log) {
   return NAN;
 }
 
-std::string Train(int ranks, const std::string& flags) {
+// `tandem train` on `ranks` ranks: as many pipeline stages, or ranks / tensor_parallel stages
+// of tensor-parallel groups.
+std::string Train(int ranks, const std::string& flags, int tensor_parallel = 1) {
   const std::string program =
       ranks == 1 ? absl::StrCat(g_tandem, " train")
                  : absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe",
                                 " --bind-to none -np ", ranks, " ", g_tandem, " train");
-  return absl::StrCat(program, flags, kBatchFlags, " --stages ", ranks, " --seq-len ", kSeqLen,
-                      " --seed ", kSeed);
+  const std::string layout =
+      tensor_parallel > 1 ? absl::StrCat(" --stages ", ranks / tensor_parallel,
+                                         " --tensor-parallel ", tensor_parallel)
+                          : absl::StrCat(" --stages ", ranks);
+  return absl::StrCat(program, flags, kBatchFlags, layout, " --seq-len ", kSeqLen, " --seed ",
+                      kSeed);
 }
 
 // Every parameter of a checkpoint (a root or a step folder) by name.
@@ -550,6 +556,8 @@ struct ImportCase {
   std::string name;
   std::string model;  // --model
   int ranks = 1;
+  int tensor_parallel = 1;
+  std::string flags;  // more flags
 };
 
 TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
@@ -557,19 +565,31 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
   Scratch scratch;
   const Batch batch = SyntheticBatch(/*vocab=*/64, /*iteration=*/0, kGlobalBatch);
   WriteTokens(scratch / "tokens.safetensors", batch);
-  for (const ImportCase& c : {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
-                              ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_bf16", "llama"},
-                              ImportCase{"llama_sharded", "llama", /*ranks=*/2}}) {
-    SCOPED_TRACE(c.name);
-    const std::string log = scratch / (c.name + ".jsonl");
-    const Outcome o = RunCommand(Train(c.ranks, absl::StrCat(" --model ", c.model,
-                                                             " --init-from ", Case(c.name),
-                                                             " --steps 1 --log-json ", log)));
+  for (const ImportCase& c :
+       {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
+        ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_bf16", "llama"},
+        ImportCase{"llama_sharded", "llama", /*ranks=*/2},
+        // Tensor parallelism 2: each rank reads the whole tensors of its layers and keeps its
+        // slices; with sequence parallelism the norms see half the tokens each.
+        ImportCase{"llama_gqa", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"llama_tied", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"},
+        ImportCase{"gpt2", "gpt2", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"gpt2", "gpt2", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+    const std::string label =
+        absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
+    SCOPED_TRACE(label);
+    const std::string log = scratch / (label + ".jsonl");
+    const Outcome o = RunCommand(Train(c.ranks,
+                                       absl::StrCat(" --model ", c.model, " --init-from ",
+                                                    Case(c.name), c.flags,
+                                                    " --steps 1 --log-json ", log),
+                                       c.tensor_parallel));
     ASSERT_EQ(o.exit_status, 0) << o.output;
     const double tandem = FirstLoss(log);
     const HfLoad hf = TransformersLoss(Case(c.name), scratch / "tokens.safetensors");
     EXPECT_LE(Relative(tandem, hf.loss), kLossTolerance) << tandem << " vs " << hf.loss;
-    std::cout << c.name << " (" << c.ranks << " rank(s)): tandem's first loss " << tandem
+    std::cout << label << " (" << c.ranks << " rank(s)): tandem's first loss " << tandem
               << ", transformers' " << hf.loss << ", relative difference "
               << Relative(tandem, hf.loss) << "\n";
   }
@@ -632,6 +652,7 @@ struct ExportCase {
   int ranks = 1;
   std::string train_flags;
   std::string export_flags;
+  int tensor_parallel = 1;
 };
 
 TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
@@ -655,11 +676,17 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
            // Tied Llama started from a folder, exported with its config.json.
            ExportCase{"llama_tied_init", 1,
                       absl::StrCat(" --model llama --init-from ", Case("llama_tied")),
-                      absl::StrCat(" --hf-config ", Case("llama_tied"), "/config.json")}}) {
+                      absl::StrCat(" --hf-config ", Case("llama_tied"), "/config.json")},
+           // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
+           ExportCase{"gpt2_tensor_parallel", 2,
+                      " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
+                      " --sequence-parallel",
+                      "", /*tensor_parallel=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
-    Outcome o = RunCommand(Train(c.ranks, c.train_flags + training + checkpoint));
+    Outcome o =
+        RunCommand(Train(c.ranks, c.train_flags + training + checkpoint, c.tensor_parallel));
     ASSERT_EQ(o.exit_status, 0) << o.output;
     o = RunCommand(Export(checkpoint, out, c.export_flags));
     ASSERT_EQ(o.exit_status, 0) << o.output;

@@ -625,6 +625,9 @@ TEST(TrainCliTest, TiedGpt2OnStagesThatSplitItEqualsOneProcess) {
       {4, "--schedule 1f1b --stages 2 --data-parallel 2 --microbatches 2"},
       {2, "--schedule interleaved --stages 2 --chunks 2 --microbatches 4"},
       {2, "--schedule zb-v --stages 2 --microbatches 4"},
+      // Tensor-parallel halves of both ends: each rank sums its vocabulary rows' copies.
+      {4, "--schedule 1f1b --stages 2 --tensor-parallel 2 --microbatches 4"},
+      {4, "--schedule 1f1b --stages 2 --tensor-parallel 2 --sequence-parallel --microbatches 4"},
   };
   for (const auto& layout : layouts) {
     SCOPED_TRACE(layout.flags);
