@@ -305,21 +305,22 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
     }
 
     // The program: receives, each compute with its sync and its send, the syncs of stages
-    // without a backward here, the step. Its length is known, so it is written in place.
+    // without a backward here, the step. Its length is known: the room is reserved and filled
+    // in order, with no value-initialised copy to write over first.
     std::vector<Action>& program = schedule.programs[r];
-    program.resize(order.size() + sends[r] + receives.size() + held[r].size() + 1);
-    Action* out = program.data();
+    const size_t length = order.size() + sends[r] + receives.size() + held[r].size() + 1;
+    program.reserve(length);
     const PlacedReceive* next = receives.data();
     const PlacedReceive* const receives_end = next + receives.size();
     for (int i = 0; i < static_cast<int>(order.size()); ++i) {
-      while (next != receives_end && next->before == i) *out++ = (next++)->action;
+      while (next != receives_end && next->before == i) program.push_back((next++)->action);
       const Action a = ActionOf(order[i]);
-      *out++ = a;
+      program.push_back(a);
       // The stage's gradients are final: start their synchronisation before the sends, so
       // that the transfer run after this compute stays one group.
       if (FinishesWeightGradient(a.type) &&
           last_backward[table.Pair(a.replica, a.stage)] == i) {
-        *out++ = SyncOf(a.replica, a.stage);
+        program.push_back(SyncOf(a.replica, a.stage));
       }
       const int peer = table.Destination(a);
       if (peer >= 0) {
@@ -327,16 +328,16 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
         send.type = a.type == ActionType::kForward ? ActionType::kSendActivation
                                                    : ActionType::kSendGradient;
         send.peer = peer;
-        *out++ = send;
+        program.push_back(send);
       }
     }
     // A held stage that never ran a backward still gets its sync (the validator then reports
     // the missing backward).
     for (const auto& [replica, stage] : held[r]) {
-      if (last_backward[table.Pair(replica, stage)] == kNone) *out++ = SyncOf(replica, stage);
+      if (last_backward[table.Pair(replica, stage)] == kNone) program.push_back(SyncOf(replica, stage));
     }
-    *out++ = StepAction();
-    if (out != program.data() + program.size()) {
+    program.push_back(StepAction());
+    if (program.size() != length) {
       return absl::InternalError(absl::StrCat("rank ", r, ": program length miscounted"));
     }
   }
