@@ -1,8 +1,5 @@
 #include "elastic/agreement.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -20,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "runtime/peer_liveness.h"
 
 namespace tandem::elastic {
 namespace {
@@ -67,12 +65,6 @@ Header DecodeHeader(const Bytes& in) {
   return h;
 }
 
-int64_t HostHash() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return static_cast<int64_t>(std::hash<std::string>()(host) & 0x7fffffffffffffffULL);
-}
-
 std::string RankList(const std::vector<int>& ranks) {
   return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
 }
@@ -99,8 +91,9 @@ struct Membership::State {
   std::function<void(const absl::Status&)> on_failure;
   int me = 0;
   int n = 1;
-  int64_t pid = 0;
-  int64_t host = 0;
+  // Who is silent (heartbeats every quarter of the timeout, last heard per peer, identities;
+  // runtime/peer_liveness.h): the monitor thread's.
+  std::unique_ptr<runtime::PeerLiveness> liveness;
   std::thread thread;
   std::atomic<bool> stop{false};
   double first_silence_seconds = 0;  // monitor thread only
@@ -127,16 +120,12 @@ struct Membership::State {
   struct Peer {
     std::shared_ptr<Bytes> inbox;
     comm::WorkPtr receive;
-    absl::Time last_heard;
     bool suspected = false;  // final
     bool left = false;       // ended cleanly
-    int64_t pid = 0;
-    int64_t host = 0;
     comm::WorkPtr heartbeat;  // the last one, still in flight or done
   };
   std::vector<Peer> peers;
   std::list<std::pair<comm::WorkPtr, std::shared_ptr<Bytes>>> sends;
-  absl::Time next_heartbeat;
   // Agreement.
   int round = 0;
   Value mine;                               // the value sent in `round`
@@ -170,8 +159,8 @@ struct Membership::State {
     h.kind = kind;
     h.round = round;
     h.committed = Committed();
-    h.pid = pid;
-    h.host = host;
+    h.pid = liveness->self().pid;
+    h.host = liveness->self().host;
     return h;
   }
 
@@ -241,10 +230,12 @@ void Membership::State::Run() {
       finished = done;
     }
     if (!finished) Heartbeats(now);
-    for (int r = 0; r < n && !finished; ++r) {
-      Peer& p = peers[r];
-      if (!Watched(r) || now - p.last_heard <= options.heartbeat_timeout) continue;
-      Suspect(r, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - p.last_heard)));
+    for (int r = liveness->FirstSilent(now); r >= 0 && !finished; r = liveness->FirstSilent(now)) {
+      if (Watched(r)) {
+        Suspect(r, absl::StrCat("no heartbeat for ",
+                                absl::FormatDuration(liveness->SilentFor(r, now))));
+      }
+      liveness->Unwatch(r);  // suspected, or left: its silence says nothing more
     }
     bool enter = false;
     std::string why;
@@ -263,8 +254,7 @@ void Membership::State::Run() {
 }
 
 void Membership::State::Heartbeats(absl::Time now) {
-  if (now < next_heartbeat) return;
-  next_heartbeat = now + options.heartbeat_timeout / 4;
+  if (!liveness->HeartbeatDue(now)) return;
   const Bytes none(n, 0);
   for (int r = 0; r < n; ++r) {
     Peer& p = peers[r];
@@ -278,9 +268,7 @@ void Membership::State::Receive(int from, const Bytes& message) {
   Peer& p = peers[from];
   if (p.suspected) return;  // a suspicion is final: a late message changes nothing
   const Header h = DecodeHeader(message);
-  p.last_heard = absl::Now();
-  p.pid = h.pid;
-  p.host = h.host;
+  liveness->Heard(from, absl::Now(), runtime::PeerIdentity{h.pid, h.host});
   const std::vector<uint8_t> flags(message.begin() + kHeaderBytes, message.end());
   switch (h.kind) {
     case kHeartbeat:
@@ -342,14 +330,12 @@ void Membership::State::Suspect(int r, const std::string& why) {
   if (p.suspected) return;
   p.suspected = true;
   if (first_silence_seconds == 0 && absl::StartsWith(why, "no heartbeat")) {
-    first_silence_seconds = absl::ToDoubleSeconds(absl::Now() - p.last_heard);
+    first_silence_seconds = absl::ToDoubleSeconds(liveness->SilentFor(r, absl::Now()));
   }
-  std::string killed;
-  if (options.kill_silent_local_peers && p.host == host && p.pid > 0 && p.pid != pid &&
-      ::kill(static_cast<pid_t>(p.pid), SIGKILL) == 0) {
-    killed = absl::StrCat(" (killed its process ", p.pid, " on this host)");
-  }
-  const std::string text = absl::StrCat("rank ", r, " is dead: ", why, killed);
+  liveness->Unwatch(r);
+  const std::string killed = liveness->KillIfLocal(r);
+  const std::string text = absl::StrCat("rank ", r, " is dead: ", why,
+                                        killed.empty() ? "" : absl::StrCat(" (", killed, ")"));
   TANDEM_LOG(INFO) << "membership: rank " << me << ": " << text;
   if (!mine.suspected.empty()) {
     mine.suspected[r] = 1;
@@ -478,12 +464,13 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Start(
   state->on_failure = std::move(on_failure);
   state->me = state->comm->rank();
   state->n = state->comm->size();
-  state->pid = ::getpid();
-  state->host = HostHash();
   state->peers.resize(state->n);
-  const absl::Time now = absl::Now();
-  for (State::Peer& p : state->peers) p.last_heard = now;
-  state->next_heartbeat = now;
+  state->liveness = std::make_unique<runtime::PeerLiveness>(
+      state->n, state->me, options.heartbeat_timeout, options.kill_silent_local_peers,
+      absl::Now());
+  // Every rank's process id from the start: one stopped before its first heartbeat is still
+  // killed.
+  TANDEM_RETURN_IF_ERROR(state->liveness->ExchangeIdentities(*state->comm));
   state->committed_step.iteration = committed;
   State* raw = state.get();
   state->thread = std::thread([raw] { raw->Run(); });

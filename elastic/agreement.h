@@ -3,7 +3,9 @@
 // Every rank runs a monitor thread over its own duplicate of the job's communicator. The
 // thread sends a heartbeat to every peer each heartbeat_timeout / 4 and declares a peer dead
 // (suspects it) when nothing arrived from it for heartbeat_timeout: killed (SIGKILL) or
-// stopped (SIGSTOP). A stopped peer on this host is killed (SIGKILL), and a rank that learns
+// stopped (SIGSTOP); the runtime's detector (runtime/peer_liveness.h) keeps the times and the
+// peers' identities, exchanged at Start. A stopped peer on this host is killed (SIGKILL), even
+// one stopped before its first heartbeat, and a rank that learns
 // that the others declared it dead stops taking part, so that a suspicion is final: the
 // detector behaves as a perfect one. Because the thread runs beside training, a rank busy in a
 // long forward still answers, and every survivor notices a death within heartbeat_timeout

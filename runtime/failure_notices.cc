@@ -11,14 +11,12 @@
 #include <thread>
 #include <vector>
 
-#include <signal.h>
-#include <unistd.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "runtime/peer_liveness.h"
 
 namespace tandem::runtime {
 namespace {
@@ -34,8 +32,7 @@ constexpr auto kWatchdogPoll = std::chrono::milliseconds(20);
 constexpr absl::Duration kNoticeSendWait = absl::Milliseconds(500);
 constexpr absl::Duration kClosingWait = absl::Seconds(10);
 
-// A heartbeat: the sender's process id and a hash of its host name (a silent peer on this
-// host can be killed).
+// A heartbeat: the sender's identity (process id, host hash; runtime/peer_liveness.h).
 using Heartbeat = std::array<int64_t, 2>;
 
 comm::Buffer HeartbeatBufferOf(Heartbeat* beat) {
@@ -44,12 +41,6 @@ comm::Buffer HeartbeatBufferOf(Heartbeat* beat) {
   b.count = static_cast<int64_t>(beat->size());
   b.dtype = comm::DataType::kInt64;
   return b;
-}
-
-int64_t HostHash() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return static_cast<int64_t>(std::hash<std::string>()(host) & 0x7fffffffffffffff);
 }
 
 comm::Buffer NoticeBufferOf(NoticeBuffer* buffer) {
@@ -68,17 +59,16 @@ struct FailureNotices::State {
     std::shared_ptr<NoticeBuffer> buffer;
     comm::WorkPtr work;
     bool seen = false;
-    // Heartbeats from this peer: the receive posted, when the last one arrived, and what it
-    // said; and this rank's heartbeat to it still in flight.
+    // Heartbeats from this peer: the receive posted; and this rank's heartbeat to it still
+    // in flight.
     std::shared_ptr<Heartbeat> incoming;
     comm::WorkPtr heartbeat_in;
     comm::WorkPtr heartbeat_out;
-    absl::Time last_heard;
-    Heartbeat heard{-1, -1};
     bool closed = false;  // sent its closing notice: silence is expected
   };
   std::vector<Notice> notices;
   std::unique_ptr<comm::Communicator> heartbeats;  // used by the watchdog thread only
+  std::unique_ptr<PeerLiveness> liveness;          // with heartbeats; the watchdog thread's
   FailureNoticeOptions options;
   std::function<void(const absl::Status&)> abort;
   std::shared_ptr<Heartbeat> mine = std::make_shared<Heartbeat>();
@@ -96,12 +86,22 @@ absl::StatusOr<std::unique_ptr<FailureNotices>> FailureNotices::Start(
     comm::Communicator& control, FailureNoticeOptions options,
     std::function<void(const absl::Status&)> abort) {
   std::unique_ptr<comm::Communicator> heartbeats;
+  std::unique_ptr<PeerLiveness> liveness;
   if (options.heartbeat_timeout > absl::ZeroDuration()) {
     TANDEM_ASSIGN_OR_RETURN(heartbeats, control.Split(/*color=*/0, /*key=*/control.rank()));
+    // Every peer's process id from the start: one stopped before its first heartbeat is
+    // still killed.
+    liveness = std::make_unique<PeerLiveness>(control.size(), control.rank(),
+                                              options.heartbeat_timeout,
+                                              options.kill_silent_local_peers, absl::Now());
+    TANDEM_RETURN_IF_ERROR(liveness->ExchangeIdentities(*heartbeats));
     heartbeats->set_timeout(options.heartbeat_timeout);
   }
-  return std::unique_ptr<FailureNotices>(
+  std::unique_ptr<FailureNotices> notices(
       new FailureNotices(control, std::move(heartbeats), options, std::move(abort)));
+  notices->state_->liveness = std::move(liveness);
+  notices->state_->thread = std::thread([s = notices->state_.get()] { s->Watch(); });
+  return notices;
 }
 
 FailureNotices::FailureNotices(comm::Communicator& control,
@@ -112,18 +112,16 @@ FailureNotices::FailureNotices(comm::Communicator& control,
   state_->abort = std::move(abort);
   state_->options = options;
   state_->heartbeats = std::move(heartbeats);
-  *state_->mine = {static_cast<int64_t>(::getpid()), HostHash()};
-  const absl::Time now = absl::Now();
+  const PeerIdentity me = PeerIdentity::Self();
+  *state_->mine = {me.pid, me.host};
   for (int r = 0; r < control_.size(); ++r) {
     if (r == control_.rank()) continue;
     State::Notice n;
     n.peer = r;
     n.buffer = std::make_shared<NoticeBuffer>();
     n.work = control_.Recv(NoticeBufferOf(n.buffer.get()), r, kNoticeTag);
-    n.last_heard = now;
     state_->notices.push_back(std::move(n));
   }
-  state_->thread = std::thread([s = state_.get()] { s->Watch(); });
 }
 
 void FailureNotices::State::Beat(absl::Time now) {
@@ -136,8 +134,7 @@ void FailureNotices::State::Beat(absl::Time now) {
     }
     while (n.heartbeat_in->Test()) {
       if (!n.heartbeat_in->error().ok()) break;
-      n.last_heard = now;
-      n.heard = *n.incoming;
+      liveness->Heard(n.peer, now, PeerIdentity{(*n.incoming)[0], (*n.incoming)[1]});
       n.heartbeat_in = heartbeats->Recv(HeartbeatBufferOf(n.incoming.get()), n.peer,
                                         kHeartbeatTag);
     }
@@ -149,14 +146,13 @@ void FailureNotices::State::Beat(absl::Time now) {
 
 void FailureNotices::State::Watch() {
   const bool beating = heartbeats != nullptr;
-  const absl::Duration interval = options.heartbeat_timeout / 4;
-  absl::Time next_beat = absl::Now();
   std::unique_lock<std::mutex> lock(mu);
   while (!stop) {
     wake.wait_for(lock, kWatchdogPoll);
     for (Notice& n : notices) {
       if (n.seen || !n.work->Test()) continue;
       n.seen = true;
+      if (liveness != nullptr) liveness->Unwatch(n.peer);  // its notice came: silence is due
       if (!n.work->error().ok()) continue;
       if ((*n.buffer)[0] == kClosingNotice) {
         n.closed = true;
@@ -173,24 +169,15 @@ void FailureNotices::State::Watch() {
     }
     if (!beating || failed) continue;
     const absl::Time now = absl::Now();
-    if (now >= next_beat) {
-      Beat(now);
-      next_beat = now + interval;
-    }
-    for (Notice& n : notices) {
-      if (n.closed || n.seen || now - n.last_heard <= options.heartbeat_timeout) continue;
-      std::string killed;
-      if (options.kill_silent_local_peers && n.heard[1] == (*mine)[1] && n.heard[0] > 0 &&
-          n.heard[0] != (*mine)[0] && ::kill(static_cast<pid_t>(n.heard[0]), SIGKILL) == 0) {
-        killed = absl::StrCat("; killed its process ", n.heard[0], " on this host so that the "
-                              "job can end");
-      }
-      failed = true;
-      abort(absl::UnavailableError(absl::StrCat(
-          "rank ", n.peer, " stopped responding: no heartbeat for ",
-          absl::FormatDuration(now - n.last_heard), " (killed or stopped)", killed)));
-      break;
-    }
+    if (liveness->HeartbeatDue(now)) Beat(now);
+    const int silent = liveness->FirstSilent(now);
+    if (silent < 0) continue;
+    const std::string killed = liveness->KillIfLocal(silent);
+    failed = true;
+    abort(absl::UnavailableError(absl::StrCat(
+        "rank ", silent, " stopped responding: no heartbeat for ",
+        absl::FormatDuration(liveness->SilentFor(silent, now)), " (killed or stopped)",
+        killed.empty() ? "" : absl::StrCat("; ", killed, " so that the job can end"))));
   }
 }
 

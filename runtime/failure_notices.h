@@ -8,10 +8,12 @@
 // every rank exits as the failing one does.
 //
 // Heartbeats (on a duplicate of the control communicator, sent and received by the watchdog
-// thread, so a rank busy computing still sends them) catch a peer that is killed or stopped
-// within FailureNoticeOptions::heartbeat_timeout (2 s): the watchdog aborts with "rank R
-// stopped responding" and, where that peer runs on this host, kills it so that mpirun can
-// end the job. A peer that hangs while its process runs is caught by the waits' timeout.
+// thread, so a rank busy computing still sends them; runtime/peer_liveness.h keeps the times)
+// catch a peer that is killed or stopped within FailureNoticeOptions::heartbeat_timeout (2 s):
+// the watchdog aborts with "rank R stopped responding" and, where that peer runs on this host,
+// kills it so that mpirun can end the job (the peers' process ids are exchanged at Start, so
+// this holds for a peer stopped before its first heartbeat). A peer that hangs while its
+// process runs is caught by the waits' timeout.
 //
 // At a clean shutdown (the destructor, when nothing failed) each rank sends a closing notice,
 // which satisfies the posted receives and ends the heartbeat watch of that rank, and waits

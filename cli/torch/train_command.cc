@@ -57,6 +57,7 @@
 #include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "runtime/failure_notices.h"
+#include "runtime/peer_liveness.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/timeline.h"
 #include "runtime/torch/device_ops.h"
@@ -866,10 +867,22 @@ class StartupDeadline {
     thread_ = std::thread([this, limit] {
       std::unique_lock<std::mutex> lock(mu_);
       if (!done_cv_.wait_for(lock, absl::ToChronoSeconds(limit), [this] { return done_; })) {
+        // A rank stopped inside MPI's start-up would keep mpirun waiting for ever (under
+        // --enable-recovery it ends no rank): the ranks of this host end their stopped
+        // siblings. Only under a launcher: a shell's stopped jobs are siblings too.
+        std::string killed;
+        if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+            std::getenv("PMIX_RANK") != nullptr) {
+          const std::vector<int64_t> stopped = runtime::KillStoppedSiblings();
+          if (!stopped.empty()) {
+            killed = absl::StrCat("; killed the stopped rank process(es) ",
+                                  absl::StrJoin(stopped, ", "), " on this host");
+          }
+        }
         std::fprintf(stderr,
                      "tandem train: error: MPI start-up did not finish within %s (a rank died "
-                     "or hangs while the job starts)\n",
-                     absl::FormatDuration(limit).c_str());
+                     "or hangs while the job starts)%s\n",
+                     absl::FormatDuration(limit).c_str(), killed.c_str());
         std::fflush(stderr);
         std::_Exit(kExitFailure);
       }

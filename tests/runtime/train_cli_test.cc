@@ -273,6 +273,29 @@ TEST(TrainCliTest, KilledRankEndsTheJobWithinSeconds) {
   }
 }
 
+// A rank stopped (SIGSTOP: alive and silent) at start-up, inside MPI's start-up or building
+// the model, or mid-run: under `mpirun --enable-recovery`, which ends no rank by itself, the
+// others kill it and the job ends within seconds (a stopped process would keep mpirun waiting
+// for ever; `timeout` ends such a hang with 124).
+TEST(TrainCliTest, StoppedRankIsKilledAndTheJobEndsWithinSeconds) {
+  for (double delay : {0.0, 1.5, 4.0}) {
+    const auto start = std::chrono::steady_clock::now();
+    Outcome o = RunCommand(absl::StrCat(
+        "timeout -s KILL 60 ", TANDEM_MPIEXEC,
+        " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
+        " -np 2 sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (sleep ", delay,
+        "; kill -STOP $$) & fi; exec ", g_tandem, " train", kModelFlags,
+        " --global-batch 16 --microbatches 4 --schedule 1f1b --stages 2 --steps 100000"
+        " --timeout 300 --startup-timeout 10'"));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, delay + 10 + 8) << "stop at " << delay << " s:\n" << o.output;
+    EXPECT_NE(o.exit_status, 128 + 9) << "mpirun hung: stop at " << delay << " s:\n" << o.output;
+    EXPECT_NE(o.output.find("killed"), std::string::npos)
+        << "stop at " << delay << " s: the stopped rank was not killed:\n" << o.output;
+  }
+}
+
 // Killed at any moment of a run that checkpoints every step (rank 0 writes the manifest and
 // `latest`; both ranks write shards), the checkpoint folder always resumes.
 TEST(TrainCliTest, CheckpointFolderResumesAfterAKillAtAnyMoment) {
