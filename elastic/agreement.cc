@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/keep_alive.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "runtime/peer_liveness.h"
@@ -483,16 +484,11 @@ Membership::~Membership() {
   // Receives from the dead never complete: abort, and keep the buffers of what may still be in
   // flight alive for MPI (a few bytes per peer).
   state_->comm->Abort(absl::CancelledError("membership ended"));
-  static std::mutex mu;
-  static auto* graveyard = new std::vector<std::shared_ptr<Bytes>>;
-  std::lock_guard<std::mutex> lock(mu);
   // An aborted operation reads as done, but MPI may still deliver into its buffer: every
   // inbox stays, and every send not known to have completed.
-  for (State::Peer& p : state_->peers) {
-    if (p.inbox != nullptr) graveyard->push_back(p.inbox);
-  }
+  for (State::Peer& p : state_->peers) comm::KeepAliveAfterAbort(p.inbox);
   for (auto& s : state_->sends) {
-    if (!s.first->Test() || !s.first->error().ok()) graveyard->push_back(s.second);
+    if (!s.first->Test() || !s.first->error().ok()) comm::KeepAliveAfterAbort(s.second);
   }
 }
 

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "comm/buffer.h"
+#include "comm/keep_alive.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "elastic/internal/fault_injection.h"
 #include "common/logging.h"
@@ -116,31 +117,6 @@ class StuckWatchdog {
 
 std::string Ranks(const std::vector<int>& ranks) {
   return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
-}
-
-// Memory an aborted operation may still write into stays allocated until the process ends.
-template <typename T>
-void Leak(std::shared_ptr<T> memory) {
-  new std::shared_ptr<T>(std::move(memory));
-}
-
-// `text` of rank 0 on every rank (size, then bytes).
-absl::StatusOr<std::string> BroadcastString(comm::Communicator& c, std::string text) {
-  auto size = std::make_shared<int64_t>(static_cast<int64_t>(text.size()));
-  const absl::Status sized = c.Broadcast(comm::CpuBuffer(size.get(), 1), 0)->Wait();
-  if (!sized.ok()) {
-    Leak(size);
-    return sized;
-  }
-  auto bytes = std::make_shared<std::string>(std::move(text));
-  bytes->resize(static_cast<size_t>(*size));
-  const absl::Status sent =
-      c.Broadcast(comm::MakeBuffer(bytes->data(), *size, comm::DataType::kUInt8), 0)->Wait();
-  if (!sent.ok()) {
-    Leak(bytes);
-    return sent;
-  }
-  return *bytes;
 }
 
 nlohmann::json LayoutToJson(const JobLayout& layout) {
@@ -358,7 +334,7 @@ struct ElasticTrainer::State {
     const absl::Status reduced =
         config->AllReduce(runtime::DoubleBuffer(buffer.get(), 1), op)->Wait();
     if (!reduced.ok()) {
-      Leak(buffer);  // the library may still write into it
+      comm::KeepAliveAfterAbort(buffer);  // the library may still write into it
       return Annotate(reduced, "reducing over the survivors");
     }
     return *buffer;
@@ -457,7 +433,7 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
         count += params[i].grad.count;
       }
     }
-    // On the heap: after an abort the library may still write into it (then it is leaked).
+    // On the heap: after an abort the library may still write into it (then it is kept alive).
     auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(count));
     std::vector<float>& flat = *buffer;
     int64_t at = 0;
@@ -471,7 +447,7 @@ absl::StatusOr<double> ElasticTrainer::State::SyncGradients(runtime::Engine& e) 
           seg.comm->AllReduce(comm::CpuBuffer(flat.data(), count), comm::ReduceOp::kSum)
               ->Wait();
       if (!reduced.ok()) {
-        Leak(buffer);
+        comm::KeepAliveAfterAbort(buffer);
         return Annotate(reduced, absl::StrCat("summing the gradients of layers [",
                                               seg.segment.layers.first_layer, ", ",
                                               seg.segment.layers.end_layer, ") over ranks ",
@@ -512,7 +488,7 @@ absl::Status ElasticTrainer::State::SumOverJob(int64_t iteration, std::array<dou
   const absl::Status reduced =
       training->AllReduce(runtime::DoubleBuffer(buffer->data(), 5), comm::ReduceOp::kSum)->Wait();
   if (!reduced.ok()) {
-    Leak(buffer);
+    comm::KeepAliveAfterAbort(buffer);
     return reduced;
   }
   sums = {(*buffer)[0], (*buffer)[1], (*buffer)[2]};
@@ -629,7 +605,7 @@ absl::Status ElasticTrainer::State::Configure(
     const absl::Status reduced =
         training->AllReduce(runtime::DoubleBuffer(buffer.get(), 1), comm::ReduceOp::kSum)->Wait();
     if (!reduced.ok()) {
-      Leak(buffer);
+      comm::KeepAliveAfterAbort(buffer);
       return reduced;
     }
     loss = *buffer;
@@ -695,7 +671,7 @@ absl::Status ElasticTrainer::State::Train(
                                            comm::ReduceOp::kMax);
   while (!done->Test()) absl::SleepFor(absl::Milliseconds(5));
   if (!done->error().ok()) {
-    Leak(next);
+    comm::KeepAliveAfterAbort(next);
     return done->error();
   }
   grow_now = static_cast<int>((*next)[0]);
@@ -1018,22 +994,22 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
     const absl::Status sized =
         config->Recv(comm::CpuBuffer(size_buffer.get(), 1), peer, kMoveTag)->Wait();
     if (!sized.ok()) {
-      Leak(size_buffer);
-      for (auto& b : outgoing) Leak(b);
-      for (auto& b : sizes) Leak(b);
+      comm::KeepAliveAfterAbort(size_buffer);
+      for (auto& b : outgoing) comm::KeepAliveAfterAbort(b);
+      for (auto& b : sizes) comm::KeepAliveAfterAbort(b);
     }
     TANDEM_RETURN_IF_ERROR(Annotate(
         sized, absl::StrCat("receiving layer ", m.layer, " from rank ", m.source_rank + lane())));
     const int64_t size = *size_buffer;
-    // On the heap: after an abort the library may still write into it (then it is leaked).
+    // On the heap: after an abort the library may still write into it (then it is kept alive).
     auto incoming = std::make_shared<std::string>(static_cast<size_t>(size), '\0');
     std::string& bytes = *incoming;
     const absl::Status received =
         config->Recv(comm::MakeBuffer(bytes.data(), size, comm::DataType::kUInt8), peer, kMoveTag)->Wait();
     if (!received.ok()) {
-      Leak(incoming);
-      for (auto& b : outgoing) Leak(b);
-      for (auto& b : sizes) Leak(b);
+      comm::KeepAliveAfterAbort(incoming);
+      for (auto& b : outgoing) comm::KeepAliveAfterAbort(b);
+      for (auto& b : sizes) comm::KeepAliveAfterAbort(b);
     }
     TANDEM_RETURN_IF_ERROR(Annotate(
         received,
@@ -1049,8 +1025,8 @@ absl::Status ElasticTrainer::State::MoveStateAndConfigure(const ElasticPlan& pla
   for (const comm::WorkPtr& w : sends) {
     const absl::Status sent = w->Wait();
     if (!sent.ok()) {
-      for (auto& b : outgoing) Leak(b);
-      for (auto& b : sizes) Leak(b);
+      for (auto& b : outgoing) comm::KeepAliveAfterAbort(b);
+      for (auto& b : sizes) comm::KeepAliveAfterAbort(b);
       return Annotate(sent, "sending layer state");
     }
   }
@@ -1199,9 +1175,10 @@ absl::Status ElasticTrainer::State::Grow(
   std::vector<int> added;
   for (int i = 0; i < count; ++i) added.push_back(next_job_rank + i);
   (*merged)->set_timeout(options.engine.timeout);
-  TANDEM_RETURN_IF_ERROR(Annotate(BroadcastString(**merged, options.join_payload).status(),
-                                  "sending the job's set-up to the started ranks"));
-  TANDEM_RETURN_IF_ERROR(Annotate(BroadcastString(**merged, JoinState(added)).status(),
+  TANDEM_RETURN_IF_ERROR(
+      Annotate(runtime::BroadcastString(**merged, options.join_payload).status(),
+               "sending the job's set-up to the started ranks"));
+  TANDEM_RETURN_IF_ERROR(Annotate(runtime::BroadcastString(**merged, JoinState(added)).status(),
                                   "sending the job's state to the started ranks"));
   std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
   if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the grown job's"));
@@ -1246,8 +1223,8 @@ absl::StatusOr<JoinRequest> AcceptJoin(absl::Duration timeout) {
                           comm::MpiCommunicator::JoinParents(options));
   merged->set_timeout(timeout);
   JoinRequest request;
-  TANDEM_ASSIGN_OR_RETURN(request.payload, BroadcastString(*merged, ""));
-  TANDEM_ASSIGN_OR_RETURN(request.state, BroadcastString(*merged, ""));
+  TANDEM_ASSIGN_OR_RETURN(request.payload, runtime::BroadcastString(*merged, ""));
+  TANDEM_ASSIGN_OR_RETURN(request.state, runtime::BroadcastString(*merged, ""));
   request.job = std::move(merged);
   return request;
 }

@@ -1,7 +1,11 @@
 #include "runtime/control.h"
 
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/buffer.h"
+#include "comm/keep_alive.h"
 #include "common/status.h"
 
 namespace tandem::runtime {
@@ -81,6 +85,26 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::Communicator& comm,
     TANDEM_ASSIGN_OR_RETURN(all[r], ReceiveString(comm, r));
   }
   return all;
+}
+
+absl::StatusOr<std::string> BroadcastString(comm::Communicator& comm, std::string text) {
+  // On the heap: a broadcast given up on may still write into them.
+  auto size = std::make_shared<int64_t>(static_cast<int64_t>(text.size()));
+  const absl::Status sized = comm.Broadcast(comm::CpuBuffer(size.get(), 1), /*root=*/0)->Wait();
+  if (!sized.ok()) {
+    comm::KeepAliveAfterAbort(size);
+    return sized;
+  }
+  auto bytes = std::make_shared<std::string>(std::move(text));
+  bytes->resize(static_cast<size_t>(*size));
+  const absl::Status sent =
+      comm.Broadcast(comm::MakeBuffer(bytes->data(), *size, comm::DataType::kUInt8), /*root=*/0)
+          ->Wait();
+  if (!sent.ok()) {
+    comm::KeepAliveAfterAbort(bytes);
+    return sent;
+  }
+  return std::move(*bytes);
 }
 
 }  // namespace tandem::runtime

@@ -1,5 +1,6 @@
 // Control-plane helpers over a world communicator (the engine's private duplicate): every
-// rank agreeing on the success of a local step, and strings gathered on rank 0. Collective.
+// rank agreeing on the success of a local step, strings gathered on rank 0 and rank 0's string
+// on every rank. Collective.
 #pragma once
 
 #include <cstdint>
@@ -27,5 +28,9 @@ absl::Status AgreeOnSuccess(comm::Communicator* world, const absl::Status& local
 // Strings of all ranks on rank 0 (index = rank); empty elsewhere. Collective.
 absl::StatusOr<std::vector<std::string>> GatherStrings(comm::Communicator& comm,
                                                        const std::string& mine);
+
+// Rank 0's `text` on every rank (its size, then its bytes; the other ranks' `text` is ignored).
+// Collective. After a failed broadcast the buffers are kept alive (comm/keep_alive.h).
+absl::StatusOr<std::string> BroadcastString(comm::Communicator& comm, std::string text);
 
 }  // namespace tandem::runtime

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/keep_alive.h"
 #include "common/status.h"
 #include "runtime/devices.h"
 #include "runtime/engine.h"
@@ -65,9 +66,11 @@ struct Engine::Local {
 // Tensors produced on this rank and not yet consumed or sent, and sends in flight.
 struct Engine::Transfers {
   // Sends still in flight when the engine is destroyed after an error: their memory may yet be
-  // read by the communication library, so it is deliberately leaked.
+  // read by the communication library, so it is kept alive (comm/keep_alive.h).
   ~Transfers() {
-    if (!sends.empty()) new std::deque<PendingSend>(std::move(sends));
+    if (!sends.empty()) {
+      comm::KeepAliveAfterAbort(std::make_shared<std::deque<PendingSend>>(std::move(sends)));
+    }
   }
 
   // Output of stage `key.stage` / gradient of stage `key.stage`'s input, produced here or

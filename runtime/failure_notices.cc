@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "comm/keep_alive.h"
 #include "common/status.h"
 #include "runtime/peer_liveness.h"
 
@@ -204,13 +205,13 @@ FailureNotices::~FailureNotices() {
   // heartbeats' (their communicator, destroyed with the state, abandons them to MPI).
   for (State::Notice& n : state_->notices) {
     // An aborted receive reads as done, but MPI may still deliver into its buffer.
-    if (!n.work->Test() || !n.work->error().ok()) new std::shared_ptr<NoticeBuffer>(n.buffer);
+    if (!n.work->Test() || !n.work->error().ok()) comm::KeepAliveAfterAbort(n.buffer);
     if (n.heartbeat_in != nullptr &&
         (!n.heartbeat_in->Test() || !n.heartbeat_in->error().ok())) {
-      new std::shared_ptr<Heartbeat>(n.incoming);
+      comm::KeepAliveAfterAbort(n.incoming);
     }
     if (n.heartbeat_out != nullptr && !n.heartbeat_out->Test()) {
-      new std::shared_ptr<Heartbeat>(state_->mine);
+      comm::KeepAliveAfterAbort(state_->mine);
     }
   }
 }

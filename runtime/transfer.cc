@@ -5,6 +5,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/keep_alive.h"
 #include "common/status.h"
 
 namespace tandem::runtime {
@@ -21,10 +22,6 @@ static_assert(kFixedWords + kMaxTensorsPerTransfer * kWordsPerTensor <= kTransfe
 constexpr int64_t kLargestActionType = static_cast<int64_t>(pipeline::ActionType::kOptimizerStep);
 constexpr int64_t kLargestDataType = static_cast<int64_t>(comm::DataType::kInt64);
 
-// After a failed wait the receive may still be posted and MPI may later write into its
-// memory, so that memory is deliberately never freed (the engine is dead after an error).
-void Abandon(std::shared_ptr<void> memory) { new std::shared_ptr<void>(std::move(memory)); }
-
 comm::Buffer HeaderBuffer(TransferHeader::Words* words) {
   comm::Buffer b;
   b.data = words->data();
@@ -35,6 +32,15 @@ comm::Buffer HeaderBuffer(TransferHeader::Words* words) {
 
 int PayloadTag(const comm::Communicator& payload_comm, int tag) {
   return payload_comm.backend() == "nccl" ? 0 : tag;
+}
+
+// "[8x16 float32, 4 int64]".
+std::string DescribeMetas(const std::vector<TensorMeta>& metas) {
+  std::vector<std::string> shapes;
+  for (const TensorMeta& m : metas) {
+    shapes.push_back(absl::StrCat(absl::StrJoin(m.shape, "x"), " ", comm::DataTypeName(m.dtype)));
+  }
+  return absl::StrCat("[", absl::StrJoin(shapes, ", "), "]");
 }
 
 std::string Identity(pipeline::ActionType type, int stage, int microbatch, int replica) {
@@ -107,12 +113,7 @@ absl::StatusOr<TransferHeader> TransferHeader::Decode(const Words& w) {
 }
 
 std::string TransferHeader::Describe() const {
-  std::vector<std::string> shapes;
-  for (const TensorMeta& m : tensors) {
-    shapes.push_back(absl::StrCat(absl::StrJoin(m.shape, "x"), " ", comm::DataTypeName(m.dtype)));
-  }
-  return absl::StrCat(Identity(type, stage, microbatch, replica), " [",
-                      absl::StrJoin(shapes, ", "), "]");
+  return absl::StrCat(Identity(type, stage, microbatch, replica), " ", DescribeMetas(tensors));
 }
 
 absl::StatusOr<bool> PendingSend::Test() {
@@ -131,114 +132,16 @@ absl::Status PendingSend::Wait() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int tag,
-                                        const TransferHeader& header,
-                                        std::vector<Tensor> tensors) {
-  return SendTensors(comm, comm, peer, tag, header, std::move(tensors));
-}
-
-absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm,
-                                        comm::Communicator& payload_comm, int peer, int tag,
-                                        const TransferHeader& header,
-                                        std::vector<Tensor> tensors) {
-  const int payload_tag = PayloadTag(payload_comm, tag);
-  TransferHeader full = header;
-  full.tensors.clear();
-  for (const Tensor& t : tensors) full.tensors.push_back(t.meta);
-  TANDEM_ASSIGN_OR_RETURN(TransferHeader::Words words, full.Encode());
-  for (const Tensor& t : tensors) {
-    if (t.buffer.count != t.meta.NumElements() || t.buffer.dtype != t.meta.dtype) {
-      return absl::InternalError(absl::StrCat("sending ", full.Describe(), ": buffer has ",
-                                              t.buffer.count, " elements of ",
-                                              comm::DataTypeName(t.buffer.dtype),
-                                              ", its meta says otherwise"));
-    }
-  }
-  auto header_words = std::make_shared<TransferHeader::Words>(words);
-  std::vector<comm::WorkPtr> works;
-  works.push_back(comm.Send(HeaderBuffer(header_words.get()), peer, tag));
-  for (const Tensor& t : tensors) works.push_back(payload_comm.Send(t.buffer, peer, payload_tag));
-  return PendingSend(full.Describe(), std::move(header_words), std::move(tensors),
-                     std::move(works));
-}
-
-absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
-    comm::Communicator& comm, int peer, int tag, const TransferHeader& expected,
-    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate) {
-  return ReceiveTensors(comm, comm, peer, tag, expected, allocate);
-}
-
-absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
-    comm::Communicator& comm, comm::Communicator& payload_comm, int peer, int tag,
-    const TransferHeader& expected,
-    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate) {
-  const int payload_tag = PayloadTag(payload_comm, tag);
-  const std::string expected_id =
-      Identity(expected.type, expected.stage, expected.microbatch, expected.replica);
-  auto words = std::make_shared<TransferHeader::Words>();
-  absl::Status s = comm.Recv(HeaderBuffer(words.get()), peer, tag)->Wait();
-  if (!s.ok()) {
-    Abandon(words);
-    return Annotate(s, absl::StrCat("waiting for ", expected_id, " from rank ", peer));
-  }
-  auto header = TransferHeader::Decode(*words);
-  if (!header.ok()) {
-    return Annotate(header.status(), absl::StrCat("receiving ", expected_id, " from rank ", peer));
-  }
-  if (header->type != expected.type || header->stage != expected.stage ||
-      header->microbatch != expected.microbatch || header->replica != expected.replica) {
-    return absl::InternalError(absl::StrCat("expected ", expected_id, " from rank ", peer,
-                                            ", received ", header->Describe(),
-                                            " (programs out of step)"));
-  }
-  std::vector<Tensor> tensors;
-  std::vector<comm::WorkPtr> works;
-  for (const TensorMeta& meta : header->tensors) {
-    TANDEM_ASSIGN_OR_RETURN(Tensor t, allocate(meta));
-    if (t.buffer.count != meta.NumElements() || t.buffer.dtype != meta.dtype) {
-      return absl::InternalError(absl::StrCat("receiving ", header->Describe(),
-                                              ": the stage allocated ", t.buffer.count,
-                                              " elements of ",
-                                              comm::DataTypeName(t.buffer.dtype)));
-    }
-    works.push_back(payload_comm.Recv(t.buffer, peer, payload_tag));
-    tensors.push_back(std::move(t));
-  }
-  for (const comm::WorkPtr& w : works) {
-    absl::Status ws = w->Wait();
-    if (!ws.ok()) {
-      for (Tensor& t : tensors) Abandon(std::move(t.holder));
-      return Annotate(ws, absl::StrCat("receiving ", header->Describe(), " from rank ", peer));
-    }
-  }
-  return tensors;
-}
-
-}  // namespace tandem::runtime
-
-namespace tandem::runtime {
-namespace {
-
-std::string DescribeMetas(const std::vector<TensorMeta>& metas) {
-  std::vector<std::string> shapes;
-  for (const TensorMeta& m : metas) {
-    shapes.push_back(absl::StrCat(absl::StrJoin(m.shape, "x"), " ", comm::DataTypeName(m.dtype)));
-  }
-  return absl::StrCat("[", absl::StrJoin(shapes, ", "), "]");
-}
-
-}  // namespace
-
 ArrivingTensors::~ArrivingTensors() {
   if (ready_ == nullptr || (ready_->Test() && ready_->error().ok())) return;
-  for (Tensor& t : tensors_) Abandon(std::move(t.holder));
+  for (Tensor& t : tensors_) comm::KeepAliveAfterAbort(std::move(t.holder));
 }
 
 absl::Status ArrivingTensors::Wait() {
   if (ready_ == nullptr) return absl::OkStatus();
   const absl::Status s = ready_->Wait();
   if (!s.ok()) {
-    for (Tensor& t : tensors_) Abandon(std::move(t.holder));
+    for (Tensor& t : tensors_) comm::KeepAliveAfterAbort(std::move(t.holder));
     tensors_.clear();
     return Annotate(s, absl::StrCat("receiving ", what_));
   }
@@ -267,12 +170,12 @@ absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
   std::vector<std::shared_ptr<TransferHeader::Words>> header_words;
   std::vector<Tensor> sent_tensors;
   std::string what;
-  // On an error return, memory that a posted send may still read is deliberately leaked.
+  // On an error return, memory that a posted send may still read is kept alive.
   bool handed_over = false;
-  auto leak_posted = absl::Cleanup([&] {
+  auto keep_posted = absl::Cleanup([&] {
     if (handed_over) return;
-    for (auto& words : header_words) Abandon(std::move(words));
-    for (Tensor& t : sent_tensors) Abandon(std::move(t.holder));
+    for (auto& words : header_words) comm::KeepAliveAfterAbort(std::move(words));
+    for (Tensor& t : sent_tensors) comm::KeepAliveAfterAbort(std::move(t.holder));
   });
   // Sends: shapes from the tensors; a header on the first exchange of a kind.
   for (OutgoingTransfer& send : sends) {
@@ -344,7 +247,7 @@ absl::StatusOr<TransferBatcher::Posted> TransferBatcher::Post(
       const absl::Status s = incoming_works[r]->Wait();
       if (!s.ok()) {
         for (size_t k = r; k < receives.size(); ++k) {
-          if (incoming[k] != nullptr) Abandon(incoming[k]);
+          if (incoming[k] != nullptr) comm::KeepAliveAfterAbort(incoming[k]);
         }
         return Annotate(s, absl::StrCat("waiting for ", expected_id, " from rank ", receive.peer));
       }

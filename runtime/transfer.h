@@ -1,24 +1,21 @@
 // Activation and gradient transfers between pipeline neighbours without per-model code.
 //
-// Every transfer is two or more point-to-point messages on one communicator and tag: first a
-// fixed-size header (TransferHeader: which action it belongs to, how many tensors, and each
-// tensor's dtype and shape), then one message per tensor. The receiver waits for the header,
-// checks that it belongs to the transfer it expects (action type, stage, micro-batch,
-// replica), allocates tensors of the announced shapes and receives into them. A header is
-// sent before every payload (rather than caching shapes after a first exchange) so shapes may
-// change between micro-batches (e.g. the last, smaller micro-batch of a data set) and a
-// routing mistake is caught as an error naming both transfers instead of garbage data. The
-// header is 64 int64s; its cost is one small message per transfer.
+// One protocol, TransferBatcher's (below). A run of consecutive sends and receives of one rank,
+// as the schedule IR groups them, goes out as one SendRecvBatch (one NCCL group, so neighbours
+// that send to each other at the same moment cannot deadlock). The first transfer of each kind
+// (peer, action type, stage, replica) is preceded by a header (TransferHeader: the action it
+// belongs to, how many tensors, each tensor's dtype and shape; 64 int64 words): the receiver
+// checks it against the transfer it expects, so a routing mistake is an error naming both
+// transfers instead of garbage data, and both sides then cache the shapes. Later transfers of
+// that kind carry only their tensors, so a stage's outputs must keep their shapes from
+// micro-batch to micro-batch: a sender whose shapes differ from the cached ones fails with
+// InvalidArgument before anything is posted.
 //
 // Ordering: messages between a pair of ranks on one tag are matched in the order posted
-// (MPI's non-overtaking rule, NCCL's FIFO), so a receive's payload is posted only after its
-// header arrived and before the next header from the same peer is waited for.
-//
-// The engine's path is TransferBatcher (below): what the schedule IR groups (a run of
-// consecutive sends and receives of one rank) goes out as one SendRecvBatch (one NCCL group,
-// so neighbours that send to each other at the same moment cannot deadlock), headers travel
-// only on the first exchange of each kind of transfer (shapes are cached after it), and
-// received tensors are waited for only when first used.
+// (MPI's non-overtaking rule, NCCL's FIFO); both ends post matching runs in the same order, as
+// the validated schedule guarantees. Received tensors are waited for only when first used
+// (ArrivingTensors). Memory that an operation given up on (an error, a timeout, an abort) may
+// still touch is kept alive until the process ends (comm/keep_alive.h).
 #pragma once
 
 #include <array>
@@ -59,14 +56,10 @@ struct TransferHeader {
   std::string Describe() const;
 };
 
-// A send in flight: its Work handles and what must stay alive until they complete.
+// A batch's sends in flight: their Work handles and what must stay alive until they complete
+// (the headers of first exchanges, the tensors).
 class PendingSend {
  public:
-  PendingSend(std::string what, std::shared_ptr<TransferHeader::Words> header,
-              std::vector<Tensor> tensors, std::vector<comm::WorkPtr> works)
-      : what_(std::move(what)), header_(std::move(header)), tensors_(std::move(tensors)),
-        works_(std::move(works)) {}
-  // Several headers (a batch's first exchanges).
   PendingSend(std::string what, std::vector<std::shared_ptr<TransferHeader::Words>> headers,
               std::vector<Tensor> tensors, std::vector<comm::WorkPtr> works)
       : what_(std::move(what)), headers_(std::move(headers)), tensors_(std::move(tensors)),
@@ -78,34 +71,10 @@ class PendingSend {
 
  private:
   std::string what_;
-  std::shared_ptr<TransferHeader::Words> header_;
   std::vector<std::shared_ptr<TransferHeader::Words>> headers_;
   std::vector<Tensor> tensors_;
   std::vector<comm::WorkPtr> works_;
 };
-
-// Posts the header and the tensors to `peer` without waiting.
-absl::StatusOr<PendingSend> SendTensors(comm::Communicator& comm, int peer, int tag,
-                                        const TransferHeader& header,
-                                        std::vector<Tensor> tensors);
-// The same with the payloads on `payload_comm` (over the same ranks), e.g. NCCL for CUDA
-// tensors while the header travels on MPI. NCCL has no tags: payloads use tag 0 there.
-absl::StatusOr<PendingSend> SendTensors(comm::Communicator& header_comm,
-                                        comm::Communicator& payload_comm, int peer, int tag,
-                                        const TransferHeader& header,
-                                        std::vector<Tensor> tensors);
-
-// Receives a transfer from `peer` whose header must match `expected` (type, stage,
-// micro-batch, replica; shapes are taken from the header). `allocate` makes the tensors to
-// receive into. Waits with the communicator's timeout. After a failed wait the posted
-// receive's memory is deliberately leaked (the library may still write into it).
-absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
-    comm::Communicator& comm, int peer, int tag, const TransferHeader& expected,
-    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate);
-absl::StatusOr<std::vector<Tensor>> ReceiveTensors(
-    comm::Communicator& header_comm, comm::Communicator& payload_comm, int peer, int tag,
-    const TransferHeader& expected,
-    const std::function<absl::StatusOr<Tensor>(const TensorMeta&)>& allocate);
 
 // Tensors received (or being received): wait before the first use.
 class ArrivingTensors {
@@ -115,14 +84,14 @@ class ArrivingTensors {
       : tensors_(std::move(tensors)), ready_(std::move(ready)), what_(std::move(what)) {}
   // Tensors produced on this rank: nothing to wait for.
   explicit ArrivingTensors(std::vector<Tensor> local) : tensors_(std::move(local)) {}
-  // Tensors still arriving when dropped (the engine gave up after an abort) are leaked: the
-  // library may still write into them.
+  // Tensors still arriving when dropped (the engine gave up after an abort) are kept alive
+  // (comm/keep_alive.h): the library may still write into them.
   ~ArrivingTensors();
   ArrivingTensors(ArrivingTensors&&) = default;
   ArrivingTensors& operator=(ArrivingTensors&&) = default;
 
-  // Waits for the payload (if any). After a failed wait the tensors' memory is deliberately
-  // leaked (the library may still write into it).
+  // Waits for the payload (if any). After a failed wait the tensors' memory is kept alive
+  // (the library may still write into it).
   absl::Status Wait();
   // Wait, then hands the tensors over.
   absl::StatusOr<std::vector<Tensor>> Take();
@@ -148,7 +117,7 @@ struct IncomingTransfer {
   std::function<absl::StatusOr<Tensor>(const TensorMeta&)> allocate;
 };
 
-// Posts runs of transfers (see the top of this file). The first transfer of each kind (peer,
+// Posts runs of transfers (the protocol at the top of this file). The first transfer of each kind (peer,
 // action type, stage, replica) carries a header, which the receiver checks against what it
 // expects and whose shapes both sides then cache; later transfers of that kind send only the
 // payload, and a sender whose shapes differ from the cached ones fails with InvalidArgument

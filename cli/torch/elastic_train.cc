@@ -33,16 +33,6 @@
 namespace tandem::cli {
 namespace {
 
-// Rank 0's profile, as JSON, on every rank (size, then bytes).
-absl::StatusOr<std::string> BroadcastText(comm::Communicator& world, std::string text) {
-  int64_t size = static_cast<int64_t>(text.size());
-  TANDEM_RETURN_IF_ERROR(world.Broadcast({&size, 1, comm::DataType::kInt64}, 0)->Wait());
-  text.resize(static_cast<size_t>(size));
-  TANDEM_RETURN_IF_ERROR(
-      world.Broadcast({text.data(), size, comm::DataType::kUInt8}, 0)->Wait());
-  return text;
-}
-
 bool lost_ranks = false;
 
 // SIGUSR1 asks the job to stop at its next commit with a checkpoint (ElasticOptions::
@@ -340,7 +330,8 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
       }
     }
     TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
-    TANDEM_ASSIGN_OR_RETURN(inputs.profile, BroadcastText(world, text));
+    // Rank 0's profile, as JSON, on every rank.
+    TANDEM_ASSIGN_OR_RETURN(inputs.profile, runtime::BroadcastString(world, text));
     inputs.ranks = world.size();
     inputs.threads = at::get_num_threads();
   }

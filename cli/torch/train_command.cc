@@ -354,23 +354,6 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
   return outcome.plan;
 }
 
-// Broadcasts a string from rank 0 (size, then bytes).
-absl::StatusOr<std::string> BroadcastString(comm::Communicator& world, std::string text) {
-  int64_t size = static_cast<int64_t>(text.size());
-  comm::Buffer size_buffer;
-  size_buffer.data = &size;
-  size_buffer.count = 1;
-  size_buffer.dtype = comm::DataType::kInt64;
-  TANDEM_RETURN_IF_ERROR(world.Broadcast(size_buffer, /*root=*/0)->Wait());
-  text.resize(static_cast<size_t>(size));
-  comm::Buffer bytes;
-  bytes.data = text.data();
-  bytes.count = size;
-  bytes.dtype = comm::DataType::kUInt8;
-  TANDEM_RETURN_IF_ERROR(world.Broadcast(bytes, /*root=*/0)->Wait());
-  return text;
-}
-
 // Every rank learns whether any rank failed; the others report the lowest failing rank and its code.
 absl::Status Agree(comm::Communicator& world, const absl::Status& local, absl::string_view what) {
   return runtime::AgreeOnSuccess(&world, local, what);
@@ -444,7 +427,7 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
       }
     }
     TANDEM_RETURN_IF_ERROR(Agree(world, local, "planning"));
-    TANDEM_ASSIGN_OR_RETURN(text, BroadcastString(world, text));
+    TANDEM_ASSIGN_OR_RETURN(text, runtime::BroadcastString(world, text));
     TANDEM_ASSIGN_OR_RETURN(plan, pipeline::PlanFromJson(nlohmann::json::parse(text),
                                                          "broadcast plan"));
   }

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "comm/check.h"
 #include "comm/internal/work_util.h"
+#include "comm/keep_alive.h"
 #include "comm/mpi/libnbc_tuning.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/mpi/progress_engine.h"
@@ -362,14 +363,6 @@ std::vector<bool> WaitRequests(std::vector<MPI_Request>& requests, absl::Time de
     if (remaining > 0) backoff.Pause(false);
   }
   return completed;
-}
-
-// Buffers of abandoned requests: MPI may still touch them, so they live until exit.
-void KeepAlive(std::shared_ptr<void> buffer) {
-  static std::mutex mu;
-  static auto* graveyard = new std::vector<std::shared_ptr<void>>;
-  std::lock_guard<std::mutex> lock(mu);
-  graveyard->push_back(std::move(buffer));
 }
 
 // Leaves requests that did not complete: receives are cancelled, sends detached.
@@ -1268,7 +1261,7 @@ absl::StatusOr<std::vector<int>> MpiCommunicator::DetectDeadRanks(absl::Duration
     }
     for (int r = 0; r < n; ++r) dead[r] |= buffers->views[i][r];
   }
-  if (abandoned) KeepAlive(buffers);
+  if (abandoned) KeepAliveAfterAbort(buffers);
 
   std::vector<int> result;
   for (int r = 0; r < n; ++r) {

@@ -1,5 +1,5 @@
-// Activation/gradient transfers with shape headers, and the batcher that posts runs of them
-// with cached shapes, under mpirun -np 2.
+// The transfer protocol (TransferBatcher: a header on the first exchange of each kind, shapes
+// cached after it) and its header's encoding, under mpirun -np 2.
 #include "runtime/transfer.h"
 
 #include <memory>
@@ -10,8 +10,6 @@
 
 namespace tandem::runtime {
 namespace {
-
-constexpr int kTag = 5;
 
 Tensor MakeFloats(std::vector<int64_t> shape, float first) {
   TensorMeta meta{shape, comm::DataType::kFloat32};
@@ -75,76 +73,6 @@ TEST(TransferHeaderTest, RejectsOversizedAndGarbage) {
   TransferHeader::Words garbage{};
   garbage.fill(3);
   EXPECT_EQ(TransferHeader::Decode(garbage).status().code(), absl::StatusCode::kDataLoss);
-}
-
-TEST_F(TransferTest, ShapesTravelWithTheData) {
-  ASSERT_EQ(world_->size(), 2);
-  TransferHeader h;
-  h.type = pipeline::ActionType::kSendActivation;
-  h.stage = 0;
-  h.microbatch = 3;
-  if (world_->rank() == 0) {
-    // Two transfers of different shapes back to back: FIFO order keeps them apart.
-    auto first = SendTensors(*world_, 1, kTag, h, {MakeFloats({2, 5}, 10)});
-    ASSERT_TRUE(first.ok()) << first.status();
-    h.microbatch = 4;
-    auto second = SendTensors(*world_, 1, kTag, h, {MakeFloats({3}, 100), MakeFloats({1, 1}, 7)});
-    ASSERT_TRUE(second.ok()) << second.status();
-    EXPECT_TRUE(first->Wait().ok());
-    EXPECT_TRUE(second->Wait().ok());
-  } else {
-    auto got = ReceiveTensors(*world_, 0, kTag, h, Allocate);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_EQ(got->size(), 1u);
-    EXPECT_EQ((*got)[0].meta.shape, (std::vector<int64_t>{2, 5}));
-    EXPECT_FLOAT_EQ(static_cast<float*>((*got)[0].buffer.data)[9], 19.0f);
-    h.microbatch = 4;
-    auto got2 = ReceiveTensors(*world_, 0, kTag, h, Allocate);
-    ASSERT_TRUE(got2.ok()) << got2.status();
-    ASSERT_EQ(got2->size(), 2u);
-    EXPECT_FLOAT_EQ(static_cast<float*>((*got2)[0].buffer.data)[2], 102.0f);
-    EXPECT_EQ((*got2)[1].meta.shape, (std::vector<int64_t>{1, 1}));
-  }
-}
-
-TEST_F(TransferTest, MismatchedTransferIsAnErrorNamingBoth) {
-  TransferHeader sent;
-  sent.type = pipeline::ActionType::kSendActivation;
-  sent.stage = 1;
-  sent.microbatch = 2;
-  if (world_->rank() == 0) {
-    auto send = SendTensors(*world_, 1, kTag, sent, {MakeFloats({4}, 0)});
-    ASSERT_TRUE(send.ok());
-    EXPECT_TRUE(send->Wait().ok());
-  } else {
-    TransferHeader expected = sent;
-    expected.microbatch = 3;
-    auto got = ReceiveTensors(*world_, 0, kTag, expected, Allocate);
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
-    EXPECT_NE(got.status().message().find("expected sA1.3"), std::string::npos) << got.status();
-    EXPECT_NE(got.status().message().find("received sA1.2"), std::string::npos) << got.status();
-    // Drain the payload so the next test starts clean.
-    Tensor sink = MakeFloats({4}, 0);
-    EXPECT_TRUE(world_->Recv(sink.buffer, 0, kTag)->Wait().ok());
-  }
-}
-
-TEST_F(TransferTest, ReceiveTimesOutNamingTheTransfer) {
-  // On a private duplicate, aborted afterwards: the receive that timed out stays posted.
-  auto dup = world_->Split(/*color=*/0, /*key=*/world_->rank());
-  ASSERT_TRUE(dup.ok()) << dup.status();
-  TransferHeader h;
-  h.type = pipeline::ActionType::kSendGradient;
-  h.stage = 2;
-  h.microbatch = 0;
-  if (world_->rank() == 1) {
-    (*dup)->set_timeout(absl::Milliseconds(300));
-    auto got = ReceiveTensors(**dup, 0, kTag, h, Allocate);
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
-    EXPECT_NE(got.status().message().find("sG2.0"), std::string::npos) << got.status();
-  }
-  (*dup)->Abort(absl::CancelledError("test over"));
-  EXPECT_TRUE(world_->Barrier()->Wait().ok());
 }
 
 // Neighbours that send to each other at the same moment (1F1B's steady state), large
@@ -314,6 +242,30 @@ TEST_F(TransferTest, BatcherFirstExchangeCatchesProgramsOutOfStep) {
     Tensor sink = MakeFloats({4}, 0);
     EXPECT_TRUE(comm.Recv(sink.buffer, 0, 2)->Wait().ok());
   }
+  EXPECT_TRUE(world_->Barrier()->Wait().ok());
+}
+
+// A header that never arrives: the wait times out with an error naming the transfer expected.
+TEST_F(TransferTest, BatcherReceiveTimesOutNamingTheTransfer) {
+  // On a private duplicate, aborted afterwards: the receive that timed out stays posted.
+  auto dup = world_->Split(/*color=*/0, /*key=*/world_->rank());
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  if (world_->rank() == 1) {
+    (*dup)->set_timeout(absl::Milliseconds(300));
+    TransferBatcher batcher(**dup, **dup, /*header_tag=*/1, /*payload_tag=*/2);
+    IncomingTransfer receive;
+    receive.peer = 0;
+    receive.expected.type = pipeline::ActionType::kSendGradient;
+    receive.expected.stage = 2;
+    receive.expected.microbatch = 0;
+    receive.allocate = Allocate;
+    std::vector<IncomingTransfer> receives;
+    receives.push_back(std::move(receive));
+    auto posted = batcher.Post({}, std::move(receives));
+    EXPECT_EQ(posted.status().code(), absl::StatusCode::kDeadlineExceeded) << posted.status();
+    EXPECT_NE(posted.status().message().find("sG2.0"), std::string::npos) << posted.status();
+  }
+  (*dup)->Abort(absl::CancelledError("test over"));
   EXPECT_TRUE(world_->Barrier()->Wait().ok());
 }
 
