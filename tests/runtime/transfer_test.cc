@@ -31,6 +31,20 @@ absl::StatusOr<Tensor> Allocate(const TensorMeta& meta) {
   return MakeFloats(meta.shape, 0);
 }
 
+// A run of one receive from `peer`, of the transfer a send of `type` makes.
+std::vector<IncomingTransfer> ReceiveOne(int peer, pipeline::ActionType type, int stage,
+                                         int microbatch) {
+  IncomingTransfer receive;
+  receive.peer = peer;
+  receive.expected.type = type;
+  receive.expected.stage = stage;
+  receive.expected.microbatch = microbatch;
+  receive.allocate = Allocate;
+  std::vector<IncomingTransfer> receives;
+  receives.push_back(std::move(receive));
+  return receives;
+}
+
 class TransferTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -94,18 +108,14 @@ TEST_F(TransferTest, BatcherExchangesBetweenNeighboursAtOnce) {
     send.header.microbatch = round;
     send.tensors = {MakeFloats({kLarge}, 1000.0f * comm.rank() + round),
                     MakeFloats({3, 5}, -1.0f * round)};
-    IncomingTransfer receive;
-    receive.peer = peer;
-    receive.expected.type = comm.rank() == 0 ? pipeline::ActionType::kSendGradient
-                                             : pipeline::ActionType::kSendActivation;
-    receive.expected.stage = comm.rank() == 0 ? 1 : 0;
-    receive.expected.microbatch = round;
-    receive.allocate = Allocate;
     std::vector<OutgoingTransfer> sends;
     sends.push_back(std::move(send));
-    std::vector<IncomingTransfer> receives;
-    receives.push_back(std::move(receive));
-    auto posted = batcher.Post(std::move(sends), std::move(receives));
+    auto posted = batcher.Post(
+        std::move(sends),
+        ReceiveOne(peer,
+                   comm.rank() == 0 ? pipeline::ActionType::kSendGradient
+                                    : pipeline::ActionType::kSendActivation,
+                   /*stage=*/comm.rank() == 0 ? 1 : 0, /*microbatch=*/round));
     ASSERT_TRUE(posted.ok()) << posted.status();
     ASSERT_EQ(posted->received.size(), 1u);
     ASSERT_NE(posted->sends, nullptr);
@@ -160,15 +170,9 @@ TEST_F(TransferTest, BatcherSendsBeforeWaitingForAHeader) {
     // The run: the second activation (shape cached) and the first gradient (header needed).
     std::vector<OutgoingTransfer> sends;
     sends.push_back(activation(1));
-    IncomingTransfer gradient;
-    gradient.peer = 1;
-    gradient.expected.type = pipeline::ActionType::kSendGradient;
-    gradient.expected.stage = 1;
-    gradient.expected.microbatch = 0;
-    gradient.allocate = Allocate;
-    std::vector<IncomingTransfer> receives;
-    receives.push_back(std::move(gradient));
-    auto run = batcher.Post(std::move(sends), std::move(receives));
+    auto run = batcher.Post(std::move(sends),
+                            ReceiveOne(/*peer=*/1, pipeline::ActionType::kSendGradient,
+                                       /*stage=*/1, /*microbatch=*/0));
     ASSERT_TRUE(run.ok()) << run.status();
     auto got = run->received[0].Take();
     ASSERT_TRUE(got.ok()) << got.status();
@@ -178,15 +182,8 @@ TEST_F(TransferTest, BatcherSendsBeforeWaitingForAHeader) {
   } else if (comm.rank() == 1) {
     float sum = 0;
     for (int m = 0; m < 2; ++m) {
-      IncomingTransfer receive;
-      receive.peer = 0;
-      receive.expected.type = pipeline::ActionType::kSendActivation;
-      receive.expected.stage = 0;
-      receive.expected.microbatch = m;
-      receive.allocate = Allocate;
-      std::vector<IncomingTransfer> receives;
-      receives.push_back(std::move(receive));
-      auto posted = batcher.Post({}, std::move(receives));
+      auto posted = batcher.Post({}, ReceiveOne(/*peer=*/0, pipeline::ActionType::kSendActivation,
+                                                /*stage=*/0, /*microbatch=*/m));
       ASSERT_TRUE(posted.ok()) << posted.status();
       auto got = posted->received[0].Take();
       ASSERT_TRUE(got.ok()) << got.status();
@@ -226,15 +223,8 @@ TEST_F(TransferTest, BatcherFirstExchangeCatchesProgramsOutOfStep) {
     ASSERT_TRUE(posted.ok()) << posted.status();
     EXPECT_TRUE(posted->sends->Wait().ok());
   } else {
-    IncomingTransfer receive;
-    receive.peer = 0;
-    receive.expected.type = pipeline::ActionType::kSendActivation;
-    receive.expected.stage = 0;
-    receive.expected.microbatch = 3;
-    receive.allocate = Allocate;
-    std::vector<IncomingTransfer> receives;
-    receives.push_back(std::move(receive));
-    auto posted = batcher.Post({}, std::move(receives));
+    auto posted = batcher.Post({}, ReceiveOne(/*peer=*/0, pipeline::ActionType::kSendActivation,
+                                              /*stage=*/0, /*microbatch=*/3));
     EXPECT_EQ(posted.status().code(), absl::StatusCode::kInternal);
     EXPECT_NE(posted.status().message().find("expected sA0.3"), std::string::npos)
         << posted.status();
@@ -253,15 +243,8 @@ TEST_F(TransferTest, BatcherReceiveTimesOutNamingTheTransfer) {
   if (world_->rank() == 1) {
     (*dup)->set_timeout(absl::Milliseconds(300));
     TransferBatcher batcher(**dup, **dup, /*header_tag=*/1, /*payload_tag=*/2);
-    IncomingTransfer receive;
-    receive.peer = 0;
-    receive.expected.type = pipeline::ActionType::kSendGradient;
-    receive.expected.stage = 2;
-    receive.expected.microbatch = 0;
-    receive.allocate = Allocate;
-    std::vector<IncomingTransfer> receives;
-    receives.push_back(std::move(receive));
-    auto posted = batcher.Post({}, std::move(receives));
+    auto posted = batcher.Post({}, ReceiveOne(/*peer=*/0, pipeline::ActionType::kSendGradient,
+                                              /*stage=*/2, /*microbatch=*/0));
     EXPECT_EQ(posted.status().code(), absl::StatusCode::kDeadlineExceeded) << posted.status();
     EXPECT_NE(posted.status().message().find("sG2.0"), std::string::npos) << posted.status();
   }
