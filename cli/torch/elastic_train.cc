@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -22,6 +23,8 @@
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/units.h"
+#include "elastic/agreement.h"
+#include "elastic/internal/fault_injection.h"
 #include "elastic/trainer.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/profile.h"
@@ -129,6 +132,130 @@ absl::StatusOr<Templates> BuildTemplates(const ElasticRun& run, const TemplateIn
   }
   out.layer_state_bytes = elastic::LayerStateBytes(chain);
   return out;
+}
+
+// What the ranks alive at the end of the start-up share: the profile and the templates made
+// from it, and their communicator.
+struct StartedJob {
+  TemplateInputs inputs;
+  Templates templates;
+  std::unique_ptr<comm::Communicator> job;  // the survivors (world ranks in order); null: this
+                                            // rank was left out (its node lost a rank)
+  std::vector<int> dead;                    // world ranks that died while the job started
+};
+
+// The start-up of a job, surviving deaths: rank 0 profiles the model, every rank receives the
+// profile and builds the templates for the ranks there are. A membership (elastic/agreement.h)
+// watches the ranks all along: when one dies (or stops: it is killed), the exchange is aborted,
+// the survivors agree on who is left, shrink their communicator (leaving out, whole, the nodes
+// that lost a rank) and start again, the lowest survivor profiling if the profile died with
+// rank 0 (a rank that profiled keeps its profile). `started` ends the plain start-up watch,
+// which would end the job at the first death.
+absl::StatusOr<StartedJob> StartSurvivingDeaths(const ElasticRun& run, int64_t global_microbatches,
+                                                const std::function<void()>& started) {
+  comm::Communicator& world = *run.world;
+  const TrainOptions& train = run.options;
+  const ElasticSettings& elastic = train.elastic_settings;
+  elastic::MembershipOptions membership_options;
+  membership_options.heartbeat_timeout = elastic.heartbeat_timeout;
+  TANDEM_ASSIGN_OR_RETURN(elastic::internal::KillPoint kill,
+                          elastic::internal::ParseKill(std::getenv("TANDEM_ELASTIC_KILL") != nullptr
+                                                           ? std::getenv("TANDEM_ELASTIC_KILL")
+                                                           : ""));
+  const int me = world.rank();
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> current, world.Split(0, me));
+  current->set_timeout(train.engine.timeout);
+  std::vector<int> live(static_cast<size_t>(world.size()));  // world rank of each of current's
+  for (size_t i = 0; i < live.size(); ++i) live[i] = static_cast<int>(i);
+  StartedJob out;
+  std::string profile;  // this rank's own, once it profiled
+  started();            // the membership watches from here
+  for (;;) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> exchange,
+                            current->Split(0, current->rank()));
+    comm::Communicator* aborted_on_failure = exchange.get();
+    TANDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<elastic::Membership> membership,
+        elastic::Membership::Start(*current, membership_options,
+                                   [aborted_on_failure](const absl::Status& why) {
+                                     aborted_on_failure->Abort(why);
+                                   }));
+    if (kill.Hits(me, 0, "profiling")) elastic::internal::KillSelf(me, 0, "profiling");
+    absl::Status local = absl::OkStatus();
+    if (current->rank() == 0 && profile.empty()) {
+      std::cout << "elastic: profiling the model (micro-batch " << train.microbatch_size
+                << ") on rank " << me << " ..." << std::endl;
+      auto profiled = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
+      if (profiled.ok()) {
+        profile = pipeline::ToJson(*profiled).dump();
+      } else {
+        local = profiled.status();
+      }
+    }
+    absl::Status status = runtime::AgreeOnSuccess(exchange.get(), local, "profiling");
+    if (status.ok()) {
+      auto text = runtime::BroadcastString(*exchange, profile);
+      status = text.status();
+      if (text.ok()) {
+        out.inputs.profile = *std::move(text);
+        out.inputs.ranks = current->size();
+        out.inputs.threads = at::get_num_threads();
+        if (kill.Hits(me, 0, "templates")) elastic::internal::KillSelf(me, 0, "templates");
+        auto templates = BuildTemplates(run, out.inputs, global_microbatches,
+                                        current->rank() == 0);
+        // Every rank past its templates before the membership ends (a collective: a death
+        // now is noticed like any other).
+        status = runtime::AgreeOnSuccess(exchange.get(), templates.status(), "templates");
+        if (status.ok()) {
+          membership->Leave();
+          out.templates = *std::move(templates);
+          out.job = std::move(current);
+          return out;
+        }
+      }
+    }
+    if (!membership->in_agreement()) {
+      membership->Leave();
+      return status;  // a failure, not a death: it ends the job
+    }
+    TANDEM_ASSIGN_OR_RETURN(elastic::MembershipDecision decision,
+                            membership->AwaitDecision(elastic.agreement_timeout));
+    membership.reset();
+    std::vector<int> dead_now;
+    for (int r : decision.dead) dead_now.push_back(live[static_cast<size_t>(r)]);
+    out.dead.insert(out.dead.end(), dead_now.begin(), dead_now.end());
+    // Nodes that lost a rank are left out whole: their other ranks end here.
+    std::set<int> broken_nodes;
+    for (int r : dead_now) broken_nodes.insert(r / elastic.devices_per_node);
+    std::vector<int> leaving;  // ranks of `current`
+    std::vector<int> survivors;
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (broken_nodes.count(live[i] / elastic.devices_per_node) > 0) {
+        leaving.push_back(static_cast<int>(i));
+      } else {
+        survivors.push_back(live[i]);
+      }
+    }
+    if (me == survivors.front() || (survivors.empty() && me == live.front())) {
+      std::cout << "elastic: rank(s) " << absl::StrJoin(dead_now, ", ")
+                << " died while the job started; starting on the " << survivors.size()
+                << " rank(s) left" << std::endl;
+    }
+    if (broken_nodes.count(me / elastic.devices_per_node) > 0) {
+      std::cout << "elastic: rank " << me << " leaves the job: its node lost a rank while the "
+                << "job started" << std::endl;
+      current->Abort(absl::CancelledError("left out of the job"));
+      current.release();  // survivors' probes may still reach it
+      return out;
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> shrunk, current->Shrink(leaving));
+    shrunk->set_timeout(train.engine.timeout);
+    // The survivors' probes may still reach the old one: aborted, it stays allocated.
+    current->Abort(absl::CancelledError("replaced by the survivors'"));
+    current.release();
+    current = std::move(shrunk);
+    live = std::move(survivors);
+  }
 }
 
 // The job's timeline on this rank's clock (seconds since the trainer started): one lane of
@@ -305,6 +432,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   const bool joining = elastic::StartedByARunningJob();
   std::optional<elastic::JoinRequest> join;
   TemplateInputs inputs;
+  Templates templates;
+  std::unique_ptr<comm::Communicator> job;
+  int died_at_start = 0;
   if (joining) {
     started();
     TANDEM_ASSIGN_OR_RETURN(elastic::JoinRequest request, elastic::AcceptJoin(train.engine.timeout));
@@ -315,28 +445,19 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     if ((set == nullptr || *set == '\0') && inputs.threads > 0) {
       at::set_num_threads(std::min(inputs.threads, UsableCores()));
     }
+    TANDEM_ASSIGN_OR_RETURN(templates,
+                            BuildTemplates(run, inputs, global_microbatches, /*print=*/false));
   } else {
-    // The profile (rank 0), then the same templates on every rank.
-    std::string text;
-    absl::Status local = absl::OkStatus();
-    if (rank == 0) {
-      std::cout << "elastic: profiling the model (micro-batch " << train.microbatch_size
-                << ") on rank 0 ..." << std::endl;
-      auto profile = runtime::libtorch::ProfileModel(*run.model, *run.data, run.profiler);
-      if (profile.ok()) {
-        text = pipeline::ToJson(*profile).dump();
-      } else {
-        local = profile.status();
-      }
-    }
-    TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(&world, local, "profiling"));
-    // Rank 0's profile, as JSON, on every rank.
-    TANDEM_ASSIGN_OR_RETURN(inputs.profile, runtime::BroadcastString(world, text));
-    inputs.ranks = world.size();
-    inputs.threads = at::get_num_threads();
+    // The profile (rank 0), then the same templates on every rank, surviving deaths.
+    TANDEM_ASSIGN_OR_RETURN(StartedJob started_job,
+                            StartSurvivingDeaths(run, global_microbatches, started));
+    died_at_start = static_cast<int>(started_job.dead.size());
+    if (died_at_start > 0) lost_ranks = true;  // MPI_Finalize would wait for them
+    if (started_job.job == nullptr) return absl::OkStatus();  // left out with its node
+    inputs = std::move(started_job.inputs);
+    templates = std::move(started_job.templates);
+    job = std::move(started_job.job);
   }
-  TANDEM_ASSIGN_OR_RETURN(Templates templates,
-                          BuildTemplates(run, inputs, global_microbatches, rank == 0 && !joining));
 
   // What this rank reports while it is the job's reporter (the first rank of the first
   // pipeline, which a failure may change), and the first error writing the log.
@@ -354,7 +475,9 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.global_microbatches = global_microbatches;
   options.devices_per_node = elastic.devices_per_node;
   options.tensor_parallel = train.tensor_parallel;
-  options.min_pipelines = elastic.min_pipelines;
+  // Deaths while the job started spent failures it was to survive: it starts as after as
+  // many recoveries, planned to survive the rest.
+  options.min_pipelines = std::max(1, elastic.min_pipelines - died_at_start);
   options.steps = train.steps;
   options.membership.heartbeat_timeout = elastic.heartbeat_timeout;
   options.agreement_timeout = elastic.agreement_timeout;
@@ -378,6 +501,8 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   std::signal(SIGUSR2, OnGrowSignal);
   std::unique_ptr<elastic::ElasticTrainer> trainer;
   std::optional<elastic::Reconfiguration> joined;
+  // This rank in the job (the world's, unless ranks died while the job started).
+  const int job_rank = job != nullptr ? job->rank() : rank;
   if (joining) {
     lost_ranks = true;  // connected to ranks that may end first
     TANDEM_ASSIGN_OR_RETURN(
@@ -387,8 +512,6 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
                                                  joined = c;
                                                }));
   } else {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> job, world.Split(0, rank));
-    started();  // the membership watches the ranks from here
     TANDEM_ASSIGN_OR_RETURN(
         trainer, elastic::ElasticTrainer::Create(std::move(job), std::move(templates.set),
                                                  run.factory, std::move(options)));
@@ -396,7 +519,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   const int first_reporter = trainer->layout().pipelines.empty()
                                  ? -1
                                  : trainer->layout().pipelines[0].ranks[0];
-  if (rank == first_reporter && !joining) {
+  if (job_rank == first_reporter && !joining) {
     std::cout << "elastic: " << elastic::Describe(trainer->layout())
               << " (global batch " << train.global_batch << ": " << global_microbatches
               << " micro-batches of " << train.microbatch_size << ")" << std::endl;

@@ -19,7 +19,8 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
   if (text.empty()) return k;
   static const std::set<std::string> kPoints = {
       "forward", "backward",   "sync", "commit",     "idle", "stop",
-      "reform",  "checkpoint", "grow", "late-commit", "shrink", "export"};
+      "reform",  "checkpoint", "grow", "late-commit", "shrink", "export", "profiling",
+      "templates"};
   for (absl::string_view one : absl::StrSplit(text, ',')) {
     std::vector<std::string> parts = absl::StrSplit(one, ':');
     KillPoint::Entry e;
@@ -34,7 +35,9 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
           "rank exports its state), checkpoint (writing the checkpoint of step "
           "ITERATION), grow (not a death: the rank sends itself SIGUSR2 in forward, asking the "
           "job to grow by a node), late-commit (not a death: the rank records the commit of "
-          "ITERATION only once the survivors have agreed)"));
+          "ITERATION only once the survivors have agreed), profiling (while the job starts, "
+          "as rank 0 profiles the model; ITERATION 0), templates (while the job starts, as the "
+          "ranks build their templates; ITERATION 0)"));
     }
     e.point = parts[2];
     k.entries.push_back(std::move(e));

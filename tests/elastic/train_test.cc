@@ -281,6 +281,29 @@ INSTANTIATE_TEST_SUITE_P(
         KillCase{"during_export", "1:4:forward,4:4:export", 6, {1, 4}, 3}),
     [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
+// A rank killed while the job starts (as rank 0 profiles the model, or as the ranks build
+// their templates; rank 0 itself, the profiler, included): the survivors agree, plan for the
+// ranks left (the lowest of them profiling again where rank 0 died) and train every iteration
+// with the reference's losses.
+TEST(ElasticTrainTest, ADeathWhileTheJobStartsIsSurvived) {
+  for (const char* kill : {"2:0:profiling", "0:0:profiling", "3:0:templates"}) {
+    SCOPED_TRACE(kill);
+    const std::string log = TempPath("startup.jsonl");
+    const std::string checkpoint = TempPath("startup_checkpoint");
+    Outcome o = RunElastic(4, kill, absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint),
+                           log);
+    ASSERT_EQ(o.exit_status, 0) << o.output;
+    EXPECT_NE(o.output.find("fault injection"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("died while the job started; starting on the 3 rank(s) left"),
+              std::string::npos)
+        << o.output;
+    const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);
+    EXPECT_TRUE(l.reconfigurations.empty());
+    EXPECT_EQ(l.ranks.at(0), 3);
+    std::filesystem::remove(log);
+  }
+}
+
 // Live growth (MPI_Comm_spawn): ranks started while the job runs receive their layers' state
 // and the job ends equal to the run that never changed.
 TEST(ElasticTrainTest, ALostRankIsReplacedLive) {
