@@ -512,22 +512,9 @@ ModelSpec GptModelSpec(const GptConfig& config) {
         TANDEM_RETURN_IF_ERROR(
             tp.CheckDivisible(config.seq_len, "gpt: the sequence length (sequence parallelism)"));
       }
-      for (size_t i = 0; i < layers.size(); ++i) {
-        const int index = first + static_cast<int>(i);
-        if (index == 0) {
-          layers[i].get<GptEmbedding>()->ShardForTensorParallel(tp);
-        } else if (index == last) {
-          layers[i].get<GptHead>()->ShardForTensorParallel(tp);
-        } else {
-          layers[i].get<GptBlock>()->ShardForTensorParallel(tp);
-        }
-      }
-      return absl::OkStatus();
+      return ShardDecoderLayers<GptEmbedding, GptBlock, GptHead>(layers, first, last, tp);
     };
-    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
-                                    const TensorParallel& tp) {
-      return VocabParallelCrossEntropy(logits, targets, tp);
-    };
+    model.tensor_parallel_loss = VocabParallelCrossEntropy;
     return model;
   };
   return spec;

@@ -582,22 +582,9 @@ ModelSpec Gpt2ModelSpec(const Gpt2Config& config) {
         TANDEM_RETURN_IF_ERROR(
             tp.CheckDivisible(config.seq_len, "gpt2: the sequence length (sequence parallelism)"));
       }
-      for (size_t i = 0; i < layers.size(); ++i) {
-        const int index = first + static_cast<int>(i);
-        if (index == 0) {
-          layers[i].get<Gpt2Embedding>()->ShardForTensorParallel(tp);
-        } else if (index == last) {
-          layers[i].get<Gpt2Head>()->ShardForTensorParallel(tp);
-        } else {
-          layers[i].get<Gpt2Block>()->ShardForTensorParallel(tp);
-        }
-      }
-      return absl::OkStatus();
+      return ShardDecoderLayers<Gpt2Embedding, Gpt2Block, Gpt2Head>(layers, first, last, tp);
     };
-    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
-                                    const TensorParallel& tp) {
-      return VocabParallelCrossEntropy(logits, targets, tp);
-    };
+    model.tensor_parallel_loss = VocabParallelCrossEntropy;
     return model;
   };
   return spec;

@@ -737,22 +737,9 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
         TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(
             config.seq_len, "llama: the sequence length (sequence parallelism)"));
       }
-      for (size_t i = 0; i < layers.size(); ++i) {
-        const int index = first + static_cast<int>(i);
-        if (index == 0) {
-          layers[i].get<LlamaEmbedding>()->ShardForTensorParallel(tp);
-        } else if (index == last) {
-          layers[i].get<LlamaHead>()->ShardForTensorParallel(tp);
-        } else {
-          TANDEM_RETURN_IF_ERROR(layers[i].get<LlamaBlock>()->ShardForTensorParallel(tp));
-        }
-      }
-      return absl::OkStatus();
+      return ShardDecoderLayers<LlamaEmbedding, LlamaBlock, LlamaHead>(layers, first, last, tp);
     };
-    model.tensor_parallel_loss = [](const torch::Tensor& logits, const torch::Tensor& targets,
-                                    const TensorParallel& tp) {
-      return VocabParallelCrossEntropy(logits, targets, tp);
-    };
+    model.tensor_parallel_loss = VocabParallelCrossEntropy;
     model.tied_weights = LlamaTiedWeights(config);
     return model;
   };

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <torch/nn/cloneable.h>
@@ -79,5 +80,30 @@ LmHeadImpl* FindLmHead(const torch::nn::AnyModule& layer);
 // (its name inside the layer: "embed_tokens.weight") and whose layer `head_layer` holds an
 // LmHead "lm_head": {"layers.0.<embedding_name>", "layers.<head_layer>.lm_head.weight"}.
 TiedWeights TiedEmbeddingAndHead(const std::string& embedding_name, int head_layer);
+
+// The tensor-parallel sharding of a decoder model laid out as an Embedding (layer 0), Blocks
+// and a Head (layer `head_layer`): ShardForTensorParallel of each of `layers` (layers [first,
+// first + layers.size())) as its type, after the model checked that its sizes divide. For
+// LayeredModel::shard_for_tensor_parallel; the loss is VocabParallelCrossEntropy.
+template <typename Embedding, typename Block, typename Head>
+absl::Status ShardDecoderLayers(std::vector<torch::nn::AnyModule>& layers, int first,
+                                int head_layer, const TensorParallel& tp) {
+  const auto shard = [&tp](auto* layer) -> absl::Status {
+    if constexpr (std::is_void_v<decltype(layer->ShardForTensorParallel(tp))>) {
+      layer->ShardForTensorParallel(tp);
+      return absl::OkStatus();
+    } else {
+      return layer->ShardForTensorParallel(tp);
+    }
+  };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int index = first + static_cast<int>(i);
+    absl::Status status = index == 0            ? shard(layers[i].get<Embedding>().get())
+                          : index == head_layer ? shard(layers[i].get<Head>().get())
+                                                : shard(layers[i].get<Block>().get());
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace tandem::runtime::libtorch
