@@ -148,6 +148,45 @@ TEST(PlanCommand, AdaPipeOnGpt3WithScheduleSearch) {
   for (double bytes : plan->predicted_peak_memory_bytes) EXPECT_LE(bytes, 80e9);
 }
 
+// --baseline writes Megatron-LM's default for the shape AdaPipe chose (every layer recomputed,
+// a uniform split), slower than AdaPipe's plan by the factor both summaries print; it is for
+// AdaPipe's 1F1B plans only.
+TEST(PlanCommand, AdaPipeBaselineIsMegatronsDefaultForTheSameShape) {
+  const std::string common =
+      "plan --profile gpt3-175b --profile-format builtin --algorithm adapipe --devices 64 "
+      "--devices-per-node 8 --bandwidth 300GB/s --bandwidth 25GB/s --memory 80GB "
+      "--microbatches 64 --tensor-parallel 8 --stages 8";
+  const Outcome adaptive = Tandem(common + " --format json");
+  const Outcome baseline = Tandem(common + " --baseline --format json");
+  ASSERT_EQ(adaptive.exit_status, 0) << adaptive.output;
+  ASSERT_EQ(baseline.exit_status, 0) << baseline.output;
+  auto a = pipeline::PlanFromJson(nlohmann::json::parse(adaptive.output));
+  auto b = pipeline::PlanFromJson(nlohmann::json::parse(baseline.output));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(b->algorithm, "adapipe-baseline");
+  EXPECT_EQ(b->mesh, a->mesh);
+  EXPECT_EQ(b->schedule, a->schedule);
+  int recomputed = 0;
+  for (const pipeline::PlanStage& stage : b->stages) {
+    EXPECT_EQ(static_cast<int>(stage.recompute_layers.size()), stage.end_layer - stage.first_layer);
+    recomputed += static_cast<int>(stage.recompute_layers.size());
+  }
+  EXPECT_EQ(recomputed, b->num_layers);
+  EXPECT_GT(b->predicted_iteration_seconds, a->predicted_iteration_seconds);
+  const Outcome text = Tandem(common + " --baseline");
+  EXPECT_TRUE(absl::StrContains(text.output, "AdaPipe's plan: iteration")) << text.output;
+
+  const Outcome refused = Tandem(common + " --baseline --schedule auto");
+  EXPECT_EQ(refused.exit_status, 2) << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "drop --schedule")) << refused.output;
+  const Outcome not_adapipe = Tandem("plan --profile " + Data("pipedream/vgg16.graph.txt") +
+                                     " --profile-format pipedream --algorithm pipedream "
+                                     "--devices 8 --baseline");
+  EXPECT_EQ(not_adapipe.exit_status, 2) << not_adapipe.output;
+  EXPECT_TRUE(absl::StrContains(not_adapipe.output, "--baseline applies to --algorithm adapipe"))
+      << not_adapipe.output;
+}
+
 // Sequence parallelism frees activation memory: on 1,024 A100s of 40 GB with t = 8 the plan
 // for the sequence-parallel GPT-3 profile predicts a shorter iteration than the plain one's.
 TEST(PlanCommand, SequenceParallelGpt3PlansAShorterIteration) {
