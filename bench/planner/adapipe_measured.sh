@@ -10,11 +10,12 @@
 # least 1.15x and within 10% of the prediction.
 #
 #   bench/planner/adapipe_measured.sh [BUILD_DIR]
-#   MEMORY=90MiB LAYERS=8 HIDDEN=256 SEQ=128 ROUNDS=5 KEEP=out bench/planner/adapipe_measured.sh
+#   MEMORY=90MiB LAYERS=8 HIDDEN=256 SEQ=128 ROUNDS=7 KEEP=out bench/planner/adapipe_measured.sh
 #
 # Defaults fit a 2-core machine: 2 ranks x 1 thread, GPT L=8 H=256 S=128 (compute-bound
 # blocks, ~12 ms forward each per micro-batch of 4), batch 32 in 8 micro-batches, 100 MiB per
-# rank (a block stashes 10 MiB per micro-batch in flight; stage 0 of 2 holds two).
+# rank (a block stashes 10 MiB per micro-batch in flight; stage 0 of 2 holds two), 5 rounds of
+# 5 iterations per plan.
 # The exit status is 0 even when the goal is missed (the figures depend on the machine), 1 when
 # a command fails.
 set -euo pipefail
@@ -22,11 +23,11 @@ cd "$(dirname "$0")/../.."
 build="${1:-build}"
 bin="$build/bin/tandem"
 ranks="${RANKS:-2}"
-rounds="${ROUNDS:-3}"
+rounds="${ROUNDS:-5}"
 memory="${MEMORY:-100MiB}"
 microbatches="${MICROBATCHES:-8}"
 microbatch_size="${MICROBATCH_SIZE:-4}"
-steps="${STEPS:-4}"
+steps="${STEPS:-5}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS="${THREADS:-1}"
 model=(--model gpt --layers "${LAYERS:-8}" --hidden "${HIDDEN:-256}" --heads 8
