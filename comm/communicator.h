@@ -136,6 +136,17 @@ class Communicator {
   // communicator), built without the participation of the dead. Called by every survivor.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
       const std::vector<int>& dead_ranks) = 0;
+  // Growing a running job: starts `count` processes running `argv` (argv[0] the program) and
+  // returns a communicator of this one's ranks (same order) followed by theirs, once they
+  // joined. Collective over this communicator. Backends that cannot start processes return
+  // Unimplemented naming the backend (the MPI backend can: MPI_Comm_spawn).
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> SpawnAndMerge(
+      const std::vector<std::string>& argv, int count) {
+    (void)argv;
+    (void)count;
+    return absl::UnimplementedError("starting processes is not supported by the " + backend() +
+                                    " backend");
+  }
   // Fails all pending and future operations with FailedPrecondition naming `reason`. An
   // aborted communicator keeps its transport resources until the process ends (peers may
   // still send to it): abort one that peers may still use before dropping it.

@@ -16,7 +16,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/keep_alive.h"
-#include "comm/mpi/mpi_communicator.h"
 #include "common/status.h"
 #include "elastic/internal/trainer_state.h"
 #include "pipeline/plan.h"
@@ -28,10 +27,6 @@ namespace internal {
 
 std::string Ranks(const std::vector<int>& ranks) {
   return ranks.empty() ? "none" : absl::StrJoin(ranks, ", ");
-}
-
-comm::MpiCommunicator* MpiBackendOf(comm::Communicator* communicator) {
-  return dynamic_cast<comm::MpiCommunicator*>(communicator);
 }
 
 }  // namespace internal
@@ -391,7 +386,7 @@ absl::Status ElasticTrainer::Run(std::function<void(const ElasticIteration&)> on
   absl::Status failure = s.Train(on_iteration);
   for (;;) {
     if (failure.ok() && s.grow_now > 0) {
-      const absl::Status grown = s.Grow(internal::MpiBackendOf(s.current),
+      const absl::Status grown = s.Grow(s.current,
                                        std::exchange(s.grow_now, 0), on_reconfiguration);
       if (!grown.ok()) {
         // A death after the started ranks joined: agree and re-form as after any failure.

@@ -118,7 +118,7 @@ absl::Status ElasticTrainer::State::ReadJoinState(const std::string& text,
 }
 
 absl::Status ElasticTrainer::State::Grow(
-    comm::MpiCommunicator* spawner, int nodes,
+    comm::Communicator* spawner, int nodes,
     const std::function<void(const Reconfiguration&)>& on_reconfiguration) {
   const absl::Time start = absl::Now();
   if (options.grow_requested != nullptr) {
@@ -128,12 +128,11 @@ absl::Status ElasticTrainer::State::Grow(
     }
   }
   const bool first = current->rank() == 0;
-  if (options.spawn_command.empty() || spawner == nullptr) {
+  if (options.spawn_command.empty()) {
     if (first) {
-      TANDEM_LOG(WARNING) << "elastic: the job cannot grow while it runs ("
-                          << (spawner == nullptr ? "its communicator is not MPI's"
-                                             : "no command to start ranks with")
-                          << "); training goes on with " << current->size() << " rank(s)";
+      TANDEM_LOG(WARNING) << "elastic: the job cannot grow while it runs (no command to start "
+                          << "ranks with); training goes on with " << current->size()
+                          << " rank(s)";
     }
     return absl::OkStatus();
   }
@@ -166,7 +165,7 @@ absl::Status ElasticTrainer::State::Grow(
                absl::StrCat("elastic: rank ", me, ": the ranks started to grow the job did not "
                             "join within ", absl::FormatDuration(options.agreement_timeout),
                             "; ending this rank"));
-  absl::StatusOr<std::unique_ptr<comm::MpiCommunicator>> merged =
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> merged =
       spawner->SpawnAndMerge(options.spawn_command, count);
   if (!merged.ok()) {
     growing.store(false);

@@ -434,7 +434,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> WrapMerged(MPI_Comm inter, bool
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::SpawnAndMerge(
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::SpawnAndMerge(
     const std::vector<std::string>& argv, int count) {
   TANDEM_RETURN_IF_ERROR(CheckUsable("spawn"));
   if (argv.empty() || count < 1) {

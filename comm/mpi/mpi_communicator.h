@@ -52,8 +52,8 @@ class MpiCommunicator : public Communicator {
   // communicator: its rank 0 starts `count` processes running `argv` (argv[0] the program),
   // and the call returns once they called JoinParents, with a communicator of this one's ranks
   // (same order) followed by theirs. Blocking: a rank that dies meanwhile is not noticed.
-  absl::StatusOr<std::unique_ptr<MpiCommunicator>> SpawnAndMerge(
-      const std::vector<std::string>& argv, int count);
+  absl::StatusOr<std::unique_ptr<Communicator>> SpawnAndMerge(
+      const std::vector<std::string>& argv, int count) override;
   // Whether this process was started by SpawnAndMerge (MPI must be initialised).
   static bool Spawned();
   // In a process started by SpawnAndMerge: the communicator it returns to the parents (their

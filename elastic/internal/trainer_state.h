@@ -35,7 +35,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
-#include "comm/mpi/mpi_communicator.h"
 #include "elastic/agreement.h"
 #include "elastic/instantiation.h"
 #include "elastic/internal/fault_injection.h"
@@ -95,12 +94,6 @@ struct CheckpointedLayers {
   std::string folder;
   std::map<std::string, runtime::ParameterState> parameters;
 };
-
-// `communicator` as MPI's, which growth starts processes from (MPI_Comm_spawn is MPI's alone);
-// null when it is another backend's (the job then cannot grow). comm hands the job's
-// communicators back as the interface (the caller's, Split's, Shrink's): this is the one place
-// the trainer asks which backend it runs on.
-comm::MpiCommunicator* MpiBackendOf(comm::Communicator* communicator);
 
 }  // namespace internal
 
@@ -286,10 +279,11 @@ struct ElasticTrainer::State {
   absl::StatusOr<double> OverSurvivors(double value, comm::ReduceOp op);
 
   // ---- trainer_growth.cc
-  // Starts `nodes` nodes' worth of new ranks through `spawner` (`current` as MPI's: every rank
-  // of the job takes part) and re-forms the job with them. Null `spawner`, or no
-  // spawn_command: the job goes on at its size (a warning on its rank 0).
-  absl::Status Grow(comm::MpiCommunicator* spawner, int nodes,
+  // Starts `nodes` nodes' worth of new ranks through `spawner` (Communicator::SpawnAndMerge
+  // over `current`: every rank of the job takes part) and re-forms the job with them. No
+  // spawn_command, or a backend that cannot start processes: the job goes on at its size (a
+  // warning on its rank 0).
+  absl::Status Grow(comm::Communicator* spawner, int nodes,
                     const std::function<void(const Reconfiguration&)>& on_reconfiguration);
   // After a re-formation onto `live`: with replace_lost, grow back after one iteration.
   void ScheduleReplacement(int64_t next);
