@@ -679,6 +679,8 @@ class Controller {
     { std::ofstream(l.output, std::ios::app) << "$ " << absl::StrJoin(argv, " ") << "\n"; }
     TANDEM_ASSIGN_OR_RETURN(l.mpirun,
                             internal::Spawn(argv, {{kLaunchTag, LaunchTag(j, l)}}, l.output));
+    // A scheduler killed outright (SIGKILL) must not leave the job training.
+    TANDEM_RETURN_IF_ERROR(internal::EndWithThisProcess(l.mpirun));
     l.start_seconds = Now();
     const int from = j.last_ranks;
     const bool resumed = j.checkpoint_step > 0;

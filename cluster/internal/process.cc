@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 
 extern char** environ;
 
@@ -61,6 +62,20 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
     return absl::UnavailableError(absl::StrCat("starting ", argv[0], ": ", std::strerror(error)));
   }
   return pid;
+}
+
+absl::Status EndWithThisProcess(pid_t job) {
+  // alive PID: its /proc state exists and is not Z (a zombie has ended). The guard runs in a
+  // background subshell, so the shell Spawn starts ends at once and is reaped here.
+  const std::string script = absl::StrCat(
+      "(alive() { s=$(cut -d' ' -f3 /proc/$1/stat 2>/dev/null); [ -n \"$s\" ] && "
+      "[ \"$s\" != Z ]; }; while alive ", ::getpid(), " && alive ", job,
+      "; do sleep 1; done; alive ", job, " && kill -TERM -", job,
+      ") </dev/null >/dev/null 2>&1 &");
+  TANDEM_ASSIGN_OR_RETURN(const pid_t shell, Spawn({"/bin/sh", "-c", script}, {}, "/dev/null"));
+  int status = 0;
+  ::waitpid(shell, &status, 0);
+  return absl::OkStatus();
 }
 
 int ReapIfEnded(pid_t pid) {

@@ -38,4 +38,10 @@ std::vector<pid_t> AllProcessesTagged(const std::string& tag_name, const std::st
 // False once `pid` has exited (gone, or a zombie waiting for its parent).
 bool ProcessAlive(pid_t pid);
 
+// Ties `job` (a process group leader started by Spawn) to this process: a guard process (a
+// shell loop, detached) sends SIGTERM to `job`'s process group when this process ends while
+// `job` still runs, SIGKILL included, so that a killed scheduler leaves no job running (mpirun
+// ends its ranks on SIGTERM). The guard ends by itself within a second of `job`'s end.
+absl::Status EndWithThisProcess(pid_t job);
+
 }  // namespace tandem::cluster::internal

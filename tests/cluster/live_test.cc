@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/file_util.h"
 #include "gtest/gtest.h"
@@ -154,6 +155,29 @@ INSTANTIATE_TEST_SUITE_P(Grow, ClusterRun, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "Live" : "ThroughACheckpoint");
                          });
+
+// The scheduler killed outright (SIGKILL: no handler runs) while a job trains: the job's
+// mpirun and ranks end within seconds instead of training on, orphaned.
+TEST(ClusterRunKilled, AKilledSchedulerLeavesNoJobRunning) {
+  if (!TANDEM_HAVE_MPI || !TANDEM_HAVE_TORCH) GTEST_SKIP() << "needs MPI and LibTorch";
+  const std::string jobs =
+      Write("long.csv", std::string(kHeader) + "orphan,0,100000,16,1,2," + kModel + "\n");
+  const std::string work = Temp("work_killed");
+  tandem::RemoveAll(work).IgnoreError();
+  const std::string script = absl::StrCat(
+      TANDEM_BIN, " cluster run --jobs ", jobs, " --slots 2 --interval 1 --work-dir ", work,
+      " > ", work, ".out 2>&1 & S=$!; "
+      "for i in $(seq 1 900); do grep -qs '\"iteration\"' ", work,
+      "/orphan/launch-0.jsonl && break; sleep 0.1; done; "
+      "grep -qs '\"iteration\"' ", work, "/orphan/launch-0.jsonl && echo training; "
+      "kill -9 $S; "
+      "for i in $(seq 1 150); do n=$(grep -lsa 'TANDEM_CLUSTER_LAUNCH=orphan[.]' "
+      "/proc/[0-9]*/environ | wc -l); [ $n = 0 ] && break; sleep 0.1; done; echo left $n");
+  const Outcome o = tandem::testing::RunCommand(script);
+  EXPECT_NE(o.output.find("training"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("left 0"), std::string::npos) << o.output;
+  tandem::RemoveAll(work).IgnoreError();
+}
 
 TEST(ClusterRunInput, BadInputIsRefusedWithTheReason) {
   const std::string ok = std::string(kHeader) + "a,0,10,16,1,2," + kModel + "\n";
