@@ -296,6 +296,19 @@ absl::Status CheckOutputFolder(const std::string& path, absl::string_view what) 
     return OutputError(what, path, absl::StrCat(existing, " cannot be written: ",
                                                 std::strerror(errno)));
   }
+  // Permissions do not say everything (a read-only or virtual file system such as /sys takes
+  // no folder, even from root): the first missing folder is made and removed again.
+  std::string wanted = path;
+  while (wanted.size() > 1 && wanted.back() == '/') wanted.pop_back();
+  if (wanted != existing) {
+    std::string first = wanted;
+    while (FolderOf(first) != existing && FolderOf(first) != first) first = FolderOf(first);
+    if (::mkdir(first.c_str(), 0755) != 0) {
+      return OutputError(what, path, absl::StrCat(first, " cannot be made: ",
+                                                  std::strerror(errno)));
+    }
+    ::rmdir(first.c_str());
+  }
   return absl::OkStatus();
 }
 

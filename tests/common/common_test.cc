@@ -131,6 +131,12 @@ TEST(FileTest, OutputPathsAreCheckedBeforeAnythingIsWritten) {
   EXPECT_EQ(blocked.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(blocked.message().find("is a file"), std::string::npos) << blocked;
   EXPECT_FALSE(fs::exists(root / "new"));  // checking writes nothing
+  // A file system that takes no folder whatever the permissions say (sysfs, also for root).
+  if (fs::is_directory("/sys/kernel")) {
+    const absl::Status sysfs = CheckOutputFolder("/sys/kernel/tandem_checkpoints", "--checkpoint-dir");
+    EXPECT_EQ(sysfs.code(), absl::StatusCode::kInvalidArgument) << sysfs;
+    EXPECT_NE(sysfs.message().find("cannot be made"), std::string::npos) << sysfs;
+  }
   ASSERT_TRUE(RemoveAll(root.string()).ok());
 }
 
