@@ -33,6 +33,25 @@ namespace fs = std::filesystem;
 
 // The environment variable that marks the ranks of one launch ("JOB.K").
 constexpr char kLaunchTag[] = "TANDEM_CLUSTER_LAUNCH";
+
+// The last line of a launch's output that reports an error ("... error: ..."), at most 300
+// characters, bytes outside printable ASCII escaped; empty when there is none.
+std::string LastErrorLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (line.find("error: ") != std::string::npos) last = line;
+  }
+  std::string out;
+  for (const char c : last.substr(0, 300)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+    }
+  }
+  return out;
+}
 constexpr double kTickSeconds = 0.1;
 
 // Flags the controller sets on every launch; a jobs file may not.
@@ -429,10 +448,16 @@ class Controller {
       }
     } else {
       j.phase = Phase::kFailed;
-      j.result.error = l.failure.empty()
-                           ? absl::StrCat("mpirun exited (status ", exit,
-                                          ") without a finished event; see ", l.output)
-                           : l.failure;
+      if (!l.failure.empty()) {
+        j.result.error = l.failure;
+      } else {
+        // The ranks' own reason, where one printed it (a bad flag, a model that does not fit).
+        const std::string reason = LastErrorLine(l.output);
+        j.result.error = absl::StrCat("mpirun exited (status ", exit,
+                                      ") without a finished event",
+                                      reason.empty() ? "" : absl::StrCat(": ", reason), "; see ",
+                                      l.output);
+      }
       Event(j, "failed", ranks, 0, j.result.error);
     }
     j.launch.reset();

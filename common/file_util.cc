@@ -303,11 +303,13 @@ absl::Status CheckOutputFolder(const std::string& path, absl::string_view what) 
   if (wanted != existing) {
     std::string first = wanted;
     while (FolderOf(first) != existing && FolderOf(first) != first) first = FolderOf(first);
-    if (::mkdir(first.c_str(), 0755) != 0) {
+    // Another rank checking the same path may have made it meanwhile (EEXIST): fine.
+    if (::mkdir(first.c_str(), 0755) == 0) {
+      ::rmdir(first.c_str());
+    } else if (errno != EEXIST) {
       return OutputError(what, path, absl::StrCat(first, " cannot be made: ",
                                                   std::strerror(errno)));
     }
-    ::rmdir(first.c_str());
   }
   return absl::OkStatus();
 }

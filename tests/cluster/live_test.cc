@@ -179,6 +179,21 @@ TEST(ClusterRunKilled, AKilledSchedulerLeavesNoJobRunning) {
   tandem::RemoveAll(work).IgnoreError();
 }
 
+// A job whose ranks refuse its flags at start: the scheduler's failure line carries the ranks'
+// own reason, not only the launch's output file.
+TEST(ClusterRunKilled, AJobFailingAtStartSaysWhy) {
+  if (!TANDEM_HAVE_MPI || !TANDEM_HAVE_TORCH) GTEST_SKIP() << "needs MPI and LibTorch";
+  const std::string jobs = Write(
+      "bad_model.csv", std::string(kHeader) + "bad,0,10,16,1,1,--model nosuch --microbatch-size 2\n");
+  const std::string work = Temp("work_bad_model");
+  tandem::RemoveAll(work).IgnoreError();
+  const Outcome o =
+      Tandem("cluster run --jobs " + jobs + " --slots 2 --interval 1 --work-dir " + work);
+  EXPECT_NE(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("unknown model 'nosuch'"), std::string::npos) << o.output;
+  tandem::RemoveAll(work).IgnoreError();
+}
+
 TEST(ClusterRunInput, BadInputIsRefusedWithTheReason) {
   const std::string ok = std::string(kHeader) + "a,0,10,16,1,2," + kModel + "\n";
   struct Case {
