@@ -17,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <map>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -837,7 +838,13 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
         "peak ", options.device.is_cuda() ? "device" : "host", " memory ",
         FormatBytes(runtime::libtorch::PeakMemoryBytes(options.device)), " (rank 0)");
     if (mfu.Of(summary.tokens_per_second) >= 0) summary.mfu = mfu.Of(summary.tokens_per_second);
-    TANDEM_RETURN_IF_ERROR(reporter.Finish(summary, nlohmann::json()));
+    // The log says how the run ended (under `mpirun --enable-recovery` mpirun exits 0 either
+    // way), as an elastic job's does.
+    TANDEM_RETURN_IF_ERROR(reporter.Finish(
+        summary, {{"event", "finished"},
+                  {"iterations", end},
+                  {"final_loss", last_loss},
+                  {"unix_time", absl::ToUnixMicros(absl::Now()) * 1e-6}}));
   }
   return absl::OkStatus();
 }
@@ -937,6 +944,14 @@ int RunTrain(const std::vector<std::string>& args) {
     std::_Exit(kExitOk);
   }
   if (status.ok()) return kExitOk;
+  // A run that logged ends its log with its failure, one line per failing rank (a log that was
+  // never started, e.g. bad input, stays unwritten).
+  const std::string log = absl::GetFlag(FLAGS_log_json);
+  if (!log.empty() && log != "-" && std::filesystem::exists(log)) {
+    (void)AppendLogEvent(log, {{"event", "failed"},
+                               {"rank", rank},
+                               {"error", std::string(status.message())}});
+  }
   const int code = ReportError(
       (*world)->size() > 1 ? absl::StrCat("train (rank ", rank, ")") : "train", status);
   if ((*world)->size() > 1) {

@@ -52,7 +52,9 @@ ABSL_FLAG(std::string, torch_trace, "",
           "rank); LibTorch 2 or later");
 ABSL_FLAG(std::string, log_json, "",
           "train: write one JSON object per iteration here (iteration, loss, tokens_per_second, "
-          "iteration_ms, ...)");
+          "iteration_ms, ...), events ({\"event\": \"validation\"|\"checkpoint\"|...}) and "
+          "how the run ended ({\"event\": \"finished\"}, or {\"event\": \"failed\"} from each "
+          "failing rank)");
 ABSL_FLAG(double, lr, 1e-3, "train: base learning rate");
 ABSL_FLAG(int, warmup_steps, 0, "train: linear learning-rate warm-up steps");
 ABSL_FLAG(int, decay_steps, 0,

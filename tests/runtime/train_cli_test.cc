@@ -106,6 +106,11 @@ TEST(TrainCliTest, FourRanksMatchTheReferenceAndWriteATimeline) {
   const std::vector<nlohmann::json> lines = ReadLog(log);
   EXPECT_EQ(lines.size(), 10u);
   ExpectLossesMatch(lines, ReferenceLosses(10), 0);
+  // The log says how the run ended.
+  const std::vector<nlohmann::json> all = tandem::testing::ReadJsonLines(log);
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back().value("event", ""), "finished") << all.back().dump();
+  EXPECT_EQ(all.back().value("iterations", 0), 10);
   // The summary's mean leaves out the first iteration (warm-up) and the recorded last one.
   if (lines.size() == 10u) {
     double sum_ms = 0;
@@ -256,13 +261,24 @@ Outcome TrainWithKill(const std::string& flags, int victim, double delay) {
 }
 
 // A rank killed at start-up (inside MPI's start-up or building the model) or mid-run ends the
-// job within seconds, not at --timeout (300 s here).
+// job within seconds, not at --timeout (300 s here); a run that had started its log ends it
+// with the failure.
 TEST(TrainCliTest, KilledRankEndsTheJobWithinSeconds) {
   for (double delay : {0.2, 1.5, 4.0}) {
+    const std::string log = TempPath("killed.jsonl");
+    std::filesystem::remove(log);
     const auto start = std::chrono::steady_clock::now();
     Outcome o = TrainWithKill(" --global-batch 16 --microbatches 4 --schedule 1f1b --stages 2"
-                              " --steps 100000 --timeout 300 --startup-timeout 10",
+                              " --steps 100000 --timeout 300 --startup-timeout 10 --log-json " +
+                                  log,
                               1, delay);
+    if (std::filesystem::exists(log)) {
+      const std::vector<nlohmann::json> lines = tandem::testing::ReadJsonLines(log);
+      ASSERT_FALSE(lines.empty());
+      EXPECT_EQ(lines.back().value("event", ""), "failed") << lines.back().dump();
+      EXPECT_EQ(lines.back().value("rank", -1), 0);
+    }
+    EXPECT_TRUE(delay < 4.0 || std::filesystem::exists(log)) << "training had started";
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // Killed inside MPI_Init: the start-up bound (10 s); after it: heartbeats (2 s).
