@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
@@ -436,7 +437,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& root) {
   if (StepOfFolder(text) < 0) {
     return absl::DataLossError(absl::StrCat(latest_path, ": expected a step folder name (",
                                             StepFolderName(12), "), got '",
-                                            text.substr(0, 64), "'"));
+                                            absl::CHexEscape(text.substr(0, 64)), "'"));
   }
   return absl::StrCat(root, "/", text);
 }

@@ -149,6 +149,13 @@ TEST_F(CheckpointTest, SpecialOrOversizedFilesAreRefusedWithoutBeingRead) {
   ASSERT_EQ(std::remove(latest.c_str()), 0);
   ASSERT_TRUE(tandem::WriteFileAtomically(latest, std::string(kMaxLatestBytes + 1, 's')).ok());
   EXPECT_EQ(ResolveCheckpoint(root).status().code(), absl::StatusCode::kResourceExhausted);
+  // Garbage is named, one line, its control bytes escaped (never sent to the terminal).
+  ASSERT_TRUE(tandem::WriteFileAtomically(latest, "step-1\n\x1b[31mRED\nx").ok());
+  const absl::Status garbage = ResolveCheckpoint(root).status();
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kDataLoss) << garbage;
+  EXPECT_EQ(garbage.message().find('\n'), std::string::npos) << garbage;
+  EXPECT_EQ(garbage.message().find('\x1b'), std::string::npos) << garbage;
+  EXPECT_NE(garbage.message().find("\\x1b[31mRED"), std::string::npos) << garbage;
   ASSERT_TRUE(tandem::WriteFileAtomically(latest, "step-00000010\n").ok());
   EXPECT_TRUE(ResolveCheckpoint(root).ok());
 }
