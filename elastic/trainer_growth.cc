@@ -154,6 +154,11 @@ absl::Status ElasticTrainer::State::Grow(
       state.emplace(std::move(name), std::move(p));
     }
   }
+  // A rank that dies while the new processes start cannot be survived (MPI cannot interrupt
+  // the spawn): the job's state is saved first, so that it resumes from this step.
+  if (!options.checkpoint_dir.empty() && running != nullptr && saved_step != next) {
+    TANDEM_RETURN_IF_ERROR(SaveCheckpoint(next));
+  }
   if (first) {
     std::cout << "elastic: starting " << count << " new rank(s) (" << nodes
               << " node(s)) before iteration " << next + 1 << " ..." << std::endl;
@@ -164,7 +169,7 @@ absl::Status ElasticTrainer::State::Grow(
   watchdog.Arm(options.agreement_timeout,
                absl::StrCat("elastic: rank ", me, ": the ranks started to grow the job did not "
                             "join within ", absl::FormatDuration(options.agreement_timeout),
-                            "; ending this rank"));
+                            "; ending this rank", ResumeHint()));
   absl::StatusOr<std::unique_ptr<comm::Communicator>> merged =
       spawner->SpawnAndMerge(options.spawn_command, count);
   if (!merged.ok()) {
@@ -229,6 +234,14 @@ absl::Status ElasticTrainer::State::FinishGrowth(
   report.reporter = reporter;
   if (on_done) on_done(report);
   return absl::OkStatus();
+}
+
+std::string ElasticTrainer::State::ResumeHint() const {
+  if (options.checkpoint_dir.empty() || saved_step < 0) {
+    return "; no checkpoint of the job to resume from (--checkpoint-dir)";
+  }
+  return absl::StrCat("; the checkpoint of step ", saved_step, " in ", options.checkpoint_dir,
+                      " resumes the job (--resume ", options.checkpoint_dir, ")");
 }
 
 bool StartedByARunningJob() { return comm::MpiCommunicator::Spawned(); }

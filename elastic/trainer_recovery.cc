@@ -26,7 +26,8 @@ void ElasticTrainer::State::AbortAll(const absl::Status& reason) {
   if (growing.load()) {
     internal::EndStuckRank(absl::StrCat("elastic: rank ", me, ": a rank died while the job was "
                                         "starting new processes, which MPI cannot interrupt; "
-                                        "ending this rank (", reason.message(), ")"),
+                                        "ending this rank (", reason.message(), ")",
+                                        ResumeHint()),
                            options.on_fatal);
   }
   // The training thread now leaves its waits (aborted below) for the agreement, unless it is

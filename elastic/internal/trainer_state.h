@@ -285,6 +285,9 @@ struct ElasticTrainer::State {
   // warning on its rank 0).
   absl::Status Grow(comm::Communicator* spawner, int nodes,
                     const std::function<void(const Reconfiguration&)>& on_reconfiguration);
+  // For the lines of a rank that ends while new processes start (MPI cannot interrupt it):
+  // "; the checkpoint of step N in DIR resumes the job (--resume DIR)", or that there is none.
+  std::string ResumeHint() const;
   // After a re-formation onto `live`: with replace_lost, grow back after one iteration.
   void ScheduleReplacement(int64_t next);
   // What a started rank needs (JoinRequest::state): the layout held before the growth, the

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -331,6 +333,41 @@ TEST(ElasticTrainTest, ALostRankIsReplacedLive) {
   EXPECT_EQ(l.ranks.at(3), 3);
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
   ExpectRecoveryInTimeline(timeline);
+}
+
+// A started rank killed before it joins leaves the job inside MPI's spawn, which nothing
+// interrupts: every rank ends past the agreement timeout, but the job saved its state before
+// starting processes, says which step, and resumes from it.
+TEST(ElasticTrainTest, ANewRankDyingBeforeItJoinsLeavesACheckpointThatResumes) {
+  const std::string log = TempPath("spawn_death.jsonl");
+  const std::string checkpoint = TempPath("spawn_death_checkpoint");
+  // Kills the first process that MPI_Comm_spawn started (OMPI_PARENT_PORT in its environment;
+  // `tandem train` runs as tandem-torch).
+  const std::string killer =
+      "(for i in $(seq 1 6000); do for p in $(pgrep -f 'tandem-torch train'); do "
+      "if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -q '^OMPI_PARENT_PORT='; then "
+      "kill -9 $p; exit; fi; done; sleep 0.01; done) >/dev/null 2>&1 & ";
+  Outcome o = RunElastic(4, "1:3:forward",
+                         absl::StrCat(kPipelined, " --elastic-replace --elastic-agreement-timeout 5"
+                                      " --checkpoint-dir ", checkpoint),
+                         log, kSteps, killer);
+  EXPECT_NE(o.exit_status, 124) << "hung: " << o.output;
+  const size_t hint = o.output.find("resumes the job (--resume ");
+  ASSERT_NE(hint, std::string::npos) << o.output;
+  const size_t at = o.output.rfind("the checkpoint of step ", hint);
+  ASSERT_NE(at, std::string::npos) << o.output;
+  const int step = std::atoi(o.output.c_str() + at + std::strlen("the checkpoint of step "));
+  EXPECT_EQ(step, 4) << "iteration 4 (3 run again on the survivors), then the growth: " << o.output;
+  // The checkpoint resumes on any number of ranks, with the reference's losses and end.
+  const std::string resumed_log = TempPath("spawn_death_resumed.jsonl");
+  Outcome resumed = RunElastic(
+      4, "", absl::StrCat(kPipelined, " --checkpoint-dir ", checkpoint, " --resume ", checkpoint),
+      resumed_log);
+  ASSERT_EQ(resumed.exit_status, 0) << resumed.output;
+  Outcome diff = DiffCheckpoints(ReferenceCheckpoint(), checkpoint);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  ExpectReferenceLosses(ReadElasticLog(resumed_log), step);
+  tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
 TEST(ElasticTrainTest, GrowsLiveOnRequest) {
