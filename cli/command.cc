@@ -27,9 +27,19 @@ CommandRegistrar::CommandRegistrar(CommandInfo info) {
 
 const std::map<std::string, CommandInfo>& Commands() { return Registry(); }
 
+namespace {
+std::set<std::string>& GivenFlags() {
+  static auto* given = new std::set<std::string>;
+  return *given;
+}
+}  // namespace
+
+bool FlagGivenOnCommandLine(const std::string& name) { return GivenFlags().count(name) > 0; }
+
 absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
                                std::vector<std::string>* positional, bool* help) {
   *help = false;
+  GivenFlags().clear();
   std::set<std::string> allowed(info.flags.begin(), info.flags.end());
   std::map<std::string, std::vector<std::string>> list_values;
   for (int i = 0; i < argc; ++i) {
@@ -90,6 +100,7 @@ absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
       return absl::InvalidArgumentError(
           absl::StrCat("bad value for --", name, ": '", value, "': ", error));
     }
+    GivenFlags().insert(name);
   }
   for (const auto& [name, values] : list_values) {
     std::string error;

@@ -54,6 +54,10 @@ const std::map<std::string, CommandInfo>& Commands();
 absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
                                std::vector<std::string>* positional, bool* help);
 
+// Whether the last ParseCommandFlags found flag `name` (absl's name: "microbatch_size") on
+// the command line, for flags whose default is also a value one may ask for.
+bool FlagGivenOnCommandLine(const std::string& name);
+
 std::string CommandHelp(const CommandInfo& info);
 
 // Prints "tandem NAME: error: MESSAGE" to stderr and returns kExitBadInput for

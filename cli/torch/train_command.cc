@@ -156,6 +156,9 @@ absl::Status CheckSequenceParallel(const TrainOptions& options, int tensor_paral
       "--tensor-parallel 2 or more (this run's is ", tensor_parallel, ")"));
 }
 
+// Whether --microbatch-size was given (its default, 1, is also a size one may ask for).
+bool MicrobatchSizeGiven() { return FlagGivenOnCommandLine("microbatch_size"); }
+
 // A plan from --schedule, --stages, --microbatches, --data-parallel: the layers split by the
 // model's cost estimates where it has them (each pipeline position's load as even as whole
 // layers allow), evenly by count otherwise.
@@ -187,6 +190,17 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const TrainOptions& options
     spec.num_ranks = absl::GetFlag(FLAGS_stages);
     if (spec.num_ranks == 0 && data_parallel > 0) spec.num_ranks = world_size / data_parallel;
     spec.num_microbatches = absl::GetFlag(FLAGS_microbatches);
+    if (spec.num_microbatches == 0 && options.global_batch > 0 && MicrobatchSizeGiven() &&
+        data_parallel > 0) {
+      // --global-batch and --microbatch-size given: as many micro-batches as that makes.
+      const int64_t per_pipeline = int64_t{data_parallel} * options.microbatch_size;
+      if (options.global_batch % per_pipeline != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--global-batch ", options.global_batch, " is not divisible by --microbatch-size ",
+            options.microbatch_size, " x --data-parallel ", data_parallel));
+      }
+      spec.num_microbatches = static_cast<int>(options.global_batch / per_pipeline);
+    }
     if (spec.num_microbatches == 0) {
       spec.num_microbatches = kDefaultMicrobatchesPerRank * spec.num_ranks;
     }
@@ -211,6 +225,12 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const TrainOptions& options
           spec.num_microbatches, " x --data-parallel ", data_parallel));
     }
     microbatch_size = global_batch / per_microbatch;
+    if (MicrobatchSizeGiven() && microbatch_size != options.microbatch_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--global-batch ", global_batch, " over --microbatches ", spec.num_microbatches,
+          " x --data-parallel ", data_parallel, " gives micro-batches of ", microbatch_size,
+          ", not --microbatch-size ", options.microbatch_size, ": give two of the three"));
+    }
   }
   pipeline::Plan plan;
   if (static_cast<int>(model.layer_costs.size()) == num_layers) {

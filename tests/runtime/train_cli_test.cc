@@ -289,6 +289,23 @@ TEST(TrainCliTest, KilledRankEndsTheJobWithinSeconds) {
   }
 }
 
+// --microbatch-size with --global-batch sets the number of micro-batches where --microbatches
+// is not given; all three given and inconsistent are refused (they were: the size silently
+// lost to the default count).
+TEST(TrainCliTest, MicrobatchSizeAndGlobalBatchSetTheMicrobatches) {
+  Outcome o = RunCommand(absl::StrCat(Mpirun(4), kModelFlags,
+                                      " --global-batch 16 --microbatch-size 2 --schedule 1f1b"
+                                      " --stages 2 --data-parallel 2 --steps 2 --seed ", kSeed));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("4 micro-batches of 2, global batch 16"), std::string::npos)
+      << o.output;
+  o = RunCommand(absl::StrCat(Mpirun(2), kModelFlags,
+                              " --global-batch 16 --microbatch-size 4 --microbatches 8"
+                              " --schedule 1f1b --stages 2 --steps 2"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("give two of the three"), std::string::npos) << o.output;
+}
+
 // A rank stopped (SIGSTOP: alive and silent) at start-up, inside MPI's start-up or building
 // the model, or mid-run: under `mpirun --enable-recovery`, which ends no rank by itself, the
 // others kill it and the job ends within seconds (a stopped process would keep mpirun waiting
