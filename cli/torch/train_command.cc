@@ -965,9 +965,10 @@ int RunTrain(const std::vector<std::string>& args) {
   }
   if (status.ok()) return kExitOk;
   // A run that logged ends its log with its failure, one line per failing rank (a log that was
-  // never started, e.g. bad input, stays unwritten).
+  // never started, e.g. bad input, stays unwritten). An elastic job's ranks log their own.
   const std::string log = absl::GetFlag(FLAGS_log_json);
-  if (!log.empty() && log != "-" && std::filesystem::exists(log)) {
+  if (!absl::GetFlag(FLAGS_elastic) && !log.empty() && log != "-" &&
+      std::filesystem::exists(log)) {
     (void)AppendLogEvent(log, {{"event", "failed"},
                                {"rank", rank},
                                {"error", std::string(status.message())}});

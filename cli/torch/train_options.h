@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(double, heartbeat_timeout);
 ABSL_DECLARE_FLAG(double, startup_timeout);
 ABSL_DECLARE_FLAG(double, timeout);
 ABSL_DECLARE_FLAG(std::string, log_json);
+ABSL_DECLARE_FLAG(bool, elastic);
 
 namespace tandem::cli {
 
