@@ -117,6 +117,13 @@ absl::StatusOr<std::vector<LiveJobSpec>> ReadLiveJobs(const std::string& path, i
       return absl::InvalidArgumentError(
           absl::StrCat(table.Where(r), "submission_seconds must not be negative"));
     }
+    // A live run waits for every submission in real time: a month ahead is a mistake.
+    constexpr double kLatestSubmission = 30 * 24 * 3600.0;
+    if (job.submission_seconds > kLatestSubmission) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          table.Where(r), "submission_seconds ", job.submission_seconds, " is more than 30 days (",
+          kLatestSubmission, " s) after the start of a live run"));
+    }
     if (steps < 1 || batch < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat(table.Where(r), "steps and global_batch must be at least 1"));

@@ -215,6 +215,8 @@ TEST(ClusterRunInput, BadInputIsRefusedWithTheReason) {
       {std::string(kHeader) + "a,0,10,16,1,2,--steps 5\n", "--slots 4",
        "train_flags may not set --steps"},
       {"name,steps\na,1\n", "--slots 4", "submission_seconds"},
+      {std::string(kHeader) + "a,1e300,10,16,1,2," + kModel + "\n", "--slots 4",
+       "more than 30 days"},
       {ok, "--slots 4 --policy nothing", "unknown policy 'nothing'"},
       {ok, "--slots 4 --interval 0", "--interval must be positive"},
   };
