@@ -46,6 +46,7 @@
 #include "runtime/torch/kv_cache.h"
 #include "runtime/torch/llama.h"
 #include "tests/support/command.h"
+#include "tests/support/checkpoint_parameters.h"
 #include "tests/support/python_reference.h"
 
 namespace tandem::runtime::libtorch {
@@ -347,26 +348,6 @@ std::string TrainCommand(const std::string& model_flags, const std::string& chec
                       Quoted(checkpoint));
 }
 
-// Every parameter of a checkpoint by name (read here, not by generate.cc).
-std::map<std::string, ShardTensor> CheckpointParameters(const std::string& root) {
-  std::map<std::string, ShardTensor> out;
-  auto folder = ResolveCheckpoint(root);
-  EXPECT_TRUE(folder.ok()) << folder.status();
-  if (!folder.ok()) return out;
-  auto manifest = ReadManifest(*folder);
-  EXPECT_TRUE(manifest.ok()) << manifest.status();
-  if (!manifest.ok()) return out;
-  for (const ShardRecord& record : manifest->shards) {
-    auto shard = ReadShard(*folder, record);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) continue;
-    for (ShardTensor& t : shard->tensors) {
-      if (absl::StartsWith(t.name, "param:")) out[t.name.substr(6)] = std::move(t);
-    }
-  }
-  return out;
-}
-
 TEST(GenerateCommandTest, GptFromATrainCheckpointEqualsAWholeForwardLoop) {
   Scratch scratch;
   const std::string checkpoint = scratch / "gpt_ckpt";
@@ -391,7 +372,7 @@ TEST(GenerateCommandTest, GptFromATrainCheckpointEqualsAWholeForwardLoop) {
   config.seq_len = 16;
   auto model = GptModelSpec(config).Build(/*seed=*/99);
   ASSERT_TRUE(model.ok()) << model.status();
-  const std::map<std::string, ShardTensor> saved = CheckpointParameters(checkpoint);
+  const std::map<std::string, ShardTensor> saved = testing::CheckpointParameters(checkpoint);
   torch::NoGradGuard no_grad;
   const auto parameters = model->NamedParameters(0, model->num_layers());
   ASSERT_EQ(parameters.size(), saved.size());

@@ -36,6 +36,7 @@
 #include "runtime/torch/llama.h"
 #include "runtime/torch/model.h"
 #include "tests/support/command.h"
+#include "tests/support/checkpoint_parameters.h"
 #include "tests/support/python_reference.h"
 #include "tests/support/train_cli.h"
 
@@ -183,25 +184,6 @@ std::string Train(int ranks, const std::string& flags, int tensor_parallel = 1) 
                       kSeed);
 }
 
-// Every parameter of a checkpoint (a root or a step folder) by name.
-std::map<std::string, ShardTensor> CheckpointParameters(const std::string& root) {
-  std::map<std::string, ShardTensor> out;
-  auto folder = ResolveCheckpoint(root);
-  EXPECT_TRUE(folder.ok()) << folder.status();
-  auto manifest = ReadManifest(*folder);
-  EXPECT_TRUE(manifest.ok()) << manifest.status();
-  if (!manifest.ok()) return out;
-  for (const ShardRecord& record : manifest->shards) {
-    auto shard = ReadShard(*folder, record);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) continue;
-    for (ShardTensor& t : shard->tensors) {
-      if (absl::StartsWith(t.name, "param:")) out[t.name.substr(6)] = std::move(t);
-    }
-  }
-  return out;
-}
-
 std::string ModelOf(const std::string& root) {
   auto folder = ResolveCheckpoint(root);
   EXPECT_TRUE(folder.ok()) << folder.status();
@@ -223,7 +205,7 @@ absl::StatusOr<LayeredModel> ModelFromCheckpoint(const std::string& root) {
     spec = Gpt2ModelSpec(config);
   }
   TANDEM_ASSIGN_OR_RETURN(LayeredModel built, spec.Build(/*seed=*/1));
-  const std::map<std::string, ShardTensor> saved = CheckpointParameters(root);
+  const std::map<std::string, ShardTensor> saved = testing::CheckpointParameters(root);
   std::map<std::string, std::string> owner;
   for (const TiedParameter& pair : built.tied_weights.parameters) owner[pair.copy] = pair.owner;
   torch::NoGradGuard no_grad;
@@ -695,7 +677,7 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
 
     // Every tensor as the checkpoint holds it, under transformers' key.
-    const std::map<std::string, ShardTensor> saved = CheckpointParameters(checkpoint);
+    const std::map<std::string, ShardTensor> saved = testing::CheckpointParameters(checkpoint);
     const std::map<std::string, RawTensor> written = FolderTensors(out);
     auto file = SafetensorsFile::Open(out + "/model.safetensors");
     ASSERT_TRUE(file.ok()) << file.status();
