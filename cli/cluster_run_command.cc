@@ -117,6 +117,11 @@ absl::Status RunLiveClusterCommand() {
     options.work_dir =
         (fs::temp_directory_path() / absl::StrCat("tandem-cluster-", ::getpid())).string();
   }
+  // Outputs are checked before any job starts, not after the last one ends.
+  TANDEM_RETURN_IF_ERROR(CheckOutputFolder(options.work_dir, "--work-dir"));
+  if (const std::string log = absl::GetFlag(FLAGS_log_json); !log.empty()) {
+    TANDEM_RETURN_IF_ERROR(CheckOutputFile(log, "--log-json"));
+  }
   options.on_event = [](const std::string& line) { std::cout << line << std::endl; };
   options.cancel = &interrupted;
   std::signal(SIGINT, OnInterrupt);

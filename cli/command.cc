@@ -9,6 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/printable.h"
+#include "common/status.h"
 
 namespace tandem::cli {
 namespace {
@@ -133,7 +135,7 @@ std::string CommandHelp(const CommandInfo& info) {
 
 int ReportError(const std::string& command, const absl::Status& status) {
   // One write, so lines of several ranks sharing a terminal do not interleave.
-  std::cerr << absl::StrCat("tandem ", command, ": error: ", status.message(), "\n")
+  std::cerr << absl::StrCat("tandem ", command, ": error: ", Printable(status.message()), "\n")
             << std::flush;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:

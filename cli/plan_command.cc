@@ -218,6 +218,8 @@ absl::Status RunPlanOrError() {
 
   if (absl::GetFlag(FLAGS_templates)) return PrintTemplates(request, output_format);
   TANDEM_ASSIGN_OR_RETURN(planner::PlanOutcome outcome, planner::MakePlan(request));
+  // What is printed is what -o would write: a plan `tandem train` reads back.
+  TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(outcome.plan), "the plan found"));
   const std::string json = pipeline::ToJson(outcome.plan).dump(2) + "\n";
   const std::string output = absl::GetFlag(FLAGS_output);
   if (!output.empty()) {

@@ -30,23 +30,32 @@ absl::Status OnlyKeys(const json& object, const std::set<std::string>& allowed,
   return absl::OkStatus();
 }
 
+// Bounds a simulation can run through in reasonable time: counts of nodes and GPUs per node,
+// and speeds relative to the reference device (a speed of 1e-320 would make every job run for
+// longer than the universe has existed).
+constexpr long long kMaxCount = 1000000;
+constexpr double kMinSpeed = 1e-3;
+constexpr double kMaxSpeed = 1e3;
+
 absl::StatusOr<int> PositiveCount(const json& object, const std::string& key,
                                   const std::string& source, const std::string& where) {
   if (!object.contains(key)) return Invalid(source, absl::StrCat(where, "missing '", key, "'"));
   const json& value = object.at(key);
   if (!value.is_number_integer() || value.get<long long>() < 1 ||
-      value.get<long long>() > 1000000) {
-    return Invalid(source, absl::StrCat(where, "'", key, "' must be a whole number >= 1, got ",
-                                        value.dump()));
+      value.get<long long>() > kMaxCount) {
+    return Invalid(source, absl::StrCat(where, "'", key, "' must be a whole number in [1, ",
+                                        kMaxCount, "], got ", value.dump()));
   }
   return value.get<int>();
 }
 
 absl::StatusOr<double> PositiveSpeed(const json& value, const std::string& source,
                                      const std::string& where) {
-  if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() <= 0) {
-    return Invalid(source,
-                   absl::StrCat(where, "speed must be a positive number, got ", value.dump()));
+  if (!value.is_number() || !(value.get<double>() >= kMinSpeed) ||
+      !(value.get<double>() <= kMaxSpeed)) {
+    return Invalid(source, absl::StrCat(where, "speed must be a number in [", kMinSpeed, ", ",
+                                        kMaxSpeed, "] (relative to the reference device), got ",
+                                        value.dump()));
   }
   return value.get<double>();
 }
@@ -115,7 +124,14 @@ absl::StatusOr<ClusterDescription> ParseClusterDescription(const std::string& te
     }
     cluster.device_types.push_back(type);
   }
-  if (cluster.View().total_gpus() > 1000000) return Invalid(source, "more than 10^6 GPUs");
+  long long total_gpus = 0;
+  for (const DeviceTypeSpec& type : cluster.device_types) {
+    total_gpus += static_cast<long long>(type.nodes) * type.gpus_per_node;
+  }
+  if (total_gpus > kMaxCount) {
+    return Invalid(source, absl::StrCat(total_gpus, " GPUs (nodes x gpus_per_node over every "
+                                        "device type); at most ", kMaxCount, " are simulated"));
+  }
   if (root.contains("application_speeds")) {
     const json& apps = root["application_speeds"];
     if (!apps.is_object()) return Invalid(source, "'application_speeds' must be an object");

@@ -24,6 +24,7 @@
 #include "cluster/internal/process.h"
 #include "cluster/metrics.h"
 #include "common/file_util.h"
+#include "common/printable.h"
 #include "common/status.h"
 
 namespace tandem::cluster {
@@ -171,6 +172,21 @@ absl::StatusOr<std::vector<LiveHost>> ReadHostFile(const std::string& path) {
     if (words.empty()) continue;
     LiveHost host;
     host.name = words[0];
+    // A host name or address as mpirun takes it: letters, digits, '.', '-', '_' (and ':'
+    // for IPv6), at most 253 characters.
+    const bool name_ok =
+        host.name.size() <= 253 &&
+        std::all_of(host.name.begin(), host.name.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+                 c == '_' || c == ':';
+        });
+    if (!name_ok) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": '",
+                                                     Printable(host.name, 80),
+                                                     "' is not a host name (expected 'HOST "
+                                                     "slots=N', HOST of letters, digits, "
+                                                     "'.', '-', '_', ':')"));
+    }
     host.slots = 1;
     for (size_t i = 1; i < words.size(); ++i) {
       absl::string_view w = words[i];
@@ -179,7 +195,7 @@ absl::StatusOr<std::vector<LiveHost>> ReadHostFile(const std::string& path) {
       }
       if (absl::StartsWith(words[i], "max_slots=")) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", number, ": expected 'HOST slots=N', got '", std::string(line), "'"));
+          path, ":", number, ": expected 'HOST slots=N', got '", Printable(line, 200), "'"));
     }
     for (const LiveHost& h : hosts) {
       if (h.name == host.name) {

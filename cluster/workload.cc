@@ -8,6 +8,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "cluster/internal/csv.h"
+#include "common/printable.h"
 #include "common/status.h"
 
 namespace tandem::cluster {
@@ -158,7 +159,7 @@ absl::StatusOr<Workload> ReadWorkload(const std::string& path, const PhillyOptio
   if (HasColumns(table, {"timestamp", "num_gpus", "gpu_time"})) return PhillyFromTable(table, philly);
   if (HasColumns(table, {"job_id", "num_gpu", "submit_time"})) return TiresiasFromTable(table);
   return absl::InvalidArgumentError(absl::StrCat(
-      path, ": unknown workload format (header ", absl::StrJoin(table.header(), ","),
+      path, ": unknown workload format (header ", Printable(absl::StrJoin(table.header(), ","), 200),
       "); expected Pollux (name,time,application,num_replicas,batch_size), Philly "
       "(timestamp,duration,num_gpus,gpu_time,cluster) or Tiresias "
       "(job_id,num_gpu,submit_time,iterations,model_name,duration,interval)"));

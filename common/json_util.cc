@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -99,6 +100,10 @@ absl::StatusOr<double> GetNonNegativeNumber(const Json& object, absl::string_vie
 absl::StatusOr<int64_t> GetInt(const Json& object, absl::string_view field,
                                absl::string_view where) {
   TANDEM_ASSIGN_OR_RETURN(const Json* v, Find(object, field, where));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    return FieldError(where, field,
+                      absl::StrCat("is too large (", v->get<uint64_t>(), " > ", INT64_MAX, ")"));
+  }
   if (v->is_number_integer()) return v->get<int64_t>();
   if (v->is_number_float()) {
     double d = v->get<double>();
@@ -127,7 +132,10 @@ absl::StatusOr<std::vector<int64_t>> GetIntArray(const Json& object, absl::strin
   if (!v->is_array()) return FieldError(where, field, "expected an array of integers");
   std::vector<int64_t> out;
   for (const Json& e : *v) {
-    if (!e.is_number_integer()) return FieldError(where, field, "expected an array of integers");
+    if (!e.is_number_integer() ||
+        (e.is_number_unsigned() && e.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return FieldError(where, field, "expected an array of integers (each at most 2^63 - 1)");
+    }
     out.push_back(e.get<int64_t>());
   }
   return out;

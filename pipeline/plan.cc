@@ -615,6 +615,34 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
   } else {
     TANDEM_RETURN_IF_ERROR(ValidateNonUniformRanks(plan));
   }
+  // Predictions are numbers a reader can take back: JSON has no infinity, and a cost profile
+  // whose times overflow a double would otherwise be written as null.
+  const auto finite = [](double value) { return std::isfinite(value) && value >= 0; };
+  const auto not_finite = [](absl::string_view field, double value) {
+    return Invalid(field, absl::StrCat("must be a finite number >= 0, got ", value,
+                                       " (do the profile's costs overflow?)"));
+  };
+  for (int s = 0; s < num_stages; ++s) {
+    const PlanStage& stage = plan.stages[s];
+    if (!finite(stage.predicted_compute_seconds)) {
+      return not_finite(absl::StrCat("plan.stages[", s, "].predicted_compute_seconds"),
+                        stage.predicted_compute_seconds);
+    }
+    if (!finite(stage.predicted_memory_bytes)) {
+      return not_finite(absl::StrCat("plan.stages[", s, "].predicted_memory_bytes"),
+                        stage.predicted_memory_bytes);
+    }
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"plan.predicted_iteration_seconds",
+                                       plan.predicted_iteration_seconds},
+        {"plan.bottleneck_seconds", plan.bottleneck_seconds},
+        {"plan.time_per_sample", plan.time_per_sample}}) {
+    if (!finite(value)) return not_finite(field, value);
+  }
+  for (double bytes : plan.predicted_peak_memory_bytes) {
+    if (!finite(bytes)) return not_finite("plan.predicted_peak_memory_bytes", bytes);
+  }
   if (!plan.predicted_peak_memory_bytes.empty() &&
       static_cast<int>(plan.predicted_peak_memory_bytes.size()) != plan.world_size) {
     return Invalid("plan.predicted_peak_memory_bytes",

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "cli/torch/model_flags.h"
 #include "cli/torch/train_reporter.h"
+#include "common/printable.h"
 #include "common/status.h"
 #include "common/trace.h"
 #include "common/units.h"
@@ -239,7 +240,9 @@ absl::StatusOr<StartedJob> StartSurvivingDeaths(const ElasticRun& run, int64_t g
     if (me == survivors.front() || (survivors.empty() && me == live.front())) {
       std::cout << "elastic: rank(s) " << absl::StrJoin(dead_now, ", ")
                 << " died while the job started; starting on the " << survivors.size()
-                << " rank(s) left" << std::endl;
+                << " rank(s) left (" << absl::StrJoin(survivors, ", ")
+                << "), numbered 0.." << static_cast<int>(survivors.size()) - 1
+                << " from here on in messages, logs and fault injection" << std::endl;
     }
     if (broken_nodes.count(me / elastic.devices_per_node) > 0) {
       std::cout << "elastic: rank " << me << " leaves the job: its node lost a rank while the "
@@ -400,7 +403,7 @@ absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void(
   if (!status.ok()) {
     (void)AppendLogEvent(run.options.log_json, {{"event", "failed"},
                                                 {"rank", run.world->rank()},
-                                                {"error", std::string(status.message())}});
+                                                {"error", Printable(status.message())}});
   }
   return status;
 }

@@ -46,6 +46,7 @@
 #include "runtime/optimizer.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/printable.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "pipeline/plan.h"
@@ -971,7 +972,7 @@ int RunTrain(const std::vector<std::string>& args) {
       std::filesystem::exists(log)) {
     (void)AppendLogEvent(log, {{"event", "failed"},
                                {"rank", rank},
-                               {"error", std::string(status.message())}});
+                               {"error", Printable(status.message())}});
   }
   const int code = ReportError(
       (*world)->size() > 1 ? absl::StrCat("train (rank ", rank, ")") : "train", status);

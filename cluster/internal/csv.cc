@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "common/file_util.h"
+#include "common/printable.h"
 #include "common/status.h"
 
 namespace tandem::cluster::internal {
@@ -53,7 +54,7 @@ absl::StatusOr<int> CsvTable::Column(const std::string& name) const {
     if (header_[i] == name) return static_cast<int>(i);
   }
   return absl::InvalidArgumentError(absl::StrCat(path_, ": no column '", name,
-                                                 "' (columns: ", absl::StrJoin(header_, ","),
+                                                 "' (columns: ", Printable(absl::StrJoin(header_, ","), 200),
                                                  ")"));
 }
 

@@ -113,10 +113,10 @@ TEST(ClusterCommand, BadClusterFilesExitTwo) {
   const std::string workload = Data("tiresias/60_job.csv");
   const std::vector<Case> cases = {
       {"{\"device_types\": [{\"name\": \"v100\", \"nodes\": 0, \"gpus_per_node\": 4}]}",
-       "'nodes' must be a whole number >= 1"},
+       "'nodes' must be a whole number in [1, 1000000]"},
       {"{\"device_types\": [{\"name\": \"v100\", \"nodes\": 2, \"gpus_per_node\": 4, "
        "\"speed\": 0}]}",
-       "speed must be a positive number"},
+       "speed must be a number in [0.001, 1000]"},
       {"{\"device_types\": []}", "'device_types' must be a non-empty list"},
       {"not json", "not valid JSON"},
   };

@@ -58,11 +58,19 @@ TEST(ClusterFile, BadDescriptionsNameTheProblem) {
       {R"({"device_types": [], "x": 1})", "unknown field 'x'"},
       {R"({"device_types": [{"name": "a", "nodes": 1}]})", "missing 'gpus_per_node'"},
       {R"({"device_types": [{"name": "a", "nodes": 0, "gpus_per_node": 4}]})",
-       "'nodes' must be a whole number >= 1"},
+       "'nodes' must be a whole number in [1, 1000000]"},
       {R"({"device_types": [{"name": "a", "nodes": 1.5, "gpus_per_node": 4}]})",
        "'nodes' must be a whole number"},
       {R"({"device_types": [{"name": "a", "nodes": 1, "gpus_per_node": 4, "speed": -1}]})",
-       "speed must be a positive number"},
+       "speed must be a number in [0.001, 1000]"},
+      // A speed that would make the simulation run for ever, and counts past the limits.
+      {R"({"device_types": [{"name": "a", "nodes": 1, "gpus_per_node": 4, "speed": 1e-320}]})",
+       "speed must be a number in [0.001, 1000] (relative to the reference device), got"},
+      {R"({"device_types": [{"name": "a", "nodes": 2000000, "gpus_per_node": 1}]})",
+       "'nodes' must be a whole number in [1, 1000000], got 2000000"},
+      {R"({"device_types": [{"name": "a", "nodes": 1000, "gpus_per_node": 1000},
+                            {"name": "b", "nodes": 1, "gpus_per_node": 1}]})",
+       "1000001 GPUs (nodes x gpus_per_node over every device type); at most 1000000"},
       {R"({"device_types": [{"name": "a", "nodes": 1, "gpus_per_node": 4, "sped": 1}]})",
        "device_types[0]: unknown field 'sped'"},
       {R"({"device_types": [{"name": "a", "nodes": 1, "gpus_per_node": 4},
@@ -74,7 +82,7 @@ TEST(ClusterFile, BadDescriptionsNameTheProblem) {
        "application_speeds.ncf: unknown device type 'b'"},
       {R"({"device_types": [{"name": "a", "nodes": 1, "gpus_per_node": 4}],
            "application_speeds": {"ncf": {"a": 0}}})",
-       "speed must be a positive number"},
+       "speed must be a number in [0.001, 1000]"},
   };
   for (const Case& c : cases) {
     auto cluster = ParseClusterDescription(c.text, "bad.json");

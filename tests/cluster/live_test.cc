@@ -236,6 +236,33 @@ TEST(ClusterRunInput, BadInputIsRefusedWithTheReason) {
       Tandem("cluster run --hosts " + hosts + " --jobs " + Write("okjobs.csv", ok));
   EXPECT_EQ(badhosts.exit_status, 2) << badhosts.output;
   EXPECT_NE(badhosts.output.find(":2: expected 'HOST slots=N'"), std::string::npos) << badhosts.output;
+  // A file of binary bytes is not a list of hosts, and none of its bytes reach the terminal.
+  const std::string binary =
+      Write("binary_hosts", "\x8f\x1b[2J\x01\xfe slots=1\n");
+  const Outcome garbage =
+      Tandem("cluster run --hosts " + binary + " --jobs " + Write("okjobs.csv", ok));
+  EXPECT_EQ(garbage.exit_status, 2) << garbage.output;
+  EXPECT_NE(garbage.output.find(":1: '\\x8f\\x1b[2J\\x01\\xfe' is not a host name"),
+            std::string::npos)
+      << garbage.output;
+  const std::string binary_jobs = Write("binary_jobs.csv", "\x1b]0;x\x07,\xff\n");
+  const Outcome garbage_jobs = Tandem("cluster run --slots 2 --jobs " + binary_jobs);
+  EXPECT_EQ(garbage_jobs.exit_status, 2) << garbage_jobs.output;
+  for (char c : garbage.output + garbage_jobs.output) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE(byte == '\n' || (byte >= 0x20 && byte < 0x7f)) << "byte " << int{byte};
+  }
+  // Outputs are checked before any job starts.
+  const Outcome no_log = Tandem("cluster run --slots 2 --jobs " + Write("okjobs.csv", ok) +
+                                " --log-json " + Temp("missing/folder/log.json"));
+  EXPECT_EQ(no_log.exit_status, 2) << no_log.output;
+  EXPECT_NE(no_log.output.find("--log-json"), std::string::npos) << no_log.output;
+  EXPECT_EQ(no_log.output.find("tandem cluster run:"), std::string::npos)
+      << "no job may start: " << no_log.output;
+  const Outcome file_as_dir = Tandem("cluster run --slots 2 --jobs " + Write("okjobs.csv", ok) +
+                                     " --work-dir " + Write("a_file", "x") + "/sub");
+  EXPECT_EQ(file_as_dir.exit_status, 2) << file_as_dir.output;
+  EXPECT_NE(file_as_dir.output.find("--work-dir"), std::string::npos) << file_as_dir.output;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "common/file_util.h"
 #include "common/json_util.h"
+#include "common/printable.h"
 #include "common/trace.h"
 #include "common/units.h"
 #include "gtest/gtest.h"
@@ -35,6 +36,34 @@ TEST(JsonTest, NamesMissingAndMistypedFields) {
   auto bad = ParseJson("{\"a\": [1, 2", "bad.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad.json: malformed JSON"), std::string::npos);
+}
+
+// Integers beyond int64 are refused, not wrapped to negative numbers (a plan's num_layers of
+// 2^63 was reported as -9223372036854775808).
+TEST(JsonTest, IntegersBeyondInt64AreRefused) {
+  auto j = ParseJson(R"({"n": 9223372036854775808, "m": 9223372036854775807,
+                         "a": [1, 18446744073709551615]})", "f.json");
+  ASSERT_TRUE(j.ok());
+  auto n = GetInt(*j, "n", "f.json");
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().message(),
+            "f.json.n: is too large (9223372036854775808 > 9223372036854775807)");
+  EXPECT_EQ(*GetInt(*j, "m", "f.json"), INT64_MAX);
+  EXPECT_FALSE(GetIntArray(*j, "a", "f.json").ok());
+}
+
+// Text from a file is shown with every byte that is not printable UTF-8 escaped, and cut.
+TEST(PrintableTest, EscapesWhatATerminalWouldInterpret) {
+  EXPECT_EQ(Printable("plain text\twith a tab\n"), "plain text\twith a tab\n");
+  EXPECT_EQ(Printable("caf\xc3\xa9 \xe2\x9c\x93"), "caf\xc3\xa9 \xe2\x9c\x93");  // UTF-8 kept
+  EXPECT_EQ(Printable(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(Printable("\x1b[31mred"), "\\x1b[31mred");  // an escape sequence
+  EXPECT_EQ(Printable("\xff\xfe"), "\\xff\\xfe");       // not UTF-8
+  EXPECT_EQ(Printable("\xc3"), "\\xc3");                 // a sequence cut short
+  EXPECT_EQ(Printable("\xc2\x85"), "\\xc2\\x85");         // a C1 control character
+  EXPECT_EQ(Printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
+  EXPECT_EQ(Printable("abcdef", 3), "abc...");
+  EXPECT_EQ(Printable("abc", 3), "abc");
 }
 
 // The one JSON reader refuses nesting deeper than kMaxJsonDepth before parsing it: 50,000

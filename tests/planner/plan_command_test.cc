@@ -236,9 +236,21 @@ TEST(PlanCommand, BadInputExitsTwoWithAClearMessageAndWritesNothing) {
             "node2 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0, "
             "activation_size=10.0, parameter_size=5.0\n"
             "\tnode1 -- node2\n\tnode2 -- node1\n");
+  // Costs a double holds whose sums do not: the plan's predictions would be written as null.
+  const std::string overflow = Temp("overflow.piper.json");
+  const std::string overflowing_layer =
+      R"({"id": "vanilla", "timePerSample": 1e308, "parameterSize": 0, "memoryUsageA": 0,
+          "memoryUsageB": 0, "syncTimeFw": {}, "syncTimeBw": {}})";
+  WriteText(overflow, R"({"maxDevices": 2, "maxMemoryPerDevice": 8e10, "bandwidth": 2.5e10,
+      "mbsInBatch": 4, "nodes": [{"id": 0, "name": "a", "TMPCs": {"1": [)" +
+                          overflowing_layer + R"(]}}, {"id": 1, "name": "b", "TMPCs": {"1": [)" +
+                          overflowing_layer + R"(]}}],
+      "edges": [{"sourceId": 0, "destId": 1, "communicationCost": 0}]})");
   const std::string vgg = Data("pipedream/vgg16.graph.txt");
   const std::string bert = Data("piper/bert32a100.json");
   const std::vector<BadCase> cases = {
+      {"plan --profile " + overflow + " --profile-format piper --algorithm piper --devices 2",
+       "must be a finite number >= 0, got inf (do the profile's costs overflow?)"},
       {"plan --algorithm pipedream --devices 2", "missing --profile"},
       {"plan --profile " + vgg + " --profile-format pipedream --devices 2", "missing --algorithm"},
       {"plan --profile " + vgg + " --profile-format pipedream --algorithm zigzag --devices 2",
