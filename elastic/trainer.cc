@@ -311,12 +311,14 @@ absl::StatusOr<std::unique_ptr<ElasticTrainer>> ElasticTrainer::Join(
   State& s = *state;
   s.base->set_timeout(s.options.engine.timeout);
   std::vector<int> added;
-  TANDEM_RETURN_IF_ERROR(s.ReadJoinState(request.state, added));
+  double spawn_seconds = 0;
+  TANDEM_RETURN_IF_ERROR(s.ReadJoinState(request.state, added, spawn_seconds));
   s.me = s.live[static_cast<size_t>(s.current->rank())];
   s.reforming = true;
   TANDEM_RETURN_IF_ERROR(s.StartMembership(s.held_next - 1));
   Reconfiguration report;
   report.added = added;
+  report.spawn_seconds = spawn_seconds;
   report.shrink_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   TANDEM_RETURN_IF_ERROR(s.FinishGrowth(report, start, on_joined));
   return std::unique_ptr<ElasticTrainer>(new ElasticTrainer(std::move(state)));

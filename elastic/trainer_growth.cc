@@ -71,7 +71,8 @@ void ElasticTrainer::State::ScheduleReplacement(int64_t next) {
   grow_nodes = lost;
 }
 
-std::string ElasticTrainer::State::JoinState(const std::vector<int>& added) const {
+std::string ElasticTrainer::State::JoinState(const std::vector<int>& added,
+                                            double spawn_seconds) const {
   std::vector<int> after = live;
   after.insert(after.end(), added.begin(), added.end());
   const nlohmann::json j = {{"next_iteration", held_next},
@@ -82,12 +83,14 @@ std::string ElasticTrainer::State::JoinState(const std::vector<int>& added) cons
                             {"next_job_rank", next_job_rank + static_cast<int>(added.size())},
                             {"starting_ranks", starting_ranks},
                             {"num_layers", options.num_layers},
+                            {"spawn_seconds", spawn_seconds},
                             {"layout", LayoutToJson(held_layout)}};
   return j.dump();
 }
 
 absl::Status ElasticTrainer::State::ReadJoinState(const std::string& text,
-                                                  std::vector<int>& added) {
+                                                  std::vector<int>& added,
+                                                  double& spawn_seconds) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (!j.is_object()) return absl::DataLossError("the job's state for a started rank is not JSON");
   try {
@@ -98,6 +101,7 @@ absl::Status ElasticTrainer::State::ReadJoinState(const std::string& text,
     added = j.at("added").get<std::vector<int>>();
     next_job_rank = j.at("next_job_rank").get<int>();
     starting_ranks = j.at("starting_ranks").get<int>();
+    spawn_seconds = j.at("spawn_seconds").get<double>();
     held_layout = LayoutFromJson(j.at("layout"));
     const int layers = j.at("num_layers").get<int>();
     if (layers != options.num_layers ||
@@ -199,7 +203,7 @@ absl::Status ElasticTrainer::State::Grow(
   TANDEM_RETURN_IF_ERROR(
       Annotate(runtime::BroadcastString(**merged, options.join_payload).status(),
                "sending the job's set-up to the started ranks"));
-  TANDEM_RETURN_IF_ERROR(Annotate(runtime::BroadcastString(**merged, JoinState(added)).status(),
+  TANDEM_RETURN_IF_ERROR(Annotate(runtime::BroadcastString(**merged, JoinState(added, report.spawn_seconds)).status(),
                                   "sending the job's state to the started ranks"));
   std::unique_ptr<comm::Communicator> previous = std::move(shrunk);
   if (previous != nullptr) previous->Abort(absl::CancelledError("replaced by the grown job's"));

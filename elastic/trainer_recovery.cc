@@ -164,6 +164,7 @@ absl::Status ElasticTrainer::State::Reconfigure(
 
   // 3. The new layout, computed identically on every survivor.
   bool restore = false;
+  std::vector<std::string> lost;
   {
     // Layers with no live holder cannot be copied from anyone: say so before planning.
     std::vector<bool> covered(static_cast<size_t>(options.num_layers), false);
@@ -175,7 +176,6 @@ absl::Status ElasticTrainer::State::Reconfigure(
         }
       }
     }
-    std::vector<std::string> lost;
     for (int l = 0; l < options.num_layers; ++l) {
       if (!covered[static_cast<size_t>(l)]) lost.push_back(absl::StrCat(l));
     }
@@ -197,8 +197,11 @@ absl::Status ElasticTrainer::State::Reconfigure(
     absl::StatusOr<internal::CheckpointedLayers> read = ReadCheckpoint(options.checkpoint_dir);
     TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(
         current,
-        Annotate(read.status(), absl::StrCat("rank ", me, ": restoring lost layers from ",
-                                             options.checkpoint_dir)),
+        Annotate(read.status(),
+                 absl::StrCat("rank ", me, ": no surviving rank holds layer(s) ",
+                              absl::StrJoin(lost, ", "), " (ranks ", Ranks(report.dead),
+                              " died), and restoring them from ", options.checkpoint_dir,
+                              " failed")),
         "restoring from the checkpoint"));
     report.restored_step = read->step;
     report.resume_iteration = read->step;

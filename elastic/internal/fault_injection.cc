@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/printable.h"
 
 namespace tandem::elastic::internal {
 
@@ -27,8 +28,9 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
     if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &e.rank) ||
         !absl::SimpleAtoi(parts[1], &e.iteration) || !kPoints.count(parts[2])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "fault injection '", text,
-          "': expected RANK:ITERATION:POINT[,...], POINT one of forward, backward, sync, "
+          "fault injection '", Printable(text, 200),
+          "': expected RANK:ITERATION:POINT[,...] (ITERATION from 0: 1:2:forward fires in the "
+          "iteration logged as 3), POINT one of forward, backward, sync, "
           "commit, idle, stop (SIGSTOP in forward: a hung rank), reform (during the "
           "re-formation that resumes at ITERATION), shrink (in that re-formation, just before "
           "the survivors build their communicator), export (in that re-formation, as the "
@@ -48,7 +50,9 @@ absl::StatusOr<KillPoint> ParseKill(const std::string& text) {
 [[noreturn]] void KillSelf(int rank, int64_t iteration, const std::string& point) {
   const bool stop = point == "stop";
   TANDEM_LOG(WARNING) << "fault injection: rank " << rank << (stop ? " stops itself (SIGSTOP)" : " kills itself (SIGKILL)") << " at "
-                      << point << " of iteration " << iteration << " (unix time "
+                      << point << " of iteration " << iteration
+                      << (point == "checkpoint" || iteration < 0 ? "" : " (counted from 0)")
+                      << " (unix time "
                       << absl::StrFormat("%.3f", absl::ToUnixMicros(absl::Now()) * 1e-6) << ")";
   ::kill(::getpid(), stop ? SIGSTOP : SIGKILL);
   for (;;) ::pause();

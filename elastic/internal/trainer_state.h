@@ -292,8 +292,11 @@ struct ElasticTrainer::State {
   void ScheduleReplacement(int64_t next);
   // What a started rank needs (JoinRequest::state): the layout held before the growth, the
   // ranks after it, the iteration to resume.
-  std::string JoinState(const std::vector<int>& added) const;
-  absl::Status ReadJoinState(const std::string& text, std::vector<int>& added);
+  // The job's state for ranks it started: `spawn_seconds` is how long starting them took (the
+  // started ranks cannot measure it, and one of them may report the growth).
+  std::string JoinState(const std::vector<int>& added, double spawn_seconds) const;
+  absl::Status ReadJoinState(const std::string& text, std::vector<int>& added,
+                             double& spawn_seconds);
   // The end of a growth, on the old ranks and the started ones alike (the state moves and the
   // engines of a re-formation).
   absl::Status FinishGrowth(Reconfiguration& report, absl::Time start,

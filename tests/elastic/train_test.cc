@@ -388,6 +388,10 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
   EXPECT_EQ(l.growths[0]["resume_iteration"].get<int>(), 4) << o.output;
   EXPECT_EQ(l.growths[1]["added"], nlohmann::json({3})) << o.output;
   EXPECT_EQ(l.growths[1]["resume_iteration"].get<int>(), 7) << o.output;
+  // Starting a process takes time, whichever rank (an old one or a started one) reports it.
+  for (const nlohmann::json& g : l.growths) {
+    EXPECT_GT(g["spawn_seconds"].get<double>(), 0.01) << g.dump();
+  }
   EXPECT_EQ(l.ranks.at(0), 2);
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
@@ -542,6 +546,20 @@ TEST(ElasticTrainTest, ALayerWithoutASurvivingCopyEndsTheJobWithAClearError) {
   EXPECT_EQ(l.finished, 0);
   ASSERT_EQ(l.failures.size(), 1u);
   EXPECT_EQ(l.failures[0]["rank"], 0);
+
+  // With a checkpoint folder that holds no checkpoint yet, the error still names the layers
+  // (three ranks, one pipeline: the two survivors could run the job, from a checkpoint).
+  const std::string empty = TempPath("lost_checkpoint");
+  Outcome late = RunElastic(3, "1:2:forward",
+                            absl::StrCat(kPipelined, " --elastic-min-pipelines 1 --checkpoint-dir ",
+                                         empty, " --checkpoint-every 100"),
+                            log);
+  EXPECT_NE(late.exit_status, 124) << late.output;
+  EXPECT_NE(late.output.find("no surviving rank holds layer(s) "), std::string::npos)
+      << late.output;
+  EXPECT_NE(late.output.find("(ranks 1 died), and restoring them from "), std::string::npos)
+      << late.output;
+  EXPECT_EQ(ReadElasticLog(log).finished, 0);
 }
 
 TEST(ElasticTrainTest, LayersWithoutASurvivingCopyComeBackFromTheCheckpoint) {
