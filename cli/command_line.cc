@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <climits>
 #include <cstdio>
@@ -59,6 +60,17 @@ int RunElsewhere(const tandem::cli::CommandInfo& info, char** argv) {
   // widened after start-up: 1.3-1.7x slower).
   if (const int before = WidenDefaultMpiBinding(); before > 0) {
     ::setenv(kWidenedBindingVariable, absl::StrCat(before).c_str(), /*overwrite=*/1);
+  }
+  // An elastic job takes SIGUSR1 and SIGUSR2 as requests (stop, grow): ignored until the
+  // program started catches them (an ignored signal stays ignored across exec; a caught one
+  // would not), so that one arriving while LibTorch loads does not end the rank.
+  for (char** a = argv + 1; *a != nullptr; ++a) {
+    if (std::strcmp(*a, "--elastic") == 0 || std::strcmp(*a, "--elastic=true") == 0 ||
+        std::strcmp(*a, "--elastic=1") == 0) {
+      std::signal(SIGUSR1, SIG_IGN);
+      std::signal(SIGUSR2, SIG_IGN);
+      break;
+    }
   }
   std::fflush(nullptr);
   ::execv(path.c_str(), argv);

@@ -61,6 +61,12 @@ std::vector<std::string> OwnCommand() {
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
   if (argv.empty() || error) return {};
   argv[0] = exe.string();
+  // Started through a shell that ignores SIGUSR1 and SIGUSR2 before it execs the program (an
+  // ignored signal stays ignored across exec): mpirun forwards a scheduler's next request to
+  // every process of the job, the one starting too, which would die of it while LibTorch
+  // loads, before it catches them, and the job would wait for it in vain. "$0" "$@" are the
+  // program and its arguments as they are, never parsed by the shell.
+  argv.insert(argv.begin(), {"/bin/sh", "-c", "trap '' USR1 USR2; exec \"$0\" \"$@\""});
   return argv;
 }
 
@@ -393,6 +399,19 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
 
 bool ElasticJobLostRanks() { return lost_ranks; }
 
+void CatchElasticSignals() {
+  std::signal(SIGUSR1, OnStopSignal);
+  std::signal(SIGUSR2, OnGrowSignal);
+}
+
+bool ArgumentsAskForElastic(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--elastic" || a == "--elastic=true" || a == "--elastic=1") return true;
+  }
+  return false;
+}
+
 bool ElasticJoining() { return elastic::StartedByARunningJob(); }
 
 absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void()>& started) {
@@ -500,8 +519,7 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
   options.replace_lost = elastic.replace_lost;
   options.spawn_command = OwnCommand();
   options.join_payload = EncodeTemplateInputs(inputs);
-  std::signal(SIGUSR1, OnStopSignal);
-  std::signal(SIGUSR2, OnGrowSignal);
+  CatchElasticSignals();
   std::unique_ptr<elastic::ElasticTrainer> trainer;
   std::optional<elastic::Reconfiguration> joined;
   // This rank in the job (the world's, unless ranks died while the job started).

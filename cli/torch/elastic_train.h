@@ -41,6 +41,14 @@ absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void(
 // should end without it.
 bool ElasticJobLostRanks();
 
+// Catches SIGUSR1 (stop with a checkpoint) and SIGUSR2 (grow by a node) for the elastic job.
+// Called as early as the command line says --elastic: a scheduler's request that arrives
+// while the job starts is kept for when it runs (their default action would end the rank).
+void CatchElasticSignals();
+
+// Whether the arguments ask for an elastic job (--elastic, --elastic=true or =1).
+bool ArgumentsAskForElastic(int argc, char** argv);
+
 // Whether this process was started by a running elastic job to grow it (it joins that job).
 bool ElasticJoining();
 

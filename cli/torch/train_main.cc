@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "cli/command_line.h"
 #include "cli/torch/commands.h"
+#include "cli/torch/elastic_train.h"
 #include "cli/torch/model_flags.h"
 
 namespace tandem::cli {
@@ -35,6 +36,7 @@ bool NamesACommand(const char* argument) {
 }  // namespace
 
 int TrainMain(int argc, char** argv) {
+  if (ArgumentsAskForElastic(argc, argv)) CatchElasticSignals();
   RegisterBuiltInModels();
   RegisterTorchCommands();
   if (argc >= 2 && !NamesACommand(argv[1])) {

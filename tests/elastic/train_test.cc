@@ -396,6 +396,33 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
 
+// A scheduler's grow requests (SIGUSR2 to mpirun, which forwards it to every process of the
+// job) at awkward moments: one while the ranks start, then two 0.25 s apart, the second while
+// the process the first one started is still loading. That process used to die of it (the
+// signal's default action, before the program caught it) and the job waited for it until the
+// agreement timeout, then ended; and a rank still starting died the same way.
+TEST(ElasticTrainTest, GrowRequestsWhileRanksStartAreSurvived) {
+  const std::string log = TempPath("grow_requests.jsonl");
+  const int steps = 150;
+  const std::string script = absl::StrCat(
+      TANDEM_MPIEXEC,
+      " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery -np 2 ", g_tandem,
+      " train --elastic", tandem::testing::kSmallGptFlags, " --global-batch ", kGlobalBatch,
+      " --microbatch-size 2 --steps ", steps, " --seed ", kSeed, " --log-json ", log, kPipelined,
+      " --elastic-min-pipelines 1 --elastic-agreement-timeout 20 & m=$!; "
+      "sleep 0.4; kill -USR2 $m; "
+      "for i in $(seq 1 600); do grep -q loss ", log, " 2>/dev/null && break; sleep 0.05; done; "
+      "kill -USR2 $m; sleep 0.25; kill -USR2 $m; wait $m");
+  const Outcome o = RunCommand(absl::StrCat("timeout 150 bash -c '", script, "'"));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_EQ(o.output.find("did not join"), std::string::npos) << o.output;
+  const Log l = ReadElasticLog(log);  // every iteration logged once
+  EXPECT_EQ(l.finished, 1) << o.output;
+  EXPECT_TRUE(l.failures.empty()) << o.output;
+  EXPECT_EQ(l.loss.size(), static_cast<size_t>(steps)) << o.output;
+  EXPECT_GE(l.growths.size(), 1u) << o.output;
+}
+
 // Tensor parallelism inside the elastic job: tensor-parallel groups of 2 ranks are the
 // templates' devices (each with the memory of its two ranks); a rank that dies takes its group
 // with it, the other rank of that group goes idle, and the groups' shards move rank by rank.
