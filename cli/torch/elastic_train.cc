@@ -559,7 +559,10 @@ absl::Status RunElastic(const ElasticRun& run, const std::function<void()>& star
     timeline.Iteration(e);
     last_loss = e.result.loss;
     last_iteration = e.result.iteration;
-    if (!e.reporter) return;
+    if (!e.reporter) {
+      reporter.StopReporting();
+      return;
+    }
     const runtime::IterationResult& r = e.result;
     ProgressLine line;
     line.iteration = r.iteration + 1;

@@ -38,6 +38,13 @@ absl::Status TrainReporter::ReadLoggedIterations() {
   if (log_json_.empty()) return absl::OkStatus();
   absl::StatusOr<std::string> text = ReadFile(log_json_);
   if (!text.ok()) return absl::OkStatus();  // nothing logged yet
+  if (!text->empty() && text->back() != '\n') {
+    // The last reporter died while it wrote a line: that part goes, so the next line starts
+    // on a line of its own.
+    text->resize(text->find_last_of('\n') == std::string::npos ? 0
+                                                                : text->find_last_of('\n') + 1);
+    TANDEM_RETURN_IF_ERROR(Annotate(WriteFileAtomically(log_json_, *text), "--log-json"));
+  }
   std::istringstream in(*text);
   std::string row;
   while (std::getline(in, row)) {

@@ -65,6 +65,10 @@ class TrainReporter {
   // The run's first reporter starts the log empty. A reporter that takes over from a dead one
   // does not call it: at its first line it reads the iterations the log holds already.
   absl::Status StartLog();
+  // This rank does not report now (another one logs): should it report again later, it reads
+  // the log first (a rank that reported before a growth, then again after the started rank
+  // that took over died, logged an iteration twice).
+  void StopReporting() { log_known_ = false; }
 
   // Prints the progress line and logs the iteration, unless the log holds it already (an
   // iteration run again after a roll-back). A pending event (Reformation) is written first,

@@ -396,6 +396,26 @@ TEST(ElasticTrainTest, GrowsLiveOnRequest) {
   EXPECT_EQ(l.ranks.at(kSteps - 1), 4);
 }
 
+// The rank a growth started dies right after it joined: the job re-forms without it (its
+// layers from the checkpoint the growth saved) and every iteration is logged once, whichever
+// rank reported before, during and after.
+TEST(ElasticTrainTest, ANewRankDyingRightAfterItJoinedIsSurvived) {
+  const std::string log = TempPath("new_rank_dies.jsonl");
+  const std::string checkpoint = TempPath("new_rank_dies_checkpoint");
+  // Two growths (as in GrowsLiveOnRequest) give two pipelines of two; the second started rank
+  // dies in its first iteration.
+  Outcome o = RunElastic(2, "0:2:grow,1:5:grow,3:7:forward",
+                         absl::StrCat(kPipelined, " --elastic-min-pipelines 1 --checkpoint-dir ",
+                                      checkpoint),
+                         log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("1 reconfiguration(s), 2 growth(s)"), std::string::npos) << o.output;
+  const Log l = ExpectEqualToTheUnchangedRun(o, checkpoint, log);  // each iteration once
+  EXPECT_EQ(l.growths.size(), 2u) << o.output;
+  EXPECT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  tandem::RemoveAll(checkpoint).IgnoreError();
+}
+
 // A scheduler's grow requests (SIGUSR2 to mpirun, which forwards it to every process of the
 // job) at awkward moments: one while the ranks start, then two 0.25 s apart, the second while
 // the process the first one started is still loading. That process used to die of it (the
