@@ -385,6 +385,11 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
       return absl::NotFoundError(
           absl::StrCat(shard_path, ": shard file listed in the manifest is missing"));
     }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(
+          shard_path, ": shard listed in the manifest is ",
+          S_ISDIR(st.st_mode) ? "a folder" : "not a regular file", ", not a file"));
+    }
     if (static_cast<int64_t>(st.st_size) != r.bytes) {
       return absl::DataLossError(absl::StrCat(shard_path, ": has ", st.st_size,
                                               " bytes, the manifest says ", r.bytes,

@@ -189,6 +189,20 @@ TEST_F(CheckpointTest, MissingShardIsNotFoundNamingTheFile) {
   EXPECT_NE(read.status().message().find(m.shards[1].file), std::string::npos) << read.status();
 }
 
+// A shard replaced by a folder is named as such (the message gave the folder's 4096 bytes as
+// the shard's size).
+TEST_F(CheckpointTest, ShardReplacedByAFolderIsNamedAsSuch) {
+  CheckpointManifest m = WriteComplete();
+  std::filesystem::remove(dir_ + "/" + m.shards[0].file);
+  std::filesystem::create_directory(dir_ + "/" + m.shards[0].file);
+  auto read = ReadManifest(dir_);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(read.status().message().find(m.shards[0].file +
+                                         ": shard listed in the manifest is a folder, not a file"),
+            std::string::npos)
+      << read.status();
+}
+
 TEST_F(CheckpointTest, TruncatedShardIsDataLoss) {
   CheckpointManifest m = WriteComplete();
   std::filesystem::resize_file(dir_ + "/" + m.shards[0].file, m.shards[0].bytes - 4);
