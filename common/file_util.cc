@@ -279,22 +279,29 @@ absl::Status CheckOutputFile(const std::string& path, absl::string_view what) {
 
 absl::Status CheckOutputFolder(const std::string& path, absl::string_view what) {
   if (path.empty()) return OutputError(what, path, "empty");
-  std::string existing = path;
-  while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
+  std::string existing;
   struct stat info;
-  while (::stat(existing.c_str(), &info) != 0) {
-    const std::string above = FolderOf(existing);
-    if ((errno != ENOENT && errno != ENOTDIR) || above == existing) {
-      return OutputError(what, path, absl::StrCat(existing, ": ", std::strerror(errno)));
+  // Ranks of one job check the same path at once, and each makes and removes the first
+  // missing folder (below): the folder found may be another rank's, gone again before it is
+  // checked. Then the check starts over.
+  for (int attempt = 0;; ++attempt) {
+    existing = path;
+    while (existing.size() > 1 && existing.back() == '/') existing.pop_back();
+    while (::stat(existing.c_str(), &info) != 0) {
+      const std::string above = FolderOf(existing);
+      if ((errno != ENOENT && errno != ENOTDIR) || above == existing) {
+        return OutputError(what, path, absl::StrCat(existing, ": ", std::strerror(errno)));
+      }
+      existing = above;
     }
-    existing = above;
-  }
-  if (!S_ISDIR(info.st_mode)) {
-    return OutputError(what, path, absl::StrCat(existing, " is a file, not a folder"));
-  }
-  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
-    return OutputError(what, path, absl::StrCat(existing, " cannot be written: ",
-                                                std::strerror(errno)));
+    if (!S_ISDIR(info.st_mode)) {
+      return OutputError(what, path, absl::StrCat(existing, " is a file, not a folder"));
+    }
+    if (::access(existing.c_str(), W_OK | X_OK) == 0) break;
+    if (errno != ENOENT || attempt >= 100) {
+      return OutputError(what, path, absl::StrCat(existing, " cannot be written: ",
+                                                  std::strerror(errno)));
+    }
   }
   // Permissions do not say everything (a read-only or virtual file system such as /sys takes
   // no folder, even from root): the first missing folder is made and removed again.

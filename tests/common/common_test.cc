@@ -1,6 +1,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/file_util.h"
 #include "common/json_util.h"
@@ -130,6 +132,30 @@ TEST(FileTest, AppendGrowsAFileLineByLine) {
   EXPECT_EQ(*ReadFile(path), "{\"a\": 1}\n{\"a\": 2}\n");
   EXPECT_FALSE(AppendToFile("/nonexistent-dir/x.jsonl", "x").ok());
   std::remove(path.c_str());
+}
+
+// Ranks of one job check the same missing folder at once, each making and removing it: a rank
+// that found another's folder gone before it checked it said "cannot be written: No such file
+// or directory" (seen once in a full test run).
+TEST(FileTest, ConcurrentChecksOfOneMissingFolderAllPass) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "tandem_output_race";
+  ASSERT_TRUE(RemoveAll(root.string()).ok());
+  fs::create_directories(root);
+  const std::string wanted = (root / "checkpoints").string();
+  for (int round = 0; round < 300; ++round) {
+    std::vector<absl::Status> results(4);
+    std::vector<std::thread> checkers;
+    for (absl::Status& result : results) {
+      checkers.emplace_back([&result, &wanted] {
+        result = CheckOutputFolder(wanted, "--checkpoint-dir");
+      });
+    }
+    for (std::thread& t : checkers) t.join();
+    for (const absl::Status& result : results) ASSERT_TRUE(result.ok()) << round << ": " << result;
+    ASSERT_FALSE(fs::exists(wanted)) << "a check leaves nothing behind";
+  }
+  ASSERT_TRUE(RemoveAll(root.string()).ok());
 }
 
 TEST(FileTest, OutputPathsAreCheckedBeforeAnythingIsWritten) {
