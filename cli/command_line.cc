@@ -64,13 +64,11 @@ int RunElsewhere(const tandem::cli::CommandInfo& info, char** argv) {
   // An elastic job takes SIGUSR1 and SIGUSR2 as requests (stop, grow): ignored until the
   // program started catches them (an ignored signal stays ignored across exec; a caught one
   // would not), so that one arriving while LibTorch loads does not end the rank.
-  for (char** a = argv + 1; *a != nullptr; ++a) {
-    if (std::strcmp(*a, "--elastic") == 0 || std::strcmp(*a, "--elastic=true") == 0 ||
-        std::strcmp(*a, "--elastic=1") == 0) {
-      std::signal(SIGUSR1, SIG_IGN);
-      std::signal(SIGUSR2, SIG_IGN);
-      break;
-    }
+  int argc = 0;
+  while (argv[argc] != nullptr) ++argc;
+  if (ArgumentsAskForElastic(argc, argv)) {
+    std::signal(SIGUSR1, SIG_IGN);
+    std::signal(SIGUSR2, SIG_IGN);
   }
   std::fflush(nullptr);
   ::execv(path.c_str(), argv);
@@ -91,6 +89,16 @@ bool RunsElsewhere(const tandem::cli::CommandInfo& info) {
 }  // namespace
 
 namespace tandem::cli {
+
+bool ArgumentsAskForElastic(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--elastic") == 0 || std::strcmp(argv[i], "--elastic=true") == 0 ||
+        std::strcmp(argv[i], "--elastic=1") == 0) {
+      return true;
+    }
+  }
+  return false;
+}
 
 int RunCommandLine(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||

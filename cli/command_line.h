@@ -9,4 +9,8 @@ namespace tandem::cli {
 
 int RunCommandLine(int argc, char** argv);
 
+// Whether the arguments ask for an elastic job (--elastic, --elastic=true or =1): its programs
+// take SIGUSR1 and SIGUSR2 as requests from their start (cli/torch/elastic_train.h).
+bool ArgumentsAskForElastic(int argc, char** argv);
+
 }  // namespace tandem::cli

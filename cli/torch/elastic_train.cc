@@ -404,14 +404,6 @@ void CatchElasticSignals() {
   std::signal(SIGUSR2, OnGrowSignal);
 }
 
-bool ArgumentsAskForElastic(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view a = argv[i];
-    if (a == "--elastic" || a == "--elastic=true" || a == "--elastic=1") return true;
-  }
-  return false;
-}
-
 bool ElasticJoining() { return elastic::StartedByARunningJob(); }
 
 absl::Status RunElasticTraining(const ElasticRun& run, const std::function<void()>& started) {

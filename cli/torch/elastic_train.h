@@ -46,9 +46,6 @@ bool ElasticJobLostRanks();
 // while the job starts is kept for when it runs (their default action would end the rank).
 void CatchElasticSignals();
 
-// Whether the arguments ask for an elastic job (--elastic, --elastic=true or =1).
-bool ArgumentsAskForElastic(int argc, char** argv);
-
 // Whether this process was started by a running elastic job to grow it (it joins that job).
 bool ElasticJoining();
 
