@@ -135,12 +135,22 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     action.microbatch = -1;
     return action;
   }
-  if (!ConsumeInt(&rest, &action.stage)) return bad("expected a stage number");
+  int stage = 0;
+  if (!ConsumeInt(&rest, &stage)) return bad("expected a stage number");
+  if (stage < 0 || stage >= kMaxStages) {
+    return bad(absl::StrCat("stage out of range [0, ", kMaxStages, ")"));
+  }
+  action.stage = static_cast<int16_t>(stage);
   if (action.type == ActionType::kGradientSync) {
     action.microbatch = -1;
   } else {
     if (!absl::ConsumePrefix(&rest, ".")) return bad("expected '.' and a micro-batch");
-    if (!ConsumeInt(&rest, &action.microbatch)) return bad("expected a micro-batch number");
+    int microbatch = 0;
+    if (!ConsumeInt(&rest, &microbatch)) return bad("expected a micro-batch number");
+    if (microbatch < 0 || microbatch >= kMaxMicrobatches) {
+      return bad(absl::StrCat("micro-batch out of range [0, ", kMaxMicrobatches, ")"));
+    }
+    action.microbatch = static_cast<int16_t>(microbatch);
   }
   if (absl::ConsumePrefix(&rest, "r")) {
     int replica = 0;
@@ -242,6 +252,11 @@ absl::Status CheckScheduleSpec(const ScheduleSpec& spec) {
   }
   if (spec.waves < 1 || spec.waves > kMaxWaves) {
     return RangeError("waves", 1, kMaxWaves, spec.waves);
+  }
+  if (spec.NumStages() > kMaxStages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule too large: ", spec.num_ranks, " ranks x ", spec.ChunksPerRank(),
+        " chunks per rank is ", spec.NumStages(), " stages (at most ", kMaxStages, ")"));
   }
   const auto& costs = spec.planning_costs;
   if (costs != std::array<int, 3>{}) {
@@ -459,7 +474,7 @@ absl::StatusOr<Placement> PlacementFromJson(const nlohmann::json& j, absl::strin
   if (ranks < 1 || ranks > kMaxRanks) {
     return Annotate(RangeError("num_ranks", 1, kMaxRanks, ranks), where);
   }
-  const int64_t max_stages = int64_t{kMaxRanks} * kMaxChunks;
+  const int64_t max_stages = kMaxStages;
   if (stages < 1 || stages > max_stages) {
     return Annotate(RangeError("num_stages", 1, max_stages, stages), where);
   }

@@ -56,22 +56,25 @@ absl::StatusOr<ActionType> ParseActionType(absl::string_view name);
 bool IsCompute(ActionType type);   // F, B, Bi, W
 bool IsTransfer(ActionType type);  // sA, rA, sG, rG
 
-// 12 bytes: programs at p=1024, m=4096 hold tens of millions of them. Built field by field
-// or as Action{type, stage, microbatch, replica, peer}.
+// 8 bytes: programs at p=1024, m=4096 hold 50-100 million of them, written once and read by
+// the validator, the simulator and the runtime. Built field by field or as
+// Action{type, stage, microbatch, replica, peer}; the fields are narrow (stages and
+// micro-batches below 2^15, kMaxStages and kMaxMicrobatches), and every reader of schedules
+// checks the ranges before it builds one.
 struct Action {
   constexpr Action() = default;
   constexpr Action(ActionType type, int stage, int microbatch, int replica = 0, int peer = -1)
       : type(type),
         replica(static_cast<uint8_t>(replica)),
         peer(static_cast<int16_t>(peer)),
-        stage(stage),
-        microbatch(microbatch) {}
+        stage(static_cast<int16_t>(stage)),
+        microbatch(static_cast<int16_t>(microbatch)) {}
 
   ActionType type = ActionType::kForward;
-  uint8_t replica = 0;  // < kMaxReplicas
-  int16_t peer = -1;    // transfers: the other rank (< kMaxRanks); -1 otherwise
-  int stage = 0;        // -1 for kOptimizerStep
-  int microbatch = 0;   // -1 for kGradientSync / kOptimizerStep
+  uint8_t replica = 0;     // < kMaxReplicas
+  int16_t peer = -1;       // transfers: the other rank (< kMaxRanks); -1 otherwise
+  int16_t stage = 0;       // < kMaxStages; -1 for kOptimizerStep
+  int16_t microbatch = 0;  // < kMaxMicrobatches; -1 for kGradientSync / kOptimizerStep
 
   bool operator==(const Action& o) const {
     return type == o.type && stage == o.stage && microbatch == o.microbatch &&
@@ -79,12 +82,13 @@ struct Action {
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
-static_assert(sizeof(Action) == 12, "Action is packed into 12 bytes");
+static_assert(sizeof(Action) == 8, "Action is packed into 8 bytes");
 
 // "F3.1" (stage 3, micro-batch 1), "F3.1r1" for replica 1, "sA3.1>2" (send to rank 2),
 // "rG2.0<3", "sync3", "sync3r1", "step".
 std::string ToString(const Action& action);
-// Inverse of ToString (shape only: no range checks). InvalidArgument names the text.
+// Inverse of ToString. Checks each field fits its range (stage < kMaxStages, ...), not the
+// schedule it belongs to (the validator does). InvalidArgument names the text.
 absl::StatusOr<Action> ParseAction(absl::string_view text);
 
 // kCustom is a schedule given as explicit per-rank programs (read from a file, e.g. torch's CSV
@@ -112,12 +116,14 @@ std::string ScheduleKindList();
 // Ranges every spec must respect (generators add their own constraints).
 inline constexpr int kMaxRanks = 16384;
 inline constexpr int kMaxReplicas = 256;  // pipeline replicas (Chimera: 2)
-inline constexpr int kMaxMicrobatches = 1 << 16;
+inline constexpr int kMaxMicrobatches = 1 << 15;  // Action::microbatch is 16 bits
+// Stages of one pipeline (ranks x chunks per rank): Action::stage is 16 bits.
+inline constexpr int kMaxStages = 1 << 15;
 inline constexpr int kMaxChunks = 64;
 inline constexpr int kMaxWaves = 64;
 inline constexpr int kMaxPlanningCost = 1000;
 // Upper bound on (replica, stage, micro-batch) triples of one schedule, so that a generated
-// schedule fits in memory (about 6 actions of 12 bytes each per triple).
+// schedule fits in memory (about 6 actions of 8 bytes each per triple).
 inline constexpr int64_t kMaxStageMicrobatches = int64_t{1} << 24;
 
 // What a generator is asked for.
@@ -155,7 +161,7 @@ struct ScheduleSpec {
 };
 
 // Range checks common to all kinds (p, m, v, W within the limits above, total size bounded).
-// InvalidArgument names the field, e.g. "microbatches must be in [1, 65536], got 0".
+// InvalidArgument names the field, e.g. "microbatches must be in [1, 32768], got 0".
 absl::Status CheckScheduleSpec(const ScheduleSpec& spec);
 
 // "F,Bi,W" (three positive numbers) as relative planning costs; InvalidArgument names the

@@ -22,7 +22,7 @@ namespace {
 // A file larger than this is not a schedule (p=1024, m=4096 lowered is about 500 MB).
 constexpr int64_t kMaxCsvBytes = int64_t{1} << 30;
 // Stages and micro-batches a cell may name: what a spec may hold.
-constexpr int64_t kMaxCsvStage = int64_t{kMaxRanks} * kMaxChunks;
+constexpr int64_t kMaxCsvStage = kMaxStages;
 
 // torch's _ComputationType, as written in a cell.
 enum class TorchType : uint8_t {

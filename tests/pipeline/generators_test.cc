@@ -267,13 +267,15 @@ TEST(GeneratorsTest, ConstraintsAreCheckedUpFront) {
       {Spec(ScheduleKind::kChimera, 4, 6),
        "chimera: needs micro-batches a multiple of the ranks (4), got 6"},
       {Spec(ScheduleKind::k1F1B, 0, 4), "stages (ranks) must be in [1, 16384], got 0"},
-      {Spec(ScheduleKind::kGPipe, 4, 0), "microbatches must be in [1, 65536], got 0"},
+      {Spec(ScheduleKind::kGPipe, 4, 0), "microbatches must be in [1, 32768], got 0"},
       {Spec(ScheduleKind::kInterleaved, 4, 8, 0), "chunks must be in [1, 64], got 0"},
       {Spec(ScheduleKind::kHanayo, 4, 8, 1, 0), "waves must be in [1, 64], got 0"},
       {Spec(ScheduleKind::k1F1B, 4, 8, 2), "1f1b: chunks apply only to interleaved"},
       {Spec(ScheduleKind::kInterleaved, 4, 8, 2, 2), "waves apply only to hanayo"},
       {Spec(ScheduleKind::kZBV, 4, 8, 3), "zb-v always uses 2 chunks per rank"},
-      {Spec(ScheduleKind::k1F1B, 16384, 65536), "schedule too large"},
+      {Spec(ScheduleKind::k1F1B, 16384, 32768), "schedule too large"},
+      {Spec(ScheduleKind::kInterleaved, 16384, 4, 4),
+       "16384 ranks x 4 chunks per rank is 65536 stages (at most 32768)"},
   };
   for (const Case& c : cases) {
     auto s = GenerateSchedule(c.spec);

@@ -20,6 +20,7 @@ TEST(ActionTest, ToStringAndParseRoundTrip) {
       {{ActionType::kGradientSync, 3, -1, 0, -1}, "sync3"},
       {{ActionType::kGradientSync, 3, -1, 1, -1}, "sync3r1"},
       {{ActionType::kOptimizerStep, -1, -1, 0, -1}, "step"},
+      {{ActionType::kForward, 32767, 32767, 0, -1}, "F32767.32767"},  // the largest
   };
   for (const auto& [action, text] : cases) {
     EXPECT_EQ(ToString(action), text);
@@ -32,7 +33,7 @@ TEST(ActionTest, ToStringAndParseRoundTrip) {
 TEST(ActionTest, ParseRejectsMalformed) {
   for (const char* text : {"", "X1.2", "F", "F1", "F1.", "F1.2x", "sA1.2", "sA1.2<3", "step2",
                            "rG1.2>0", "sync", "F-1.2", "F1.2r256", "sA1.2r1>16384",
-                           "rA1.2<-3"}) {
+                           "rA1.2<-3", "F32768.0", "F0.32768", "sync32768"}) {
     auto parsed = ParseAction(text);
     EXPECT_FALSE(parsed.ok()) << text;
     if (!parsed.ok()) {

@@ -104,7 +104,7 @@ TEST(PlanCommand, SmallInputsDemandingUnboundedWorkEndQuickly) {
        2, "on 1000000 machines is too large"},
       {"plan --profile " + Data("pipedream/vgg16.graph.txt") + " --profile-format pipedream "
        "--algorithm piper --cluster " + cluster,
-       0, "65536 micro-batches"},
+       0, "32768 micro-batches"},
   };
   for (const auto& c : cases) {
     std::remove(output.c_str());
