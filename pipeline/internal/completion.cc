@@ -277,10 +277,11 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
           while (at < receiver_start.size() && receiver_start[at] < time) ++at;
           latest = std::max(latest, at);
         }
-        Action recv = a;
-        recv.type = activation ? ActionType::kRecvActivation : ActionType::kRecvGradient;
-        recv.peer = q;
-        channel.push_back({std::min(consumer, static_cast<int>(latest)), recv});
+        channel.push_back({std::min(consumer, static_cast<int>(latest)),
+                           TransferOf(a,
+                                      activation ? ActionType::kRecvActivation
+                                                 : ActionType::kRecvGradient,
+                                      q)});
       }
       // FIFO: receive k must precede receive k+1.
       for (size_t j = channel.size(); j-- > 1;) {
@@ -324,11 +325,11 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
       }
       const int peer = table.Destination(a);
       if (peer >= 0) {
-        Action send = a;
-        send.type = a.type == ActionType::kForward ? ActionType::kSendActivation
-                                                   : ActionType::kSendGradient;
-        send.peer = peer;
-        program.push_back(send);
+        program.push_back(TransferOf(a,
+                                     a.type == ActionType::kForward
+                                         ? ActionType::kSendActivation
+                                         : ActionType::kSendGradient,
+                                     peer));
       }
     }
     // A held stage that never ran a backward still gets its sync (the validator then reports

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "pipeline/schedule.h"
@@ -19,13 +21,30 @@ constexpr int kNominalBackward = 2;        // full backward
 constexpr int kNominalBackwardInput = 1;   // split backward: input-gradient half
 constexpr int kNominalBackwardWeight = 1;  // split backward: weight-gradient half
 
+// An Action built as one 8-byte word in a register. One assembled field by field on the stack
+// and then copied whole (into a program, a queue) is a load the store buffer cannot forward,
+// and the builders copy tens of millions of them.
+inline Action PackedAction(ActionType type, int replica, int stage, int microbatch, int peer) {
+  static_assert(offsetof(Action, type) == 0 && offsetof(Action, replica) == 1 &&
+                    offsetof(Action, peer) == 2 && offsetof(Action, stage) == 4 &&
+                    offsetof(Action, microbatch) == 6 && sizeof(Action) == 8 &&
+                    std::is_trivially_copyable_v<Action>,
+                "PackedAction knows Action's layout");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+  static_assert(false, "PackedAction assumes a little-endian target");
+#endif
+  const uint64_t word = uint64_t{static_cast<uint8_t>(type)} |
+                        (uint64_t{static_cast<uint8_t>(replica)} << 8) |
+                        (uint64_t{static_cast<uint16_t>(peer)} << 16) |
+                        (uint64_t{static_cast<uint16_t>(stage)} << 32) |
+                        (uint64_t{static_cast<uint16_t>(microbatch)} << 48);
+  Action out;
+  std::memcpy(static_cast<void*>(&out), &word, sizeof(out));
+  return out;
+}
+
 inline Action Compute(ActionType type, int replica, int stage, int microbatch) {
-  Action action;
-  action.type = type;
-  action.stage = stage;
-  action.microbatch = microbatch;
-  action.replica = replica;
-  return action;
+  return PackedAction(type, replica, stage, microbatch, /*peer=*/-1);
 }
 
 using ComputeOrders = std::vector<std::vector<Action>>;
@@ -188,21 +207,17 @@ class PairTable {
   std::vector<uint8_t> neighbours_;
 };
 
+// The transfer of compute `a`'s data: `a` with `type` and `peer` (see PackedAction).
+inline Action TransferOf(const Action& a, ActionType type, int peer) {
+  return PackedAction(type, a.replica, a.stage, a.microbatch, peer);
+}
+
 inline Action SyncOf(int replica, int stage) {
-  Action sync;
-  sync.type = ActionType::kGradientSync;
-  sync.stage = stage;
-  sync.microbatch = -1;
-  sync.replica = replica;
-  return sync;
+  return PackedAction(ActionType::kGradientSync, replica, stage, /*microbatch=*/-1, /*peer=*/-1);
 }
 
 inline Action StepAction() {
-  Action step;
-  step.type = ActionType::kOptimizerStep;
-  step.stage = -1;
-  step.microbatch = -1;
-  return step;
+  return PackedAction(ActionType::kOptimizerStep, 0, /*stage=*/-1, /*microbatch=*/-1, -1);
 }
 
 // Tables with an entry (or a bit) per (replica, stage) pair and micro-batch, laid out in

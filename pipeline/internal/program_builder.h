@@ -159,14 +159,14 @@ class ProgramBuilder {
                                           ? -1
                                           : gradient_channel_[pair]);
     if (channel >= 0) {
-      Action send = a;
-      send.type = activation ? ActionType::kSendActivation : ActionType::kSendGradient;
-      send.peer = activation ? table_.ActivationTo(pair) : table_.GradientTo(pair);
-      Emit(r, send);
-      Action receive = a;
-      receive.type = activation ? ActionType::kRecvActivation : ActionType::kRecvGradient;
-      receive.peer = r;
-      Push(channel, {start + costs_.Of(a.type), end2, receive});
+      Emit(r, TransferOf(a,
+                         activation ? ActionType::kSendActivation : ActionType::kSendGradient,
+                         activation ? table_.ActivationTo(pair) : table_.GradientTo(pair)));
+      Push(channel, {start + costs_.Of(a.type), end2,
+                     TransferOf(a,
+                                activation ? ActionType::kRecvActivation
+                                           : ActionType::kRecvGradient,
+                                r)});
     }
     // The rank writes next where its program has never been touched: at p=1024 that line
     // (and its page's TLB entry) is far out of cache. Its next action comes ~p actions later,
