@@ -233,12 +233,13 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
   schedule.placement = std::move(placement);
   schedule.programs.resize(num_ranks);
   // Per receiver: the messages of each sender, in the sender's order, with the compute they
-  // go before; then all of them by that compute (senders ascending on ties). Built rank by
-  // rank, so no table of every receive.
+  // go before; merged by that compute (senders ascending on ties) as the program is written.
+  // Built rank by rank, so no table of every receive.
   std::vector<int> senders;
+  // channels[k] holds channel_size[k] receives: the room grows to the longest sender order
+  // seen and is reused, written through a pointer (see the program below).
   std::vector<std::vector<PlacedReceive>> channels;
-  std::vector<size_t> channel_next;
-  std::vector<PlacedReceive> receives;
+  std::vector<size_t> channel_size, channel_next;
   std::vector<size_t> available(num_timelines);
   for (int r = 0; r < num_ranks; ++r) {
     senders.clear();
@@ -252,13 +253,15 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
     std::sort(senders.begin(), senders.end());
     senders.erase(std::unique(senders.begin(), senders.end()), senders.end());
     if (channels.size() < senders.size()) channels.resize(senders.size());
+    channel_size.assign(senders.size(), 0);
     const auto& order = compute_orders[r];
     size_t total_receives = 0;
     for (size_t k = 0; k < senders.size(); ++k) {
       const int q = senders[k];
       const auto& sender_order = compute_orders[q];
-      std::vector<PlacedReceive>& channel = channels[k];
-      channel.clear();
+      if (channels[k].size() < sender_order.size()) channels[k].resize(sender_order.size());
+      PlacedReceive* const channel = channels[k].data();
+      size_t size = 0;
       std::fill(available.begin(), available.end(), 0);
       for (size_t ci = 0; ci < sender_order.size(); ++ci) {
         const Action a = ActionOf(sender_order[ci]);
@@ -277,68 +280,73 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
           while (at < receiver_start.size() && receiver_start[at] < time) ++at;
           latest = std::max(latest, at);
         }
-        channel.push_back({std::min(consumer, static_cast<int>(latest)),
+        channel[size++] = {std::min(consumer, static_cast<int>(latest)),
                            TransferOf(a,
                                       activation ? ActionType::kRecvActivation
                                                  : ActionType::kRecvGradient,
-                                      q)});
+                                      q)};
       }
       // FIFO: receive k must precede receive k+1.
-      for (size_t j = channel.size(); j-- > 1;) {
+      for (size_t j = size; j-- > 1;) {
         channel[j - 1].before = std::min(channel[j - 1].before, channel[j].before);
       }
-      total_receives += channel.size();
+      channel_size[k] = size;
+      total_receives += size;
     }
-    // Merge the channels (each ordered by `before`), the lower sender first on ties.
-    receives.clear();
-    receives.reserve(total_receives);
+    // The channels (each ordered by `before`) are merged as the program is written: before
+    // compute i go the receives placed there, channel by channel, the lower sender first.
     channel_next.assign(senders.size(), 0);
-    for (size_t n = 0; n < total_receives; ++n) {
-      size_t best = senders.size();
-      for (size_t k = 0; k < senders.size(); ++k) {
-        if (channel_next[k] == channels[k].size()) continue;
-        if (best == senders.size() ||
-            channels[k][channel_next[k]].before < channels[best][channel_next[best]].before) {
-          best = k;
-        }
-      }
-      receives.push_back(channels[best][channel_next[best]++]);
-    }
 
     // The program: receives, each compute with its sync and its send, the syncs of stages
-    // without a backward here, the step. Its length is known: the room is reserved and filled
-    // in order, with no value-initialised copy to write over first.
+    // without a backward here, the step. Its length is known: the room is made at that length
+    // just before it is written (a few hundred KB, so the lines the fill touches are still in
+    // cache when the actions overwrite them) and written through a pointer the compiler keeps
+    // in a register (push_back reloads the vector's end after every store of an Action, whose
+    // byte fields may alias it).
     std::vector<Action>& program = schedule.programs[r];
-    const size_t length = order.size() + sends[r] + receives.size() + held[r].size() + 1;
-    program.reserve(length);
-    const PlacedReceive* next = receives.data();
-    const PlacedReceive* const receives_end = next + receives.size();
+    const size_t length = order.size() + sends[r] + total_receives + held[r].size() + 1;
+    program.resize(length);
+    Action* out = program.data();
+    Action* const out_end = out + length;
+    bool overflow = false;
+    auto put = [&](const Action& action) {
+      if (out == out_end) {
+        overflow = true;
+        return;
+      }
+      *out++ = action;
+    };
+    const size_t num_senders = senders.size();
     for (int i = 0; i < static_cast<int>(order.size()); ++i) {
-      while (next != receives_end && next->before == i) program.push_back((next++)->action);
+      for (size_t k = 0; k < num_senders; ++k) {
+        const PlacedReceive* const channel = channels[k].data();
+        const size_t size = channel_size[k];
+        size_t& at = channel_next[k];
+        while (at < size && channel[at].before == i) put(channel[at++].action);
+      }
       const Action a = ActionOf(order[i]);
-      program.push_back(a);
+      put(a);
       // The stage's gradients are final: start their synchronisation before the sends, so
       // that the transfer run after this compute stays one group.
       if (FinishesWeightGradient(a.type) &&
           last_backward[table.Pair(a.replica, a.stage)] == i) {
-        program.push_back(SyncOf(a.replica, a.stage));
+        put(SyncOf(a.replica, a.stage));
       }
       const int peer = table.Destination(a);
       if (peer >= 0) {
-        program.push_back(TransferOf(a,
-                                     a.type == ActionType::kForward
-                                         ? ActionType::kSendActivation
-                                         : ActionType::kSendGradient,
-                                     peer));
+        put(TransferOf(a,
+                       a.type == ActionType::kForward ? ActionType::kSendActivation
+                                                      : ActionType::kSendGradient,
+                       peer));
       }
     }
     // A held stage that never ran a backward still gets its sync (the validator then reports
     // the missing backward).
     for (const auto& [replica, stage] : held[r]) {
-      if (last_backward[table.Pair(replica, stage)] == kNone) program.push_back(SyncOf(replica, stage));
+      if (last_backward[table.Pair(replica, stage)] == kNone) put(SyncOf(replica, stage));
     }
-    program.push_back(StepAction());
-    if (program.size() != length) {
+    put(StepAction());
+    if (overflow || out != out_end) {
       return absl::InternalError(absl::StrCat("rank ", r, ": program length miscounted"));
     }
   }
