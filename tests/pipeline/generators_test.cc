@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -284,6 +285,28 @@ TEST(GeneratorsTest, ConstraintsAreCheckedUpFront) {
     EXPECT_TRUE(absl::StrContains(s.status().message(), c.message))
         << s.status() << " expected " << c.message;
   }
+}
+
+TEST(GeneratorsTest, CompleteScheduleNamesOrdersThatCannotRun) {
+  // Two ranks, stages 0 and 1, one micro-batch. Rank 1 runs its backward before its forward:
+  // that backward waits for the forward behind it on its own rank, and rank 0's backward for
+  // its gradient. The first rank that cannot go on is named.
+  ScheduleSpec spec = Spec(ScheduleKind::k1F1B, 2, 1);
+  auto compute = [](ActionType type, int stage) { return Action(type, stage, 0); };
+  std::vector<std::vector<Action>> orders = {
+      {compute(ActionType::kForward, 0), compute(ActionType::kBackward, 0)},
+      {compute(ActionType::kBackward, 1), compute(ActionType::kForward, 1)}};
+  auto s = CompleteSchedule(spec, Placement::Linear(2), orders);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.status().message(),
+                                "compute orders cannot run: rank 0 step 1 (B0.0) waits for an input"))
+      << s.status();
+  // In the right order the same computes complete into a valid schedule.
+  std::swap(orders[1][0], orders[1][1]);
+  auto good = CompleteSchedule(spec, Placement::Linear(2), orders);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(ValidateSchedule(*good).ok());
 }
 
 TEST(GeneratorsTest, GeneratedSchedulesRoundTripThroughJson) {
