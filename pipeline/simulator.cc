@@ -14,6 +14,7 @@
 namespace tandem::pipeline {
 namespace {
 
+constexpr int64_t kNotBlocked = -1;
 // Actions fetched ahead for a rank that will resume later (see Run): four cache lines.
 constexpr int64_t kActionsPerLine = 64 / sizeof(Action);
 constexpr int64_t kPrefetchActions = 4 * kActionsPerLine;
@@ -207,33 +208,24 @@ absl::StatusOr<ScheduleSimulator> ScheduleSimulator::Create(const Schedule& sche
   sim.schedule_ = &schedule;
   // Channels are found by the first run, as their first messages go by: a pass over the
   // programs just to list them would read 10^8 actions at p=1024, m=4096.
-  sim.ranks_.assign(schedule.NumRanks(), RankState{});
+  sim.rank_peers_.assign(schedule.NumRanks(), {});
   return sim;
 }
 
 int ScheduleSimulator::AddChannel(int from, int to) {
   const int id = num_channels_++;
-  auto add = [&](int rank, const Peer& peer) {
-    RankState& state = ranks_[rank];
-    if (state.peer_count < kInlinePeers) {
-      state.peers[state.peer_count] = peer;
+  auto add = [](PeerList& list, const Peer& peer) {
+    if (list.count < kInlinePeers) {
+      list.inline_peers[list.count] = peer;
     } else {
-      more_peers_.emplace_back(rank, peer);
+      list.more.push_back(peer);
     }
-    ++state.peer_count;
+    ++list.count;
   };
-  add(from, {to * 2 + 1, id});
-  add(to, {from * 2, id});
+  add(rank_peers_[from], {to, id, true});
+  add(rank_peers_[to], {from, id, false});
   in_flight_.emplace_back();
   return id;
-}
-
-const ScheduleSimulator::Peer& ScheduleSimulator::PeerAt(int rank, int j) const {
-  if (j < kInlinePeers) return ranks_[rank].peers[j];
-  for (const auto& [r, peer] : more_peers_) {
-    if (r == rank && j-- == kInlinePeers) return peer;
-  }
-  return more_peers_.front().second;  // not reached: j < peer_count
 }
 
 void ScheduleSimulator::InFlight::Grow() {
@@ -278,19 +270,14 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   result.busy_seconds.assign(num_ranks, 0.0);
   result.idle_seconds.assign(num_ranks, 0.0);
   result.peak_activations.assign(num_ranks, 0.0);
+  std::vector<double> now(num_ranks, 0.0), stashed(num_ranks, 0.0), sync_end(num_ranks, 0.0);
   // Per channel, the arrival times of the messages sent and not yet received, in order.
   for (InFlight& queue : in_flight_) {
     queue.head = 0;
     queue.size = 0;
-    queue.receiver_waits = false;
   }
-  for (int r = 0; r < num_ranks; ++r) {
-    RankState& state = ranks_[r];
-    state.program = schedule.programs[r].data();
-    state.pc = 0;
-    state.size = static_cast<int64_t>(schedule.programs[r].size());
-    state.now = state.busy = state.stashed = state.peak = state.sync_end = 0;
-  }
+  pc_.assign(num_ranks, 0);
+  blocked_on_.assign(num_ranks, kNotBlocked);
   worklist_.clear();
   for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
   const bool trace = options.record_trace;
@@ -322,15 +309,11 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   while (!worklist_.empty()) {
     const int r = worklist_.back();
     worklist_.pop_back();
-    RankState& state = ranks_[r];
-    const Action* const program = state.program;
-    int64_t k = state.pc;
-    const int64_t end = state.size;
-    double t = state.now;
+    const std::vector<Action>& program = schedule.programs[r];
+    int64_t k = pc_[r];
+    const int64_t end = static_cast<int64_t>(program.size());
+    double t = now[r];
     double busy = 0;
-    double stashed = state.stashed;
-    double peak = state.peak;
-    double sync_end = state.sync_end;
     bool blocked = false;
     for (; k < end && !blocked; ++k) {
       const Action& op = program[k];
@@ -344,19 +327,19 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
       switch (op.type) {
         case ActionType::kForward:
           cost = forward[s];
-          stashed += stash[s];
-          peak = std::max(peak, stashed);
+          stashed[r] += stash[s];
+          result.peak_activations[r] = std::max(result.peak_activations[r], stashed[r]);
           break;
         case ActionType::kBackward:
           cost = backward_full[s];
-          stashed -= stash[s];
+          stashed[r] -= stash[s];
           break;
         case ActionType::kBackwardInput:
           cost = backward_input[s];
           break;
         case ActionType::kBackwardWeight:
           cost = weight[s];
-          stashed -= stash[s];
+          stashed[r] -= stash[s];
           break;
         case ActionType::kSendActivation:
         case ActionType::kSendGradient: {
@@ -365,16 +348,13 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
                                                                        : gradient_transfer[s];
           int c = ChannelOf(r, op.peer, /*send=*/true);
           if (c < 0) c = AddChannel(r, op.peer);
-          InFlight& queue = in_flight_[c];
-          queue.push(t + flight);
+          in_flight_[c].push(t + flight);
           if (trace && flight > 0) record(r, k, kTraceLaneTransfer, t, flight);
-          if (queue.receiver_waits) {
-            queue.receiver_waits = false;
+          if (blocked_on_[op.peer] == c) {
+            blocked_on_[op.peer] = kNotBlocked;
             worklist_.push_back(op.peer);
-            // It resumes next (the worklist is a stack), long after it last ran: its state
-            // is in no cache any more (its next actions were fetched when it blocked).
-            Prefetch(&ranks_[op.peer]);
-            Prefetch(reinterpret_cast<const char*>(&ranks_[op.peer]) + 64);
+            // It resumes soon, where it stopped long ago: a line no cache holds any more.
+            Prefetch(&schedule.programs[op.peer][pc_[op.peer]]);
           }
           break;
         }
@@ -383,9 +363,8 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
           if (op.peer < 0 || op.peer >= num_ranks) return BadPeer(r, k, op);
           int c = ChannelOf(r, op.peer, /*send=*/false);
           if (c < 0) c = AddChannel(op.peer, r);
-          InFlight& queue = in_flight_[c];
-          if (queue.empty()) {
-            queue.receiver_waits = true;
+          if (in_flight_[c].empty()) {
+            blocked_on_[r] = c;
             blocked = true;
             // The rank resumes here after its peers have moved (often ~p ranks later): fetch
             // the actions after this receive now, as no hardware prefetcher will.
@@ -396,7 +375,7 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
             --k;  // stay on this receive
             break;
           }
-          const double arrives = queue.pop();
+          const double arrives = in_flight_[c].pop();
           if (arrives > t) {
             if (trace) record(r, k, kTraceLaneWait, t, arrives - t);
             t = arrives;
@@ -405,10 +384,10 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
         }
         case ActionType::kGradientSync:
           if (trace && sync[s] > 0) record(r, k, kTraceLaneSync, t, sync[s]);
-          sync_end = std::max(sync_end, t + sync[s]);
+          sync_end[r] = std::max(sync_end[r], t + sync[s]);
           break;
         case ActionType::kOptimizerStep:
-          t = std::max(t, sync_end);
+          t = std::max(t, sync_end[r]);
           if (trace && costs.optimizer_seconds > 0) {
             record(r, k, kTraceLaneCompute, t, costs.optimizer_seconds);
           }
@@ -421,39 +400,33 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
         busy += cost;
       }
     }
-    executed += k - state.pc;
-    state.pc = k;
-    state.now = t;
-    state.busy += busy;
-    state.stashed = stashed;
-    state.peak = peak;
-    state.sync_end = sync_end;
+    executed += k - pc_[r];
+    pc_[r] = k;
+    now[r] = t;
+    result.busy_seconds[r] += busy;
   }
   for (int r = 0; r < num_ranks; ++r) {
-    const RankState& state = ranks_[r];
-    if (state.pc < state.size) {
+    if (pc_[r] < static_cast<int64_t>(schedule.programs[r].size())) {
+      const int64_t step = pc_[r];
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " step ", state.pc, " (", ToString(state.program[state.pc]),
+          "rank ", r, " step ", step, " (", ToString(schedule.programs[r][step]),
           "): deadlock: waiting for a send that never comes"));
     }
   }
   for (int r = 0; r < num_ranks; ++r) {
-    for (int j = 0; j < ranks_[r].peer_count; ++j) {
-      const Peer& peer = PeerAt(r, j);
-      if ((peer.key & 1) && !in_flight_[peer.channel].empty()) {
+    const PeerList& list = rank_peers_[r];
+    for (int j = 0; j < list.count; ++j) {
+      const Peer& peer = j < kInlinePeers ? list.inline_peers[j] : list.more[j - kInlinePeers];
+      if (peer.send && !in_flight_[peer.channel].empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "transfers do not pair up: ", in_flight_[peer.channel].size, " of rank ", r,
-            "'s sends to rank ", peer.key / 2, " are never received (run the validator for "
+            "'s sends to rank ", peer.rank, " are never received (run the validator for "
             "details)"));
       }
     }
   }
-  for (int r = 0; r < num_ranks; ++r) {
-    result.busy_seconds[r] = ranks_[r].busy;
-    result.peak_activations[r] = ranks_[r].peak;
-  }
   double makespan = 0;
-  for (int r = 0; r < num_ranks; ++r) makespan = std::max(makespan, ranks_[r].now);
+  for (int r = 0; r < num_ranks; ++r) makespan = std::max(makespan, now[r]);
   double total_busy = 0;
   for (int r = 0; r < num_ranks; ++r) {
     result.idle_seconds[r] = makespan - result.busy_seconds[r];

@@ -108,23 +108,20 @@ class ScheduleSimulator {
                                        const SimulationOptions& options = {});
 
  private:
-  // One end of a channel (the messages from one rank to another, FIFO) on a rank: the other
-  // end's rank times two plus whether this rank sends on it, and the channel.
+  // One end of a channel (the messages from one rank to another, FIFO) on a rank.
   struct Peer {
-    int32_t key;  // rank * 2 + (send ? 1 : 0)
-    int32_t channel;
+    int rank;     // the other end
+    int channel;
+    bool send;    // this rank sends on it
   };
   ScheduleSimulator() = default;
 
   // The arrival times of the messages of one channel sent and not yet received, in order: a
-  // ring whose capacity (a power of two) doubles when full. `receiver_waits` when the
-  // receiving rank is blocked on this channel: a send reads it in the line it writes anyway,
-  // not in the receiver's state.
+  // ring whose capacity (a power of two) doubles when full.
   struct InFlight {
     std::vector<double> ring;
     size_t head = 0;
     size_t size = 0;
-    bool receiver_waits = false;
     bool empty() const { return size == 0; }
     void push(double arrival) {
       if (size == ring.size()) Grow();
@@ -139,54 +136,38 @@ class ScheduleSimulator {
     }
     void Grow();
   };
-  // Everything a rank reads when it resumes, in two adjacent cache lines: its place in its
-  // program and its running figures, then its ends of channels (a pipeline rank has a few
-  // neighbours; more spill into more_peers_). At p=1024 a run resumes a rank every 6 actions
-  // or so, each time long after it last ran: one rank's state spread over a dozen per-rank
-  // arrays cost a cache miss per array.
-  static constexpr int kInlinePeers = 7;
-  struct alignas(128) RankState {
-    const Action* program = nullptr;
-    int64_t pc = 0;
-    int64_t size = 0;
-    double now = 0;
-    double busy = 0;
-    double stashed = 0;
-    double peak = 0;
-    double sync_end = 0;
-    // Second line.
-    Peer peers[kInlinePeers];
-    int32_t peer_count = 0;
+  // A rank's ends of channels: a pipeline rank has a few neighbours, kept inline so that
+  // finding one reads one cache line; more spill into `more`.
+  static constexpr int kInlinePeers = 6;
+  struct PeerList {
+    Peer inline_peers[kInlinePeers];
+    int count = 0;
+    std::vector<Peer> more;
   };
-  static_assert(sizeof(RankState) == 128, "a rank's state is two cache lines");
 
   // A new channel from one rank to another; its id.
   int AddChannel(int from, int to);
   // The channel on which `rank` sends to (send) or receives from `peer`; -1 if none yet.
   int ChannelOf(int rank, int peer, bool send) const {
-    const RankState& state = ranks_[rank];
-    const int32_t key = peer * 2 + (send ? 1 : 0);
-    const int inline_count = state.peer_count < kInlinePeers ? state.peer_count : kInlinePeers;
+    const PeerList& list = rank_peers_[rank];
+    const int inline_count = list.count < kInlinePeers ? list.count : kInlinePeers;
     for (int j = 0; j < inline_count; ++j) {
-      if (state.peers[j].key == key) return state.peers[j].channel;
+      const Peer& p = list.inline_peers[j];
+      if (p.rank == peer && p.send == send) return p.channel;
     }
-    if (state.peer_count > kInlinePeers) {
-      for (const auto& [r, p] : more_peers_) {
-        if (r == rank && p.key == key) return p.channel;
-      }
+    for (const Peer& p : list.more) {
+      if (p.rank == peer && p.send == send) return p.channel;
     }
     return -1;
   }
-  // The j-th end of rank r's channels.
-  const Peer& PeerAt(int rank, int j) const;
 
   const Schedule* schedule_ = nullptr;
-  // Per rank (see RankState); the channel ends found so far are kept between runs.
-  std::vector<RankState> ranks_;
-  std::vector<std::pair<int, Peer>> more_peers_;  // (rank, end) beyond kInlinePeers, rare
+  std::vector<PeerList> rank_peers_;  // per rank
   int num_channels_ = 0;
   // Scratch reused between runs.
   std::vector<InFlight> in_flight_;  // per channel
+  std::vector<int64_t> pc_;
+  std::vector<int64_t> blocked_on_;  // per rank: the channel it waits on
   std::vector<int> worklist_;
 };
 

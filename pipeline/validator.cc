@@ -413,16 +413,11 @@ class Proof {
   // rendezvous a whole run of transfers, waits until all of its transfers are matched.
   bool Progress() {
     const int num_ranks = layout_.num_ranks();
-    counts_.assign(layout_.NumChannels(), ChannelCount{});
-    for (int c = 0; c < layout_.NumChannels(); ++c) {
-      counts_[c].from = layout_.ChannelFrom(c);
-      counts_[c].to = layout_.ChannelTo(c);
-    }
-    runs_.assign(num_ranks, RankRun{});
-    for (int r = 0; r < num_ranks; ++r) {
-      runs_[r].program = s_.programs[r].data();
-      runs_[r].size = static_cast<int>(s_.programs[r].size());
-    }
+    posted_sends_.assign(layout_.NumChannels(), 0);
+    posted_recvs_.assign(layout_.NumChannels(), 0);
+    pc_.assign(num_ranks, 0);
+    outstanding_.assign(num_ranks, 0);
+    group_end_.assign(num_ranks, 0);
     worklist_.clear();
     for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
     while (!worklist_.empty()) {
@@ -431,26 +426,24 @@ class Proof {
       Advance(r);
     }
     for (int r = 0; r < num_ranks; ++r) {
-      if (runs_[r].pc != runs_[r].size) return false;
+      if (pc_[r] != static_cast<int>(s_.programs[r].size())) return false;
     }
     return true;
   }
 
   // An earlier transfer of `rank`'s waiting group got its counterpart.
   void Matched(int rank) {
-    RankRun& run = runs_[rank];
-    if (--run.outstanding == 0) {
-      run.pc = run.group_end;
+    if (--outstanding_[rank] == 0) {
+      pc_[rank] = group_end_[rank];
       worklist_.push_back(rank);
     }
   }
 
   // Runs rank r until it waits or ends.
   void Advance(int r) {
-    RankRun& run = runs_[r];
-    const Action* const program = run.program;
-    const int size = run.size;
-    int pc = run.pc;
+    const std::vector<Action>& program = s_.programs[r];
+    const int size = static_cast<int>(program.size());
+    int pc = pc_[r];
     while (pc < size) {
       if (!IsTransferType(program[pc].type)) {
         ++pc;
@@ -461,24 +454,24 @@ class Proof {
       int waiting = 0;
       do {
         const Action& a = program[end];
-        ChannelCount& count = counts_[layout_.ChannelOf(a)];
+        const int c = layout_.ChannelOf(a);
         if (IsSendType(a.type)) {
-          if (++count.sends <= count.recvs) {
-            Matched(count.to);
+          if (++posted_sends_[c] <= posted_recvs_[c]) {
+            Matched(layout_.ChannelTo(c));
           } else if (grouped_) {
             ++waiting;
           }
-        } else if (++count.recvs <= count.sends) {
-          if (grouped_) Matched(count.from);
+        } else if (++posted_recvs_[c] <= posted_sends_[c]) {
+          if (grouped_) Matched(layout_.ChannelFrom(c));
         } else {
           ++waiting;
         }
         ++end;
       } while (grouped_ && end < size && IsTransferType(program[end].type));
       if (waiting > 0) {
-        run.outstanding = waiting;
-        run.group_end = end;
-        run.pc = pc;
+        outstanding_[r] = waiting;
+        group_end_[r] = end;
+        pc_[r] = pc;
         // The rank resumes here after its peers have moved (often ~p resumes later): the
         // actions after this group have not been read yet, and no hardware prefetcher follows
         // a program read a few actions at a time. Ask for them now.
@@ -489,7 +482,7 @@ class Proof {
       }
       pc = end;
     }
-    run.pc = pc;
+    pc_[r] = pc;
   }
 
   static void Prefetch(const void* address) {
@@ -513,24 +506,9 @@ class Proof {
   std::vector<int> replica_of_;
   std::vector<Queue> queues_;  // per channel
   std::vector<std::vector<uint64_t>> spare_;  // empty buffers of drained queues
-  // Pass 2: per channel its posted transfers and its ends, per rank where it is in its
-  // program and what its waiting group waits for. Each in one place: the pass resumes a rank
-  // every few actions, long after it last ran (a cache miss per array read).
-  struct alignas(32) ChannelCount {
-    int64_t sends = 0;
-    int64_t recvs = 0;
-    int32_t from = 0;
-    int32_t to = 0;
-  };
-  struct alignas(32) RankRun {
-    const Action* program = nullptr;
-    int32_t pc = 0;
-    int32_t size = 0;
-    int32_t outstanding = 0;  // transfers of its waiting group not yet matched
-    int32_t group_end = 0;    // where it resumes once they are
-  };
-  std::vector<ChannelCount> counts_;
-  std::vector<RankRun> runs_;
+  // Pass 2.
+  std::vector<int64_t> posted_sends_, posted_recvs_;  // per channel
+  std::vector<int> pc_, outstanding_, group_end_;
   std::vector<int> worklist_;
 };
 

@@ -32,37 +32,23 @@ absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
   const BlockedLayout layout(table.NumPairs(), num_microbatches);
   std::vector<Time> forward_end(layout.Entries(), kPending);
   std::vector<Time> backward_end(layout.Entries(), kPending);
+  std::vector<size_t> pc(num_ranks, 0);
+  std::vector<Time> free_at(num_ranks, 0);
   start->assign(num_ranks, {});
   for (int r = 0; r < num_ranks; ++r) (*start)[r].resize(orders[r].size());
-  // What a rank reads when it resumes, in one place: it resumes every few computes, long
-  // after it last ran (a cache miss per per-rank array).
-  struct alignas(32) RankRun {
-    const Item* order;
-    Time* start;
-    uint32_t pc;
-    uint32_t size;
-    Time free;
-    uint8_t queued;
-  };
-  static_assert(sizeof(RankRun) == 32, "a rank's run state is half a cache line");
-  std::vector<RankRun> runs(num_ranks);
-  for (int r = 0; r < num_ranks; ++r) {
-    runs[r] = {orders[r].data(), (*start)[r].data(), 0,
-               static_cast<uint32_t>(orders[r].size()), 0, 1};
-  }
   // Ranks woken when an input they may wait for exists: a worklist, each rank at most once.
   std::vector<int> worklist;
   for (int r = num_ranks - 1; r >= 0; --r) worklist.push_back(r);
+  std::vector<uint8_t> queued(num_ranks, 1);
   auto wake = [&](int r) {
-    RankRun& run = runs[r];
-    if (run.queued) return;
-    run.queued = 1;
+    if (queued[r]) return;
+    queued[r] = 1;
     worklist.push_back(r);
     // It resumes where it stopped, after this rank stops: a few actions at a time in an
     // order no hardware prefetcher follows, in tables far larger than the caches.
-    if (run.pc < run.size) {
-      Prefetch(run.order + run.pc);
-      Prefetch(run.start + run.pc);
+    if (pc[r] < orders[r].size()) {
+      Prefetch(&orders[r][pc[r]]);
+      Prefetch(&(*start)[r][pc[r]]);
     }
   };
   int64_t done = 0, total = 0;
@@ -70,14 +56,12 @@ absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
   while (!worklist.empty()) {
     const int r = worklist.back();
     worklist.pop_back();
-    RankRun& run = runs[r];
-    run.queued = 0;
-    const Item* const order = run.order;
-    Time* const rank_start = run.start;
-    const uint32_t size = run.size;
-    uint32_t i = run.pc;
-    Time free = run.free;
-    for (; i < size; ++i) {
+    queued[r] = 0;
+    const auto& order = orders[r];
+    Time* rank_start = (*start)[r].data();
+    size_t i = pc[r];
+    Time free = free_at[r];
+    for (; i < order.size(); ++i) {
       const Action a = ActionOf(order[i]);
       const size_t pair = table.Pair(a.replica, a.stage);
       const size_t t = layout.Index(pair, a.microbatch);
@@ -116,17 +100,16 @@ absl::Status NominalTimeline(const Placement& placement, const PairTable& table,
           break;
       }
     }
-    done += static_cast<int64_t>(i - run.pc);
-    run.pc = i;
-    run.free = free;
+    done += static_cast<int64_t>(i - pc[r]);
+    pc[r] = i;
+    free_at[r] = free;
   }
   if (done != total) {
     for (int r = 0; r < num_ranks; ++r) {
-      const uint32_t pc = runs[r].pc;
-      if (pc < orders[r].size()) {
+      if (pc[r] < orders[r].size()) {
         return absl::FailedPreconditionError(
-            absl::StrCat("compute orders cannot run: rank ", r, " step ", pc, " (",
-                         ToString(ActionOf(orders[r][pc])),
+            absl::StrCat("compute orders cannot run: rank ", r, " step ", pc[r], " (",
+                         ToString(ActionOf(orders[r][pc[r]])),
                          ") waits for an input that never comes"));
       }
     }
