@@ -49,8 +49,9 @@ inline Action Compute(ActionType type, int replica, int stage, int microbatch) {
 
 using ComputeOrders = std::vector<std::vector<Action>>;
 
-// A compute action as the generators with fixed orders list it: 8 bytes rather than an
-// Action's 12 (at p=1024, m=4096 interleaved lists 17M of them, read several times).
+// A compute action as the generators with fixed orders list it, in 8 bytes (at p=1024,
+// m=4096 interleaved lists 17M of them, read several times). An Action is now 8 bytes too;
+// ActionOf builds one from an Op as a single word (see PackedAction).
 struct Op {
   int32_t stage;
   uint16_t microbatch;  // < kMaxMicrobatches
