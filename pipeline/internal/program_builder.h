@@ -176,7 +176,9 @@ class ProgramBuilder {
     // The rank writes next where its program has never been touched: at p=1024 that line
     // (and its page's TLB entry) is far out of cache. Its next action comes ~p actions later,
     // time enough to fetch the line after the one being written.
-    if (end_[r] - cursor_[r] > static_cast<ptrdiff_t>(kWriteAhead)) Prefetch(cursor_[r] + kWriteAhead);
+    if (end_[r] - cursor_[r] > static_cast<std::ptrdiff_t>(kWriteAhead)) {
+      Prefetch(cursor_[r] + kWriteAhead);
+    }
   }
 
   // The programs, once every action has been scheduled.
@@ -243,7 +245,7 @@ class ProgramBuilder {
 
   // Writes the rank's next action at its cursor (see the prefetch in Scheduled). A miscounted
   // length writes nothing past the program's end, and Finish reports it.
-  static constexpr size_t kWriteAhead = 4;  // actions: the next cache line
+  static constexpr size_t kWriteAhead = 64 / sizeof(Action);  // actions: the next cache line
   void Emit(int r, const Action& action) {
     Action*& cursor = cursor_[r];
     if (cursor == end_[r]) {
