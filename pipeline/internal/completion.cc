@@ -358,9 +358,6 @@ absl::StatusOr<Schedule> CompleteScheduleFor(const ScheduleSpec& spec, Placement
 // `second_full_backward` > 0, also against one where a full backward costs that much. The
 // programs are built while scheduling; only if the stash cap has to be relaxed (actions are
 
-template absl::StatusOr<Schedule> CompleteScheduleFor<Op>(
-    const ScheduleSpec&, Placement, Orders<Op>, const std::vector<UnitCosts>&,
-    std::vector<std::vector<Time>>);
 template absl::StatusOr<Schedule> CompleteScheduleFor<Action>(
     const ScheduleSpec&, Placement, Orders<Action>, const std::vector<UnitCosts>&,
     std::vector<std::vector<Time>>);

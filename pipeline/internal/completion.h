@@ -1,7 +1,8 @@
 // CompleteSchedule's machinery: compute orders (F, B, Bi, W only) completed into programs with
 // transfers, gradient synchronisation and the optimizer step (see CompleteSchedule in
-// pipeline/generators.h for the rules). Private to pipeline/. Instantiated for Op (generators
-// with fixed orders) and Action (the list scheduler's recorded orders, hand-made orders).
+// pipeline/generators.h for the rules). Private to pipeline/. Instantiated for Action (Op, the
+// generators' fixed orders, is an Action; also the list scheduler's recorded orders and
+// hand-made orders).
 #pragma once
 
 #include <vector>

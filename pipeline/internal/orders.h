@@ -49,24 +49,14 @@ inline Action Compute(ActionType type, int replica, int stage, int microbatch) {
 
 using ComputeOrders = std::vector<std::vector<Action>>;
 
-// A compute action as the generators with fixed orders list it, in 8 bytes (at p=1024,
-// m=4096 interleaved lists 17M of them, read several times). An Action is now 8 bytes too;
-// ActionOf builds one from an Op as a single word (see PackedAction).
-struct Op {
-  int32_t stage;
-  uint16_t microbatch;  // < kMaxMicrobatches
-  ActionType type;
-  uint8_t replica;  // 0 or 1
-};
-static_assert(sizeof(Op) == 8, "Op is meant to be 8 bytes");
+// A compute action as the generators with fixed orders list it: an Action (8 bytes; at
+// p=1024, m=4096 interleaved lists 17M of them, read several times).
+using Op = Action;
 inline Op OpOf(ActionType type, int replica, int stage, int microbatch) {
-  return Op{stage, static_cast<uint16_t>(microbatch), type, static_cast<uint8_t>(replica)};
-}
-inline Action ActionOf(const Op& op) {
-  return Compute(op.type, op.replica, op.stage, op.microbatch);
+  return Compute(type, replica, stage, microbatch);
 }
 inline const Action& ActionOf(const Action& action) { return action; }
-// Compute orders as Ops (generators) or Actions (CompleteSchedule's callers).
+// Compute orders (the generators' and CompleteSchedule's callers').
 template <typename Item>
 using Orders = std::vector<std::vector<Item>>;
 using OpOrders = Orders<Op>;
