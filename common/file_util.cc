@@ -11,9 +11,11 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace tandem {
 
@@ -96,62 +98,143 @@ std::string FollowLinks(const std::string& path) {
 
 }  // namespace
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
+  AtomicFileWriter writer;
+  writer.path_ = path;
   if (path == "-") {
-    std::cout.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    std::cout.flush();
-    return absl::OkStatus();
+    writer.to_stdout_ = true;
+    return writer;
   }
   if (path.empty()) return absl::InvalidArgumentError("empty output path");
   // Through symbolic links to what they name: the link stays a link.
-  const std::string target = FollowLinks(path);
+  writer.target_ = FollowLinks(path);
   struct stat st;
-  const bool exists = ::stat(target.c_str(), &st) == 0;
+  const bool exists = ::stat(writer.target_.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is a directory (give a file name for the output)"));
   }
   if (exists && !S_ISREG(st.st_mode)) {
     // A FIFO, a device (/dev/null, /dev/stdout) or a socket: written directly, never replaced.
-    const int fd = ::open(target.c_str(), O_WRONLY);
-    if (fd < 0) {
+    writer.fd_ = ::open(writer.target_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (writer.fd_ < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno)));
     }
-    const bool written = WriteAll(fd, contents);
-    const int err = errno;
-    ::close(fd);
-    if (!written) {
-      return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
-    }
-    return absl::OkStatus();
+    return writer;
   }
   // A regular file (or none yet): written beside it and renamed onto it, so a reader never
   // sees half of it; an existing file keeps its permissions.
-  const std::string tmp = absl::StrCat(target, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-  if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
-  }
-  if (exists) ::fchmod(fd, st.st_mode & 07777);
-  if (!WriteAll(fd, contents)) {
+  writer.tmp_ = absl::StrCat(writer.target_, ".tmp.", ::getpid());
+  writer.fd_ = ::open(writer.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                      0644);
+  if (writer.fd_ < 0) {
     const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
+    writer.tmp_.clear();
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot create: ", std::strerror(err)));
   }
+  if (exists) ::fchmod(writer.fd_, st.st_mode & 07777);
+  return writer;
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& other) noexcept { *this = std::move(other); }
+
+AtomicFileWriter& AtomicFileWriter::operator=(AtomicFileWriter&& other) noexcept {
+  if (this != &other) {
+    Discard();
+    path_ = std::move(other.path_);
+    target_ = std::move(other.target_);
+    tmp_ = std::move(other.tmp_);
+    fd_ = std::exchange(other.fd_, -1);
+    to_stdout_ = std::exchange(other.to_stdout_, false);
+    error_ = other.error_;
+    written_ = other.written_;
+    buffer_ = std::move(other.buffer_);
+    other.tmp_.clear();
+  }
+  return *this;
+}
+
+AtomicFileWriter::~AtomicFileWriter() { Discard(); }
+
+void AtomicFileWriter::Discard() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+}
+
+void AtomicFileWriter::Append(absl::string_view text) {
+  if (text.size() < kBufferBytes) {
+    buffer_.append(text.data(), text.size());
+    Flush();
+    return;
+  }
+  // Large text is written from where it is, not copied into the buffer first.
+  WriteBuffer();
+  written_ += static_cast<int64_t>(text.size());
+  if (error_ != 0) return;
+  if (to_stdout_) {
+    std::cout.write(text.data(), static_cast<std::streamsize>(text.size()));
+    if (!std::cout) error_ = EIO;
+  } else if (fd_ >= 0 && !WriteAll(fd_, text)) {
+    error_ = errno;
+  }
+}
+
+void AtomicFileWriter::WriteBuffer() {
+  written_ += static_cast<int64_t>(buffer_.size());
+  if (error_ == 0) {
+    if (to_stdout_) {
+      std::cout.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+      if (!std::cout) error_ = EIO;
+    } else if (fd_ >= 0 && !WriteAll(fd_, buffer_)) {
+      error_ = errno;
+    }
+  }
+  buffer_.clear();
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  WriteBuffer();
+  if (to_stdout_) {
+    std::cout.flush();
+    to_stdout_ = false;
+    if (error_ != 0 || !std::cout) {
+      return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+    }
+    return absl::OkStatus();
+  }
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": not open"));
+  if (error_ != 0) {
+    const int err = error_;
+    Discard();
+    return absl::DataLossError(absl::StrCat(path_, ": write failed: ", std::strerror(err)));
+  }
+  if (tmp_.empty()) {  // written directly
+    const int fd = std::exchange(fd_, -1);
+    ::close(fd);
+    return absl::OkStatus();
+  }
+  const int fd = std::exchange(fd_, -1);
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": flush failed: ", std::strerror(err)));
+    Discard();
+    return absl::DataLossError(absl::StrCat(path_, ": flush failed: ", std::strerror(err)));
   }
-  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+  if (std::rename(tmp_.c_str(), target_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(err)));
+    Discard();
+    return absl::DataLossError(absl::StrCat(path_, ": rename failed: ", std::strerror(err)));
   }
+  tmp_.clear();
   return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  TANDEM_ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Open(path));
+  writer.Append(contents);
+  return writer.Commit();
 }
 
 namespace {

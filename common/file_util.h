@@ -27,6 +27,50 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 // is written directly, never replaced. A directory is InvalidArgument.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
+// WriteFileAtomically for output too large to hold in memory (a 10^8-action schedule's
+// timeline is gigabytes of JSON): Open, Append as it is made (buffered), then Commit, which
+// renames the finished file onto `path`. Until Commit nothing appears at `path`: a writer
+// destroyed without it (an error on the way) removes its temporary file, so a failed command
+// leaves no half-written output. "-", a FIFO or a device are written directly as they go.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<AtomicFileWriter> Open(const std::string& path);
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  // Buffers `text`, writing the buffer out when it fills. An error is kept and reported by
+  // Commit (later appends are dropped).
+  void Append(absl::string_view text);
+  // The buffer to append to directly (for formatting without a temporary string); call
+  // Flush() now and then so it does not grow without bound.
+  std::string& buffer() { return buffer_; }
+  void Flush() {
+    if (buffer_.size() >= kBufferBytes) WriteBuffer();
+  }
+  // Writes what is buffered, flushes it to disk and renames the file onto the path.
+  absl::Status Commit();
+  // Bytes appended so far.
+  int64_t bytes() const { return written_ + static_cast<int64_t>(buffer_.size()); }
+
+ private:
+  static constexpr size_t kBufferBytes = size_t{1} << 20;
+  AtomicFileWriter() = default;
+  void WriteBuffer();
+  void Discard();
+
+  std::string path_;    // as given, for messages
+  std::string target_;  // what is replaced (links followed)
+  std::string tmp_;     // empty when written directly
+  int fd_ = -1;
+  bool to_stdout_ = false;
+  int error_ = 0;  // errno of the first failed write
+  int64_t written_ = 0;  // bytes out of the buffer
+  std::string buffer_;
+};
+
 // Checks, before any work is done, that an output file can be written at `path`: its folder
 // exists and is writable, and `path` is not a folder (an existing file must be writable). "-"
 // (standard output) passes. InvalidArgument names `what` (e.g. "--log-json") and the path.

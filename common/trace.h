@@ -6,10 +6,14 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/file_util.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -47,6 +51,41 @@ class ChromeTrace {
   std::vector<TraceEvent> events_;
   std::vector<Name> process_names_;
   std::vector<Name> thread_names_;
+};
+
+// Writes a Chrome trace to a file as it is made, for timelines too large to hold (a schedule of
+// 10^8 actions is gigabytes of JSON; as a ChromeTrace, tens): metadata and events are
+// formatted straight into an AtomicFileWriter's buffer, and the file appears at its path only
+// on Close. Reads back with ChromeTrace::FromJson and opens in Perfetto.
+class TraceFileWriter {
+ public:
+  static absl::StatusOr<TraceFileWriter> Open(const std::string& path);
+
+  void NameProcess(int pid, absl::string_view name);
+  void NameThread(int pid, int tid, absl::string_view name);
+  // A complete ("X") event named `prefix` + `name`, with integer arguments.
+  struct IntArg {
+    const char* key;
+    int64_t value;
+  };
+  void Complete(absl::string_view prefix, absl::string_view name, absl::string_view category,
+                int pid, int tid, double start_seconds, double duration_seconds,
+                absl::Span<const IntArg> args);
+  // An event with arguments of any JSON type.
+  void Add(const TraceEvent& event);
+  // Finishes the file and renames it onto the path.
+  absl::Status Close();
+  int64_t bytes() const { return file_.bytes(); }
+
+ private:
+  explicit TraceFileWriter(AtomicFileWriter file) : file_(std::move(file)) {}
+  // Opens the event's object up to its arguments.
+  void Begin(absl::string_view prefix, absl::string_view name, absl::string_view category,
+             int pid, int tid, double start_seconds, double duration_seconds);
+  void Separator();
+
+  AtomicFileWriter file_;
+  bool first_ = true;
 };
 
 }  // namespace tandem

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/json_util.h"
 #include "common/printable.h"
@@ -101,6 +102,56 @@ TEST(FileTest, AtomicWriteRoundTripsAndLeavesNoTemporary) {
   EXPECT_FALSE(WriteFileAtomically("/nonexistent-dir/x.txt", "x").ok());
   EXPECT_EQ(ReadFile("/nonexistent-dir/x.txt").status().code(), absl::StatusCode::kNotFound);
   std::remove(path.c_str());
+}
+
+TEST(FileTest, StreamedWriterAppearsOnlyOnCommit) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "tandem_streamed";
+  ASSERT_TRUE(RemoveAll(dir.string()).ok());
+  fs::create_directories(dir);
+  const std::string path = (dir / "out.txt").string();
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  // Pieces smaller and larger than the buffer, through Append and the buffer itself.
+  std::string expected;
+  {
+    auto writer = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    for (int k = 0; k < 3000; ++k) {
+      const std::string piece = absl::StrCat("line ", k, "\n");
+      writer->Append(piece);
+      expected += piece;
+    }
+    const std::string big(3 << 20, 'x');
+    writer->Append(big);
+    expected += big;
+    writer->buffer() += "tail";
+    writer->Flush();
+    expected += "tail";
+    EXPECT_EQ(writer->bytes(), static_cast<int64_t>(expected.size()));
+    EXPECT_EQ(*ReadFile(path), "old");  // nothing replaced before the commit
+    ASSERT_TRUE(writer->Commit().ok());
+  }
+  EXPECT_EQ(*ReadFile(path), expected);
+  // Dropped without a commit (an error on the way): the old file stays, no temporary is left.
+  {
+    auto writer = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(writer.ok());
+    writer->Append(std::string(5 << 20, 'y'));
+  }
+  EXPECT_EQ(*ReadFile(path), expected);
+  {
+    auto writer = AtomicFileWriter::Open((dir / "never.txt").string());
+    ASSERT_TRUE(writer.ok());
+    writer->Append("half");
+  }
+  EXPECT_FALSE(fs::exists(dir / "never.txt"));
+  int entries = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 1);  // out.txt alone
+  const auto folder = AtomicFileWriter::Open(dir.string());
+  EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(AtomicFileWriter::Open((dir / "missing" / "x").string()).ok());
+  ASSERT_TRUE(RemoveAll(dir.string()).ok());
 }
 
 TEST(FileTest, RemoveAllRemovesATreeButNotWhatItsLinksPointTo) {
@@ -208,6 +259,23 @@ TEST(TraceTest, RoundTripsThroughJson) {
   ChromeTrace merged;
   merged.Merge(*back, 4);
   EXPECT_EQ(merged.events()[0].pid, 5);
+}
+
+// WriteFile streams the events (TraceFileWriter) instead of building the JSON: what it writes
+// reads back as ToJson's document, names that need escaping included.
+TEST(TraceTest, StreamedFileEqualsTheDocument) {
+  ChromeTrace trace;
+  trace.NameProcess(0, "rank \"0\"");
+  trace.NameThread(0, 2, "tab\there\\back\x01");
+  trace.Add({"F0.1", "forward", 0, 0, 0.5, 0.25, {{"stage", 0}, {"microbatch", 1}}});
+  trace.Add({"wait <R1.2", "receive", 0, 1, 1e-7, 12345.678901234, {{"note", "x"}}});
+  trace.Add({"step", "optimizer", 3, 0, 1.0 / 3.0, 0, nlohmann::json::object()});
+  const std::string path = ::testing::TempDir() + "/tandem_trace_stream.json";
+  ASSERT_TRUE(trace.WriteFile(path).ok());
+  auto text = ReadFile(path);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(nlohmann::json::parse(*text), trace.ToJson());
+  std::remove(path.c_str());
 }
 
 }  // namespace
