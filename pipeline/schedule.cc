@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 #include "common/json_util.h"
 #include "common/status.h"
 
@@ -103,13 +104,20 @@ bool IsTransfer(ActionType type) {
          type == ActionType::kSendGradient || type == ActionType::kRecvGradient;
 }
 
+void AppendAction(std::string* out, const Action& action) {
+  if (action.type == ActionType::kOptimizerStep) {
+    out->append("step");
+    return;
+  }
+  absl::StrAppend(out, ActionTypeName(action.type), action.stage);
+  if (action.type != ActionType::kGradientSync) absl::StrAppend(out, ".", action.microbatch);
+  if (action.replica != 0) absl::StrAppend(out, "r", action.replica);
+  if (IsTransfer(action.type)) absl::StrAppend(out, IsSend(action.type) ? ">" : "<", action.peer);
+}
+
 std::string ToString(const Action& action) {
-  if (action.type == ActionType::kOptimizerStep) return "step";
-  std::string out(ActionTypeName(action.type));
-  absl::StrAppend(&out, action.stage);
-  if (action.type != ActionType::kGradientSync) absl::StrAppend(&out, ".", action.microbatch);
-  if (action.replica != 0) absl::StrAppend(&out, "r", action.replica);
-  if (IsTransfer(action.type)) absl::StrAppend(&out, IsSend(action.type) ? ">" : "<", action.peer);
+  std::string out;
+  AppendAction(&out, action);
   return out;
 }
 
@@ -518,6 +526,27 @@ nlohmann::json ToJson(const Schedule& schedule) {
   return {{"spec", ToJson(schedule.spec)},
           {"placement", ToJson(schedule.placement)},
           {"programs", std::move(programs)}};
+}
+
+void WriteScheduleJson(const Schedule& schedule, AtomicFileWriter& file) {
+  // nlohmann::json writes an object's keys in order: placement, programs, spec. An action's
+  // text has nothing JSON escapes.
+  file.Append(absl::StrCat("{\"placement\":", ToJson(schedule.placement).dump(),
+                           ",\"programs\":["));
+  std::string& out = file.buffer();
+  for (size_t r = 0; r < schedule.programs.size(); ++r) {
+    out += r == 0 ? "[" : ",[";
+    bool first = true;
+    for (const Action& action : schedule.programs[r]) {
+      out += first ? "\"" : ",\"";
+      first = false;
+      AppendAction(&out, action);
+      out += '"';
+      file.Flush();
+    }
+    out += ']';
+  }
+  file.Append(absl::StrCat("],\"spec\":", ToJson(schedule.spec).dump(), "}"));
 }
 
 absl::StatusOr<Schedule> ScheduleFromJson(const nlohmann::json& j, absl::string_view where) {

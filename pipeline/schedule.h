@@ -34,6 +34,10 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
+namespace tandem {
+class AtomicFileWriter;  // common/file_util.h
+}  // namespace tandem
+
 namespace tandem::pipeline {
 
 enum class ActionType : uint8_t {
@@ -87,6 +91,8 @@ static_assert(sizeof(Action) == 8, "Action is packed into 8 bytes");
 // "F3.1" (stage 3, micro-batch 1), "F3.1r1" for replica 1, "sA3.1>2" (send to rank 2),
 // "rG2.0<3", "sync3", "sync3r1", "step".
 std::string ToString(const Action& action);
+// Appends ToString(action) to *out (for writers of 10^8 actions: no string per action).
+void AppendAction(std::string* out, const Action& action);
 // Inverse of ToString. Checks each field fits its range (stage < kMaxStages, ...), not the
 // schedule it belongs to (the validator does). InvalidArgument names the text.
 absl::StatusOr<Action> ParseAction(absl::string_view text);
@@ -236,6 +242,9 @@ nlohmann::json ToJson(const Placement& placement);
 absl::StatusOr<Placement> PlacementFromJson(const nlohmann::json& j,
                                             absl::string_view where = "placement");
 nlohmann::json ToJson(const Schedule& schedule);
+// Appends ToJson(schedule).dump() to `file`, byte for byte, as it is formatted: a schedule of
+// 10^8 actions is most of a gigabyte of JSON, and tens of gigabytes as an nlohmann::json.
+void WriteScheduleJson(const Schedule& schedule, AtomicFileWriter& file);
 absl::StatusOr<Schedule> ScheduleFromJson(const nlohmann::json& j,
                                           absl::string_view where = "schedule");
 

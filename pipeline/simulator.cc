@@ -15,6 +15,22 @@ namespace tandem::pipeline {
 namespace {
 
 constexpr int64_t kNotBlocked = -1;
+
+// The timeline's names (record_trace and SimulatedTraceFile write the same events).
+constexpr int kTraceLanes = 4;
+constexpr const char* kLaneNames[kTraceLanes] = {"compute", "receive wait", "send in flight",
+                                                 "gradient sync"};
+std::string RankName(int rank) { return absl::StrCat("rank ", rank); }
+absl::string_view EventPrefix(int lane) { return lane == kTraceLaneWait ? "wait " : ""; }
+// An event's arguments: its stage, micro-batch and (when not 0) replica, where it has them.
+// Fills `args` (room for 3); returns how many.
+size_t EventArgs(const Action& a, TraceFileWriter::IntArg* args) {
+  size_t n = 0;
+  if (a.stage >= 0) args[n++] = {"stage", a.stage};
+  if (a.microbatch >= 0) args[n++] = {"microbatch", a.microbatch};
+  if (a.replica != 0) args[n++] = {"replica", a.replica};
+  return n;
+}
 // Actions fetched ahead for a rank that will resume later (see Run): four cache lines.
 constexpr int64_t kActionsPerLine = 64 / sizeof(Action);
 constexpr int64_t kPrefetchActions = 4 * kActionsPerLine;
@@ -82,7 +98,9 @@ absl::StatusOr<std::vector<double>> NumberArray(const nlohmann::json& j, absl::s
       absl::StrCat("rank ", rank, " step ", step, " (", ToString(action), "): bad peer"));
 }
 
-absl::string_view Category(ActionType type) {
+}  // namespace
+
+absl::string_view TraceCategory(ActionType type) {
   switch (type) {
     case ActionType::kForward:
       return "forward";
@@ -105,8 +123,6 @@ absl::string_view Category(ActionType type) {
   }
   return "?";
 }
-
-}  // namespace
 
 CostModel CostModel::Uniform(const ScheduleSpec& spec, double forward, double backward,
                              double weight) {
@@ -280,28 +296,28 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   blocked_on_.assign(num_ranks, kNotBlocked);
   worklist_.clear();
   for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
-  const bool trace = options.record_trace;
-  if (trace) {
+  const bool trace = options.record_trace || options.on_interval;
+  if (options.record_trace) {
     for (int r = 0; r < num_ranks; ++r) {
-      result.trace.NameProcess(r, absl::StrCat("rank ", r));
-      result.trace.NameThread(r, kTraceLaneCompute, "compute");
-      result.trace.NameThread(r, kTraceLaneWait, "receive wait");
-      result.trace.NameThread(r, kTraceLaneTransfer, "send in flight");
-      result.trace.NameThread(r, kTraceLaneSync, "gradient sync");
+      result.trace.NameProcess(r, RankName(r));
+      for (int lane = 0; lane < kTraceLanes; ++lane) {
+        result.trace.NameThread(r, lane, kLaneNames[lane]);
+      }
     }
   }
   auto record = [&](int r, int64_t k, int lane, double start, double duration) {
+    if (options.on_interval) options.on_interval({r, lane, k, start, duration});
+    if (!options.record_trace) return;
     const Action& a = schedule.programs[r][k];
     TraceEvent e;
-    e.name = lane == kTraceLaneWait ? absl::StrCat("wait ", ToString(a)) : ToString(a);
-    e.category = std::string(Category(a.type));
+    e.name = absl::StrCat(EventPrefix(lane), ToString(a));
+    e.category = std::string(TraceCategory(a.type));
     e.pid = r;
     e.tid = lane;
     e.start_seconds = start;
     e.duration_seconds = duration;
-    if (a.stage >= 0) e.args["stage"] = a.stage;
-    if (a.microbatch >= 0) e.args["microbatch"] = a.microbatch;
-    if (a.replica != 0) e.args["replica"] = a.replica;
+    TraceFileWriter::IntArg args[3];
+    for (const auto& arg : absl::MakeSpan(args, EventArgs(a, args))) e.args[arg.key] = arg.value;
     result.trace.Add(std::move(e));
   };
 
@@ -438,134 +454,33 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   return result;
 }
 
+absl::StatusOr<SimulatedTraceFile> SimulatedTraceFile::Open(const std::string& path,
+                                                             const Schedule& schedule) {
+  TANDEM_ASSIGN_OR_RETURN(TraceFileWriter writer, TraceFileWriter::Open(path));
+  // In ChromeTrace::ToJson's order: the processes, then their threads.
+  for (int r = 0; r < schedule.NumRanks(); ++r) writer.NameProcess(r, RankName(r));
+  for (int r = 0; r < schedule.NumRanks(); ++r) {
+    for (int lane = 0; lane < kTraceLanes; ++lane) writer.NameThread(r, lane, kLaneNames[lane]);
+  }
+  return SimulatedTraceFile(std::move(writer), schedule);
+}
+
+void SimulatedTraceFile::Add(const SimulatedInterval& interval) {
+  const Action& a = schedule_->programs[interval.rank][interval.step];
+  name_.clear();
+  AppendAction(&name_, a);
+  TraceFileWriter::IntArg args[3];
+  writer_.Complete(EventPrefix(interval.lane), name_, TraceCategory(a.type),
+                   interval.rank, interval.lane, interval.start_seconds,
+                   interval.duration_seconds, absl::MakeConstSpan(args, EventArgs(a, args)));
+}
+
+absl::Status SimulatedTraceFile::Close() { return writer_.Close(); }
+
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const CostModel& costs,
                                           const SimulationOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(ScheduleSimulator simulator, ScheduleSimulator::Create(schedule));
   return simulator.Run(costs, options);
-}
-
-namespace {
-
-const char* FillColour(absl::string_view category) {
-  if (category == "forward") return "#4e79a7";
-  if (category == "backward") return "#59a14f";
-  if (category == "backward-input") return "#f28e2b";
-  if (category == "backward-weight") return "#b07aa1";
-  if (category == "sync") return "#bab0ac";
-  if (category == "optimizer") return "#e15759";
-  return "#9c9c9c";
-}
-
-std::string EscapeXml(absl::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `target` ticks.
-double TickStep(double span, int target) {
-  if (span <= 0) return 1;
-  double raw = span / target;
-  double power = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double f : {1.0, 2.0, 5.0, 10.0}) {
-    if (raw <= f * power) return f * power;
-  }
-  return 10 * power;
-}
-
-}  // namespace
-
-std::string RenderSvgGantt(const SimulationResult& result, int num_ranks) {
-  constexpr double kChartWidth = 1200;
-  constexpr double kLabelWidth = 70;
-  constexpr double kRowHeight = 26;
-  constexpr double kRowGap = 4;
-  constexpr double kTop = 30;
-  constexpr double kAxisHeight = 30;
-  constexpr double kLegendHeight = 24;
-  constexpr double kCharWidth = 6.5;  // at font-size 11
-  const double makespan = result.makespan_seconds > 0 ? result.makespan_seconds : 1;
-  const double scale = kChartWidth / makespan;
-  const double rows_height = num_ranks * (kRowHeight + kRowGap);
-  const double width = kLabelWidth + kChartWidth + 20;
-  const double height = kTop + rows_height + kAxisHeight + kLegendHeight + 10;
-  std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%.0f\" y=\"18\" font-size=\"13\">makespan %.6g s, bubble ratio %.4f</text>\n",
-      width, height, kLabelWidth, result.makespan_seconds, result.bubble_ratio);
-  for (int r = 0; r < num_ranks; ++r) {
-    const double y = kTop + r * (kRowHeight + kRowGap);
-    absl::StrAppendFormat(&svg,
-                          "<text x=\"4\" y=\"%.1f\">rank %d</text>\n"
-                          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                          "fill=\"#f4f4f4\"/>\n",
-                          y + kRowHeight * 0.65, r, kLabelWidth, y, kChartWidth, kRowHeight);
-  }
-  for (const TraceEvent& e : result.trace.events()) {
-    if (e.tid != kTraceLaneCompute || e.pid < 0 || e.pid >= num_ranks) continue;
-    const double x = kLabelWidth + e.start_seconds * scale;
-    const double w = std::max(e.duration_seconds * scale, 0.5);
-    const double y = kTop + e.pid * (kRowHeight + kRowGap);
-    absl::StrAppendFormat(&svg,
-                          "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
-                          "stroke=\"white\" stroke-width=\"0.5\"><title>%s %.6g s</title></rect>\n",
-                          x, y, w, kRowHeight, FillColour(e.category), EscapeXml(e.name),
-                          e.duration_seconds);
-    if (w >= kCharWidth * e.name.size() + 4) {
-      absl::StrAppendFormat(&svg,
-                            "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\" "
-                            "text-anchor=\"middle\">%s</text>\n",
-                            x + w / 2, y + kRowHeight * 0.65, EscapeXml(e.name));
-    }
-  }
-  // Time axis.
-  const double axis_y = kTop + rows_height + 4;
-  absl::StrAppendFormat(&svg,
-                        "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                        kLabelWidth, axis_y, kLabelWidth + kChartWidth, axis_y);
-  const double step = TickStep(makespan, 10);
-  for (double t = 0; t <= makespan * (1 + 1e-9); t += step) {
-    const double x = kLabelWidth + t * scale;
-    absl::StrAppendFormat(&svg,
-                          "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>"
-                          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.6g</text>\n",
-                          x, axis_y, x, axis_y + 5, x, axis_y + 17, t);
-  }
-  absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.1f\">seconds</text>\n",
-                        kLabelWidth + kChartWidth - 50, axis_y + 28);
-  // Legend.
-  double lx = kLabelWidth;
-  const double ly = axis_y + kAxisHeight + 4;
-  for (auto [category, label] :
-       {std::pair<const char*, const char*>{"forward", "F forward"},
-        {"backward", "B backward"},
-        {"backward-input", "Bi input gradient"},
-        {"backward-weight", "W weight gradient"},
-        {"optimizer", "optimizer step"}}) {
-    absl::StrAppendFormat(&svg,
-                          "<rect x=\"%.0f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
-                          "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n",
-                          lx, ly, FillColour(category), lx + 16, ly + 10, label);
-    lx += 140;
-  }
-  svg += "</svg>\n";
-  return svg;
 }
 
 }  // namespace tandem::pipeline

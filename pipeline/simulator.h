@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -86,8 +88,25 @@ struct SimulationResult {
   ChromeTrace trace;  // filled when SimulationOptions::record_trace
 };
 
+// The category of an action's trace events ("forward", "backward-input", "send", ...).
+absl::string_view TraceCategory(ActionType type);
+
+// One interval of a simulated timeline: what `rank` does for its program's action `step`
+// on `lane` (kTraceLane*) from `start_seconds` for `duration_seconds`.
+struct SimulatedInterval {
+  int rank = 0;
+  int lane = kTraceLaneCompute;
+  int64_t step = 0;
+  double start_seconds = 0;
+  double duration_seconds = 0;
+};
+
 struct SimulationOptions {
   bool record_trace = false;
+  // Called with every interval of the timeline when set, each rank's in its program's order
+  // (ranks interleave): a timeline streamed this way is never held (see tandem schedule's
+  // --trace and --svg). Independent of record_trace.
+  std::function<void(const SimulatedInterval&)> on_interval;
 };
 
 // InvalidArgument when costs do not match the schedule; FailedPrecondition on a deadlock.
@@ -171,8 +190,25 @@ class ScheduleSimulator {
   std::vector<int> worklist_;
 };
 
-// SVG Gantt chart of a recorded trace (one row per rank): F, B, Bi and W in distinct colours,
-// labelled ("F3.1") where the box is wide enough, with a time axis and a legend.
-std::string RenderSvgGantt(const SimulationResult& result, int num_ranks);
+// A simulated timeline written to a file as a Chrome trace while it is simulated (give Add
+// as SimulationOptions::on_interval): the events record_trace would hold, never held. At
+// p=1024, m=4096 a trace is gigabytes of JSON; as a ChromeTrace it would be tens.
+class SimulatedTraceFile {
+ public:
+  static absl::StatusOr<SimulatedTraceFile> Open(const std::string& path,
+                                                 const Schedule& schedule);
+  void Add(const SimulatedInterval& interval);
+  // Finishes the file; until then nothing is at its path.
+  absl::Status Close();
+  int64_t bytes() const { return writer_.bytes(); }
+
+ private:
+  SimulatedTraceFile(TraceFileWriter writer, const Schedule& schedule)
+      : writer_(std::move(writer)), schedule_(&schedule) {}
+  TraceFileWriter writer_;
+  const Schedule* schedule_;
+  std::string name_;  // scratch
+};
+
 
 }  // namespace tandem::pipeline

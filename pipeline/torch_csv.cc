@@ -390,71 +390,88 @@ bool TorchCsvHasCommunication(absl::string_view text) {
          absl::StrContains(text, "REDUCE_GRAD");
 }
 
-absl::StatusOr<std::string> FormatTorchCsvSchedule(const Schedule& schedule, TorchCsvForm form) {
+namespace {
+
+absl::Status CheckOnePipeline(const Schedule& schedule) {
   if (schedule.placement.NumReplicas() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "torch's CSV format holds one pipeline; ", ScheduleKindName(schedule.spec.kind),
         " runs ", schedule.placement.NumReplicas(), " replicas"));
   }
-  const bool communication = form == TorchCsvForm::kWithCommunication;
+  return absl::OkStatus();
+}
+
+// Appends one rank's row, its line end included.
+void AppendTorchCsvRow(std::string& out, const std::vector<Action>& program, bool communication) {
+  bool first = true;
+  auto cell = [&](int stage, absl::string_view type, int microbatch) {
+    if (!first) out += ',';
+    first = false;
+    absl::StrAppend(&out, stage, type);
+    if (microbatch >= 0) absl::StrAppend(&out, microbatch);
+  };
+  for (const Action& a : program) {
+    switch (a.type) {
+      case ActionType::kForward:
+        cell(a.stage, "F", a.microbatch);
+        break;
+      case ActionType::kBackwardInput:
+        cell(a.stage, "I", a.microbatch);
+        break;
+      case ActionType::kBackwardWeight:
+        cell(a.stage, "W", a.microbatch);
+        break;
+      case ActionType::kBackward:
+        cell(a.stage, "B", a.microbatch);
+        break;
+      default:
+        break;
+    }
+    if (!communication) continue;
+    // torch names a receive by the receiving stage.
+    switch (a.type) {
+      case ActionType::kSendActivation:
+        cell(a.stage, "SEND_F", a.microbatch);
+        break;
+      case ActionType::kRecvActivation:
+        cell(a.stage + 1, "RECV_F", a.microbatch);
+        break;
+      case ActionType::kSendGradient:
+        cell(a.stage, "SEND_B", a.microbatch);
+        break;
+      case ActionType::kRecvGradient:
+        cell(a.stage - 1, "RECV_B", a.microbatch);
+        break;
+      case ActionType::kGradientSync:
+        cell(a.stage, "REDUCE_GRAD", -1);
+        break;
+      default:
+        break;
+    }
+  }
+  out += "\r\n";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FormatTorchCsvSchedule(const Schedule& schedule, TorchCsvForm form) {
+  TANDEM_RETURN_IF_ERROR(CheckOnePipeline(schedule));
   std::string out;
   out.reserve(static_cast<size_t>(schedule.NumActions()) * 6);
   for (const std::vector<Action>& program : schedule.programs) {
-    bool first = true;
-    auto cell = [&](int stage, absl::string_view type, int microbatch) {
-      if (!first) out += ',';
-      first = false;
-      absl::StrAppend(&out, stage, type);
-      if (microbatch >= 0) absl::StrAppend(&out, microbatch);
-    };
-    for (const Action& a : program) {
-      switch (a.type) {
-        case ActionType::kForward:
-          cell(a.stage, "F", a.microbatch);
-          break;
-        case ActionType::kBackwardInput:
-          cell(a.stage, "I", a.microbatch);
-          break;
-        case ActionType::kBackwardWeight:
-          cell(a.stage, "W", a.microbatch);
-          break;
-        case ActionType::kBackward:
-          cell(a.stage, "B", a.microbatch);
-          break;
-        default:
-          break;
-      }
-      if (!communication) continue;
-      // torch names a receive by the receiving stage.
-      switch (a.type) {
-        case ActionType::kSendActivation:
-          cell(a.stage, "SEND_F", a.microbatch);
-          break;
-        case ActionType::kRecvActivation:
-          cell(a.stage + 1, "RECV_F", a.microbatch);
-          break;
-        case ActionType::kSendGradient:
-          cell(a.stage, "SEND_B", a.microbatch);
-          break;
-        case ActionType::kRecvGradient:
-          cell(a.stage - 1, "RECV_B", a.microbatch);
-          break;
-        case ActionType::kGradientSync:
-          cell(a.stage, "REDUCE_GRAD", -1);
-          break;
-        default:
-          break;
-      }
-    }
-    out += "\r\n";
+    AppendTorchCsvRow(out, program, form == TorchCsvForm::kWithCommunication);
   }
   return out;
 }
 
-absl::Status WriteTorchCsvSchedule(const Schedule& schedule, const std::string& path,
-                                   TorchCsvForm form) {
-  TANDEM_ASSIGN_OR_RETURN(std::string text, FormatTorchCsvSchedule(schedule, form));
-  return WriteFileAtomically(path, text);
+absl::Status WriteTorchCsvSchedule(const Schedule& schedule, TorchCsvForm form,
+                                   AtomicFileWriter& file) {
+  TANDEM_RETURN_IF_ERROR(CheckOnePipeline(schedule));
+  for (const std::vector<Action>& program : schedule.programs) {
+    AppendTorchCsvRow(file.buffer(), program, form == TorchCsvForm::kWithCommunication);
+    file.Flush();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::pipeline

@@ -38,6 +38,10 @@
 #include "absl/strings/string_view.h"
 #include "pipeline/schedule.h"
 
+namespace tandem {
+class AtomicFileWriter;  // common/file_util.h
+}  // namespace tandem
+
 namespace tandem::pipeline {
 
 enum class TorchCsvForm : uint8_t {
@@ -57,8 +61,8 @@ bool TorchCsvHasCommunication(absl::string_view text);
 
 // The schedule in torch's format. InvalidArgument for a schedule with two pipeline replicas.
 absl::StatusOr<std::string> FormatTorchCsvSchedule(const Schedule& schedule, TorchCsvForm form);
-// The same, written atomically to `path` ("-": standard output).
-absl::Status WriteTorchCsvSchedule(const Schedule& schedule, const std::string& path,
-                                   TorchCsvForm form);
+// The same, appended to `file` a rank at a time (at p=1024, m=4096 the text is 0.7 GB).
+absl::Status WriteTorchCsvSchedule(const Schedule& schedule, TorchCsvForm form,
+                                   AtomicFileWriter& file);
 
 }  // namespace tandem::pipeline

@@ -84,6 +84,34 @@ if "$tandem" schedule --schedule hanayo --stages 4 --microbatches 8 --waves 2 \
 else
   fail "hanayo run with files failed"
 fi
+# Files of a large schedule are streamed, not held: GPipe p=32, m=4096 (262,144 computes) gets
+# a binned chart of a few kB and a trace of every event; the schedule file is as before.
+if "$tandem" schedule --schedule gpipe --stages 32 --microbatches 4096 --trace "$work/big.json" \
+    --svg "$work/big.svg" --output "$work/big_schedule.json" --format json >/dev/null; then
+  [ "$(stat -c %s "$work/big.svg")" -lt 200000 ] || fail "the large chart is not binned"
+  grep -q 'too many to draw one by one' "$work/big.svg" || fail "the large chart lacks its note"
+  python3 - "$work/big.json" "$work/big_schedule.json" <<'PY' || fail "large trace or schedule file"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+computes = [e for e in events if e.get("ph") == "X" and e["tid"] == 0]
+assert len(computes) == 32 * 4096 * 2, len(computes)
+programs = json.load(open(sys.argv[2]))["programs"]
+assert len(programs) == 32 and programs[0][0] == "F0.0", programs[0][:2]
+PY
+else
+  fail "gpipe p=32 m=4096 with files failed"
+fi
+# An output that cannot be written stops the command before any file appears: the trace,
+# streamed first, is not left behind, nor its temporary.
+rm -f "$work"/late.*
+"$tandem" schedule --schedule 1f1b --stages 4 --microbatches 8 --trace "$work/late.json" \
+  --svg "$work" >/dev/null 2>"$work/late.err"
+code=$?
+[ "$code" -eq 2 ] || fail "--svg onto a folder: exit code $code, expected 2"
+grep -q "is a directory" "$work/late.err" || fail "--svg onto a folder: $(cat "$work/late.err")"
+if ls "$work"/late.json* >/dev/null 2>&1; then
+  fail "--svg onto a folder left $(ls "$work"/late.json*)"
+fi
 # Large schedules print a truncated grid with a note.
 "$tandem" schedule --schedule 1f1b --stages 64 --microbatches 256 >"$work/big.txt" ||
   fail "1f1b p=64 m=256 failed"

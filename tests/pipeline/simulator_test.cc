@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "common/file_util.h"
+#include "pipeline/gantt.h"
 #include "pipeline/generators.h"
 #include "pipeline/validator.h"
 
@@ -220,6 +222,98 @@ TEST(SimulatorTest, TraceAndSvg) {
   EXPECT_TRUE(absl::StrContains(svg, ">F1.1</text>")) << svg;
   EXPECT_TRUE(absl::StrContains(svg, "#59a14f"));  // backward colour
   EXPECT_TRUE(absl::StrContains(svg, "rank 1"));
+}
+
+// tandem schedule's --trace streams the timeline (SimulatedTraceFile fed by on_interval)
+// instead of holding it: the file holds exactly the events record_trace collects, every lane
+// included (waits and transfers with a latency, syncs and the optimizer step with costs).
+TEST(SimulatorTest, StreamedTraceEqualsTheRecordedOne) {
+  for (const ScheduleSpec& spec : {Spec(ScheduleKind::kZBV, 4, 8), Spec(ScheduleKind::kDualPipe, 4, 8),
+                                   Spec(ScheduleKind::kInterleaved, 4, 8, 2)}) {
+    auto s = GenerateSchedule(spec);
+    ASSERT_TRUE(s.ok()) << s.status();
+    CostModel costs = CostModel::Uniform(s->spec, 1, 1.5, 0.5);
+    costs.p2p_latency_seconds = 0.125;
+    costs.grad_sync_seconds.assign(s->spec.NumStages(), 0.75);
+    costs.optimizer_seconds = 0.25;
+    SimulationOptions recorded;
+    recorded.record_trace = true;
+    auto expected = Simulate(*s, costs, recorded);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+
+    const std::string path = absl::StrCat(::testing::TempDir(), "/streamed_trace.json");
+    auto file = SimulatedTraceFile::Open(path, *s);
+    ASSERT_TRUE(file.ok()) << file.status();
+    SimulationOptions streamed;
+    int64_t intervals = 0;
+    streamed.on_interval = [&](const SimulatedInterval& interval) {
+      file->Add(interval);
+      ++intervals;
+    };
+    auto result = Simulate(*s, costs, streamed);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_TRUE(result->trace.events().empty());  // nothing held
+    EXPECT_EQ(intervals, static_cast<int64_t>(expected->trace.events().size()));
+    ASSERT_TRUE(file->Close().ok());
+    auto text = ReadFile(path);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(nlohmann::json::parse(*text), expected->trace.ToJson()) << ScheduleKindName(spec.kind);
+    int lanes = 0;
+    for (int lane : {kTraceLaneWait, kTraceLaneTransfer, kTraceLaneSync}) {
+      for (const TraceEvent& e : expected->trace.events()) {
+        if (e.tid == lane) {
+          ++lanes;
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(lanes, 3) << "every lane is compared";
+    std::remove(path.c_str());
+  }
+}
+
+// Past GanttSvg::kMaxDrawnBoxes computes the chart bins pixel columns. GPipe at p=32, m=4096
+// (262,144 computes, about 7 per column): the file stays small, and the fill shows: rank r's
+// first drawn column is the first that its forwards, starting r seconds in, fill half of.
+TEST(SimulatorTest, LargeChartsAreBinnedAndKeepTheirShape) {
+  auto s = GenerateGPipe(32, 4096);
+  ASSERT_TRUE(s.ok());
+  const CostModel costs = CostModel::Uniform(s->spec, 1, 2);
+  auto result = Simulate(*s, costs);
+  ASSERT_TRUE(result.ok());
+  ASSERT_GT(GanttSvg::ComputeBoxes(*s), GanttSvg::kMaxDrawnBoxes);
+  GanttSvg chart(s->NumRanks(), result->makespan_seconds, result->bubble_ratio,
+                 GanttSvg::ComputeBoxes(*s));
+  EXPECT_TRUE(chart.binned());
+  SimulationOptions options;
+  options.on_interval = [&](const SimulatedInterval& i) { chart.Add(*s, i); };
+  ASSERT_TRUE(Simulate(*s, costs, options).ok());
+  const std::string svg = chart.Render();
+  EXPECT_LT(svg.size(), 100'000u);
+  EXPECT_TRUE(absl::StrContains(svg, "262144 computes, too many to draw one by one")) << svg;
+  // Rows are 26 px high with 4 between (rank r's boxes at y = 30 + 30 r), columns 1 px from
+  // x = 70.
+  auto first_x = [&](int rank) {
+    const std::string y = absl::StrCat("y=\"", 30 + 30 * rank, ".0\"");
+    for (absl::string_view line : absl::StrSplit(svg, '\n')) {
+      if (absl::StartsWith(line, "<rect x=") && absl::StrContains(line, y) &&
+          absl::StrContains(line, "<title>")) {
+        return std::stod(std::string(line.substr(9)));
+      }
+    }
+    return -1.0;
+  };
+  const double column = result->makespan_seconds / 1200;
+  for (int rank : {0, 9, 20, 31}) {
+    const int c = static_cast<int>(rank / column);
+    const int expected = (c + 1) * column - rank >= column / 2 ? c : c + 1;
+    EXPECT_DOUBLE_EQ(first_x(rank), 70 + expected) << "rank " << rank;
+  }
+  EXPECT_GT(first_x(31), 71);  // the fill is visible: at least two blank columns
+  // A small schedule's chart is drawn box by box.
+  auto small = Generate1F1B(2, 2);
+  ASSERT_TRUE(small.ok());
+  EXPECT_FALSE(GanttSvg(2, 6, 0.25, GanttSvg::ComputeBoxes(*small)).binned());
 }
 
 TEST(SimulatorTest, CostsFromJson) {
