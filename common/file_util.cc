@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -125,7 +126,10 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path)
   }
   // A regular file (or none yet): written beside it and renamed onto it, so a reader never
   // sees half of it; an existing file keeps its permissions.
-  writer.tmp_ = absl::StrCat(writer.target_, ".tmp.", ::getpid());
+  // One temporary per writer: two writers open at once on one path (--trace and --svg
+  // naming the same file) must not share one, or each would write over the other's bytes.
+  static std::atomic<int64_t> writers{0};
+  writer.tmp_ = absl::StrCat(writer.target_, ".tmp.", ::getpid(), ".", writers++);
   writer.fd_ = ::open(writer.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
                       0644);
   if (writer.fd_ < 0) {

@@ -148,6 +148,18 @@ TEST(FileTest, StreamedWriterAppearsOnlyOnCommit) {
   int entries = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++entries;
   EXPECT_EQ(entries, 1);  // out.txt alone
+  // Two writers on one path at once: each writes its own temporary, the last commit wins.
+  {
+    auto first = AtomicFileWriter::Open(path);
+    auto second = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(first.ok() && second.ok());
+    first->Append(std::string(2 << 20, 'a'));
+    second->Append("second");
+    ASSERT_TRUE(first->Commit().ok());
+    EXPECT_EQ(ReadFile(path)->size(), size_t{2} << 20);
+    ASSERT_TRUE(second->Commit().ok());
+    EXPECT_EQ(*ReadFile(path), "second");
+  }
   const auto folder = AtomicFileWriter::Open(dir.string());
   EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(AtomicFileWriter::Open((dir / "missing" / "x").string()).ok());
