@@ -160,6 +160,15 @@ TEST(FileTest, StreamedWriterAppearsOnlyOnCommit) {
     ASSERT_TRUE(second->Commit().ok());
     EXPECT_EQ(*ReadFile(path), "second");
   }
+  // A write that fails (a full disk) is reported by Commit, naming the path.
+  if (fs::exists("/dev/full")) {
+    auto full = AtomicFileWriter::Open("/dev/full");
+    ASSERT_TRUE(full.ok());
+    full->Append(std::string(3 << 20, 'z'));
+    const absl::Status status = full->Commit();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(status.message(), "/dev/full: write failed: No space left on device");
+  }
   const auto folder = AtomicFileWriter::Open(dir.string());
   EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(AtomicFileWriter::Open((dir / "missing" / "x").string()).ok());
