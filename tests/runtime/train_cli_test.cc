@@ -309,14 +309,22 @@ TEST(TrainCliTest, MicrobatchSizeAndGlobalBatchSetTheMicrobatches) {
 // A rank stopped (SIGSTOP: alive and silent) at start-up, inside MPI's start-up or building
 // the model, or mid-run: under `mpirun --enable-recovery`, which ends no rank by itself, the
 // others kill it and the job ends within seconds (a stopped process would keep mpirun waiting
-// for ever; `timeout` ends such a hang with 124).
+// for ever; `timeout` ends such a hang with 124). The stop waits until the rank's process
+// runs the program that trains (`tandem train` execs `tandem-torch` beside it): the ranks end
+// only stopped processes of their own program, and a stop that landed on the shell or on
+// `tandem` before its exec (a race that hung this test now and then) stopped neither.
 TEST(TrainCliTest, StoppedRankIsKilledAndTheJobEndsWithinSeconds) {
+  const std::filesystem::path tandem = std::filesystem::canonical(g_tandem);
+  const std::filesystem::path torch_program = tandem.parent_path() / "tandem-torch";
+  const std::string program =
+      std::filesystem::exists(torch_program) ? torch_program.string() : tandem.string();
   for (double delay : {0.0, 1.5, 4.0}) {
     const auto start = std::chrono::steady_clock::now();
     Outcome o = RunCommand(absl::StrCat(
         "timeout -s KILL 60 ", TANDEM_MPIEXEC,
         " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
-        " -np 2 sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (sleep ", delay,
+        " -np 2 sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (until [ \"$(readlink /proc/$$/exe)\"",
+        " = ", program, " ]; do sleep 0.01; done; sleep ", delay,
         "; kill -STOP $$) & fi; exec ", g_tandem, " train", kModelFlags,
         " --global-batch 16 --microbatches 4 --schedule 1f1b --stages 2 --steps 100000"
         " --timeout 300 --startup-timeout 10'"));
