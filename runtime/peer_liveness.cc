@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace tandem::runtime {
 
@@ -111,8 +111,12 @@ std::vector<int64_t> KillStoppedSiblings() {
     pid = std::stoll(name);
     if (pid == me) continue;
     // /proc/PID/stat: "pid (command) state ppid ...", the command possibly holding spaces.
-    std::ifstream file(entry.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    // Read with ReadFile, not a stream: a process that exits while it is read makes the read
+    // fail (ESRCH), which libstdc++'s filebuf throws even from a stream without exceptions
+    // enabled; the scan went down with it.
+    const absl::StatusOr<std::string> read = ReadFile((entry.path() / "stat").string());
+    if (!read.ok()) continue;
+    const std::string& stat = *read;
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 1));
