@@ -47,6 +47,20 @@ absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int n
   return spec;
 }
 
+absl::StatusOr<std::optional<ListScheduled>> ListScheduledFor(const ScheduleSpec& spec) {
+  TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
+  switch (spec.kind) {
+    case ScheduleKind::kHanayo:
+      return HanayoKind(spec.num_ranks, spec.num_microbatches, spec.waves);
+    case ScheduleKind::kZBV:
+      return ZBVKind(spec.num_ranks, spec.num_microbatches, spec.planning_costs);
+    case ScheduleKind::kChimera:
+      return ChimeraKind(spec.num_ranks, spec.num_microbatches);
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace internal
 
 absl::StatusOr<Schedule> GenerateSchedule(const ScheduleSpec& spec) {

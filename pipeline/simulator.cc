@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "pipeline/internal/program_chunks.h"
 
 namespace tandem::pipeline {
 namespace {
@@ -219,6 +221,22 @@ absl::Status CostModel::Check(int num_stages) const {
   return absl::OkStatus();
 }
 
+struct ScheduleSimulator::RunState {
+  SimulationOptions options;
+  double optimizer = 0;
+  std::vector<double> forward, backward_full, backward_input, weight, stash,
+      activation_transfer, gradient_transfer, sync;  // per stage
+  SimulationResult result;
+  std::vector<double> now, stashed, sync_end;  // per rank
+  std::vector<uint8_t> starved;                // per rank: waits for more actions
+  int64_t executed = 0;
+};
+
+ScheduleSimulator::ScheduleSimulator() = default;
+ScheduleSimulator::~ScheduleSimulator() = default;
+ScheduleSimulator::ScheduleSimulator(ScheduleSimulator&&) noexcept = default;
+ScheduleSimulator& ScheduleSimulator::operator=(ScheduleSimulator&&) noexcept = default;
+
 absl::StatusOr<ScheduleSimulator> ScheduleSimulator::Create(const Schedule& schedule) {
   ScheduleSimulator sim;
   sim.schedule_ = &schedule;
@@ -251,17 +269,24 @@ void ScheduleSimulator::InFlight::Grow() {
   head = 0;
 }
 
-absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
-                                                        const SimulationOptions& options) {
+absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOptions& options) {
   const Schedule& schedule = *schedule_;
   const int num_ranks = schedule.NumRanks();
   const int num_stages = schedule.placement.num_stages;
   TANDEM_RETURN_IF_ERROR(costs.Check(num_stages));
-
+  run_ = std::make_unique<RunState>();
+  RunState& run = *run_;
+  run.options = options;
+  run.optimizer = costs.optimizer_seconds;
   // Per-stage tables, so the loop below only indexes arrays.
-  std::vector<double> forward(num_stages), backward_full(num_stages), backward_input(num_stages),
-      weight(num_stages), stash(num_stages), activation_transfer(num_stages),
-      gradient_transfer(num_stages), sync(num_stages, 0.0);
+  run.forward.resize(num_stages);
+  run.backward_full.resize(num_stages);
+  run.backward_input.resize(num_stages);
+  run.weight.resize(num_stages);
+  run.stash.resize(num_stages);
+  run.activation_transfer.resize(num_stages);
+  run.gradient_transfer.resize(num_stages);
+  run.sync.assign(num_stages, 0.0);
   auto transfer_seconds = [&](double bytes) {
     double t = costs.p2p_latency_seconds;
     if (costs.p2p_bandwidth_bytes_per_second > 0) t += bytes / costs.p2p_bandwidth_bytes_per_second;
@@ -269,24 +294,25 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   };
   for (int s = 0; s < num_stages; ++s) {
     const StageCost& c = costs.stages[s];
-    forward[s] = c.forward_seconds;
-    backward_full[s] = c.backward_seconds + c.weight_seconds;
+    run.forward[s] = c.forward_seconds;
+    run.backward_full[s] = c.backward_seconds + c.weight_seconds;
     // Costs that do not split backward give a split schedule half of it for each part.
     const bool split_costs = c.weight_seconds > 0;
-    backward_input[s] = split_costs ? c.backward_seconds : c.backward_seconds / 2;
-    weight[s] = split_costs ? c.weight_seconds : c.backward_seconds / 2;
-    stash[s] = c.stash_units;
-    activation_transfer[s] = transfer_seconds(c.activation_bytes);
+    run.backward_input[s] = split_costs ? c.backward_seconds : c.backward_seconds / 2;
+    run.weight[s] = split_costs ? c.weight_seconds : c.backward_seconds / 2;
+    run.stash[s] = c.stash_units;
+    run.activation_transfer[s] = transfer_seconds(c.activation_bytes);
     // The gradient of stage s's input has the size of stage s-1's output.
-    gradient_transfer[s] = transfer_seconds(s > 0 ? costs.stages[s - 1].activation_bytes : 0);
-    if (!costs.grad_sync_seconds.empty()) sync[s] = costs.grad_sync_seconds[s];
+    run.gradient_transfer[s] = transfer_seconds(s > 0 ? costs.stages[s - 1].activation_bytes : 0);
+    if (!costs.grad_sync_seconds.empty()) run.sync[s] = costs.grad_sync_seconds[s];
   }
-
-  SimulationResult result;
+  SimulationResult& result = run.result;
   result.busy_seconds.assign(num_ranks, 0.0);
   result.idle_seconds.assign(num_ranks, 0.0);
   result.peak_activations.assign(num_ranks, 0.0);
-  std::vector<double> now(num_ranks, 0.0), stashed(num_ranks, 0.0), sync_end(num_ranks, 0.0);
+  run.now.assign(num_ranks, 0.0);
+  run.stashed.assign(num_ranks, 0.0);
+  run.sync_end.assign(num_ranks, 0.0);
   // Per channel, the arrival times of the messages sent and not yet received, in order.
   for (InFlight& queue : in_flight_) {
     queue.head = 0;
@@ -294,9 +320,9 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   }
   pc_.assign(num_ranks, 0);
   blocked_on_.assign(num_ranks, kNotBlocked);
+  // Every rank waits for its first actions.
+  run.starved.assign(num_ranks, 1);
   worklist_.clear();
-  for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
-  const bool trace = options.record_trace || options.on_interval;
   if (options.record_trace) {
     for (int r = 0; r < num_ranks; ++r) {
       result.trace.NameProcess(r, RankName(r));
@@ -305,10 +331,28 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
       }
     }
   }
-  auto record = [&](int r, int64_t k, int lane, double start, double duration) {
+  return absl::OkStatus();
+}
+
+template <typename Programs>
+absl::Status ScheduleSimulator::Drain(const Programs& programs) {
+  RunState& run = *run_;
+  SimulationResult& result = run.result;
+  const int num_ranks = programs.num_ranks();
+  const int num_stages = schedule_->placement.num_stages;
+  // Ranks that waited for actions and have them now, rank 0 first.
+  for (int r = num_ranks - 1; r >= 0; --r) {
+    if (run.starved[r] && (pc_[r] < programs.Available(r) || programs.Complete())) {
+      run.starved[r] = 0;
+      worklist_.push_back(r);
+    }
+  }
+  const SimulationOptions& options = run.options;
+  const bool trace = options.record_trace || options.on_interval;
+  auto record = [&](int r, int64_t k, const Action& a, int lane, double start,
+                    double duration) {
     if (options.on_interval) options.on_interval({r, lane, k, start, duration});
     if (!options.record_trace) return;
-    const Action& a = schedule.programs[r][k];
     TraceEvent e;
     e.name = absl::StrCat(EventPrefix(lane), ToString(a));
     e.category = std::string(TraceCategory(a.type));
@@ -320,19 +364,27 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
     for (const auto& arg : absl::MakeSpan(args, EventArgs(a, args))) e.args[arg.key] = arg.value;
     result.trace.Add(std::move(e));
   };
+  const double* const forward = run.forward.data();
+  const double* const backward_full = run.backward_full.data();
+  const double* const backward_input = run.backward_input.data();
+  const double* const weight = run.weight.data();
+  const double* const stash = run.stash.data();
+  const double* const sync = run.sync.data();
 
-  int64_t executed = 0;
   while (!worklist_.empty()) {
     const int r = worklist_.back();
     worklist_.pop_back();
-    const std::vector<Action>& program = schedule.programs[r];
+    const Action* const program = programs.Begin(r);
+    const int64_t first = programs.First(r);
     int64_t k = pc_[r];
-    const int64_t end = static_cast<int64_t>(program.size());
-    double t = now[r];
-    double busy = 0;
+    const int64_t end = programs.Available(r);
+    double t = run.now[r];
+    // Summed in program order whatever the stops, so that a run over chunks gives the same
+    // sums as one over whole programs.
+    double busy = result.busy_seconds[r];
     bool blocked = false;
     for (; k < end && !blocked; ++k) {
-      const Action& op = program[k];
+      const Action& op = program[k - first];
       const int s = op.stage;
       if (static_cast<unsigned>(s) >= static_cast<unsigned>(num_stages) &&
           op.type != ActionType::kOptimizerStep) {
@@ -343,34 +395,35 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
       switch (op.type) {
         case ActionType::kForward:
           cost = forward[s];
-          stashed[r] += stash[s];
-          result.peak_activations[r] = std::max(result.peak_activations[r], stashed[r]);
+          run.stashed[r] += stash[s];
+          result.peak_activations[r] = std::max(result.peak_activations[r], run.stashed[r]);
           break;
         case ActionType::kBackward:
           cost = backward_full[s];
-          stashed[r] -= stash[s];
+          run.stashed[r] -= stash[s];
           break;
         case ActionType::kBackwardInput:
           cost = backward_input[s];
           break;
         case ActionType::kBackwardWeight:
           cost = weight[s];
-          stashed[r] -= stash[s];
+          run.stashed[r] -= stash[s];
           break;
         case ActionType::kSendActivation:
         case ActionType::kSendGradient: {
           if (op.peer < 0 || op.peer >= num_ranks) return BadPeer(r, k, op);
-          const double flight = op.type == ActionType::kSendActivation ? activation_transfer[s]
-                                                                       : gradient_transfer[s];
+          const double flight = op.type == ActionType::kSendActivation
+                                    ? run.activation_transfer[s]
+                                    : run.gradient_transfer[s];
           int c = ChannelOf(r, op.peer, /*send=*/true);
           if (c < 0) c = AddChannel(r, op.peer);
           in_flight_[c].push(t + flight);
-          if (trace && flight > 0) record(r, k, kTraceLaneTransfer, t, flight);
+          if (trace && flight > 0) record(r, k, op, kTraceLaneTransfer, t, flight);
           if (blocked_on_[op.peer] == c) {
             blocked_on_[op.peer] = kNotBlocked;
             worklist_.push_back(op.peer);
             // It resumes soon, where it stopped long ago: a line no cache holds any more.
-            Prefetch(&schedule.programs[op.peer][pc_[op.peer]]);
+            Prefetch(&programs.Begin(op.peer)[pc_[op.peer] - programs.First(op.peer)]);
           }
           break;
         }
@@ -386,46 +439,57 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
             // the actions after this receive now, as no hardware prefetcher will.
             for (int64_t ahead = k; ahead < end && ahead < k + kPrefetchActions;
                  ahead += kActionsPerLine) {
-              Prefetch(&program[ahead]);
+              Prefetch(&program[ahead - first]);
             }
             --k;  // stay on this receive
             break;
           }
           const double arrives = in_flight_[c].pop();
           if (arrives > t) {
-            if (trace) record(r, k, kTraceLaneWait, t, arrives - t);
+            if (trace) record(r, k, op, kTraceLaneWait, t, arrives - t);
             t = arrives;
           }
           break;
         }
         case ActionType::kGradientSync:
-          if (trace && sync[s] > 0) record(r, k, kTraceLaneSync, t, sync[s]);
-          sync_end[r] = std::max(sync_end[r], t + sync[s]);
+          if (trace && sync[s] > 0) record(r, k, op, kTraceLaneSync, t, sync[s]);
+          run.sync_end[r] = std::max(run.sync_end[r], t + sync[s]);
           break;
         case ActionType::kOptimizerStep:
-          t = std::max(t, sync_end[r]);
-          if (trace && costs.optimizer_seconds > 0) {
-            record(r, k, kTraceLaneCompute, t, costs.optimizer_seconds);
+          t = std::max(t, run.sync_end[r]);
+          if (trace && run.optimizer > 0) {
+            record(r, k, op, kTraceLaneCompute, t, run.optimizer);
           }
-          t += costs.optimizer_seconds;
+          t += run.optimizer;
           break;
       }
       if (cost > 0) {
-        if (trace) record(r, k, kTraceLaneCompute, t, cost);
+        if (trace) record(r, k, op, kTraceLaneCompute, t, cost);
         t += cost;
         busy += cost;
       }
     }
-    executed += k - pc_[r];
+    // Out of actions for now: it resumes when more are handed over.
+    if (!blocked) run.starved[r] = 1;
+    run.executed += k - pc_[r];
     pc_[r] = k;
-    now[r] = t;
-    result.busy_seconds[r] += busy;
+    run.now[r] = t;
+    result.busy_seconds[r] = busy;
   }
+  return absl::OkStatus();
+}
+
+template <typename Programs>
+absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(const Programs& programs) {
+  RunState& run = *run_;
+  SimulationResult& result = run.result;
+  const int num_ranks = programs.num_ranks();
   for (int r = 0; r < num_ranks; ++r) {
-    if (pc_[r] < static_cast<int64_t>(schedule.programs[r].size())) {
+    if (pc_[r] < programs.Available(r)) {
       const int64_t step = pc_[r];
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " step ", step, " (", ToString(schedule.programs[r][step]),
+          "rank ", r, " step ", step, " (",
+          ToString(programs.Begin(r)[step - programs.First(r)]),
           "): deadlock: waiting for a send that never comes"));
     }
   }
@@ -442,7 +506,7 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
     }
   }
   double makespan = 0;
-  for (int r = 0; r < num_ranks; ++r) makespan = std::max(makespan, now[r]);
+  for (int r = 0; r < num_ranks; ++r) makespan = std::max(makespan, run.now[r]);
   double total_busy = 0;
   for (int r = 0; r < num_ranks; ++r) {
     result.idle_seconds[r] = makespan - result.busy_seconds[r];
@@ -450,8 +514,33 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
   }
   result.makespan_seconds = makespan;
   result.bubble_ratio = makespan > 0 ? 1.0 - total_busy / (num_ranks * makespan) : 0.0;
-  result.simulated_actions = executed;
-  return result;
+  result.simulated_actions = run.executed;
+  SimulationResult out = std::move(result);
+  run_.reset();
+  return out;
+}
+
+absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
+                                                        const SimulationOptions& options) {
+  TANDEM_RETURN_IF_ERROR(Start(costs, options));
+  const internal::WholePrograms programs{schedule_->programs};
+  TANDEM_RETURN_IF_ERROR(Drain(programs));
+  return Finish(programs);
+}
+
+absl::Status ScheduleSimulator::Start(const CostModel& costs) {
+  return Start(costs, SimulationOptions{});
+}
+
+absl::Status ScheduleSimulator::Continue(const internal::ProgramChunks& chunks) {
+  if (run_ == nullptr) return absl::FailedPreconditionError("simulation not started");
+  return Drain(chunks);
+}
+
+absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(
+    const internal::ProgramChunks& chunks) {
+  if (run_ == nullptr) return absl::FailedPreconditionError("simulation not started");
+  return Finish<internal::ProgramChunks>(chunks);
 }
 
 absl::StatusOr<SimulatedTraceFile> SimulatedTraceFile::Open(const std::string& path,

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline {
+namespace internal {
+struct ProgramChunks;
+}  // namespace internal
 
 // Cost of one stage (one chunk with interleaving/waves) for one micro-batch, in seconds.
 struct StageCost {
@@ -126,14 +130,39 @@ class ScheduleSimulator {
   absl::StatusOr<SimulationResult> Run(const CostModel& costs,
                                        const SimulationOptions& options = {});
 
+  // The same run over programs handed over a few actions per rank at a time, never whole
+  // (pipeline/streamed.h): Start, Continue after every hand-over, Finish once `chunks` is
+  // complete. The result equals Run's on the whole programs (each rank's sums are taken in
+  // program order either way). The schedule given to Create then has one empty program per
+  // rank. Needed(r) is the first step of rank r the run has not finished with.
+  absl::Status Start(const CostModel& costs);
+  absl::Status Continue(const internal::ProgramChunks& chunks);
+  absl::StatusOr<SimulationResult> Finish(const internal::ProgramChunks& chunks);
+  int64_t Needed(int r) const { return pc_[r]; }
+
+  ScheduleSimulator(ScheduleSimulator&&) noexcept;
+  ScheduleSimulator& operator=(ScheduleSimulator&&) noexcept;
+  ~ScheduleSimulator();
+
  private:
+  // What a run keeps between hand-overs: the per-stage tables, each rank's clock and stash,
+  // and the result so far.
+  struct RunState;
+
+  absl::Status Start(const CostModel& costs, const SimulationOptions& options);
+  // Runs every rank that can move until each waits for a message or for more actions.
+  template <typename Programs>
+  absl::Status Drain(const Programs& programs);
+  template <typename Programs>
+  absl::StatusOr<SimulationResult> Finish(const Programs& programs);
+
   // One end of a channel (the messages from one rank to another, FIFO) on a rank.
   struct Peer {
     int rank;     // the other end
     int channel;
     bool send;    // this rank sends on it
   };
-  ScheduleSimulator() = default;
+  ScheduleSimulator();
 
   // The arrival times of the messages of one channel sent and not yet received, in order: a
   // ring whose capacity (a power of two) doubles when full.
@@ -188,6 +217,7 @@ class ScheduleSimulator {
   std::vector<int64_t> pc_;
   std::vector<int64_t> blocked_on_;  // per rank: the channel it waits on
   std::vector<int> worklist_;
+  std::unique_ptr<RunState> run_;  // between Start and Finish
 };
 
 // A simulated timeline written to a file as a Chrome trace while it is simulated (give Add

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "pipeline/internal/program_chunks.h"
 #include "pipeline/validator_internal.h"
 
 namespace tandem::pipeline {
@@ -207,19 +208,51 @@ class Layout {
 class Proof {
  public:
   Proof(const Schedule& schedule, const ValidationOptions& options, const Layout& layout)
-      : s_(schedule),
-        layout_(layout),
+      : layout_(layout),
         grouped_(options.grouped_rendezvous),
         split_(schedule.spec.SplitsBackward()) {}
 
   // True when the schedule is valid; false when it is not or the proof cannot tell (the
   // reference then decides and names the error). The layout must have passed Check().
-  bool Run() { return ScanRanks() && CheckCounts() && Progress(); }
+  bool Run(const std::vector<std::vector<Action>>& programs) {
+    const internal::WholePrograms whole{programs};
+    Begin();
+    return ScanRanks(whole) && CheckCounts() && Progress(whole) && Finished(whole);
+  }
+
+  // The same proof over programs handed over in chunks (see StreamedProof): Begin, then
+  // ScanRanks and Progress after each hand-over (each takes what is new), then CheckCounts
+  // and Finished once the chunks are complete. Whether the schedule passes does not depend
+  // on where the hand-overs fall (see the class comment).
+  void Begin() {
+    const int num_ranks = layout_.num_ranks();
+    const int m = layout_.num_microbatches();
+    state_.assign(layout_.NumTriples(), 0);
+    finished_.assign(layout_.NumPairs(), 0);
+    synced_.assign(layout_.NumPairs(), 0);
+    finished_at_sync_.assign(layout_.NumPairs(), 0);
+    // With one replica every micro-batch belongs to it; that each one runs at all follows
+    // from the completeness check.
+    replica_of_.assign(m, layout_.num_replicas() == 1 ? 0 : kUnassigned);
+    queues_.assign(layout_.NumChannels(), Queue{});
+    scanned_.assign(num_ranks, 0);
+    stepped_.assign(num_ranks, 0);
+    posted_sends_.assign(layout_.NumChannels(), 0);
+    posted_recvs_.assign(layout_.NumChannels(), 0);
+    pc_.assign(num_ranks, 0);
+    outstanding_.assign(num_ranks, 0);
+    group_end_.assign(num_ranks, 0);
+    starved_.assign(num_ranks, 1);
+    worklist_.clear();
+  }
+  // The first step of rank r that Progress has not passed.
+  int64_t Needed(int r) const { return pc_[r]; }
 
  private:
-  // Sends or receives of one channel waiting for their counterparts, as (triple, kind). The
-  // ranks are scanned one after the other, so one end of a channel has been scanned in full
-  // before the other starts: only one side ever waits.
+  // Sends or receives of one channel waiting for their counterparts, as (triple, kind). A
+  // transfer meets a waiting one of the other side before it waits itself, so only one side
+  // ever waits (whole programs are scanned rank after rank: one end of a channel in full
+  // before the other starts).
   struct Queue {
     std::vector<uint64_t> items;
     size_t head = 0;
@@ -253,22 +286,16 @@ class Proof {
     spare_.pop_back();
   }
 
-  // Pass 1: every check of every action, rank by rank. The same checks as the reference's
-  // shape pass and execution, arranged for speed: a transfer's ends are checked by comparing
-  // them with its channel's (the channel exists only between the ranks of neighbouring
-  // stages).
-  bool ScanRanks() {
+ public:
+  // Pass 1: every check of every action, rank by rank (from where the last scan of the rank
+  // stopped). The same checks as the reference's shape pass and execution, arranged for
+  // speed: a transfer's ends are checked by comparing them with its channel's (the channel
+  // exists only between the ranks of neighbouring stages).
+  template <typename Programs>
+  bool ScanRanks(const Programs& programs) {
     const int num_replicas = layout_.num_replicas();
     const int num_stages = layout_.num_stages();
     const int m = layout_.num_microbatches();
-    state_.assign(layout_.NumTriples(), 0);
-    finished_.assign(layout_.NumPairs(), 0);
-    synced_.assign(layout_.NumPairs(), 0);
-    finished_at_sync_.assign(layout_.NumPairs(), 0);
-    // With one replica every micro-batch belongs to it; that each one runs at all follows
-    // from the completeness check.
-    replica_of_.assign(m, num_replicas == 1 ? 0 : kUnassigned);
-    queues_.assign(layout_.NumChannels(), Queue{});
     // The tables as local pointers: the loop stores bytes (state_), which the compiler would
     // otherwise have to assume may change any member it reads the tables through.
     const int* const rank_of = layout_.RankOfTable();
@@ -282,13 +309,22 @@ class Proof {
     int* const replica_of = replica_of_.data();
     const bool split = split_;
     for (int r = 0; r < layout_.num_ranks(); ++r) {
-      const Action* const program = s_.programs[r].data();
-      const int size = static_cast<int>(s_.programs[r].size());
-      if (size == 0 || program[size - 1].type != ActionType::kOptimizerStep) return false;
-      for (int step = 0; step < size - 1; ++step) {
-        const Action& a = program[step];
+      const Action* const program = programs.Begin(r);
+      const int64_t first = programs.First(r);
+      const int64_t size = programs.Available(r);
+      int64_t step = scanned_[r];
+      if (step == size) continue;
+      // The optimizer step is the last action: nothing may follow it.
+      if (stepped_[r]) return false;
+      scanned_[r] = size;
+      for (; step < size; ++step) {
+        const Action& a = program[step - first];
         const ActionType type = a.type;
-        if (type == ActionType::kOptimizerStep) return false;  // not the last action
+        if (type == ActionType::kOptimizerStep) {
+          if (step + 1 != size) return false;
+          stepped_[r] = 1;
+          break;
+        }
         if (static_cast<unsigned>(a.replica) >= static_cast<unsigned>(num_replicas) ||
             static_cast<unsigned>(a.stage) >= static_cast<unsigned>(num_stages)) {
           return false;
@@ -382,6 +418,9 @@ class Proof {
   // What pass 1 could only count: every transfer paired, every micro-batch on one replica and
   // complete, every stage synchronised once after all of its backward passes.
   bool CheckCounts() {
+    for (uint8_t stepped : stepped_) {
+      if (!stepped) return false;
+    }
     for (const Queue& q : queues_) {
       if (q.head < q.items.size()) return false;
     }
@@ -410,27 +449,34 @@ class Proof {
 
   // Pass 2: whether every rank finishes. A transfer is matched once its counterpart is posted
   // (the k-th send with the k-th receive of its channel); a receive, and with grouped
-  // rendezvous a whole run of transfers, waits until all of its transfers are matched.
-  bool Progress() {
-    const int num_ranks = layout_.num_ranks();
-    posted_sends_.assign(layout_.NumChannels(), 0);
-    posted_recvs_.assign(layout_.NumChannels(), 0);
-    pc_.assign(num_ranks, 0);
-    outstanding_.assign(num_ranks, 0);
-    group_end_.assign(num_ranks, 0);
-    worklist_.clear();
-    for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
+  // rendezvous a whole run of transfers, waits until all of its transfers are matched. Runs
+  // every rank that can move until each waits for a counterpart or for more actions.
+  template <typename Programs>
+  bool Progress(const Programs& programs) {
+    for (int r = layout_.num_ranks() - 1; r >= 0; --r) {
+      if (starved_[r] && (pc_[r] < programs.Available(r) || programs.Complete())) {
+        starved_[r] = 0;
+        worklist_.push_back(r);
+      }
+    }
     while (!worklist_.empty()) {
       const int r = worklist_.back();
       worklist_.pop_back();
-      Advance(r);
-    }
-    for (int r = 0; r < num_ranks; ++r) {
-      if (pc_[r] != static_cast<int>(s_.programs[r].size())) return false;
+      Advance(programs, r);
     }
     return true;
   }
 
+  // Once every action is in: every rank ran to its end.
+  template <typename Programs>
+  bool Finished(const Programs& programs) const {
+    for (int r = 0; r < layout_.num_ranks(); ++r) {
+      if (pc_[r] != programs.Available(r)) return false;
+    }
+    return true;
+  }
+
+ private:
   // An earlier transfer of `rank`'s waiting group got its counterpart.
   void Matched(int rank) {
     if (--outstanding_[rank] == 0) {
@@ -439,21 +485,29 @@ class Proof {
     }
   }
 
-  // Runs rank r until it waits or ends.
-  void Advance(int r) {
-    const std::vector<Action>& program = s_.programs[r];
-    const int size = static_cast<int>(program.size());
-    int pc = pc_[r];
+  // Runs rank r until it waits or runs out of actions.
+  template <typename Programs>
+  void Advance(const Programs& programs, int r) {
+    const Action* const program = programs.Begin(r);
+    const int64_t first = programs.First(r);
+    const int64_t size = programs.Available(r);
+    auto at = [&](int64_t step) -> const Action& { return program[step - first]; };
+    int64_t pc = pc_[r];
     while (pc < size) {
-      if (!IsTransferType(program[pc].type)) {
+      if (!IsTransferType(at(pc).type)) {
         ++pc;
         continue;
       }
-      // A group: one transfer, or with grouped rendezvous the maximal run of transfers.
-      int end = pc;
+      // A group: one transfer, or with grouped rendezvous the maximal run of transfers,
+      // which ends only where a non-transfer follows or the program ends.
+      int64_t end = pc + 1;
+      if (grouped_) {
+        while (end < size && IsTransferType(at(end).type)) ++end;
+        if (end == size && !programs.Complete()) break;
+      }
       int waiting = 0;
-      do {
-        const Action& a = program[end];
+      for (int64_t k = pc; k < end; ++k) {
+        const Action& a = at(k);
         const int c = layout_.ChannelOf(a);
         if (IsSendType(a.type)) {
           if (++posted_sends_[c] <= posted_recvs_[c]) {
@@ -466,8 +520,7 @@ class Proof {
         } else {
           ++waiting;
         }
-        ++end;
-      } while (grouped_ && end < size && IsTransferType(program[end].type));
+      }
       if (waiting > 0) {
         outstanding_[r] = waiting;
         group_end_[r] = end;
@@ -475,14 +528,15 @@ class Proof {
         // The rank resumes here after its peers have moved (often ~p resumes later): the
         // actions after this group have not been read yet, and no hardware prefetcher follows
         // a program read a few actions at a time. Ask for them now.
-        for (int k = end; k < size && k < end + kPrefetchActions; k += kActionsPerLine) {
-          Prefetch(&program[k]);
+        for (int64_t k = end; k < size && k < end + kPrefetchActions; k += kActionsPerLine) {
+          Prefetch(&at(k));
         }
         return;
       }
       pc = end;
     }
     pc_[r] = pc;
+    starved_[r] = 1;
   }
 
   static void Prefetch(const void* address) {
@@ -495,11 +549,12 @@ class Proof {
   static constexpr int kActionsPerLine = 64 / sizeof(Action);
   static constexpr int kPrefetchActions = 4 * kActionsPerLine;
 
-  const Schedule& s_;
   const Layout& layout_;
   const bool grouped_;
   const bool split_;
   // Pass 1.
+  std::vector<int64_t> scanned_;  // per rank: the first step not scanned yet
+  std::vector<uint8_t> stepped_;  // per rank: its optimizer step was scanned
   std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb)
   std::vector<int> finished_, finished_at_sync_;  // per (replica, stage)
   std::vector<uint8_t> synced_;
@@ -508,7 +563,9 @@ class Proof {
   std::vector<std::vector<uint64_t>> spare_;  // empty buffers of drained queues
   // Pass 2.
   std::vector<int64_t> posted_sends_, posted_recvs_;  // per channel
-  std::vector<int> pc_, outstanding_, group_end_;
+  std::vector<int64_t> pc_, group_end_;
+  std::vector<int> outstanding_;
+  std::vector<uint8_t> starved_;  // per rank: waits for more actions
   std::vector<int> worklist_;
 };
 
@@ -1101,7 +1158,7 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
 absl::Status ValidateSchedule(const Schedule& schedule, const ValidationOptions& options) {
   Layout layout(schedule);
   TANDEM_RETURN_IF_ERROR(layout.Check());
-  if (Proof(schedule, options, layout).Run()) return absl::OkStatus();
+  if (Proof(schedule, options, layout).Run(schedule.programs)) return absl::OkStatus();
   // Invalid: the reference execution finds the first error in its order and names it.
   return Validator(schedule, options, layout).Run();
 }
@@ -1114,6 +1171,43 @@ absl::Status ValidateScheduleByExecution(const Schedule& schedule,
   TANDEM_RETURN_IF_ERROR(layout.Check());
   return Validator(schedule, options, layout).Run();
 }
+
+struct StreamedProof::Impl {
+  Impl(const Schedule& shape, const ValidationOptions& options)
+      : layout(shape), proof(shape, options, layout) {}
+  Layout layout;
+  Proof proof;
+  bool scanned = true;  // every scan so far passed
+  bool counted = false;
+};
+
+StreamedProof::StreamedProof(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StreamedProof::~StreamedProof() = default;
+
+absl::StatusOr<std::unique_ptr<StreamedProof>> StreamedProof::Create(
+    const Schedule& shape, const ValidationOptions& options) {
+  auto impl = std::make_unique<Impl>(shape, options);
+  TANDEM_RETURN_IF_ERROR(impl->layout.Check());
+  impl->proof.Begin();
+  return std::unique_ptr<StreamedProof>(new StreamedProof(std::move(impl)));
+}
+
+bool StreamedProof::Continue(const ProgramChunks& chunks) {
+  Impl& impl = *impl_;
+  if (!impl.scanned) return false;
+  // Progress only over actions the scan has passed: those reference channels that exist.
+  impl.scanned = impl.proof.ScanRanks(chunks) && impl.proof.Progress(chunks);
+  if (impl.scanned && chunks.Complete()) impl.counted = impl.proof.CheckCounts();
+  return impl.scanned;
+}
+
+bool StreamedProof::ChecksPassed() const { return impl_->scanned && impl_->counted; }
+
+bool StreamedProof::Finished(const ProgramChunks& chunks) const {
+  return ChecksPassed() && impl_->proof.Finished(chunks);
+}
+
+int64_t StreamedProof::Needed(int r) const { return impl_->proof.Needed(r); }
 
 }  // namespace internal
 

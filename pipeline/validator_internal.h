@@ -6,7 +6,12 @@
 // schedules; this entry point lets tests compare them on schedules the proof may get wrong.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "pipeline/internal/program_chunks.h"
 #include "pipeline/schedule.h"
 #include "pipeline/validator.h"
 
@@ -15,5 +20,33 @@ namespace tandem::pipeline::internal {
 // The reference execution alone: the same result as ValidateSchedule, always by executing.
 absl::Status ValidateScheduleByExecution(const Schedule& schedule,
                                          const ValidationOptions& options);
+
+// The quick proof over programs handed over in chunks (pipeline/streamed.cc): the same checks
+// as ValidateSchedule's, made as the actions come, so that the programs are never held whole.
+// It only says whether the schedule passes; to name an error, validate the whole programs.
+class StreamedProof {
+ public:
+  // `shape`: the spec and placement, with one empty program per rank; it must outlive the
+  // proof. InvalidArgument for a placement the validator refuses.
+  static absl::StatusOr<std::unique_ptr<StreamedProof>> Create(const Schedule& shape,
+                                                               const ValidationOptions& options);
+  ~StreamedProof();
+  // Checks what is new in `chunks`; false once a check has failed (later calls then do
+  // nothing).
+  bool Continue(const ProgramChunks& chunks);
+  // After the last Continue, with `chunks` complete: whether every check of every action
+  // passed (the per-rank checks and the counts: ValidateSchedule with buffered sends passes
+  // exactly when this holds and the simulation of the programs finishes).
+  bool ChecksPassed() const;
+  // ... and whether every rank ran to its end in the options' mode.
+  bool Finished(const ProgramChunks& chunks) const;
+  // The first step of rank r the proof still needs.
+  int64_t Needed(int r) const;
+
+ private:
+  struct Impl;
+  explicit StreamedProof(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace tandem::pipeline::internal

@@ -11,6 +11,7 @@ namespace tandem::pipeline {
 
 using internal::CheckedSpec;
 using internal::ConfigFor;
+using internal::ListScheduled;
 using internal::ListSchedulerConfig;
 using internal::PerStageStreams;
 using internal::ScheduleAndComplete;
@@ -23,20 +24,32 @@ constexpr double kHanayoMemoryFactor = 1.5;
 
 }  // namespace
 
-absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int waves) {
-  TANDEM_ASSIGN_OR_RETURN(const ScheduleSpec spec,
+namespace internal {
+
+absl::StatusOr<ListScheduled> HanayoKind(int num_ranks, int num_microbatches, int waves) {
+  ListScheduled kind;
+  TANDEM_ASSIGN_OR_RETURN(kind.spec,
                           CheckedSpec(ScheduleKind::kHanayo, num_ranks, num_microbatches,
                                       /*chunks=*/1, /*waves=*/waves));
-  Placement placement = Placement::Wave(num_ranks, waves);
-  ListSchedulerConfig config = ConfigFor(spec, placement);
+  kind.placement = Placement::Wave(num_ranks, waves);
+  ListSchedulerConfig& config = kind.config;
+  config = ConfigFor(kind.spec, kind.placement);
   config.forward_class = 0;
   config.backward_class = 1;
-  const int64_t chunks_per_rank = spec.ChunksPerRank();
+  const int64_t chunks_per_rank = kind.spec.ChunksPerRank();
   config.stash_cap = static_cast<int64_t>(kHanayoMemoryFactor * num_ranks * chunks_per_rank);
-  auto make_streams = [&](const Placement& placement) {
+  kind.make_streams = [num_microbatches](const Placement& placement) {
     return PerStageStreams(placement, num_microbatches, false);
   };
-  return ScheduleAndComplete(spec, std::move(placement), config, make_streams);
+  return kind;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Schedule> GenerateHanayo(int num_ranks, int num_microbatches, int waves) {
+  TANDEM_ASSIGN_OR_RETURN(internal::ListScheduled kind,
+                          internal::HanayoKind(num_ranks, num_microbatches, waves));
+  return ScheduleAndComplete(std::move(kind));
 }
 
 }  // namespace tandem::pipeline

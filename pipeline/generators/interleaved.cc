@@ -95,7 +95,7 @@ absl::StatusOr<Schedule> GenerateInterleaved(int num_ranks, int num_microbatches
       }
       return streams;
     };
-    return ScheduleAndComplete(spec, std::move(placement), config, make_streams);
+    return ScheduleAndComplete({spec, std::move(placement), config, make_streams});
   }
 }
 

@@ -12,20 +12,25 @@ namespace tandem::pipeline {
 
 using internal::CheckedSpec;
 using internal::ConfigFor;
+using internal::ListScheduled;
 using internal::ListSchedulerConfig;
 using internal::PerStageStreams;
 using internal::ScheduleAndComplete;
 using internal::UnitCosts;
 
-absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
-                                     std::array<int, 3> planning_costs) {
-  TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec,
+namespace internal {
+
+absl::StatusOr<ListScheduled> ZBVKind(int num_ranks, int num_microbatches,
+                                      std::array<int, 3> planning_costs) {
+  ListScheduled kind;
+  TANDEM_ASSIGN_OR_RETURN(kind.spec,
                           CheckedSpec(ScheduleKind::kZBV, num_ranks, num_microbatches,
                                       /*chunks=*/2, /*waves=*/1));
-  spec.planning_costs = planning_costs;
-  TANDEM_RETURN_IF_ERROR(CheckScheduleSpec(spec));
-  Placement placement = Placement::Wave(num_ranks, /*waves=*/1);
-  ListSchedulerConfig config = ConfigFor(spec, placement);
+  kind.spec.planning_costs = planning_costs;
+  TANDEM_RETURN_IF_ERROR(CheckScheduleSpec(kind.spec));
+  kind.placement = Placement::Wave(num_ranks, /*waves=*/1);
+  ListSchedulerConfig& config = kind.config;
+  config = ConfigFor(kind.spec, kind.placement);
   config.backward_class = 0;
   config.forward_class = 1;
   config.weight_class = 2;
@@ -33,11 +38,20 @@ absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
   config.stash_cap = 2 * static_cast<int64_t>(num_ranks);
   // Planned with the spec's costs where it has them: with a weight gradient cheaper than an
   // input gradient (as on CPUs) the nominal order leaves a wait in every cycle.
-  config.costs = UnitCosts::For(spec);
-  auto make_streams = [&](const Placement& placement) {
+  config.costs = UnitCosts::For(kind.spec);
+  kind.make_streams = [num_microbatches](const Placement& placement) {
     return PerStageStreams(placement, num_microbatches, true);
   };
-  return ScheduleAndComplete(spec, std::move(placement), config, make_streams);
+  return kind;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Schedule> GenerateZBV(int num_ranks, int num_microbatches,
+                                     std::array<int, 3> planning_costs) {
+  TANDEM_ASSIGN_OR_RETURN(internal::ListScheduled kind,
+                          internal::ZBVKind(num_ranks, num_microbatches, planning_costs));
+  return ScheduleAndComplete(std::move(kind));
 }
 
 }  // namespace tandem::pipeline

@@ -7,6 +7,9 @@
 // GenerateSchedule (pipeline/generators.cc).
 #pragma once
 
+#include <array>
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -27,5 +30,16 @@ inline absl::Status Invalid(absl::string_view kind, absl::string_view message) {
 // do not apply to it (chunks, waves).
 absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int num_microbatches,
                                          int chunks, int waves);
+
+// The list-scheduled kinds, described (their generators complete these; pipeline/streamed.cc
+// streams them).
+absl::StatusOr<ListScheduled> HanayoKind(int num_ranks, int num_microbatches, int waves);
+absl::StatusOr<ListScheduled> ZBVKind(int num_ranks, int num_microbatches,
+                                      std::array<int, 3> planning_costs);
+absl::StatusOr<ListScheduled> ChimeraKind(int num_ranks, int num_microbatches);
+
+// The description of `spec`'s kind when it is list-scheduled; nullopt for the kinds completed
+// from fixed orders (and interleaved, list-scheduled only with a short last group).
+absl::StatusOr<std::optional<ListScheduled>> ListScheduledFor(const ScheduleSpec& spec);
 
 }  // namespace tandem::pipeline::internal

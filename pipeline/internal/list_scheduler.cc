@@ -350,7 +350,7 @@ class ListScheduler {
   // Looks up when stream g's head's inputs are ready. A head's readiness changes only when it
   // becomes the head or when one of its inputs is produced, so this runs exactly then, and
   // choosing a rank's best head only compares cached times.
-  void Evaluate(int g) {
+  [[gnu::always_inline]] void Evaluate(int g) {
     Head& head = heads_[g];
     head.ready = head.done ? kUnknownTime : ReadyTime(head);
     RankState& rank = ranks_[rank_of_stream_[g]];
@@ -491,7 +491,7 @@ class ListScheduler {
   static int Tie(const Action& a) { return a.type == ActionType::kForward ? -a.stage : a.stage; }
 
   // Queues rank r with its best head over its ready streams.
-  void Refresh(int r, bool ignore_cap) {
+  [[gnu::noinline]] void Refresh(int r, bool ignore_cap) {
     if (ordered_) {
       RefreshOrdered(r, ignore_cap);
       return;
@@ -525,7 +525,7 @@ class ListScheduler {
   // Refresh in ordered mode. Heads ready by the time the rank is free all start then, and
   // the first of them in priority order wins; if there is none, the earliest ready head
   // (the first in priority order on ties) sets a later start.
-  void RefreshOrdered(int r, bool ignore_cap) {
+  [[gnu::always_inline]] void RefreshOrdered(int r, bool ignore_cap) {
     RankState& rank = ranks_[r];
     const Head* heads = &heads_[rank.first];
     uint64_t candidates = ready_bits_[rank.first_word];
@@ -649,33 +649,45 @@ ListSchedulerConfig ConfigFor(const ScheduleSpec& spec, const Placement& placeme
   return config;
 }
 
-absl::StatusOr<Schedule> ScheduleAndComplete(
-    const ScheduleSpec& spec, Placement placement, const ListSchedulerConfig& config,
-    const std::function<Streams(const Placement&)>& make_streams, int second_full_backward) {
-  const PairTable table(placement);
+absl::StatusOr<Schedule> ScheduleAndComplete(ListScheduled kind) {
+  const PairTable table(kind.placement);
+  const ListSchedulerConfig& config = kind.config;
   {
-    const Streams streams = make_streams(placement);
-    ProgramBuilder builder(spec, table, streams, second_full_backward, config.costs);
+    const Streams streams = kind.make_streams(kind.placement);
+    ProgramBuilder<> builder(kind.spec, table, streams, kind.second_full_backward, config.costs);
     ListScheduler scheduler(config, streams, table);
     const absl::Status status = scheduler.Run(builder);
     if (status.ok()) {
       Schedule schedule;
-      schedule.spec = spec;
+      schedule.spec = kind.spec;
       TANDEM_ASSIGN_OR_RETURN(schedule.programs, builder.Finish());
-      schedule.placement = std::move(placement);
+      schedule.placement = std::move(kind.placement);
       return schedule;
     }
     if (!absl::IsAborted(status)) return status;
   }
-  ListScheduler scheduler(config, make_streams(placement), table);
+  ListScheduler scheduler(config, kind.make_streams(kind.placement), table);
   OrderRecorder recorder(config.num_ranks);
   TANDEM_RETURN_IF_ERROR(scheduler.Run(recorder));
   std::vector<UnitCosts> timeline_costs = {config.costs};
-  if (second_full_backward > 0) {
-    timeline_costs.push_back(UnitCosts::WithFullBackward(second_full_backward));
+  if (kind.second_full_backward > 0) {
+    timeline_costs.push_back(UnitCosts::WithFullBackward(kind.second_full_backward));
   }
-  return CompleteScheduleFor<Action>(spec, std::move(placement), std::move(recorder.orders()),
-                                     timeline_costs, std::move(recorder.starts()));
+  return CompleteScheduleFor<Action>(kind.spec, std::move(kind.placement),
+                                     std::move(recorder.orders()), timeline_costs,
+                                     std::move(recorder.starts()));
+}
+
+absl::Status ScheduleAndStream(const ListScheduled& kind, ProgramConsumer& consumer,
+                               size_t round_computes) {
+  const PairTable table(kind.placement);
+  const Streams streams = kind.make_streams(kind.placement);
+  ProgramBuilder<ChunkWriter> builder(kind.spec, table, streams, kind.second_full_backward,
+                                      kind.config.costs,
+                                      ChunkWriter(&consumer, std::max<size_t>(1, round_computes)));
+  ListScheduler scheduler(kind.config, streams, table);
+  TANDEM_RETURN_IF_ERROR(scheduler.Run(builder));
+  return builder.Finish();
 }
 
 }  // namespace tandem::pipeline::internal

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/internal/orders.h"
+#include "pipeline/internal/program_chunks.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::internal {
@@ -138,14 +139,30 @@ ListSchedulerConfig ConfigFor(const ScheduleSpec& spec, const Placement& placeme
 // each in micro-batch order.
 Streams PerStageStreams(const Placement& placement, int num_microbatches, bool split_backward);
 
-// Runs the list scheduler over the streams `make_streams(placement)` returns and completes its
-// orders into a schedule, with receives placed against its timeline (F=1, B=2) and, when
-// `second_full_backward` > 0, also against one where a full backward costs that much. The
+// A list-scheduled kind as its generator describes it: the spec, the placement, how the
+// scheduler chooses, and its streams (made from the placement when needed, possibly twice).
+// When `second_full_backward` > 0 receives are also placed against a timeline where a full
+// backward costs that much.
+struct ListScheduled {
+  ScheduleSpec spec;
+  Placement placement;
+  ListSchedulerConfig config;
+  std::function<Streams(const Placement&)> make_streams;
+  int second_full_backward = 0;
+};
+
+// Runs the list scheduler over the kind's streams and completes its orders into a schedule,
+// with receives placed against its timeline (F=1, B=2) and the second one if asked. The
 // programs are built while scheduling; only if the stash cap has to be relaxed (actions are
 // then not scheduled in order of start) are the orders recorded and completed afterwards
 // (make_streams is then called a second time).
-absl::StatusOr<Schedule> ScheduleAndComplete(
-    const ScheduleSpec& spec, Placement placement, const ListSchedulerConfig& config,
-    const std::function<Streams(const Placement&)>& make_streams, int second_full_backward = 0);
+absl::StatusOr<Schedule> ScheduleAndComplete(ListScheduled kind);
+
+// The same programs, handed to `consumer` every `round_computes` computes while they are built
+// (see ChunkWriter in program_builder.h) and never held whole. Aborted when the stash cap has
+// to be relaxed: the programs are then not built in order, and the caller generates the
+// schedule whole instead.
+absl::Status ScheduleAndStream(const ListScheduled& kind, ProgramConsumer& consumer,
+                               size_t round_computes);
 
 }  // namespace tandem::pipeline::internal

@@ -5,23 +5,109 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipeline/internal/list_scheduler.h"
 #include "pipeline/internal/orders.h"
+#include "pipeline/internal/program_chunks.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::internal {
 
+// The programs whole, as the runtime and the files take them.
+class WholeProgramWriter {
+ public:
+  // Each program is made at its final length (`lengths`, as counted) up front and written
+  // through a cursor per rank. Appending with push_back instead costs more than the fill: it
+  // reloads the vector's end after every Action stored (an Action's byte fields may alias
+  // it), at 50-100 M actions (measured at p=1024, m=4096: ZB-V 2.45 -> 2.32 s of the
+  // command).
+  void Start(const std::vector<size_t>& lengths) {
+    const size_t num_ranks = lengths.size();
+    programs_.resize(num_ranks);
+    cursor_.resize(num_ranks);
+    end_.resize(num_ranks);
+    for (size_t r = 0; r < num_ranks; ++r) {
+      programs_[r].resize(lengths[r]);
+      cursor_[r] = programs_[r].data();
+      end_[r] = cursor_[r] + lengths[r];
+    }
+  }
+  // Writes the rank's next action at its cursor. A miscounted length writes nothing past the
+  // program's end, and Finish reports it.
+  void Emit(int r, const Action& action) {
+    Action*& cursor = cursor_[r];
+    if (cursor == end_[r]) {
+      overflow_ = true;
+      return;
+    }
+    *cursor++ = action;
+  }
+  // After each compute's actions: the rank writes next where its program has never been
+  // touched, at p=1024 a line (and its page's TLB entry) far out of cache. Its next action
+  // comes ~p actions later, time enough to fetch the line after the one being written.
+  void Scheduled(int r) {
+    if (end_[r] - cursor_[r] > static_cast<std::ptrdiff_t>(kWriteAhead)) {
+      Prefetch(cursor_[r] + kWriteAhead);
+    }
+  }
+  absl::StatusOr<std::vector<std::vector<Action>>> Finish() {
+    for (size_t r = 0; r < programs_.size(); ++r) {
+      if (overflow_ || cursor_[r] != end_[r]) {
+        return absl::InternalError("program builder: program length miscounted");
+      }
+    }
+    return std::move(programs_);
+  }
+
+ private:
+  static constexpr size_t kWriteAhead = 64 / sizeof(Action);  // actions: the next cache line
+  std::vector<std::vector<Action>> programs_;
+  std::vector<Action*> cursor_, end_;  // per program: where its next action goes, its end
+  bool overflow_ = false;
+};
+
+// The programs handed to a consumer every `round` computes (and once at the end), never
+// whole: each rank's chunk holds only what the consumer has not read yet.
+class ChunkWriter {
+ public:
+  ChunkWriter() = default;
+  ChunkWriter(ProgramConsumer* consumer, size_t round) : consumer_(consumer), round_(round) {}
+  void Start(const std::vector<size_t>& lengths) {
+    chunks_.emplace(static_cast<int>(lengths.size()));
+  }
+  void Emit(int r, const Action& action) { chunks_->actions[r].push_back(action); }
+  void Scheduled(int) {
+    if (++since_ < round_) return;
+    since_ = 0;
+    consumer_->Consume(*chunks_);
+  }
+  absl::Status Finish() {
+    chunks_->complete = true;
+    consumer_->Consume(*chunks_);
+    return absl::OkStatus();
+  }
+
+ private:
+  ProgramConsumer* consumer_ = nullptr;
+  size_t round_ = 1;
+  size_t since_ = 0;
+  std::optional<ProgramChunks> chunks_;
+};
+
+template <typename Writer = WholeProgramWriter>
 class ProgramBuilder {
  public:
   ProgramBuilder(const ScheduleSpec& spec, const PairTable& table, const Streams& streams,
-                 int second_full_backward, const UnitCosts& costs)
+                 int second_full_backward, const UnitCosts& costs, Writer writer = Writer())
       : table_(table),
         costs_(costs),
         layout_(table.NumPairs(), spec.num_microbatches),
-        second_full_backward_(second_full_backward) {
+        second_full_backward_(second_full_backward),
+        writer_(std::move(writer)) {
     const int num_ranks = static_cast<int>(streams.size());
     const size_t pairs = table_.NumPairs();
     // Per pair: how many final backwards it has (its sync follows the last), and where its
@@ -56,20 +142,8 @@ class ProgramBuilder {
       held_[r].push_back(pair);
       ++length[r];  // the sync
     }
-    // Each program is made at its final length up front and written through a cursor per
-    // rank (see Emit). Appending with push_back instead costs more than the fill: it reloads
-    // the vector's end after every Action stored (an Action's byte fields may alias it), at
-    // 50-100 M actions (measured at p=1024, m=4096: ZB-V 2.45 -> 2.32 s of the command).
-    programs_.resize(num_ranks);
-    length_.resize(num_ranks);
-    cursor_.resize(num_ranks);
-    end_.resize(num_ranks);
-    for (int r = 0; r < num_ranks; ++r) {
-      length_[r] = length[r] + 1;
-      programs_[r].resize(length_[r]);
-      cursor_[r] = programs_[r].data();
-      end_[r] = cursor_[r] + length_[r];
-    }
+    for (int r = 0; r < num_ranks; ++r) ++length[r];  // the optimizer step
+    writer_.Start(length);
     first_channel_.assign(num_ranks + 1, 0);
     activation_channel_.assign(pairs, -1);
     gradient_channel_.assign(pairs, -1);
@@ -173,22 +247,18 @@ class ProgramBuilder {
                                            : ActionType::kRecvGradient,
                                 r)});
     }
-    // The rank writes next where its program has never been touched: at p=1024 that line
-    // (and its page's TLB entry) is far out of cache. Its next action comes ~p actions later,
-    // time enough to fetch the line after the one being written.
-    if (end_[r] - cursor_[r] > static_cast<std::ptrdiff_t>(kWriteAhead)) {
-      Prefetch(cursor_[r] + kWriteAhead);
-    }
+    writer_.Scheduled(r);
   }
 
-  // The programs, once every action has been scheduled.
-  absl::StatusOr<std::vector<std::vector<Action>>> Finish() {
+  // What the writer makes of the programs (WholeProgramWriter: the programs; ChunkWriter:
+  // nothing, its consumer has had them), once every action has been scheduled.
+  auto Finish() -> decltype(std::declval<Writer&>().Finish()) {
     for (const Channel& channel : channels_) {
       if (channel.head != channel.tail) {
         return absl::InternalError("program builder: a receive was never placed");
       }
     }
-    for (int r = 0; r < static_cast<int>(programs_.size()); ++r) {
+    for (int r = 0; r < static_cast<int>(held_.size()); ++r) {
       // A held stage that never ran a backward still gets its sync (the validator then
       // reports the missing backward).
       for (size_t pair : held_[r]) {
@@ -198,11 +268,8 @@ class ProgramBuilder {
         }
       }
       Emit(r, StepAction());
-      if (overflow_ || cursor_[r] != end_[r]) {
-        return absl::InternalError("program builder: program length miscounted");
-      }
     }
-    return std::move(programs_);
+    return writer_.Finish();
   }
 
  private:
@@ -243,17 +310,7 @@ class ProgramBuilder {
     slots_ *= 2;
   }
 
-  // Writes the rank's next action at its cursor (see the prefetch in Scheduled). A miscounted
-  // length writes nothing past the program's end, and Finish reports it.
-  static constexpr size_t kWriteAhead = 64 / sizeof(Action);  // actions: the next cache line
-  void Emit(int r, const Action& action) {
-    Action*& cursor = cursor_[r];
-    if (cursor == end_[r]) {
-      overflow_ = true;
-      return;
-    }
-    *cursor++ = action;
-  }
+  void Emit(int r, const Action& action) { writer_.Emit(r, action); }
 
   const PairTable& table_;
   const UnitCosts costs_;  // the list scheduler's
@@ -269,10 +326,7 @@ class ProgramBuilder {
   size_t slots_ = 0;
   std::vector<int> activation_channel_, gradient_channel_;  // per pair, on the receiver
   std::vector<Time> forward_end2_, backward_end2_, free2_;  // the second timeline
-  std::vector<std::vector<Action>> programs_;
-  std::vector<size_t> length_;  // per program: as counted
-  std::vector<Action*> cursor_, end_;  // per program: where its next action goes, its end
-  bool overflow_ = false;
+  Writer writer_;
 };
 
 }  // namespace tandem::pipeline::internal
