@@ -14,19 +14,12 @@
 #include "gtest/gtest.h"
 #include "pipeline/simulator.h"
 #include "pipeline/validator.h"
+#include "tests/pipeline/test_util.h"
 
 namespace tandem::pipeline {
 namespace {
 
-ScheduleSpec Spec(ScheduleKind kind, int p, int m, int chunks = 1, int waves = 1) {
-  ScheduleSpec spec;
-  spec.kind = kind;
-  spec.num_ranks = p;
-  spec.num_microbatches = m;
-  spec.chunks = chunks;
-  spec.waves = waves;
-  return spec;
-}
+using testing::Spec;
 
 // Compute actions of a rank, as a compact string ("F0.0 F0.1 B0.0 ...").
 std::string ComputeString(const Schedule& s, int rank) {

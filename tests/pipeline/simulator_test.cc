@@ -11,21 +11,14 @@
 #include "pipeline/gantt.h"
 #include "pipeline/generators.h"
 #include "pipeline/validator.h"
+#include "tests/pipeline/test_util.h"
 
 namespace tandem::pipeline {
 namespace {
 
 constexpr double kTolerance = 1e-9;
 
-ScheduleSpec Spec(ScheduleKind kind, int p, int m, int chunks = 1, int waves = 1) {
-  ScheduleSpec spec;
-  spec.kind = kind;
-  spec.num_ranks = p;
-  spec.num_microbatches = m;
-  spec.chunks = chunks;
-  spec.waves = waves;
-  return spec;
-}
+using testing::Spec;
 
 SimulationResult SimulateUniform(const ScheduleSpec& spec, double forward, double backward,
                      double weight = 0) {

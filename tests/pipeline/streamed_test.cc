@@ -18,21 +18,15 @@
 #include "pipeline/simulator.h"
 #include "pipeline/validator.h"
 #include "pipeline/validator_internal.h"
+#include "tests/pipeline/test_util.h"
 
 namespace tandem::pipeline {
 namespace {
 
 using internal::ProgramChunks;
 
-ScheduleSpec Spec(ScheduleKind kind, int p, int m, int chunks = 1, int waves = 1) {
-  ScheduleSpec spec;
-  spec.kind = kind;
-  spec.num_ranks = p;
-  spec.num_microbatches = m;
-  spec.chunks = chunks;
-  spec.waves = waves;
-  return spec;
-}
+using testing::Edit;
+using testing::Spec;
 
 // The spec and placement of `s` with one empty program per rank: what the streamed readers
 // know before any action.
@@ -82,39 +76,6 @@ bool StreamedVerdict(const Schedule& s, const ValidationOptions& options, std::m
     }
   });
   return scanned && (*proof)->Finished(last);
-}
-
-// One random edit of a schedule (as the validator's own test makes them).
-void Edit(Schedule* s, std::mt19937* rng) {
-  auto pick = [&](size_t n) { return static_cast<int>((*rng)() % n); };
-  std::vector<Action>& program = s->programs[pick(s->programs.size())];
-  if (program.empty()) return;
-  const int i = pick(program.size());
-  Action& a = program[i];
-  switch (pick(6)) {
-    case 0:
-      std::swap(a, program[std::min<size_t>(program.size() - 1, i + 1 + pick(3))]);
-      break;
-    case 1:
-      program.erase(program.begin() + i);
-      break;
-    case 2:
-      program.insert(program.begin() + pick(program.size()), a);
-      break;
-    case 3:
-      a.microbatch += pick(2) == 0 ? -1 : 1;
-      break;
-    case 4:
-      a.type = static_cast<ActionType>(pick(10));
-      break;
-    default: {
-      const Action moved = a;
-      program.erase(program.begin() + i);
-      std::vector<Action>& other = s->programs[pick(s->programs.size())];
-      other.insert(other.begin() + pick(other.size() + 1), moved);
-      break;
-    }
-  }
 }
 
 // The streamed proof accepts exactly what ValidateSchedule accepts, in both modes, on

@@ -10,9 +10,12 @@
 #include "gtest/gtest.h"
 #include "pipeline/generators.h"
 #include "pipeline/validator_internal.h"
+#include "tests/pipeline/test_util.h"
 
 namespace tandem::pipeline {
 namespace {
+
+using testing::Edit;
 
 // A schedule from one line of actions per rank ("F0.0 sA0.0>1 ...").
 Schedule Parse(ScheduleKind kind, int num_microbatches, Placement placement,
@@ -177,50 +180,6 @@ TEST(ValidatorTest, CompleteScheduleRejectsOrdersThatCannotRun) {
             "step\n"
             "rank 1 | rA0.0<0 F1.0    rA0.1<0 B1.0    sG1.0>0 F1.1    B1.1    sync1   sG1.1>0 "
             "step\n");
-}
-
-// One random edit of a schedule: actions reordered, dropped, duplicated, altered or moved
-// to another rank.
-void Edit(Schedule* s, std::mt19937* rng) {
-  auto pick = [&](size_t n) { return static_cast<int>((*rng)() % n); };
-  std::vector<Action>& program = s->programs[pick(s->programs.size())];
-  if (program.empty()) return;
-  const int i = pick(program.size());
-  Action& a = program[i];
-  const int delta = pick(2) == 0 ? -1 : 1;
-  switch (pick(9)) {
-    case 0:  // swap with a later action nearby
-      std::swap(a, program[std::min<size_t>(program.size() - 1, i + 1 + pick(3))]);
-      break;
-    case 1:
-      program.erase(program.begin() + i);
-      break;
-    case 2:
-      program.insert(program.begin() + pick(program.size()), a);
-      break;
-    case 3:
-      a.microbatch += delta;
-      break;
-    case 4:
-      a.stage += delta;
-      break;
-    case 5:
-      a.peer += delta;
-      break;
-    case 6:
-      a.type = static_cast<ActionType>(pick(10));
-      break;
-    case 7:
-      a.replica ^= 1;
-      break;
-    default: {  // move to another rank
-      const Action moved = a;
-      program.erase(program.begin() + i);
-      std::vector<Action>& other = s->programs[pick(s->programs.size())];
-      other.insert(other.begin() + pick(other.size() + 1), moved);
-      break;
-    }
-  }
 }
 
 // ValidateSchedule proves most schedules valid in two quick passes and runs the reference

@@ -1,0 +1,67 @@
+// Helpers shared by the schedule engine's tests: specs and random edits of schedules.
+#pragma once
+
+#include <algorithm>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "pipeline/schedule.h"
+
+namespace tandem::pipeline::testing {
+
+inline ScheduleSpec Spec(ScheduleKind kind, int p, int m, int chunks = 1, int waves = 1) {
+  ScheduleSpec spec;
+  spec.kind = kind;
+  spec.num_ranks = p;
+  spec.num_microbatches = m;
+  spec.chunks = chunks;
+  spec.waves = waves;
+  return spec;
+}
+
+// One random edit of a schedule: actions reordered, dropped, duplicated, altered or moved
+// to another rank.
+inline void Edit(Schedule* s, std::mt19937* rng) {
+  auto pick = [&](size_t n) { return static_cast<int>((*rng)() % n); };
+  std::vector<Action>& program = s->programs[pick(s->programs.size())];
+  if (program.empty()) return;
+  const int i = pick(program.size());
+  Action& a = program[i];
+  const int delta = pick(2) == 0 ? -1 : 1;
+  switch (pick(9)) {
+    case 0:  // swap with a later action nearby
+      std::swap(a, program[std::min<size_t>(program.size() - 1, i + 1 + pick(3))]);
+      break;
+    case 1:
+      program.erase(program.begin() + i);
+      break;
+    case 2:
+      program.insert(program.begin() + pick(program.size()), a);
+      break;
+    case 3:
+      a.microbatch += delta;
+      break;
+    case 4:
+      a.stage += delta;
+      break;
+    case 5:
+      a.peer += delta;
+      break;
+    case 6:
+      a.type = static_cast<ActionType>(pick(10));
+      break;
+    case 7:
+      a.replica ^= 1;
+      break;
+    default: {  // move to another rank
+      const Action moved = a;
+      program.erase(program.begin() + i);
+      std::vector<Action>& other = s->programs[pick(s->programs.size())];
+      other.insert(other.begin() + pick(other.size() + 1), moved);
+      break;
+    }
+  }
+}
+
+}  // namespace tandem::pipeline::testing
