@@ -139,18 +139,22 @@ absl::StatusOr<CostModel> CostsFromFlags(const ScheduleSpec& spec) {
 
 std::string FormatNumber(double value) { return absl::StrFormat("%.6g", value); }
 
-std::string TextReport(const Schedule& schedule, const SimulationResult& result,
-                       bool grouped_ok) {
+// The text report. `schedule` holds the programs the grid is drawn from: whole, or (streamed)
+// the kept start of the first ranks' programs with `cells_not_given` counting the rest.
+std::string TextReport(const Schedule& schedule, int64_t num_actions,
+                       const SimulationResult& result, bool grouped_ok,
+                       std::vector<int64_t> cells_not_given = {}) {
   const ScheduleSpec& spec = schedule.spec;
   std::string out = absl::StrFormat(
       "schedule %s: %d ranks, %d micro-batches, %d stages%s, %d actions; valid (grouped "
       "rendezvous: %s)\n\n",
       pipeline::ScheduleKindName(spec.kind), spec.num_ranks, spec.num_microbatches,
-      spec.NumStages(), spec.NumReplicas() > 1 ? " x 2 replicas" : "", schedule.NumActions(),
+      spec.NumStages(), spec.NumReplicas() > 1 ? " x 2 replicas" : "", num_actions,
       grouped_ok ? "valid" : "not valid");
   GridOptions grid;
   grid.with_transfers = absl::GetFlag(FLAGS_transfers);
-  const bool truncate = schedule.NumActions() > kFullGridActions;
+  grid.cells_not_given = std::move(cells_not_given);
+  const bool truncate = num_actions > kFullGridActions;
   if (truncate) {
     grid.max_ranks = kTruncatedRanks;
     grid.max_columns = kTruncatedColumns;
@@ -202,20 +206,40 @@ absl::Status Run(int* exit_code) {
   const std::string trace_path = absl::GetFlag(FLAGS_trace);
   const std::string svg_path = absl::GetFlag(FLAGS_svg);
   const std::string output_path = absl::GetFlag(FLAGS_output);
-  if (format == "json" && from_csv.empty() && to_csv.empty() && trace_path.empty() &&
-      svg_path.empty() && output_path.empty()) {
+  if (from_csv.empty() && to_csv.empty() && trace_path.empty() && svg_path.empty() &&
+      output_path.empty()) {
     // Statistics alone: the list-scheduled kinds are validated and simulated while they are
-    // generated, never held whole (pipeline/streamed.h); the others take the path below.
+    // generated, never held whole (pipeline/streamed.h); the others take the path below. The
+    // text report's grid needs every program of a small schedule (it is drawn whole up to
+    // kFullGridActions), and of a large one only the start of the first ranks': a schedule
+    // streams for it when its computes alone (two per stage and micro-batch at least) are
+    // past that.
     TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec, SpecFromFlags());
-    TANDEM_ASSIGN_OR_RETURN(std::optional<pipeline::StreamedSchedule> streamed,
-                            pipeline::GenerateAndSimulateStreamed(spec, CostsFromFlags));
-    if (streamed) {
-      std::cout << JsonReport(streamed->spec, streamed->num_actions, streamed->simulation,
-                              streamed->valid_grouped_rendezvous)
-                       .dump(2)
-                << "\n";
-      *exit_code = kExitOk;
-      return absl::OkStatus();
+    const bool text = format == "text";
+    const bool large = int64_t{2} * spec.NumStages() * spec.num_microbatches > kFullGridActions;
+    if (!text || large) {
+      pipeline::StreamOptions options;
+      if (text) {
+        options.kept_ranks = kTruncatedRanks;
+        options.kept_cells = kTruncatedColumns;
+        options.kept_transfers = absl::GetFlag(FLAGS_transfers);
+      }
+      TANDEM_ASSIGN_OR_RETURN(std::optional<pipeline::StreamedSchedule> streamed,
+                              pipeline::GenerateAndSimulateStreamed(spec, CostsFromFlags, options));
+      if (streamed) {
+        if (text) {
+          std::cout << TextReport(streamed->kept, streamed->num_actions, streamed->simulation,
+                                  streamed->valid_grouped_rendezvous,
+                                  std::move(streamed->cells_not_kept));
+        } else {
+          std::cout << JsonReport(streamed->spec, streamed->num_actions, streamed->simulation,
+                                  streamed->valid_grouped_rendezvous)
+                           .dump(2)
+                    << "\n";
+        }
+        *exit_code = kExitOk;
+        return absl::OkStatus();
+      }
     }
   }
   Schedule schedule;
@@ -300,7 +324,7 @@ absl::Status Run(int* exit_code) {
   }
   if (svg_file) svg_file->Append(chart->Render());
   std::string report = format == "json" ? JsonReport(schedule.spec, schedule.NumActions(), result, grouped_ok).dump(2) + "\n"
-                                        : TextReport(schedule, result, grouped_ok);
+                                        : TextReport(schedule, schedule.NumActions(), result, grouped_ok);
   if (trace_file) {
     const int64_t bytes = trace_file->bytes();
     TANDEM_RETURN_IF_ERROR(trace_file->Close());
@@ -355,9 +379,9 @@ const CommandRegistrar registrar({
         "F,Bi,W gives others (say the ones you simulate with). --from-csv reads a schedule in\n"
         "torch.distributed.pipelining's CSV format (its _dump_csv) instead, --to-csv writes one\n"
         "(compute only, or lowered with its transfers: --csv-transfers or a lowered input).\n"
-        "With --format json and no file to write, hanayo, zb-v and chimera are validated and\n"
-        "simulated while they are generated, never held whole: the same figures in a fifth of\n"
-        "the memory at 1,024 ranks.",
+        "With no file to write, hanayo, zb-v and chimera (past 4,000 computes for the text\n"
+        "report) are validated and simulated while they are generated, never held whole: the\n"
+        "same report in a fifth of the memory at 1,024 ranks.",
     .flags = {"schedule", "stages", "microbatches", "chunks", "waves", "planning_costs",
               "forward", "backward", "weight", "costs", "latency", "bandwidth",
               "activation_bytes", "format", "trace", "svg", "output", "transfers", "from_csv",

@@ -382,6 +382,9 @@ std::string FormatGrid(const Schedule& schedule, const GridOptions& options) {
     for (const std::string& cell : cells[rank]) {
       absl::StrAppend(&out, " ", cell, std::string(width - cell.size(), ' '));
     }
+    if (rank < static_cast<int>(options.cells_not_given.size())) {
+      hidden[rank] += options.cells_not_given[rank];
+    }
     if (hidden[rank] > 0) absl::StrAppend(&out, " ... (+", hidden[rank], ")");
     // No trailing blanks.
     while (!out.empty() && out.back() == ' ') out.pop_back();

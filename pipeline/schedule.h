@@ -230,6 +230,10 @@ struct GridOptions {
   bool with_transfers = false;
   int max_ranks = 0;    // 0 = all; otherwise the first ranks and a note for the rest
   int max_columns = 0;  // 0 = all; otherwise the first cells per rank and "... (+N)"
+  // Cells each shown rank has beyond its program in the schedule given, counted in "... (+N)":
+  // for a grid drawn from the first actions of each program (as `tandem schedule` keeps them
+  // when it never holds the programs). Empty: none.
+  std::vector<int64_t> cells_not_given;
 };
 std::string FormatGrid(const Schedule& schedule, const GridOptions& options);
 

@@ -19,11 +19,20 @@ namespace {
 // checks are those of both) and the simulator, then drops what both have passed.
 class Readers : public internal::ProgramConsumer {
  public:
-  Readers(internal::StreamedProof& proof, ScheduleSimulator& simulator)
-      : proof_(proof), simulator_(simulator) {}
+  Readers(internal::StreamedProof& proof, ScheduleSimulator& simulator,
+          const StreamOptions& options, Schedule& kept, std::vector<int64_t>& not_kept)
+      : proof_(proof),
+        simulator_(simulator),
+        options_(options),
+        kept_(kept),
+        not_kept_(not_kept),
+        seen_(std::min(options.kept_ranks, kept.NumRanks()), 0) {
+    not_kept_.assign(seen_.size(), 0);
+  }
 
   void Consume(internal::ProgramChunks& chunks) override {
     const int num_ranks = chunks.num_ranks();
+    Keep(chunks);
     if (chunks.Complete()) {
       for (int r = 0; r < num_ranks; ++r) num_actions_ += chunks.Available(r);
     }
@@ -43,8 +52,30 @@ class Readers : public internal::ProgramConsumer {
   int64_t num_actions() const { return num_actions_; }
 
  private:
+  // The start of the first ranks' programs, for a grid; the rest counted.
+  void Keep(const internal::ProgramChunks& chunks) {
+    for (int r = 0; r < static_cast<int>(seen_.size()); ++r) {
+      const Action* program = chunks.Begin(r);
+      for (int64_t k = seen_[r]; k < chunks.Available(r); ++k) {
+        const Action& a = program[k - chunks.First(r)];
+        if (!options_.kept_transfers && !IsCompute(a.type)) continue;
+        std::vector<Action>& start = kept_.programs[r];
+        if (static_cast<int>(start.size()) < options_.kept_cells) {
+          start.push_back(a);
+        } else {
+          ++not_kept_[r];
+        }
+      }
+      seen_[r] = chunks.Available(r);
+    }
+  }
+
   internal::StreamedProof& proof_;
   ScheduleSimulator& simulator_;
+  const StreamOptions& options_;
+  Schedule& kept_;
+  std::vector<int64_t>& not_kept_;
+  std::vector<int64_t> seen_;  // per kept rank: the first step not looked at
   bool ok_ = true;
   absl::Status status_;
   int64_t num_actions_ = 0;
@@ -87,7 +118,9 @@ absl::StatusOr<std::optional<StreamedSchedule>> GenerateAndSimulateStreamed(
                           internal::StreamedProof::Create(shape, grouped));
   TANDEM_ASSIGN_OR_RETURN(ScheduleSimulator simulator, ScheduleSimulator::Create(shape));
   TANDEM_RETURN_IF_ERROR(simulator.Start(costs));
-  Readers readers(*proof, simulator);
+  StreamedSchedule out;
+  out.kept = shape;
+  Readers readers(*proof, simulator, options, out.kept, out.cells_not_kept);
   KeepLast keep(readers);
   const absl::Status generated = internal::ScheduleAndStream(
       *kind, keep, static_cast<size_t>(std::max<int64_t>(1, options.round_computes)));
@@ -97,7 +130,6 @@ absl::StatusOr<std::optional<StreamedSchedule>> GenerateAndSimulateStreamed(
   const internal::ProgramChunks& chunks = *keep.last();
   absl::StatusOr<SimulationResult> simulated = simulator.Finish(chunks);
   if (!simulated.ok()) return std::nullopt;
-  StreamedSchedule out;
   out.spec = kind->spec;
   out.num_actions = readers.num_actions();
   out.valid_grouped_rendezvous = proof->Finished(chunks);

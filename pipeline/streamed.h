@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipeline/schedule.h"
@@ -25,6 +26,11 @@ struct StreamedSchedule {
   // Validity with buffered sends is implied: anything else is not a StreamedSchedule.
   bool valid_grouped_rendezvous = false;
   SimulationResult simulation;
+  // The spec and placement, with the kept start of the first ranks' programs (StreamOptions)
+  // and empty programs for the rest; and per kept rank, how many cells of its program
+  // (computes, or every action) were not kept.
+  Schedule kept;
+  std::vector<int64_t> cells_not_kept;
 };
 
 struct StreamOptions {
@@ -35,6 +41,12 @@ struct StreamOptions {
   // computes 2.9-3.9 s, 65,536 2.5-2.9 s, 262,144 2.5-2.8 s (113 MB), against 2.4-2.6 s and
   // 536 MB for the whole programs.
   int64_t round_computes = 262144;
+  // For a grid of the schedule's start: of each of the first `kept_ranks` ranks, the first
+  // `kept_cells` computes (every action with `kept_transfers`) are kept (see
+  // StreamedSchedule::kept).
+  int kept_ranks = 0;
+  int kept_cells = 0;
+  bool kept_transfers = false;
 };
 
 // Generates `spec`'s schedule, proving it valid and simulating it with `costs_for(spec as

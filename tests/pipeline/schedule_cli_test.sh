@@ -93,6 +93,19 @@ for args in "--schedule zb-v --stages 4 --microbatches 12" \
     fail "tandem schedule $args --output: $whole"
   [ "$streamed" = "$whole" ] || fail "streamed and whole reports differ for $args"
 done
+# The text report streams past 4,000 computes, its grid drawn from the kept start of the first
+# ranks' programs; small schedules are drawn whole. Both equal the whole path's.
+for args in "--schedule zb-v --stages 8 --microbatches 300" \
+    "--schedule zb-v --stages 16 --microbatches 200 --transfers" \
+    "--schedule chimera --stages 20 --microbatches 120" \
+    "--schedule hanayo --stages 4 --microbatches 8 --waves 2"; do
+  # shellcheck disable=SC2086
+  streamed="$("$tandem" schedule $args 2>&1)" || fail "tandem schedule $args: $streamed"
+  # shellcheck disable=SC2086
+  whole="$("$tandem" schedule $args --output "$work/whole.json" 2>&1)" ||
+    fail "tandem schedule $args --output: $whole"
+  [ "$streamed" = "$whole" ] || fail "streamed and whole text reports differ for $args"
+done
 
 # Files.
 if "$tandem" schedule --schedule hanayo --stages 4 --microbatches 8 --waves 2 \

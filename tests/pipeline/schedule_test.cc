@@ -158,6 +158,9 @@ TEST(ScheduleTest, GridShowsComputeOrEverything) {
   truncated.max_ranks = 1;
   truncated.max_columns = 1;
   EXPECT_EQ(FormatGrid(s, truncated), "rank 0 | F0.0 ... (+1)\n... 1 more ranks not shown\n");
+  // Cells beyond the programs given (a grid drawn from the start of each program) count too.
+  truncated.cells_not_given = {5};
+  EXPECT_EQ(FormatGrid(s, truncated), "rank 0 | F0.0 ... (+6)\n... 1 more ranks not shown\n");
 }
 
 TEST(ScheduleTest, JsonRoundTrip) {

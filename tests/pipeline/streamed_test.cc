@@ -234,6 +234,10 @@ TEST(StreamedTest, StatisticsEqualTheGeneratedSchedule) {
     for (int64_t round : {int64_t{1}, int64_t{37}, int64_t{100000}}) {
       StreamOptions options;
       options.round_computes = round;
+      // A grid's start kept: computes only in one round, every action in the others.
+      options.kept_ranks = 3;
+      options.kept_cells = 10;
+      options.kept_transfers = round != 37;
       auto streamed = GenerateAndSimulateStreamed(c.spec, costs_for, options);
       ASSERT_TRUE(streamed.ok()) << streamed.status();
       ASSERT_TRUE(streamed->has_value()) << ScheduleKindName(c.spec.kind);
@@ -244,6 +248,23 @@ TEST(StreamedTest, StatisticsEqualTheGeneratedSchedule) {
       EXPECT_EQ(s.num_actions, schedule->NumActions()) << what;
       EXPECT_EQ(s.valid_grouped_rendezvous, grouped_ok) << what;
       ExpectSameResult(s.simulation, *whole, what);
+      ASSERT_EQ(s.kept.NumRanks(), schedule->NumRanks()) << what;
+      ASSERT_EQ(s.cells_not_kept.size(), 3u) << what;
+      for (int r = 0; r < s.kept.NumRanks(); ++r) {
+        std::vector<Action> cells;
+        for (const Action& a : schedule->programs[r]) {
+          if (options.kept_transfers || IsCompute(a.type)) cells.push_back(a);
+        }
+        if (r >= 3) {
+          EXPECT_TRUE(s.kept.programs[r].empty()) << what << " rank " << r;
+          continue;
+        }
+        const size_t kept = std::min<size_t>(10, cells.size());
+        EXPECT_EQ(s.kept.programs[r], std::vector<Action>(cells.begin(), cells.begin() + kept))
+            << what << " rank " << r;
+        EXPECT_EQ(s.cells_not_kept[r], static_cast<int64_t>(cells.size() - kept))
+            << what << " rank " << r;
+      }
     }
   }
 }
