@@ -5,13 +5,14 @@
 #include <memory>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/json_util.h"
 #include "common/status.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 
 namespace tandem::pipeline {
 namespace {
@@ -224,11 +225,24 @@ absl::Status CostModel::Check(int num_stages) const {
 struct ScheduleSimulator::RunState {
   SimulationOptions options;
   double optimizer = 0;
-  std::vector<double> forward, backward_full, backward_input, weight, stash,
-      activation_transfer, gradient_transfer, sync;  // per stage
+  // What each action of a stage costs, in one cache line per stage.
+  struct alignas(64) Stage {
+    double forward = 0, backward_full = 0, backward_input = 0, weight = 0, stash = 0,
+           activation_transfer = 0, gradient_transfer = 0, sync = 0;
+  };
+  std::vector<Stage> stages;
   SimulationResult result;
-  std::vector<double> now, stashed, sync_end;  // per rank
-  std::vector<uint8_t> starved;                // per rank: waits for more actions
+  // Per rank, together: actions taken as they are emitted go from rank to rank, and one line
+  // per rank is all that each action touches of them.
+  struct Clock {
+    double now = 0;
+    double busy = 0;
+    double stashed = 0;
+    double peak = 0;
+    double sync_end = 0;
+    int64_t pc = 0;  // the next step
+  };
+  std::vector<Clock> ranks;
   int64_t executed = 0;
 };
 
@@ -256,16 +270,19 @@ int ScheduleSimulator::AddChannel(int from, int to) {
     }
     ++list.count;
   };
-  add(rank_peers_[from], {to, id, true});
-  add(rank_peers_[to], {from, id, false});
+  add(rank_peers_[from], {id, static_cast<int16_t>(to), true});
+  add(rank_peers_[to], {id, static_cast<int16_t>(from), false});
   in_flight_.emplace_back();
   return id;
 }
 
 void ScheduleSimulator::InFlight::Grow() {
-  std::vector<double> grown(ring.empty() ? 8 : 2 * ring.size());
-  for (size_t j = 0; j < size; ++j) grown[j] = ring[(head + j) & (ring.size() - 1)];
-  ring.swap(grown);
+  const uint32_t capacity = 2 * (mask + 1);
+  auto bigger = std::make_unique<double[]>(capacity);
+  const double* old = ring();
+  for (uint32_t j = 0; j < size; ++j) bigger[j] = old[(head + j) & mask];
+  grown = std::move(bigger);
+  mask = capacity - 1;
   head = 0;
 }
 
@@ -279,14 +296,7 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
   run.options = options;
   run.optimizer = costs.optimizer_seconds;
   // Per-stage tables, so the loop below only indexes arrays.
-  run.forward.resize(num_stages);
-  run.backward_full.resize(num_stages);
-  run.backward_input.resize(num_stages);
-  run.weight.resize(num_stages);
-  run.stash.resize(num_stages);
-  run.activation_transfer.resize(num_stages);
-  run.gradient_transfer.resize(num_stages);
-  run.sync.assign(num_stages, 0.0);
+  run.stages.assign(num_stages, RunState::Stage{});
   auto transfer_seconds = [&](double bytes) {
     double t = costs.p2p_latency_seconds;
     if (costs.p2p_bandwidth_bytes_per_second > 0) t += bytes / costs.p2p_bandwidth_bytes_per_second;
@@ -294,34 +304,27 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
   };
   for (int s = 0; s < num_stages; ++s) {
     const StageCost& c = costs.stages[s];
-    run.forward[s] = c.forward_seconds;
-    run.backward_full[s] = c.backward_seconds + c.weight_seconds;
+    RunState::Stage& stage = run.stages[s];
+    stage.forward = c.forward_seconds;
+    stage.backward_full = c.backward_seconds + c.weight_seconds;
     // Costs that do not split backward give a split schedule half of it for each part.
     const bool split_costs = c.weight_seconds > 0;
-    run.backward_input[s] = split_costs ? c.backward_seconds : c.backward_seconds / 2;
-    run.weight[s] = split_costs ? c.weight_seconds : c.backward_seconds / 2;
-    run.stash[s] = c.stash_units;
-    run.activation_transfer[s] = transfer_seconds(c.activation_bytes);
+    stage.backward_input = split_costs ? c.backward_seconds : c.backward_seconds / 2;
+    stage.weight = split_costs ? c.weight_seconds : c.backward_seconds / 2;
+    stage.stash = c.stash_units;
+    stage.activation_transfer = transfer_seconds(c.activation_bytes);
     // The gradient of stage s's input has the size of stage s-1's output.
-    run.gradient_transfer[s] = transfer_seconds(s > 0 ? costs.stages[s - 1].activation_bytes : 0);
-    if (!costs.grad_sync_seconds.empty()) run.sync[s] = costs.grad_sync_seconds[s];
+    stage.gradient_transfer = transfer_seconds(s > 0 ? costs.stages[s - 1].activation_bytes : 0);
+    if (!costs.grad_sync_seconds.empty()) stage.sync = costs.grad_sync_seconds[s];
   }
   SimulationResult& result = run.result;
-  result.busy_seconds.assign(num_ranks, 0.0);
-  result.idle_seconds.assign(num_ranks, 0.0);
-  result.peak_activations.assign(num_ranks, 0.0);
-  run.now.assign(num_ranks, 0.0);
-  run.stashed.assign(num_ranks, 0.0);
-  run.sync_end.assign(num_ranks, 0.0);
+  run.ranks.assign(num_ranks, RunState::Clock{});
   // Per channel, the arrival times of the messages sent and not yet received, in order.
   for (InFlight& queue : in_flight_) {
     queue.head = 0;
     queue.size = 0;
   }
-  pc_.assign(num_ranks, 0);
   blocked_on_.assign(num_ranks, kNotBlocked);
-  // Every rank waits for its first actions.
-  run.starved.assign(num_ranks, 1);
   worklist_.clear();
   if (options.record_trace) {
     for (int r = 0; r < num_ranks; ++r) {
@@ -334,21 +337,94 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
   return absl::OkStatus();
 }
 
-template <typename Programs>
-absl::Status ScheduleSimulator::Drain(const Programs& programs) {
+template <bool kTrace, bool kMayWait, typename Record, typename Woken>
+[[gnu::always_inline]] inline ScheduleSimulator::Outcome ScheduleSimulator::Execute(
+    int r, int64_t k, const Action& op, double& t, double& busy, Record& record,
+    Woken& woken) {
+  RunState& run = *run_;
+  RunState::Clock& clock = run.ranks[r];
+  const int s = op.stage;
+  if (static_cast<unsigned>(s) >= static_cast<unsigned>(run.stages.size()) &&
+      op.type != ActionType::kOptimizerStep) {
+    return Outcome::kBadStage;
+  }
+  // Not read for the optimizer step (stage -1).
+  const RunState::Stage* const stage =
+      op.type == ActionType::kOptimizerStep ? nullptr : &run.stages[s];
+  double cost = 0;
+  switch (op.type) {
+    case ActionType::kForward:
+      cost = stage->forward;
+      clock.stashed += stage->stash;
+      clock.peak = std::max(clock.peak, clock.stashed);
+      break;
+    case ActionType::kBackward:
+      cost = stage->backward_full;
+      clock.stashed -= stage->stash;
+      break;
+    case ActionType::kBackwardInput:
+      cost = stage->backward_input;
+      break;
+    case ActionType::kBackwardWeight:
+      cost = stage->weight;
+      clock.stashed -= stage->stash;
+      break;
+    case ActionType::kSendActivation:
+    case ActionType::kSendGradient: {
+      if (op.peer < 0 || op.peer >= static_cast<int>(run.ranks.size())) return Outcome::kBadPeer;
+      const double flight = op.type == ActionType::kSendActivation ? stage->activation_transfer
+                                                                   : stage->gradient_transfer;
+      int c = ChannelOf(r, op.peer, /*send=*/true);
+      if (c < 0) c = AddChannel(r, op.peer);
+      in_flight_[c].push(t + flight);
+      if (kTrace && flight > 0) record(r, k, op, kTraceLaneTransfer, t, flight);
+      if (kMayWait && blocked_on_[op.peer] == c) {
+        blocked_on_[op.peer] = kNotBlocked;
+        woken(op.peer);
+      }
+      break;
+    }
+    case ActionType::kRecvActivation:
+    case ActionType::kRecvGradient: {
+      if (op.peer < 0 || op.peer >= static_cast<int>(run.ranks.size())) return Outcome::kBadPeer;
+      int c = ChannelOf(r, op.peer, /*send=*/false);
+      if (c < 0) c = AddChannel(op.peer, r);
+      if (in_flight_[c].empty()) {
+        blocked_on_[r] = c;
+        return Outcome::kWaits;
+      }
+      const double arrives = in_flight_[c].pop();
+      if (arrives > t) {
+        if (kTrace) record(r, k, op, kTraceLaneWait, t, arrives - t);
+        t = arrives;
+      }
+      break;
+    }
+    case ActionType::kGradientSync:
+      if (kTrace && stage->sync > 0) record(r, k, op, kTraceLaneSync, t, stage->sync);
+      clock.sync_end = std::max(clock.sync_end, t + stage->sync);
+      break;
+    case ActionType::kOptimizerStep:
+      t = std::max(t, clock.sync_end);
+      if (kTrace && run.optimizer > 0) record(r, k, op, kTraceLaneCompute, t, run.optimizer);
+      t += run.optimizer;
+      break;
+  }
+  if (cost > 0) {
+    if (kTrace) record(r, k, op, kTraceLaneCompute, t, cost);
+    t += cost;
+    busy += cost;
+  }
+  return Outcome::kDone;
+}
+
+absl::Status ScheduleSimulator::Drain() {
   RunState& run = *run_;
   SimulationResult& result = run.result;
-  const int num_ranks = programs.num_ranks();
-  const int num_stages = schedule_->placement.num_stages;
-  // Ranks that waited for actions and have them now, rank 0 first.
-  for (int r = num_ranks - 1; r >= 0; --r) {
-    if (run.starved[r] && (pc_[r] < programs.Available(r) || programs.Complete())) {
-      run.starved[r] = 0;
-      worklist_.push_back(r);
-    }
-  }
+  const std::vector<std::vector<Action>>& programs = schedule_->programs;
+  const int num_ranks = static_cast<int>(programs.size());
+  for (int r = num_ranks - 1; r >= 0; --r) worklist_.push_back(r);
   const SimulationOptions& options = run.options;
-  const bool trace = options.record_trace || options.on_interval;
   auto record = [&](int r, int64_t k, const Action& a, int lane, double start,
                     double duration) {
     if (options.on_interval) options.on_interval({r, lane, k, start, duration});
@@ -364,135 +440,56 @@ absl::Status ScheduleSimulator::Drain(const Programs& programs) {
     for (const auto& arg : absl::MakeSpan(args, EventArgs(a, args))) e.args[arg.key] = arg.value;
     result.trace.Add(std::move(e));
   };
-  const double* const forward = run.forward.data();
-  const double* const backward_full = run.backward_full.data();
-  const double* const backward_input = run.backward_input.data();
-  const double* const weight = run.weight.data();
-  const double* const stash = run.stash.data();
-  const double* const sync = run.sync.data();
-
-  while (!worklist_.empty()) {
-    const int r = worklist_.back();
-    worklist_.pop_back();
-    const Action* const program = programs.Begin(r);
-    const int64_t first = programs.First(r);
-    int64_t k = pc_[r];
-    const int64_t end = programs.Available(r);
-    double t = run.now[r];
-    // Summed in program order whatever the stops, so that a run over chunks gives the same
-    // sums as one over whole programs.
-    double busy = result.busy_seconds[r];
-    bool blocked = false;
-    for (; k < end && !blocked; ++k) {
-      const Action& op = program[k - first];
-      const int s = op.stage;
-      if (static_cast<unsigned>(s) >= static_cast<unsigned>(num_stages) &&
-          op.type != ActionType::kOptimizerStep) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r, " step ", k, " (", ToString(op), "): stage out of range"));
-      }
-      double cost = 0;
-      switch (op.type) {
-        case ActionType::kForward:
-          cost = forward[s];
-          run.stashed[r] += stash[s];
-          result.peak_activations[r] = std::max(result.peak_activations[r], run.stashed[r]);
-          break;
-        case ActionType::kBackward:
-          cost = backward_full[s];
-          run.stashed[r] -= stash[s];
-          break;
-        case ActionType::kBackwardInput:
-          cost = backward_input[s];
-          break;
-        case ActionType::kBackwardWeight:
-          cost = weight[s];
-          run.stashed[r] -= stash[s];
-          break;
-        case ActionType::kSendActivation:
-        case ActionType::kSendGradient: {
-          if (op.peer < 0 || op.peer >= num_ranks) return BadPeer(r, k, op);
-          const double flight = op.type == ActionType::kSendActivation
-                                    ? run.activation_transfer[s]
-                                    : run.gradient_transfer[s];
-          int c = ChannelOf(r, op.peer, /*send=*/true);
-          if (c < 0) c = AddChannel(r, op.peer);
-          in_flight_[c].push(t + flight);
-          if (trace && flight > 0) record(r, k, op, kTraceLaneTransfer, t, flight);
-          if (blocked_on_[op.peer] == c) {
-            blocked_on_[op.peer] = kNotBlocked;
-            worklist_.push_back(op.peer);
-            // It resumes soon, where it stopped long ago: a line no cache holds any more.
-            Prefetch(&programs.Begin(op.peer)[pc_[op.peer] - programs.First(op.peer)]);
+  auto woken = [&](int peer) {
+    worklist_.push_back(peer);
+    // It resumes soon, where it stopped long ago: a line no cache holds any more.
+    Prefetch(&programs[peer][run.ranks[peer].pc]);
+  };
+  auto drain = [&](auto trace) -> absl::Status {
+    constexpr bool kTrace = decltype(trace)::value;
+    while (!worklist_.empty()) {
+      const int r = worklist_.back();
+      worklist_.pop_back();
+      const std::vector<Action>& program = programs[r];
+      RunState::Clock& clock = run.ranks[r];
+      int64_t k = clock.pc;
+      const int64_t end = static_cast<int64_t>(program.size());
+      double t = clock.now;
+      double busy = clock.busy;
+      for (; k < end; ++k) {
+        const Action& op = program[k];
+        const Outcome outcome = Execute<kTrace, /*kMayWait=*/true>(r, k, op, t, busy, record, woken);
+        if (outcome == Outcome::kDone) continue;
+        if (outcome == Outcome::kWaits) {
+          // The rank resumes here after its peers have moved (often ~p ranks later): fetch
+          // the actions after this receive now, as no hardware prefetcher will.
+          for (int64_t ahead = k; ahead < end && ahead < k + kPrefetchActions;
+               ahead += kActionsPerLine) {
+            Prefetch(&program[ahead]);
           }
           break;
         }
-        case ActionType::kRecvActivation:
-        case ActionType::kRecvGradient: {
-          if (op.peer < 0 || op.peer >= num_ranks) return BadPeer(r, k, op);
-          int c = ChannelOf(r, op.peer, /*send=*/false);
-          if (c < 0) c = AddChannel(op.peer, r);
-          if (in_flight_[c].empty()) {
-            blocked_on_[r] = c;
-            blocked = true;
-            // The rank resumes here after its peers have moved (often ~p ranks later): fetch
-            // the actions after this receive now, as no hardware prefetcher will.
-            for (int64_t ahead = k; ahead < end && ahead < k + kPrefetchActions;
-                 ahead += kActionsPerLine) {
-              Prefetch(&program[ahead - first]);
-            }
-            --k;  // stay on this receive
-            break;
-          }
-          const double arrives = in_flight_[c].pop();
-          if (arrives > t) {
-            if (trace) record(r, k, op, kTraceLaneWait, t, arrives - t);
-            t = arrives;
-          }
-          break;
+        if (outcome == Outcome::kBadStage) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r, " step ", k, " (", ToString(op), "): stage out of range"));
         }
-        case ActionType::kGradientSync:
-          if (trace && sync[s] > 0) record(r, k, op, kTraceLaneSync, t, sync[s]);
-          run.sync_end[r] = std::max(run.sync_end[r], t + sync[s]);
-          break;
-        case ActionType::kOptimizerStep:
-          t = std::max(t, run.sync_end[r]);
-          if (trace && run.optimizer > 0) {
-            record(r, k, op, kTraceLaneCompute, t, run.optimizer);
-          }
-          t += run.optimizer;
-          break;
+        return BadPeer(r, k, op);
       }
-      if (cost > 0) {
-        if (trace) record(r, k, op, kTraceLaneCompute, t, cost);
-        t += cost;
-        busy += cost;
-      }
+      run.executed += k - clock.pc;
+      clock.pc = k;
+      clock.now = t;
+      clock.busy = busy;
     }
-    // Out of actions for now: it resumes when more are handed over.
-    if (!blocked) run.starved[r] = 1;
-    run.executed += k - pc_[r];
-    pc_[r] = k;
-    run.now[r] = t;
-    result.busy_seconds[r] = busy;
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  };
+  if (options.record_trace || options.on_interval) return drain(std::true_type{});
+  return drain(std::false_type{});
 }
 
-template <typename Programs>
-absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(const Programs& programs) {
+absl::StatusOr<SimulationResult> ScheduleSimulator::Result() {
   RunState& run = *run_;
   SimulationResult& result = run.result;
-  const int num_ranks = programs.num_ranks();
-  for (int r = 0; r < num_ranks; ++r) {
-    if (pc_[r] < programs.Available(r)) {
-      const int64_t step = pc_[r];
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " step ", step, " (",
-          ToString(programs.Begin(r)[step - programs.First(r)]),
-          "): deadlock: waiting for a send that never comes"));
-    }
-  }
+  const int num_ranks = static_cast<int>(run.ranks.size());
   for (int r = 0; r < num_ranks; ++r) {
     const PeerList& list = rank_peers_[r];
     for (int j = 0; j < list.count; ++j) {
@@ -506,11 +503,17 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(const Programs& progr
     }
   }
   double makespan = 0;
-  for (int r = 0; r < num_ranks; ++r) makespan = std::max(makespan, run.now[r]);
+  for (const RunState::Clock& clock : run.ranks) makespan = std::max(makespan, clock.now);
   double total_busy = 0;
+  result.busy_seconds.resize(num_ranks);
+  result.idle_seconds.resize(num_ranks);
+  result.peak_activations.resize(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
-    result.idle_seconds[r] = makespan - result.busy_seconds[r];
-    total_busy += result.busy_seconds[r];
+    const RunState::Clock& clock = run.ranks[r];
+    result.busy_seconds[r] = clock.busy;
+    result.idle_seconds[r] = makespan - clock.busy;
+    result.peak_activations[r] = clock.peak;
+    total_busy += clock.busy;
   }
   result.makespan_seconds = makespan;
   result.bubble_ratio = makespan > 0 ? 1.0 - total_busy / (num_ranks * makespan) : 0.0;
@@ -523,24 +526,62 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(const Programs& progr
 absl::StatusOr<SimulationResult> ScheduleSimulator::Run(const CostModel& costs,
                                                         const SimulationOptions& options) {
   TANDEM_RETURN_IF_ERROR(Start(costs, options));
-  const internal::WholePrograms programs{schedule_->programs};
-  TANDEM_RETURN_IF_ERROR(Drain(programs));
-  return Finish(programs);
+  TANDEM_RETURN_IF_ERROR(Drain());
+  const std::vector<std::vector<Action>>& programs = schedule_->programs;
+  for (int r = 0; r < static_cast<int>(programs.size()); ++r) {
+    if (run_->ranks[r].pc < static_cast<int64_t>(programs[r].size())) {
+      const int64_t step = run_->ranks[r].pc;
+      run_.reset();
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " step ", step, " (", ToString(programs[r][step]),
+                       "): deadlock: waiting for a send that never comes"));
+    }
+  }
+  return Result();
 }
 
 absl::Status ScheduleSimulator::Start(const CostModel& costs) {
   return Start(costs, SimulationOptions{});
 }
 
-absl::Status ScheduleSimulator::Continue(const internal::ProgramChunks& chunks) {
+absl::Status ScheduleSimulator::Take(const internal::EmittedActions& batch) {
   if (run_ == nullptr) return absl::FailedPreconditionError("simulation not started");
-  return Drain(chunks);
+  RunState& run = *run_;
+  auto record = [](int, int64_t, const Action&, int, double, double) {};
+  auto woken = [](int) {};
+  for (size_t j = 0; j < batch.size; ++j) {
+    const int r = batch.ranks[j];
+    const Action& op = batch.actions[j];
+    RunState::Clock& clock = run.ranks[r];
+    const int64_t k = clock.pc;
+    double t = clock.now;
+    double busy = clock.busy;
+    const Outcome outcome = Execute</*kTrace=*/false, /*kMayWait=*/false>(r, k, op, t, busy, record,
+                                                                    woken);
+    if (outcome != Outcome::kDone) {
+      run_.reset();
+      switch (outcome) {
+        case Outcome::kWaits:
+          return absl::FailedPreconditionError(absl::StrCat(
+              "rank ", r, " step ", k, " (", ToString(op), "): received before its send"));
+        case Outcome::kBadStage:
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", r, " step ", k, " (", ToString(op), "): stage out of range"));
+        default:
+          return BadPeer(r, k, op);
+      }
+    }
+    clock.pc = k + 1;
+    clock.now = t;
+    clock.busy = busy;
+  }
+  run.executed += static_cast<int64_t>(batch.size);
+  return absl::OkStatus();
 }
 
-absl::StatusOr<SimulationResult> ScheduleSimulator::Finish(
-    const internal::ProgramChunks& chunks) {
+absl::StatusOr<SimulationResult> ScheduleSimulator::Finish() {
   if (run_ == nullptr) return absl::FailedPreconditionError("simulation not started");
-  return Finish<internal::ProgramChunks>(chunks);
+  return Result();
 }
 
 absl::StatusOr<SimulatedTraceFile> SimulatedTraceFile::Open(const std::string& path,

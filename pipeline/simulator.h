@@ -25,7 +25,7 @@
 
 namespace tandem::pipeline {
 namespace internal {
-struct ProgramChunks;
+struct EmittedActions;
 }  // namespace internal
 
 // Cost of one stage (one chunk with interleaving/waves) for one micro-batch, in seconds.
@@ -130,15 +130,15 @@ class ScheduleSimulator {
   absl::StatusOr<SimulationResult> Run(const CostModel& costs,
                                        const SimulationOptions& options = {});
 
-  // The same run over programs handed over a few actions per rank at a time, never whole
-  // (pipeline/streamed.h): Start, Continue after every hand-over, Finish once `chunks` is
-  // complete. The result equals Run's on the whole programs (each rank's sums are taken in
-  // program order either way). The schedule given to Create then has one empty program per
-  // rank. Needed(r) is the first step of rank r the run has not finished with.
+  // The same run over actions taken as they are emitted, never held (pipeline/streamed.h):
+  // Start, Take for every batch, Finish after the last. Each rank's actions must come in its
+  // program's order and every receive after its send, so that no rank ever waits. The result
+  // equals Run's on the whole programs (each rank's sums are taken in program order either
+  // way). The schedule given to Create then has one empty program per rank. Take fails with
+  // FailedPrecondition on a receive that comes before its send (the run is then over).
   absl::Status Start(const CostModel& costs);
-  absl::Status Continue(const internal::ProgramChunks& chunks);
-  absl::StatusOr<SimulationResult> Finish(const internal::ProgramChunks& chunks);
-  int64_t Needed(int r) const { return pc_[r]; }
+  absl::Status Take(const internal::EmittedActions& batch);
+  absl::StatusOr<SimulationResult> Finish();
 
   ScheduleSimulator(ScheduleSimulator&&) noexcept;
   ScheduleSimulator& operator=(ScheduleSimulator&&) noexcept;
@@ -150,35 +150,45 @@ class ScheduleSimulator {
   struct RunState;
 
   absl::Status Start(const CostModel& costs, const SimulationOptions& options);
-  // Runs every rank that can move until each waits for a message or for more actions.
-  template <typename Programs>
-  absl::Status Drain(const Programs& programs);
-  template <typename Programs>
-  absl::StatusOr<SimulationResult> Finish(const Programs& programs);
+  // Runs every rank that can move until each waits for a message or ends.
+  absl::Status Drain();
+  // What becomes of action `op`, step k of rank r, run at time t. kMayWait: some rank may
+  // wait on a receive (not when actions are taken as they are emitted).
+  enum class Outcome { kDone, kWaits, kBadStage, kBadPeer };
+  template <bool kTrace, bool kMayWait, typename Record, typename Woken>
+  Outcome Execute(int r, int64_t k, const Action& op, double& t, double& busy, Record& record,
+                  Woken& woken);
+  // The result once every rank has ended.
+  absl::StatusOr<SimulationResult> Result();
 
   // One end of a channel (the messages from one rank to another, FIFO) on a rank.
   struct Peer {
-    int rank;     // the other end
-    int channel;
-    bool send;    // this rank sends on it
+    int32_t channel;
+    int16_t rank;  // the other end (< kMaxRanks)
+    bool send;     // this rank sends on it
   };
   ScheduleSimulator();
 
   // The arrival times of the messages of one channel sent and not yet received, in order: a
-  // ring whose capacity (a power of two) doubles when full.
-  struct InFlight {
-    std::vector<double> ring;
-    size_t head = 0;
-    size_t size = 0;
+  // ring whose capacity (a power of two) doubles when full. The first few sit in the ring's
+  // own cache line (a pipeline keeps one or two messages in flight per channel).
+  struct alignas(64) InFlight {
+    static constexpr uint32_t kLocal = 4;
+    uint32_t head = 0;
+    uint32_t size = 0;
+    uint32_t mask = kLocal - 1;
+    double local[kLocal];
+    std::unique_ptr<double[]> grown;  // the ring once it holds more than kLocal
     bool empty() const { return size == 0; }
+    double* ring() { return grown ? grown.get() : local; }
     void push(double arrival) {
-      if (size == ring.size()) Grow();
-      ring[(head + size) & (ring.size() - 1)] = arrival;
+      if (size > mask) Grow();
+      ring()[(head + size) & mask] = arrival;
       ++size;
     }
     double pop() {
-      const double arrival = ring[head];
-      head = (head + 1) & (ring.size() - 1);
+      const double arrival = ring()[head];
+      head = (head + 1) & mask;
       --size;
       return arrival;
     }
@@ -186,10 +196,10 @@ class ScheduleSimulator {
   };
   // A rank's ends of channels: a pipeline rank has a few neighbours, kept inline so that
   // finding one reads one cache line; more spill into `more`.
-  static constexpr int kInlinePeers = 6;
-  struct PeerList {
-    Peer inline_peers[kInlinePeers];
+  static constexpr int kInlinePeers = 4;
+  struct alignas(64) PeerList {
     int count = 0;
+    Peer inline_peers[kInlinePeers];
     std::vector<Peer> more;
   };
 
@@ -214,7 +224,6 @@ class ScheduleSimulator {
   int num_channels_ = 0;
   // Scratch reused between runs.
   std::vector<InFlight> in_flight_;  // per channel
-  std::vector<int64_t> pc_;
   std::vector<int64_t> blocked_on_;  // per rank: the channel it waits on
   std::vector<int> worklist_;
   std::unique_ptr<RunState> run_;  // between Start and Finish

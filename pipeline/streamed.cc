@@ -8,17 +8,17 @@
 #include "common/status.h"
 #include "pipeline/internal/generator.h"
 #include "pipeline/internal/list_scheduler.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/validator.h"
 #include "pipeline/validator_internal.h"
 
 namespace tandem::pipeline {
 namespace {
 
-// Reads each hand-over with the proof (grouped rendezvous: the stricter mode, whose per-rank
-// checks are those of both) and the simulator, then drops what both have passed. The last
-// hand-over (complete) finishes both, while its chunks still exist.
-class Readers : public internal::ProgramConsumer {
+// Reads each batch of emitted actions with the proof (grouped rendezvous: the stricter mode,
+// whose per-rank checks are those of both) and the simulator, and keeps the start of the first
+// ranks' programs for a grid. The last batch finishes both.
+class Readers : public internal::ActionConsumer {
  public:
   Readers(internal::StreamedProof& proof, ScheduleSimulator& simulator,
           const StreamOptions& options, StreamedSchedule& out)
@@ -26,50 +26,40 @@ class Readers : public internal::ProgramConsumer {
         simulator_(simulator),
         options_(options),
         out_(out),
-        seen_(std::min(options.kept_ranks, out.kept.NumRanks()), 0) {
-    out_.cells_not_kept.assign(seen_.size(), 0);
+        kept_ranks_(std::min(options.kept_ranks, out.kept.NumRanks())) {
+    out_.cells_not_kept.assign(kept_ranks_, 0);
   }
 
-  void Consume(internal::ProgramChunks& chunks) override {
-    const int num_ranks = chunks.num_ranks();
-    Keep(chunks);
-    if (ok_) ok_ = proof_.Continue(chunks) && simulator_.Continue(chunks).ok();
-    if (chunks.Complete()) {
-      for (int r = 0; r < num_ranks; ++r) out_.num_actions += chunks.Available(r);
-      ok_ = ok_ && proof_.ChecksPassed();
-      if (!ok_) return;
-      absl::StatusOr<SimulationResult> simulated = simulator_.Finish(chunks);
-      ok_ = simulated.ok();
-      if (!ok_) return;
-      out_.simulation = *std::move(simulated);
-      out_.valid_grouped_rendezvous = proof_.Finished(chunks);
-      return;
-    }
-    for (int r = 0; r < num_ranks; ++r) {
-      chunks.Trim(r, ok_ ? std::min(proof_.Needed(r), simulator_.Needed(r))
-                         : chunks.Available(r));
-    }
+  void Consume(const internal::EmittedActions& batch) override {
+    out_.num_actions += static_cast<int64_t>(batch.size);
+    if (kept_ranks_ > 0) Keep(batch);
+    if (ok_) ok_ = proof_.Take(batch) && simulator_.Take(batch).ok();
+    if (!batch.last || !ok_) return;
+    ok_ = proof_.ChecksPassed();
+    if (!ok_) return;
+    absl::StatusOr<SimulationResult> simulated = simulator_.Finish();
+    ok_ = simulated.ok();
+    if (!ok_) return;
+    out_.simulation = *std::move(simulated);
+    out_.valid_grouped_rendezvous = proof_.Finished();
   }
 
-  // Every check passed and the simulation finished (after the complete hand-over).
+  // Every check passed and the simulation finished (after the last batch).
   bool ok() const { return ok_; }
 
  private:
   // The start of the first ranks' programs, for a grid; the rest counted.
-  void Keep(const internal::ProgramChunks& chunks) {
-    for (int r = 0; r < static_cast<int>(seen_.size()); ++r) {
-      const Action* program = chunks.Begin(r);
-      for (int64_t k = seen_[r]; k < chunks.Available(r); ++k) {
-        const Action& a = program[k - chunks.First(r)];
-        if (!options_.kept_transfers && !IsCompute(a.type)) continue;
-        std::vector<Action>& start = out_.kept.programs[r];
-        if (static_cast<int>(start.size()) < options_.kept_cells) {
-          start.push_back(a);
-        } else {
-          ++out_.cells_not_kept[r];
-        }
+  void Keep(const internal::EmittedActions& batch) {
+    for (size_t j = 0; j < batch.size; ++j) {
+      const int r = batch.ranks[j];
+      const Action& a = batch.actions[j];
+      if (r >= kept_ranks_ || (!options_.kept_transfers && !IsCompute(a.type))) continue;
+      std::vector<Action>& start = out_.kept.programs[r];
+      if (static_cast<int>(start.size()) < options_.kept_cells) {
+        start.push_back(a);
+      } else {
+        ++out_.cells_not_kept[r];
       }
-      seen_[r] = chunks.Available(r);
     }
   }
 
@@ -77,7 +67,7 @@ class Readers : public internal::ProgramConsumer {
   ScheduleSimulator& simulator_;
   const StreamOptions& options_;
   StreamedSchedule& out_;
-  std::vector<int64_t> seen_;  // per kept rank: the first step not looked at
+  const int kept_ranks_;
   bool ok_ = true;
 };
 
@@ -107,7 +97,7 @@ absl::StatusOr<std::optional<StreamedSchedule>> GenerateAndSimulateStreamed(
   out.kept = shape;
   Readers readers(*proof, simulator, options, out);
   const absl::Status generated = internal::ScheduleAndStream(
-      *kind, readers, static_cast<size_t>(std::max<int64_t>(1, options.round_computes)));
+      *kind, readers, static_cast<size_t>(std::max<int64_t>(1, options.batch_actions)));
   if (absl::IsAborted(generated)) return std::nullopt;
   TANDEM_RETURN_IF_ERROR(generated);
   if (!readers.ok()) return std::nullopt;

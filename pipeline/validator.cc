@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,7 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/validator_internal.h"
 
 namespace tandem::pipeline {
@@ -205,6 +206,10 @@ class Layout {
 // other with one pair of counters per channel to see that all of them finish. Both passes read
 // memory mostly in order; the reference execution jumps to another rank at almost every
 // receive, which at p=1024, m=4096 costs a cache miss each time.
+//
+// The same proof takes actions as they are emitted (StreamedProof): each is checked as it
+// comes, and pass 2 runs alongside, a rank that waits keeping its later transfers until its
+// group is matched.
 class Proof {
  public:
   Proof(const Schedule& schedule, const ValidationOptions& options, const Layout& layout)
@@ -212,22 +217,46 @@ class Proof {
         grouped_(options.grouped_rendezvous),
         split_(schedule.spec.SplitsBackward()) {}
 
+  // The tables Check reads, as locals of the loop that calls it: it stores bytes (state_),
+  // which the compiler would otherwise have to assume may change any member it reads the
+  // tables through.
+  struct Tables {
+    const int* rank_of;
+    const int* activation_channel;
+    const int* gradient_channel;
+    const std::pair<int, int>* ends;
+    uint8_t* state;
+    int* finished;
+    int* finished_at_sync;
+    uint8_t* synced;
+    int* replica_of;
+    size_t num_pairs;
+    int num_replicas, num_stages, m;
+    bool split;
+  };
+  Tables MakeTables() {
+    return Tables{layout_.RankOfTable(),   layout_.ActivationChannelTable(),
+                  layout_.GradientChannelTable(), layout_.ChannelEndsTable(),
+                  state_.data(),           finished_.data(),
+                  finished_at_sync_.data(), synced_.data(),
+                  replica_of_.data(),      layout_.NumPairs(),
+                  layout_.num_replicas(),
+                  layout_.num_stages(),    layout_.num_microbatches(),
+                  split_};
+  }
+
   // True when the schedule is valid; false when it is not or the proof cannot tell (the
   // reference then decides and names the error). The layout must have passed Check().
   bool Run(const std::vector<std::vector<Action>>& programs) {
-    const internal::WholePrograms whole{programs};
     Begin();
-    return ScanRanks(whole) && CheckCounts() && Progress(whole) && Finished(whole);
+    return ScanRanks(programs) && CheckCounts() && Progress(programs);
   }
 
-  // The same proof over programs handed over in chunks (see StreamedProof): Begin, then
-  // ScanRanks and Progress after each hand-over (each takes what is new), then CheckCounts
-  // and Finished once the chunks are complete. Whether the schedule passes does not depend
-  // on where the hand-overs fall (see the class comment).
   void Begin() {
     const int num_ranks = layout_.num_ranks();
     const int m = layout_.num_microbatches();
-    state_.assign(layout_.NumTriples(), 0);
+    const size_t blocks = (static_cast<size_t>(m) + kBlock - 1) / kBlock;
+    state_.assign(blocks * layout_.NumPairs() * kBlock, 0);
     finished_.assign(layout_.NumPairs(), 0);
     synced_.assign(layout_.NumPairs(), 0);
     finished_at_sync_.assign(layout_.NumPairs(), 0);
@@ -235,186 +264,249 @@ class Proof {
     // from the completeness check.
     replica_of_.assign(m, layout_.num_replicas() == 1 ? 0 : kUnassigned);
     queues_.assign(layout_.NumChannels(), Queue{});
-    scanned_.assign(num_ranks, 0);
     stepped_.assign(num_ranks, 0);
-    posted_sends_.assign(layout_.NumChannels(), 0);
-    posted_recvs_.assign(layout_.NumChannels(), 0);
+    spare_.clear();
+    buffers_.clear();
     pc_.assign(num_ranks, 0);
     outstanding_.assign(num_ranks, 0);
     group_end_.assign(num_ranks, 0);
-    starved_.assign(num_ranks, 1);
+    waiting_.assign(num_ranks, 0);
+    pending_.assign(num_ranks, {});
+    pending_head_.assign(num_ranks, 0);
     worklist_.clear();
   }
-  // The first step of rank r that Progress has not passed.
-  int64_t Needed(int r) const { return pc_[r]; }
 
- private:
-  // Sends or receives of one channel waiting for their counterparts, as (triple, kind). A
-  // transfer meets a waiting one of the other side before it waits itself, so only one side
-  // ever waits (whole programs are scanned rank after rank: one end of a channel in full
-  // before the other starts).
-  struct Queue {
-    std::vector<uint64_t> items;
-    size_t head = 0;
-    bool sends = false;  // which side `items` holds
-  };
-
-  // Meets a transfer with the oldest waiting one of the other side, or queues it. A drained
-  // queue hands its buffer on: only the channels of the ranks being scanned hold items, so a
-  // few buffers serve them all and stay in cache.
-  [[gnu::always_inline]] bool Pair(int channel, uint64_t item, bool send) {
-    Queue& q = queues_[channel];
-    if (q.head < q.items.size() && q.sends != send) {
-      if (q.items[q.head] != item) return false;
-      if (++q.head == q.items.size()) Drained(q);
+  // Emission order (StreamedProof): after Begin, Take each action of rank r in its program's
+  // order (ranks interleaved in any order); false when a check fails, after which the proof
+  // knows nothing more. Once every action is in, CheckCounts and EndEmitted.
+  [[gnu::always_inline]] bool Take(const Tables& t, int r, const Action& a) {
+    if (stepped_[r]) return false;  // nothing may follow the optimizer step
+    if (a.type == ActionType::kOptimizerStep) {
+      stepped_[r] = 1;
+    } else if (!Check(t, r, a)) {
+      return false;
+    }
+    if (waiting_[r]) {
+      // Its group waits: what comes after it is taken once it is matched.
+      if (IsTransferType(a.type)) {
+        pending_[r].push_back(static_cast<uint32_t>(2 * layout_.ChannelOf(a) + IsSendType(a.type)));
+      } else if (grouped_) {
+        pending_[r].push_back(kGroupEnd);
+      }
       return true;
     }
-    if (q.items.capacity() == 0) Reuse(q);
+    if (IsTransferType(a.type)) {
+      // Posted at once: the rank does not wait before its group, so the group is posted in
+      // every order of execution, and what it matches does not depend on when.
+      if (Post(layout_.ChannelOf(a), IsSendType(a.type), [&](int q) { MatchedEmitted(q); })) {
+        ++outstanding_[r];
+      }
+      if (!grouped_) EndGroup(r);
+    } else {
+      EndGroup(r);
+    }
+    Resume();
+    return true;
+  }
+  // Once every action is in: every rank ran to its end (a group the program ends with ends
+  // there).
+  bool EndEmitted() {
+    for (int r = 0; r < layout_.num_ranks(); ++r) {
+      if (!waiting_[r]) EndGroup(r);
+      if (waiting_[r]) return false;
+    }
+    return true;
+  }
+
+ private:
+  // What the proof keeps of one channel, in one cache line (taken as they are emitted, every
+  // transfer reads its channel's): pass 1's sends or receives waiting for their counterparts,
+  // as (triple, kind), in a ring, and pass 2's counts. A transfer meets a waiting one of the
+  // other side before it waits itself, so only one side ever waits. Taken as they are
+  // emitted, a channel holds one or two, in `local`. Whole programs are scanned rank after
+  // rank, one end of a channel in full before the other starts: a ring then grows into a
+  // buffer, which it hands on once drained, so that a few buffers serve every channel.
+  struct alignas(64) Queue {
+    static constexpr uint32_t kLocal = 3;
+    uint64_t local[kLocal];
+    uint32_t head = 0;
+    uint32_t size = 0;
+    uint32_t capacity = kLocal;
+    bool sends = false;         // which side the ring holds
+    uint64_t* grown = nullptr;  // the ring once it holds more than kLocal (in buffers_)
+    int64_t posted_sends = 0;   // pass 2
+    int64_t posted_recvs = 0;
+    uint64_t* ring() { return grown != nullptr ? grown : local; }
+  };
+
+  // Meets a transfer with the oldest waiting one of the other side, or queues it.
+  [[gnu::always_inline]] bool Pair(int channel, uint64_t item, bool send) {
+    Queue& q = queues_[channel];
+    if (q.size > 0 && q.sends != send) {
+      if (q.ring()[q.head] != item) return false;
+      if (++q.head == q.capacity) q.head = 0;
+      if (--q.size == 0) {
+        q.head = 0;
+        if (q.grown != nullptr) Drained(q);
+      }
+      return true;
+    }
+    if (q.size == q.capacity) Grow(q);
     q.sends = send;
-    q.items.push_back(item);
+    uint32_t tail = q.head + q.size;
+    if (tail >= q.capacity) tail -= q.capacity;
+    q.ring()[tail] = item;
+    ++q.size;
     return true;
   }
   [[gnu::noinline]] void Drained(Queue& q) {
-    q.items.clear();
-    q.head = 0;
-    spare_.push_back(std::move(q.items));
-    q.items = std::vector<uint64_t>();
+    spare_.emplace_back(q.grown, q.capacity);
+    q.grown = nullptr;
+    q.capacity = Queue::kLocal;
   }
-  [[gnu::noinline]] void Reuse(Queue& q) {
-    if (spare_.empty()) return;
-    q.items = std::move(spare_.back());
-    spare_.pop_back();
+  [[gnu::noinline]] void Grow(Queue& q) {
+    const uint32_t needed = 2 * q.capacity;
+    std::pair<uint64_t*, uint32_t> bigger{nullptr, 0};
+    if (!spare_.empty() && spare_.back().second >= needed) {
+      bigger = spare_.back();
+      spare_.pop_back();
+    } else {
+      buffers_.push_back(std::make_unique<uint64_t[]>(needed));
+      bigger = {buffers_.back().get(), needed};
+    }
+    const uint64_t* old = q.ring();
+    for (uint32_t j = 0; j < q.size; ++j) {
+      bigger.first[j] = old[q.head + j < q.capacity ? q.head + j : q.head + j - q.capacity];
+    }
+    if (q.grown != nullptr) spare_.emplace_back(q.grown, q.capacity);
+    q.grown = bigger.first;
+    q.capacity = bigger.second;
+    q.head = 0;
   }
 
- public:
-  // Pass 1: every check of every action, rank by rank (from where the last scan of the rank
-  // stopped). The same checks as the reference's shape pass and execution, arranged for
-  // speed: a transfer's ends are checked by comparing them with its channel's (the channel
-  // exists only between the ranks of neighbouring stages).
-  template <typename Programs>
-  bool ScanRanks(const Programs& programs) {
-    const int num_replicas = layout_.num_replicas();
-    const int num_stages = layout_.num_stages();
-    const int m = layout_.num_microbatches();
-    // The tables as local pointers: the loop stores bytes (state_), which the compiler would
-    // otherwise have to assume may change any member it reads the tables through.
-    const int* const rank_of = layout_.RankOfTable();
-    const int* const activation_channel = layout_.ActivationChannelTable();
-    const int* const gradient_channel = layout_.GradientChannelTable();
-    const std::pair<int, int>* const ends = layout_.ChannelEndsTable();
-    uint8_t* const state = state_.data();
-    int* const finished = finished_.data();
-    int* const finished_at_sync = finished_at_sync_.data();
-    uint8_t* const synced = synced_.data();
-    int* const replica_of = replica_of_.data();
-    const bool split = split_;
+  // The flags of (pair, mb) sit in blocks of kBlock micro-batches, each block holding every
+  // pair's: the actions taken as they are emitted go from rank to rank, and with one row of
+  // micro-batches per pair their flags would lie a power of two apart and evict each other
+  // from the caches.
+  static constexpr size_t kBlock = 64;
+  static size_t Slot(size_t num_pairs, size_t pair, int mb) {
+    const size_t block = static_cast<size_t>(mb) / kBlock;
+    return (block * num_pairs + pair) * kBlock + static_cast<size_t>(mb) % kBlock;
+  }
+
+  // Every check of action `a` (not the optimizer step) of rank r, given what r did before it:
+  // the same checks as the reference's shape pass and execution, arranged for speed: a
+  // transfer's ends are checked by comparing them with its channel's (the channel exists only
+  // between the ranks of neighbouring stages).
+  [[gnu::always_inline]] bool Check(const Tables& t, int r, const Action& a) {
+    const ActionType type = a.type;
+    if (static_cast<unsigned>(a.replica) >= static_cast<unsigned>(t.num_replicas) ||
+        static_cast<unsigned>(a.stage) >= static_cast<unsigned>(t.num_stages)) {
+      return false;
+    }
+    const size_t pair = static_cast<size_t>(a.replica) * t.num_stages + a.stage;
+    if (type == ActionType::kGradientSync) {
+      if (t.rank_of[pair] != r || t.synced[pair]) return false;
+      t.synced[pair] = 1;
+      t.finished_at_sync[pair] = t.finished[pair];
+      return true;
+    }
+    const int m = t.m;
+    if (static_cast<unsigned>(a.microbatch) >= static_cast<unsigned>(m)) return false;
+    if (t.num_replicas > 1) {
+      int& owner = t.replica_of[a.microbatch];
+      if (owner == kUnassigned) owner = a.replica;
+      if (owner != a.replica) return false;
+    }
+    const size_t i = Slot(t.num_pairs, pair, a.microbatch);
+    uint8_t* const state = t.state;
+    const int* const rank_of = t.rank_of;
+    switch (type) {
+      case ActionType::kForward:
+        if (rank_of[pair] != r || (state[i] & kForwardDone)) return false;
+        if (a.stage > 0 &&
+            !(state[i - kBlock] & (rank_of[pair - 1] == r ? kForwardDone : kActivationArrived))) {
+          return false;
+        }
+        state[i] |= kForwardDone;
+        return true;
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        if (rank_of[pair] != r || (!t.split && type == ActionType::kBackwardInput)) {
+          return false;
+        }
+        if ((state[i] & kBackwardDone) || !(state[i] & kForwardDone)) return false;
+        if (a.stage + 1 < t.num_stages &&
+            !(state[i + kBlock] & (rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived))) {
+          return false;
+        }
+        // A whole B in a split schedule is its Bi and W at once.
+        if (type == ActionType::kBackward) {
+          state[i] |= kBackwardDone | (t.split ? kWeightDone : 0);
+          ++t.finished[pair];
+        } else {
+          state[i] |= kBackwardDone;
+        }
+        return true;
+      case ActionType::kBackwardWeight:
+        if (rank_of[pair] != r || !t.split) return false;
+        if ((state[i] & kWeightDone) || !(state[i] & kBackwardDone)) return false;
+        state[i] |= kWeightDone;
+        ++t.finished[pair];
+        return true;
+      case ActionType::kSendActivation: {
+        const int c = t.activation_channel[pair];
+        if (c == kNoChannel || t.ends[c] != std::make_pair(r, int{a.peer})) return false;
+        if (!(state[i] & kForwardDone) || (state[i] & kActivationSent)) return false;
+        state[i] |= kActivationSent;
+        return Pair(c, 2 * i + 1, /*send=*/true);
+      }
+      case ActionType::kSendGradient: {
+        const int c = t.gradient_channel[pair];
+        if (c == kNoChannel || t.ends[c] != std::make_pair(r, int{a.peer})) return false;
+        if (!(state[i] & kBackwardDone) || (state[i] & kGradientSent)) return false;
+        state[i] |= kGradientSent;
+        return Pair(c, 2 * i, /*send=*/true);
+      }
+      case ActionType::kRecvActivation: {
+        const int c = t.activation_channel[pair];
+        if (c == kNoChannel || t.ends[c] != std::make_pair(int{a.peer}, r)) return false;
+        // Counted as arrived: if this receive never completes, pass 2 finds the rank stuck.
+        state[i] |= kActivationArrived;
+        return Pair(c, 2 * i + 1, /*send=*/false);
+      }
+      case ActionType::kRecvGradient: {
+        const int c = t.gradient_channel[pair];
+        if (c == kNoChannel || t.ends[c] != std::make_pair(int{a.peer}, r)) return false;
+        state[i] |= kGradientArrived;
+        return Pair(c, 2 * i, /*send=*/false);
+      }
+      default:
+        return false;
+    }
+  }
+
+  // Pass 1: every check of every action, rank by rank.
+  bool ScanRanks(const std::vector<std::vector<Action>>& programs) {
+    const Tables t = MakeTables();
     for (int r = 0; r < layout_.num_ranks(); ++r) {
-      const Action* const program = programs.Begin(r);
-      const int64_t first = programs.First(r);
-      const int64_t size = programs.Available(r);
-      int64_t step = scanned_[r];
-      if (step == size) continue;
-      // The optimizer step is the last action: nothing may follow it.
-      if (stepped_[r]) return false;
-      scanned_[r] = size;
-      for (; step < size; ++step) {
-        const Action& a = program[step - first];
-        const ActionType type = a.type;
-        if (type == ActionType::kOptimizerStep) {
+      const std::vector<Action>& program = programs[r];
+      const size_t size = program.size();
+      for (size_t step = 0; step < size; ++step) {
+        const Action& a = program[step];
+        if (a.type == ActionType::kOptimizerStep) {
+          // The optimizer step is the last action: nothing may follow it.
           if (step + 1 != size) return false;
           stepped_[r] = 1;
           break;
         }
-        if (static_cast<unsigned>(a.replica) >= static_cast<unsigned>(num_replicas) ||
-            static_cast<unsigned>(a.stage) >= static_cast<unsigned>(num_stages)) {
-          return false;
-        }
-        const size_t pair = static_cast<size_t>(a.replica) * num_stages + a.stage;
-        if (type == ActionType::kGradientSync) {
-          if (rank_of[pair] != r || synced[pair]) return false;
-          synced[pair] = 1;
-          finished_at_sync[pair] = finished[pair];
-          continue;
-        }
-        if (static_cast<unsigned>(a.microbatch) >= static_cast<unsigned>(m)) return false;
-        if (num_replicas > 1) {
-          int& owner = replica_of[a.microbatch];
-          if (owner == kUnassigned) owner = a.replica;
-          if (owner != a.replica) return false;
-        }
-        const size_t i = pair * m + a.microbatch;
-        switch (type) {
-          case ActionType::kForward:
-            if (rank_of[pair] != r || (state[i] & kForwardDone)) return false;
-            if (a.stage > 0 &&
-                !(state[i - m] & (rank_of[pair - 1] == r ? kForwardDone : kActivationArrived))) {
-              return false;
-            }
-            state[i] |= kForwardDone;
-            break;
-          case ActionType::kBackward:
-          case ActionType::kBackwardInput:
-            if (rank_of[pair] != r || (!split && type == ActionType::kBackwardInput)) {
-              return false;
-            }
-            if ((state[i] & kBackwardDone) || !(state[i] & kForwardDone)) return false;
-            if (a.stage + 1 < num_stages &&
-                !(state[i + m] & (rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived))) {
-              return false;
-            }
-            // A whole B in a split schedule is its Bi and W at once.
-            if (type == ActionType::kBackward) {
-              state[i] |= kBackwardDone | (split ? kWeightDone : 0);
-              ++finished[pair];
-            } else {
-              state[i] |= kBackwardDone;
-            }
-            break;
-          case ActionType::kBackwardWeight:
-            if (rank_of[pair] != r || !split) return false;
-            if ((state[i] & kWeightDone) || !(state[i] & kBackwardDone)) return false;
-            state[i] |= kWeightDone;
-            ++finished[pair];
-            break;
-          case ActionType::kSendActivation: {
-            const int c = activation_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(r, int{a.peer})) return false;
-            if (!(state[i] & kForwardDone) || (state[i] & kActivationSent)) return false;
-            state[i] |= kActivationSent;
-            if (!Pair(c, 2 * i + 1, /*send=*/true)) return false;
-            break;
-          }
-          case ActionType::kSendGradient: {
-            const int c = gradient_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(r, int{a.peer})) return false;
-            if (!(state[i] & kBackwardDone) || (state[i] & kGradientSent)) return false;
-            state[i] |= kGradientSent;
-            if (!Pair(c, 2 * i, /*send=*/true)) return false;
-            break;
-          }
-          case ActionType::kRecvActivation: {
-            const int c = activation_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(int{a.peer}, r)) return false;
-            // Counted as arrived: if this receive never completes, pass 2 finds the rank stuck.
-            state[i] |= kActivationArrived;
-            if (!Pair(c, 2 * i + 1, /*send=*/false)) return false;
-            break;
-          }
-          case ActionType::kRecvGradient: {
-            const int c = gradient_channel[pair];
-            if (c == kNoChannel || ends[c] != std::make_pair(int{a.peer}, r)) return false;
-            state[i] |= kGradientArrived;
-            if (!Pair(c, 2 * i, /*send=*/false)) return false;
-            break;
-          }
-          default:
-            return false;
-        }
+        if (!Check(t, r, a)) return false;
       }
     }
     return true;
   }
 
+ public:
   // What pass 1 could only count: every transfer paired, every micro-batch on one replica and
   // complete, every stage synchronised once after all of its backward passes.
   bool CheckCounts() {
@@ -422,7 +514,7 @@ class Proof {
       if (!stepped) return false;
     }
     for (const Queue& q : queues_) {
-      if (q.head < q.items.size()) return false;
+      if (q.size > 0) return false;
     }
     std::vector<int> expected(layout_.num_replicas(), 0);
     for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
@@ -436,47 +528,54 @@ class Proof {
       }
     }
     const uint8_t done = kForwardDone | kBackwardDone | (split_ ? kWeightDone : 0);
-    for (int replica = 0; replica < layout_.num_replicas(); ++replica) {
+    const size_t pairs = layout_.NumPairs();
+    for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
+      const int replica = replica_of_[mb];
       for (int stage = 0; stage < layout_.num_stages(); ++stage) {
-        const uint8_t* state = &state_[layout_.Index(replica, stage, 0)];
-        for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
-          if ((state[mb] & done) != done && replica_of_[mb] == replica) return false;
-        }
+        if ((state_[Slot(pairs, layout_.Pair(replica, stage), mb)] & done) != done) return false;
       }
-    }
-    return true;
-  }
-
-  // Pass 2: whether every rank finishes. A transfer is matched once its counterpart is posted
-  // (the k-th send with the k-th receive of its channel); a receive, and with grouped
-  // rendezvous a whole run of transfers, waits until all of its transfers are matched. Runs
-  // every rank that can move until each waits for a counterpart or for more actions.
-  template <typename Programs>
-  bool Progress(const Programs& programs) {
-    for (int r = layout_.num_ranks() - 1; r >= 0; --r) {
-      if (starved_[r] && (pc_[r] < programs.Available(r) || programs.Complete())) {
-        starved_[r] = 0;
-        worklist_.push_back(r);
-      }
-    }
-    while (!worklist_.empty()) {
-      const int r = worklist_.back();
-      worklist_.pop_back();
-      Advance(programs, r);
-    }
-    return true;
-  }
-
-  // Once every action is in: every rank ran to its end.
-  template <typename Programs>
-  bool Finished(const Programs& programs) const {
-    for (int r = 0; r < layout_.num_ranks(); ++r) {
-      if (pc_[r] != programs.Available(r)) return false;
     }
     return true;
   }
 
  private:
+  // Posts one transfer on channel c: it is matched when its counterpart has been posted (the
+  // k-th send with the k-th receive). Calls matched(rank) for the rank whose earlier
+  // transfer this one matches, when that one waits (receives always; sends with grouped
+  // rendezvous). True when this one waits.
+  template <typename Matched>
+  [[gnu::always_inline]] bool Post(int c, bool send, Matched matched) {
+    Queue& q = queues_[c];
+    if (send) {
+      if (++q.posted_sends <= q.posted_recvs) {
+        matched(layout_.ChannelTo(c));
+        return false;
+      }
+      return grouped_;
+    }
+    if (++q.posted_recvs <= q.posted_sends) {
+      if (grouped_) matched(layout_.ChannelFrom(c));
+      return false;
+    }
+    return true;
+  }
+
+  // Pass 2: whether every rank finishes. A receive, and with grouped rendezvous a whole run of
+  // transfers (a group), waits until all of its transfers are matched. Runs every rank that
+  // can move until each waits for a counterpart or ends.
+  bool Progress(const std::vector<std::vector<Action>>& programs) {
+    for (int r = layout_.num_ranks() - 1; r >= 0; --r) worklist_.push_back(r);
+    while (!worklist_.empty()) {
+      const int r = worklist_.back();
+      worklist_.pop_back();
+      Advance(programs[r], r);
+    }
+    for (int r = 0; r < layout_.num_ranks(); ++r) {
+      if (pc_[r] != static_cast<int64_t>(programs[r].size())) return false;
+    }
+    return true;
+  }
+
   // An earlier transfer of `rank`'s waiting group got its counterpart.
   void Matched(int rank) {
     if (--outstanding_[rank] == 0) {
@@ -485,16 +584,12 @@ class Proof {
     }
   }
 
-  // Runs rank r until it waits or runs out of actions.
-  template <typename Programs>
-  void Advance(const Programs& programs, int r) {
-    const Action* const program = programs.Begin(r);
-    const int64_t first = programs.First(r);
-    const int64_t size = programs.Available(r);
-    auto at = [&](int64_t step) -> const Action& { return program[step - first]; };
+  // Runs rank r until it waits or ends.
+  void Advance(const std::vector<Action>& program, int r) {
+    const int64_t size = static_cast<int64_t>(program.size());
     int64_t pc = pc_[r];
     while (pc < size) {
-      if (!IsTransferType(at(pc).type)) {
+      if (!IsTransferType(program[pc].type)) {
         ++pc;
         continue;
       }
@@ -502,24 +597,12 @@ class Proof {
       // which ends only where a non-transfer follows or the program ends.
       int64_t end = pc + 1;
       if (grouped_) {
-        while (end < size && IsTransferType(at(end).type)) ++end;
-        if (end == size && !programs.Complete()) break;
+        while (end < size && IsTransferType(program[end].type)) ++end;
       }
       int waiting = 0;
       for (int64_t k = pc; k < end; ++k) {
-        const Action& a = at(k);
-        const int c = layout_.ChannelOf(a);
-        if (IsSendType(a.type)) {
-          if (++posted_sends_[c] <= posted_recvs_[c]) {
-            Matched(layout_.ChannelTo(c));
-          } else if (grouped_) {
-            ++waiting;
-          }
-        } else if (++posted_recvs_[c] <= posted_sends_[c]) {
-          if (grouped_) Matched(layout_.ChannelFrom(c));
-        } else {
-          ++waiting;
-        }
+        const Action& a = program[k];
+        waiting += Post(layout_.ChannelOf(a), IsSendType(a.type), [&](int q) { Matched(q); });
       }
       if (waiting > 0) {
         outstanding_[r] = waiting;
@@ -529,14 +612,51 @@ class Proof {
         // actions after this group have not been read yet, and no hardware prefetcher follows
         // a program read a few actions at a time. Ask for them now.
         for (int64_t k = end; k < size && k < end + kPrefetchActions; k += kActionsPerLine) {
-          Prefetch(&at(k));
+          Prefetch(&program[k]);
         }
         return;
       }
       pc = end;
     }
     pc_[r] = pc;
-    starved_[r] = 1;
+  }
+
+  // Emission order: rank r's group ends here (a non-transfer follows, or with buffered sends
+  // after every transfer); it waits if a transfer of the group is not matched yet.
+  void EndGroup(int r) {
+    if (outstanding_[r] > 0) waiting_[r] = 1;
+  }
+  // An earlier transfer of `rank` got its counterpart; a waiting group all of whose transfers
+  // are matched lets the rank go on with what it kept.
+  void MatchedEmitted(int rank) {
+    if (--outstanding_[rank] == 0 && waiting_[rank]) {
+      waiting_[rank] = 0;
+      worklist_.push_back(rank);
+    }
+  }
+  // Takes what the ranks let go kept, until each waits again or has nothing kept.
+  void Resume() {
+    while (!worklist_.empty()) {
+      const int r = worklist_.back();
+      worklist_.pop_back();
+      std::vector<uint32_t>& kept = pending_[r];
+      size_t& head = pending_head_[r];
+      while (head < kept.size() && !waiting_[r]) {
+        const uint32_t item = kept[head++];
+        if (item == kGroupEnd) {
+          EndGroup(r);
+          continue;
+        }
+        if (Post(static_cast<int>(item / 2), item % 2 != 0, [&](int q) { MatchedEmitted(q); })) {
+          ++outstanding_[r];
+        }
+        if (!grouped_) EndGroup(r);
+      }
+      if (head == kept.size()) {
+        kept.clear();
+        head = 0;
+      }
+    }
   }
 
   static void Prefetch(const void* address) {
@@ -548,25 +668,29 @@ class Proof {
   }
   static constexpr int kActionsPerLine = 64 / sizeof(Action);
   static constexpr int kPrefetchActions = 4 * kActionsPerLine;
+  static constexpr uint32_t kGroupEnd = ~uint32_t{0};  // a kept non-transfer (grouped)
 
   const Layout& layout_;
   const bool grouped_;
   const bool split_;
   // Pass 1.
-  std::vector<int64_t> scanned_;  // per rank: the first step not scanned yet
-  std::vector<uint8_t> stepped_;  // per rank: its optimizer step was scanned
-  std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb)
+  std::vector<uint8_t> stepped_;  // per rank: its optimizer step was checked
+  std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb), at Slot()
   std::vector<int> finished_, finished_at_sync_;  // per (replica, stage)
   std::vector<uint8_t> synced_;
   std::vector<int> replica_of_;
   std::vector<Queue> queues_;  // per channel
-  std::vector<std::vector<uint64_t>> spare_;  // empty buffers of drained queues
+  std::vector<std::unique_ptr<uint64_t[]>> buffers_;  // every queue buffer made
+  std::vector<std::pair<uint64_t*, uint32_t>> spare_;  // those not in use, with capacities
   // Pass 2.
-  std::vector<int64_t> posted_sends_, posted_recvs_;  // per channel
-  std::vector<int64_t> pc_, group_end_;
-  std::vector<int> outstanding_;
-  std::vector<uint8_t> starved_;  // per rank: waits for more actions
+  std::vector<int64_t> pc_, group_end_;  // whole programs: per rank
+  std::vector<int> outstanding_;  // per rank: its posted transfers not matched yet
   std::vector<int> worklist_;
+  // Emission order, per rank: its group waits; what it was handed meanwhile (2 * channel +
+  // send per transfer, kGroupEnd per non-transfer), from pending_head_ on.
+  std::vector<uint8_t> waiting_;
+  std::vector<std::vector<uint32_t>> pending_;
+  std::vector<size_t> pending_head_;
 };
 
 // The reference: executes the programs symbolically in a fixed order (rank 0 first, then
@@ -1177,8 +1301,9 @@ struct StreamedProof::Impl {
       : layout(shape), proof(shape, options, layout) {}
   Layout layout;
   Proof proof;
-  bool scanned = true;  // every scan so far passed
+  bool checked = true;  // every check so far passed
   bool counted = false;
+  bool ended = false;
 };
 
 StreamedProof::StreamedProof(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1192,22 +1317,27 @@ absl::StatusOr<std::unique_ptr<StreamedProof>> StreamedProof::Create(
   return std::unique_ptr<StreamedProof>(new StreamedProof(std::move(impl)));
 }
 
-bool StreamedProof::Continue(const ProgramChunks& chunks) {
+bool StreamedProof::Take(const EmittedActions& batch) {
   Impl& impl = *impl_;
-  if (!impl.scanned) return false;
-  // Progress only over actions the scan has passed: those reference channels that exist.
-  impl.scanned = impl.proof.ScanRanks(chunks) && impl.proof.Progress(chunks);
-  if (impl.scanned && chunks.Complete()) impl.counted = impl.proof.CheckCounts();
-  return impl.scanned;
+  if (!impl.checked) return false;
+  Proof& proof = impl.proof;
+  const Proof::Tables tables = proof.MakeTables();
+  for (size_t j = 0; j < batch.size; ++j) {
+    if (!proof.Take(tables, batch.ranks[j], batch.actions[j])) {
+      impl.checked = false;
+      return false;
+    }
+  }
+  if (batch.last) {
+    impl.counted = proof.CheckCounts();
+    impl.ended = proof.EndEmitted();
+  }
+  return true;
 }
 
-bool StreamedProof::ChecksPassed() const { return impl_->scanned && impl_->counted; }
+bool StreamedProof::ChecksPassed() const { return impl_->checked && impl_->counted; }
 
-bool StreamedProof::Finished(const ProgramChunks& chunks) const {
-  return ChecksPassed() && impl_->proof.Finished(chunks);
-}
-
-int64_t StreamedProof::Needed(int r) const { return impl_->proof.Needed(r); }
+bool StreamedProof::Finished() const { return ChecksPassed() && impl_->ended; }
 
 }  // namespace internal
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/schedule.h"
 #include "pipeline/validator.h"
 
@@ -21,9 +21,9 @@ namespace tandem::pipeline::internal {
 absl::Status ValidateScheduleByExecution(const Schedule& schedule,
                                          const ValidationOptions& options);
 
-// The quick proof over programs handed over in chunks (pipeline/streamed.cc): the same checks
-// as ValidateSchedule's, made as the actions come, so that the programs are never held whole.
-// It only says whether the schedule passes; to name an error, validate the whole programs.
+// The quick proof over actions taken as they are emitted (pipeline/streamed.cc), never held:
+// the same checks as ValidateSchedule's, made as the actions come. It only says whether the
+// schedule passes; to name an error, validate the whole programs.
 class StreamedProof {
  public:
   // `shape`: the spec and placement, with one empty program per rank; it must outlive the
@@ -31,17 +31,15 @@ class StreamedProof {
   static absl::StatusOr<std::unique_ptr<StreamedProof>> Create(const Schedule& shape,
                                                                const ValidationOptions& options);
   ~StreamedProof();
-  // Checks what is new in `chunks`; false once a check has failed (later calls then do
-  // nothing).
-  bool Continue(const ProgramChunks& chunks);
-  // After the last Continue, with `chunks` complete: whether every check of every action
-  // passed (the per-rank checks and the counts: ValidateSchedule with buffered sends passes
-  // exactly when this holds and the simulation of the programs finishes).
+  // Checks a batch: each rank's actions must come in its program's order, ranks interleaved
+  // in any order. False once a check has failed (later calls then do nothing).
+  bool Take(const EmittedActions& batch);
+  // After the last batch: whether every check of every action passed (the per-rank checks
+  // and the counts: ValidateSchedule with buffered sends passes exactly when this holds and
+  // the simulation of the programs finishes).
   bool ChecksPassed() const;
-  // ... and whether every rank ran to its end in the options' mode.
-  bool Finished(const ProgramChunks& chunks) const;
-  // The first step of rank r the proof still needs.
-  int64_t Needed(int r) const;
+  // ... and whether every rank runs to its end in the options' mode.
+  bool Finished() const;
 
  private:
   struct Impl;

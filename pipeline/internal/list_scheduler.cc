@@ -595,7 +595,7 @@ class ListScheduler {
 };
 
 // Compute orders with the start of every action in the list scheduler's timeline (F=1, B=2,
-
+// Bi=W=1): what CompleteSchedule needs when a relaxed stash cap broke the order of start.
 class OrderRecorder {
  public:
   explicit OrderRecorder(int num_ranks) : orders_(num_ranks), starts_(num_ranks) {}
@@ -611,15 +611,6 @@ class OrderRecorder {
   ComputeOrders orders_;
   std::vector<std::vector<Time>> starts_;
 };
-
-// Builds the programs while the list scheduler runs (a sink for ListScheduler::Run), with the
-// receives CompleteSchedule would place: before the receiver's first compute that starts at or
-// after the send ends, in the scheduler's timeline and (if asked) in a second one with another
-// cost of full backward. The scheduler hands over actions in order of start time, so when a
-// compute starts at t every send ending by t is known: the receives due are those waiting on
-// the rank's channels (senders in ascending order, each in its order). Both timelines keep a
-// rank's computes in order and a consumer starts after its input arrives, so these are exactly
-// CompleteSchedule's slots. Only a relaxed stash cap, which schedules an action before one
 
 }  // namespace
 
@@ -678,13 +669,13 @@ absl::StatusOr<Schedule> ScheduleAndComplete(ListScheduled kind) {
                                      std::move(recorder.starts()));
 }
 
-absl::Status ScheduleAndStream(const ListScheduled& kind, ProgramConsumer& consumer,
-                               size_t round_computes) {
+absl::Status ScheduleAndStream(const ListScheduled& kind, ActionConsumer& consumer,
+                               size_t batch_actions) {
   const PairTable table(kind.placement);
   const Streams streams = kind.make_streams(kind.placement);
-  ProgramBuilder<ChunkWriter> builder(kind.spec, table, streams, kind.second_full_backward,
-                                      kind.config.costs,
-                                      ChunkWriter(&consumer, std::max<size_t>(1, round_computes)));
+  ProgramBuilder<EmissionWriter> builder(kind.spec, table, streams, kind.second_full_backward,
+                                         kind.config.costs,
+                                         EmissionWriter(&consumer, batch_actions));
   ListScheduler scheduler(kind.config, streams, table);
   TANDEM_RETURN_IF_ERROR(scheduler.Run(builder));
   return builder.Finish();

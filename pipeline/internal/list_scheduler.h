@@ -27,7 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "pipeline/internal/orders.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::internal {
@@ -158,11 +158,11 @@ struct ListScheduled {
 // (make_streams is then called a second time).
 absl::StatusOr<Schedule> ScheduleAndComplete(ListScheduled kind);
 
-// The same programs, handed to `consumer` every `round_computes` computes while they are built
-// (see ChunkWriter in program_builder.h) and never held whole. Aborted when the stash cap has
-// to be relaxed: the programs are then not built in order, and the caller generates the
-// schedule whole instead.
-absl::Status ScheduleAndStream(const ListScheduled& kind, ProgramConsumer& consumer,
-                               size_t round_computes);
+// The same programs, handed to `consumer` as they are built, `batch_actions` at a time in the
+// order of emission (see EmittedActions), and never held. Aborted when the stash cap has to be
+// relaxed: the programs are then not built in order, and the caller generates the schedule
+// whole instead.
+absl::Status ScheduleAndStream(const ListScheduled& kind, ActionConsumer& consumer,
+                               size_t batch_actions);
 
 }  // namespace tandem::pipeline::internal

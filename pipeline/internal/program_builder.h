@@ -5,14 +5,14 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <optional>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipeline/internal/list_scheduler.h"
 #include "pipeline/internal/orders.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::internal {
@@ -70,34 +70,52 @@ class WholeProgramWriter {
   bool overflow_ = false;
 };
 
-// The programs handed to a consumer every `round` computes (and once at the end), never
-// whole: each rank's chunk holds only what the consumer has not read yet.
-class ChunkWriter {
+// The actions handed to a consumer as they are emitted, `batch` at a time (and the rest at the
+// end), never held: see EmittedActions.
+class EmissionWriter {
  public:
-  ChunkWriter() = default;
-  ChunkWriter(ProgramConsumer* consumer, size_t round) : consumer_(consumer), round_(round) {}
-  void Start(const std::vector<size_t>& lengths) {
-    chunks_.emplace(static_cast<int>(lengths.size()));
+  EmissionWriter() = default;
+  EmissionWriter(ActionConsumer* consumer, size_t batch)
+      : consumer_(consumer), capacity_(std::max<size_t>(1, batch)) {}
+  void Start(const std::vector<size_t>&) {
+    ranks_.resize(capacity_);
+    actions_.resize(capacity_);
+    size_ = 0;
   }
-  void Emit(int r, const Action& action) { chunks_->actions[r].push_back(action); }
-  void Scheduled(int) {
-    if (++since_ < round_) return;
-    since_ = 0;
-    consumer_->Consume(*chunks_);
+  void Emit(int r, const Action& action) {
+    if (size_ == capacity_) Flush(/*last=*/false);
+    ranks_[size_] = r;
+    actions_[size_] = action;
+    ++size_;
   }
+  void Scheduled(int) {}
   absl::Status Finish() {
-    chunks_->complete = true;
-    consumer_->Consume(*chunks_);
+    Flush(/*last=*/true);
     return absl::OkStatus();
   }
 
  private:
-  ProgramConsumer* consumer_ = nullptr;
-  size_t round_ = 1;
-  size_t since_ = 0;
-  std::optional<ProgramChunks> chunks_;
+  [[gnu::noinline]] void Flush(bool last) {
+    consumer_->Consume(EmittedActions{ranks_.data(), actions_.data(), size_, last});
+    size_ = 0;
+  }
+
+  ActionConsumer* consumer_ = nullptr;
+  size_t capacity_ = 1;
+  size_t size_ = 0;
+  std::vector<int32_t> ranks_;
+  std::vector<Action> actions_;
 };
 
+// Builds the programs while the list scheduler runs (a sink for ListScheduler::Run), with the
+// receives CompleteSchedule would place: before the receiver's first compute that starts at or
+// after the send ends, in the scheduler's timeline and (if asked) in a second one with another
+// cost of full backward. The scheduler hands over actions in order of start time, so when a
+// compute starts at t every send ending by t is known: the receives due are those waiting on
+// the rank's channels (senders in ascending order, each in its order). Both timelines keep a
+// rank's computes in order and a consumer starts after its input arrives, so these are exactly
+// CompleteSchedule's slots. Only a relaxed stash cap, which schedules an action before one
+// already handed over, breaks the order: then the caller records orders instead.
 template <typename Writer = WholeProgramWriter>
 class ProgramBuilder {
  public:
@@ -250,7 +268,7 @@ class ProgramBuilder {
     writer_.Scheduled(r);
   }
 
-  // What the writer makes of the programs (WholeProgramWriter: the programs; ChunkWriter:
+  // What the writer makes of the programs (WholeProgramWriter: the programs; EmissionWriter:
   // nothing, its consumer has had them), once every action has been scheduled.
   auto Finish() -> decltype(std::declval<Writer&>().Finish()) {
     for (const Channel& channel : channels_) {

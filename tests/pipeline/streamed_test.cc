@@ -1,10 +1,12 @@
-// Programs handed over in chunks (pipeline/streamed.h): the validator's proof and the
-// simulator must give what they give on the whole programs, wherever the hand-overs fall, and
+// Actions taken as they are emitted (pipeline/streamed.h): the validator's proof and the
+// simulator must give what they give on the whole programs, however the ranks interleave, and
 // `tandem schedule`'s streamed statistics must equal those of the generated schedule.
 #include "pipeline/streamed.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pipeline/generators.h"
-#include "pipeline/internal/program_chunks.h"
+#include "pipeline/internal/emitted_actions.h"
 #include "pipeline/simulator.h"
 #include "pipeline/validator.h"
 #include "pipeline/validator_internal.h"
@@ -23,9 +25,10 @@
 namespace tandem::pipeline {
 namespace {
 
-using internal::ProgramChunks;
+using internal::EmittedActions;
 
 using testing::Edit;
+using testing::Parse;
 using testing::Spec;
 
 // The spec and placement of `s` with one empty program per rank: what the streamed readers
@@ -38,48 +41,81 @@ Schedule ShapeOf(const Schedule& s) {
   return shape;
 }
 
-// Hands `s`'s programs over in random pieces: each round gives every rank between 0 and
-// `most` more actions, then calls `read`, which trims what it is done with. The last round
-// has every action and is complete; its chunks are returned.
-ProgramChunks HandOver(const Schedule& s, std::mt19937* rng, int most,
-                       const std::function<void(ProgramChunks&)>& read) {
+// Every action of `s` once, as (rank, action), each rank's in its program's order and the
+// ranks interleaved at random. With `sends_first`, a receive is taken only after the send it
+// pairs with (the k-th on its channel), as the program builder emits them; the order then
+// ends early if the programs deadlock.
+std::vector<std::pair<int, Action>> Interleaving(const Schedule& s, std::mt19937* rng,
+                                                 bool sends_first) {
   const int num_ranks = s.NumRanks();
-  ProgramChunks chunks(num_ranks);
-  std::vector<size_t> given(num_ranks, 0);
+  std::vector<size_t> next(num_ranks, 0);
+  std::map<std::pair<int, int>, int64_t> sent;  // (from, to) -> sends taken, less receives
+  std::vector<std::pair<int, Action>> order;
   for (;;) {
-    bool left = false;
+    std::vector<int> ready;
     for (int r = 0; r < num_ranks; ++r) {
-      const size_t n = std::min<size_t>((*rng)() % (most + 1), s.programs[r].size() - given[r]);
-      for (size_t k = 0; k < n; ++k) chunks.actions[r].push_back(s.programs[r][given[r]++]);
-      left = left || given[r] < s.programs[r].size();
+      if (next[r] == s.programs[r].size()) continue;
+      const Action& a = s.programs[r][next[r]];
+      const bool receive =
+          a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient;
+      if (sends_first && receive && sent[{a.peer, r}] == 0) continue;
+      ready.push_back(r);
     }
-    if (!left) break;
-    read(chunks);
+    if (ready.empty()) return order;
+    const int r = ready[(*rng)() % ready.size()];
+    const Action& a = s.programs[r][next[r]++];
+    if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
+      ++sent[{r, a.peer}];
+    } else if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) {
+      --sent[{a.peer, r}];
+    }
+    order.emplace_back(r, a);
   }
-  chunks.complete = true;
-  read(chunks);
-  return chunks;
 }
 
-// Whether the streamed proof accepts `s`, handed over in pieces of at most `most` actions.
+// Hands `order` to `take` in batches of 1 to `most` actions, the last one marked.
+void HandOver(const std::vector<std::pair<int, Action>>& order, std::mt19937* rng, int most,
+              const std::function<void(const EmittedActions&)>& take) {
+  std::vector<int32_t> ranks;
+  std::vector<Action> actions;
+  size_t j = 0;
+  do {
+    const size_t n = std::min<size_t>(1 + (*rng)() % most, order.size() - j);
+    ranks.clear();
+    actions.clear();
+    for (size_t k = 0; k < n; ++k, ++j) {
+      ranks.push_back(order[j].first);
+      actions.push_back(order[j].second);
+    }
+    take(EmittedActions{ranks.data(), actions.data(), n, j == order.size()});
+  } while (j < order.size());
+}
+
+// Every action of `s`, rank 0's program first, then rank 1's, ...
+std::vector<std::pair<int, Action>> RankAfterRank(const Schedule& s) {
+  std::vector<std::pair<int, Action>> order;
+  for (int r = 0; r < s.NumRanks(); ++r) {
+    for (const Action& a : s.programs[r]) order.emplace_back(r, a);
+  }
+  return order;
+}
+
+// Whether the streamed proof accepts `s`, its actions interleaved at random (or rank after
+// rank) and handed over in batches of at most `most`.
 bool StreamedVerdict(const Schedule& s, const ValidationOptions& options, std::mt19937* rng,
-                     int most) {
+                     int most, bool rank_after_rank = false) {
   const Schedule shape = ShapeOf(s);
   auto proof = internal::StreamedProof::Create(shape, options);
   EXPECT_TRUE(proof.ok()) << proof.status();
-  bool scanned = true;
-  const ProgramChunks last = HandOver(s, rng, most, [&](ProgramChunks& chunks) {
-    scanned = (*proof)->Continue(chunks) && scanned;
-    if (chunks.Complete()) return;
-    for (int r = 0; r < chunks.num_ranks(); ++r) {
-      chunks.Trim(r, std::min(chunks.Available(r), (*proof)->Needed(r)));
-    }
-  });
-  return scanned && (*proof)->Finished(last);
+  bool checked = true;
+  HandOver(rank_after_rank ? RankAfterRank(s) : Interleaving(s, rng, /*sends_first=*/false),
+           rng, most,
+           [&](const EmittedActions& batch) { checked = (*proof)->Take(batch) && checked; });
+  return checked && (*proof)->Finished();
 }
 
 // The streamed proof accepts exactly what ValidateSchedule accepts, in both modes, on
-// generated schedules and random edits of them, for hand-overs of 1 to 7 actions per rank.
+// generated schedules and random edits of them, whatever the interleaving of the ranks.
 TEST(StreamedTest, ProofAgreesWithTheValidator) {
   std::vector<ScheduleSpec> specs = {
       Spec(ScheduleKind::kGPipe, 3, 4),      Spec(ScheduleKind::k1F1B, 4, 8),
@@ -101,7 +137,7 @@ TEST(StreamedTest, ProofAgreesWithTheValidator) {
       const bool valid = ValidateSchedule(s, options).ok();
       const int most = 1 + static_cast<int>(rng() % 7);
       EXPECT_EQ(StreamedVerdict(s, options, &rng, most), valid)
-          << ScheduleKindName(spec.kind) << " grouped=" << grouped << " hand-overs of at most "
+          << ScheduleKindName(spec.kind) << " grouped=" << grouped << " batches of at most "
           << most << "\n"
           << FormatGrid(s, true);
       rejected += !valid;
@@ -110,7 +146,37 @@ TEST(StreamedTest, ProofAgreesWithTheValidator) {
   }
   EXPECT_GT(rejected, checked / 3);
   EXPECT_LT(rejected, checked);
-  // The verdict does not depend on the size of the hand-overs.
+  // Each rank receives, then sends to the other in the same run of transfers: grouped, the
+  // runs match; with buffered sends each rank waits for the other's send, behind its receive.
+  const Schedule exchange = Parse(
+      ScheduleKind::k1F1B, 2, Placement::Linear(2),
+      {"F0.0 sA0.0>1 F0.1 rG1.0<1 sA0.1>1 B0.0 rG1.1<1 B0.1 sync0 step",
+       "rA0.0<0 F1.0 B1.0 rA0.1<0 sG1.0>0 F1.1 B1.1 sG1.1>0 sync1 step"});
+  for (bool grouped : {false, true}) {
+    ValidationOptions options;
+    options.grouped_rendezvous = grouped;
+    ASSERT_EQ(ValidateSchedule(exchange, options).ok(), grouped);
+    for (int most : {1, 3, 30}) {
+      EXPECT_EQ(StreamedVerdict(exchange, options, &rng, most), grouped) << most;
+    }
+  }
+  // Rank 0's first run waits on two transfers; the second (rG1.0) only comes after rank 1
+  // receives what rank 0 sends after that run: stuck in both modes, however the ranks
+  // interleave (the first transfer matched alone does not let rank 0 go on).
+  const Schedule stuck = Parse(
+      ScheduleKind::k1F1B, 2, Placement::Linear(2),
+      {"F0.0 sA0.0>1 rG1.0<1 F0.1 sA0.1>1 B0.0 rG1.1<1 B0.1 sync0 step",
+       "rA0.0<0 F1.0 B1.0 rA0.1<0 F1.1 sG1.0>0 B1.1 sG1.1>0 sync1 step"});
+  for (bool grouped : {false, true}) {
+    ValidationOptions options;
+    options.grouped_rendezvous = grouped;
+    ASSERT_FALSE(ValidateSchedule(stuck, options).ok());
+    for (int trial = 0; trial < 20; ++trial) {
+      EXPECT_FALSE(StreamedVerdict(stuck, options, &rng, 1 + trial % 4, trial % 2 == 0))
+          << trial;
+    }
+  }
+  // The verdict does not depend on the interleaving or the batches.
   auto zbv = GenerateSchedule(Spec(ScheduleKind::kZBV, 4, 8));
   ASSERT_TRUE(zbv.ok());
   ValidationOptions grouped;
@@ -151,9 +217,10 @@ CostModel UnevenCosts(const ScheduleSpec& spec) {
   return *costs;
 }
 
-// The simulator over chunks gives Run's result on the whole programs, bit for bit, and
-// reports a deadlock as Run does.
-TEST(StreamedTest, SimulatorOverChunksEqualsTheWholeRun) {
+// The simulator taking emitted actions gives Run's result on the whole programs, bit for bit,
+// however the ranks interleave (each receive after its send); a receive that comes before its
+// send stops it.
+TEST(StreamedTest, SimulatorTakingEmittedActionsEqualsTheWholeRun) {
   std::mt19937 rng(7);
   for (const ScheduleSpec& spec :
        {Spec(ScheduleKind::k1F1B, 4, 8), Spec(ScheduleKind::kZBV, 4, 12),
@@ -166,49 +233,60 @@ TEST(StreamedTest, SimulatorOverChunksEqualsTheWholeRun) {
       auto whole = Simulate(*schedule, costs);
       ASSERT_TRUE(whole.ok()) << whole.status();
       for (int most : {1, 3, 50}) {
+        const auto order = Interleaving(*schedule, &rng, /*sends_first=*/true);
+        ASSERT_EQ(static_cast<int64_t>(order.size()), schedule->NumActions());
         const Schedule shape = ShapeOf(*schedule);
         auto simulator = ScheduleSimulator::Create(shape);
         ASSERT_TRUE(simulator.ok());
         ASSERT_TRUE(simulator->Start(costs).ok());
-        absl::StatusOr<SimulationResult> streamed;
-        HandOver(*schedule, &rng, most, [&](ProgramChunks& chunks) {
-          ASSERT_TRUE(simulator->Continue(chunks).ok());
-          if (chunks.Complete()) {
-            streamed = simulator->Finish(chunks);
-            return;
-          }
-          for (int r = 0; r < chunks.num_ranks(); ++r) chunks.Trim(r, simulator->Needed(r));
+        HandOver(order, &rng, most, [&](const EmittedActions& batch) {
+          ASSERT_TRUE(simulator->Take(batch).ok());
         });
+        auto streamed = simulator->Finish();
         ASSERT_TRUE(streamed.ok()) << streamed.status();
         ExpectSameResult(*streamed, *whole,
                          absl::StrCat(ScheduleKindName(spec.kind), " most=", most));
       }
     }
   }
-  // A receive that never gets its send: the same deadlock message as Run's.
+  // A receive taken before its send.
   auto schedule = GenerateSchedule(Spec(ScheduleKind::k1F1B, 2, 2));
   ASSERT_TRUE(schedule.ok());
-  auto& program = schedule->programs[0];
-  program.erase(std::find_if(program.begin(), program.end(), [](const Action& a) {
-    return a.type == ActionType::kSendActivation;
-  }));
-  const CostModel costs = CostModel::Uniform(schedule->spec, 1, 2);
-  auto whole = Simulate(*schedule, costs);
-  ASSERT_FALSE(whole.ok());
   const Schedule shape = ShapeOf(*schedule);
   auto simulator = ScheduleSimulator::Create(shape);
   ASSERT_TRUE(simulator.ok());
-  ASSERT_TRUE(simulator->Start(costs).ok());
-  absl::Status finished;
-  HandOver(*schedule, &rng, 2, [&](ProgramChunks& chunks) {
-    ASSERT_TRUE(simulator->Continue(chunks).ok());
-    if (chunks.Complete()) finished = simulator->Finish(chunks).status();
-  });
-  EXPECT_EQ(finished, whole.status());
+  ASSERT_TRUE(simulator->Start(CostModel::Uniform(schedule->spec, 1, 2)).ok());
+  std::vector<int32_t> ranks;
+  std::vector<Action> actions;
+  for (const Action& a : schedule->programs[1]) {
+    ranks.push_back(1);
+    actions.push_back(a);
+  }
+  const absl::Status early =
+      simulator->Take(EmittedActions{ranks.data(), actions.data(), actions.size(), false});
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  EXPECT_NE(early.message().find("received before its send"), std::string::npos) << early;
+  EXPECT_FALSE(simulator->Finish().ok());
+  // Sends never received: the whole run's error.
+  auto unmatched = GenerateSchedule(Spec(ScheduleKind::k1F1B, 2, 2));
+  ASSERT_TRUE(unmatched.ok());
+  auto& program = unmatched->programs[1];
+  program.erase(std::find_if(program.begin(), program.end(), [](const Action& a) {
+    return a.type == ActionType::kRecvActivation;
+  }));
+  const CostModel costs = CostModel::Uniform(unmatched->spec, 1, 2);
+  auto whole = Simulate(*unmatched, costs);
+  ASSERT_FALSE(whole.ok());
+  auto again = ScheduleSimulator::Create(shape);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->Start(costs).ok());
+  HandOver(Interleaving(*unmatched, &rng, /*sends_first=*/true), &rng, 4,
+           [&](const EmittedActions& batch) { ASSERT_TRUE(again->Take(batch).ok()); });
+  EXPECT_EQ(again->Finish().status(), whole.status());
 }
 
 // What `tandem schedule --format json` prints for the list-scheduled kinds: the streamed
-// figures equal the whole schedule's, with the readers handed 1 to 100,000 computes at a time.
+// figures equal the whole schedule's, with the readers handed 1 to 100,000 actions at a time.
 TEST(StreamedTest, StatisticsEqualTheGeneratedSchedule) {
   struct Case {
     ScheduleSpec spec;
@@ -231,19 +309,19 @@ TEST(StreamedTest, StatisticsEqualTheGeneratedSchedule) {
     ValidationOptions grouped;
     grouped.grouped_rendezvous = true;
     const bool grouped_ok = ValidateSchedule(*schedule, grouped).ok();
-    for (int64_t round : {int64_t{1}, int64_t{37}, int64_t{100000}}) {
+    for (int64_t batch : {int64_t{1}, int64_t{37}, int64_t{100000}}) {
       StreamOptions options;
-      options.round_computes = round;
-      // A grid's start kept: computes only in one round, every action in the others.
+      options.batch_actions = batch;
+      // A grid's start kept: computes only with one batch size, every action with the others.
       options.kept_ranks = 3;
       options.kept_cells = 10;
-      options.kept_transfers = round != 37;
+      options.kept_transfers = batch != 37;
       auto streamed = GenerateAndSimulateStreamed(c.spec, costs_for, options);
       ASSERT_TRUE(streamed.ok()) << streamed.status();
       ASSERT_TRUE(streamed->has_value()) << ScheduleKindName(c.spec.kind);
       const StreamedSchedule& s = **streamed;
       const std::string what =
-          absl::StrCat(ScheduleKindName(c.spec.kind), " p=", c.spec.num_ranks, " round=", round);
+          absl::StrCat(ScheduleKindName(c.spec.kind), " p=", c.spec.num_ranks, " batch=", batch);
       EXPECT_EQ(s.spec, schedule->spec) << what;
       EXPECT_EQ(s.num_actions, schedule->NumActions()) << what;
       EXPECT_EQ(s.valid_grouped_rendezvous, grouped_ok) << what;

@@ -1,11 +1,16 @@
-// Helpers shared by the schedule engine's tests: specs and random edits of schedules.
+// Helpers shared by the schedule engine's tests: specs, schedules written out, and random
+// edits of schedules.
 #pragma once
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::testing {
@@ -62,6 +67,26 @@ inline void Edit(Schedule* s, std::mt19937* rng) {
       break;
     }
   }
+}
+
+// A schedule from one line of actions per rank ("F0.0 sA0.0>1 ...").
+inline Schedule Parse(ScheduleKind kind, int num_microbatches, Placement placement,
+               const std::vector<std::string>& lines) {
+  Schedule s;
+  s.spec.kind = kind;
+  s.spec.num_ranks = placement.num_ranks;
+  s.spec.num_microbatches = num_microbatches;
+  s.placement = std::move(placement);
+  for (const std::string& line : lines) {
+    std::vector<Action> program;
+    for (absl::string_view token : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      auto action = ParseAction(token);
+      EXPECT_TRUE(action.ok()) << action.status();
+      program.push_back(*action);
+    }
+    s.programs.push_back(std::move(program));
+  }
+  return s;
 }
 
 }  // namespace tandem::pipeline::testing

@@ -16,26 +16,7 @@ namespace tandem::pipeline {
 namespace {
 
 using testing::Edit;
-
-// A schedule from one line of actions per rank ("F0.0 sA0.0>1 ...").
-Schedule Parse(ScheduleKind kind, int num_microbatches, Placement placement,
-               const std::vector<std::string>& lines) {
-  Schedule s;
-  s.spec.kind = kind;
-  s.spec.num_ranks = placement.num_ranks;
-  s.spec.num_microbatches = num_microbatches;
-  s.placement = std::move(placement);
-  for (const std::string& line : lines) {
-    std::vector<Action> program;
-    for (absl::string_view token : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
-      auto action = ParseAction(token);
-      EXPECT_TRUE(action.ok()) << action.status();
-      program.push_back(*action);
-    }
-    s.programs.push_back(std::move(program));
-  }
-  return s;
-}
+using testing::Parse;
 
 Schedule TwoStages(const std::vector<std::string>& lines, int m = 1) {
   return Parse(ScheduleKind::kGPipe, m, Placement::Linear(2), lines);
