@@ -458,7 +458,8 @@ absl::Status ScheduleSimulator::Drain() {
       double busy = clock.busy;
       for (; k < end; ++k) {
         const Action& op = program[k];
-        const Outcome outcome = Execute<kTrace, /*kMayWait=*/true>(r, k, op, t, busy, record, woken);
+        const Outcome outcome =
+            Execute<kTrace, /*kMayWait=*/true>(r, k, op, t, busy, record, woken);
         if (outcome == Outcome::kDone) continue;
         if (outcome == Outcome::kWaits) {
           // The rank resumes here after its peers have moved (often ~p ranks later): fetch

@@ -52,7 +52,8 @@ struct StreamOptions {
 // generated)` as it is generated. nullopt when the programs cannot be streamed: a kind
 // completed from fixed orders, a stash cap the list scheduler had to relax, or a schedule
 // that fails a check or receives before it sends (a generator's bug; validating the whole
-// programs names it). The caller then takes the whole path. Errors: the spec's (as GenerateSchedule's) and costs_for's.
+// programs names it). The caller then takes the whole path. Errors: the spec's (as
+// GenerateSchedule's) and costs_for's.
 absl::StatusOr<std::optional<StreamedSchedule>> GenerateAndSimulateStreamed(
     const ScheduleSpec& spec,
     const std::function<absl::StatusOr<CostModel>(const ScheduleSpec&)>& costs_for,

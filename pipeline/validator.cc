@@ -231,6 +231,7 @@ class Proof {
     uint8_t* synced;
     int* replica_of;
     size_t num_pairs;
+    unsigned block_shift;
     int num_replicas, num_stages, m;
     bool split;
   };
@@ -240,7 +241,7 @@ class Proof {
                   state_.data(),           finished_.data(),
                   finished_at_sync_.data(), synced_.data(),
                   replica_of_.data(),      layout_.NumPairs(),
-                  layout_.num_replicas(),
+                  block_shift_,            layout_.num_replicas(),
                   layout_.num_stages(),    layout_.num_microbatches(),
                   split_};
   }
@@ -248,15 +249,21 @@ class Proof {
   // True when the schedule is valid; false when it is not or the proof cannot tell (the
   // reference then decides and names the error). The layout must have passed Check().
   bool Run(const std::vector<std::vector<Action>>& programs) {
-    Begin();
+    Begin(/*emitted=*/false);
     return ScanRanks(programs) && CheckCounts() && Progress(programs);
   }
 
-  void Begin() {
+  // `emitted`: the actions will come as they are emitted (Take), not as whole programs.
+  void Begin(bool emitted) {
     const int num_ranks = layout_.num_ranks();
     const int m = layout_.num_microbatches();
-    const size_t blocks = (static_cast<size_t>(m) + kBlock - 1) / kBlock;
-    state_.assign(blocks * layout_.NumPairs() * kBlock, 0);
+    // Whole programs: one row of micro-batches per pair, read in order rank by rank.
+    block_shift_ = kEmittedBlockShift;
+    if (!emitted) {
+      while ((size_t{1} << block_shift_) < static_cast<size_t>(m)) ++block_shift_;
+    }
+    const size_t block = size_t{1} << block_shift_;
+    state_.assign((static_cast<size_t>(m) + block - 1) / block * layout_.NumPairs() * block, 0);
     finished_.assign(layout_.NumPairs(), 0);
     synced_.assign(layout_.NumPairs(), 0);
     finished_at_sync_.assign(layout_.NumPairs(), 0);
@@ -267,6 +274,8 @@ class Proof {
     stepped_.assign(num_ranks, 0);
     spare_.clear();
     buffers_.clear();
+    posted_sends_.assign(layout_.NumChannels(), 0);
+    posted_recvs_.assign(layout_.NumChannels(), 0);
     pc_.assign(num_ranks, 0);
     outstanding_.assign(num_ranks, 0);
     group_end_.assign(num_ranks, 0);
@@ -319,44 +328,38 @@ class Proof {
   }
 
  private:
-  // What the proof keeps of one channel, in one cache line (taken as they are emitted, every
-  // transfer reads its channel's): pass 1's sends or receives waiting for their counterparts,
-  // as (triple, kind), in a ring, and pass 2's counts. A transfer meets a waiting one of the
-  // other side before it waits itself, so only one side ever waits. Taken as they are
-  // emitted, a channel holds one or two, in `local`. Whole programs are scanned rank after
-  // rank, one end of a channel in full before the other starts: a ring then grows into a
-  // buffer, which it hands on once drained, so that a few buffers serve every channel.
+  // Pass 1's sends or receives of one channel waiting for their counterparts, as (triple,
+  // kind): items [head, tail) of a buffer. A transfer meets a waiting one of the other side
+  // before it waits itself, so only one side ever waits. Taken as they are emitted, a channel
+  // holds one or two, in `local`: the queue is one cache line. Whole programs are scanned rank
+  // after rank, one end of a channel in full before the other starts: the items then move to
+  // a larger buffer, which the queue hands on once drained, so that a few buffers serve every
+  // channel.
   struct alignas(64) Queue {
-    static constexpr uint32_t kLocal = 3;
+    static constexpr uint32_t kLocal = 5;
     uint64_t local[kLocal];
     uint32_t head = 0;
-    uint32_t size = 0;
+    uint32_t tail = 0;
     uint32_t capacity = kLocal;
-    bool sends = false;         // which side the ring holds
-    uint64_t* grown = nullptr;  // the ring once it holds more than kLocal (in buffers_)
-    int64_t posted_sends = 0;   // pass 2
-    int64_t posted_recvs = 0;
-    uint64_t* ring() { return grown != nullptr ? grown : local; }
+    bool sends = false;         // which side is waiting
+    uint64_t* grown = nullptr;  // the buffer when not `local` (in buffers_)
+    uint64_t* items() { return grown != nullptr ? grown : local; }
   };
 
   // Meets a transfer with the oldest waiting one of the other side, or queues it.
   [[gnu::always_inline]] bool Pair(int channel, uint64_t item, bool send) {
     Queue& q = queues_[channel];
-    if (q.size > 0 && q.sends != send) {
-      if (q.ring()[q.head] != item) return false;
-      if (++q.head == q.capacity) q.head = 0;
-      if (--q.size == 0) {
-        q.head = 0;
+    if (q.head != q.tail && q.sends != send) {
+      if (q.items()[q.head] != item) return false;
+      if (++q.head == q.tail) {
+        q.head = q.tail = 0;
         if (q.grown != nullptr) Drained(q);
       }
       return true;
     }
-    if (q.size == q.capacity) Grow(q);
+    if (q.tail == q.capacity) MakeRoom(q);
     q.sends = send;
-    uint32_t tail = q.head + q.size;
-    if (tail >= q.capacity) tail -= q.capacity;
-    q.ring()[tail] = item;
-    ++q.size;
+    q.items()[q.tail++] = item;
     return true;
   }
   [[gnu::noinline]] void Drained(Queue& q) {
@@ -364,34 +367,41 @@ class Proof {
     q.grown = nullptr;
     q.capacity = Queue::kLocal;
   }
-  [[gnu::noinline]] void Grow(Queue& q) {
-    const uint32_t needed = 2 * q.capacity;
-    std::pair<uint64_t*, uint32_t> bigger{nullptr, 0};
-    if (!spare_.empty() && spare_.back().second >= needed) {
-      bigger = spare_.back();
-      spare_.pop_back();
+  // Room for one more item: the waiting ones moved to the front of the buffer, or to one twice
+  // as large if they fill more than half of it.
+  [[gnu::noinline]] void MakeRoom(Queue& q) {
+    const uint32_t size = q.tail - q.head;
+    uint64_t* items = q.items();
+    if (2 * size <= q.capacity) {
+      std::copy(items + q.head, items + q.tail, items);
     } else {
-      buffers_.push_back(std::make_unique<uint64_t[]>(needed));
-      bigger = {buffers_.back().get(), needed};
+      const uint32_t needed = 2 * q.capacity;
+      std::pair<uint64_t*, uint32_t> bigger{nullptr, 0};
+      if (!spare_.empty() && spare_.back().second >= needed) {
+        bigger = spare_.back();
+        spare_.pop_back();
+      } else {
+        buffers_.push_back(std::make_unique<uint64_t[]>(needed));
+        bigger = {buffers_.back().get(), needed};
+      }
+      std::copy(items + q.head, items + q.tail, bigger.first);
+      if (q.grown != nullptr) spare_.emplace_back(q.grown, q.capacity);
+      q.grown = bigger.first;
+      q.capacity = bigger.second;
     }
-    const uint64_t* old = q.ring();
-    for (uint32_t j = 0; j < q.size; ++j) {
-      bigger.first[j] = old[q.head + j < q.capacity ? q.head + j : q.head + j - q.capacity];
-    }
-    if (q.grown != nullptr) spare_.emplace_back(q.grown, q.capacity);
-    q.grown = bigger.first;
-    q.capacity = bigger.second;
     q.head = 0;
+    q.tail = size;
   }
 
-  // The flags of (pair, mb) sit in blocks of kBlock micro-batches, each block holding every
-  // pair's: the actions taken as they are emitted go from rank to rank, and with one row of
+  // The flags of (pair, mb) sit in blocks of 2^block_shift micro-batches, each block holding
+  // every pair's. Taken as they are emitted, the actions go from rank to rank: with one row of
   // micro-batches per pair their flags would lie a power of two apart and evict each other
-  // from the caches.
-  static constexpr size_t kBlock = 64;
-  static size_t Slot(size_t num_pairs, size_t pair, int mb) {
-    const size_t block = static_cast<size_t>(mb) / kBlock;
-    return (block * num_pairs + pair) * kBlock + static_cast<size_t>(mb) % kBlock;
+  // from the caches, so a block is 64 micro-batches then (a row when the programs are whole).
+  static constexpr unsigned kEmittedBlockShift = 6;
+  static size_t Slot(size_t num_pairs, unsigned shift, size_t pair, int mb) {
+    const size_t block = static_cast<size_t>(mb) >> shift;
+    const size_t within = static_cast<size_t>(mb) & ((size_t{1} << shift) - 1);
+    return ((block * num_pairs + pair) << shift) | within;
   }
 
   // Every check of action `a` (not the optimizer step) of rank r, given what r did before it:
@@ -418,15 +428,16 @@ class Proof {
       if (owner == kUnassigned) owner = a.replica;
       if (owner != a.replica) return false;
     }
-    const size_t i = Slot(t.num_pairs, pair, a.microbatch);
+    const size_t i = Slot(t.num_pairs, t.block_shift, pair, a.microbatch);
+    const size_t neighbour = size_t{1} << t.block_shift;  // (pair +- 1, mb)
     uint8_t* const state = t.state;
     const int* const rank_of = t.rank_of;
     switch (type) {
       case ActionType::kForward:
         if (rank_of[pair] != r || (state[i] & kForwardDone)) return false;
-        if (a.stage > 0 &&
-            !(state[i - kBlock] & (rank_of[pair - 1] == r ? kForwardDone : kActivationArrived))) {
-          return false;
+        if (a.stage > 0) {
+          const uint8_t input = rank_of[pair - 1] == r ? kForwardDone : kActivationArrived;
+          if (!(state[i - neighbour] & input)) return false;
         }
         state[i] |= kForwardDone;
         return true;
@@ -436,9 +447,9 @@ class Proof {
           return false;
         }
         if ((state[i] & kBackwardDone) || !(state[i] & kForwardDone)) return false;
-        if (a.stage + 1 < t.num_stages &&
-            !(state[i + kBlock] & (rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived))) {
-          return false;
+        if (a.stage + 1 < t.num_stages) {
+          const uint8_t input = rank_of[pair + 1] == r ? kBackwardDone : kGradientArrived;
+          if (!(state[i + neighbour] & input)) return false;
         }
         // A whole B in a split schedule is its Bi and W at once.
         if (type == ActionType::kBackward) {
@@ -514,7 +525,7 @@ class Proof {
       if (!stepped) return false;
     }
     for (const Queue& q : queues_) {
-      if (q.size > 0) return false;
+      if (q.head != q.tail) return false;
     }
     std::vector<int> expected(layout_.num_replicas(), 0);
     for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
@@ -529,10 +540,13 @@ class Proof {
     }
     const uint8_t done = kForwardDone | kBackwardDone | (split_ ? kWeightDone : 0);
     const size_t pairs = layout_.NumPairs();
-    for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
-      const int replica = replica_of_[mb];
+    for (int replica = 0; replica < layout_.num_replicas(); ++replica) {
       for (int stage = 0; stage < layout_.num_stages(); ++stage) {
-        if ((state_[Slot(pairs, layout_.Pair(replica, stage), mb)] & done) != done) return false;
+        const size_t pair = layout_.Pair(replica, stage);
+        for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
+          const uint8_t flags = state_[Slot(pairs, block_shift_, pair, mb)];
+          if ((flags & done) != done && replica_of_[mb] == replica) return false;
+        }
       }
     }
     return true;
@@ -545,15 +559,14 @@ class Proof {
   // rendezvous). True when this one waits.
   template <typename Matched>
   [[gnu::always_inline]] bool Post(int c, bool send, Matched matched) {
-    Queue& q = queues_[c];
     if (send) {
-      if (++q.posted_sends <= q.posted_recvs) {
+      if (++posted_sends_[c] <= posted_recvs_[c]) {
         matched(layout_.ChannelTo(c));
         return false;
       }
       return grouped_;
     }
-    if (++q.posted_recvs <= q.posted_sends) {
+    if (++posted_recvs_[c] <= posted_sends_[c]) {
       if (grouped_) matched(layout_.ChannelFrom(c));
       return false;
     }
@@ -676,6 +689,7 @@ class Proof {
   // Pass 1.
   std::vector<uint8_t> stepped_;  // per rank: its optimizer step was checked
   std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb), at Slot()
+  unsigned block_shift_ = kEmittedBlockShift;
   std::vector<int> finished_, finished_at_sync_;  // per (replica, stage)
   std::vector<uint8_t> synced_;
   std::vector<int> replica_of_;
@@ -683,6 +697,7 @@ class Proof {
   std::vector<std::unique_ptr<uint64_t[]>> buffers_;  // every queue buffer made
   std::vector<std::pair<uint64_t*, uint32_t>> spare_;  // those not in use, with capacities
   // Pass 2.
+  std::vector<int64_t> posted_sends_, posted_recvs_;  // per channel
   std::vector<int64_t> pc_, group_end_;  // whole programs: per rank
   std::vector<int> outstanding_;  // per rank: its posted transfers not matched yet
   std::vector<int> worklist_;
@@ -1313,7 +1328,7 @@ absl::StatusOr<std::unique_ptr<StreamedProof>> StreamedProof::Create(
     const Schedule& shape, const ValidationOptions& options) {
   auto impl = std::make_unique<Impl>(shape, options);
   TANDEM_RETURN_IF_ERROR(impl->layout.Check());
-  impl->proof.Begin();
+  impl->proof.Begin(/*emitted=*/true);
   return std::unique_ptr<StreamedProof>(new StreamedProof(std::move(impl)));
 }
 
