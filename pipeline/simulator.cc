@@ -222,26 +222,28 @@ absl::Status CostModel::Check(int num_stages) const {
   return absl::OkStatus();
 }
 
+// Per rank, together: actions taken as they are emitted go from rank to rank, and one line
+// per rank is all that each action touches of them.
+struct ScheduleSimulator::Clock {
+  double now = 0;
+  double busy = 0;
+  double stashed = 0;
+  double peak = 0;
+  double sync_end = 0;
+  int64_t pc = 0;  // the next step
+};
+
+// What each action of a stage costs, in one cache line per stage.
+struct alignas(64) ScheduleSimulator::StageCosts {
+  double forward = 0, backward_full = 0, backward_input = 0, weight = 0, stash = 0,
+         activation_transfer = 0, gradient_transfer = 0, sync = 0;
+};
+
 struct ScheduleSimulator::RunState {
   SimulationOptions options;
   double optimizer = 0;
-  // What each action of a stage costs, in one cache line per stage.
-  struct alignas(64) Stage {
-    double forward = 0, backward_full = 0, backward_input = 0, weight = 0, stash = 0,
-           activation_transfer = 0, gradient_transfer = 0, sync = 0;
-  };
-  std::vector<Stage> stages;
+  std::vector<StageCosts> stages;
   SimulationResult result;
-  // Per rank, together: actions taken as they are emitted go from rank to rank, and one line
-  // per rank is all that each action touches of them.
-  struct Clock {
-    double now = 0;
-    double busy = 0;
-    double stashed = 0;
-    double peak = 0;
-    double sync_end = 0;
-    int64_t pc = 0;  // the next step
-  };
   std::vector<Clock> ranks;
   int64_t executed = 0;
 };
@@ -296,7 +298,7 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
   run.options = options;
   run.optimizer = costs.optimizer_seconds;
   // Per-stage tables, so the loop below only indexes arrays.
-  run.stages.assign(num_stages, RunState::Stage{});
+  run.stages.assign(num_stages, StageCosts{});
   auto transfer_seconds = [&](double bytes) {
     double t = costs.p2p_latency_seconds;
     if (costs.p2p_bandwidth_bytes_per_second > 0) t += bytes / costs.p2p_bandwidth_bytes_per_second;
@@ -304,7 +306,7 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
   };
   for (int s = 0; s < num_stages; ++s) {
     const StageCost& c = costs.stages[s];
-    RunState::Stage& stage = run.stages[s];
+    StageCosts& stage = run.stages[s];
     stage.forward = c.forward_seconds;
     stage.backward_full = c.backward_seconds + c.weight_seconds;
     // Costs that do not split backward give a split schedule half of it for each part.
@@ -318,7 +320,7 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
     if (!costs.grad_sync_seconds.empty()) stage.sync = costs.grad_sync_seconds[s];
   }
   SimulationResult& result = run.result;
-  run.ranks.assign(num_ranks, RunState::Clock{});
+  run.ranks.assign(num_ranks, Clock{});
   // Per channel, the arrival times of the messages sent and not yet received, in order.
   for (InFlight& queue : in_flight_) {
     queue.head = 0;
@@ -339,18 +341,16 @@ absl::Status ScheduleSimulator::Start(const CostModel& costs, const SimulationOp
 
 template <bool kTrace, bool kMayWait, typename Record, typename Woken>
 [[gnu::always_inline]] inline ScheduleSimulator::Outcome ScheduleSimulator::Execute(
-    int r, int64_t k, const Action& op, double& t, double& busy, Record& record,
-    Woken& woken) {
-  RunState& run = *run_;
-  RunState::Clock& clock = run.ranks[r];
+    Clock& clock, const StageCosts* stages, int r, int64_t k, const Action& op, double& t,
+    double& busy, Record& record, Woken& woken) {
+  const RunState& run = *run_;
   const int s = op.stage;
   if (static_cast<unsigned>(s) >= static_cast<unsigned>(run.stages.size()) &&
       op.type != ActionType::kOptimizerStep) {
     return Outcome::kBadStage;
   }
   // Not read for the optimizer step (stage -1).
-  const RunState::Stage* const stage =
-      op.type == ActionType::kOptimizerStep ? nullptr : &run.stages[s];
+  const StageCosts* const stage = op.type == ActionType::kOptimizerStep ? nullptr : &stages[s];
   double cost = 0;
   switch (op.type) {
     case ActionType::kForward:
@@ -445,21 +445,22 @@ absl::Status ScheduleSimulator::Drain() {
     // It resumes soon, where it stopped long ago: a line no cache holds any more.
     Prefetch(&programs[peer][run.ranks[peer].pc]);
   };
+  const StageCosts* const stages = run.stages.data();
   auto drain = [&](auto trace) -> absl::Status {
     constexpr bool kTrace = decltype(trace)::value;
     while (!worklist_.empty()) {
       const int r = worklist_.back();
       worklist_.pop_back();
       const std::vector<Action>& program = programs[r];
-      RunState::Clock& clock = run.ranks[r];
+      Clock& clock = run.ranks[r];
       int64_t k = clock.pc;
       const int64_t end = static_cast<int64_t>(program.size());
       double t = clock.now;
       double busy = clock.busy;
       for (; k < end; ++k) {
         const Action& op = program[k];
-        const Outcome outcome =
-            Execute<kTrace, /*kMayWait=*/true>(r, k, op, t, busy, record, woken);
+        const Outcome outcome = Execute<kTrace, /*kMayWait=*/true>(clock, stages, r, k, op, t,
+                                                                   busy, record, woken);
         if (outcome == Outcome::kDone) continue;
         if (outcome == Outcome::kWaits) {
           // The rank resumes here after its peers have moved (often ~p ranks later): fetch
@@ -504,13 +505,13 @@ absl::StatusOr<SimulationResult> ScheduleSimulator::Result() {
     }
   }
   double makespan = 0;
-  for (const RunState::Clock& clock : run.ranks) makespan = std::max(makespan, clock.now);
+  for (const Clock& clock : run.ranks) makespan = std::max(makespan, clock.now);
   double total_busy = 0;
   result.busy_seconds.resize(num_ranks);
   result.idle_seconds.resize(num_ranks);
   result.peak_activations.resize(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
-    const RunState::Clock& clock = run.ranks[r];
+    const Clock& clock = run.ranks[r];
     result.busy_seconds[r] = clock.busy;
     result.idle_seconds[r] = makespan - clock.busy;
     result.peak_activations[r] = clock.peak;
@@ -550,15 +551,16 @@ absl::Status ScheduleSimulator::Take(const internal::EmittedActions& batch) {
   RunState& run = *run_;
   auto record = [](int, int64_t, const Action&, int, double, double) {};
   auto woken = [](int) {};
+  const StageCosts* const stages = run.stages.data();
   for (size_t j = 0; j < batch.size; ++j) {
     const int r = batch.ranks[j];
     const Action& op = batch.actions[j];
-    RunState::Clock& clock = run.ranks[r];
+    Clock& clock = run.ranks[r];
     const int64_t k = clock.pc;
     double t = clock.now;
     double busy = clock.busy;
-    const Outcome outcome = Execute</*kTrace=*/false, /*kMayWait=*/false>(r, k, op, t, busy, record,
-                                                                    woken);
+    const Outcome outcome = Execute</*kTrace=*/false, /*kMayWait=*/false>(
+        clock, stages, r, k, op, t, busy, record, woken);
     if (outcome != Outcome::kDone) {
       run_.reset();
       switch (outcome) {

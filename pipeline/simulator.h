@@ -155,9 +155,11 @@ class ScheduleSimulator {
   // What becomes of action `op`, step k of rank r, run at time t. kMayWait: some rank may
   // wait on a receive (not when actions are taken as they are emitted).
   enum class Outcome { kDone, kWaits, kBadStage, kBadPeer };
+  struct Clock;
+  struct StageCosts;
   template <bool kTrace, bool kMayWait, typename Record, typename Woken>
-  Outcome Execute(int r, int64_t k, const Action& op, double& t, double& busy, Record& record,
-                  Woken& woken);
+  Outcome Execute(Clock& clock, const StageCosts* stages, int r, int64_t k, const Action& op,
+                  double& t, double& busy, Record& record, Woken& woken);
   // The result once every rank has ended.
   absl::StatusOr<SimulationResult> Result();
 

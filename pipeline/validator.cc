@@ -231,7 +231,6 @@ class Proof {
     uint8_t* synced;
     int* replica_of;
     size_t num_pairs;
-    unsigned block_shift;
     int num_replicas, num_stages, m;
     bool split;
   };
@@ -241,7 +240,7 @@ class Proof {
                   state_.data(),           finished_.data(),
                   finished_at_sync_.data(), synced_.data(),
                   replica_of_.data(),      layout_.NumPairs(),
-                  block_shift_,            layout_.num_replicas(),
+                  layout_.num_replicas(),
                   layout_.num_stages(),    layout_.num_microbatches(),
                   split_};
   }
@@ -257,12 +256,8 @@ class Proof {
   void Begin(bool emitted) {
     const int num_ranks = layout_.num_ranks();
     const int m = layout_.num_microbatches();
-    // Whole programs: one row of micro-batches per pair, read in order rank by rank.
-    block_shift_ = kEmittedBlockShift;
-    if (!emitted) {
-      while ((size_t{1} << block_shift_) < static_cast<size_t>(m)) ++block_shift_;
-    }
-    const size_t block = size_t{1} << block_shift_;
+    emitted_ = emitted;
+    const size_t block = emitted ? kBlock : static_cast<size_t>(m);
     state_.assign((static_cast<size_t>(m) + block - 1) / block * layout_.NumPairs() * block, 0);
     finished_.assign(layout_.NumPairs(), 0);
     synced_.assign(layout_.NumPairs(), 0);
@@ -292,7 +287,7 @@ class Proof {
     if (stepped_[r]) return false;  // nothing may follow the optimizer step
     if (a.type == ActionType::kOptimizerStep) {
       stepped_[r] = 1;
-    } else if (!Check(t, r, a)) {
+    } else if (!Check</*kBlocked=*/true>(t, r, a)) {
       return false;
     }
     if (waiting_[r]) {
@@ -393,21 +388,23 @@ class Proof {
     q.tail = size;
   }
 
-  // The flags of (pair, mb) sit in blocks of 2^block_shift micro-batches, each block holding
-  // every pair's. Taken as they are emitted, the actions go from rank to rank: with one row of
-  // micro-batches per pair their flags would lie a power of two apart and evict each other
-  // from the caches, so a block is 64 micro-batches then (a row when the programs are whole).
-  static constexpr unsigned kEmittedBlockShift = 6;
-  static size_t Slot(size_t num_pairs, unsigned shift, size_t pair, int mb) {
-    const size_t block = static_cast<size_t>(mb) >> shift;
-    const size_t within = static_cast<size_t>(mb) & ((size_t{1} << shift) - 1);
-    return ((block * num_pairs + pair) << shift) | within;
+  // Where the flags of (pair, mb) are. Whole programs: one row of micro-batches per pair, read
+  // in order rank by rank. Actions taken as they are emitted go from rank to rank: rows would
+  // put their flags a power of two apart, evicting each other from the caches, so the flags
+  // sit in blocks of kBlock micro-batches then, each block holding every pair's.
+  static constexpr size_t kBlock = 64;
+  template <bool kBlocked>
+  static size_t Slot(size_t num_pairs, int m, size_t pair, int mb) {
+    if (!kBlocked) return pair * static_cast<size_t>(m) + static_cast<size_t>(mb);
+    const size_t block = static_cast<size_t>(mb) / kBlock;
+    return (block * num_pairs + pair) * kBlock + static_cast<size_t>(mb) % kBlock;
   }
 
   // Every check of action `a` (not the optimizer step) of rank r, given what r did before it:
   // the same checks as the reference's shape pass and execution, arranged for speed: a
   // transfer's ends are checked by comparing them with its channel's (the channel exists only
   // between the ranks of neighbouring stages).
+  template <bool kBlocked>
   [[gnu::always_inline]] bool Check(const Tables& t, int r, const Action& a) {
     const ActionType type = a.type;
     if (static_cast<unsigned>(a.replica) >= static_cast<unsigned>(t.num_replicas) ||
@@ -428,8 +425,8 @@ class Proof {
       if (owner == kUnassigned) owner = a.replica;
       if (owner != a.replica) return false;
     }
-    const size_t i = Slot(t.num_pairs, t.block_shift, pair, a.microbatch);
-    const size_t neighbour = size_t{1} << t.block_shift;  // (pair +- 1, mb)
+    const size_t i = Slot<kBlocked>(t.num_pairs, m, pair, a.microbatch);
+    const size_t neighbour = kBlocked ? kBlock : static_cast<size_t>(m);  // (pair +- 1, mb)
     uint8_t* const state = t.state;
     const int* const rank_of = t.rank_of;
     switch (type) {
@@ -511,7 +508,7 @@ class Proof {
           stepped_[r] = 1;
           break;
         }
-        if (!Check(t, r, a)) return false;
+        if (!Check</*kBlocked=*/false>(t, r, a)) return false;
       }
     }
     return true;
@@ -539,13 +536,18 @@ class Proof {
       }
     }
     const uint8_t done = kForwardDone | kBackwardDone | (split_ ? kWeightDone : 0);
+    // In the flags' order: blocks of micro-batches, pairs, micro-batches.
     const size_t pairs = layout_.NumPairs();
-    for (int replica = 0; replica < layout_.num_replicas(); ++replica) {
-      for (int stage = 0; stage < layout_.num_stages(); ++stage) {
-        const size_t pair = layout_.Pair(replica, stage);
-        for (int mb = 0; mb < layout_.num_microbatches(); ++mb) {
-          const uint8_t flags = state_[Slot(pairs, block_shift_, pair, mb)];
-          if ((flags & done) != done && replica_of_[mb] == replica) return false;
+    const size_t block = emitted_ ? kBlock : static_cast<size_t>(layout_.num_microbatches());
+    const size_t m = static_cast<size_t>(layout_.num_microbatches());
+    const uint8_t* state = state_.data();
+    for (size_t first = 0; first < m; first += block) {
+      const size_t count = std::min(block, m - first);
+      const int* replica_of = &replica_of_[first];
+      for (size_t pair = 0; pair < pairs; ++pair, state += block) {
+        const int replica = static_cast<int>(pair / layout_.num_stages());
+        for (size_t j = 0; j < count; ++j) {
+          if ((state[j] & done) != done && replica_of[j] == replica) return false;
         }
       }
     }
@@ -689,7 +691,7 @@ class Proof {
   // Pass 1.
   std::vector<uint8_t> stepped_;  // per rank: its optimizer step was checked
   std::vector<uint8_t> state_;  // TripleFlag bits per (replica, stage, mb), at Slot()
-  unsigned block_shift_ = kEmittedBlockShift;
+  bool emitted_ = false;        // Begin's
   std::vector<int> finished_, finished_at_sync_;  // per (replica, stage)
   std::vector<uint8_t> synced_;
   std::vector<int> replica_of_;
