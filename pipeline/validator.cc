@@ -498,8 +498,8 @@ class Proof {
   bool ScanRanks(const std::vector<std::vector<Action>>& programs) {
     const Tables t = MakeTables();
     for (int r = 0; r < layout_.num_ranks(); ++r) {
-      const std::vector<Action>& program = programs[r];
-      const size_t size = program.size();
+      const Action* const program = programs[r].data();
+      const size_t size = programs[r].size();
       for (size_t step = 0; step < size; ++step) {
         const Action& a = program[step];
         if (a.type == ActionType::kOptimizerStep) {
@@ -600,8 +600,11 @@ class Proof {
   }
 
   // Runs rank r until it waits or ends.
-  void Advance(const std::vector<Action>& program, int r) {
-    const int64_t size = static_cast<int64_t>(program.size());
+  void Advance(const std::vector<Action>& whole, int r) {
+    // In locals: Matched may grow the worklist, after which members would be read again.
+    const Action* const program = whole.data();
+    const int64_t size = static_cast<int64_t>(whole.size());
+    const bool grouped = grouped_;
     int64_t pc = pc_[r];
     while (pc < size) {
       if (!IsTransferType(program[pc].type)) {
@@ -611,7 +614,7 @@ class Proof {
       // A group: one transfer, or with grouped rendezvous the maximal run of transfers,
       // which ends only where a non-transfer follows or the program ends.
       int64_t end = pc + 1;
-      if (grouped_) {
+      if (grouped) {
         while (end < size && IsTransferType(program[end].type)) ++end;
       }
       int waiting = 0;
