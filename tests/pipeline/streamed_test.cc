@@ -27,7 +27,7 @@ namespace {
 
 using internal::EmittedActions;
 
-using testing::Edit;
+using testing::ForEditedSchedules;
 using testing::Parse;
 using testing::Spec;
 
@@ -124,13 +124,7 @@ TEST(StreamedTest, ProofAgreesWithTheValidator) {
       Spec(ScheduleKind::kChimera, 4, 8),    Spec(ScheduleKind::kDualPipeV, 4, 8)};
   std::mt19937 rng(20261129);
   int rejected = 0, checked = 0;
-  for (int round = 0; round < 600; ++round) {
-    const ScheduleSpec& spec = specs[rng() % specs.size()];
-    auto generated = GenerateSchedule(spec);
-    ASSERT_TRUE(generated.ok()) << generated.status();
-    Schedule s = *std::move(generated);
-    const int edits = round % 5 == 0 ? 0 : 1 + static_cast<int>(rng() % 2);
-    for (int e = 0; e < edits; ++e) Edit(&s, &rng);
+  ForEditedSchedules(specs, 600, 5, &rng, [&](const ScheduleSpec& spec, const Schedule& s) {
     for (bool grouped : {false, true}) {
       ValidationOptions options;
       options.grouped_rendezvous = grouped;
@@ -143,7 +137,7 @@ TEST(StreamedTest, ProofAgreesWithTheValidator) {
       rejected += !valid;
       ++checked;
     }
-  }
+  });
   EXPECT_GT(rejected, checked / 3);
   EXPECT_LT(rejected, checked);
   // Each rank receives, then sends to the other in the same run of transfers: grouped, the

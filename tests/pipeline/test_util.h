@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
+#include "pipeline/generators.h"
 #include "pipeline/schedule.h"
 
 namespace tandem::pipeline::testing {
@@ -87,6 +88,22 @@ inline Schedule Parse(ScheduleKind kind, int num_microbatches, Placement placeme
     s.programs.push_back(std::move(program));
   }
   return s;
+}
+
+// `rounds` schedules generated from specs picked at random, each with one or two random edits
+// (none every `unedited`-th round), handed to check(spec, schedule) while the test holds.
+template <typename Check>
+void ForEditedSchedules(const std::vector<ScheduleSpec>& specs, int rounds, int unedited,
+                        std::mt19937* rng, Check check) {
+  for (int round = 0; round < rounds && !::testing::Test::HasFatalFailure(); ++round) {
+    const ScheduleSpec& spec = specs[(*rng)() % specs.size()];
+    auto generated = GenerateSchedule(spec);
+    ASSERT_TRUE(generated.ok()) << generated.status();
+    Schedule s = *std::move(generated);
+    const int edits = round % unedited == 0 ? 0 : 1 + static_cast<int>((*rng)() % 2);
+    for (int e = 0; e < edits; ++e) Edit(&s, rng);
+    check(spec, s);
+  }
 }
 
 }  // namespace tandem::pipeline::testing

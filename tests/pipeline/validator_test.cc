@@ -15,7 +15,7 @@
 namespace tandem::pipeline {
 namespace {
 
-using testing::Edit;
+using testing::ForEditedSchedules;
 using testing::Parse;
 
 Schedule TwoStages(const std::vector<std::string>& lines, int m = 1) {
@@ -184,13 +184,7 @@ TEST(ValidatorTest, QuickProofAgreesWithTheReferenceExecution) {
   }
   std::mt19937 rng(20240611);
   int rejected = 0, checked = 0;
-  for (int round = 0; round < 3000; ++round) {
-    const ScheduleSpec& spec = specs[rng() % specs.size()];
-    auto generated = GenerateSchedule(spec);
-    ASSERT_TRUE(generated.ok()) << generated.status();
-    Schedule s = *std::move(generated);
-    const int edits = round % 10 == 0 ? 0 : 1 + static_cast<int>(rng() % 2);
-    for (int e = 0; e < edits; ++e) Edit(&s, &rng);
+  ForEditedSchedules(specs, 3000, 10, &rng, [&](const ScheduleSpec& spec, const Schedule& s) {
     for (bool grouped : {false, true}) {
       ValidationOptions options;
       options.grouped_rendezvous = grouped;
@@ -202,7 +196,7 @@ TEST(ValidatorTest, QuickProofAgreesWithTheReferenceExecution) {
       rejected += !reference.ok();
       ++checked;
     }
-  }
+  });
   // Most edits break a schedule; unedited ones and some edits (independent actions swapped)
   // do not.
   EXPECT_GT(rejected, checked / 2);
