@@ -728,6 +728,56 @@ WorkPtr NcclCommunicator::SendRecvBatch(const std::vector<PointToPoint>& transfe
   return ToWork(EnqueueOn(state_, description, targets), description);
 }
 
+namespace {
+
+// One byte over every link, in one group, while every rank is inside ConnectPeers. NCCL sets
+// up a pair's transport at its first transfer, and on a non-blocking communicator that setup
+// needs the peer inside NCCL on the same link. Issuing waits until a call is enqueued, so two
+// ranks whose first calls are sends to each other (Chimera's opposite pipelines, or a 1F1B
+// stage's first gradient while its neighbour still sends activations) each waited in their
+// own send for the other's receive: a deadlock found on an H200, where NCCL 2.30 lets ranks
+// share the GPU. Connected here, later transfers never wait for the peer to be enqueued.
+absl::Status ConnectLinks(const std::map<std::pair<int, int>, NcclCommunicator::State::Link>& links,
+                          int me, absl::Duration timeout) {
+  if (links.empty()) return absl::OkStatus();
+  void* bytes = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&bytes, links.size()));
+  auto release = absl::Cleanup([&] { cudaFree(bytes); });
+  TANDEM_NCCL_CHECK(ncclGroupStart());
+  size_t index = 0;
+  for (const auto& [edge, link] : links) {
+    void* byte = static_cast<uint8_t*>(bytes) + index++;
+    // The sender is the link's rank 0.
+    const ncclResult_t rc = edge.first == me
+                                ? ncclSend(byte, 1, ncclUint8, 1, link.comm, link.stream)
+                                : ncclRecv(byte, 1, ncclUint8, 0, link.comm, link.stream);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      ncclGroupEnd();
+      TANDEM_NCCL_CHECK(rc);
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (ended != ncclSuccess && ended != ncclInProgress) TANDEM_NCCL_CHECK(ended);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const auto& [edge, link] : links) {
+    const std::string what = absl::StrCat("first transfer over the link from rank ", edge.first,
+                                          " to rank ", edge.second);
+    TANDEM_RETURN_IF_ERROR(WaitUntilReady(link.comm, deadline, what));
+    while (true) {
+      const cudaError_t done = cudaStreamQuery(link.stream);
+      if (done == cudaSuccess) break;
+      if (done != cudaErrorNotReady) TANDEM_CUDA_CHECK(done);
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(what, ": not finished"));
+      }
+      std::this_thread::sleep_for(kPollPause);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status NcclCommunicator::ConnectPeers(const std::vector<int>& peers) {
   State& state = *state_;
   TANDEM_RETURN_IF_ERROR(state.Usable("connect peers"));
@@ -817,6 +867,7 @@ absl::Status NcclCommunicator::ConnectPeers(const std::vector<int>& peers) {
         absl::StrCat("ncclCommInitRankConfig (link from rank ", edge.first, " to rank ",
                      edge.second, " of ", n, ")")));
   }
+  TANDEM_RETURN_IF_ERROR(ConnectLinks(made, me, state.options.timeout));
   std::lock_guard<std::mutex> lock(state.mu);
   state.links = std::move(made);
   made.clear();
@@ -1089,13 +1140,31 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   // non-blocking communicator): the communicator is safe to shrink once it is done.
   if (revoked) WaitWhileInProgress(parent, absl::Now() + state_->options.timeout);
   std::vector<int> exclude = dead_ranks;
-  ncclComm_t new_comm = nullptr;
   ncclConfig_t config = Config(*state_);
+  // On a non-blocking communicator NCCL answers at once and writes the new communicator into
+  // `*slot` when its background job finishes (null until then), which the parent's state says:
+  // wait for the parent first (as for a split), then for the child. The slot is on the heap
+  // and left there if the job outlives the deadline, so a late write lands nowhere harmful.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
   TANDEM_NCCL_CHECK(ncclCommShrink(parent, exclude.data(), static_cast<int>(exclude.size()),
-                                   &new_comm, &config,
+                                   slot.get(), &config,
                                    revoked ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
-  TANDEM_RETURN_IF_ERROR(WaitUntilReady(new_comm, absl::Now() + state_->options.timeout,
-                                        "ncclCommShrink"));
+  const absl::Time deadline = absl::Now() + state_->options.timeout;
+  // A revoked parent reports its revocation, not success: wait only while it is in progress.
+  WaitWhileInProgress(parent, deadline);
+  ncclResult_t parent_state = ncclInProgress;
+  ncclCommGetAsyncError(parent, &parent_state);
+  if (parent_state == ncclInProgress) {
+    slot.release();  // the job may still write into it
+    return absl::DeadlineExceededError("ncclCommShrink: still in progress");
+  }
+  const ncclComm_t new_comm = *slot;
+  if (new_comm == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        "ncclCommShrink gave no communicator (the parent's state: ",
+        ncclGetErrorString(parent_state), ")"));
+  }
+  TANDEM_RETURN_IF_ERROR(WaitUntilReady(new_comm, deadline, "ncclCommShrink"));
   TANDEM_ASSIGN_OR_RETURN(auto child, ChildState(*state_, std::move(cpu)));
   child->comm = new_comm;
   child->StartWatchdog();
