@@ -16,6 +16,7 @@
 #include "runtime/grad_sync.h"
 #include "runtime/optimizer.h"
 #include "runtime/torch/device_ops.h"
+#include "runtime/torch/fused_ops.h"
 
 ABSL_FLAG(int, steps, 10,
           "train: the run's last iteration, counted from 1 (a resumed run goes on to it; the "
@@ -98,6 +99,11 @@ ABSL_FLAG(double, startup_timeout, 60,
 ABSL_FLAG(std::string, precision, "",
           "train: arithmetic of the forward computation: bf16 (autocast; float32 master "
           "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
+ABSL_FLAG(std::string, fused_kernels, "on",
+          "train: on: the language models' fused CUDA kernels where this build has them (the "
+          "token cross-entropy over bf16 logits in two passes, the LM head's output rows "
+          "padded to aligned strides, the residual add with the layer norm after it); off: "
+          "LibTorch's operations, as on the CPU (for comparisons). No effect on the CPU");
 ABSL_FLAG(bool, libtorch_device_ops, false,
           "train: CPU stages run gradient averaging and the optimizer as LibTorch tensor "
           "operations, as CUDA stages always do (default: the runtime's vectorised loops)");
@@ -243,6 +249,13 @@ absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
     if (!parsed.ok()) return Annotate(parsed.status(), "--precision");
     o.precision = *parsed;
   }
+  const std::string fused = absl::GetFlag(FLAGS_fused_kernels);
+  if (fused != "on" && fused != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fused-kernels: '", fused, "' is neither on nor off"));
+  }
+  o.fused_kernels = fused == "on";
+  runtime::libtorch::SetFusedKernelsEnabled(o.fused_kernels);
   o.libtorch_device_ops = absl::GetFlag(FLAGS_libtorch_device_ops);
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   if (o.peak_tflops < 0) return absl::InvalidArgumentError("--peak-tflops must not be negative");
@@ -293,7 +306,8 @@ absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
 }
 
 std::vector<std::string> TrainOptionFlagNames() {
-  return {"steps", "seed", "device", "precision", "libtorch_device_ops", "peak_tflops",
+  return {"steps", "seed", "device", "precision", "fused_kernels", "libtorch_device_ops",
+          "peak_tflops",
           "optimizer", "lr", "warmup_steps", "decay_steps", "min_lr", "momentum",
           "weight_decay", "clip_norm", "grad_sync", "grad_comm", "bucket_mb",
           "microbatch_size", "global_batch", "tensor_parallel", "sequence_parallel",

@@ -42,6 +42,7 @@ struct TrainOptions {
   int64_t steps = 0;  // the run's last iteration, counted from 1 (a resume goes on to it)
   torch::Device device = torch::kCPU;  // this rank's (cuda: the node's GPUs in turn)
   runtime::libtorch::Precision precision = runtime::libtorch::Precision::kFloat32;
+  bool fused_kernels = true;  // --fused-kernels (runtime/torch/fused_ops.h), process-wide
   bool libtorch_device_ops = false;
   double peak_tflops = 0;  // 0: from the table of known GPUs
   runtime::EngineOptions engine;

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ATen.h>
 
+#include "runtime/torch/fused_ops.h"
 #include "runtime/torch/precision.h"
 
 namespace tandem::runtime::libtorch {
@@ -63,6 +64,28 @@ torch::Tensor Lower(const torch::Tensor& t, torch::ScalarType type) {
   return t.to(type);
 }
 
+// x W^T (+ b) written into the first columns of a [rows, padded] buffer: a view whose rows lie
+// `padded` elements apart. Saves what LinearForward saves.
+torch::Tensor PaddedProduct(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                            const torch::Tensor& weight_compute, const torch::Tensor& weight,
+                            const torch::Tensor& bias, const torch::Tensor& bias_compute,
+                            int64_t padded) {
+  const int64_t columns = weight.size(0);
+  const torch::Tensor rows = Rows(x);
+  torch::Tensor out =
+      torch::empty({rows.size(0), padded}, rows.options()).narrow(1, 0, columns);
+  if (bias.defined()) {
+    ctx->save_for_backward({x, weight_compute, weight, bias});
+    at::addmm_out(out, bias_compute.to(out.scalar_type()), rows, weight_compute.t());
+  } else {
+    ctx->save_for_backward({x, weight_compute, weight});
+    at::mm_out(out, rows, weight_compute.t());
+  }
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = columns;
+  return out.view(shape);
+}
+
 // y = x W^T (+ b). Under autocast the layer casts its operands itself, as autocast would, and
 // keeps the cast copies for the backward: autograd's own linear keeps autocast's bfloat16
 // copies of the input and weight, where keeping the float32 originals made every backward
@@ -73,7 +96,8 @@ torch::Tensor Lower(const torch::Tensor& t, torch::ScalarType type) {
 // weight. Saved: the input and weight as computed with, the weight itself (whose gradient W
 // adds to) and the bias.
 torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                            const torch::Tensor& weight, const torch::Tensor& bias) {
+                            const torch::Tensor& weight, const torch::Tensor& bias,
+                            int64_t pad_columns) {
   torch::Tensor x_compute = x, weight_compute = weight, bias_compute = bias;
   if (const std::optional<torch::ScalarType> type = AutocastMatmulType(x.device())) {
     x_compute = Lower(x, *type);
@@ -81,6 +105,11 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
     bias_compute = Lower(bias, *type);
   }
   ctx->saved_data["input_type"] = static_cast<int64_t>(x.scalar_type());
+  const int64_t columns = weight.size(0);
+  if (pad_columns > 1 && columns % pad_columns != 0 && x.is_cuda() && x.numel() > 0) {
+    return PaddedProduct(ctx, x_compute, weight_compute, weight, bias, bias_compute,
+                         (columns + pad_columns - 1) / pad_columns * pad_columns);
+  }
   if (bias.defined()) {
     ctx->save_for_backward({x_compute, weight_compute, weight, bias});
     // at::linear, not torch::nn::functional::linear: the latter is a matmul and a separate
@@ -138,23 +167,27 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
 
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor weight, torch::Tensor bias) {
-    return LinearForward(ctx, x, weight, bias);
+                               torch::Tensor weight, torch::Tensor bias, int64_t pad_columns) {
+    return LinearForward(ctx, x, weight, bias, pad_columns);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return LinearBackward(ctx, grads[0], /*has_bias=*/true);
+    torch::autograd::variable_list result = LinearBackward(ctx, grads[0], /*has_bias=*/true);
+    result.emplace_back();  // pad_columns
+    return result;
   }
 };
 
 struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor weight) {
-    return LinearForward(ctx, x, weight, torch::Tensor());
+                               torch::Tensor weight, int64_t pad_columns) {
+    return LinearForward(ctx, x, weight, torch::Tensor(), pad_columns);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return LinearBackward(ctx, grads[0], /*has_bias=*/false);
+    torch::autograd::variable_list result = LinearBackward(ctx, grads[0], /*has_bias=*/false);
+    result.emplace_back();  // pad_columns
+    return result;
   }
 };
 
@@ -162,8 +195,15 @@ struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunct
 
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias) {
-  if (!bias.defined()) return LinearNoBiasFunction::apply(x, weight);
-  return LinearFunction::apply(x, weight, bias);
+  if (!bias.defined()) return LinearNoBiasFunction::apply(x, weight, int64_t{0});
+  return LinearFunction::apply(x, weight, bias, int64_t{0});
+}
+
+torch::Tensor DeferrableLinearPadded(const torch::Tensor& x, const torch::Tensor& weight,
+                                     const torch::Tensor& bias) {
+  const int64_t pad = FusedKernelsEnabled() ? kPaddedColumns : 0;
+  if (!bias.defined()) return LinearNoBiasFunction::apply(x, weight, pad);
+  return LinearFunction::apply(x, weight, bias, pad);
 }
 
 void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,

@@ -24,8 +24,11 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/fused_layer_norm.h"
+#include "runtime/torch/fused_ops.h"
 #include "runtime/torch/kv_cache.h"
 #include "runtime/torch/lm_parts.h"
+#include "runtime/torch/precision.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -181,6 +184,7 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public Increment
   torch::Tensor forward(torch::Tensor x) {
     if (tp_.sequence_split()) return ForwardSequenceParallel(x);
     if (tp_.enabled()) return ForwardTensorParallel(x);
+    if (x.is_cuda() && FusedKernelsEnabled()) return ForwardFused(x);
     const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
     const int64_t heads = config_.heads, head_dim = hidden / heads;
     // [b, S, 3H] -> [3, b, A, S, hd]
@@ -239,6 +243,27 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public Increment
   torch::nn::Linear qkv{nullptr}, attention_out{nullptr}, mlp_in{nullptr}, mlp_out{nullptr};
 
  private:
+  // forward() with the fused kernels (fused_layer_norm.h): each layer norm writes its output
+  // in the products' type (bf16 under autocast) in the pass that reads its input, and the
+  // attention's residual add is the MLP's layer norm's first step.
+  torch::Tensor ForwardFused(const torch::Tensor& x) {
+    const int64_t batch = x.size(0), length = x.size(1), hidden = x.size(2);
+    const int64_t heads = config_.heads, head_dim = hidden / heads;
+    const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
+    const ResidualNorm first =
+        ResidualLayerNorm(x, torch::Tensor(), attention_norm->weight, attention_norm->bias,
+                          attention_norm->options.eps(), type);
+    const std::vector<torch::Tensor> split = Apply(qkv, first.normed)
+                                                 .view({batch, length, 3, heads, head_dim})
+                                                 .permute({2, 0, 3, 1, 4})
+                                                 .unbind(0);
+    const torch::Tensor attended = Attend(split[0], split[1], split[2], head_dim);
+    const ResidualNorm second = ResidualLayerNorm(
+        x, Apply(attention_out, attended.transpose(1, 2).reshape({batch, length, hidden})),
+        mlp_norm->weight, mlp_norm->bias, mlp_norm->options.eps(), type);
+    return second.sum + Apply(mlp_out, torch::gelu(Apply(mlp_in, second.normed)));
+  }
+
   torch::Tensor Attend(const torch::Tensor& query, const torch::Tensor& key,
                        const torch::Tensor& value, int64_t head_dim) const {
     if (fused_) {
@@ -347,6 +372,14 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl>, public Incremental
                                                        tp_));
     }
     if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));
+    if (x.is_cuda() && FusedKernelsEnabled()) {
+      const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
+      return DeferrableLinearPadded(
+          ResidualLayerNorm(x, torch::Tensor(), norm->weight, norm->bias, norm->options.eps(),
+                            type)
+              .normed,
+          lm_head->weight, torch::Tensor());
+    }
     return Apply(lm_head, norm(x));
   }
 
@@ -493,11 +526,8 @@ ModelSpec GptModelSpec(const GptConfig& config) {
     model.split_pass_costs = {blocks * (24.0 * h * h + 4.0 * h * s_len) + head,
                               blocks * (24.0 * h * h + 8.0 * h * s_len) + head,
                               blocks * 24.0 * h * h + head};
-    const int64_t vocab = config.vocab;
-    model.loss = [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
-      return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),
-                                                  targets.reshape({-1}));
-    };
+    model.loss = TokenCrossEntropyLoss;
+    model.loss_takes_compute_type = true;
     const int last = static_cast<int>(config.layers) + 1;
     model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
                                                      int first,

@@ -19,7 +19,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "runtime/torch/fused_layer_norm.h"
+#include "runtime/torch/fused_ops.h"
 #include "runtime/torch/kv_cache.h"
+#include "runtime/torch/precision.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -300,6 +303,18 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public Increme
 
   torch::Tensor forward(torch::Tensor x) {
     if (tp_.enabled()) return ForwardTensorParallel(x);
+    if (x.is_cuda() && FusedKernelsEnabled()) {
+      // The layer norms write the products' type in the pass that reads their input; the
+      // attention's residual add is ln_2's first step (fused_layer_norm.h).
+      const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
+      const torch::Tensor normed =
+          ResidualLayerNorm(x, torch::Tensor(), ln_1->weight, ln_1->bias,
+                            ln_1->options.eps(), type)
+              .normed;
+      const ResidualNorm second = ResidualLayerNorm(x, attn(normed), ln_2->weight, ln_2->bias,
+                                                    ln_2->options.eps(), type);
+      return second.sum + mlp(second.normed);
+    }
     x = x + attn(ln_1(x));
     return x + mlp(ln_2(x));
   }
@@ -566,6 +581,7 @@ ModelSpec Gpt2ModelSpec(const Gpt2Config& config) {
                               blocks * (products + 2.0 * attention) + head,
                               blocks * products + head};
     model.loss = TokenCrossEntropy(config.vocab);
+    model.loss_takes_compute_type = true;
     model.tied_weights = Gpt2TiedWeights(config);
     const int last = static_cast<int>(config.layers) + 1;
     model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,

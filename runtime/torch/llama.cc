@@ -21,8 +21,11 @@
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/fused_layer_norm.h"
+#include "runtime/torch/fused_ops.h"
 #include "runtime/torch/kv_cache.h"
 #include "runtime/torch/parallel_linear.h"
+#include "runtime/torch/precision.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -47,6 +50,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
     return scale * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
   }
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
@@ -334,6 +338,18 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   torch::Tensor forward(torch::Tensor x) {
     if (tp_.sequence_split()) return ForwardSequenceParallel(x);
     const auto [cos, sin] = Angles(x.size(1), x);
+    if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled()) {
+      // The norms write the products' type in the pass that reads their input; the
+      // attention's residual add is the second norm's first step (fused_layer_norm.h).
+      const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
+      const torch::Tensor normed = ResidualRmsNorm(x, torch::Tensor(), input_layernorm->weight,
+                                                   input_layernorm->eps(), type)
+                                       .normed;
+      const ResidualNorm second =
+          ResidualRmsNorm(x, self_attn->forward(normed, cos, sin),
+                          post_attention_layernorm->weight, post_attention_layernorm->eps(), type);
+      return second.sum + mlp(second.normed);
+    }
     x = x + self_attn->forward(input_layernorm(x), cos, sin);
     return x + mlp(post_attention_layernorm(x));
   }
@@ -725,6 +741,7 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
                               blocks * (products + 2.0 * attention) + head,
                               blocks * products + head};
     model.loss = TokenCrossEntropy(config.vocab);
+    model.loss_takes_compute_type = true;
     const int last = static_cast<int>(config.layers) + 1;
     model.shard_for_tensor_parallel = [config, last](std::vector<torch::nn::AnyModule>& layers,
                                                      int first,

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/torch/deferred_linear.h"
+#include "runtime/torch/fused_ops.h"
 
 namespace tandem::runtime::libtorch {
 
@@ -63,7 +64,7 @@ torch::Tensor LmHeadImpl::forward(const torch::Tensor& x) {
                                                    : x;
   // A shared weight's gradient is left to autograd, which adds it to the embedding's.
   if (shared_.defined()) return torch::linear(input, shared_);
-  return DeferrableLinear(input, weight, torch::Tensor());
+  return DeferrableLinearPadded(input, weight, torch::Tensor());
 }
 
 void LmHeadImpl::ShardForTensorParallel(const TensorParallel& tp) {
@@ -82,12 +83,7 @@ void LmHeadImpl::UseSharedWeight(const torch::Tensor& shared) {
   shared_ = shared;
 }
 
-LossFunction TokenCrossEntropy(int64_t vocab) {
-  return [vocab](const torch::Tensor& logits, const torch::Tensor& targets) {
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}),
-                                                targets.reshape({-1}));
-  };
-}
+LossFunction TokenCrossEntropy(int64_t /*vocab*/) { return TokenCrossEntropyLoss; }
 
 LmHeadImpl* FindLmHead(const torch::nn::AnyModule& layer) {
   if (layer.is_empty()) return nullptr;

@@ -70,6 +70,10 @@ struct LayeredModel {
   // zero: unknown (planned as equal).
   std::array<double, 3> split_pass_costs{};
   LossFunction loss;
+  // Whether `loss` takes the last layer's output in the type it was computed in (bfloat16
+  // under autocast) and works in float32 itself (TokenCrossEntropyLoss: without a float32 copy
+  // of the logits). Otherwise the runtime hands it the output converted to float32.
+  bool loss_takes_compute_type = false;
   // Tensor parallelism (runtime/torch/tensor_parallel.h), for models that have a sharded form:
   // replaces `layers`, clones of layers [first, first + layers.size()), by this rank's shards
   // for `tp` (the layers keep `tp`'s address: it must outlive them); InvalidArgument when a

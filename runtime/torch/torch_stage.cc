@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
                                                            const torch::Tensor& targets) {
       return loss(output, targets, *tp);
     };
+    stage->loss_takes_compute_type_ = false;
   }
   for (auto& [name, parameter] : stage->parameters_) {
     if (parameter.scalar_type() != torch::kFloat32 || !parameter.is_contiguous()) {
@@ -244,6 +245,7 @@ TorchStage::TorchStage(const LayeredModel& model, std::shared_ptr<const Dataset>
       is_last_(options_.end_layer == model.num_layers()),
       data_(std::move(data)),
       loss_(model.loss),
+      loss_takes_compute_type_(model.loss_takes_compute_type),
       layers_(std::move(layers)),
       parameters_(NamedLayerParameters(layers_, options_.first_layer)),
       loss_scale_(1.0 / (options_.loss_microbatches > 0
@@ -437,7 +439,10 @@ torch::Tensor TorchStage::RunSegment(const Segment& segment, torch::Tensor input
     }
   }
   // The loss in float32, from float32 logits (a no-op conversion in float32 runs).
-  if (segment.computes_loss) input = loss_(input.to(torch::kFloat32), targets) * loss_scale_;
+  if (segment.computes_loss) {
+    input = loss_(loss_takes_compute_type_ ? input : input.to(torch::kFloat32), targets) *
+            loss_scale_;
+  }
   return input;
 }
 

@@ -206,6 +206,7 @@ class TorchStage final : public Stage, private GradientWriter {
   bool is_last_ = false;
   std::shared_ptr<const Dataset> data_;
   LossFunction loss_;
+  bool loss_takes_compute_type_ = false;
   std::vector<torch::nn::AnyModule> layers_;
   // Tensor parallelism: which parameters are whole, and where each shard's elements sit.
   TensorParallelLayout tensor_parallel_;
