@@ -11,9 +11,15 @@
 #
 #   bench/gpu/gpt_gpu_bench.sh [BUILD_DIR] [OUT_DIR]
 #
-# Environment: STEPS (default 10), SHAPES ("small medium"), MODES (PyTorch's, default
-# "eager-fp32,eager-bf16,compile-bf16"; eager-bf16 is the reference), RUNS (which tandem rows,
-# by number from 1, default all), PYTHON (python3), MPIRUN (mpirun),
+# Each shape runs at each vocabulary of VOCABS (default GPT-2's 50257; 50304 is it padded to a
+# multiple of 64, as llm.c, nanoGPT and Megatron-LM train it); the tensor-parallel rows need an
+# even one. The tandem rows: 1 rank bf16 (fused kernels, runtime/torch/fused_ops.h), 1 rank
+# bf16 with LibTorch's operations instead (--fused-kernels off), 1 rank fp32, 4 ranks 1F1B on
+# the one GPU, TP=2 and TP=2 + SP on the one GPU.
+#
+# Environment: STEPS (default 10), SHAPES ("small medium"), VOCABS ("50257"), MODES
+# (PyTorch's, default "eager-fp32,eager-bf16,compile-bf16"; eager-bf16 is the reference), RUNS
+# (which tandem rows, by number from 1, default all), PYTHON (python3), MPIRUN (mpirun),
 # and LD_LIBRARY_PATH as the build needs (e.g. where a locally unpacked Abseil lives).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,22 +58,26 @@ summary() {
 
 printf "%-7s %-36s %12s %7s %12s %9s %9s\n" shape run tokens/s MFU% "peak mem" "vs bf16" \
   "sim/meas"
-for shape in ${SHAPES:-small medium}; do
-  read -r layers hidden heads <<<"$(shape_flags "$shape")"
-  model=(--layers "$layers" --hidden "$hidden" --heads "$heads" --seq-len 1024 --vocab 50257)
+for shape_name in ${SHAPES:-small medium}; do
+ for vocab in ${VOCABS:-50257}; do
+  read -r layers hidden heads <<<"$(shape_flags "$shape_name")"
+  shape="$shape_name"
+  [ "$vocab" = 50257 ] || shape="${shape_name}/$vocab"
+  tag_shape="${shape_name}_$vocab"
+  model=(--layers "$layers" --hidden "$hidden" --heads "$heads" --seq-len 1024 --vocab "$vocab")
   # Plain PyTorch first: its eager bf16 figure is the reference for the ratios.
   "$python" bench/gpu/pytorch_gpt_bench.py --layers "$layers" --hidden "$hidden" \
-      --heads "$heads" --seq-len 1024 --vocab 50257 --batch 16 --steps "$steps" \
+      --heads "$heads" --seq-len 1024 --vocab "$vocab" --batch 16 --steps "$steps" \
       --modes "${MODES:-eager-fp32,eager-bf16,compile-bf16}" \
-      >"$out/pytorch_$shape.jsonl" 2>"$out/pytorch_$shape.log" || true
+      >"$out/pytorch_$tag_shape.jsonl" 2>"$out/pytorch_$tag_shape.log" || true
   reference=$("$python" -c '
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if r.get("mode") == "eager-bf16" and "tokens_per_second" in r:
-        print(r["tokens_per_second"])' "$out/pytorch_$shape.jsonl")
+        print(r["tokens_per_second"])' "$out/pytorch_$tag_shape.jsonl")
   reference=${reference:-0}
-  "$python" - "$out/pytorch_$shape.jsonl" "$shape" "$reference" <<'PY'
+  "$python" - "$out/pytorch_$tag_shape.jsonl" "$shape" "$reference" <<'PY'
 import json, sys
 path, shape, reference = sys.argv[1], sys.argv[2], float(sys.argv[3])
 for line in open(path):
@@ -81,19 +91,19 @@ for line in open(path):
     ratio = f"{r['tokens_per_second'] / reference:.2f}x" if reference > 0 else "-"
     print(f"{shape:<7} {name:<36} {r['tokens_per_second']:12.0f} {mfu:>7} {mem:>12} {ratio:>9}")
 PY
-  # The tensor-parallel rows shard the vocabulary, so they take GPT-2's vocabulary padded to a
-  # multiple of 64 (50304, as Megatron-LM and nanoGPT do), beside a 1-rank row of that shape.
+  # The tensor-parallel rows shard the vocabulary: they run where it is even (50304).
   number=0
   for run in "1|1 rank bf16|--schedule gpipe --stages 1 --microbatches 1" \
+             "1|1 rank bf16 eager kernels|--schedule gpipe --stages 1 --microbatches 1 --fused-kernels off" \
              "1|1 rank fp32|--schedule gpipe --stages 1 --microbatches 1 --precision fp32" \
              "4|4 ranks 1f1b bf16 (1 GPU)|--schedule 1f1b --stages 4 --microbatches 8" \
-             "1|1 rank bf16 V=50304|--schedule gpipe --stages 1 --microbatches 1 --vocab 50304" \
-             "2|2 ranks TP=2 bf16 V=50304 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --vocab 50304" \
-             "2|2 ranks TP=2+SP bf16 V=50304 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --sequence-parallel --vocab 50304"; do
+             "2|2 ranks TP=2 bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2" \
+             "2|2 ranks TP=2+SP bf16 (1 GPU)|--schedule gpipe --stages 1 --microbatches 1 --tensor-parallel 2 --sequence-parallel"; do
     number=$((number + 1))
     case " ${RUNS:-1 2 3 4 5 6} " in *" $number "*) ;; *) continue ;; esac
     IFS='|' read -r ranks label flags <<<"$run"
-    tag="${shape}_np${ranks}_$(echo "$label" | tr -c 'A-Za-z0-9=+\n' '_')"
+    if [ "$ranks" = 2 ] && [ $((vocab % 2)) = 1 ]; then continue; fi
+    tag="${tag_shape}_np${ranks}_$(echo "$label" | tr -c 'A-Za-z0-9=+\n' '_')"
     # shellcheck disable=SC2086
     "$mpirun" -np "$ranks" --bind-to none -x LD_LIBRARY_PATH "$bin" train "${model[@]}" \
         --device cuda --global-batch 16 --steps "$steps" --optimizer adamw $flags \
@@ -108,4 +118,5 @@ PY
     printf "%-7s %-36s %12s %7s %12s %9s %9s\n" "$shape" "tandem $label" "$tokens" "$mfu" \
       "$peak" "$ratio" "${simulated:--}"
   done
+ done
 done

@@ -19,8 +19,10 @@
 #
 #   bench/gpu/gpu_checks.sh [BUILD_DIR] [OUT_DIR]
 #
-# Environment: NCCL_PREFIX and NCCL_SOURCE (above); SECTIONS (default "cuda elastic cli
-# shared_gpu gpt_bench traces"); STEPS (default 6) and SHAPES (default small) for the benches;
+# Environment: NCCL_PREFIX and NCCL_SOURCE (above); SECTIONS (default "fused cuda elastic cli
+# shared_gpu gpt_bench traces"; fused: the fused kernels against LibTorch's compositions);
+# TEST_TIMEOUT (seconds a test may take, default 600) and TEST_JOBS (tests run at once, default
+# 1); STEPS (default 6), SHAPES (default small) and VOCABS (default 50257) for the benches;
 # LD_LIBRARY_PATH as the build needs (it is passed to the ranks).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,7 +43,9 @@ step() {  # name command...
   echo "== $name: exit $rc in $((SECONDS - start)) s"
 }
 
-sections=" ${SECTIONS:-cuda elastic cli shared_gpu gpt_bench traces} "
+sections=" ${SECTIONS:-fused cuda elastic cli shared_gpu gpt_bench traces} "
+timeout="${TEST_TIMEOUT:-600}"
+jobs="${TEST_JOBS:-1}"
 wanted() { case "$sections" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ -n "${NCCL_PREFIX:-}" ] && [ -n "${NCCL_SOURCE:-}" ] &&
    [ ! -f "$NCCL_PREFIX/lib/libnccl.so.2" ]; then
@@ -58,8 +62,11 @@ fi
 export LD_PRELOAD="${LD_PRELOAD:-}"
 
 step gpus nvidia-smi -L
+if wanted fused; then
+  step fused_tests bash -c "cd '$build' && ctest --output-on-failure --timeout $timeout -R 'fused'"
+fi
 if wanted cuda; then
-  step cuda_tests bash -c "cd '$build' && ctest --output-on-failure --timeout 600 \
+  step cuda_tests bash -c "cd '$build' && ctest --output-on-failure --timeout $timeout -j $jobs \
     -R 'nccl|host_staged|torch_cuda|device_ops|torch_tensor_parallel|equivalence_cuda'"
   step tensor_parallel_cuda "$build/tests/runtime/runtime_tensor_parallel_test" \
     "$build/bin/tandem" --gtest_filter='*Cuda*'
@@ -69,14 +76,14 @@ if wanted elastic; then
     --gtest_filter='*Cuda*'
 fi
 if wanted cli; then
-  step train_cli bash -c "cd '$build' && ctest --output-on-failure --timeout 300 -R train_cli"
+  step train_cli bash -c "cd '$build' && ctest --output-on-failure --timeout $timeout -R train_cli"
 fi
 if wanted shared_gpu; then
   step shared_gpu_comm env STEPS="${STEPS:-6}" bench/gpu/shared_gpu_comm_bench.sh "$build" \
     "$out/shared_gpu_comm"
 fi
 if wanted gpt_bench; then
-  step gpt_bench env STEPS="${STEPS:-6}" SHAPES="${SHAPES:-small}" \
+  step gpt_bench env STEPS="${STEPS:-6}" SHAPES="${SHAPES:-small}" VOCABS="${VOCABS:-50257}" \
     bench/gpu/gpt_gpu_bench.sh "$build" "$out/gpt"
 fi
 if wanted traces; then
