@@ -101,8 +101,8 @@ ABSL_FLAG(std::string, precision, "",
           "weights, gradients and loss) or fp32 (default: bf16 on CUDA, fp32 on the CPU)");
 ABSL_FLAG(std::string, fused_kernels, "on",
           "train: on: the language models' fused CUDA kernels where this build has them (the "
-          "token cross-entropy over bf16 logits in two passes, the LM head's output rows "
-          "padded to aligned strides, the residual add with the layer norm after it); off: "
+          "token cross-entropy over bf16 logits in two passes, the LM head's products padded "
+          "to a multiple of 64 words, the residual add with the layer norm after it); off: "
           "LibTorch's operations, as on the CPU (for comparisons). No effect on the CPU");
 ABSL_FLAG(bool, libtorch_device_ops, false,
           "train: CPU stages run gradient averaging and the optimizer as LibTorch tensor "

@@ -40,15 +40,21 @@ void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias);
 
-// DeferrableLinear whose output rows lie a multiple of kPaddedColumns (fused_ops.h) elements
-// apart on CUDA, where the fused kernels are on and the output's width is not such a multiple
-// (the output is then a view of a wider buffer). A matrix product whose leading dimension is
-// not a multiple of 16 bytes falls to slow kernels: GPT-2's LM head over 50,257 words took
-// 30 ms of an 85 ms step on an H200 in its three products, which now read and write aligned
-// rows (the gradient too, where the loss keeps the stride: TokenCrossEntropyLoss does). The
-// values are those of DeferrableLinear.
+// DeferrableLinear computed over a multiple of kPaddedColumns (fused_ops.h) output features on
+// CUDA where the fused kernels are on and the output's width is not such a multiple: the
+// weight (and bias) get zero rows appended for the products, and the output is the first
+// columns of the wider result (a view whose rows lie the padded width apart). cuBLAS runs a
+// product with an odd dimension on a slow kernel: GPT-2's LM head over 50,257 words. The
+// backward's products run over the padded width too: a gradient whose rows already lie that
+// far apart is taken to be a view of a buffer it owns whole (TokenCrossEntropyLoss writes its
+// gradient so) and widened in place, its padding zeroed; any other is copied padded. The
+// values are DeferrableLinear's within float rounding. Elsewhere it is DeferrableLinear.
 torch::Tensor DeferrableLinearPadded(const torch::Tensor& x, const torch::Tensor& weight,
                                      const torch::Tensor& bias);
+// The same on any device, padded to a multiple of `multiple` (what DeferrableLinearPadded runs
+// on CUDA; tests run it on the CPU).
+torch::Tensor DeferrableLinearPaddedTo(const torch::Tensor& x, const torch::Tensor& weight,
+                                       const torch::Tensor& bias, int64_t multiple);
 
 // One micro-batch's deferred weight gradients.
 class DeferredWeightGrads {
@@ -60,6 +66,9 @@ class DeferredWeightGrads {
 
   struct Record {
     torch::Tensor input, grad_output, weight, bias;
+    // > 0: a padded product's (DeferrableLinearPadded): grad_output is [rows, padded] with
+    // zeros beyond the weight's `columns` rows.
+    int64_t columns = 0;
   };
   void Add(Record record) { records_.push_back(std::move(record)); }
 

@@ -24,9 +24,9 @@ void SetFusedKernelsEnabled(bool enabled);
 // stride; elsewhere cross_entropy of the logits converted to float32.
 torch::Tensor TokenCrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 
-// Columns of a matrix product's output are padded to a multiple of this many elements where
-// the output's width is not one (LM heads over GPT-2's 50,257 words): see
-// DeferrableLinearPadded in deferred_linear.h.
+// An LM head's products run over a multiple of this many output features where the
+// vocabulary is not one (GPT-2's 50,257 words): see DeferrableLinearPadded in
+// deferred_linear.h.
 constexpr int64_t kPaddedColumns = 64;
 
 }  // namespace tandem::runtime::libtorch

@@ -4,6 +4,7 @@
 // recomputation, with full or split (zero-bubble) backward, and with data-parallel replicas.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -334,6 +335,69 @@ TEST(DeferrableLinearTest, WeightsThatAreNotParametersGetTheirGradientsThroughAu
     const torch::Tensor got = gradient(mode);
     ASSERT_TRUE(got.defined()) << "mode " << mode;
     EXPECT_TRUE(torch::equal(got, want)) << "mode " << mode;
+  }
+}
+
+// A product padded to a multiple of 64 output features (the LM head over GPT-2's 50,257
+// words on a GPU; run here on the CPU): its output, the input's gradient and the weight's and
+// bias's gradients equal the plain layer's, with the gradient given as a view of a padded
+// buffer (what the fused loss hands back: widened in place, garbage in its padding ignored) or
+// as a contiguous tensor (copied padded), outside a scope, inside one, and deferred to W.
+TEST(DeferrableLinearTest, PaddedProductsEqualThePlainLayer) {
+  torch::manual_seed(11);
+  constexpr int64_t kRows = 6, kIn = 8, kOut = 101, kPadded = 128;
+  const torch::Tensor x0 = torch::randn({2, kRows / 2, kIn});
+  const torch::Tensor w0 = torch::randn({kOut, kIn});
+  const torch::Tensor b0 = torch::randn({kOut});
+  const torch::Tensor upstream = torch::randn({2, kRows / 2, kOut});
+  struct Result {
+    torch::Tensor y, x_grad, w_grad, b_grad;
+  };
+  // mode 0: no scope, 1: a scope, 2: a deferring scope; strided: the gradient as a padded view.
+  auto run = [&](bool padded, bool with_bias, int mode, bool strided) {
+    const torch::Tensor x = x0.clone().requires_grad_(true);
+    const torch::Tensor w = w0.clone().requires_grad_(true);
+    const torch::Tensor b = with_bias ? b0.clone().requires_grad_(true) : torch::Tensor();
+    if (mode > 0) {
+      w.mutable_grad() = torch::zeros_like(w);
+      if (with_bias) b.mutable_grad() = torch::zeros_like(b);
+    }
+    const torch::Tensor y = padded ? DeferrableLinearPaddedTo(x, w, b, 64)
+                                   : DeferrableLinear(x, w, b);
+    torch::Tensor grad = upstream;
+    if (strided) {
+      // NaN beyond the gradient: the padding must be zeroed before the products read it.
+      torch::Tensor buffer =
+          torch::full({2, kRows / 2, kPadded}, std::numeric_limits<float>::quiet_NaN());
+      buffer.narrow(2, 0, kOut).copy_(upstream);
+      grad = buffer.narrow(2, 0, kOut);
+    }
+    DeferredWeightGrads deferred;
+    {
+      std::optional<LinearGradScope> scope;
+      if (mode > 0) scope.emplace(nullptr, mode == 2 ? &deferred : nullptr);
+      y.backward(grad);
+    }
+    EXPECT_EQ(deferred.empty(), mode != 2);
+    deferred.Apply();
+    return Result{y.detach(), x.grad(), w.grad(), with_bias ? b.grad() : torch::Tensor()};
+  };
+  for (const bool with_bias : {false, true}) {
+    const Result want = run(/*padded=*/false, with_bias, 0, false);
+    for (int mode : {0, 1, 2}) {
+      for (const bool strided : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "bias " << with_bias << " mode " << mode
+                                          << " strided " << strided);
+        const Result got = run(/*padded=*/true, with_bias, mode, strided);
+        EXPECT_EQ(got.y.stride(1), kPadded) << "rows not padded";
+        EXPECT_LT(RelativeError(got.y, want.y), 1e-5);
+        EXPECT_LT(RelativeError(got.x_grad, want.x_grad), 1e-5);
+        EXPECT_LT(RelativeError(got.w_grad, want.w_grad), 1e-5);
+        if (with_bias) {
+          EXPECT_LT(RelativeError(got.b_grad, want.b_grad), 1e-5);
+        }
+      }
+    }
   }
 }
 
