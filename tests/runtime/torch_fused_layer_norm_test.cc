@@ -260,21 +260,17 @@ void ExpectCaseMatches(const Case& c, torch::Device device, int64_t seed) {
   ExpectMatches(actual, expected, tolerance, tolerance);
 }
 
-Case LayerNorm(std::vector<int64_t> shape) {
+// A case of `kind` with its models' usual epsilon (GPT-2's 1e-5, Llama's 1e-6).
+Case Norm(Kind kind, std::vector<int64_t> shape) {
   Case c;
-  c.kind = Kind::kLayerNorm;
+  c.kind = kind;
   c.shape = std::move(shape);
-  c.eps = 1e-5;
+  c.eps = kind == Kind::kLayerNorm ? 1e-5 : 1e-6;
   return c;
 }
 
-Case RmsNorm(std::vector<int64_t> shape) {
-  Case c;
-  c.kind = Kind::kRmsNorm;
-  c.shape = std::move(shape);
-  c.eps = 1e-6;
-  return c;
-}
+Case LayerNorm(std::vector<int64_t> shape) { return Norm(Kind::kLayerNorm, std::move(shape)); }
+Case RmsNorm(std::vector<int64_t> shape) { return Norm(Kind::kRmsNorm, std::move(shape)); }
 
 // The same case with other types.
 Case Typed(Case c, torch::ScalarType x, torch::ScalarType delta, torch::ScalarType output) {
