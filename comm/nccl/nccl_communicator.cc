@@ -1098,13 +1098,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color,
   TANDEM_RETURN_IF_ERROR(state_->Usable("split"));
   TANDEM_ASSIGN_OR_RETURN(auto cpu, state_->cpu->Split(color, key));
   TANDEM_CUDA_CHECK(cudaSetDevice(state_->device));
-  ncclComm_t new_comm = nullptr;
   ncclConfig_t config = Config(*state_);
+  // NCCL writes the new communicator into `*slot` when its background job ends (as for a
+  // shrink, below): the slot stays on the heap if this returns before that.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
   TANDEM_NCCL_CHECK(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                                  &new_comm, &config));
-  TANDEM_RETURN_IF_ERROR(WaitUntilReady(state_->comm, absl::Now() + state_->options.timeout,
-                                        "ncclCommSplit"));
+                                  slot.get(), &config));
+  if (absl::Status ready = WaitUntilReady(state_->comm, absl::Now() + state_->options.timeout,
+                                          "ncclCommSplit");
+      !ready.ok()) {
+    slot.release();  // the job may still write into it
+    return ready;
+  }
   if (color < 0) return std::unique_ptr<Communicator>();
+  const ncclComm_t new_comm = *slot;
+  if (new_comm == nullptr) return absl::InternalError("ncclCommSplit gave no communicator");
   TANDEM_RETURN_IF_ERROR(WaitUntilReady(new_comm, absl::Now() + state_->options.timeout,
                                         "ncclCommSplit (new communicator)"));
   TANDEM_ASSIGN_OR_RETURN(auto child, ChildState(*state_, std::move(cpu)));
