@@ -20,11 +20,14 @@ torch::Tensor Rows(const torch::Tensor& t) { return t.reshape({-1, t.size(-1)});
 // weight.grad (+)= g^T x for rows g (output gradients) and x (inputs) of the compute type:
 // straight into .grad where the types agree (one GEMM, beta 0 for the first gradient and 1
 // after), else the product converted on its way in (bfloat16 products, float32 gradients).
+// A padded product's g has more columns than the weight has rows (PaddedProduct): the
+// product over all of them, cut to the weight's rows.
 void AccumulateWeightGradient(GradientWriter* writer, const torch::Tensor& weight,
                               const torch::Tensor& g, const torch::Tensor& x) {
   torch::Tensor grad = weight.grad();
   const bool first = writer != nullptr && writer->TakeFirst(weight);
-  if (grad.scalar_type() == g.scalar_type()) {
+  const bool padded = g.size(1) != grad.size(0);
+  if (grad.scalar_type() == g.scalar_type() && !padded) {
     if (first) {
       at::mm_out(grad, g.t(), x);
     } else {
@@ -32,7 +35,7 @@ void AccumulateWeightGradient(GradientWriter* writer, const torch::Tensor& weigh
     }
     return;
   }
-  const torch::Tensor product = g.t().mm(x);
+  const torch::Tensor product = g.t().mm(x).narrow(0, 0, grad.size(0));
   if (first) {
     grad.copy_(product);
   } else {
@@ -40,15 +43,17 @@ void AccumulateWeightGradient(GradientWriter* writer, const torch::Tensor& weigh
   }
 }
 
-// The bias gradient: the rows' sum, accumulated in the bias's type.
+// The bias gradient: the rows' sum (of the bias's columns, where g is padded), accumulated in
+// the bias's type.
 torch::Tensor BiasGradient(const torch::Tensor& g, const torch::Tensor& bias) {
-  return g.sum(0, /*keepdim=*/false, bias.scalar_type());
+  return g.narrow(1, 0, bias.size(0)).sum(0, /*keepdim=*/false, bias.scalar_type());
 }
 
 // bias.grad (+)= the rows' sum: the first gradient summed straight into .grad (no temporary
 // and no copy of it, one fewer kernel per layer).
 void AccumulateBiasGradient(GradientWriter* writer, const torch::Tensor& bias,
-                            const torch::Tensor& g) {
+                            const torch::Tensor& whole) {
+  const torch::Tensor g = whole.narrow(1, 0, bias.size(0));  // a padded product's columns
   torch::Tensor grad = bias.grad();
   if (writer != nullptr && writer->TakeFirst(bias)) {
     at::sum_out(grad, g, {0}, /*keepdim=*/false, grad.scalar_type());
@@ -119,20 +124,6 @@ torch::Tensor PaddedGradient(const torch::Tensor& g, int64_t padded) {
   return full;
 }
 
-// weight.grad (+)= the first `columns` rows of g_full^T x, for a padded product's output
-// gradient g_full [rows, padded] and inputs x [rows, in].
-void AccumulatePaddedWeightGradient(GradientWriter* writer, const torch::Tensor& weight,
-                                    const torch::Tensor& g_full, const torch::Tensor& x,
-                                    int64_t columns) {
-  torch::Tensor grad = weight.grad();
-  const torch::Tensor product = g_full.t().mm(x).narrow(0, 0, columns);
-  if (writer != nullptr && writer->TakeFirst(weight)) {
-    grad.copy_(product);
-  } else {
-    grad.add_(product.to(grad.scalar_type()));
-  }
-}
-
 // y = x W^T (+ b). Under autocast the layer casts its operands itself, as autocast would, and
 // keeps the cast copies for the backward: autograd's own linear keeps autocast's bfloat16
 // copies of the input and weight, where keeping the float32 originals made every backward
@@ -168,64 +159,16 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
   return at::linear(x_compute, weight_compute);
 }
 
-// LinearBackward of a padded product (PaddedProduct): the products over all `padded` columns,
-// the gradient's zero columns included, then the weight's gradient cut to its rows.
-torch::autograd::variable_list PaddedLinearBackward(torch::autograd::AutogradContext* ctx,
-                                                    const torch::Tensor& g, bool has_bias,
-                                                    int64_t padded) {
-  const auto saved = ctx->get_saved_variables();
-  const torch::Tensor& x = saved[0];
-  const torch::Tensor& padded_weight = saved[1];
-  const torch::Tensor& weight = saved[2];
-  const torch::Tensor bias = has_bias ? saved[3] : torch::Tensor();
-  const auto input_type = static_cast<torch::ScalarType>(ctx->saved_data["input_type"].toInt());
-  const auto dtype = g.scalar_type();
-  const int64_t columns = weight.size(0);
-  const torch::Tensor g_full = PaddedGradient(Rows(g), padded);
-  torch::Tensor grad_x, grad_weight, grad_bias;
-  if (ctx->needs_input_grad(0)) {
-    grad_x = g_full.mm(padded_weight.to(dtype)).view(x.sizes()).to(input_type);
-  }
-  auto has_grad = [](const torch::Tensor& t) { return t.is_leaf() && t.grad().defined(); };
-  const LinearGradScope* scope =
-      has_grad(weight) && (!has_bias || has_grad(bias)) ? g_scope.load(std::memory_order_acquire)
-                                                        : nullptr;
-  if (scope != nullptr && scope->deferred() != nullptr) {
-    scope->deferred()->Add({x, g_full, weight, bias, columns});  // W computes them
-  } else if (scope != nullptr) {
-    torch::NoGradGuard no_grad;
-    if (ctx->needs_input_grad(1)) {
-      AccumulatePaddedWeightGradient(scope->writer(), weight, g_full, Rows(x.to(dtype)),
-                                     columns);
-    }
-    if (has_bias && ctx->needs_input_grad(2)) {
-      AccumulateBiasGradient(scope->writer(), bias, g_full.narrow(1, 0, columns));
-    }
-  } else {
-    if (ctx->needs_input_grad(1)) {
-      grad_weight = g_full.t()
-                        .mm(Rows(x.to(dtype)))
-                        .narrow(0, 0, columns)
-                        .to(weight.scalar_type());
-    }
-    if (has_bias && ctx->needs_input_grad(2)) {
-      grad_bias = BiasGradient(g_full.narrow(1, 0, columns), bias);
-    }
-  }
-  if (!has_bias) return {grad_x, grad_weight};
-  return {grad_x, grad_weight, grad_bias};
-}
-
 // The gradients of y = x W^T (+ b) from dL/dy. Inside a LinearGradScope the weight and bias
 // gradients go into .grad (or are deferred to W) instead of back to autograd. LibTorch 1.13's
 // custom functions take no undefined tensors, so the layers with and without a bias are two
-// functions sharing this.
+// functions sharing this. A padded product (PaddedProduct) runs its products over the padded
+// width, its output gradient widened to it; the weight's and bias's gradients are then cut
+// to their rows (AccumulateWeightGradient, BiasGradient, AccumulateBiasGradient).
 torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
                                               const torch::Tensor& g, bool has_bias) {
-  const auto padded = ctx->saved_data.find("padded");
-  if (padded != ctx->saved_data.end()) {
-    return PaddedLinearBackward(ctx, g, has_bias, padded->second.toInt());
-  }
+  const auto found = ctx->saved_data.find("padded");
+  const int64_t padded = found == ctx->saved_data.end() ? 0 : found->second.toInt();
   const auto saved = ctx->get_saved_variables();
   const torch::Tensor& x = saved[0];  // as the forward computed with (bfloat16 under autocast)
   const torch::Tensor& weight_compute = saved[1];
@@ -235,8 +178,14 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
   // The arithmetic of the forward, results in each input's type (the conversions to `dtype`
   // do nothing: the output's gradient has the output's type).
   const auto dtype = g.scalar_type();
+  // The output gradient's rows as the products take them (over the padded width, if padded).
+  const torch::Tensor rows = padded > 0 ? PaddedGradient(Rows(g), padded) : Rows(g);
   torch::Tensor grad_x, grad_weight, grad_bias;
-  if (ctx->needs_input_grad(0)) grad_x = g.matmul(weight_compute.to(dtype)).to(input_type);
+  if (ctx->needs_input_grad(0)) {
+    grad_x = padded > 0 ? rows.mm(weight_compute.to(dtype)).view(x.sizes())
+                        : g.matmul(weight_compute.to(dtype));
+    grad_x = grad_x.to(input_type);
+  }
   // Only gradients of parameters with a .grad can go there; a weight computed from others (not
   // a leaf) sends its gradient back through autograd, scope or not.
   auto has_grad = [](const torch::Tensor& t) { return t.is_leaf() && t.grad().defined(); };
@@ -244,21 +193,24 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
       has_grad(weight) && (!has_bias || has_grad(bias)) ? g_scope.load(std::memory_order_acquire)
                                                         : nullptr;
   if (scope != nullptr && scope->deferred() != nullptr) {
-    scope->deferred()->Add({x, g, weight, bias});  // W computes them
+    scope->deferred()->Add({x, rows, weight, bias});  // W computes them
   } else if (scope != nullptr) {
     // Written where they belong, not handed to autograd (which would add a converted copy).
     torch::NoGradGuard no_grad;
     if (ctx->needs_input_grad(1)) {
-      AccumulateWeightGradient(scope->writer(), weight, Rows(g), Rows(x.to(dtype)));
+      AccumulateWeightGradient(scope->writer(), weight, rows, Rows(x.to(dtype)));
     }
     if (has_bias && ctx->needs_input_grad(2)) {
-      AccumulateBiasGradient(scope->writer(), bias, Rows(g));
+      AccumulateBiasGradient(scope->writer(), bias, rows);
     }
   } else {
     if (ctx->needs_input_grad(1)) {
-      grad_weight = Rows(g).t().mm(Rows(x.to(dtype))).to(weight.scalar_type());
+      grad_weight = rows.t()
+                        .mm(Rows(x.to(dtype)))
+                        .narrow(0, 0, weight.size(0))
+                        .to(weight.scalar_type());
     }
-    if (has_bias && ctx->needs_input_grad(2)) grad_bias = BiasGradient(Rows(g), bias);
+    if (has_bias && ctx->needs_input_grad(2)) grad_bias = BiasGradient(rows, bias);
   }
   if (!has_bias) return {grad_x, grad_weight};
   return {grad_x, grad_weight, grad_bias};
@@ -324,13 +276,6 @@ void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,
 void DeferredWeightGrads::Apply(GradientWriter* writer) {
   torch::NoGradGuard no_grad;
   for (Record& r : records_) {
-    if (r.columns > 0) {  // a padded product's: grad_output is [rows, padded]
-      const torch::Tensor& g = r.grad_output;
-      AccumulatePaddedWeightGradient(writer, r.weight, g, Rows(r.input.to(g.scalar_type())),
-                                     r.columns);
-      if (r.bias.defined()) AccumulateBiasGradient(writer, r.bias, g.narrow(1, 0, r.columns));
-      continue;
-    }
     // Straight into the gradient where the types agree: no temporary, no second pass over it,
     // which W, reading its inputs back from memory, otherwise pays on top of B's work.
     const torch::Tensor g = Rows(r.grad_output);

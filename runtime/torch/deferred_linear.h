@@ -65,10 +65,9 @@ class DeferredWeightGrads {
   bool empty() const { return records_.empty(); }
 
   struct Record {
+    // grad_output: [rows, out], or a padded product's [rows, padded] with zeros beyond the
+    // weight's rows (DeferrableLinearPadded).
     torch::Tensor input, grad_output, weight, bias;
-    // > 0: a padded product's (DeferrableLinearPadded): grad_output is [rows, padded] with
-    // zeros beyond the weight's `columns` rows.
-    int64_t columns = 0;
   };
   void Add(Record record) { records_.push_back(std::move(record)); }
 
