@@ -173,4 +173,16 @@ absl::StatusOr<std::string> GetStringOr(const Json& object, absl::string_view fi
   return GetString(object, field, where);
 }
 
+bool IsSet(const Json& object, absl::string_view field) {
+  if (!object.is_object()) return false;
+  const auto it = object.find(std::string(field));
+  return it != object.end() && !it->is_null();
+}
+
+absl::StatusOr<bool> GetBoolOrUnset(const Json& object, absl::string_view field, bool fallback,
+                                    absl::string_view where) {
+  if (!IsSet(object, field)) return fallback;
+  return GetBool(object, field, where);
+}
+
 }  // namespace tandem

@@ -52,4 +52,11 @@ absl::StatusOr<int64_t> GetIntOr(const Json& object, absl::string_view field, in
 absl::StatusOr<std::string> GetStringOr(const Json& object, absl::string_view field,
                                         absl::string_view fallback, absl::string_view where);
 
+// For files written by Python tools (transformers' config.json, tokenizer.json), where null
+// means unset as much as an absent field does: whether `field` holds a value other than null,
+// and a boolean that takes the default when the field is absent or null.
+bool IsSet(const Json& object, absl::string_view field);
+absl::StatusOr<bool> GetBoolOrUnset(const Json& object, absl::string_view field, bool fallback,
+                                    absl::string_view where);
+
 }  // namespace tandem

@@ -302,8 +302,7 @@ absl::Status Unsupported(absl::string_view source, absl::string_view what) {
 }
 
 bool IsNullOr(const Json& object, const char* field, const Json& allowed) {
-  if (!object.contains(field) || object.at(field).is_null()) return true;
-  return object.at(field) == allowed;
+  return !IsSet(object, field) || object.at(field) == allowed;
 }
 
 std::string TypeOf(const Json& object) {
@@ -311,16 +310,6 @@ std::string TypeOf(const Json& object) {
     return object.at("type").get<std::string>();
   }
   return object.dump().substr(0, 80);
-}
-
-absl::StatusOr<bool> BoolOr(const Json& object, const char* field, bool fallback,
-                            absl::string_view where) {
-  if (!object.contains(field) || object.at(field).is_null()) return fallback;
-  if (!object.at(field).is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ".", field, ": expected true or false"));
-  }
-  return object.at(field).get<bool>();
 }
 
 }  // namespace
@@ -345,7 +334,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
   }
   if (!IsNullOr(json, "truncation", Json())) return Unsupported(source, "truncation");
   if (!IsNullOr(json, "padding", Json())) return Unsupported(source, "padding");
-  if (!json.contains("pre_tokenizer") || json.at("pre_tokenizer").is_null()) {
+  if (!IsSet(json, "pre_tokenizer")) {
     return Unsupported(source, "a tokenizer without a pre-tokenizer");
   }
   const Json& pre = json.at("pre_tokenizer");
@@ -353,17 +342,16 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     return Unsupported(source, absl::StrCat("the pre-tokenizer ", TypeOf(pre)));
   }
   TANDEM_ASSIGN_OR_RETURN(state->add_prefix_space,
-                          BoolOr(pre, "add_prefix_space", true, where + ": pre_tokenizer"));
+                          GetBoolOrUnset(pre, "add_prefix_space", true, where + ": pre_tokenizer"));
   TANDEM_ASSIGN_OR_RETURN(state->use_regex,
-                          BoolOr(pre, "use_regex", true, where + ": pre_tokenizer"));
-  if (!json.contains("decoder") || json.at("decoder").is_null()) {
+                          GetBoolOrUnset(pre, "use_regex", true, where + ": pre_tokenizer"));
+  if (!IsSet(json, "decoder")) {
     return Unsupported(source, "a tokenizer without a decoder (ByteLevel is needed)");
   }
   if (TypeOf(json.at("decoder")) != "ByteLevel") {
     return Unsupported(source, absl::StrCat("the decoder ", TypeOf(json.at("decoder"))));
   }
-  if (json.contains("post_processor") && !json.at("post_processor").is_null() &&
-      TypeOf(json.at("post_processor")) != "ByteLevel") {
+  if (IsSet(json, "post_processor") && TypeOf(json.at("post_processor")) != "ByteLevel") {
     return Unsupported(source,
                        absl::StrCat("the post-processor ", TypeOf(json.at("post_processor"))));
   }
@@ -374,7 +362,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
   const std::string type =
       model->contains("type") ? TypeOf(*model) : (model->contains("merges") ? "BPE" : "?");
   if (type != "BPE") return Unsupported(source, absl::StrCat("the model type ", type));
-  if (model->contains("dropout") && !model->at("dropout").is_null() &&
+  if (IsSet(*model, "dropout") &&
       !(model->at("dropout").is_number() && model->at("dropout").get<double>() == 0.0)) {
     return Unsupported(source, "BPE dropout");
   }
@@ -385,11 +373,11 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     return Unsupported(source, "end_of_word_suffix");
   }
   TANDEM_ASSIGN_OR_RETURN(const bool byte_fallback,
-                          BoolOr(*model, "byte_fallback", false, model_where));
+                          GetBoolOrUnset(*model, "byte_fallback", false, model_where));
   if (byte_fallback) return Unsupported(source, "byte_fallback");
-  TANDEM_ASSIGN_OR_RETURN(state->fuse_unk, BoolOr(*model, "fuse_unk", false, model_where));
+  TANDEM_ASSIGN_OR_RETURN(state->fuse_unk, GetBoolOrUnset(*model, "fuse_unk", false, model_where));
   TANDEM_ASSIGN_OR_RETURN(state->ignore_merges,
-                          BoolOr(*model, "ignore_merges", false, model_where));
+                          GetBoolOrUnset(*model, "ignore_merges", false, model_where));
   TANDEM_ASSIGN_OR_RETURN(const Json* vocab, GetObject(*model, "vocab", model_where));
   int64_t largest = -1;
   for (const auto& [token, id] : vocab->items()) {
@@ -432,7 +420,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     state->merges.emplace(PairKey(a->second, b->second), State::Merge{rank, ab->second});
     ++rank;
   }
-  if (model->contains("unk_token") && !model->at("unk_token").is_null()) {
+  if (IsSet(*model, "unk_token")) {
     TANDEM_ASSIGN_OR_RETURN(const std::string unk, GetString(*model, "unk_token", model_where));
     const auto it = state->vocab.find(unk);
     if (it == state->vocab.end()) {
@@ -444,7 +432,7 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
 
   // Added tokens.
   std::vector<std::pair<AddedToken, bool>> added;
-  if (json.contains("added_tokens") && !json.at("added_tokens").is_null()) {
+  if (IsSet(json, "added_tokens")) {
     TANDEM_ASSIGN_OR_RETURN(const Json* list, GetArray(json, "added_tokens", where));
     for (size_t i = 0; i < list->size(); ++i) {
       const Json& entry = (*list)[i];
@@ -460,13 +448,14 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
             absl::StrCat(entry_where, ": an empty content or an id outside [0, 2^31)"));
       }
       for (const char* option : {"single_word", "lstrip", "rstrip"}) {
-        TANDEM_ASSIGN_OR_RETURN(const bool set, BoolOr(entry, option, false, entry_where));
+        TANDEM_ASSIGN_OR_RETURN(const bool set, GetBoolOrUnset(entry, option, false, entry_where));
         if (set) {
           return Unsupported(source,
                              absl::StrCat("the added token '", token.content, "' with ", option));
         }
       }
-      TANDEM_ASSIGN_OR_RETURN(const bool special, BoolOr(entry, "special", false, entry_where));
+      TANDEM_ASSIGN_OR_RETURN(const bool special,
+                              GetBoolOrUnset(entry, "special", false, entry_where));
       largest = std::max(largest, token.id);
       added.emplace_back(std::move(token), special);
     }

@@ -14,9 +14,7 @@
 #include <torch/nn/pimpl.h>
 #include <ATen/ATen.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "runtime/torch/fused_layer_norm.h"
@@ -404,19 +402,6 @@ class Gpt2HeadImpl : public torch::nn::Cloneable<Gpt2HeadImpl>, public Increment
 };
 TORCH_MODULE(Gpt2Head);
 
-bool Present(const Json& json, const char* field) {
-  return json.contains(field) && !json.at(field).is_null();
-}
-
-absl::StatusOr<bool> BoolOr(const Json& json, const char* field, bool fallback) {
-  if (!Present(json, field)) return fallback;
-  if (!json.at(field).is_boolean()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: ", field, ": expected true or false, got ", json.at(field).dump()));
-  }
-  return json.at(field).get<bool>();
-}
-
 bool IsBlockParameter(absl::string_view name) {
   for (const char* known :
        {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
@@ -425,16 +410,6 @@ bool IsBlockParameter(absl::string_view name) {
     if (name == known) return true;
   }
   return false;
-}
-
-// The index in "<prefix><i>.<rest>", with <rest> in `rest`; -1 when `name` is not of that form.
-int IndexOf(absl::string_view name, absl::string_view prefix, std::string* rest) {
-  if (!absl::ConsumePrefix(&name, prefix)) return -1;
-  const size_t dot = name.find('.');
-  int index = -1;
-  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &index)) return -1;
-  *rest = std::string(name.substr(dot + 1));
-  return index;
 }
 
 }  // namespace
@@ -457,7 +432,7 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.layers, GetIntOr(json, "n_layer", 12, where));
   TANDEM_ASSIGN_OR_RETURN(config.heads, GetIntOr(json, "n_head", 12, where));
   config.inner = 0;
-  if (Present(json, "n_inner")) {
+  if (IsSet(json, "n_inner")) {
     TANDEM_ASSIGN_OR_RETURN(config.inner, GetInt(json, "n_inner", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.layer_norm_epsilon,
@@ -470,11 +445,14 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromJson(const Json& json) {
         "config.json: activation_function \"", config.activation,
         "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish)"));
   }
-  TANDEM_ASSIGN_OR_RETURN(config.scale_attn_weights, BoolOr(json, "scale_attn_weights", true));
+  TANDEM_ASSIGN_OR_RETURN(config.scale_attn_weights,
+                          GetBoolOrUnset(json, "scale_attn_weights", true, where));
   TANDEM_ASSIGN_OR_RETURN(config.scale_attn_by_inverse_layer_idx,
-                          BoolOr(json, "scale_attn_by_inverse_layer_idx", false));
-  TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings, BoolOr(json, "tie_word_embeddings", true));
-  TANDEM_ASSIGN_OR_RETURN(const bool cross_attention, BoolOr(json, "add_cross_attention", false));
+                          GetBoolOrUnset(json, "scale_attn_by_inverse_layer_idx", false, where));
+  TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
+                          GetBoolOrUnset(json, "tie_word_embeddings", true, where));
+  TANDEM_ASSIGN_OR_RETURN(const bool cross_attention,
+                          GetBoolOrUnset(json, "add_cross_attention", false, where));
   if (cross_attention) {
     return absl::InvalidArgumentError(
         "config.json: add_cross_attention true is not supported (a decoder-only model)");
@@ -608,7 +586,7 @@ ModelSpec Gpt2ModelSpec(const Gpt2Config& config) {
 
 absl::StatusOr<std::string> Gpt2HfName(const Gpt2Config& config, absl::string_view name) {
   std::string rest;
-  const int layer = IndexOf(name, "layers.", &rest);
+  const int layer = NumberAfterPrefix(name, "layers.", &rest);
   const int last = static_cast<int>(config.layers) + 1;
   if (layer == 0 && (rest == "wte.weight" || rest == "wpe.weight")) {
     return absl::StrCat("transformer.", rest);
@@ -634,7 +612,7 @@ absl::StatusOr<std::string> Gpt2TandemName(const Gpt2Config& config, absl::strin
     return absl::StrCat("layers.", last, ".", inner);
   }
   std::string rest;
-  const int block = IndexOf(inner, "h.", &rest);
+  const int block = NumberAfterPrefix(inner, "h.", &rest);
   if (block >= 0 && block < config.layers && IsBlockParameter(rest)) {
     return absl::StrCat("layers.", block + 1, ".", rest);
   }

@@ -14,9 +14,6 @@
 #include <torch/nn/pimpl.h>
 #include <ATen/ATen.h>
 
-#include "absl/strings/match.h"
-#include "absl/strings/strip.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
@@ -464,31 +461,6 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
 };
 TORCH_MODULE(LlamaHead);
 
-// The optional fields of transformers' config.json: absent and null alike take the default.
-bool Present(const Json& json, const char* field) {
-  return json.contains(field) && !json.at(field).is_null();
-}
-
-absl::StatusOr<bool> BoolOr(const Json& json, const char* field, bool fallback) {
-  if (!Present(json, field)) return fallback;
-  if (!json.at(field).is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: ", field, ": expected true or false, got ", json.at(field).dump()));
-  }
-  return json.at(field).get<bool>();
-}
-
-// Number of the block in "layers.<i>.<rest>" (0 for the embedding, layers + 1 for the head),
-// with <rest> in `rest`; -1 when `name` is not of that form.
-int LayerOf(absl::string_view name, absl::string_view prefix, std::string* rest) {
-  if (!absl::ConsumePrefix(&name, prefix)) return -1;
-  const size_t dot = name.find('.');
-  int layer = -1;
-  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &layer)) return -1;
-  *rest = std::string(name.substr(dot + 1));
-  return layer;
-}
-
 // The parameter names of a block, as transformers names them inside model.layers.<i>.
 std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
   std::vector<std::string> names = {"input_layernorm.weight", "post_attention_layernorm.weight"};
@@ -530,11 +502,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.layers, GetIntOr(json, "num_hidden_layers", 32, where));
   TANDEM_ASSIGN_OR_RETURN(config.heads, GetIntOr(json, "num_attention_heads", 32, where));
   config.kv_heads = config.heads;
-  if (Present(json, "num_key_value_heads")) {
+  if (IsSet(json, "num_key_value_heads")) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
   config.head_dim = 0;
-  if (Present(json, "head_dim")) {
+  if (IsSet(json, "head_dim")) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -543,9 +515,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.rope_theta, GetNumberOr(json, "rope_theta", 10000.0, where));
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
-                          BoolOr(json, "tie_word_embeddings", false));
-  TANDEM_ASSIGN_OR_RETURN(config.attention_bias, BoolOr(json, "attention_bias", false));
-  TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, BoolOr(json, "mlp_bias", false));
+                          GetBoolOrUnset(json, "tie_word_embeddings", false, where));
+  TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
+                          GetBoolOrUnset(json, "attention_bias", false, where));
+  TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
   TANDEM_ASSIGN_OR_RETURN(const std::string activation,
                           GetStringOr(json, "hidden_act", "silu", where));
   if (activation != "silu") {
@@ -558,18 +531,18 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json: partial_rotary_factor ", partial, " is not supported (only 1)"));
   }
-  if (Present(json, "pad_token_id")) {
+  if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
     config.pad_token_id = pad;
   }
-  if (Present(json, "rope_scaling")) {
+  if (IsSet(json, "rope_scaling")) {
     TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", where));
     const std::string scaling_where = "config.json: rope_scaling";
     // transformers reads "rope_type", and "type" from older files.
     std::string type = "default";
-    if (Present(*scaling, "rope_type")) {
+    if (IsSet(*scaling, "rope_type")) {
       TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "rope_type", scaling_where));
-    } else if (Present(*scaling, "type")) {
+    } else if (IsSet(*scaling, "type")) {
       TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "type", scaling_where));
     }
     if (type == "llama3") {
@@ -765,7 +738,7 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
 
 absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_view name) {
   std::string rest;
-  const int layer = LayerOf(name, "layers.", &rest);
+  const int layer = NumberAfterPrefix(name, "layers.", &rest);
   const int last = static_cast<int>(config.layers) + 1;
   if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
   if (layer == last && rest == "norm.weight") return "model.norm.weight";
@@ -783,7 +756,7 @@ absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::str
   if (key == "model.norm.weight") return absl::StrCat("layers.", last, ".norm.weight");
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
   std::string rest;
-  const int block = LayerOf(key, "model.layers.", &rest);
+  const int block = NumberAfterPrefix(key, "model.layers.", &rest);
   if (block >= 0 && block < config.layers && IsBlockParameter(config, rest)) {
     return absl::StrCat("layers.", block + 1, ".", rest);
   }

@@ -6,10 +6,10 @@
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 #include "runtime/torch/data.h"
 
@@ -93,17 +93,17 @@ std::vector<std::pair<std::string, torch::Tensor>> LayeredModel::NamedParameters
   return NamedLayerParameters(range, first);
 }
 
-int LayerOfParameter(const std::string& name) {
-  constexpr absl::string_view kPrefix = "layers.";
-  if (!absl::StartsWith(name, kPrefix)) return -1;
-  const size_t dot = name.find('.', kPrefix.size());
-  int layer = -1;
-  if (dot == std::string::npos ||
-      !absl::SimpleAtoi(absl::string_view(name).substr(kPrefix.size(), dot - kPrefix.size()),
-                        &layer)) {
+int LayerOfParameter(const std::string& name) { return NumberAfterPrefix(name, "layers."); }
+
+int NumberAfterPrefix(absl::string_view name, absl::string_view prefix, std::string* rest) {
+  if (!absl::ConsumePrefix(&name, prefix)) return -1;
+  const size_t dot = name.find('.');
+  int number = -1;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &number)) {
     return -1;
   }
-  return layer;
+  if (rest != nullptr) *rest = std::string(name.substr(dot + 1));
+  return number;
 }
 
 namespace {

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/torch/tensor_parallel.h"
 
 namespace tandem::runtime::libtorch {
@@ -150,6 +151,11 @@ absl::Status InitializeTiedCopies(const LayeredModel& model, int first, int end,
 
 // The layer of a parameter named "layers.<index>.<name>"; -1 for another form.
 int LayerOfParameter(const std::string& name);
+
+// The number in a name of the form "<prefix><n>.<rest>" (a parameter's layer or block), with
+// <rest> in `rest` when it is not null; -1 for another form.
+int NumberAfterPrefix(absl::string_view name, absl::string_view prefix,
+                      std::string* rest = nullptr);
 
 // The seed of layer `layer` of a model built layer by layer from `seed`.
 uint64_t LayerSeed(uint64_t seed, int layer);

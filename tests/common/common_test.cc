@@ -41,6 +41,25 @@ TEST(JsonTest, NamesMissingAndMistypedFields) {
   EXPECT_NE(bad.status().message().find("bad.json: malformed JSON"), std::string::npos);
 }
 
+// Files written by Python tools spell "unset" as null as often as by leaving the field out:
+// both take the default; a value of another type is still an error naming the field.
+TEST(JsonTest, NullIsUnsetForFilesWrittenByPythonTools) {
+  auto j = ParseJson(R"({"on": true, "off": false, "none": null, "text": "yes"})", "c.json");
+  ASSERT_TRUE(j.ok());
+  EXPECT_TRUE(IsSet(*j, "on"));
+  EXPECT_TRUE(IsSet(*j, "off"));
+  EXPECT_FALSE(IsSet(*j, "none"));
+  EXPECT_FALSE(IsSet(*j, "absent"));
+  EXPECT_FALSE(IsSet(Json::array({1, 2}), "on"));
+  EXPECT_EQ(*GetBoolOrUnset(*j, "on", false, "c.json"), true);
+  EXPECT_EQ(*GetBoolOrUnset(*j, "off", true, "c.json"), false);
+  EXPECT_EQ(*GetBoolOrUnset(*j, "none", true, "c.json"), true);
+  EXPECT_EQ(*GetBoolOrUnset(*j, "absent", false, "c.json"), false);
+  auto mistyped = GetBoolOrUnset(*j, "text", false, "c.json");
+  ASSERT_FALSE(mistyped.ok());
+  EXPECT_EQ(mistyped.status().message(), "c.json.text: expected true or false");
+}
+
 // Integers beyond int64 are refused, not wrapped to negative numbers (a plan's num_layers of
 // 2^63 was reported as -9223372036854775808).
 TEST(JsonTest, IntegersBeyondInt64AreRefused) {
