@@ -1,13 +1,18 @@
 #include "cli/torch/model_registry.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cli/command.h"
 #include "cli/torch/model_flags.h"
+#include "common/status.h"
 
 namespace tandem::cli {
 namespace {
@@ -23,6 +28,29 @@ bool IsModelName(const std::string& name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
   }
   return true;
+}
+
+// A model's flag given on the command line when another model runs would be ignored without
+// a word (`--hf-config` of a Llama with the default gpt trained a GPT of the default sizes):
+// InvalidArgument naming the flag, the models that read it and the one chosen.
+absl::Status CheckFlagsReadByModel(const ModelDefinition& chosen) {
+  const std::set<std::string> own(chosen.flags.begin(), chosen.flags.end());
+  std::map<std::string, std::vector<std::string>> readers;  // flag -> models that read it
+  for (const auto& [name, definition] : Registry()) {
+    for (const std::string& flag : definition.flags) {
+      if (own.count(flag) == 0 && FlagGivenOnCommandLine(flag)) readers[flag].push_back(name);
+    }
+  }
+  if (readers.empty()) return absl::OkStatus();
+  std::vector<std::string> problems;
+  for (auto& [flag, models] : readers) {
+    std::string dashed = flag;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    problems.push_back(absl::StrCat("--", dashed, " (read by ", absl::StrJoin(models, ", "), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model '", chosen.name, "' does not read ", absl::StrJoin(problems, ", "),
+                   ": choose the model with --model, or leave the flag out"));
 }
 
 }  // namespace
@@ -84,6 +112,7 @@ absl::StatusOr<ModelAndData> ModelAndDataFromFlags(uint64_t seed) {
                                                    "' (known: ", absl::StrJoin(known, ", "),
                                                    ")"));
   }
+  TANDEM_RETURN_IF_ERROR(CheckFlagsReadByModel(it->second));
   ModelRequest request;
   request.seed = seed;
   absl::StatusOr<ModelAndData> made = it->second.make(request);

@@ -184,6 +184,23 @@ TEST(RegisteredModelTest, BadInputIsRefusedWithOneLine) {
   EXPECT_EQ(unknown.exit_status, 2) << unknown.output;
   EXPECT_TRUE(absl::StrContains(unknown.output, "unknown model 'resnet' (known: cnn, gpt, gpt2, llama)"))
       << unknown.output;
+  // Another model's flag would be ignored without a word: refused, naming the readers.
+  Outcome foreign = RunCommand(absl::StrCat(g_program, " --model cnn --kv-heads 2 --seq-len 8"));
+  EXPECT_EQ(foreign.exit_status, 2) << foreign.output;
+  EXPECT_TRUE(absl::StrContains(foreign.output,
+                                "model 'cnn' does not read --kv-heads (read by llama), "
+                                "--seq-len (read by gpt, gpt2, llama): choose the model with "
+                                "--model"))
+      << foreign.output;
+  Outcome config = RunCommand(absl::StrCat(g_program, " profile --hf-config /nonexistent.json"));
+  EXPECT_EQ(config.exit_status, 2) << config.output;
+  EXPECT_TRUE(absl::StrContains(config.output,
+                                "model 'gpt' does not read --hf-config (read by gpt2, llama)"))
+      << config.output;
+  Outcome channels_on_gpt = RunCommand(absl::StrCat(g_program, " profile --cnn-channels 4"));
+  EXPECT_EQ(channels_on_gpt.exit_status, 2) << channels_on_gpt.output;
+  EXPECT_TRUE(absl::StrContains(channels_on_gpt.output, "--cnn-channels (read by cnn)"))
+      << channels_on_gpt.output;
   Outcome help = RunCommand(absl::StrCat(g_program, " help train"));
   EXPECT_EQ(help.exit_status, 0) << help.output;
   EXPECT_TRUE(absl::StrContains(help.output, "--cnn-channels")) << help.output;
