@@ -86,6 +86,13 @@ absl::StatusOr<runtime::libtorch::GenerateOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--top-k must not be negative, got ", options.top_k));
   }
+  if (options.top_k > 0 && options.temperature == 0) {
+    // Greedy decoding takes the most likely token: a top-k would change nothing.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k ", options.top_k,
+                     " applies to sampling (--temperature above 0); this run is "
+                     "greedy (--temperature 0)"));
+  }
   return options;
 }
 

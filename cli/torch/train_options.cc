@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "cli/command.h"
 #include "cli/flags.h"
 #include "cli/torch/model_flags.h"
 #include "common/status.h"
@@ -228,9 +229,56 @@ absl::StatusOr<ElasticSettings> ElasticSettingsFromFlags(int tensor_parallel) {
   return e;
 }
 
+// Flags that do something only beside another setting, given without it: refused, since
+// otherwise nothing happens and nothing says so (--checkpoint-every without a folder writes no
+// checkpoint; --valid-data without --eval-every is never evaluated).
+absl::Status CheckFlagsThatNeedOthers() {
+  struct Need {
+    const char* flag;  // as ABSL_FLAG names it
+    bool met;          // whether what it applies to is there
+    std::string what;  // what it applies to, and how this run stands
+  };
+  const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
+  const bool decays = absl::GetFlag(FLAGS_decay_steps) > absl::GetFlag(FLAGS_warmup_steps);
+  const bool checkpoints = !absl::GetFlag(FLAGS_checkpoint_dir).empty();
+  const bool evaluates = absl::GetFlag(FLAGS_eval_every) > 0;
+  const bool elastic = absl::GetFlag(FLAGS_elastic);
+  const Need needs[] = {
+      {"momentum", optimizer == "sgd",
+       absl::StrCat("--optimizer sgd (this run's is ", optimizer, ")")},
+      {"min_lr", decays, "a cosine decay (--decay-steps past --warmup-steps); there is none"},
+      {"checkpoint_every", checkpoints, "--checkpoint-dir; there is none"},
+      {"keep_checkpoints", checkpoints, "--checkpoint-dir; there is none"},
+      {"eval_batches", evaluates, "--eval-every N; there is none"},
+      {"valid_data", evaluates, "--eval-every N, which evaluates it; there is none"},
+      {"elastic_min_pipelines", elastic, "--elastic; this run is not elastic"},
+      {"elastic_replace", elastic, "--elastic; this run is not elastic"},
+      {"elastic_agreement_timeout", elastic, "--elastic; this run is not elastic"},
+      {"devices_per_node", elastic, "--elastic; this run is not elastic"},
+      {"device_memory_mb", elastic, "--elastic; this run is not elastic"},
+  };
+  for (const Need& need : needs) {
+    if (need.met || !FlagGivenOnCommandLine(need.flag)) continue;
+    std::string dashed = need.flag;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    return absl::InvalidArgumentError(absl::StrCat("--", dashed, " applies to ", need.what));
+  }
+  const int decay_steps = absl::GetFlag(FLAGS_decay_steps);
+  const int warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  if (decay_steps > 0 && decay_steps <= warmup_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decay-steps ", decay_steps,
+                     " is the step at which the cosine decay ends, counted "
+                     "from the first (warm-up included): it must exceed --warmup-steps ",
+                     warmup_steps, ", or be 0 for no decay"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
+  TANDEM_RETURN_IF_ERROR(CheckFlagsThatNeedOthers());
   TrainOptions o;
   o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   o.steps = absl::GetFlag(FLAGS_steps);

@@ -462,6 +462,8 @@ TEST(GenerateCommandTest, BadInputExitsTwoWithOneLine) {
   ExpectBadInput(" --checkpoint a --prompt-tokens 1,x", "'x'");
   ExpectBadInput(" --checkpoint a --prompt-tokens 1 --temperature -1", "--temperature");
   ExpectBadInput(" --checkpoint a --prompt-tokens 1 --max-new-tokens 0", "--max-new-tokens");
+  ExpectBadInput(" --checkpoint a --prompt-tokens 1 --top-k 5",  // greedy: it would do nothing
+                 "--top-k 5 applies to sampling (--temperature above 0)");
   ExpectBadInput(" --checkpoint a --prompt hi --tokenizer /nonexistent/tokenizer.json",
                  "/nonexistent/tokenizer.json");
   const std::string unigram = scratch / "unigram.json";

@@ -838,6 +838,35 @@ TEST(TrainCliTest, BadFlagsAndMissingCheckpointAreBadInput) {
   EXPECT_NE(o.output.find("zb-v only"), std::string::npos) << o.output;
 }
 
+// A flag that only acts beside another setting, given without it, would change nothing and
+// say nothing (no checkpoint written, no validation loss, no decay): one line naming both,
+// exit 2, before anything runs. Given with it, the same flag is accepted (the last case).
+TEST(TrainCliTest, FlagsWithoutWhatTheyApplyToAreBadInput) {
+  const std::string run = absl::StrCat(g_tandem, " train", kModelFlags, " --steps 1");
+  const std::pair<const char*, const char*> cases[] = {
+      {" --checkpoint-every 1", "--checkpoint-every applies to --checkpoint-dir; there is none"},
+      {" --keep-checkpoints 3", "--keep-checkpoints applies to --checkpoint-dir; there is none"},
+      {" --eval-batches 2", "--eval-batches applies to --eval-every N; there is none"},
+      {" --valid-data /dev/null", "--valid-data applies to --eval-every N, which evaluates it"},
+      {" --momentum 0.5", "--momentum applies to --optimizer sgd (this run's is adamw)"},
+      {" --min-lr 1e-4 --decay-steps 5 --warmup-steps 5",
+       "--min-lr applies to a cosine decay (--decay-steps past --warmup-steps)"},
+      {" --decay-steps 3 --warmup-steps 4", "--decay-steps 3 is the step at which the cosine"},
+      {" --elastic-replace", "--elastic-replace applies to --elastic; this run is not elastic"},
+      {" --device-memory-mb 64", "--device-memory-mb applies to --elastic"},
+  };
+  for (const auto& [flags, message] : cases) {
+    Outcome o = RunCommand(absl::StrCat(run, flags));
+    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
+    EXPECT_TRUE(absl::StrContains(o.output, message)) << flags << "\n" << o.output;
+    EXPECT_FALSE(absl::StrContains(o.output, "iter ")) << flags << "\n" << o.output;
+  }
+  Outcome sgd = RunCommand(absl::StrCat(run,
+                                        " --optimizer sgd --momentum 0.5 --decay-steps 4"
+                                        " --min-lr 1e-4 --schedule gpipe --stages 1"));
+  EXPECT_EQ(sgd.exit_status, 0) << sgd.output;
+}
+
 // An output path that cannot be written is refused before the first step, on every rank
 // (exit 2, the flag and the path named; no iteration ran): a log or timeline in a missing
 // folder (plain and elastic runs), a checkpoint folder behind a file.
