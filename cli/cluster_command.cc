@@ -3,6 +3,7 @@
 // utilisation and finish-time fairness.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -75,6 +76,17 @@ absl::StatusOr<cluster::ClusterDescription> ClusterFromFlags() {
   const std::string spec = absl::GetFlag(FLAGS_cluster_spec);
   if (!file.empty() && !spec.empty()) {
     return absl::InvalidArgumentError("give --cluster or --cluster-spec, not both");
+  }
+  // A cluster file says how many GPUs there are: --gpus beside it would be ignored.
+  for (const char* flag : {"gpus", "gpus_per_node"}) {
+    if ((!file.empty() || !spec.empty()) && FlagGivenOnCommandLine(flag)) {
+      std::string dashed = flag;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", dashed, " and ", file.empty() ? "--cluster-spec " : "--cluster ",
+                       file.empty() ? spec : file, " both give the cluster's GPUs: leave --",
+                       dashed, " out (the file's are used)"));
+    }
   }
   if (!file.empty()) return cluster::ReadClusterDescription(file);
   auto homogeneous = [](int nodes, int gpus_per_node) {

@@ -110,6 +110,7 @@ absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
     if (!flag->ParseFrom(absl::StrJoin(values, ","), &error)) {
       return absl::InvalidArgumentError(absl::StrCat("bad value for --", name, ": ", error));
     }
+    GivenFlags().insert(name);
   }
   return absl::OkStatus();
 }

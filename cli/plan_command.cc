@@ -1,11 +1,13 @@
 // `tandem plan`: turn a model profile and a cluster description into a plan (plan.json) with
 // PipeDream's, Piper's or AdaPipe's algorithm; print a readable table or the plan as JSON.
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/flags.h"
@@ -57,6 +59,21 @@ ABSL_FLAG(bool, templates, false,
 
 namespace tandem::cli {
 namespace {
+
+// For a profile that failed to read as the default format (tandem's profile.json): which
+// --profile-format it looks like, or the list of them. PipeDream's graph.txt gives "malformed
+// JSON" otherwise, which does not say what to do.
+std::string ProfileFormatHint(const std::string& path) {
+  std::ifstream in(path);
+  if (!in.is_open()) return "";  // the error names the path already
+  std::string line;
+  while (in && line.empty()) std::getline(in, line);
+  if (absl::StartsWith(line, "node") && absl::StrContains(line, " -- ")) {
+    return " (this looks like PipeDream's graph.txt: add --profile-format pipedream)";
+  }
+  return " (read as tandem's profile.json; --profile-format pipedream, piper, metis or builtin "
+         "reads the others)";
+}
 
 // PipeDream's default bandwidth (bytes/s) when neither --bandwidth nor the profile gives one.
 constexpr double kDefaultBandwidth = 1e9;
@@ -158,7 +175,12 @@ absl::Status RunPlanOrError() {
     TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadPipeDreamGraphFile(path, &graph));
     request.pipedream_graph = std::move(graph);
   } else {
-    TANDEM_ASSIGN_OR_RETURN(request.profile, planner::ReadProfileAs(path, format));
+    absl::StatusOr<pipeline::Profile> profile = planner::ReadProfileAs(path, format);
+    if (!profile.ok() && !FlagGivenOnCommandLine("profile_format")) {
+      return absl::Status(profile.status().code(),
+                          absl::StrCat(profile.status().message(), ProfileFormatHint(path)));
+    }
+    TANDEM_ASSIGN_OR_RETURN(request.profile, std::move(profile));
   }
   // A Piper file's settings are the defaults for Piper runs only.
   TANDEM_ASSIGN_OR_RETURN(request.cluster,

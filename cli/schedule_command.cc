@@ -1,6 +1,7 @@
 // `tandem schedule`: generate a pipeline schedule, prove it correct, simulate it and print the
 // per-rank grid and statistics (or JSON), optionally writing a Chrome trace, an SVG Gantt chart
 // and the schedule itself.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -105,6 +106,17 @@ absl::StatusOr<ScheduleSpec> SpecFromFlags() {
 absl::StatusOr<CostModel> CostsFromFlags(const ScheduleSpec& spec) {
   CostModel costs;
   const std::string path = absl::GetFlag(FLAGS_costs);
+  // A cost file gives every stage's times and bytes: these flags would be ignored beside it.
+  for (const char* flag : {"forward", "backward", "weight", "activation_bytes"}) {
+    if (!path.empty() && FlagGivenOnCommandLine(flag)) {
+      std::string dashed = flag;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      return absl::InvalidArgumentError(absl::StrCat("--", dashed, " and --costs ", path,
+                                                     " both give the stages' costs: the file's are "
+                                                     "used, so leave --",
+                                                     dashed, " out (or edit the file)"));
+    }
+  }
   if (!path.empty()) {
     TANDEM_ASSIGN_OR_RETURN(Json j, ReadJsonFile(path));
     TANDEM_ASSIGN_OR_RETURN(costs, CostModel::FromJson(j, spec, path));
@@ -133,6 +145,20 @@ absl::StatusOr<CostModel> CostsFromFlags(const ScheduleSpec& spec) {
     if (!rate.ok()) return Annotate(rate.status(), "--bandwidth");
     if (*rate <= 0) return absl::InvalidArgumentError("--bandwidth must be positive");
     costs.p2p_bandwidth_bytes_per_second = *rate;
+  }
+  // Transfer time is bytes / bandwidth: one without the other changes nothing.
+  bool any_bytes = false;
+  for (const auto& stage : costs.stages) any_bytes = any_bytes || stage.activation_bytes > 0;
+  if (!bandwidth.empty() && !any_bytes) {
+    return absl::InvalidArgumentError(
+        "--bandwidth times transfers of --activation-bytes (or a cost file's activation_bytes), "
+        "and there are none: give --activation-bytes too");
+  }
+  if (FlagGivenOnCommandLine("activation_bytes") && any_bytes &&
+      !(costs.p2p_bandwidth_bytes_per_second > 0)) {
+    return absl::InvalidArgumentError(
+        "--activation-bytes needs a --bandwidth (or a cost file's bandwidth_bytes_per_second) "
+        "to take time; without one transfers are instantaneous");
   }
   return costs;
 }
@@ -202,6 +228,9 @@ absl::Status Run(int* exit_code) {
   const std::string from_csv = absl::GetFlag(FLAGS_from_csv);
   const std::string to_csv = absl::GetFlag(FLAGS_to_csv);
   bool csv_transfers = absl::GetFlag(FLAGS_csv_transfers);
+  if (csv_transfers && to_csv.empty()) {
+    return absl::InvalidArgumentError("--csv-transfers applies to --to-csv FILE; there is none");
+  }
   if (!to_csv.empty()) TANDEM_RETURN_IF_ERROR(CheckOutputFile(to_csv, "--to-csv"));
   const std::string trace_path = absl::GetFlag(FLAGS_trace);
   const std::string svg_path = absl::GetFlag(FLAGS_svg);

@@ -146,6 +146,13 @@ TEST(ClusterCommand, BadClusterFilesExitTwo) {
                                  Data("tiresias/n32g4.csv"));
   EXPECT_EQ(both.exit_status, 2) << both.output;
   EXPECT_NE(both.output.find("not both"), std::string::npos) << both.output;
+  // --gpus beside a cluster file would be ignored: refused, naming both.
+  const Outcome gpus =
+      Tandem("cluster simulate --workload " + workload + " --policy fifo --cluster-spec " +
+             Data("tiresias/n32g4.csv") + " --gpus 8");
+  EXPECT_EQ(gpus.exit_status, 2) << gpus.output;
+  EXPECT_NE(gpus.output.find("--gpus and --cluster-spec "), std::string::npos) << gpus.output;
+  EXPECT_NE(gpus.output.find("both give the cluster's GPUs"), std::string::npos) << gpus.output;
 }
 
 TEST(ClusterCommand, HelpListsTheFlags) {

@@ -58,6 +58,9 @@ expect_figure bubble_ratio "0\\.(2|19999999[0-9]*)" --schedule chimera --stages 
   --backward 1
 # 1 + 2 * latency per hop: F0 [0,1], F1 [1.5,2.5], B1 [2.5,4.5], B0 [5,7].
 expect_figure makespan 7.0 --schedule gpipe --stages 2 --microbatches 1 --latency 0.5
+# Transfers of 1 GB at 1 GB/s: F 1, send 1, F 1, B 2, gradient 1, B 2.
+expect_figure makespan 8.0 --schedule gpipe --stages 2 --microbatches 1 --activation-bytes 1GB \
+  --bandwidth 1GB/s
 
 # DualPipe(V): the README's bubble at F=1, B=3 (Bi=2, W=1): 8 * 4 + (4/2 - 1) * (4 + 3 - 3),
 # and with 4 ranks of two half stages 2 * 8 * 4 + (8/2 - 1) * 4.
@@ -206,6 +209,17 @@ expect_bad_input "come from the file" --from-csv "$torch_data/zbv_p2_m4.csv" --s
 expect_bad_input "no such file" --from-csv "$work/missing.csv"
 expect_bad_input "one pipeline" --schedule chimera --stages 4 --microbatches 8 \
   --to-csv "$work/chimera.csv"
+# Flags that would change nothing: refused, naming what they need.
+expect_bad_input "--csv-transfers applies to --to-csv FILE; there is none" --schedule 1f1b \
+  --stages 2 --microbatches 4 --csv-transfers
+expect_bad_input "--forward and --costs $work/costs.json both give the stages' costs" \
+  --schedule 1f1b --stages 2 --microbatches 4 --costs "$work/costs.json" --forward 2
+expect_bad_input "--activation-bytes and --costs" --schedule 1f1b --stages 2 --microbatches 4 \
+  --costs "$work/costs.json" --activation-bytes 1MiB
+expect_bad_input "there are none: give --activation-bytes too" --schedule 1f1b --stages 2 \
+  --microbatches 4 --bandwidth 1GB/s
+expect_bad_input "--activation-bytes needs a --bandwidth" --schedule 1f1b --stages 2 \
+  --microbatches 4 --activation-bytes 16MiB
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)"

@@ -279,6 +279,12 @@ TEST(PlanCommand, BadInputExitsTwoWithAClearMessageAndWritesNothing) {
        "needs at least 64 layers"},
       {"plan --profile " + vgg + " --profile-format yaml --algorithm pipedream --devices 2",
        "unknown profile format 'yaml'"},
+      // A graph.txt without its format: not only "malformed JSON", but what to add.
+      {"plan --profile " + vgg + " --algorithm pipedream --devices 2",
+       "(this looks like PipeDream's graph.txt: add --profile-format pipedream)"},
+      {"plan --profile " + missing_field + " --algorithm pipedream --devices 1",
+       "(read as tandem's profile.json; --profile-format pipedream, piper, metis or builtin "
+       "reads the others)"},
       {"plan --profile " + vgg + " --profile-format pipedream --algorithm pipedream "
        "--devices 2 --max-antichain-states 0",
        "--max-antichain-states must be at least 1"},
