@@ -3,7 +3,6 @@
 // utilisation and finish-time fairness.
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -80,12 +79,11 @@ absl::StatusOr<cluster::ClusterDescription> ClusterFromFlags() {
   // A cluster file says how many GPUs there are: --gpus beside it would be ignored.
   for (const char* flag : {"gpus", "gpus_per_node"}) {
     if ((!file.empty() || !spec.empty()) && FlagGivenOnCommandLine(flag)) {
-      std::string dashed = flag;
-      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      const std::string name = CommandLineFlag(flag);
       return absl::InvalidArgumentError(
-          absl::StrCat("--", dashed, " and ", file.empty() ? "--cluster-spec " : "--cluster ",
-                       file.empty() ? spec : file, " both give the cluster's GPUs: leave --",
-                       dashed, " out (the file's are used)"));
+          absl::StrCat(name, " and ", file.empty() ? "--cluster-spec " : "--cluster ",
+                       file.empty() ? spec : file, " both give the cluster's GPUs: leave ", name,
+                       " out (the file's are used)"));
     }
   }
   if (!file.empty()) return cluster::ReadClusterDescription(file);

@@ -38,6 +38,12 @@ std::set<std::string>& GivenFlags() {
 
 bool FlagGivenOnCommandLine(const std::string& name) { return GivenFlags().count(name) > 0; }
 
+std::string CommandLineFlag(absl::string_view name) {
+  std::string flag = absl::StrCat("--", name);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
                                std::vector<std::string>* positional, bool* help) {
   *help = false;
@@ -125,9 +131,7 @@ std::string CommandHelp(const CommandInfo& info) {
     if (flag == nullptr) continue;
     std::string alias = reverse_alias.count(name) ? absl::StrCat(", -", reverse_alias[name]) : "";
     std::string def = flag->DefaultValue();
-    std::string shown = name;
-    std::replace(shown.begin(), shown.end(), '_', '-');
-    absl::StrAppend(&out, "  --", shown, alias, "\n      ", flag->Help());
+    absl::StrAppend(&out, "  ", CommandLineFlag(name), alias, "\n      ", flag->Help());
     if (!def.empty()) absl::StrAppend(&out, " (default: ", def, ")");
     absl::StrAppend(&out, "\n");
   }

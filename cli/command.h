@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace tandem::cli {
 
@@ -57,6 +58,9 @@ absl::Status ParseCommandFlags(const CommandInfo& info, int argc, char** argv,
 // Whether the last ParseCommandFlags found flag `name` (absl's name: "microbatch_size") on
 // the command line, for flags whose default is also a value one may ask for.
 bool FlagGivenOnCommandLine(const std::string& name);
+
+// A flag as the command line spells it: "microbatch_size" -> "--microbatch-size".
+std::string CommandLineFlag(absl::string_view name);
 
 std::string CommandHelp(const CommandInfo& info);
 

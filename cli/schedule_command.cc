@@ -1,7 +1,6 @@
 // `tandem schedule`: generate a pipeline schedule, prove it correct, simulate it and print the
 // per-rank grid and statistics (or JSON), optionally writing a Chrome trace, an SVG Gantt chart
 // and the schedule itself.
-#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -109,12 +108,10 @@ absl::StatusOr<CostModel> CostsFromFlags(const ScheduleSpec& spec) {
   // A cost file gives every stage's times and bytes: these flags would be ignored beside it.
   for (const char* flag : {"forward", "backward", "weight", "activation_bytes"}) {
     if (!path.empty() && FlagGivenOnCommandLine(flag)) {
-      std::string dashed = flag;
-      std::replace(dashed.begin(), dashed.end(), '_', '-');
-      return absl::InvalidArgumentError(absl::StrCat("--", dashed, " and --costs ", path,
-                                                     " both give the stages' costs: the file's are "
-                                                     "used, so leave --",
-                                                     dashed, " out (or edit the file)"));
+      const std::string name = CommandLineFlag(flag);
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " and --costs ", path, " both give the stages' costs: the file's "
+                       "are used, so leave ", name, " out (or edit the file)"));
     }
   }
   if (!path.empty()) {

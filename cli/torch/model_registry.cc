@@ -1,6 +1,5 @@
 #include "cli/torch/model_registry.h"
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -44,9 +43,8 @@ absl::Status CheckFlagsReadByModel(const ModelDefinition& chosen) {
   if (readers.empty()) return absl::OkStatus();
   std::vector<std::string> problems;
   for (auto& [flag, models] : readers) {
-    std::string dashed = flag;
-    std::replace(dashed.begin(), dashed.end(), '_', '-');
-    problems.push_back(absl::StrCat("--", dashed, " (read by ", absl::StrJoin(models, ", "), ")"));
+    problems.push_back(
+        absl::StrCat(CommandLineFlag(flag), " (read by ", absl::StrJoin(models, ", "), ")"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model '", chosen.name, "' does not read ", absl::StrJoin(problems, ", "),
@@ -89,13 +87,7 @@ std::string ModelsHelp() {
   std::string text = "\n\nModels (--model NAME):";
   for (const auto& [name, definition] : Registry()) {
     std::vector<std::string> flags;
-    for (const std::string& flag : definition.flags) {
-      std::string dashed = flag;
-      for (char& c : dashed) {
-        if (c == '_') c = '-';
-      }
-      flags.push_back(absl::StrCat("--", dashed));
-    }
+    for (const std::string& flag : definition.flags) flags.push_back(CommandLineFlag(flag));
     absl::StrAppend(&text, "\n  ", name, ": ", definition.summary);
     if (!flags.empty()) absl::StrAppend(&text, " (", absl::StrJoin(flags, " "), ")");
   }

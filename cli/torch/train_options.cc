@@ -259,9 +259,8 @@ absl::Status CheckFlagsThatNeedOthers() {
   };
   for (const Need& need : needs) {
     if (need.met || !FlagGivenOnCommandLine(need.flag)) continue;
-    std::string dashed = need.flag;
-    std::replace(dashed.begin(), dashed.end(), '_', '-');
-    return absl::InvalidArgumentError(absl::StrCat("--", dashed, " applies to ", need.what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(CommandLineFlag(need.flag), " applies to ", need.what));
   }
   const int decay_steps = absl::GetFlag(FLAGS_decay_steps);
   const int warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
