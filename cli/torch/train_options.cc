@@ -244,8 +244,8 @@ absl::Status CheckFlagsThatNeedOthers() {
   const bool evaluates = absl::GetFlag(FLAGS_eval_every) > 0;
   const bool elastic = absl::GetFlag(FLAGS_elastic);
   const Need needs[] = {
-      {"momentum", optimizer == "sgd",
-       absl::StrCat("--optimizer sgd (this run's is ", optimizer, ")")},
+      // (an unknown optimizer is named as such further on)
+      {"momentum", optimizer != "adamw", "--optimizer sgd (this run's is adamw)"},
       {"min_lr", decays, "a cosine decay (--decay-steps past --warmup-steps); there is none"},
       {"checkpoint_every", checkpoints, "--checkpoint-dir; there is none"},
       {"keep_checkpoints", checkpoints, "--checkpoint-dir; there is none"},
