@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -201,6 +202,17 @@ int RunCheckpoint(const std::vector<std::string>& args) {
   if (!(tolerance >= 0)) {
     return ReportError("checkpoint",
                        absl::InvalidArgumentError("--tolerance must not be negative"));
+  }
+  // Each flag serves one subcommand: given to another, it would be ignored.
+  for (const auto& [flag, owner] : {std::pair<const char*, const char*>{"tolerance", "diff"},
+                                    {"format", "export"},
+                                    {"hf_config", "export"}}) {
+    const bool known = args[0] == "inspect" || args[0] == "diff" || args[0] == "export";
+    if (known && args[0] != owner && FlagGivenOnCommandLine(flag)) {
+      return ReportError("checkpoint", absl::InvalidArgumentError(absl::StrCat(
+                                           CommandLineFlag(flag), " applies to `tandem checkpoint ",
+                                           owner, "`, not `", args[0], "`")));
+    }
   }
   if (args[0] == "inspect" && args.size() == 2) {
     absl::Status s = Inspect(args[1]);

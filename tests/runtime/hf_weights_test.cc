@@ -878,6 +878,19 @@ TEST(HfExportTest, CommandLineNeedsTheFormatAndPrintsShapes) {
   EXPECT_NE(o.output.find("param:layers.1.self_attn.k_proj.weight"), std::string::npos)
       << o.output;
   EXPECT_NE(o.output.find("[16, 32]"), std::string::npos) << o.output;
+  // A flag of another subcommand would be ignored: refused, naming where it belongs.
+  o = RunCommand(absl::StrCat(g_tandem, " checkpoint inspect ", scratch / "ckpt", " --hf-config ",
+                              scratch / "out/config.json"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--hf-config applies to `tandem checkpoint export`, not `inspect`"),
+            std::string::npos)
+      << o.output;
+  o = RunCommand(absl::StrCat(g_tandem, " checkpoint export --format safetensors ",
+                              scratch / "ckpt", " ", scratch / "again", " --tolerance 0.1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--tolerance applies to `tandem checkpoint diff`"), std::string::npos)
+      << o.output;
+  EXPECT_FALSE(fs::exists(scratch / "again"));
 }
 
 }  // namespace
