@@ -204,10 +204,10 @@ int RunCheckpoint(const std::vector<std::string>& args) {
                        absl::InvalidArgumentError("--tolerance must not be negative"));
   }
   // Each flag serves one subcommand: given to another, it would be ignored.
+  const bool known = args[0] == "inspect" || args[0] == "diff" || args[0] == "export";
   for (const auto& [flag, owner] : {std::pair<const char*, const char*>{"tolerance", "diff"},
                                     {"format", "export"},
                                     {"hf_config", "export"}}) {
-    const bool known = args[0] == "inspect" || args[0] == "diff" || args[0] == "export";
     if (known && args[0] != owner && FlagGivenOnCommandLine(flag)) {
       return ReportError("checkpoint", absl::InvalidArgumentError(absl::StrCat(
                                            CommandLineFlag(flag), " applies to `tandem checkpoint ",

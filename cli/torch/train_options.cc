@@ -239,7 +239,9 @@ absl::Status CheckFlagsThatNeedOthers() {
     std::string what;  // what it applies to, and how this run stands
   };
   const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
-  const bool decays = absl::GetFlag(FLAGS_decay_steps) > absl::GetFlag(FLAGS_warmup_steps);
+  const int decay_steps = absl::GetFlag(FLAGS_decay_steps);
+  const int warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  const bool decays = decay_steps > warmup_steps;
   const bool checkpoints = !absl::GetFlag(FLAGS_checkpoint_dir).empty();
   const bool evaluates = absl::GetFlag(FLAGS_eval_every) > 0;
   const bool elastic = absl::GetFlag(FLAGS_elastic);
@@ -262,9 +264,7 @@ absl::Status CheckFlagsThatNeedOthers() {
     return absl::InvalidArgumentError(
         absl::StrCat(CommandLineFlag(need.flag), " applies to ", need.what));
   }
-  const int decay_steps = absl::GetFlag(FLAGS_decay_steps);
-  const int warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  if (decay_steps > 0 && decay_steps <= warmup_steps) {
+  if (decay_steps > 0 && !decays) {
     return absl::InvalidArgumentError(
         absl::StrCat("--decay-steps ", decay_steps,
                      " is the step at which the cosine decay ends, counted "
