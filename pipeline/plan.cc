@@ -360,8 +360,9 @@ bool Plan::operator==(const Plan& o) const {
   return format_version == o.format_version && model == o.model && num_layers == o.num_layers &&
          world_size == o.world_size && data_parallel == o.data_parallel &&
          pipeline_parallel == o.pipeline_parallel && tensor_parallel == o.tensor_parallel &&
-         schedule == o.schedule && microbatch_size == o.microbatch_size && mesh == o.mesh &&
-         stages == o.stages && predicted_iteration_seconds == o.predicted_iteration_seconds &&
+         sequence_parallel == o.sequence_parallel && schedule == o.schedule &&
+         microbatch_size == o.microbatch_size && mesh == o.mesh && stages == o.stages &&
+         predicted_iteration_seconds == o.predicted_iteration_seconds &&
          predicted_peak_memory_bytes == o.predicted_peak_memory_bytes &&
          bottleneck_seconds == o.bottleneck_seconds && time_per_sample == o.time_per_sample &&
          algorithm == o.algorithm && inputs == o.inputs && layer_order == o.layer_order;
@@ -532,6 +533,13 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
     return Invalid("plan.data_parallel",
                    absl::StrCat("must be at least 1, got ", plan.data_parallel));
   }
+  if (plan.sequence_parallel && plan.tensor_parallel < 2 &&
+      std::none_of(plan.stages.begin(), plan.stages.end(),
+                   [](const PlanStage& stage) { return stage.tensor_parallel >= 2; })) {
+    return Invalid("plan.sequence_parallel",
+                   "splits the sequence over tensor-parallel groups: it needs tensor_parallel 2 "
+                   "or more");
+  }
   TANDEM_RETURN_IF_ERROR(Annotate(CheckScheduleSpec(plan.schedule), "plan.schedule"));
   if (plan.pipeline_parallel != plan.schedule.num_ranks) {
     return Invalid("plan.pipeline_parallel",
@@ -685,6 +693,7 @@ nlohmann::json ToJson(const Plan& plan) {
           {"inputs", plan.inputs}};
   // Written only when it is not the identity, so plans of chain models read as before.
   if (!plan.layer_order.empty()) j["layer_order"] = plan.layer_order;
+  if (plan.sequence_parallel) j["sequence_parallel"] = true;
   return j;
 }
 
@@ -710,6 +719,9 @@ absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view whe
   if (j.contains("tensor_parallel")) {
     TANDEM_ASSIGN_OR_RETURN(plan.tensor_parallel,
                             GetIntIn(j, "tensor_parallel", 1, kMaxWorldSize, top));
+  }
+  if (j.contains("sequence_parallel")) {
+    TANDEM_ASSIGN_OR_RETURN(plan.sequence_parallel, GetBool(j, "sequence_parallel", top));
   }
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* schedule, GetObject(j, "schedule", top));
   TANDEM_ASSIGN_OR_RETURN(plan.schedule,

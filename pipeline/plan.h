@@ -47,6 +47,10 @@ struct Plan {
   int data_parallel = 1;      // D pipelines
   int pipeline_parallel = 1;  // p ranks per pipeline (== schedule.num_ranks)
   int tensor_parallel = 1;
+  // Megatron-LM's sequence parallelism inside the tensor-parallel groups (the runtime's
+  // --sequence-parallel): chosen by the planner when the profile's variants say they run with
+  // it. Needs tensor_parallel >= 2 (or a stage with it).
+  bool sequence_parallel = false;
   ScheduleSpec schedule;
   int64_t microbatch_size = 1;  // samples per micro-batch
   std::vector<std::vector<int>> mesh;  // mesh[d][q] = global rank

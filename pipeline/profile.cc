@@ -199,13 +199,17 @@ absl::Status ValidateProfile(const Profile& profile, absl::string_view source) {
         return FieldError(where, field, absl::StrCat("repeats input layer ", input));
       }
     }
-    std::set<int> degrees;
+    // A degree may come twice: without sequence parallelism and with it.
+    std::set<std::pair<int, bool>> degrees;
     for (size_t k = 0; k < layer.tensor_parallel.size(); ++k) {
+      const TensorParallelVariant& variant = layer.tensor_parallel[k];
       const std::string variant_where = absl::StrCat(where, ".tensor_parallel[", k, "]");
-      TANDEM_RETURN_IF_ERROR(ValidateVariant(layer.tensor_parallel[k], variant_where));
-      if (!degrees.insert(layer.tensor_parallel[k].degree).second) {
+      TANDEM_RETURN_IF_ERROR(ValidateVariant(variant, variant_where));
+      if (!degrees.insert({variant.degree, variant.sequence_parallel}).second) {
         return FieldError(variant_where, "degree",
-                          absl::StrCat("degree ", layer.tensor_parallel[k].degree, " repeats"));
+                          absl::StrCat("degree ", variant.degree,
+                                       variant.sequence_parallel ? " with" : " without",
+                                       " sequence parallelism repeats"));
       }
     }
   }

@@ -18,6 +18,7 @@
 // activation and gradient transfers of one micro-batch across every stage boundary.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -101,9 +102,12 @@ absl::StatusOr<AdaPipeResult> UniformFullRecompute(const LayerChain& chain,
 // The profile as seen by one device of a tensor-parallel group of degree t: every layer takes
 // its variant of degree t (time includes its communication; optimizer state and recompute
 // figures scale with the variant; a sequence-parallel variant also divides the stage-boundary
-// bytes and a recomputed layer's kept input by t). InvalidArgument naming the first layer
-// without one.
-absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(const pipeline::Profile& profile,
-                                                          int degree);
+// bytes and a recomputed layer's kept input by t). `sequence_parallel`: the variants that run
+// with sequence parallelism (true) or without (false), where a profile has both; unset: the
+// last variant of degree t each layer lists. InvalidArgument naming the first layer without
+// one.
+absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(
+    const pipeline::Profile& profile, int degree,
+    std::optional<bool> sequence_parallel = std::nullopt);
 
 }  // namespace tandem::planner

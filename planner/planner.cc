@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -371,6 +373,7 @@ absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
 
 struct AdaPipeCandidate {
   int tensor_parallel = 1;
+  bool sequence_parallel = false;
   int stages = 1;
   int data_parallel = 1;
   int microbatches = 1;  // per pipeline
@@ -381,19 +384,51 @@ struct AdaPipeCandidate {
   std::shared_ptr<LayerChain> chain;
 };
 
-std::vector<int> TensorParallelCandidates(const PlanRequest& request) {
-  if (request.tensor_parallel > 0) return {request.tensor_parallel};
-  std::vector<int> degrees = {1};
+// A tensor-parallel degree and whether its variants run with sequence parallelism (unset:
+// any variant of the degree, for a degree the profile does not have whole, whose error
+// ProfileAtTensorParallel names).
+struct TensorParallelChoice {
+  int degree = 1;
+  std::optional<bool> sequence_parallel;
+};
+
+// The degrees AdaPipe weighs: 1, and each degree (at most a node's devices) that every layer
+// has a variant of, with and without sequence parallelism where every layer has both (without
+// first, so that it wins a tie). A degree the request fixes is the only one.
+std::vector<TensorParallelChoice> TensorParallelCandidates(const PlanRequest& request) {
   const auto& layers = request.profile.layers;
-  for (const pipeline::TensorParallelVariant& v : layers.front().tensor_parallel) {
-    const bool everywhere = std::all_of(layers.begin(), layers.end(), [&](const auto& layer) {
+  auto everywhere = [&](int degree, bool sequence_parallel) {
+    return std::all_of(layers.begin(), layers.end(), [&](const auto& layer) {
       return std::any_of(layer.tensor_parallel.begin(), layer.tensor_parallel.end(),
-                         [&](const auto& w) { return w.degree == v.degree; });
+                         [&](const auto& w) {
+                           return w.degree == degree && w.sequence_parallel == sequence_parallel;
+                         });
     });
-    if (everywhere && v.degree <= request.cluster.devices_per_node) degrees.push_back(v.degree);
+  };
+  std::vector<TensorParallelChoice> choices;
+  auto add = [&](int degree, bool forced) {
+    if (degree == 1) {
+      choices.push_back({1, false});
+      return;
+    }
+    const size_t before = choices.size();
+    for (bool sequence_parallel : {false, true}) {
+      if (everywhere(degree, sequence_parallel)) choices.push_back({degree, sequence_parallel});
+    }
+    if (forced && choices.size() == before) choices.push_back({degree, std::nullopt});
+  };
+  if (request.tensor_parallel > 0) {
+    add(request.tensor_parallel, /*forced=*/true);
+    return choices;
   }
-  std::sort(degrees.begin(), degrees.end());
-  return degrees;
+  std::set<int> degrees = {1};
+  if (!layers.empty()) {
+    for (const pipeline::TensorParallelVariant& v : layers.front().tensor_parallel) {
+      if (v.degree <= request.cluster.devices_per_node) degrees.insert(v.degree);
+    }
+  }
+  for (int degree : degrees) add(degree, /*forced=*/false);
+  return choices;
 }
 
 absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
@@ -408,10 +443,12 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   AdaPipeCandidate best;
   absl::Status last_error = absl::ResourceExhaustedError("no candidate");
   bool any_tried = false;
-  for (int t : TensorParallelCandidates(request)) {
+  for (const TensorParallelChoice& choice : TensorParallelCandidates(request)) {
+    const int t = choice.degree;
     if (devices % t != 0) continue;
     TANDEM_ASSIGN_OR_RETURN(pipeline::Profile at_t,
-                            ProfileAtTensorParallel(AtSlowestSpeed(request.profile, cluster), t));
+                            ProfileAtTensorParallel(AtSlowestSpeed(request.profile, cluster), t,
+                                                    choice.sequence_parallel));
     TANDEM_ASSIGN_OR_RETURN(LayerChain chain_value, LayerChain::FromProfile(at_t));
     auto chain = std::make_shared<LayerChain>(std::move(chain_value));
     AdaPipePlanner planner(*chain, memory);
@@ -443,6 +480,7 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
       const double seconds = result->iteration_seconds + sync;
       if (seconds < best.seconds) {
         best.tensor_parallel = t;
+        best.sequence_parallel = t > 1 && choice.sequence_parallel.value_or(false);
         best.stages = p;
         best.data_parallel = d;
         best.microbatches = m;
@@ -490,6 +528,7 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   plan.data_parallel = best.data_parallel;
   plan.pipeline_parallel = best.stages;
   plan.tensor_parallel = best.tensor_parallel;
+  plan.sequence_parallel = best.sequence_parallel;
   plan.world_size = devices;
   for (int d = 0; d < best.data_parallel; ++d) {
     std::vector<int> row(best.stages);
@@ -590,25 +629,25 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
     baseline = absl::StrFormat("%s (AdaPipe %.3fx faster)", FormatSeconds(base_seconds),
                                base_seconds / adaptive_seconds);
   }
+  const char* sequence_note = best.sequence_parallel ? " (sequence parallel)" : "";
   if (request.adapipe_baseline) {
     outcome.summary = absl::StrFormat(
         "adapipe baseline on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor "
-        "parallel, %d micro-batches per pipeline: Megatron-LM default (uniform, full "
+        "parallel%s, %d micro-batches per pipeline: Megatron-LM default (uniform, full "
         "recomputation) %s (slowest stage %s, gradient sync %s); AdaPipe's plan: iteration "
         "%s (%.3fx faster)\n",
-        request.profile.model, best.chain->num_layers(), devices, best.data_parallel,
-        best.stages, best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
+        request.profile.model, best.chain->num_layers(), devices, best.data_parallel, best.stages,
+        best.tensor_parallel, sequence_note, best.microbatches, FormatSeconds(best.seconds),
         FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds),
         FormatSeconds(adaptive_seconds), best.seconds / adaptive_seconds);
   } else {
     outcome.summary = absl::StrFormat(
-        "adapipe on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor parallel, "
-        "%d micro-batches per pipeline: iteration %s (slowest stage %s, gradient sync %s); "
-        "Megatron-LM default (uniform, full recomputation): %s\n",
-        request.profile.model, best.chain->num_layers(), devices, best.data_parallel,
-        best.stages, best.tensor_parallel, best.microbatches, FormatSeconds(best.seconds),
-        FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds),
-        baseline);
+        "adapipe on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor "
+        "parallel%s, %d micro-batches per pipeline: iteration %s (slowest stage %s, gradient "
+        "sync %s); Megatron-LM default (uniform, full recomputation): %s\n",
+        request.profile.model, best.chain->num_layers(), devices, best.data_parallel, best.stages,
+        best.tensor_parallel, sequence_note, best.microbatches, FormatSeconds(best.seconds),
+        FormatSeconds(best.result.bottleneck_seconds), FormatSeconds(best.sync_seconds), baseline);
   }
   outcome.summary += schedule_note;
   return outcome;
@@ -706,9 +745,12 @@ absl::StatusOr<PlanOutcome> MakePlan(const PlanRequest& request) {
     std::string hint =
         fits.has_value()
             ? absl::StrCat("; the smallest memory per device that fits on ",
-                           request.cluster.NumDevices(), " devices is about ",
-                           FormatBytes(*fits), " (--memory ",
-                           static_cast<int64_t>(std::ceil(*fits)), ")")
+                           request.cluster.NumDevices(), " devices is about ", FormatBytes(*fits),
+                           " (",
+                           request.memory_flag_hint
+                               ? request.memory_flag_hint(*fits)
+                               : absl::StrCat("--memory ", static_cast<int64_t>(std::ceil(*fits))),
+                           ")")
             : "";
     return absl::ResourceExhaustedError(absl::StrCat(outcome.status().message(), hint));
   }

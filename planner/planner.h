@@ -14,6 +14,7 @@
 //    search ran.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,9 @@ struct PlanRequest {
   // AdaPipe chose, so that the two can be run side by side. 1F1B only (no schedule search).
   bool adapipe_baseline = false;
   nlohmann::json inputs = nlohmann::json::object();  // provenance, copied into the plan
+  // How the error for a plan that fits no memory names the flag that would make it fit, given
+  // the smallest memory per device that does: `tandem plan`'s "--memory BYTES" when unset.
+  std::function<std::string(double bytes)> memory_flag_hint;
 };
 
 struct PlanOutcome {

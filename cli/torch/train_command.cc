@@ -245,6 +245,40 @@ absl::StatusOr<pipeline::Plan> PlanFromScheduleFlags(const TrainOptions& options
   return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
 }
 
+// Ranks of this node that share `device`: on a GPU the node's ranks over its GPUs, on the CPU
+// every rank of the node.
+int RanksSharingDevice(torch::Device device) {
+  const int local_ranks = LocalRanks();
+  return device.is_cuda()
+             ? std::max(1, local_ranks / std::max(1, static_cast<int>(torch::cuda::device_count())))
+             : local_ranks;
+}
+
+// The memory per rank a planned run must fit, and where the figure comes from.
+struct MemoryLimit {
+  double bytes = 0;  // 0: none
+  std::string source;
+};
+
+// Of a GPU's memory the plan takes this share by default: the planner counts parameters,
+// gradients, optimizer state and stashed activations, not the CUDA context, LibTorch's
+// workspaces or the caching allocator's fragmentation.
+constexpr double kDefaultDeviceShare = 0.9;
+
+// --device-memory-mb; else on a GPU kDefaultDeviceShare of this rank's share of the device;
+// else (the CPU) none.
+MemoryLimit PlanningMemoryLimit(const TrainOptions& options) {
+  if (options.device_memory_bytes > 0) return {options.device_memory_bytes, "--device-memory-mb"};
+  if (!options.device.is_cuda()) return {};
+  const double memory = runtime::libtorch::DeviceMemoryBytes(options.device);
+  if (memory <= 0) return {};
+  const int sharing = RanksSharingDevice(options.device);
+  return {kDefaultDeviceShare * memory / sharing,
+          absl::StrFormat("%.0f%% of %s's %s%s; --device-memory-mb to change",
+                          kDefaultDeviceShare * 100, options.device.str(), FormatBytes(memory),
+                          sharing > 1 ? absl::StrCat(" over ", sharing, " ranks") : "")};
+}
+
 // Rank 0 profiles the model and plans for the world (AdaPipe: a uniform mesh with per-stage
 // recomputation); the plan is returned on rank 0 only.
 runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(const TrainOptions& options) {
@@ -259,15 +293,25 @@ runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(const TrainOptions& o
   return profiler;
 }
 
+// A measured shard profile: the model split over `degree` ranks, with or without sequence
+// parallelism.
+struct ShardProfile {
+  int degree = 2;
+  bool sequence_parallel = false;
+  pipeline::Profile profile;
+};
+
 // --tensor-parallel 0: the model's shards profiled at degrees 2, 4, 8 (those that divide the
 // world and the model), each by the first T ranks together (their collectives timed with
-// them). Collective over `world`; rank 0 gets the shard profiles, by degree.
-absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicator& world,
-                                                               const TrainOptions& train,
-                                                               const LayeredModel& model,
-                                                               const runtime::libtorch::Dataset& data) {
+// them), without sequence parallelism and with it as `variants` asks (false, true: both).
+// Collective over `world`; rank 0 gets the shard profiles.
+absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& world,
+                                                        const TrainOptions& train,
+                                                        const LayeredModel& model,
+                                                        const runtime::libtorch::Dataset& data,
+                                                        const std::vector<bool>& variants) {
   const torch::Device device = train.device;
-  std::map<int, pipeline::Profile> shards;
+  std::vector<ShardProfile> shards;
   if (!model.shard_for_tensor_parallel) return shards;
   // A failure skips the remaining measurements but not the splits, which every rank makes.
   absl::Status failed = absl::OkStatus();
@@ -277,11 +321,6 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group,
                             world.Split(member ? 0 : -1, world.rank()));
     if (!member || !failed.ok()) continue;
-    if (world.rank() == 0) {
-      std::cout << "profiling the shards of tensor parallelism " << t << " on ranks 0-" << t - 1
-                << " ..." << std::endl;
-    }
-    runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(train);
     // Where NCCL carries device buffers the group's collectives run over it, as the runtime
     // runs them (null: the MPI group; CUDA shards then reduce host copies).
     absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl = nullptr;
@@ -297,23 +336,33 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
       failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
       continue;
     }
-    options.tensor_parallel = {t, world.rank(), *nccl != nullptr ? nccl->get() : group.get()};
-    absl::StatusOr<pipeline::Profile> shard =
-        runtime::libtorch::ProfileModel(model, data, options);
-    // A degree the model does not split into (heads, vocabulary): the same answer on every
-    // rank of the group, before any collective; that degree is left out.
-    if (!shard.ok() && absl::IsInvalidArgument(shard.status())) {
+    for (bool sequence_parallel : variants) {
+      const std::string name = absl::StrCat("tensor parallelism ", t,
+                                            sequence_parallel ? " with sequence parallelism" : "");
       if (world.rank() == 0) {
-        std::cout << "  tensor parallelism " << t << " left out: " << shard.status().message()
+        std::cout << "profiling the shards of " << name << " on ranks 0-" << t - 1 << " ..."
                   << std::endl;
       }
-      continue;
+      runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(train);
+      options.tensor_parallel = {t, world.rank(), *nccl != nullptr ? nccl->get() : group.get()};
+      options.tensor_parallel.sequence_parallel = sequence_parallel;
+      absl::StatusOr<pipeline::Profile> shard =
+          runtime::libtorch::ProfileModel(model, data, options);
+      // A degree the model does not split into (heads, vocabulary, a sequence for sequence
+      // parallelism): the same answer on every rank of the group, before any collective; that
+      // variant is left out.
+      if (!shard.ok() && absl::IsInvalidArgument(shard.status())) {
+        if (world.rank() == 0) {
+          std::cout << "  " << name << " left out: " << shard.status().message() << std::endl;
+        }
+        continue;
+      }
+      if (!shard.ok()) {
+        failed = Annotate(shard.status(), name);
+        break;
+      }
+      if (world.rank() == 0) shards.push_back({t, sequence_parallel, *std::move(shard)});
     }
-    if (!shard.ok()) {
-      failed = Annotate(shard.status(), absl::StrCat("tensor parallelism ", t));
-      continue;
-    }
-    if (world.rank() == 0) shards[t] = *std::move(shard);
   }
   if (!failed.ok()) return failed;
   return shards;
@@ -321,7 +370,8 @@ absl::StatusOr<std::map<int, pipeline::Profile>> ProfileShards(comm::Communicato
 
 absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const LayeredModel& model,
                                         const runtime::libtorch::Dataset& data, int world_size,
-                                        const std::map<int, pipeline::Profile>& shards) {
+                                        const std::vector<ShardProfile>& shards,
+                                        double memory_bytes) {
   const runtime::libtorch::ProfilerOptions profiler = AutoPlanProfilerOptions(options);
   std::cout << "profiling " << model.name << " (micro-batch " << profiler.microbatch_size
             << ") on rank 0 ..." << std::endl;
@@ -329,24 +379,31 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
                           runtime::libtorch::ProfileModel(model, data, profiler));
   // Measured shards as the layers' tensor-parallel variants (their times include the
   // collectives): the planner weighs every degree against pipelines and replicas.
-  for (const auto& [t, shard] : shards) {
-    if (shard.layers.size() != profile.layers.size()) {
+  for (const ShardProfile& shard : shards) {
+    const std::vector<pipeline::LayerProfile>& layers = shard.profile.layers;
+    if (layers.size() != profile.layers.size()) {
       return absl::InternalError("a shard profile with another number of layers");
     }
-    double whole = 0, split = 0;
+    double whole = 0, split = 0, whole_stash = 0, split_stash = 0;
     for (size_t l = 0; l < profile.layers.size(); ++l) {
       whole += profile.layers[l].forward_seconds + profile.layers[l].backward_seconds;
-      split += shard.layers[l].forward_seconds + shard.layers[l].backward_seconds;
+      split += layers[l].forward_seconds + layers[l].backward_seconds;
+      whole_stash += profile.layers[l].stashed_activation_bytes;
+      split_stash += layers[l].stashed_activation_bytes;
     }
     std::cout << absl::StrFormat(
-                     "tensor parallelism %d measured: forward + backward %.3f ms per "
-                     "micro-batch on each rank (%.2fx one device's, collectives included)",
-                     t, split * 1e3, whole > 0 ? split / whole : 0.0)
+                     "tensor parallelism %d%s measured: forward + backward %.3f ms per "
+                     "micro-batch on each rank (%.2fx one device's, collectives included), "
+                     "%s stashed (%.2fx)",
+                     shard.degree, shard.sequence_parallel ? " with sequence parallelism" : "",
+                     split * 1e3, whole > 0 ? split / whole : 0.0, FormatBytes(split_stash),
+                     whole_stash > 0 ? split_stash / whole_stash : 0.0)
               << std::endl;
     for (size_t l = 0; l < profile.layers.size(); ++l) {
-      const pipeline::LayerProfile& measured = shard.layers[l];
+      const pipeline::LayerProfile& measured = layers[l];
       pipeline::TensorParallelVariant variant;
-      variant.degree = t;
+      variant.degree = shard.degree;
+      variant.sequence_parallel = shard.sequence_parallel;
       variant.forward_seconds = measured.forward_seconds;
       variant.backward_seconds = measured.backward_seconds;
       variant.stashed_activation_bytes = measured.stashed_activation_bytes;
@@ -357,9 +414,15 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
   planner::PlanRequest request;
   request.algorithm = planner::Algorithm::kAdaPipe;
   request.profile = profile;
-  TANDEM_ASSIGN_OR_RETURN(request.cluster,
-                          planner::MakeCluster(world_size, world_size, /*memory=*/0,
-                                               {/*bandwidth=*/10e9}));
+  // The devices are groups of `ranks_per_device` ranks (a given tensor-parallel degree).
+  const int ranks_per_device = std::max(1, options.tensor_parallel);
+  request.memory_flag_hint = [ranks_per_device](double bytes) {
+    const double mib = bytes / ranks_per_device / (1 << 20);
+    return absl::StrFormat("--device-memory-mb %.2f", std::ceil(mib * 100) / 100);
+  };
+  TANDEM_ASSIGN_OR_RETURN(
+      request.cluster,
+      planner::MakeCluster(world_size, world_size, memory_bytes, {/*bandwidth=*/10e9}));
   const int64_t global_batch = options.global_batch;
   if (global_batch > 0) {
     if (global_batch % profiler.microbatch_size != 0) {
@@ -396,6 +459,11 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
         "--tensor-parallel does not go with --plan: a plan file carries its own "
         "tensor_parallel");
   }
+  if (FlagGivenOnCommandLine("device_memory_mb") && (!plan_file.empty() || from_schedule)) {
+    return absl::InvalidArgumentError(
+        "--device-memory-mb applies to a planned run (no --plan, --schedule or "
+        "--schedule-file) or to --elastic: this run's plan is given");
+  }
   pipeline::Plan plan;
   if (!plan_file.empty()) {
     absl::Status local = [&]() -> absl::Status {
@@ -423,22 +491,35 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
     // planner chooses the degree with the partition.
     TANDEM_RETURN_IF_ERROR(
         CheckTensorParallel(tensor_parallel, world_size, /*planned=*/true, "a planned run"));
-    std::map<int, pipeline::Profile> shards;
+    const MemoryLimit limit = PlanningMemoryLimit(options);
+    if (world.rank() == 0 && limit.bytes > 0) {
+      std::cout << "planning for " << FormatBytes(limit.bytes) << " per rank (" << limit.source
+                << ")" << std::endl;
+    }
+    std::vector<ShardProfile> shards;
     if (tensor_parallel == 0) {
-      absl::StatusOr<std::map<int, pipeline::Profile>> measured =
-          ProfileShards(world, options, model, data);
+      // Sequence parallelism saves activation memory at the same communication: weighed where
+      // memory is limited, the only choice with --sequence-parallel.
+      const std::vector<bool> variants = options.sequence_parallel ? std::vector<bool>{true}
+                                         : limit.bytes > 0         ? std::vector<bool>{false, true}
+                                                                   : std::vector<bool>{false};
+      absl::StatusOr<std::vector<ShardProfile>> measured =
+          ProfileShards(world, options, model, data, variants);
       TANDEM_RETURN_IF_ERROR(Agree(world, measured.status(), "profiling tensor-parallel shards"));
       shards = *std::move(measured);
     }
     if (world.rank() == 0) {
       // With a given degree the planner partitions over the groups (the layers' costs are
       // the unsharded profile's: every stage T times faster leaves the partition as it is),
-      // and each plan position becomes a group of T ranks.
+      // each with the memory of its T ranks, and each plan position becomes a group of T
+      // ranks.
       auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
-        if (tensor_parallel == 0) return AutoPlan(options, model, data, world_size, shards);
-        TANDEM_ASSIGN_OR_RETURN(
-            pipeline::Plan plan,
-            AutoPlan(options, model, data, world_size / tensor_parallel, /*shards=*/{}));
+        if (tensor_parallel == 0) {
+          return AutoPlan(options, model, data, world_size, shards, limit.bytes);
+        }
+        TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
+                                AutoPlan(options, model, data, world_size / tensor_parallel,
+                                         /*shards=*/{}, limit.bytes * tensor_parallel));
         if (tensor_parallel == 1) return plan;
         return pipeline::WithTensorParallel(std::move(plan), tensor_parallel);
       }();
@@ -468,9 +549,9 @@ std::string DescribePlan(const pipeline::Plan& plan) {
   std::string out = absl::StrFormat(
       "plan: %s, %d pipeline(s) x %d stage(s)%s (%d ranks), %d micro-batches of %d, "
       "global batch %d\n",
-      pipeline::ScheduleKindName(plan.schedule.kind), plan.data_parallel,
-      plan.pipeline_parallel,
-      plan.tensor_parallel > 1 ? absl::StrCat(" x ", plan.tensor_parallel, " tensor-parallel")
+      pipeline::ScheduleKindName(plan.schedule.kind), plan.data_parallel, plan.pipeline_parallel,
+      plan.tensor_parallel > 1 ? absl::StrCat(" x ", plan.tensor_parallel, " tensor-parallel",
+                                              plan.sequence_parallel ? " (sequence parallel)" : "")
                                : "",
       plan.world_size, plan.schedule.num_microbatches, plan.microbatch_size,
       plan.GlobalBatchSize());
@@ -482,12 +563,14 @@ std::string DescribePlan(const pipeline::Plan& plan) {
   }
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const pipeline::PlanStage& st = plan.stages[s];
-    absl::StrAppendFormat(&out, "  stage %d: layers [%d, %d)%s\n", s, st.first_layer,
-                          st.end_layer,
-                          st.recompute_layers.empty()
-                              ? ""
-                              : absl::StrCat(", recompute ", st.recompute_layers.size(),
-                                             " layer(s)"));
+    absl::StrAppendFormat(
+        &out, "  stage %d: layers [%d, %d)%s%s\n", s, st.first_layer, st.end_layer,
+        st.recompute_layers.empty()
+            ? ""
+            : absl::StrCat(", recompute ", st.recompute_layers.size(), " layer(s)"),
+        st.predicted_memory_bytes > 0
+            ? absl::StrCat(", ", FormatBytes(st.predicted_memory_bytes), " per rank predicted")
+            : "");
   }
   return out;
 }
@@ -561,11 +644,7 @@ absl::Status CheckMicrobatchFits(const pipeline::Plan& plan, const ModelAndData&
                                  torch::Device device) {
   const double memory = runtime::libtorch::DeviceMemoryBytes(device);
   if (memory <= 0 || !model.minimum_activation_bytes) return absl::OkStatus();
-  const int local_ranks = LocalRanks();
-  const int sharing =
-      device.is_cuda()
-          ? std::max(1, local_ranks / std::max(1, static_cast<int>(torch::cuda::device_count())))
-          : local_ranks;
+  const int sharing = RanksSharingDevice(device);
   const double share = memory / sharing;
   const double in_flight = std::min(plan.schedule.num_microbatches, plan.schedule.NumStages());
   for (size_t i = 0; i < plan.stages.size(); ++i) {
@@ -765,6 +844,16 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       RunRecord(*model_and_data.data, plan.GlobalBatchSize(), options.engine.lr_schedule);
   if (!options.resume.empty()) {
     TANDEM_RETURN_IF_ERROR(CheckResumeMatches(options, options.engine.checkpoint_run));
+  }
+  // The planner's choice, or a plan file's.
+  if (plan.sequence_parallel) options.sequence_parallel = true;
+  if (options.sequence_parallel && options.tensor_parallel == 0 && plan.tensor_parallel < 2) {
+    if (rank == 0) {
+      std::cout << "the planner chose no tensor parallelism: --sequence-parallel has no group "
+                   "to split the sequence over; running without it"
+                << std::endl;
+    }
+    options.sequence_parallel = false;
   }
   TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, std::max(1, plan.tensor_parallel)));
   if (rank == 0) std::cout << start_line << "\n" << DescribePlan(plan) << std::flush;

@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +38,11 @@ ABSL_FLAG(double, elastic_agreement_timeout, 60,
           "who lives, and inside a call MPI cannot interrupt (building the survivors' "
           "communicator, starting new ranks) before a rank ends with an error instead");
 ABSL_FLAG(double, device_memory_mb, 0,
-          "train --elastic: memory per device (MiB) the pipeline templates must fit (0: no "
-          "limit)");
+          "train, planned (no --plan, --schedule or --schedule-file) or --elastic: memory per "
+          "rank (MiB) that the model's parameters, gradients, optimizer state and stashed "
+          "activations must fit; the planner recomputes layers (AdaPipe) and, with "
+          "--tensor-parallel 0, weighs sequence parallelism to fit it (0: on a GPU 90% of the "
+          "rank's share of the device, on the CPU no limit)");
 ABSL_FLAG(int, devices_per_node, 1,
           "train --elastic: ranks per node (a node that loses a rank is dropped whole; default "
           "1, or --tensor-parallel's T: a tensor-parallel group lives inside a node)");
@@ -204,6 +208,11 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
   return options;
 }
 
+// --device-memory-mb in bytes (0: not given).
+double DeviceMemoryFlagBytes() {
+  return std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * kBytesPerMiB;
+}
+
 absl::StatusOr<ElasticSettings> ElasticSettingsFromFlags(int tensor_parallel) {
   ElasticSettings e;
   e.min_pipelines = absl::GetFlag(FLAGS_elastic_min_pipelines);
@@ -224,7 +233,7 @@ absl::StatusOr<ElasticSettings> ElasticSettingsFromFlags(int tensor_parallel) {
         "--devices-per-node ", e.devices_per_node, " is not a multiple of --tensor-parallel ",
         tensor_parallel, " (a tensor-parallel group lives inside one node)"));
   }
-  e.device_memory_bytes = std::max(0.0, absl::GetFlag(FLAGS_device_memory_mb)) * kBytesPerMiB;
+  e.device_memory_bytes = DeviceMemoryFlagBytes();
   e.heartbeat_timeout = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_heartbeat_timeout)));
   return e;
 }
@@ -257,7 +266,7 @@ absl::Status CheckFlagsThatNeedOthers() {
       {"elastic_replace", elastic, "--elastic; this run is not elastic"},
       {"elastic_agreement_timeout", elastic, "--elastic; this run is not elastic"},
       {"devices_per_node", elastic, "--elastic; this run is not elastic"},
-      {"device_memory_mb", elastic, "--elastic; this run is not elastic"},
+      // (--device-memory-mb also applies to a planned run: checked where the plan is made)
   };
   for (const Need& need : needs) {
     if (need.met || !FlagGivenOnCommandLine(need.flag)) continue;
@@ -345,6 +354,13 @@ absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
         "--eval-every must not be negative and --eval-batches must be at least 1");
   }
 
+  const double memory_mb = absl::GetFlag(FLAGS_device_memory_mb);
+  if (!(memory_mb >= 0) || !std::isfinite(memory_mb)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device-memory-mb must be a non-negative number of MiB (0: the default), got ",
+        memory_mb));
+  }
+  o.device_memory_bytes = DeviceMemoryFlagBytes();
   o.elastic = absl::GetFlag(FLAGS_elastic);
   if (o.elastic) {
     TANDEM_ASSIGN_OR_RETURN(o.elastic_settings, ElasticSettingsFromFlags(o.tensor_parallel));

@@ -49,7 +49,8 @@ struct TrainOptions {
   int64_t microbatch_size = 1;
   int64_t global_batch = 0;  // samples; 0: the plan's
   int tensor_parallel = 1;   // 0: the planner's choice
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // --sequence-parallel (a plan may also choose it)
+  double device_memory_bytes = 0;  // --device-memory-mb per rank; 0: not given
   std::optional<pipeline::ScheduleKind> schedule;  // --schedule, when given
 
   // Outputs. Every one is checked before the first step (CheckOutputPaths).

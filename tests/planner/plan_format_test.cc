@@ -98,8 +98,7 @@ TEST(ProfileFormat, BadInputNamesFileAndField) {
        "layers[2].inputs[0]: unknown layer name 'nope'"},
       {"cycle", [](nlohmann::json& j) { j["layers"][1]["inputs"] = {"layer3"}; },
        "layers[1].inputs[0]: refers to layers[3]"},
-      {"self loop", [](nlohmann::json& j) { j["layers"][1]["inputs"] = {1}; },
-       "no cycles"},
+      {"self loop", [](nlohmann::json& j) { j["layers"][1]["inputs"] = {1}; }, "no cycles"},
       {"missing microbatch size", [](nlohmann::json& j) { j.erase("microbatch_size"); },
        "model.json: profile.microbatch_size: missing field"},
       {"no layers", [](nlohmann::json& j) { j["layers"] = nlohmann::json::array(); },
@@ -113,6 +112,12 @@ TEST(ProfileFormat, BadInputNamesFileAndField) {
       {"bad sequence_parallel",
        [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][1]["sequence_parallel"] = 1; },
        "layers[1].tensor_parallel[1].sequence_parallel: must be true or false"},
+      {"repeated variant",
+       [](nlohmann::json& j) {
+         j["layers"][1]["tensor_parallel"][1]["degree"] = 2;
+         j["layers"][1]["tensor_parallel"][1]["sequence_parallel"] = false;
+       },
+       "layers[1].tensor_parallel[1].degree: degree 2 without sequence parallelism repeats"},
   };
   for (const BadProfileCase& c : cases) {
     nlohmann::json j = ToJson(SmallProfile());
@@ -123,6 +128,17 @@ TEST(ProfileFormat, BadInputNamesFileAndField) {
     EXPECT_TRUE(absl::StrContains(parsed.status().message(), c.expected_text))
         << c.description << ": " << parsed.status().message();
   }
+}
+
+// A degree may be listed twice, once with sequence parallelism: the planner weighs both.
+TEST(ProfileFormat, ADegreeMayComeWithAndWithoutSequenceParallelism) {
+  nlohmann::json j = ToJson(SmallProfile());
+  j["layers"][1]["tensor_parallel"][1]["degree"] = 2;
+  auto parsed = ProfileFromJson(j, "model.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->layers[1].tensor_parallel.size(), 2u);
+  EXPECT_FALSE(parsed->layers[1].tensor_parallel[0].sequence_parallel);
+  EXPECT_TRUE(parsed->layers[1].tensor_parallel[1].sequence_parallel);
 }
 
 TEST(ProfileFormat, WriteRefusesInvalidProfileAndLeavesNoFile) {
@@ -359,6 +375,36 @@ TEST(PlanFormat, LayerOrderRoundTripsAndIsWrittenOnlyWhenNeeded) {
   nlohmann::json without = ordered;
   without.erase("layer_order");
   EXPECT_EQ(without, chain);
+}
+
+// Sequence parallelism is the plan's when the planner chose it: written only then (plans
+// without it read and write as before), read back, and refused without tensor parallelism.
+TEST(PlanFormat, SequenceParallelRoundTripsAndNeedsTensorParallelism) {
+  ScheduleSpec spec;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 2;
+  auto plain = MakeUniformPlan(4, spec, 1, 1);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(ToJson(*plain).contains("sequence_parallel"));
+  auto plan = WithTensorParallel(*plain, 2);
+  ASSERT_TRUE(plan.ok());
+  plan->sequence_parallel = true;
+  const nlohmann::json j = ToJson(*plan);
+  EXPECT_EQ(j["sequence_parallel"], true);
+  auto parsed = PlanFromJson(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->sequence_parallel);
+  EXPECT_EQ(*parsed, *plan);
+  nlohmann::json bad = ToJson(*plain);
+  bad["sequence_parallel"] = true;
+  EXPECT_TRUE(absl::StrContains(PlanFromJson(bad, "p.json").status().message(),
+                                "plan.sequence_parallel: splits the sequence over "
+                                "tensor-parallel groups: it needs tensor_parallel 2 or more"))
+      << PlanFromJson(bad, "p.json").status();
+  bad["sequence_parallel"] = "yes";
+  EXPECT_TRUE(
+      absl::StrContains(PlanFromJson(bad, "p.json").status().message(), "plan.sequence_parallel"))
+      << PlanFromJson(bad, "p.json").status();
 }
 
 TEST(PlanFormat, BadPlansNameTheField) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "planner/adapipe.h"
+#include "planner/gpt_profile.h"
 #include "planner/importers.h"
 #include "planner/layer_chain.h"
 #include "tests/planner/pipedream_references.h"
@@ -148,6 +149,58 @@ pipeline::Profile CpuGptProfile() {
 // 100 MiB per rank forces recomputation on two stages (without it no partition fits); AdaPipe
 // recomputes only where it must and fits, the baseline (--baseline) is the uniform partition
 // with every layer recomputed, and the predicted gain is what the bench sets out to measure.
+// A profile whose layers have tensor-parallel variants with and without sequence parallelism
+// (the runtime's --sequence-parallel): AdaPipe weighs both. GPT-3 175B at t = 8 on 40 GB must
+// recompute; with the sequence split it keeps more, and the plan says so.
+TEST(MakePlan, AdaPipeChoosesSequenceParallelismWhereItRecomputesLess) {
+  GptShape shape = Gpt3Shape();
+  const pipeline::Profile plain = MakeGptProfile(shape, A100Figures());
+  shape.sequence_parallel = true;
+  const pipeline::Profile split = MakeGptProfile(shape, A100Figures());
+  pipeline::Profile both = plain;
+  for (size_t i = 0; i < both.layers.size(); ++i) {
+    for (const pipeline::TensorParallelVariant& v : split.layers[i].tensor_parallel) {
+      ASSERT_TRUE(v.sequence_parallel);
+      both.layers[i].tensor_parallel.push_back(v);
+    }
+  }
+  PlanRequest request;
+  request.algorithm = Algorithm::kAdaPipe;
+  request.cluster = *MakeCluster(128, 8, 40e9, {100e9, 25e9});
+  request.stages = 16;
+  request.tensor_parallel = 8;
+  request.microbatches = 64;
+  auto recomputed = [](const pipeline::Plan& plan) {
+    size_t n = 0;
+    for (const pipeline::PlanStage& stage : plan.stages) n += stage.recompute_layers.size();
+    return n;
+  };
+  request.profile = plain;
+  auto without = MakePlan(request);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_FALSE(without->plan.sequence_parallel);
+  EXPECT_FALSE(absl::StrContains(without->summary, "sequence parallel")) << without->summary;
+  request.profile = both;
+  auto chosen = MakePlan(request);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_TRUE(chosen->plan.sequence_parallel);
+  EXPECT_TRUE(absl::StrContains(chosen->summary, "8 tensor parallel (sequence parallel)"))
+      << chosen->summary;
+  EXPECT_GT(recomputed(without->plan), 0u);
+  EXPECT_LT(recomputed(chosen->plan), recomputed(without->plan));
+  EXPECT_LT(chosen->plan.predicted_iteration_seconds, without->plan.predicted_iteration_seconds);
+  auto round_trip = pipeline::PlanFromJson(pipeline::ToJson(chosen->plan));
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status();
+  EXPECT_TRUE(round_trip->sequence_parallel);
+  // With only the sequence-parallel variants, those are the plan's.
+  request.profile = split;
+  auto only = MakePlan(request);
+  ASSERT_TRUE(only.ok()) << only.status();
+  EXPECT_TRUE(only->plan.sequence_parallel);
+  EXPECT_DOUBLE_EQ(only->plan.predicted_iteration_seconds,
+                   chosen->plan.predicted_iteration_seconds);
+}
+
 TEST(MakePlan, AdaPipeRecomputesLessThanItsBaselineWithinTheBudget) {
   constexpr double kBudget = 100.0 * (1 << 20);
   PlanRequest request;

@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/plan.h"
 #include "tests/support/train_cli.h"
 
 namespace {
@@ -342,6 +345,89 @@ TEST(TensorParallelTest, PlannerChoosesTheDegreeFromMeasuredShards) {
   EXPECT_NE(o.output.find("tensor parallelism 4 measured"), std::string::npos) << o.output;
   std::filesystem::remove(log);
   ExpectReferenceLosses({"choose_tp", 4, 4, "--tensor-parallel 0"});
+}
+
+// A planned run fits --device-memory-mb per rank. The GPT here needs 131 KiB per rank as two
+// replicas and 75 KiB and 65 KiB as two stages without recomputation; at 0.06 MiB (61 KiB) the
+// only plan is two stages, each recomputing a layer, and it trains to the reference losses.
+// Below what any plan needs, the error gives the smallest memory that fits, as this flag.
+TEST(PlannedRunTest, FitsTheMemoryGivenByRecomputing) {
+  const std::string log = TempPath("memory.jsonl");
+  Outcome o = RunCommand(Train(2, 2, "--device-memory-mb 0.06", log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("plan: 1f1b, 1 pipeline(s) x 2 stage(s) (2 ranks)"), std::string::npos)
+      << o.output;
+  for (const char* stage : {"stage 0: layers [0, 2), recompute 1 layer(s), ",
+                            "stage 1: layers [2, 4), recompute 1 layer(s), "}) {
+    const size_t at = o.output.find(stage);
+    ASSERT_NE(at, std::string::npos) << stage << "\n" << o.output;
+    // "..., 58.62 KiB per rank predicted"
+    const double kib = std::strtod(o.output.c_str() + at + std::strlen(stage), nullptr);
+    EXPECT_GT(kib, 0) << o.output;
+    EXPECT_LE(kib, 0.06 * 1024) << stage << "\n" << o.output;
+  }
+  std::filesystem::remove(log);
+  ExpectReferenceLosses({"memory", 2, 2, "--device-memory-mb 0.06"});
+  o = RunCommand(Train(2, 2, "--device-memory-mb 0.01", log));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("fits 10.24 KiB per device, even with every layer recomputed"),
+            std::string::npos)
+      << o.output;
+  EXPECT_NE(o.output.find("(--device-memory-mb 0.0"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("iter "), std::string::npos) << o.output;
+  std::filesystem::remove(log);
+}
+
+// Under a memory limit the shards are measured with sequence parallelism too, and the planner
+// weighs both variants of each degree; the run it chooses trains to the reference losses.
+TEST(TensorParallelTest, PlannerWeighsSequenceParallelismUnderAMemoryLimit) {
+  const std::string log = TempPath("choose_sp.jsonl");
+  Outcome o = RunCommand(Train(4, 4, "--tensor-parallel 0 --device-memory-mb 256", log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("planning for 256.00 MiB per rank (--device-memory-mb)"),
+            std::string::npos)
+      << o.output;
+  for (const char* measured :
+       {"tensor parallelism 2 measured", "tensor parallelism 2 with sequence parallelism measured",
+        "tensor parallelism 4 measured",
+        "tensor parallelism 4 with sequence parallelism measured"}) {
+    EXPECT_NE(o.output.find(measured), std::string::npos) << measured << "\n" << o.output;
+  }
+  std::filesystem::remove(log);
+  ExpectReferenceLosses({"choose_sp", 4, 4, "--tensor-parallel 0 --device-memory-mb 256"});
+}
+
+// A plan that chose sequence parallelism (`sequence_parallel: true`, as the planner writes it)
+// runs with it: the run says so, trains to the reference losses, and a sequence that does not
+// split over the group is refused as with --sequence-parallel.
+TEST(TensorParallelTest, APlanThatChoseSequenceParallelismRunsWithIt) {
+  tandem::pipeline::ScheduleSpec spec;
+  spec.kind = tandem::pipeline::ScheduleKind::k1F1B;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 4;
+  auto plain = tandem::pipeline::MakeUniformPlan(4, spec, 1, kGlobalBatch / 4);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto plan = tandem::pipeline::WithTensorParallel(*plain, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan->sequence_parallel = true;
+  const std::string path = TempPath("sp_plan.json");
+  ASSERT_TRUE(tandem::pipeline::WritePlanFile(*plan, path).ok());
+  const std::string flags = absl::StrCat("--plan ", path);
+  const std::string log = TempPath("sp_plan.jsonl");
+  Outcome o = RunCommand(Train(4, 2, flags, log));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("1 pipeline(s) x 2 stage(s) x 2 tensor-parallel (sequence parallel)"),
+            std::string::npos)
+      << o.output;
+  std::filesystem::remove(log);
+  ExpectReferenceLosses({"sp_plan", 4, 2, flags.c_str()});
+  o = RunCommand(Train(4, 2, flags + " --seq-len 7", log));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("sequence length (sequence parallelism) (7) divisible by 2"),
+            std::string::npos)
+      << o.output;
+  std::filesystem::remove(log);
+  std::filesystem::remove(path);
 }
 
 // Without --schedule the planner (AdaPipe, from rank 0's profile) partitions the layers over

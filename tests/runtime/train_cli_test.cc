@@ -853,7 +853,10 @@ TEST(TrainCliTest, FlagsWithoutWhatTheyApplyToAreBadInput) {
        "--min-lr applies to a cosine decay (--decay-steps past --warmup-steps)"},
       {" --decay-steps 3 --warmup-steps 4", "--decay-steps 3 is the step at which the cosine"},
       {" --elastic-replace", "--elastic-replace applies to --elastic; this run is not elastic"},
-      {" --device-memory-mb 64", "--device-memory-mb applies to --elastic"},
+      {" --device-memory-mb 64 --schedule gpipe --stages 1",
+       "--device-memory-mb applies to a planned run (no --plan, --schedule or "
+       "--schedule-file) or to --elastic: this run's plan is given"},
+      {" --device-memory-mb -1", "--device-memory-mb must be a non-negative number of MiB"},
   };
   for (const auto& [flags, message] : cases) {
     Outcome o = RunCommand(absl::StrCat(run, flags));
