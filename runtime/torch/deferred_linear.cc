@@ -133,9 +133,13 @@ torch::Tensor PaddedGradient(const torch::Tensor& g, int64_t padded) {
 // hold copies made with autograd off (a custom function's forward) for other uses of the same
 // weight. Saved: the input and weight as computed with, the weight itself (whose gradient W
 // adds to) and the bias.
+//
+// With `whole` (LinearOverWhole): x is this rank's part of the input, the product takes
+// whole(x as computed with), and the part is what is saved (the backward makes it whole
+// again). No padding then.
 torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                             const torch::Tensor& weight, const torch::Tensor& bias,
-                            int64_t pad_columns) {
+                            int64_t pad_columns, const InputMakers* whole = nullptr) {
   torch::Tensor x_compute = x, weight_compute = weight, bias_compute = bias;
   if (const std::optional<torch::ScalarType> type = AutocastMatmulType(x.device())) {
     x_compute = Lower(x, *type);
@@ -144,19 +148,21 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
   }
   ctx->saved_data["input_type"] = static_cast<int64_t>(x.scalar_type());
   const int64_t columns = weight.size(0);
-  if (pad_columns > 1 && columns % pad_columns != 0 && x.numel() > 0) {
+  if (whole == nullptr && pad_columns > 1 && columns % pad_columns != 0 && x.numel() > 0) {
     return PaddedProduct(ctx, x_compute, weight_compute, weight, bias, bias_compute,
                          (columns + pad_columns - 1) / pad_columns * pad_columns);
   }
+  const torch::Tensor input =
+      whole != nullptr ? whole->whole(x_compute, whole->context) : x_compute;
   if (bias.defined()) {
     ctx->save_for_backward({x_compute, weight_compute, weight, bias});
     // at::linear, not torch::nn::functional::linear: the latter is a matmul and a separate
     // `+= bias` (an unvectorised mixed-type kernel under autocast: 3.9 ms of an 85 ms GPT-2
     // small step on an H200); at::linear folds the bias into the GEMM's epilogue.
-    return at::linear(x_compute, weight_compute, bias_compute);
+    return at::linear(input, weight_compute, bias_compute);
   }
   ctx->save_for_backward({x_compute, weight_compute, weight});
-  return at::linear(x_compute, weight_compute);
+  return at::linear(input, weight_compute);
 }
 
 // The gradients of y = x W^T (+ b) from dL/dy. Inside a LinearGradScope the weight and bias
@@ -164,13 +170,17 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
 // custom functions take no undefined tensors, so the layers with and without a bias are two
 // functions sharing this. A padded product (PaddedProduct) runs its products over the padded
 // width, its output gradient widened to it; the weight's and bias's gradients are then cut
-// to their rows (AccumulateWeightGradient, BiasGradient, AccumulateBiasGradient).
+// to their rows (AccumulateWeightGradient, BiasGradient, AccumulateBiasGradient). With
+// `whole`, the saved part of the input is made whole again first, and the input's gradient
+// returned is the whole input's.
 torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
-                                              const torch::Tensor& g, bool has_bias) {
+                                              const torch::Tensor& g, bool has_bias,
+                                              const InputMakers* whole = nullptr) {
   const auto found = ctx->saved_data.find("padded");
   const int64_t padded = found == ctx->saved_data.end() ? 0 : found->second.toInt();
   const auto saved = ctx->get_saved_variables();
-  const torch::Tensor& x = saved[0];  // as the forward computed with (bfloat16 under autocast)
+  // As the forward computed with (bfloat16 under autocast).
+  const torch::Tensor x = whole != nullptr ? whole->whole(saved[0], whole->context) : saved[0];
   const torch::Tensor& weight_compute = saved[1];
   const torch::Tensor& weight = saved[2];
   const torch::Tensor bias = has_bias ? saved[3] : torch::Tensor();
@@ -242,7 +252,79 @@ struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunct
   }
 };
 
+// LinearOverWhole's makers, kept in the context as integers.
+void SaveMakers(torch::autograd::AutogradContext* ctx, const InputMakers& makers) {
+  ctx->saved_data["whole"] = reinterpret_cast<int64_t>(makers.whole);
+  ctx->saved_data["part_of_gradient"] = reinterpret_cast<int64_t>(makers.part_of_gradient);
+  ctx->saved_data["context"] = makers.context;
+}
+InputMakers MakersOf(torch::autograd::AutogradContext* ctx) {
+  InputMakers makers;
+  makers.whole = reinterpret_cast<InputMaker>(ctx->saved_data["whole"].toInt());
+  makers.part_of_gradient =
+      reinterpret_cast<InputMaker>(ctx->saved_data["part_of_gradient"].toInt());
+  makers.context = ctx->saved_data["context"].toInt();
+  return makers;
+}
+
+torch::Tensor OverWholeForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               const InputMakers& makers) {
+  SaveMakers(ctx, makers);
+  return LinearForward(ctx, x, weight, bias, 0, &makers);
+}
+
+torch::autograd::variable_list OverWholeBackward(torch::autograd::AutogradContext* ctx,
+                                                 const torch::Tensor& g, bool has_bias) {
+  const InputMakers makers = MakersOf(ctx);
+  torch::autograd::variable_list result = LinearBackward(ctx, g, has_bias, &makers);
+  if (result[0].defined()) result[0] = makers.part_of_gradient(result[0], makers.context);
+  for (int i = 0; i < 3; ++i) result.emplace_back();  // the makers
+  return result;
+}
+
+// LinearOverWhole with a bias and without (LibTorch 1.13's custom functions take no undefined
+// tensors).
+struct LinearOverWholeFunction : public torch::autograd::Function<LinearOverWholeFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor weight, torch::Tensor bias, int64_t whole,
+                               int64_t part_of_gradient, int64_t context) {
+    return OverWholeForward(ctx, x, weight, bias,
+                            {reinterpret_cast<InputMaker>(whole),
+                             reinterpret_cast<InputMaker>(part_of_gradient), context});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return OverWholeBackward(ctx, grads[0], /*has_bias=*/true);
+  }
+};
+
+struct LinearOverWholeNoBiasFunction
+    : public torch::autograd::Function<LinearOverWholeNoBiasFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor weight, int64_t whole, int64_t part_of_gradient,
+                               int64_t context) {
+    return OverWholeForward(ctx, x, weight, torch::Tensor(),
+                            {reinterpret_cast<InputMaker>(whole),
+                             reinterpret_cast<InputMaker>(part_of_gradient), context});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return OverWholeBackward(ctx, grads[0], /*has_bias=*/false);
+  }
+};
+
 }  // namespace
+
+torch::Tensor LinearOverWhole(const torch::Tensor& x, const torch::Tensor& weight,
+                              const torch::Tensor& bias, const InputMakers& makers) {
+  const int64_t whole = reinterpret_cast<int64_t>(makers.whole);
+  const int64_t part = reinterpret_cast<int64_t>(makers.part_of_gradient);
+  if (!bias.defined()) {
+    return LinearOverWholeNoBiasFunction::apply(x, weight, whole, part, makers.context);
+  }
+  return LinearOverWholeFunction::apply(x, weight, bias, whole, part, makers.context);
+}
 
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias) {

@@ -14,6 +14,7 @@
 // bias is not a parameter with a .grad (a tensor computed from parameters).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <torch/types.h>
@@ -39,6 +40,25 @@ void AccumulateGradient(GradientWriter* writer, const torch::Tensor& parameter,
 // y = x W^T + b (bias may be undefined), with a deferrable weight gradient.
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias);
+
+// How LinearOverWhole makes its input whole and hands back its part of the gradient: plain
+// functions of a tensor and `context` (e.g. the address of the layer's TensorParallel, which
+// must outlive the backward pass).
+using InputMaker = torch::Tensor (*)(const torch::Tensor&, int64_t context);
+struct InputMakers {
+  InputMaker whole = nullptr;             // this rank's part -> the whole input (all-gather)
+  InputMaker part_of_gradient = nullptr;  // the whole input's gradient -> the part's
+  int64_t context = 0;
+};
+
+// DeferrableLinear(makers.whole(x), weight, bias), keeping only x (this rank's part of the
+// input, as computed with under autocast) for the backward, which makes it whole again for
+// the weight gradient: sequence parallelism's products then keep S/t tokens of their input
+// between forward and backward, not all S (Megatron-LM re-gathers them the same way). x's
+// gradient is makers.part_of_gradient of the whole input's. Under autocast the part is
+// lowered before it is made whole, so a gather moves the compute type.
+torch::Tensor LinearOverWhole(const torch::Tensor& x, const torch::Tensor& weight,
+                              const torch::Tensor& bias, const InputMakers& makers);
 
 // DeferrableLinear computed over a multiple of kPaddedColumns (fused_ops.h) output features on
 // CUDA where the fused kernels are on and the output's width is not such a multiple: the

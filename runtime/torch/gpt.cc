@@ -317,19 +317,22 @@ class GptBlockImpl : public torch::nn::Cloneable<GptBlockImpl>, public Increment
     const int64_t batch = x.size(0), hidden = x.size(2);
     const int64_t head_dim = hidden / config_.heads;
     const int64_t heads = tp_.ShardSize(config_.heads), local = heads * head_dim;
-    const torch::Tensor normed =
-        GatherFromSequenceParallel(LayerNormWith(attention_norm, x, shared[0], shared[1]), tp_);
-    const int64_t length = normed.size(1);
+    // The column-parallel products take the whole sequence but keep only this rank's tokens
+    // of their inputs for the backward (LinearOverGatheredSequence).
+    const int64_t length = x.size(1) * tp_.size;
     const auto qkv_heads =
-        Apply(qkv, normed).view({batch, length, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+        LinearOverGatheredSequence(LayerNormWith(attention_norm, x, shared[0], shared[1]),
+                                   qkv->weight, qkv->bias, tp_)
+            .view({batch, length, 3, heads, head_dim})
+            .permute({2, 0, 3, 1, 4});
     const std::vector<torch::Tensor> split = qkv_heads.unbind(0);  // one stack backward
     const auto attended = Attend(split[0], split[1], split[2], head_dim);
     const auto projected =
         DeferrableLinear(attended.transpose(1, 2).reshape({batch, length, local}),
                          attention_out->weight, torch::Tensor());
     x = x + (ReduceScatterToSequenceParallel(projected, tp_) + shared[2]);
-    const auto units = torch::gelu(Apply(
-        mlp_in, GatherFromSequenceParallel(LayerNormWith(mlp_norm, x, shared[3], shared[4]), tp_)));
+    const auto units = torch::gelu(LinearOverGatheredSequence(
+        LayerNormWith(mlp_norm, x, shared[3], shared[4]), mlp_in->weight, mlp_in->bias, tp_));
     return x + (ReduceScatterToSequenceParallel(DeferrableLinear(units, mlp_out->weight, {}),
                                                 tp_) +
                 shared[5]);
@@ -368,8 +371,8 @@ class GptHeadImpl : public torch::nn::Cloneable<GptHeadImpl>, public Incremental
       // This rank's tokens normalised, then the whole sequence through its vocabulary rows.
       const std::vector<torch::Tensor> shared =
           SharedOverTheSequence({norm->weight, norm->bias}, tp_);
-      return Apply(lm_head, GatherFromSequenceParallel(LayerNormWith(norm, x, shared[0], shared[1]),
-                                                       tp_));
+      return LinearOverGatheredSequence(LayerNormWith(norm, x, shared[0], shared[1]),
+                                        lm_head->weight, lm_head->bias, tp_);
     }
     if (tp_.enabled()) return Apply(lm_head, CopyToTensorParallel(norm(x), tp_));
     if (x.is_cuda() && FusedKernelsEnabled()) {

@@ -58,7 +58,11 @@ void LmHeadImpl::reset() {
 }
 
 torch::Tensor LmHeadImpl::forward(const torch::Tensor& x) {
-  // Under sequence parallelism `x` is this rank's tokens: the product takes them all.
+  // Under sequence parallelism `x` is this rank's tokens: the product takes them all, and
+  // (its own weight) keeps only these for the backward.
+  if (tp_.sequence_split() && !shared_.defined()) {
+    return LinearOverGatheredSequence(x, weight, torch::Tensor(), tp_);
+  }
   const torch::Tensor input = tp_.sequence_split() ? GatherFromSequenceParallel(x, tp_)
                               : tp_.enabled()      ? CopyToTensorParallel(x, tp_)
                                                    : x;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/backend.h"
+#include "runtime/torch/deferred_linear.h"
 
 namespace tandem::runtime::libtorch {
 comm::Buffer CommBufferOf(const torch::Tensor& t) {
@@ -163,6 +164,25 @@ torch::Tensor GatherFromSequenceParallel(const torch::Tensor& x, const TensorPar
 torch::Tensor ReduceScatterToSequenceParallel(const torch::Tensor& x, const TensorParallel& tp) {
   if (!tp.sequence_split()) return x;
   return ReduceScatterSequenceFunction::apply(x, Address(tp));
+}
+
+namespace {
+
+// LinearOverWhole's makers for a sequence-parallel product; `tp` is the TensorParallel's
+// address.
+torch::Tensor GatherForProduct(const torch::Tensor& x, int64_t tp) {
+  return AllGatherSequence(x, *reinterpret_cast<const TensorParallel*>(tp));
+}
+torch::Tensor ScatterProductGradient(const torch::Tensor& g, int64_t tp) {
+  return ReduceScatterSequence(g, *reinterpret_cast<const TensorParallel*>(tp));
+}
+
+}  // namespace
+
+torch::Tensor LinearOverGatheredSequence(const torch::Tensor& x, const torch::Tensor& weight,
+                                         const torch::Tensor& bias, const TensorParallel& tp) {
+  if (!tp.sequence_split()) return DeferrableLinear(x, weight, bias);
+  return LinearOverWhole(x, weight, bias, {GatherForProduct, ScatterProductGradient, Address(tp)});
 }
 
 std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,

@@ -86,6 +86,14 @@ torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParal
 torch::Tensor GatherFromSequenceParallel(const torch::Tensor& x, const TensorParallel& tp);
 torch::Tensor ReduceScatterToSequenceParallel(const torch::Tensor& x, const TensorParallel& tp);
 
+// DeferrableLinear(GatherFromSequenceParallel(x, tp), weight, bias) that keeps only this
+// rank's S/t tokens of the input for the backward, which gathers them again for the weight
+// gradient (Megatron-LM's sequence parallelism keeps its products' inputs so): a column-parallel
+// product under sequence parallelism then holds S/t tokens of its input between forward and
+// backward instead of S. Without sequence parallelism, DeferrableLinear(x, weight, bias).
+torch::Tensor LinearOverGatheredSequence(const torch::Tensor& x, const torch::Tensor& weight,
+                                         const torch::Tensor& bias, const TensorParallel& tp);
+
 // Parameters every rank of the group holds whole but applies to its own S/t tokens only (layer
 // norms, biases, position embeddings under sequence parallelism): returned as used in the
 // forward pass, and in the backward pass their gradients are summed over the group (one
