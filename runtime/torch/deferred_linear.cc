@@ -2,6 +2,10 @@
 
 #include <atomic>
 #include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ATen.h>
@@ -133,13 +137,9 @@ torch::Tensor PaddedGradient(const torch::Tensor& g, int64_t padded) {
 // hold copies made with autograd off (a custom function's forward) for other uses of the same
 // weight. Saved: the input and weight as computed with, the weight itself (whose gradient W
 // adds to) and the bias.
-//
-// With `whole` (LinearOverWhole): x is this rank's part of the input, the product takes
-// whole(x as computed with), and the part is what is saved (the backward makes it whole
-// again). No padding then.
 torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                             const torch::Tensor& weight, const torch::Tensor& bias,
-                            int64_t pad_columns, const InputMakers* whole = nullptr) {
+                            int64_t pad_columns) {
   torch::Tensor x_compute = x, weight_compute = weight, bias_compute = bias;
   if (const std::optional<torch::ScalarType> type = AutocastMatmulType(x.device())) {
     x_compute = Lower(x, *type);
@@ -148,21 +148,52 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
   }
   ctx->saved_data["input_type"] = static_cast<int64_t>(x.scalar_type());
   const int64_t columns = weight.size(0);
-  if (whole == nullptr && pad_columns > 1 && columns % pad_columns != 0 && x.numel() > 0) {
+  if (pad_columns > 1 && columns % pad_columns != 0 && x.numel() > 0) {
     return PaddedProduct(ctx, x_compute, weight_compute, weight, bias, bias_compute,
                          (columns + pad_columns - 1) / pad_columns * pad_columns);
   }
-  const torch::Tensor input =
-      whole != nullptr ? whole->whole(x_compute, whole->context) : x_compute;
   if (bias.defined()) {
     ctx->save_for_backward({x_compute, weight_compute, weight, bias});
     // at::linear, not torch::nn::functional::linear: the latter is a matmul and a separate
     // `+= bias` (an unvectorised mixed-type kernel under autocast: 3.9 ms of an 85 ms GPT-2
     // small step on an H200); at::linear folds the bias into the GEMM's epilogue.
-    return at::linear(input, weight_compute, bias_compute);
+    return at::linear(x_compute, weight_compute, bias_compute);
   }
   ctx->save_for_backward({x_compute, weight_compute, weight});
-  return at::linear(input, weight_compute);
+  return at::linear(x_compute, weight_compute);
+}
+
+// The weight's and bias's gradients of y = x W^T (+ b) from the output gradient's rows and
+// the input x as computed with (bias undefined: none). Inside a LinearGradScope they go into
+// .grad (or are deferred to W) and come back undefined; outside one, or for a weight computed
+// from others (not a leaf with a .grad), they come back for autograd.
+std::pair<torch::Tensor, torch::Tensor> ParameterGradients(const torch::Tensor& rows,
+                                                           const torch::Tensor& x,
+                                                           const torch::Tensor& weight,
+                                                           const torch::Tensor& bias,
+                                                           bool needs_weight, bool needs_bias) {
+  const auto dtype = rows.scalar_type();
+  const bool has_bias = bias.defined();
+  auto has_grad = [](const torch::Tensor& t) { return t.is_leaf() && t.grad().defined(); };
+  const LinearGradScope* scope = has_grad(weight) && (!has_bias || has_grad(bias))
+                                     ? g_scope.load(std::memory_order_acquire)
+                                     : nullptr;
+  torch::Tensor grad_weight, grad_bias;
+  if (scope != nullptr && scope->deferred() != nullptr) {
+    scope->deferred()->Add({x, rows, weight, bias});  // W computes them
+  } else if (scope != nullptr) {
+    // Written where they belong, not handed to autograd (which would add a converted copy).
+    torch::NoGradGuard no_grad;
+    if (needs_weight) AccumulateWeightGradient(scope->writer(), weight, rows, Rows(x.to(dtype)));
+    if (needs_bias) AccumulateBiasGradient(scope->writer(), bias, rows);
+  } else {
+    if (needs_weight) {
+      grad_weight =
+          rows.t().mm(Rows(x.to(dtype))).narrow(0, 0, weight.size(0)).to(weight.scalar_type());
+    }
+    if (needs_bias) grad_bias = BiasGradient(rows, bias);
+  }
+  return {grad_weight, grad_bias};
 }
 
 // The gradients of y = x W^T (+ b) from dL/dy. Inside a LinearGradScope the weight and bias
@@ -170,17 +201,13 @@ torch::Tensor LinearForward(torch::autograd::AutogradContext* ctx, const torch::
 // custom functions take no undefined tensors, so the layers with and without a bias are two
 // functions sharing this. A padded product (PaddedProduct) runs its products over the padded
 // width, its output gradient widened to it; the weight's and bias's gradients are then cut
-// to their rows (AccumulateWeightGradient, BiasGradient, AccumulateBiasGradient). With
-// `whole`, the saved part of the input is made whole again first, and the input's gradient
-// returned is the whole input's.
+// to their rows (AccumulateWeightGradient, BiasGradient, AccumulateBiasGradient).
 torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* ctx,
-                                              const torch::Tensor& g, bool has_bias,
-                                              const InputMakers* whole = nullptr) {
+                                              const torch::Tensor& g, bool has_bias) {
   const auto found = ctx->saved_data.find("padded");
   const int64_t padded = found == ctx->saved_data.end() ? 0 : found->second.toInt();
   const auto saved = ctx->get_saved_variables();
-  // As the forward computed with (bfloat16 under autocast).
-  const torch::Tensor x = whole != nullptr ? whole->whole(saved[0], whole->context) : saved[0];
+  const torch::Tensor& x = saved[0];  // as the forward computed with (bfloat16 under autocast)
   const torch::Tensor& weight_compute = saved[1];
   const torch::Tensor& weight = saved[2];
   const torch::Tensor bias = has_bias ? saved[3] : torch::Tensor();
@@ -196,32 +223,8 @@ torch::autograd::variable_list LinearBackward(torch::autograd::AutogradContext* 
                         : g.matmul(weight_compute.to(dtype));
     grad_x = grad_x.to(input_type);
   }
-  // Only gradients of parameters with a .grad can go there; a weight computed from others (not
-  // a leaf) sends its gradient back through autograd, scope or not.
-  auto has_grad = [](const torch::Tensor& t) { return t.is_leaf() && t.grad().defined(); };
-  const LinearGradScope* scope =
-      has_grad(weight) && (!has_bias || has_grad(bias)) ? g_scope.load(std::memory_order_acquire)
-                                                        : nullptr;
-  if (scope != nullptr && scope->deferred() != nullptr) {
-    scope->deferred()->Add({x, rows, weight, bias});  // W computes them
-  } else if (scope != nullptr) {
-    // Written where they belong, not handed to autograd (which would add a converted copy).
-    torch::NoGradGuard no_grad;
-    if (ctx->needs_input_grad(1)) {
-      AccumulateWeightGradient(scope->writer(), weight, rows, Rows(x.to(dtype)));
-    }
-    if (has_bias && ctx->needs_input_grad(2)) {
-      AccumulateBiasGradient(scope->writer(), bias, rows);
-    }
-  } else {
-    if (ctx->needs_input_grad(1)) {
-      grad_weight = rows.t()
-                        .mm(Rows(x.to(dtype)))
-                        .narrow(0, 0, weight.size(0))
-                        .to(weight.scalar_type());
-    }
-    if (has_bias && ctx->needs_input_grad(2)) grad_bias = BiasGradient(rows, bias);
-  }
+  std::tie(grad_weight, grad_bias) = ParameterGradients(
+      rows, x, weight, bias, ctx->needs_input_grad(1), has_bias && ctx->needs_input_grad(2));
   if (!has_bias) return {grad_x, grad_weight};
   return {grad_x, grad_weight, grad_bias};
 }
@@ -252,78 +255,115 @@ struct LinearNoBiasFunction : public torch::autograd::Function<LinearNoBiasFunct
   }
 };
 
-// LinearOverWhole's makers, kept in the context as integers.
-void SaveMakers(torch::autograd::AutogradContext* ctx, const InputMakers& makers) {
-  ctx->saved_data["whole"] = reinterpret_cast<int64_t>(makers.whole);
-  ctx->saved_data["part_of_gradient"] = reinterpret_cast<int64_t>(makers.part_of_gradient);
-  ctx->saved_data["context"] = makers.context;
-}
-InputMakers MakersOf(torch::autograd::AutogradContext* ctx) {
-  InputMakers makers;
-  makers.whole = reinterpret_cast<InputMaker>(ctx->saved_data["whole"].toInt());
-  makers.part_of_gradient =
-      reinterpret_cast<InputMaker>(ctx->saved_data["part_of_gradient"].toInt());
-  makers.context = ctx->saved_data["context"].toInt();
-  return makers;
-}
-
-torch::Tensor OverWholeForward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias,
-                               const InputMakers& makers) {
-  SaveMakers(ctx, makers);
-  return LinearForward(ctx, x, weight, bias, 0, &makers);
-}
-
-torch::autograd::variable_list OverWholeBackward(torch::autograd::AutogradContext* ctx,
-                                                 const torch::Tensor& g, bool has_bias) {
-  const InputMakers makers = MakersOf(ctx);
-  torch::autograd::variable_list result = LinearBackward(ctx, g, has_bias, &makers);
-  if (result[0].defined()) result[0] = makers.part_of_gradient(result[0], makers.context);
-  for (int i = 0; i < 3; ++i) result.emplace_back();  // the makers
-  return result;
-}
-
-// LinearOverWhole with a bias and without (LibTorch 1.13's custom functions take no undefined
-// tensors).
-struct LinearOverWholeFunction : public torch::autograd::Function<LinearOverWholeFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor weight, torch::Tensor bias, int64_t whole,
-                               int64_t part_of_gradient, int64_t context) {
-    return OverWholeForward(ctx, x, weight, bias,
-                            {reinterpret_cast<InputMaker>(whole),
-                             reinterpret_cast<InputMaker>(part_of_gradient), context});
+// LinearsOverWhole: the input x (this rank's part), then the parameters (each product's
+// weight, and its bias where `biases` has its bit), then the makers as integers. Saved: x as
+// computed with, then per product the weight as computed with, the weight and (if any) the
+// bias.
+struct LinearsOverWholeFunction : public torch::autograd::Function<LinearsOverWholeFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                torch::Tensor x, at::TensorList parameters,
+                                                int64_t products, int64_t biases, int64_t whole,
+                                                int64_t part_of_gradient, int64_t context) {
+    const InputMakers makers{reinterpret_cast<InputMaker>(whole),
+                             reinterpret_cast<InputMaker>(part_of_gradient), context};
+    const std::optional<torch::ScalarType> type = AutocastMatmulType(x.device());
+    auto lower = [&](const torch::Tensor& t) { return type ? Lower(t, *type) : t; };
+    const torch::Tensor x_compute = lower(x);
+    const torch::Tensor input = makers.whole(x_compute, makers.context);
+    torch::autograd::variable_list saved = {x_compute}, outputs;
+    size_t next = 0;
+    for (int64_t i = 0; i < products; ++i) {
+      const torch::Tensor& weight = parameters[next++];
+      const torch::Tensor weight_compute = lower(weight);
+      saved.push_back(weight_compute);
+      saved.push_back(weight);
+      if ((biases >> i) & 1) {
+        const torch::Tensor& bias = parameters[next++];
+        saved.push_back(bias);
+        outputs.push_back(at::linear(input, weight_compute, lower(bias)));
+      } else {
+        outputs.push_back(at::linear(input, weight_compute));
+      }
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["input_type"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["products"] = products;
+    ctx->saved_data["biases"] = biases;
+    ctx->saved_data["whole"] = whole;
+    ctx->saved_data["part_of_gradient"] = part_of_gradient;
+    ctx->saved_data["context"] = context;
+    return outputs;
   }
+
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return OverWholeBackward(ctx, grads[0], /*has_bias=*/true);
-  }
-};
-
-struct LinearOverWholeNoBiasFunction
-    : public torch::autograd::Function<LinearOverWholeNoBiasFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor weight, int64_t whole, int64_t part_of_gradient,
-                               int64_t context) {
-    return OverWholeForward(ctx, x, weight, torch::Tensor(),
-                            {reinterpret_cast<InputMaker>(whole),
-                             reinterpret_cast<InputMaker>(part_of_gradient), context});
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    return OverWholeBackward(ctx, grads[0], /*has_bias=*/false);
+    const int64_t products = ctx->saved_data["products"].toInt();
+    const int64_t biases = ctx->saved_data["biases"].toInt();
+    const InputMakers makers{
+        reinterpret_cast<InputMaker>(ctx->saved_data["whole"].toInt()),
+        reinterpret_cast<InputMaker>(ctx->saved_data["part_of_gradient"].toInt()),
+        ctx->saved_data["context"].toInt()};
+    const auto input_type = static_cast<torch::ScalarType>(ctx->saved_data["input_type"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    // Made whole again, on every rank of the group whatever needs it (the collectives match).
+    const torch::Tensor x = makers.whole(saved[0], makers.context);
+    torch::autograd::variable_list result = {torch::Tensor()};
+    torch::Tensor grad_whole;
+    size_t at = 1;
+    int parameter = 1;  // the flattened input index of the next parameter
+    for (int64_t i = 0; i < products; ++i) {
+      const torch::Tensor& weight_compute = saved[at++];
+      const torch::Tensor& weight = saved[at++];
+      const bool has_bias = (biases >> i) & 1;
+      const torch::Tensor bias = has_bias ? saved[at++] : torch::Tensor();
+      const torch::Tensor& g = grads[i];
+      const bool needs_weight = ctx->needs_input_grad(parameter);
+      const bool needs_bias = has_bias && ctx->needs_input_grad(parameter + 1);
+      torch::Tensor grad_weight, grad_bias;
+      if (g.defined()) {
+        const torch::Tensor product = g.matmul(weight_compute.to(g.scalar_type()));
+        grad_whole = grad_whole.defined() ? grad_whole.add_(product) : product;
+        std::tie(grad_weight, grad_bias) =
+            ParameterGradients(Rows(g), x, weight, bias, needs_weight, needs_bias);
+      }
+      result.push_back(grad_weight);
+      if (has_bias) result.push_back(grad_bias);
+      parameter += has_bias ? 2 : 1;
+    }
+    if (!grad_whole.defined()) grad_whole = torch::zeros_like(x, x.options().dtype(input_type));
+    result[0] = makers.part_of_gradient(grad_whole.to(input_type), makers.context);
+    for (int i = 0; i < 5; ++i) result.emplace_back();  // products, biases and the makers
+    return result;
   }
 };
 
 }  // namespace
 
+std::vector<torch::Tensor> LinearsOverWhole(const torch::Tensor& x,
+                                            const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases,
+                                            const InputMakers& makers) {
+  if (weights.empty() || weights.size() > 62 || biases.size() != weights.size()) {
+    throw std::invalid_argument("LinearsOverWhole: 1 to 62 weights, a bias (or none) each");
+  }
+  std::vector<torch::Tensor> parameters;
+  int64_t with_bias = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    parameters.push_back(weights[i]);
+    if (biases[i].defined()) {
+      parameters.push_back(biases[i]);
+      with_bias |= int64_t{1} << i;
+    }
+  }
+  return LinearsOverWholeFunction::apply(
+      x, at::TensorList(parameters), static_cast<int64_t>(weights.size()), with_bias,
+      reinterpret_cast<int64_t>(makers.whole), reinterpret_cast<int64_t>(makers.part_of_gradient),
+      makers.context);
+}
+
 torch::Tensor LinearOverWhole(const torch::Tensor& x, const torch::Tensor& weight,
                               const torch::Tensor& bias, const InputMakers& makers) {
-  const int64_t whole = reinterpret_cast<int64_t>(makers.whole);
-  const int64_t part = reinterpret_cast<int64_t>(makers.part_of_gradient);
-  if (!bias.defined()) {
-    return LinearOverWholeNoBiasFunction::apply(x, weight, whole, part, makers.context);
-  }
-  return LinearOverWholeFunction::apply(x, weight, bias, whole, part, makers.context);
+  return LinearsOverWhole(x, {weight}, {bias}, makers)[0];
 }
 
 torch::Tensor DeferrableLinear(const torch::Tensor& x, const torch::Tensor& weight,

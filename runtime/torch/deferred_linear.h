@@ -59,6 +59,13 @@ struct InputMakers {
 // lowered before it is made whole, so a gather moves the compute type.
 torch::Tensor LinearOverWhole(const torch::Tensor& x, const torch::Tensor& weight,
                               const torch::Tensor& bias, const InputMakers& makers);
+// The same for several products of the one input (Llama's q, k and v): made whole once in the
+// forward and once in the backward, its gradient the sum of the products'. biases[i]
+// undefined: product i has none. At most 62 products.
+std::vector<torch::Tensor> LinearsOverWhole(const torch::Tensor& x,
+                                            const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases,
+                                            const InputMakers& makers);
 
 // DeferrableLinear computed over a multiple of kPaddedColumns (fused_ops.h) output features on
 // CUDA where the fused kernels are on and the output's width is not such a multiple: the

@@ -68,6 +68,12 @@ class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
     shape.back() = out_;
     return torch::addmm(bias, x.reshape({-1, in_}), weight).view(shape);
   }
+  // forward() of the whole sequence gathered from this rank's S/t tokens `x`, keeping only
+  // these for the backward (LinearOverGatheredSequence; the weight's gradient reaches it
+  // through its transpose).
+  torch::Tensor OverGatheredSequence(const torch::Tensor& x, const TensorParallel& tp) {
+    return LinearOverGatheredSequence(x, weight.t(), bias, tp);
+  }
   // x W without the bias (a row-parallel shard's partial product).
   torch::Tensor Product(const torch::Tensor& x) {
     std::vector<int64_t> shape = x.sizes().vec();
@@ -203,16 +209,17 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(Attend(x)); }
 
   // The heads this module holds attended, [b, S, their width], before c_proj: `x` is the whole
-  // normalised sequence (under tensor parallelism as the group's products take it).
-  torch::Tensor Attend(const torch::Tensor& x) {
-    const int64_t batch = x.size(0), length = x.size(1);
+  // normalised sequence (under tensor parallelism as the group's products take it), or with
+  // `gather` (sequence parallelism) this rank's S/t tokens of it, which c_attn gathers.
+  torch::Tensor Attend(const torch::Tensor& x, const TensorParallel* gather = nullptr) {
+    const int64_t batch = x.size(0), length = x.size(1) * (gather != nullptr ? gather->size : 1);
     const int64_t head_dim = config_.hidden / config_.heads;
     const int64_t width = c_attn->weight.size(1) / 3, heads = width / head_dim;
+    const torch::Tensor qkv =
+        gather != nullptr ? c_attn->OverGatheredSequence(x, *gather) : c_attn(x);
     // [b, S, 3w] -> [3, b, A, S, hd]: query, key and value are the thirds of c_attn's output.
-    const std::vector<torch::Tensor> split = c_attn(x)
-                                                 .view({batch, length, 3, heads, head_dim})
-                                                 .permute({2, 0, 3, 1, 4})
-                                                 .unbind(0);
+    const std::vector<torch::Tensor> split =
+        qkv.view({batch, length, 3, heads, head_dim}).permute({2, 0, 3, 1, 4}).unbind(0);
     const bool fused = config_.attention == GptAttention::kFused ||
                        (config_.attention == GptAttention::kAuto && FusedAttentionByDefault());
     const torch::Tensor attended =
@@ -269,8 +276,12 @@ class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
 
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(Units(x)); }
 
-  // act(c_fc(x)) of the units this module holds.
-  torch::Tensor Units(const torch::Tensor& x) { return Activate(config_.activation, c_fc(x)); }
+  // act(c_fc(x)) of the units this module holds; with `gather`, of the whole sequence gathered
+  // from this rank's S/t tokens `x` (as Attend).
+  torch::Tensor Units(const torch::Tensor& x, const TensorParallel* gather = nullptr) {
+    return Activate(config_.activation,
+                    gather != nullptr ? c_fc->OverGatheredSequence(x, *gather) : c_fc(x));
+  }
 
   Conv1D c_fc{nullptr}, c_proj{nullptr};
 
@@ -324,8 +335,11 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public Increme
   // gradients are summed over the group (SharedOverTheSequence; without it, the parameters).
   torch::Tensor ForwardTensorParallel(torch::Tensor x) {
     const bool split = tp_.sequence_split();
+    // Without sequence parallelism the products take the whole input, copied to the group;
+    // with it they gather this rank's tokens themselves (keeping only these for the backward).
+    const TensorParallel* gather = split ? &tp_ : nullptr;
     const auto enter = [&](const torch::Tensor& y) {
-      return split ? GatherFromSequenceParallel(y, tp_) : CopyToTensorParallel(y, tp_);
+      return split ? y : CopyToTensorParallel(y, tp_);
     };
     const auto leave = [&](const torch::Tensor& y) {
       return split ? ReduceScatterToSequenceParallel(y, tp_) : ReduceFromTensorParallel(y, tp_);
@@ -335,10 +349,10 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl>, public Increme
          mlp->c_proj->bias},
         tp_);
     x = x + (leave(attn->c_proj->Product(
-                 attn->Attend(enter(LayerNormWith(ln_1, x, shared[0], shared[1]))))) +
+                 attn->Attend(enter(LayerNormWith(ln_1, x, shared[0], shared[1])), gather))) +
              shared[2]);
     return x + (leave(mlp->c_proj->Product(
-                   mlp->Units(enter(LayerNormWith(ln_2, x, shared[3], shared[4]))))) +
+                    mlp->Units(enter(LayerNormWith(ln_2, x, shared[3], shared[4])), gather))) +
                 shared[5]);
   }
 

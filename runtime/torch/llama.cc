@@ -200,19 +200,30 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   // This rank's heads attended, [b, S, local heads * head_dim], before o_proj: `input` is the
-  // whole normalised sequence as the group's products take it (copied or gathered).
+  // whole normalised sequence as the group's products take it (copied), or with
+  // `sequence_split` this rank's S/t tokens of it, which the products gather (keeping only
+  // these for the backward: LinearsOverGatheredSequence).
   torch::Tensor Attend(const torch::Tensor& input, const torch::Tensor& cos,
-                       const torch::Tensor& sin) {
-    const int64_t batch = input.size(0), length = input.size(1), head_dim = config_.HeadDim();
+                       const torch::Tensor& sin, bool sequence_split = false) {
+    const int64_t batch = input.size(0), head_dim = config_.HeadDim();
+    const int64_t length = input.size(1) * (sequence_split ? tp_.size : 1);
     const int64_t heads = config_.heads / tp_.size, kv_heads = config_.kv_heads / tp_.size;
-    const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
-      return DeferrableLinear(input, linear->weight, linear->bias)
-          .view({batch, length, count, head_dim})
-          .transpose(1, 2);
+    std::vector<torch::Tensor> products;
+    if (sequence_split) {
+      products =
+          LinearsOverGatheredSequence(input, {q_proj->weight, k_proj->weight, v_proj->weight},
+                                      {q_proj->bias, k_proj->bias, v_proj->bias}, tp_);
+    } else {
+      for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
+        products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
+      }
+    }
+    const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
+      return product.view({batch, length, count, head_dim}).transpose(1, 2);
     };
-    const torch::Tensor query = Rotate(project(q_proj, heads), cos, sin);
-    torch::Tensor key = Rotate(project(k_proj, kv_heads), cos, sin);
-    torch::Tensor value = project(v_proj, kv_heads);
+    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
+    torch::Tensor key = Rotate(heads_of(products[1], kv_heads), cos, sin);
+    torch::Tensor value = heads_of(products[2], kv_heads);
     if (heads != kv_heads) {  // grouped-query attention: each key/value head serves a group
       const int64_t group = heads / kv_heads;
       key = key.unsqueeze(2).expand({batch, kv_heads, group, length, head_dim})
@@ -292,8 +303,14 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     return down_proj(Units(CopyToTensorParallel(x, tp_)));  // one all-reduce backward
   }
 
-  // This rank's units silu(gate) * up of the whole sequence `input` (copied or gathered).
-  torch::Tensor Units(const torch::Tensor& input) {
+  // This rank's units silu(gate) * up of the whole sequence `input` (copied), or with
+  // `sequence_split` of this rank's S/t tokens gathered (as Attend).
+  torch::Tensor Units(const torch::Tensor& input, bool sequence_split = false) {
+    if (sequence_split) {
+      const std::vector<torch::Tensor> products = LinearsOverGatheredSequence(
+          input, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, tp_);
+      return torch::silu(products[0]) * products[1];
+    }
     const torch::Tensor gate = DeferrableLinear(input, gate_proj->weight, gate_proj->bias);
     const torch::Tensor up = DeferrableLinear(input, up_proj->weight, up_proj->bias);
     return torch::silu(gate) * up;
@@ -369,15 +386,15 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       return bias.defined() ? y + bias : y;
     };
 
-    const torch::Tensor normed =
-        GatherFromSequenceParallel(input_layernorm->Normalize(x, shared[0]), tp_);
-    const auto [cos, sin] = Angles(normed.size(1), x);
-    const torch::Tensor attended = self_attn->Attend(normed, cos, sin);
+    // This rank's tokens, normalised: the products gather them.
+    const torch::Tensor normed = input_layernorm->Normalize(x, shared[0]);
+    const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
+    const torch::Tensor attended = self_attn->Attend(normed, cos, sin, /*sequence_split=*/true);
     x = x + with_bias(ReduceScatterToSequenceParallel(
                           DeferrableLinear(attended, self_attn->o_proj->weight, {}), tp_),
                       o_bias);
-    const torch::Tensor units = mlp->Units(GatherFromSequenceParallel(
-        post_attention_layernorm->Normalize(x, shared[1]), tp_));
+    const torch::Tensor units =
+        mlp->Units(post_attention_layernorm->Normalize(x, shared[1]), /*sequence_split=*/true);
     return x + with_bias(ReduceScatterToSequenceParallel(
                              DeferrableLinear(units, mlp->down_proj->weight, {}), tp_),
                          down_bias);

@@ -185,6 +185,21 @@ torch::Tensor LinearOverGatheredSequence(const torch::Tensor& x, const torch::Te
   return LinearOverWhole(x, weight, bias, {GatherForProduct, ScatterProductGradient, Address(tp)});
 }
 
+std::vector<torch::Tensor> LinearsOverGatheredSequence(const torch::Tensor& x,
+                                                       const std::vector<torch::Tensor>& weights,
+                                                       const std::vector<torch::Tensor>& biases,
+                                                       const TensorParallel& tp) {
+  if (!tp.sequence_split()) {
+    std::vector<torch::Tensor> out;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      out.push_back(DeferrableLinear(x, weights[i], biases[i]));
+    }
+    return out;
+  }
+  return LinearsOverWhole(x, weights, biases,
+                          {GatherForProduct, ScatterProductGradient, Address(tp)});
+}
+
 std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,
                                                  const TensorParallel& tp) {
   if (!tp.sequence_split() || parameters.empty()) return parameters;

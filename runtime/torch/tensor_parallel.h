@@ -93,6 +93,12 @@ torch::Tensor ReduceScatterToSequenceParallel(const torch::Tensor& x, const Tens
 // backward instead of S. Without sequence parallelism, DeferrableLinear(x, weight, bias).
 torch::Tensor LinearOverGatheredSequence(const torch::Tensor& x, const torch::Tensor& weight,
                                          const torch::Tensor& bias, const TensorParallel& tp);
+// The same for several products of one input (Llama's q, k and v; gate and up), gathered once
+// each way: biases[i] undefined where product i has none.
+std::vector<torch::Tensor> LinearsOverGatheredSequence(const torch::Tensor& x,
+                                                       const std::vector<torch::Tensor>& weights,
+                                                       const std::vector<torch::Tensor>& biases,
+                                                       const TensorParallel& tp);
 
 // Parameters every rank of the group holds whole but applies to its own S/t tokens only (layer
 // norms, biases, position embeddings under sequence parallelism): returned as used in the

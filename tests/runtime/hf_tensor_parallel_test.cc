@@ -15,6 +15,7 @@
 #include "runtime/torch/data.h"
 #include "runtime/torch/gpt2.h"
 #include "runtime/torch/llama.h"
+#include "runtime/torch/profiler.h"
 #include "runtime/torch/torch_stage.h"
 
 namespace tandem::runtime::libtorch {
@@ -172,9 +173,59 @@ TEST(LlamaTensorParallelTest, TiedCopiesAreShardedLikeTheEmbedding) {
   ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/false, /*tied=*/true});
 }
 
-// Sequence parallelism: the RMSNorms' gradients are summed over the ranks' tokens.
+// Sequence parallelism: the RMSNorms' gradients are summed over the ranks' tokens; an untied
+// head gathers the tokens in its product.
 TEST(LlamaTensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/false, /*tied=*/true, /*sequence_parallel=*/true});
+  ExpectShardsGiveTheWholeLossAndGradients(
+      {/*gpt2=*/false, /*tied=*/false, /*sequence_parallel=*/true});
+}
+
+// Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;
+// GPT-2's c_attn and c_fc) gather this rank's tokens themselves and keep only these for the
+// backward, as Megatron-LM does: measured by the profiler, each block of the
+// sequence-parallel shard stashes at least 2 (S - S/t) b h floats less than the shard without
+// it (the two inputs of those products).
+void ExpectSequenceParallelBlocksKeepOnlyTheirTokens(bool gpt2) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  const LlamaConfig llama = SmallLlama(t, /*tied=*/false);
+  if (t < 2 || llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
+    GTEST_SKIP() << t << " ranks";
+  }
+  auto model = gpt2 ? Gpt2ModelSpec(SmallGpt2(false)).Build(/*seed=*/7)
+                    : LlamaModelSpec(llama).Build(/*seed=*/7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  SyntheticTaskOptions task;
+  task.vocab = llama.vocab;
+  task.seq_len = llama.seq_len;
+  task.seed = 5;
+  auto data = MakeSyntheticDataset(task);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ProfilerOptions options;
+  options.microbatch_size = 4;
+  options.warmup = 1;
+  options.repeats = 1;
+  options.tensor_parallel = TensorParallel{t, (*world)->rank(), world->get()};
+  auto plain = ProfileModel(*model, **data, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.tensor_parallel.sequence_parallel = true;
+  auto split = ProfileModel(*model, **data, options);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const double s = llama.seq_len, b = 4, h = llama.hidden;  // the same shape for GPT-2
+  const double inputs = 2 * (s - s / t) * b * h * sizeof(float);
+  for (int l = 1; l <= llama.layers; ++l) {
+    EXPECT_LE(split->layers[l].stashed_activation_bytes,
+              plain->layers[l].stashed_activation_bytes - inputs)
+        << (gpt2 ? "gpt2" : "llama") << " block " << l << ": sequence parallel "
+        << split->layers[l].stashed_activation_bytes << " B, without "
+        << plain->layers[l].stashed_activation_bytes << " B";
+  }
+}
+
+TEST(LlamaTensorParallelTest, SequenceParallelBlocksKeepOnlyTheirTokens) {
+  ExpectSequenceParallelBlocksKeepOnlyTheirTokens(/*gpt2=*/false);
 }
 
 // GPT-2: c_attn's query, key and value thirds split by heads, biases of the row-parallel
@@ -188,6 +239,12 @@ TEST(Gpt2TensorParallelTest, ShardsGiveTheWholeLossAndGradients) {
 TEST(Gpt2TensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(
       {/*gpt2=*/true, /*tied=*/true, /*sequence_parallel=*/true});
+  ExpectShardsGiveTheWholeLossAndGradients(
+      {/*gpt2=*/true, /*tied=*/false, /*sequence_parallel=*/true});
+}
+
+TEST(Gpt2TensorParallelTest, SequenceParallelBlocksKeepOnlyTheirTokens) {
+  ExpectSequenceParallelBlocksKeepOnlyTheirTokens(/*gpt2=*/true);
 }
 
 }  // namespace
