@@ -88,6 +88,16 @@ Gpt2Config SmallGpt2(bool tied) {
   return config;
 }
 
+// The synthetic task (seed 5) of the small models' vocabulary and sequence (GPT-2's are
+// Llama's).
+absl::StatusOr<std::shared_ptr<const Dataset>> SmallTask(const LlamaConfig& llama) {
+  SyntheticTaskOptions task;
+  task.vocab = llama.vocab;
+  task.seq_len = llama.seq_len;
+  task.seed = 5;
+  return MakeSyntheticDataset(task);
+}
+
 struct Case {
   bool gpt2 = false;
   bool tied = false;
@@ -107,11 +117,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   auto model = c.gpt2 ? Gpt2ModelSpec(gpt2).Build(/*seed=*/7)
                       : LlamaModelSpec(llama).Build(/*seed=*/7);
   ASSERT_TRUE(model.ok()) << model.status();
-  SyntheticTaskOptions task;
-  task.vocab = llama.vocab;
-  task.seq_len = llama.seq_len;
-  task.seed = 5;
-  auto data = MakeSyntheticDataset(task);
+  auto data = SmallTask(llama);
   ASSERT_TRUE(data.ok()) << data.status();
 
   TensorParallel tp{t, me, world->get()};
@@ -197,11 +203,7 @@ void ExpectSequenceParallelBlocksKeepOnlyTheirTokens(bool gpt2) {
   auto model = gpt2 ? Gpt2ModelSpec(SmallGpt2(false)).Build(/*seed=*/7)
                     : LlamaModelSpec(llama).Build(/*seed=*/7);
   ASSERT_TRUE(model.ok()) << model.status();
-  SyntheticTaskOptions task;
-  task.vocab = llama.vocab;
-  task.seq_len = llama.seq_len;
-  task.seed = 5;
-  auto data = MakeSyntheticDataset(task);
+  auto data = SmallTask(llama);
   ASSERT_TRUE(data.ok()) << data.status();
   ProfilerOptions options;
   options.microbatch_size = 4;
