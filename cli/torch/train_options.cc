@@ -41,8 +41,8 @@ ABSL_FLAG(double, device_memory_mb, 0,
           "train, planned (no --plan, --schedule or --schedule-file) or --elastic: memory per "
           "rank (MiB) that the model's parameters, gradients, optimizer state and stashed "
           "activations must fit; the planner recomputes layers (AdaPipe) and, with "
-          "--tensor-parallel 0, weighs sequence parallelism to fit it (0: on a GPU 90% of the "
-          "rank's share of the device, on the CPU no limit)");
+          "--tensor-parallel 0, weighs sequence parallelism to fit it (0: for a planned run on a "
+          "GPU 90% of the rank's share of the device, otherwise no limit)");
 ABSL_FLAG(int, devices_per_node, 1,
           "train --elastic: ranks per node (a node that loses a rank is dropped whole; default "
           "1, or --tensor-parallel's T: a tensor-parallel group lives inside a node)");
