@@ -188,21 +188,25 @@ TEST(PlanCommand, AdaPipeBaselineIsMegatronsDefaultForTheSameShape) {
 }
 
 // Sequence parallelism frees activation memory: on 1,024 A100s of 40 GB with t = 8 the plan
-// for the sequence-parallel GPT-3 profile predicts a shorter iteration than the plain one's.
+// for the sequence-parallel GPT-3 profile predicts a shorter iteration than the plain one's,
+// and the plan file says it is to run with sequence parallelism (the plain one's does not).
 TEST(PlanCommand, SequenceParallelGpt3PlansAShorterIteration) {
-  auto predicted = [](const std::string& profile) {
+  auto predicted = [](const std::string& profile, bool sequence_parallel) {
     const Outcome run = Tandem(absl::StrCat(
         "plan --profile ", profile, " --profile-format builtin --algorithm adapipe "
         "--devices 1024 --devices-per-node 8 --memory 40e9 --microbatches 128 "
         "--tensor-parallel 8 --format json"));
     EXPECT_EQ(run.exit_status, 0) << run.output;
-    auto plan = pipeline::PlanFromJson(nlohmann::json::parse(run.output));
+    const nlohmann::json j = nlohmann::json::parse(run.output);
+    EXPECT_EQ(j.contains("sequence_parallel"), sequence_parallel) << profile;
+    auto plan = pipeline::PlanFromJson(j);
     EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->sequence_parallel, sequence_parallel) << profile;
     for (double bytes : plan->predicted_peak_memory_bytes) EXPECT_LE(bytes, 40e9);
     return plan->predicted_iteration_seconds;
   };
-  const double plain = predicted("gpt3-175b");
-  const double split = predicted("gpt3-175b-sp");
+  const double plain = predicted("gpt3-175b", false);
+  const double split = predicted("gpt3-175b-sp", true);
   EXPECT_GT(plain, 0);
   EXPECT_LT(split, 0.9 * plain);
 }
