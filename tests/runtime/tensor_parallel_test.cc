@@ -273,6 +273,33 @@ INSTANTIATE_TEST_SUITE_P(Schedules, SequenceParallelScheduleTest,
                            return name;
                          });
 
+// Llama's products that share an input (q, k, v; gate, up) gather it once each way and, under
+// ZB-V, defer their weight gradients to W together: 1 x 2 x 2 with sequence parallelism
+// trains to the losses of one process.
+TEST(TensorParallelTest, LlamaSequenceParallelZeroBubbleMatchesOneRank) {
+  const std::string llama = absl::StrCat(
+      " train --model llama --layers 4 --hidden 32 --heads 4 --kv-heads 2 --intermediate 64"
+      " --seq-len 8 --global-batch 8 --microbatches 4 --steps 4 --seed ",
+      kSeed, " --log-json ");
+  const std::string one_log = TempPath("llama_one.jsonl"), split_log = TempPath("llama_sp.jsonl");
+  Outcome one = RunCommand(absl::StrCat(g_tandem, llama, one_log, " --schedule 1f1b --stages 1"));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  Outcome split = RunCommand(absl::StrCat(
+      TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 4 ", g_tandem, llama,
+      split_log, " --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel"));
+  ASSERT_EQ(split.exit_status, 0) << split.output;
+  const std::vector<nlohmann::json> want = tandem::testing::ReadLogIterations(one_log);
+  const std::vector<nlohmann::json> got = tandem::testing::ReadLogIterations(split_log);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  ASSERT_EQ(got.size(), want.size()) << split.output;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double a = got[i]["loss"].get<double>(), b = want[i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 1;
+  }
+  std::filesystem::remove(one_log);
+  std::filesystem::remove(split_log);
+}
+
 // Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
 // same order on every rank of the group.
 TEST(TensorParallelTest, SequenceParallelWithRecomputationMatchesTheReference) {
