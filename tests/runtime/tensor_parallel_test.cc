@@ -111,8 +111,9 @@ INSTANTIATE_TEST_SUITE_P(EverySchedule, TensorParallelScheduleTest,
 
 // On GPUs, the tensor-parallel groups' collectives and the gradient all-reduce over NCCL
 // (TANDEM_COMM_SHARED_GPU=nccl: ranks that share a GPU use NCCL >= 2.30's multi-rank mode, or
-// the run fails saying so, and the test skips with that): 1 x 2 x 1 on 2 ranks and 2 x 2 x 1 on
-// 4, against the CPU reference within CUDA's kernel differences.
+// the run fails saying so, and the test skips with that): 1 x 2 x 1 on 2 ranks, 2 x 2 x 1 on 4
+// and 1 x 2 x 2 with sequence parallelism on 4, against the CPU reference within CUDA's kernel
+// differences.
 TEST(TensorParallelTest, CudaOverNcclMatchesTheReference) {
   const Outcome gpus = RunCommand("nvidia-smi -L 2>&1");
   if (gpus.exit_status != 0 || gpus.output.find("GPU 0") == std::string::npos) {
@@ -128,6 +129,12 @@ TEST(TensorParallelTest, CudaOverNcclMatchesTheReference) {
   ExpectReferenceLosses({"cuda_2x2x1", 4, 2,
                          "--schedule 1f1b --stages 1 --data-parallel 2 --tensor-parallel 2 "
                          "--microbatches 2 --device cuda --precision fp32"},
+                        nccl, kCudaTolerance);
+  // Sequence parallelism: the products gather this rank's tokens over NCCL, forward and again
+  // in the backward.
+  ExpectReferenceLosses({"cuda_1x2x2_sp", 4, 2,
+                         "--schedule 1f1b --stages 2 --tensor-parallel 2 --microbatches 4 "
+                         "--sequence-parallel --device cuda --precision fp32"},
                         nccl, kCudaTolerance);
 }
 
