@@ -2,11 +2,15 @@
 
 #include <array>
 #include <climits>
+#include <functional>
+#include <queue>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/json_util.h"
 #include "common/status.h"
@@ -173,31 +177,102 @@ size_t MatchGpt2Piece(const std::vector<char32_t>& codes, const std::vector<Char
   return end - 1;
 }
 
+bool IsNewline(char32_t code) { return code == '\r' || code == '\n'; }
+
+// The end of the match of Llama 3's pattern
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// at `i` (the first alternative that matches, as Oniguruma takes them; every position has one).
+size_t MatchLlama3Piece(const std::vector<char32_t>& codes, const std::vector<CharClass>& classes,
+                        size_t i) {
+  const size_t n = codes.size();
+  const auto lower = [&](size_t k) {
+    const char32_t c = codes[k];
+    return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
+  };
+  const char32_t c = codes[i];
+  if (c == '\'' && i + 1 < n) {
+    const char32_t a = lower(i + 1);
+    if (a == 's' || a == 't') return i + 2;
+    if (i + 2 < n) {
+      const char32_t b = lower(i + 2);
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e')) return i + 3;
+    }
+    if (a == 'm') return i + 2;
+    if (i + 2 < n && a == 'l' && lower(i + 2) == 'l') return i + 3;
+    if (a == 'd') return i + 2;
+  }
+  const auto run_end = [&](size_t from, CharClass run) {
+    while (from < n && classes[from] == run) ++from;
+    return from;
+  };
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (classes[i] == CharClass::kLetter) return run_end(i, CharClass::kLetter);
+  if (classes[i] != CharClass::kNumber && !IsNewline(c) && i + 1 < n &&
+      classes[i + 1] == CharClass::kLetter) {
+    return run_end(i + 1, CharClass::kLetter);
+  }
+  // \p{N}{1,3}
+  if (classes[i] == CharClass::kNumber) {
+    size_t end = i;
+    while (end < n && end < i + 3 && classes[end] == CharClass::kNumber) ++end;
+    return end;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  size_t start = i;
+  if (c == ' ' && i + 1 < n && classes[i + 1] == CharClass::kOther) start = i + 1;
+  if (classes[start] == CharClass::kOther) {
+    size_t end = run_end(start, CharClass::kOther);
+    while (end < n && IsNewline(codes[end])) ++end;
+    return end;
+  }
+  // White space from here on: \s*[\r\n]+ ends after the run's last line break; else
+  // \s+(?!\S) leaves the run's last character to what follows; else \s+.
+  const size_t end = run_end(i, CharClass::kSpace);
+  for (size_t k = end; k > i; --k) {
+    if (IsNewline(codes[k - 1])) return k;
+  }
+  if (end == n || end - i == 1) return end;
+  return end - 1;
+}
+
+// The Split pre-tokenizer's patterns tandem knows, as tokenizer.json spells them.
+enum class SplitPattern { kGpt2, kLlama3 };
+constexpr char kGpt2Pattern[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+constexpr char kLlama3Pattern[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 struct AddedToken {
-  std::string content;
+  std::string content;  // as matched: normalized when the token is
   int64_t id = 0;
 };
 
-// A piece of the text: an added token (id >= 0) or text to pre-tokenize (id < 0).
-struct Segment {
-  absl::string_view text;
+// A piece of the text on its way to the model: an added token (id >= 0) or text (id < 0);
+// `at_origin` when it starts at the text's first byte (Metaspace's "first" prepend scheme).
+struct Piece {
+  std::string text;
   int64_t id = -1;
+  bool at_origin = false;
 };
 
-// Splits `text` at the leftmost-longest occurrences of `tokens` (bucketed by first byte).
-void SplitAtTokens(absl::string_view text,
-                   const std::array<std::vector<AddedToken>, 256>& tokens, bool any,
-                   std::vector<Segment>* out) {
+// Splits `text` at the leftmost-longest occurrences of `tokens` (bucketed by first byte),
+// appending the parts that are not empty.
+void SplitAtTokens(const Piece& text, const std::array<std::vector<AddedToken>, 256>& tokens,
+                   bool any, std::vector<Piece>* out) {
+  if (text.text.empty()) return;
   if (!any) {
-    if (!text.empty()) out->push_back({text, -1});
+    out->push_back(text);
     return;
   }
+  const absl::string_view view = text.text;
   size_t from = 0;
-  for (size_t i = 0; i < text.size();) {
+  for (size_t i = 0; i < view.size();) {
     const AddedToken* best = nullptr;
-    for (const AddedToken& token : tokens[static_cast<unsigned char>(text[i])]) {
+    for (const AddedToken& token : tokens[static_cast<unsigned char>(view[i])]) {
       if ((best == nullptr || token.content.size() > best->content.size()) &&
-          absl::StartsWith(text.substr(i), token.content)) {
+          absl::StartsWith(view.substr(i), token.content)) {
         best = &token;
       }
     }
@@ -205,12 +280,31 @@ void SplitAtTokens(absl::string_view text,
       ++i;
       continue;
     }
-    if (i > from) out->push_back({text.substr(from, i - from), -1});
-    out->push_back({text.substr(i, best->content.size()), best->id});
+    if (i > from) {
+      out->push_back({std::string(view.substr(from, i - from)), -1, text.at_origin && from == 0});
+    }
+    out->push_back({best->content, best->id, false});
     i += best->content.size();
     from = i;
   }
-  if (from < text.size()) out->push_back({text.substr(from), -1});
+  if (from < view.size()) {
+    out->push_back({std::string(view.substr(from)), -1, text.at_origin && from == 0});
+  }
+}
+
+// Every occurrence of `from` (not empty) in `text` replaced by `to`, left to right.
+std::string ReplaceAll(absl::string_view text, absl::string_view from, absl::string_view to) {
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    const size_t hit = text.find(from, pos);
+    if (hit == absl::string_view::npos) break;
+    out.append(text.data() + pos, hit - pos);
+    out.append(to.data(), to.size());
+    pos = hit + from.size();
+  }
+  out.append(text.data() + pos, text.size() - pos);
+  return out;
 }
 
 uint64_t PairKey(int32_t left, int32_t right) {
@@ -218,11 +312,43 @@ uint64_t PairKey(int32_t left, int32_t right) {
          static_cast<uint32_t>(right);
 }
 
+// A normalizer step: Prepend (`text` before a non-empty text) or Replace (`from` by `text`).
+struct NormalizerStep {
+  enum Kind { kPrepend, kReplace } kind = kPrepend;
+  std::string from, text;
+};
+
+// A pre-tokenizer step.
+struct PreTokenizerStep {
+  enum Kind { kByteLevel, kSplit, kMetaspace } kind = kByteLevel;
+  bool add_prefix_space = false;               // ByteLevel
+  bool use_regex = true;                       // ByteLevel: GPT-2's pattern
+  SplitPattern pattern = SplitPattern::kGpt2;  // Split (behaviour Isolated)
+  std::string replacement;                     // Metaspace
+  enum Prepend { kAlways, kFirst, kNever } prepend = kAlways;
+  bool split = true;
+};
+
+// A decoder step (tokenizers' decode_chain: token strings in, token strings out).
+struct DecoderStep {
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind = kByteLevel;
+  std::string from, to;  // Replace; Metaspace's replacement in `from`
+  char32_t content = 0;  // Strip
+  int start = 0, stop = 0;
+  bool prepend = true;  // Metaspace: its scheme is not "never"
+};
+
+// One item of a TemplateProcessing's single-sequence template: the encoded text, or ids.
+struct TemplateItem {
+  bool sequence = false;
+  std::vector<int64_t> ids;
+};
+
 }  // namespace
 
 struct Tokenizer::State {
   std::string source;
-  std::unordered_map<std::string, int32_t> vocab;  // the model's: byte-level spelling -> id
+  std::unordered_map<std::string, int32_t> vocab;  // the model's: spelling -> id
   struct Merge {
     int32_t rank = 0;
     int32_t id = 0;  // of the merged token
@@ -231,10 +357,16 @@ struct Tokenizer::State {
   int32_t unk_id = -1;
   bool fuse_unk = false;
   bool ignore_merges = false;
-  bool add_prefix_space = false;
-  bool use_regex = true;
-  std::array<std::vector<AddedToken>, 256> special_tokens, other_tokens;  // by first byte
-  bool any_special = false, any_other = false;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> byte_tokens{};  // byte_fallback: the id of "<0xAB>", -1 if none
+  std::vector<NormalizerStep> normalizer;
+  std::vector<PreTokenizerStep> pre_tokenizer;
+  std::vector<DecoderStep> decoder;
+  bool has_decoder = false;                   // without one, tokens are joined with spaces
+  std::vector<TemplateItem> single_template;  // empty: none
+  // Added tokens matched in the text as given, and (normalized ones) in the normalized text.
+  std::array<std::vector<AddedToken>, 256> plain_tokens, normalized_tokens;  // by first byte
+  bool any_plain = false, any_normalized = false;
   std::unordered_map<std::string, int64_t> added_ids;
   // By id: the token text decoding starts from (an added token's content over the model's),
   // whether there is one, whether it is a special added token.
@@ -244,51 +376,290 @@ struct Tokenizer::State {
   std::array<std::string, 256> byte_char_text;  // byte_chars as UTF-8
   std::unordered_map<char32_t, unsigned char> char_bytes;
 
-  void EncodeWord(absl::string_view bytes, std::vector<int64_t>* ids) const;
+  std::string Normalize(absl::string_view text) const;
+  absl::Status PreTokenize(std::vector<Piece>* pieces) const;
+  void EncodeWord(absl::string_view word, std::vector<int64_t>* ids) const;
+  std::vector<std::string> DecodeChain(std::vector<std::string> tokens) const;
 };
 
-void Tokenizer::State::EncodeWord(absl::string_view bytes, std::vector<int64_t>* ids) const {
-  std::string word;
-  for (char b : bytes) word += byte_char_text[static_cast<unsigned char>(b)];
+std::string Tokenizer::State::Normalize(absl::string_view text) const {
+  std::string out(text);
+  for (const NormalizerStep& step : normalizer) {
+    if (step.kind == NormalizerStep::kPrepend) {
+      if (!out.empty()) out = step.text + out;
+    } else {
+      out = ReplaceAll(out, step.from, step.text);
+    }
+  }
+  return out;
+}
+
+absl::Status Tokenizer::State::PreTokenize(std::vector<Piece>* pieces) const {
+  std::vector<Piece> next;
+  std::vector<char32_t> codes;
+  std::vector<size_t> offsets;
+  std::vector<CharClass> classes;
+  // The pieces of `text` cut where `pattern` matches (every character is in a match).
+  const auto split = [&](const Piece& piece, SplitPattern pattern) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(DecodeUtf8(piece.text, &codes, &offsets));
+    classes.resize(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i) classes[i] = Classify(codes[i]);
+    for (size_t i = 0; i < codes.size();) {
+      const size_t end = pattern == SplitPattern::kGpt2 ? MatchGpt2Piece(codes, classes, i)
+                                                        : MatchLlama3Piece(codes, classes, i);
+      next.push_back({piece.text.substr(offsets[i], offsets[end] - offsets[i]), -1,
+                      piece.at_origin && i == 0});
+      i = end;
+    }
+    return absl::OkStatus();
+  };
+  for (const PreTokenizerStep& step : pre_tokenizer) {
+    next.clear();
+    for (Piece& piece : *pieces) {
+      if (piece.id >= 0) {
+        next.push_back(std::move(piece));
+        continue;
+      }
+      switch (step.kind) {
+        case PreTokenizerStep::kByteLevel: {
+          if (step.add_prefix_space && !absl::StartsWith(piece.text, " ")) {
+            piece.text.insert(0, " ");
+          }
+          const size_t first = next.size();
+          if (step.use_regex) {
+            TANDEM_RETURN_IF_ERROR(split(piece, SplitPattern::kGpt2));
+          } else {
+            next.push_back(std::move(piece));
+          }
+          for (size_t k = first; k < next.size(); ++k) {
+            std::string mapped;
+            for (char b : next[k].text) mapped += byte_char_text[static_cast<unsigned char>(b)];
+            next[k].text = std::move(mapped);
+          }
+          break;
+        }
+        case PreTokenizerStep::kSplit:
+          TANDEM_RETURN_IF_ERROR(split(piece, step.pattern));
+          break;
+        case PreTokenizerStep::kMetaspace: {
+          std::string text = ReplaceAll(piece.text, " ", step.replacement);
+          if (!absl::StartsWith(text, step.replacement) &&
+              (step.prepend == PreTokenizerStep::kAlways ||
+               (step.prepend == PreTokenizerStep::kFirst && piece.at_origin))) {
+            text.insert(0, step.replacement);
+          }
+          if (!step.split) {
+            next.push_back({std::move(text), -1, piece.at_origin});
+            break;
+          }
+          // Each replacement character starts a piece (merged with what follows it).
+          size_t from = 0;
+          while (from < text.size()) {
+            size_t cut = text.find(step.replacement, from + 1);
+            if (from == 0 && !absl::StartsWith(text, step.replacement)) {
+              cut = text.find(step.replacement);
+            }
+            if (cut == std::string::npos) cut = text.size();
+            next.push_back({text.substr(from, cut - from), -1, piece.at_origin && from == 0});
+            from = cut;
+          }
+          break;
+        }
+      }
+    }
+    pieces->swap(next);
+  }
+  return absl::OkStatus();
+}
+
+void Tokenizer::State::EncodeWord(absl::string_view word, std::vector<int64_t>* ids) const {
+  if (word.empty()) return;
   if (ignore_merges) {
-    auto it = vocab.find(word);
+    auto it = vocab.find(std::string(word));
     if (it != vocab.end()) {
       ids->push_back(it->second);
       return;
     }
   }
+  // The word's characters as symbols: a character in the vocabulary is its token; else its
+  // bytes' "<0xAB>" tokens (byte_fallback, when all exist); else the unknown token (one for a
+  // run of them with fuse_unk), or nothing without one. As `tokenizers`' BPE::merge_word: a
+  // pending unknown token is written before the next known character, not before byte tokens.
   std::vector<int32_t> symbols;
-  symbols.reserve(bytes.size());
-  bool last_unknown = false;
-  for (char b : bytes) {
-    auto it = vocab.find(byte_char_text[static_cast<unsigned char>(b)]);
-    if (it != vocab.end()) {
+  symbols.reserve(word.size());
+  bool pending_unknown = false;
+  for (size_t pos = 0; pos < word.size();) {
+    char32_t code = 0;
+    const size_t length = static_cast<size_t>(NextUtf8(word.substr(pos), &code).length);
+    const absl::string_view character = word.substr(pos, length);
+    pos += length;
+    if (auto it = vocab.find(std::string(character)); it != vocab.end()) {
+      if (pending_unknown) symbols.push_back(unk_id);
+      pending_unknown = false;
       symbols.push_back(it->second);
-      last_unknown = false;
-    } else if (unk_id >= 0) {
-      if (!(fuse_unk && last_unknown)) symbols.push_back(unk_id);
-      last_unknown = true;
+      continue;
     }
-  }
-  // The pair of the lowest rank first (the leftmost of equals), one at a time, as `tokenizers`'
-  // queue of pairs merges them.
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    int32_t merged = 0;
-    for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-      auto it = merges.find(PairKey(symbols[k], symbols[k + 1]));
-      if (it != merges.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        best = k;
-        merged = it->second.id;
+    if (byte_fallback) {
+      bool all = true;
+      for (char b : character) all = all && byte_tokens[static_cast<unsigned char>(b)] >= 0;
+      if (all) {
+        for (char b : character) symbols.push_back(byte_tokens[static_cast<unsigned char>(b)]);
+        continue;
       }
     }
-    if (best_rank == INT32_MAX) break;
-    symbols[best] = merged;
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    if (unk_id < 0) continue;
+    if (pending_unknown && !fuse_unk) symbols.push_back(unk_id);
+    pending_unknown = true;
   }
-  ids->insert(ids->end(), symbols.begin(), symbols.end());
+  if (pending_unknown) symbols.push_back(unk_id);
+
+  // Merges as `tokenizers`' Word::merge_all: a queue of candidate pairs ordered by rank, then
+  // position; a popped pair whose symbols changed since it was queued is dropped.
+  struct Candidate {
+    int32_t rank;
+    int32_t position;
+    int32_t merged;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : position > o.position;
+    }
+  };
+  const int32_t count = static_cast<int32_t>(symbols.size());
+  std::vector<int32_t> previous(count), following(count);
+  std::vector<bool> gone(count, false);
+  for (int32_t k = 0; k < count; ++k) {
+    previous[k] = k - 1;
+    following[k] = k + 1 < count ? k + 1 : -1;
+  }
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  const auto offer = [&](int32_t left) {
+    const int32_t right = following[left];
+    if (right < 0) return;
+    auto it = merges.find(PairKey(symbols[left], symbols[right]));
+    if (it != merges.end()) queue.push({it->second.rank, left, it->second.id});
+  };
+  for (int32_t k = 0; k + 1 < count; ++k) offer(k);
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    const int32_t left = top.position;
+    if (gone[left] || following[left] < 0) continue;
+    const int32_t right = following[left];
+    auto it = merges.find(PairKey(symbols[left], symbols[right]));
+    if (it == merges.end() || it->second.id != top.merged) continue;
+    symbols[left] = top.merged;
+    gone[right] = true;
+    following[left] = following[right];
+    if (following[left] >= 0) previous[following[left]] = left;
+    if (previous[left] >= 0) offer(previous[left]);
+    offer(left);
+  }
+  for (int32_t k = 0; k < count; ++k) {
+    if (!gone[k]) ids->push_back(symbols[k]);
+  }
+}
+
+std::vector<std::string> Tokenizer::State::DecodeChain(std::vector<std::string> tokens) const {
+  std::vector<char32_t> codes;
+  std::vector<size_t> offsets;
+  for (const DecoderStep& step : decoder) {
+    std::vector<std::string> out;
+    switch (step.kind) {
+      case DecoderStep::kByteLevel: {
+        // Each character back to its byte (a token with a character that stands for no byte
+        // is taken as it is), all tokens as one text.
+        std::string bytes;
+        for (const std::string& token : tokens) {
+          bool all_bytes = DecodeUtf8(token, &codes, &offsets).ok();
+          std::string token_bytes;
+          for (size_t i = 0; all_bytes && i < codes.size(); ++i) {
+            auto it = char_bytes.find(codes[i]);
+            if (it == char_bytes.end()) {
+              all_bytes = false;
+            } else {
+              token_bytes.push_back(static_cast<char>(it->second));
+            }
+          }
+          bytes += all_bytes ? token_bytes : token;
+        }
+        out.push_back(LossyUtf8(bytes));
+        break;
+      }
+      case DecoderStep::kReplace:
+        for (const std::string& token : tokens) {
+          out.push_back(ReplaceAll(token, step.from, step.to));
+        }
+        break;
+      case DecoderStep::kByteFallback: {
+        // Runs of "<0xAB>" tokens become their bytes' text, or one U+FFFD per byte when the
+        // bytes are not UTF-8.
+        std::string run;
+        size_t run_length = 0;
+        const auto flush = [&] {
+          if (run_length == 0) return;
+          if (LossyUtf8(run) == run) {
+            out.push_back(run);
+          } else {
+            for (size_t k = 0; k < run_length; ++k) out.push_back("\xEF\xBF\xBD");
+          }
+          run.clear();
+          run_length = 0;
+        };
+        for (std::string& token : tokens) {
+          int value = -1;
+          if (token.size() == 6 && absl::StartsWith(token, "<0x") && token[5] == '>') {
+            const auto hex = [](char h) {
+              if (h >= '0' && h <= '9') return h - '0';
+              if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+              if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+              return -1;
+            };
+            const int high = hex(token[3]), low = hex(token[4]);
+            if (high >= 0 && low >= 0) value = high * 16 + low;
+          }
+          if (value >= 0) {
+            run.push_back(static_cast<char>(value));
+            ++run_length;
+          } else {
+            flush();
+            out.push_back(std::move(token));
+          }
+        }
+        flush();
+        break;
+      }
+      case DecoderStep::kFuse: {
+        std::string all;
+        for (const std::string& token : tokens) all += token;
+        out.push_back(std::move(all));
+        break;
+      }
+      case DecoderStep::kStrip:
+        for (const std::string& token : tokens) {
+          if (!DecodeUtf8(token, &codes, &offsets).ok()) {
+            out.push_back(token);
+            continue;
+          }
+          size_t begin = 0, end = codes.size();
+          for (int k = 0; k < step.start && begin < end && codes[begin] == step.content; ++k) {
+            ++begin;
+          }
+          for (int k = 0; k < step.stop && end > begin && codes[end - 1] == step.content; ++k) {
+            --end;
+          }
+          out.push_back(token.substr(offsets[begin], offsets[end] - offsets[begin]));
+        }
+        break;
+      case DecoderStep::kMetaspace:
+        // Every replacement character becomes a space; in the first token, with a prepend
+        // scheme, every one is dropped (as `tokenizers` does).
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          out.push_back(ReplaceAll(tokens[i], step.from, i == 0 && step.prepend ? "" : " "));
+        }
+        break;
+    }
+    tokens.swap(out);
+  }
+  return tokens;
 }
 
 namespace {
@@ -297,8 +668,8 @@ namespace {
 absl::Status Unsupported(absl::string_view source, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(
       source, ": ", what,
-      " is not supported (tandem reads byte-level BPE tokenizers: a BPE model, the ByteLevel "
-      "pre-tokenizer and decoder, no normalizer; see data/tokenizer.h)"));
+      " is not supported (tandem reads BPE tokenizers: byte-level ones as GPT-2's and Llama "
+      "3's, and SentencePiece-style ones as Llama 2's; see data/tokenizer.h)"));
 }
 
 bool IsNullOr(const Json& object, const char* field, const Json& allowed) {
@@ -310,6 +681,72 @@ std::string TypeOf(const Json& object) {
     return object.at("type").get<std::string>();
   }
   return object.dump().substr(0, 80);
+}
+
+// The steps of a component that may be a Sequence of steps (under `list_field`).
+absl::StatusOr<std::vector<const Json*>> Steps(const Json& component, const char* list_field,
+                                               const std::string& where) {
+  std::vector<const Json*> steps;
+  if (TypeOf(component) != "Sequence") {
+    steps.push_back(&component);
+    return steps;
+  }
+  TANDEM_ASSIGN_OR_RETURN(const Json* list, GetArray(component, list_field, where));
+  for (const Json& step : *list) steps.push_back(&step);
+  return steps;
+}
+
+// A Replace normalizer's or decoder's {"String": "..."} pattern (not a Regex).
+absl::StatusOr<std::string> StringPattern(const Json& step, absl::string_view source,
+                                          const std::string& where) {
+  if (!step.contains("pattern") || !step.at("pattern").is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": expected a pattern object"));
+  }
+  const Json& pattern = step.at("pattern");
+  if (!pattern.contains("String") || !pattern.at("String").is_string()) {
+    return Unsupported(source, absl::StrCat(where, " with the pattern ", pattern.dump()));
+  }
+  std::string text = pattern.at("String").get<std::string>();
+  if (text.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": an empty pattern"));
+  }
+  return text;
+}
+
+// One character, as Metaspace's replacement and Strip's content are.
+absl::StatusOr<char32_t> OneCharacter(const Json& step, const char* field,
+                                      const std::string& where) {
+  TANDEM_ASSIGN_OR_RETURN(const std::string text, GetString(step, field, where));
+  char32_t code = 0;
+  if (text.empty() || !NextUtf8(text, &code).valid ||
+      static_cast<size_t>(NextUtf8(text, &code).length) != text.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", field, ": expected one character, got '", text, "'"));
+  }
+  return code;
+}
+
+absl::StatusOr<PreTokenizerStep::Prepend> PrependScheme(const Json& step,
+                                                        const std::string& where) {
+  PreTokenizerStep::Prepend scheme = PreTokenizerStep::kAlways;
+  if (IsSet(step, "prepend_scheme")) {
+    TANDEM_ASSIGN_OR_RETURN(const std::string name, GetString(step, "prepend_scheme", where));
+    if (name == "always") {
+      scheme = PreTokenizerStep::kAlways;
+    } else if (name == "first") {
+      scheme = PreTokenizerStep::kFirst;
+    } else if (name == "never") {
+      scheme = PreTokenizerStep::kNever;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".prepend_scheme: '", name, "' is not always, first or never"));
+    }
+  }
+  // Files from before prepend_scheme say add_prefix_space.
+  TANDEM_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                          GetBoolOrUnset(step, "add_prefix_space", true, where));
+  if (!add_prefix_space) scheme = PreTokenizerStep::kNever;
+  return scheme;
 }
 
 }  // namespace
@@ -327,33 +764,124 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
   auto state = std::make_shared<State>();
   state->source = std::string(source);
   const std::string where = std::string(source);
-
-  // Parts that would change the ids and that tandem does not implement.
-  if (!IsNullOr(json, "normalizer", Json())) {
-    return Unsupported(source, absl::StrCat("the normalizer ", TypeOf(json.at("normalizer"))));
-  }
   if (!IsNullOr(json, "truncation", Json())) return Unsupported(source, "truncation");
   if (!IsNullOr(json, "padding", Json())) return Unsupported(source, "padding");
-  if (!IsSet(json, "pre_tokenizer")) {
-    return Unsupported(source, "a tokenizer without a pre-tokenizer");
+
+  // The normalizer: Prepend and Replace steps, or none.
+  if (IsSet(json, "normalizer")) {
+    const std::string at = where + ": normalizer";
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<const Json*> steps,
+                            Steps(json.at("normalizer"), "normalizers", at));
+    for (const Json* step : steps) {
+      NormalizerStep made;
+      const std::string type = TypeOf(*step);
+      if (type == "Prepend") {
+        made.kind = NormalizerStep::kPrepend;
+        TANDEM_ASSIGN_OR_RETURN(made.text, GetString(*step, "prepend", at));
+      } else if (type == "Replace") {
+        made.kind = NormalizerStep::kReplace;
+        TANDEM_ASSIGN_OR_RETURN(made.from, StringPattern(*step, source, at + " Replace"));
+        TANDEM_ASSIGN_OR_RETURN(made.text, GetString(*step, "content", at));
+      } else {
+        return Unsupported(source, absl::StrCat("the normalizer ", type));
+      }
+      state->normalizer.push_back(std::move(made));
+    }
   }
-  const Json& pre = json.at("pre_tokenizer");
-  if (TypeOf(pre) != "ByteLevel") {
-    return Unsupported(source, absl::StrCat("the pre-tokenizer ", TypeOf(pre)));
+
+  // The pre-tokenizer: ByteLevel, Split by GPT-2's or Llama 3's pattern, Metaspace, a Sequence
+  // of them, or none.
+  if (IsSet(json, "pre_tokenizer")) {
+    const std::string at = where + ": pre_tokenizer";
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<const Json*> steps,
+                            Steps(json.at("pre_tokenizer"), "pretokenizers", at));
+    for (const Json* step : steps) {
+      PreTokenizerStep made;
+      const std::string type = TypeOf(*step);
+      if (type == "ByteLevel") {
+        made.kind = PreTokenizerStep::kByteLevel;
+        TANDEM_ASSIGN_OR_RETURN(made.add_prefix_space,
+                                GetBoolOrUnset(*step, "add_prefix_space", true, at));
+        TANDEM_ASSIGN_OR_RETURN(made.use_regex, GetBoolOrUnset(*step, "use_regex", true, at));
+      } else if (type == "Split") {
+        made.kind = PreTokenizerStep::kSplit;
+        const Json pattern = step->contains("pattern") ? step->at("pattern") : Json();
+        const std::string regex =
+            pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex").is_string()
+                ? pattern.at("Regex").get<std::string>()
+                : std::string();
+        if (regex == kGpt2Pattern) {
+          made.pattern = SplitPattern::kGpt2;
+        } else if (regex == kLlama3Pattern) {
+          made.pattern = SplitPattern::kLlama3;
+        } else {
+          return Unsupported(source,
+                             absl::StrCat("the Split pre-tokenizer's pattern ", pattern.dump(),
+                                          " (known: GPT-2's and Llama 3's regular expressions)"));
+        }
+        const std::string behavior = step->contains("behavior") && step->at("behavior").is_string()
+                                         ? step->at("behavior").get<std::string>()
+                                         : std::string();
+        TANDEM_ASSIGN_OR_RETURN(const bool invert, GetBoolOrUnset(*step, "invert", false, at));
+        if (behavior != "Isolated" || invert) {
+          return Unsupported(source,
+                             absl::StrCat("the Split pre-tokenizer with behavior '", behavior, "'",
+                                          invert ? " inverted" : "", " (Isolated is)"));
+        }
+      } else if (type == "Metaspace") {
+        made.kind = PreTokenizerStep::kMetaspace;
+        TANDEM_ASSIGN_OR_RETURN(const char32_t replacement, OneCharacter(*step, "replacement", at));
+        AppendUtf8(replacement, &made.replacement);
+        TANDEM_ASSIGN_OR_RETURN(made.prepend, PrependScheme(*step, at));
+        TANDEM_ASSIGN_OR_RETURN(made.split, GetBoolOrUnset(*step, "split", true, at));
+      } else {
+        return Unsupported(source, absl::StrCat("the pre-tokenizer ", type));
+      }
+      state->pre_tokenizer.push_back(std::move(made));
+    }
   }
-  TANDEM_ASSIGN_OR_RETURN(state->add_prefix_space,
-                          GetBoolOrUnset(pre, "add_prefix_space", true, where + ": pre_tokenizer"));
-  TANDEM_ASSIGN_OR_RETURN(state->use_regex,
-                          GetBoolOrUnset(pre, "use_regex", true, where + ": pre_tokenizer"));
-  if (!IsSet(json, "decoder")) {
-    return Unsupported(source, "a tokenizer without a decoder (ByteLevel is needed)");
-  }
-  if (TypeOf(json.at("decoder")) != "ByteLevel") {
-    return Unsupported(source, absl::StrCat("the decoder ", TypeOf(json.at("decoder"))));
-  }
-  if (IsSet(json, "post_processor") && TypeOf(json.at("post_processor")) != "ByteLevel") {
-    return Unsupported(source,
-                       absl::StrCat("the post-processor ", TypeOf(json.at("post_processor"))));
+
+  // The decoder: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, a Sequence of them,
+  // or none (tokens joined by spaces).
+  if (IsSet(json, "decoder")) {
+    const std::string at = where + ": decoder";
+    state->has_decoder = true;
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<const Json*> steps,
+                            Steps(json.at("decoder"), "decoders", at));
+    for (const Json* step : steps) {
+      DecoderStep made;
+      const std::string type = TypeOf(*step);
+      if (type == "ByteLevel") {
+        made.kind = DecoderStep::kByteLevel;
+      } else if (type == "Replace") {
+        made.kind = DecoderStep::kReplace;
+        TANDEM_ASSIGN_OR_RETURN(made.from, StringPattern(*step, source, at + " Replace"));
+        TANDEM_ASSIGN_OR_RETURN(made.to, GetString(*step, "content", at));
+      } else if (type == "ByteFallback") {
+        made.kind = DecoderStep::kByteFallback;
+      } else if (type == "Fuse") {
+        made.kind = DecoderStep::kFuse;
+      } else if (type == "Strip") {
+        made.kind = DecoderStep::kStrip;
+        TANDEM_ASSIGN_OR_RETURN(made.content, OneCharacter(*step, "content", at));
+        TANDEM_ASSIGN_OR_RETURN(const int64_t start, GetInt(*step, "start", at));
+        TANDEM_ASSIGN_OR_RETURN(const int64_t stop, GetInt(*step, "stop", at));
+        if (start < 0 || stop < 0 || start > INT_MAX || stop > INT_MAX) {
+          return absl::InvalidArgumentError(absl::StrCat(at, " Strip: a negative count"));
+        }
+        made.start = static_cast<int>(start);
+        made.stop = static_cast<int>(stop);
+      } else if (type == "Metaspace") {
+        made.kind = DecoderStep::kMetaspace;
+        TANDEM_ASSIGN_OR_RETURN(const char32_t replacement, OneCharacter(*step, "replacement", at));
+        AppendUtf8(replacement, &made.from);
+        TANDEM_ASSIGN_OR_RETURN(const PreTokenizerStep::Prepend scheme, PrependScheme(*step, at));
+        made.prepend = scheme != PreTokenizerStep::kNever;
+      } else {
+        return Unsupported(source, absl::StrCat("the decoder ", type));
+      }
+      state->decoder.push_back(std::move(made));
+    }
   }
 
   // The model.
@@ -372,9 +900,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
   if (!IsNullOr(*model, "end_of_word_suffix", Json(""))) {
     return Unsupported(source, "end_of_word_suffix");
   }
-  TANDEM_ASSIGN_OR_RETURN(const bool byte_fallback,
+  TANDEM_ASSIGN_OR_RETURN(state->byte_fallback,
                           GetBoolOrUnset(*model, "byte_fallback", false, model_where));
-  if (byte_fallback) return Unsupported(source, "byte_fallback");
   TANDEM_ASSIGN_OR_RETURN(state->fuse_unk, GetBoolOrUnset(*model, "fuse_unk", false, model_where));
   TANDEM_ASSIGN_OR_RETURN(state->ignore_merges,
                           GetBoolOrUnset(*model, "ignore_merges", false, model_where));
@@ -387,6 +914,10 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     }
     state->vocab.emplace(token, static_cast<int32_t>(id.get<int64_t>()));
     largest = std::max(largest, id.get<int64_t>());
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = state->vocab.find(absl::StrFormat("<0x%02X>", b));
+    state->byte_tokens[b] = it == state->vocab.end() ? -1 : it->second;
   }
   TANDEM_ASSIGN_OR_RETURN(const Json* merges, GetArray(*model, "merges", model_where));
   int32_t rank = 0;
@@ -431,7 +962,12 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
   }
 
   // Added tokens.
-  std::vector<std::pair<AddedToken, bool>> added;
+  struct Added {
+    AddedToken token;
+    bool special = false;
+    bool normalized = false;
+  };
+  std::vector<Added> added;
   if (IsSet(json, "added_tokens")) {
     TANDEM_ASSIGN_OR_RETURN(const Json* list, GetArray(json, "added_tokens", where));
     for (size_t i = 0; i < list->size(); ++i) {
@@ -440,24 +976,26 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
       if (!entry.is_object()) {
         return absl::InvalidArgumentError(absl::StrCat(entry_where, ": expected an object"));
       }
-      AddedToken token;
-      TANDEM_ASSIGN_OR_RETURN(token.content, GetString(entry, "content", entry_where));
-      TANDEM_ASSIGN_OR_RETURN(token.id, GetInt(entry, "id", entry_where));
-      if (token.content.empty() || token.id < 0 || token.id >= INT32_MAX) {
+      Added token;
+      TANDEM_ASSIGN_OR_RETURN(token.token.content, GetString(entry, "content", entry_where));
+      TANDEM_ASSIGN_OR_RETURN(token.token.id, GetInt(entry, "id", entry_where));
+      if (token.token.content.empty() || token.token.id < 0 || token.token.id >= INT32_MAX) {
         return absl::InvalidArgumentError(
             absl::StrCat(entry_where, ": an empty content or an id outside [0, 2^31)"));
       }
       for (const char* option : {"single_word", "lstrip", "rstrip"}) {
         TANDEM_ASSIGN_OR_RETURN(const bool set, GetBoolOrUnset(entry, option, false, entry_where));
         if (set) {
-          return Unsupported(source,
-                             absl::StrCat("the added token '", token.content, "' with ", option));
+          return Unsupported(
+              source, absl::StrCat("the added token '", token.token.content, "' with ", option));
         }
       }
-      TANDEM_ASSIGN_OR_RETURN(const bool special,
-                              GetBoolOrUnset(entry, "special", false, entry_where));
-      largest = std::max(largest, token.id);
-      added.emplace_back(std::move(token), special);
+      TANDEM_ASSIGN_OR_RETURN(token.special, GetBoolOrUnset(entry, "special", false, entry_where));
+      // `tokenizers` defaults to normalized for tokens that are not special.
+      TANDEM_ASSIGN_OR_RETURN(token.normalized,
+                              GetBoolOrUnset(entry, "normalized", !token.special, entry_where));
+      largest = std::max(largest, token.token.id);
+      added.push_back(std::move(token));
     }
   }
 
@@ -474,99 +1012,135 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     state->tokens[id] = token;
     state->known[id] = true;
   }
-  for (auto& [token, special] : added) {
-    state->tokens[token.id] = token.content;
-    state->known[token.id] = true;
-    state->special[token.id] = special;
-    state->added_ids[token.content] = token.id;
-    const unsigned char first = static_cast<unsigned char>(token.content[0]);
-    if (special) {
-      state->special_tokens[first].push_back(token);
-      state->any_special = true;
+  for (Added& token : added) {
+    const int64_t id = token.token.id;
+    state->tokens[id] = token.token.content;
+    state->known[id] = true;
+    state->special[id] = token.special;
+    state->added_ids[token.token.content] = id;
+    if (token.normalized) {
+      // Matched in the normalized text, as the normalizer spells it.
+      token.token.content = state->Normalize(token.token.content);
+      if (token.token.content.empty()) continue;
+      const unsigned char first = static_cast<unsigned char>(token.token.content[0]);
+      state->normalized_tokens[first].push_back(token.token);
+      state->any_normalized = true;
     } else {
-      state->other_tokens[first].push_back(token);
-      state->any_other = true;
+      const unsigned char first = static_cast<unsigned char>(token.token.content[0]);
+      state->plain_tokens[first].push_back(token.token);
+      state->any_plain = true;
+    }
+  }
+
+  // The post-processor: ByteLevel (offsets only), TemplateProcessing (its single-sequence
+  // template, applied when special tokens are asked for), a Sequence of them, or none.
+  if (IsSet(json, "post_processor")) {
+    const std::string at = where + ": post_processor";
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<const Json*> steps,
+                            Steps(json.at("post_processor"), "processors", at));
+    for (const Json* step : steps) {
+      const std::string step_type = TypeOf(*step);
+      if (step_type == "ByteLevel") continue;
+      if (step_type != "TemplateProcessing" || !state->single_template.empty()) {
+        return Unsupported(source, absl::StrCat("the post-processor ", step_type));
+      }
+      TANDEM_ASSIGN_OR_RETURN(const Json* single, GetArray(*step, "single", at));
+      TANDEM_ASSIGN_OR_RETURN(const Json* specials, GetObject(*step, "special_tokens", at));
+      bool has_sequence = false;
+      for (const Json& item : *single) {
+        TemplateItem made;
+        if (item.is_object() && item.contains("Sequence")) {
+          const Json& sequence = item.at("Sequence");
+          if (!sequence.is_object() || !sequence.contains("id") || sequence.at("id") != Json("A")) {
+            return Unsupported(source, absl::StrCat("the template item ", item.dump()));
+          }
+          made.sequence = true;
+          has_sequence = true;
+        } else if (item.is_object() && item.contains("SpecialToken") &&
+                   item.at("SpecialToken").is_object() && item.at("SpecialToken").contains("id") &&
+                   item.at("SpecialToken").at("id").is_string()) {
+          const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+          if (!specials->contains(name) || !specials->at(name).is_object()) {
+            return absl::InvalidArgumentError(absl::StrCat(at, ": the template's special token '",
+                                                           name, "' is not in special_tokens"));
+          }
+          TANDEM_ASSIGN_OR_RETURN(const Json* ids, GetArray(specials->at(name), "ids", at));
+          for (const Json& id : *ids) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+                id.get<int64_t>() >= static_cast<int64_t>(size)) {
+              return absl::InvalidArgumentError(absl::StrCat(at, ": the special token '", name,
+                                                             "' has the id ", id.dump(),
+                                                             ", outside the vocabulary"));
+            }
+            made.ids.push_back(id.get<int64_t>());
+          }
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat(at, ": the template item ", item.dump(), " is not understood"));
+        }
+        state->single_template.push_back(std::move(made));
+      }
+      if (!has_sequence) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ": the single template has no $A (the text)"));
+      }
     }
   }
   return Tokenizer(std::move(state));
 }
 
-absl::StatusOr<std::vector<int64_t>> Tokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int64_t>> Tokenizer::Encode(absl::string_view text,
+                                                       bool add_special_tokens) const {
   const State& s = *state_;
-  std::vector<char32_t> codes;
-  std::vector<size_t> offsets;
-  TANDEM_RETURN_IF_ERROR(DecodeUtf8(text, &codes, &offsets));
-  // Special added tokens first, then the others in the text between them.
-  std::vector<Segment> first, segments;
-  SplitAtTokens(text, s.special_tokens, s.any_special, &first);
-  for (const Segment& segment : first) {
-    if (segment.id >= 0) {
-      segments.push_back(segment);
+  {
+    std::vector<char32_t> codes;
+    std::vector<size_t> offsets;
+    TANDEM_RETURN_IF_ERROR(DecodeUtf8(text, &codes, &offsets));
+  }
+  // As `tokenizers`' AddedVocabulary::extract_and_normalize: added tokens that are not
+  // normalized are found in the text as given; each part between them is normalized on its
+  // own, and the normalized tokens are found in it.
+  std::vector<Piece> plain, pieces;
+  SplitAtTokens({std::string(text), -1, true}, s.plain_tokens, s.any_plain, &plain);
+  for (Piece& piece : plain) {
+    if (piece.id >= 0) {
+      pieces.push_back(std::move(piece));
     } else {
-      SplitAtTokens(segment.text, s.other_tokens, s.any_other, &segments);
+      piece.text = s.Normalize(piece.text);
+      SplitAtTokens(piece, s.normalized_tokens, s.any_normalized, &pieces);
     }
   }
+  TANDEM_RETURN_IF_ERROR(s.PreTokenize(&pieces));
   std::vector<int64_t> ids;
   std::unordered_map<std::string, std::vector<int64_t>> cache;  // piece -> ids, this call
-  std::vector<CharClass> classes;
-  std::vector<int64_t> word;
-  for (const Segment& segment : segments) {
-    if (segment.id >= 0) {
-      ids.push_back(segment.id);
+  for (const Piece& piece : pieces) {
+    if (piece.id >= 0) {
+      ids.push_back(piece.id);
       continue;
     }
-    std::string prefixed;
-    absl::string_view piece_text = segment.text;
-    if (s.add_prefix_space && !absl::StartsWith(piece_text, " ")) {
-      prefixed = absl::StrCat(" ", piece_text);
-      piece_text = prefixed;
-    }
-    std::vector<absl::string_view> pieces;
-    if (s.use_regex) {
-      TANDEM_RETURN_IF_ERROR(DecodeUtf8(piece_text, &codes, &offsets));
-      classes.resize(codes.size());
-      for (size_t i = 0; i < codes.size(); ++i) classes[i] = Classify(codes[i]);
-      for (size_t i = 0; i < codes.size();) {
-        const size_t end = MatchGpt2Piece(codes, classes, i);
-        pieces.push_back(piece_text.substr(offsets[i], offsets[end] - offsets[i]));
-        i = end;
-      }
-    } else {
-      pieces.push_back(piece_text);
-    }
-    for (absl::string_view piece : pieces) {
-      auto [it, inserted] = cache.try_emplace(std::string(piece));
-      if (inserted) s.EncodeWord(piece, &it->second);
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-    }
+    auto [it, inserted] = cache.try_emplace(piece.text);
+    if (inserted) s.EncodeWord(piece.text, &it->second);
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
   }
-  return ids;
+  if (!add_special_tokens || s.single_template.empty()) return ids;
+  std::vector<int64_t> templated;
+  for (const TemplateItem& item : s.single_template) {
+    const std::vector<int64_t>& part = item.sequence ? ids : item.ids;
+    templated.insert(templated.end(), part.begin(), part.end());
+  }
+  return templated;
 }
 
 std::string Tokenizer::Decode(absl::Span<const int64_t> ids, bool skip_special_tokens) const {
   const State& s = *state_;
-  std::string bytes;
-  std::vector<char32_t> codes;
-  std::vector<size_t> offsets;
+  std::vector<std::string> tokens;
   for (const int64_t id : ids) {
     if (id < 0 || id >= static_cast<int64_t>(s.tokens.size()) || !s.known[id]) continue;
     if (skip_special_tokens && s.special[id]) continue;
-    const std::string& token = s.tokens[id];
-    // ByteLevel: each character back to its byte; a token with a character that stands for
-    // no byte is taken as it is.
-    bool all_bytes = DecodeUtf8(token, &codes, &offsets).ok();
-    std::string token_bytes;
-    for (size_t i = 0; all_bytes && i < codes.size(); ++i) {
-      auto it = s.char_bytes.find(codes[i]);
-      if (it == s.char_bytes.end()) {
-        all_bytes = false;
-      } else {
-        token_bytes.push_back(static_cast<char>(it->second));
-      }
-    }
-    bytes += all_bytes ? token_bytes : token;
+    tokens.push_back(s.tokens[id]);
   }
-  return LossyUtf8(bytes);
+  if (!s.has_decoder) return absl::StrJoin(tokens, " ");
+  return absl::StrJoin(s.DecodeChain(std::move(tokens)), "");
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(state_->tokens.size()); }
@@ -577,6 +1151,8 @@ std::optional<int64_t> Tokenizer::TokenId(absl::string_view token) const {
   if (auto it = state_->vocab.find(key); it != state_->vocab.end()) return it->second;
   return std::nullopt;
 }
+
+bool Tokenizer::AddsSpecialTokens() const { return !state_->single_template.empty(); }
 
 const std::string& Tokenizer::source() const { return state_->source; }
 

@@ -3,6 +3,7 @@
 // prompt of token ids or of text through a tokenizer.json (data/tokenizer.h), greedy or
 // sampled, with a key/value cache.
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -33,8 +34,9 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(std::string, prompt_tokens, "", "generate: the prompt as token ids: 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt as text (needs --tokenizer)");
 ABSL_FLAG(std::string, tokenizer, "",
-          "generate: a Hugging Face tokenizer.json (byte-level BPE, as scripts/prepare_data.py "
-          "writes beside its shards) for --prompt and to print the text");
+          "generate: a Hugging Face tokenizer.json (BPE: GPT-2's, Llama 2's or 3's, or the one "
+          "scripts/prepare_data.py writes beside its shards) for --prompt and to print the "
+          "text");
 ABSL_FLAG(int, max_new_tokens, 32, "generate: tokens to add to the prompt");
 ABSL_FLAG(double, temperature, 0,
           "generate: 0 takes the most likely token (greedy); above 0 samples from the softmax "
@@ -110,14 +112,22 @@ absl::Status Generate() {
   }
   const std::string prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
   const std::string prompt_text = absl::GetFlag(FLAGS_prompt);
-  const std::string tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  std::string tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
   if (prompt_tokens.empty() == prompt_text.empty()) {
     return absl::InvalidArgumentError(
         "give the prompt as --prompt-tokens 1,2,3 or as --prompt TEXT with --tokenizer FILE, "
         "one of them");
   }
   if (!prompt_text.empty() && tokenizer_path.empty()) {
-    return absl::InvalidArgumentError("--prompt TEXT needs --tokenizer FILE (a tokenizer.json)");
+    // A Hugging Face folder usually carries its tokenizer.
+    const std::string beside = init_from.empty() ? "" : init_from + "/tokenizer.json";
+    std::error_code error;
+    if (beside.empty() || !std::filesystem::is_regular_file(beside, error)) {
+      return absl::InvalidArgumentError(
+          "--prompt TEXT needs --tokenizer FILE (a tokenizer.json; an --init-from folder's own "
+          "tokenizer.json is taken when it has one)");
+    }
+    tokenizer_path = beside;
   }
   TANDEM_ASSIGN_OR_RETURN(const runtime::libtorch::GenerateOptions options, OptionsFromFlags());
   std::optional<data::Tokenizer> tokenizer;
@@ -130,7 +140,9 @@ absl::Status Generate() {
   if (!prompt_tokens.empty()) {
     TANDEM_ASSIGN_OR_RETURN(prompt, ParseTokenList(prompt_tokens));
   } else {
-    auto encoded = tokenizer->Encode(prompt_text);
+    // With the tokenizer's template (a Llama's beginning-of-text token first), as
+    // transformers' tokenizer(text) gives the prompt.
+    auto encoded = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
     if (!encoded.ok()) return Annotate(encoded.status(), "--prompt");
     prompt = *std::move(encoded);
     if (prompt.empty()) return absl::InvalidArgumentError("--prompt: the text gives no tokens");
@@ -154,12 +166,13 @@ absl::Status Generate() {
   if (!generated.ok()) return generated.status();
   std::cout << "model: " << model.description << " from " << model.source << " on "
             << device.str() << "\n";
+  if (tokenizer.has_value()) std::cout << "tokenizer: " << tokenizer_path << "\n";
   std::cout << "prompt: " << prompt.size() << " token(s)\n";
   std::cout << "tokens: " << absl::StrJoin(generated->tokens, ",") << "\n";
   if (tokenizer.has_value()) {
     std::vector<int64_t> all = prompt;
     all.insert(all.end(), generated->tokens.begin(), generated->tokens.end());
-    std::cout << "text: " << tokenizer->Decode(all) << "\n";
+    std::cout << "text: " << tokenizer->Decode(all, /*skip_special_tokens=*/true) << "\n";
   }
   const double count = static_cast<double>(generated->tokens.size());
   std::cout << absl::StrFormat(
@@ -202,8 +215,10 @@ CommandInfo GenerateCommand() {
         "--temperature 0 (the tokens transformers' generate gives), else sampled from the\n"
         "softmax of logits / temperature over the --top-k most likely tokens, seeded with --seed\n"
         "(the same seed, the same tokens). The prompt and new tokens must fit the model's\n"
-        "positions. Prints the new token ids (`tokens: ...`), the whole text when --tokenizer\n"
-        "is given (a byte-level BPE tokenizer.json, such as scripts/prepare_data.py writes\n"
+        "positions. --prompt TEXT is encoded as transformers' tokenizer(TEXT) encodes it (a\n"
+        "Llama tokenizer's beginning-of-text token first). Prints the new token ids (`tokens:\n"
+        "...`), the whole text without special tokens when --tokenizer is given (a BPE\n"
+        "tokenizer.json: GPT-2's, Llama 2's or 3's, or the one scripts/prepare_data.py writes\n"
         "beside its shards), and tokens/s. Exit 2 for bad input (a missing checkpoint, a token\n"
         "outside the vocabulary, an unsupported tokenizer), with one line on stderr.",
     .flags = {"checkpoint", "init_from", "hf_config", "prompt_tokens", "prompt", "tokenizer",

@@ -9,7 +9,10 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         "text": the prompt text or null}]. Cases: llama_gqa (grouped-query attention, untied
         head), llama_tied, gpt2 (tied), gpt2_scaled (attention scaled by the inverse layer
         index), gpt2_text (a 320-token model with OUTPUT_FOLDER/tokenizer.json: the prompt is
-        text, encoded by that tokenizer).
+        text, encoded by that tokenizer), llama_text (a Llama with a tokenizer in Llama 3's
+        layout, OUTPUT_FOLDER/llama_tokenizer.json: Split by Llama 3's pattern, and a template
+        that puts the beginning-of-text token first, which the prompt then starts with, as
+        transformers' tokenizer(text) gives it). "tokenizer" names the case's tokenizer file.
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
         prints the new ids of greedy generate (comma-separated) for PROMPT_IDS ("1,2,3") with
@@ -87,24 +90,53 @@ def train_tokenizer(path):
     return tokenizer
 
 
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def train_llama_tokenizer(path):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tokenizer = Tokenizer(models.BPE(ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([TEXT], trainer=trainer)
+    begin = tokenizer.token_to_id("<|begin_of_text|>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", begin)])
+    tokenizer.save(path)
+    return tokenizer
+
+
 def make(output):
     os.makedirs(output, exist_ok=True)
     tokenizer = train_tokenizer(os.path.join(output, "tokenizer.json"))
     text_prompt = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
+    llama_tokenizer = train_llama_tokenizer(os.path.join(output, "llama_tokenizer.json"))
+    llama_prompt = llama_tokenizer.encode(PROMPT_TEXT).ids  # add_special_tokens by default
     cases = [
         ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),
         ("llama_tied", lambda: llama(tie_word_embeddings=True), [1, 2, 3]),
         ("gpt2", lambda: gpt2(), [5, 40, 7, 7, 61]),
         ("gpt2_scaled", lambda: gpt2(scale_attn_by_inverse_layer_idx=True), [11]),
         ("gpt2_text", lambda: gpt2(vocab_size=320), text_prompt),
+        ("llama_text", lambda: llama(vocab_size=320), llama_prompt),
     ]
+    tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json"}
     records = []
     for index, (name, build, prompt) in enumerate(cases):
         torch.manual_seed(3000 + index)
         model = perturb(build(), 4000 + index)
         model.save_pretrained(os.path.join(output, name), safe_serialization=True)
+        if name == "llama_text":  # a Hugging Face folder with its tokenizer
+            llama_tokenizer.save(os.path.join(output, name, "tokenizer.json"))
         records.append({"name": name, "prompt": prompt, "tokens": greedy(model, prompt, NEW_TOKENS),
-                        "text": PROMPT_TEXT if name == "gpt2_text" else None})
+                        "text": PROMPT_TEXT if name in tokenizers else None,
+                        "tokenizer": tokenizers.get(name)})
     with open(os.path.join(output, "cases.json"), "w", encoding="utf-8") as stream:
         json.dump(records, stream)
 

@@ -310,7 +310,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 5u);
+  ASSERT_EQ(cases->size(), 6u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);
@@ -327,14 +327,26 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
       EXPECT_EQ(TokensLine(o.output), expected) << o.output;
     }
     if (c["text"].is_string()) {
-      // The prompt as text: the C++ tokenizer's ids are transformers' prompt.
+      // The prompt as text: the C++ tokenizer's ids are transformers' prompt (the Llama's
+      // with its beginning-of-text token first, from the tokenizer's template).
       const std::string text = c["text"].get<std::string>();
       const Outcome o = RunCommand(absl::StrCat(
           base, " --prompt ", Quoted(text), " --tokenizer ",
-          Quoted(References().folder + "/tokenizer.json")));
+          Quoted(absl::StrCat(References().folder, "/", c["tokenizer"].get<std::string>()))));
       ASSERT_EQ(o.exit_status, 0) << o.output;
       EXPECT_EQ(TokensLine(o.output), expected) << o.output;
       EXPECT_NE(o.output.find("text: " + text), std::string::npos) << o.output;
+      EXPECT_NE(o.output.find(absl::StrCat("prompt: ", prompt.size(), " token(s)")),
+                std::string::npos)
+          << o.output;
+      if (name == "llama_text") {
+        // Without --tokenizer, the folder's own tokenizer.json.
+        const Outcome own = RunCommand(absl::StrCat(base, " --prompt ", Quoted(text)));
+        ASSERT_EQ(own.exit_status, 0) << own.output;
+        EXPECT_EQ(TokensLine(own.output), expected) << own.output;
+        EXPECT_NE(own.output.find("tokenizer: " + folder + "/tokenizer.json"), std::string::npos)
+            << own.output;
+      }
     }
   }
 }
@@ -464,14 +476,16 @@ TEST(GenerateCommandTest, BadInputExitsTwoWithOneLine) {
   ExpectBadInput(" --checkpoint a --prompt-tokens 1 --max-new-tokens 0", "--max-new-tokens");
   ExpectBadInput(" --checkpoint a --prompt-tokens 1 --top-k 5",  // greedy: it would do nothing
                  "--top-k 5 applies to sampling (--temperature above 0)");
+  ExpectBadInput(absl::StrCat(" --init-from ", Quoted(scratch / "no_tokenizer"), " --prompt hi"),
+                 "--prompt TEXT needs --tokenizer FILE");
   ExpectBadInput(" --checkpoint a --prompt hi --tokenizer /nonexistent/tokenizer.json",
                  "/nonexistent/tokenizer.json");
   const std::string unigram = scratch / "unigram.json";
-  std::ofstream(unigram) << R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace"},)"
-                         << R"( "decoder": {"type": "Metaspace"},)"
-                         << R"( "model": {"type": "Unigram", "vocab": []}})";
+  std::ofstream(unigram) << R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace",)"
+                         << R"( "replacement": "_"}, "decoder": {"type": "Metaspace",)"
+                         << R"( "replacement": "_"}, "model": {"type": "Unigram", "vocab": []}})";
   ExpectBadInput(absl::StrCat(" --checkpoint a --prompt hi --tokenizer ", unigram),
-                 "Metaspace");
+                 "the model type Unigram is not supported");
 
   // Tokens outside the vocabulary and too long a run, on a real checkpoint.
   const std::string checkpoint = scratch / "ckpt";

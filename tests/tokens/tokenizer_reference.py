@@ -6,13 +6,22 @@ byte-level BPE tokenizer.json files and encodes and decodes with them.
         writes, trained on the CORPUS files, OUT_DIR/prepared/tokenizer.json (the one
         scripts/prepare_data.py trains when given no tokenizer), OUT_DIR/gpt2_style.json
         (GPT-2's layout: a prefix space, the ByteLevel post-processor, <|endoftext|> special and
-        <sep> a non-special added token) and OUT_DIR/ignore_merges.json (gpt2_style with
-        ignore_merges, as Llama 3's BPE has it), and prints their paths, one a line.
+        <sep> a non-special added token), OUT_DIR/ignore_merges.json (gpt2_style with
+        ignore_merges), OUT_DIR/llama3_style.json (Llama 3's layout: Split by its pattern,
+        ByteLevel without its regex, ignore_merges, a beginning-of-text template),
+        OUT_DIR/llama2_style.json (Llama 2's SentencePiece layout: Prepend and Replace
+        normalizers, no pre-tokenizer, byte_fallback with "<0xAB>" tokens, an alphabet too
+        small for the corner cases, <s> template, Replace/ByteFallback/Fuse/Strip decoder) and
+        two Metaspace variants of it (metaspace_first.json: prepend scheme first, no split, as
+        transformers' newer Llama conversion; metaspace_always.json: always, split, the
+        Metaspace decoder, fuse_unk with some byte tokens missing), and prints their paths, one
+        a line.
 
     tokenizer_reference.py run TOKENIZER_JSON REQUEST_JSON OUTPUT_JSON
         REQUEST_JSON is {"texts": [paths of UTF-8 files], "id_lists": [[ids], ...]}; writes one
-        JSON object to OUTPUT_JSON: "encodings", per text {"ids", "decoded", "decoded_skip"} (encode with
-        add_special_tokens=False; decode of those ids with and without skip_special_tokens),
+        JSON object to OUTPUT_JSON: "encodings", per text {"ids", "ids_special", "decoded",
+        "decoded_skip"} (encode with add_special_tokens=False and True; decode of the first
+        ids with and without skip_special_tokens),
         and "decodings", per id list {"decoded", "decoded_skip"}.
 """
 import json
@@ -20,7 +29,8 @@ import os
 import subprocess
 import sys
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 PREPARE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
                             "prepare_data.py")
@@ -44,6 +54,64 @@ def gpt2_style(corpus):
     return tokenizer
 
 
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def llama3_style(corpus):
+    tokenizer = Tokenizer(models.BPE(ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((read_text(path) for path in corpus), trainer=trainer)
+    begin = tokenizer.token_to_id("<|begin_of_text|>")
+    tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", begin)])])
+    return tokenizer
+
+
+def llama2_style(corpus, path):
+    """Trained with a Metaspace pre-tokenizer (so that tokens stay inside words, as
+    SentencePiece's do), saved without one, as Llama 2's tokenizer.json is."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                 normalizers.Replace(" ", "\u2581")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                       prepend_scheme="never", split=True)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                           decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, show_progress=False,
+                                  special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=90)
+    tokenizer.train_from_iterator((read_text(path) for path in corpus), trainer=trainer)
+    begin = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", begin)])
+    tokenizer.save(path)
+    with open(path, encoding="utf-8") as stream:
+        data = json.load(stream)
+    data["pre_tokenizer"] = None
+    vocab = data["model"]["vocab"]
+    for byte in range(256):
+        token = "<0x%02X>" % byte
+        if token not in vocab:
+            vocab[token] = len(vocab)
+    return data
+
+
+def save_json(data, path):
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(data, stream, ensure_ascii=False)
+    Tokenizer.from_file(path)  # loads
+    print(path)
+
+
 def make(out_dir, corpus):
     os.makedirs(out_dir, exist_ok=True)
     prepared = os.path.join(out_dir, "prepared")
@@ -62,6 +130,28 @@ def make(out_dir, corpus):
         json.dump(data, stream)
     Tokenizer.from_file(path)  # loads
     print(path)
+    path = os.path.join(out_dir, "llama3_style.json")
+    llama3_style(corpus).save(path)
+    print(path)
+    llama2 = llama2_style(corpus, os.path.join(out_dir, "llama2_trained.json"))
+    save_json(llama2, os.path.join(out_dir, "llama2_style.json"))
+    first = json.loads(json.dumps(llama2))
+    first["normalizer"] = None
+    first["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
+                              "prepend_scheme": "first", "split": False}
+    save_json(first, os.path.join(out_dir, "metaspace_first.json"))
+    always = json.loads(json.dumps(llama2))
+    always["normalizer"] = None
+    always["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
+                               "prepend_scheme": "always", "split": True}
+    always["decoder"] = {"type": "Metaspace", "replacement": "\u2581",
+                         "prepend_scheme": "always", "split": True}
+    # Bytes 0x80-0xBF missing: a character whose bytes are not all there becomes <unk>.
+    for byte in range(0x80, 0xC0):
+        del always["model"]["vocab"]["<0x%02X>" % byte]
+    ids = sorted(always["model"]["vocab"].items(), key=lambda item: item[1])
+    always["model"]["vocab"] = {token: i for i, (token, _) in enumerate(ids)}
+    save_json(always, os.path.join(out_dir, "metaspace_always.json"))
 
 
 def run(tokenizer_path, request_path, output_path):
@@ -70,8 +160,10 @@ def run(tokenizer_path, request_path, output_path):
         request = json.load(stream)
     encodings = []
     for path in request["texts"]:
-        ids = tokenizer.encode(read_text(path), add_special_tokens=False).ids
+        text = read_text(path)
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
         encodings.append({"ids": ids,
+                          "ids_special": tokenizer.encode(text, add_special_tokens=True).ids,
                           "decoded": tokenizer.decode(ids, skip_special_tokens=False),
                           "decoded_skip": tokenizer.decode(ids, skip_special_tokens=True)})
     decodings = [{"decoded": tokenizer.decode(ids, skip_special_tokens=False),
