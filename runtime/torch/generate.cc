@@ -1,5 +1,6 @@
 #include "runtime/torch/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -50,8 +51,11 @@ Blueprint OfGpt2(const Gpt2Config& config) {
   return {Gpt2ModelSpec(config), DescribeGpt2(config), config.vocab, config.positions};
 }
 Blueprint OfLlama(const LlamaConfig& config) {
-  return {LlamaModelSpec(config), DescribeLlama(config), config.vocab,
-          config.max_position_embeddings};
+  // A sliding window bounds the positions full attention computes exactly.
+  const int64_t positions = config.sliding_window > 0
+                                ? std::min(config.max_position_embeddings, config.sliding_window)
+                                : config.max_position_embeddings;
+  return {LlamaModelSpec(config), DescribeLlama(config), config.vocab, positions};
 }
 
 std::string WithoutSeed(absl::string_view description) {
@@ -249,10 +253,15 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
                           GetStringOr(json, "model_type", "", config_path));
   Blueprint blueprint;
   HfLayout layout;
-  if (model_type == "llama") {
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
     auto config = LlamaConfigFromJson(json);
     if (!config.ok()) return Annotate(config.status(), folder);
+    // The positions the model takes: within its sliding window, full attention computes the
+    // windowed one.
     config->seq_len = config->max_position_embeddings;
+    if (config->sliding_window > 0) {
+      config->seq_len = std::min(config->seq_len, config->sliding_window);
+    }
     blueprint = OfLlama(*config);
     layout = LlamaHfLayout(*config);
   } else if (model_type == "gpt2") {
@@ -262,8 +271,9 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
     blueprint = OfGpt2(*config);
     layout = Gpt2HfLayout(*config);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": model_type \"", model_type,
-                                                   "\": generate reads llama and gpt2 folders"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": model_type \"", model_type,
+                     "\": generate reads llama (and mistral, qwen2) and gpt2 folders"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
                           HfWeights::Open(folder, std::move(layout)));

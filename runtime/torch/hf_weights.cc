@@ -85,9 +85,9 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
         {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
     for (const auto& [projection, out_in] : attention) {
       add(absl::StrCat(p, "self_attn.", projection, ".weight"), {out_in.first, out_in.second});
-      if (config.attention_bias) {
-        add(absl::StrCat(p, "self_attn.", projection, ".bias"), {out_in.first});
-      }
+      const bool bias =
+          absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
+      if (bias) add(absl::StrCat(p, "self_attn.", projection, ".bias"), {out_in.first});
     }
     add(p + "post_attention_layernorm.weight", {h});
     const std::pair<const char*, std::pair<int64_t, int64_t>> mlp[] = {
@@ -366,6 +366,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       config.rope_scaling = scaling;
     } else if (token == "tied") config.tie_word_embeddings = true;
     else if (token == "attention-bias") config.attention_bias = true;
+    else if (token == "qkv-bias") config.qkv_bias = true;
+    else if (key == "window") ok = absl::SimpleAtoi(value, &config.sliding_window);
+    else if (key == "family") config.model_type = value;
     else if (token == "mlp-bias") config.mlp_bias = true;
     else ok = false;
     if (!ok) return Unreadable(description, token);
@@ -420,8 +423,11 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 namespace {
 
 Json LlamaConfigJson(const LlamaConfig& config) {
-  Json json = {{"architectures", {"LlamaForCausalLM"}},
-               {"model_type", "llama"},
+  const std::string architecture = config.model_type == "mistral" ? "MistralForCausalLM"
+                                   : config.model_type == "qwen2" ? "Qwen2ForCausalLM"
+                                                                  : "LlamaForCausalLM";
+  Json json = {{"architectures", {architecture}},
+               {"model_type", config.model_type},
                {"vocab_size", config.vocab},
                {"hidden_size", config.hidden},
                {"intermediate_size", config.intermediate},
@@ -450,6 +456,20 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                              s.original_max_position_embeddings}};
   }
   if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
+  const Json window = config.sliding_window > 0 ? Json(config.sliding_window) : Json(nullptr);
+  if (config.model_type == "mistral") {
+    // MistralConfig has no biases.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json["sliding_window"] = window;
+  } else if (config.model_type == "qwen2") {
+    // Qwen2Config: q/k/v biases always, head_dim hidden / heads.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("head_dim");
+    json["use_sliding_window"] = config.sliding_window > 0;
+    json["sliding_window"] = window;
+  }
   return json;
 }
 

@@ -167,15 +167,15 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
   void reset() override {
     const int64_t hidden = config_.hidden, head_dim = config_.HeadDim();
-    const bool bias = config_.attention_bias;
+    const bool bias = config_.QkvBias();
     q_proj = register_module("q_proj",
                              ColumnParallelLinear(hidden, config_.heads * head_dim, bias));
     k_proj = register_module("k_proj",
                              ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
     v_proj = register_module("v_proj",
                              ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
-    o_proj =
-        register_module("o_proj", RowParallelLinear(config_.heads * head_dim, hidden, bias));
+    o_proj = register_module(
+        "o_proj", RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
     InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
     InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
     InitNormal(v_proj->weight, v_proj->bias, config_.init_std);
@@ -483,7 +483,9 @@ std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
   std::vector<std::string> names = {"input_layernorm.weight", "post_attention_layernorm.weight"};
   for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
     names.push_back(absl::StrCat("self_attn.", projection, ".weight"));
-    if (config.attention_bias) names.push_back(absl::StrCat("self_attn.", projection, ".bias"));
+    const bool bias =
+        absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
+    if (bias) names.push_back(absl::StrCat("self_attn.", projection, ".bias"));
   }
   for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
     names.push_back(absl::StrCat("mlp.", projection, ".weight"));
@@ -507,11 +509,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     return absl::InvalidArgumentError("config.json: expected a JSON object");
   }
   LlamaConfig config;
-  TANDEM_ASSIGN_OR_RETURN(const std::string model_type,
-                          GetStringOr(json, "model_type", "llama", where));
-  if (model_type != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: model_type \"", model_type, "\" is not supported by tandem's llama"));
+  TANDEM_ASSIGN_OR_RETURN(config.model_type, GetStringOr(json, "model_type", "llama", where));
+  const bool mistral = config.model_type == "mistral", qwen2 = config.model_type == "qwen2";
+  if (config.model_type != "llama" && !mistral && !qwen2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: model_type \"", config.model_type,
+                     "\" is not supported by tandem's llama (llama, mistral and qwen2 are)"));
   }
   TANDEM_ASSIGN_OR_RETURN(config.vocab, GetIntOr(json, "vocab_size", 32000, where));
   TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", 4096, where));
@@ -523,7 +526,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
   config.head_dim = 0;
-  if (IsSet(json, "head_dim")) {
+  // Qwen2's attention takes hidden / heads whatever the file says.
+  if (IsSet(json, "head_dim") && !qwen2) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -533,9 +537,34 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
                           GetBoolOrUnset(json, "tie_word_embeddings", false, where));
-  TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
-                          GetBoolOrUnset(json, "attention_bias", false, where));
-  TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
+  if (qwen2) {
+    // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
+    config.qkv_bias = true;
+  } else if (!mistral) {
+    TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
+                            GetBoolOrUnset(json, "attention_bias", false, where));
+    TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
+  }
+  // The sliding window: Mistral's when set (transformers' default 4096), Qwen2's only with
+  // use_sliding_window (its default 4096).
+  bool windowed = mistral;
+  if (qwen2) {
+    TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
+  }
+  if (windowed) {
+    config.sliding_window = 4096;
+    if (json.contains("sliding_window")) {
+      if (json.at("sliding_window").is_null()) {
+        config.sliding_window = 0;
+      } else {
+        TANDEM_ASSIGN_OR_RETURN(config.sliding_window, GetInt(json, "sliding_window", where));
+        if (config.sliding_window <= 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config.json: sliding_window must be positive or null, got ", config.sliding_window));
+        }
+      }
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(const std::string activation,
                           GetStringOr(json, "hidden_act", "silu", where));
   if (activation != "silu") {
@@ -580,6 +609,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   config.seq_len = std::min(config.seq_len, config.max_position_embeddings);
+  if (config.sliding_window > 0) config.seq_len = std::min(config.seq_len, config.sliding_window);
   if (absl::Status valid = ValidateLlamaConfig(config); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", valid.message()));
   }
@@ -626,6 +656,21 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         absl::StrCat("llama: seq_len ", config.seq_len, " exceeds max_position_embeddings ",
                      config.max_position_embeddings));
   }
+  if (config.sliding_window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: sliding_window must be positive, got ", config.sliding_window));
+  }
+  if (config.sliding_window > 0 && config.seq_len > config.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: seq_len ", config.seq_len, " exceeds the sliding window (", config.sliding_window,
+        " tokens): tandem computes full causal attention, which equals the windowed one only "
+        "for sequences within the window"));
+  }
+  if (config.model_type != "llama" && config.model_type != "mistral" &&
+      config.model_type != "qwen2") {
+    return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
+                                                   "\" is not llama, mistral or qwen2"));
+  }
   if (!(config.rope_theta > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: rope_theta must be positive, got ", config.rope_theta));
@@ -671,7 +716,10 @@ std::string DescribeLlama(const LlamaConfig& config) {
   }
   if (config.tie_word_embeddings) absl::StrAppend(&text, " tied");
   if (config.attention_bias) absl::StrAppend(&text, " attention-bias");
+  if (config.qkv_bias && !config.attention_bias) absl::StrAppend(&text, " qkv-bias");
   if (config.mlp_bias) absl::StrAppend(&text, " mlp-bias");
+  if (config.sliding_window > 0) absl::StrAppend(&text, " window=", config.sliding_window);
+  if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }
 

@@ -1,4 +1,5 @@
-// Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes:
+// Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
+// MistralForCausalLM and Qwen2ForCausalLM, the same computation: see LlamaConfigFromJson):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -74,12 +75,21 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   bool attention_bias = false;    // biases of q/k/v/o_proj
+  bool qkv_bias = false;          // biases of q/k/v_proj only (Qwen2)
   bool mlp_bias = false;          // biases of gate/up/down_proj
+  // Mistral's and Qwen2's sliding-window attention: a token attends to the `sliding_window`
+  // tokens up to itself; 0 for none. tandem computes full causal attention, which is the same
+  // while seq_len <= sliding_window (ValidateLlamaConfig refuses longer sequences).
+  int64_t sliding_window = 0;
+  // transformers' model family of the same computation: "llama", "mistral" or "qwen2" (what
+  // an exported config.json says; DescribeLlama's " family=").
+  std::string model_type = "llama";
   std::optional<int64_t> pad_token_id;  // the embedding's padding row (zero, no gradient)
   double init_std = 0.02;         // initializer_range
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
+  bool QkvBias() const { return attention_bias || qkv_bias; }
 };
 
 // A config from a transformers config.json, with transformers' LlamaConfig defaults for absent
@@ -87,7 +97,9 @@ struct LlamaConfig {
 // max_position_embeddings; set it afterwards. Fields that change the
 // computation in ways tandem does not implement are refused with InvalidArgument naming the
 // field and value: hidden_act other than "silu", a rope_scaling type other than "llama3" (or
-// "default"), partial_rotary_factor other than 1, a model_type other than "llama". Ignored:
+// "default"), partial_rotary_factor other than 1, a model_type other than "llama", "mistral"
+// (Llama's computation with an optional sliding window) or "qwen2" (biases on q/k/v_proj; its
+// sliding window when use_sliding_window). Ignored:
 // attention_dropout (tandem has no dropout) and fields that only describe (torch_dtype,
 // bos/eos_token_id, use_cache, pretraining_tp: a split of the same products).
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
@@ -97,7 +109,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
 absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 
 // "llama L=2 H=32 A=4 KV=2 I=64 S=8 V=64" (+ " hd=16" for an explicit head_dim, " tied",
-// " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " mlp-bias").
+// " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " qkv-bias", " mlp-bias",
+// " window=4096", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

@@ -12,7 +12,9 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         text, encoded by that tokenizer), llama_text (a Llama with a tokenizer in Llama 3's
         layout, OUTPUT_FOLDER/llama_tokenizer.json: Split by Llama 3's pattern, and a template
         that puts the beginning-of-text token first, which the prompt then starts with, as
-        transformers' tokenizer(text) gives it). "tokenizer" names the case's tokenizer file.
+        transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
+        tokens, which the prompt and new tokens fill), qwen2_tied (q/k/v biases, tied). "tokenizer"
+        names the case's tokenizer file.
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
         prints the new ids of greedy generate (comma-separated) for PROMPT_IDS ("1,2,3") with
@@ -24,7 +26,8 @@ import sys
 
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 NEW_TOKENS = 20
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
@@ -35,13 +38,13 @@ TEXT = ("It is a truth universally acknowledged, that a single man in possession
 PROMPT_TEXT = "However little known the feelings"
 
 
-def llama(**overrides):
+def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
     options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                    rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
                    tie_word_embeddings=False, attn_implementation="eager")
     options.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**options))
+    return model_class(config_class(**options))
 
 
 def gpt2(**overrides):
@@ -125,6 +128,11 @@ def make(output):
         ("gpt2_scaled", lambda: gpt2(scale_attn_by_inverse_layer_idx=True), [11]),
         ("gpt2_text", lambda: gpt2(vocab_size=320), text_prompt),
         ("llama_text", lambda: llama(vocab_size=320), llama_prompt),
+        # A window of 30 tokens: the prompt and the new tokens fill it.
+        ("mistral_window", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=30),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("qwen2_tied", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
+                                     rope_theta=1000000.0), [4, 8, 15, 16, 23, 42]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json"}
     records = []

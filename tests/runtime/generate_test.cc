@@ -310,7 +310,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 6u);
+  ASSERT_EQ(cases->size(), 8u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);
@@ -349,6 +349,18 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
       }
     }
   }
+}
+
+TEST(GenerateCommandTest, ASlidingWindowBoundsThePositions) {
+  REQUIRE_REFERENCE();
+  // mistral_window's 30-token window: its 10-token prompt takes 20 new tokens (the test above),
+  // not 21, which full causal attention would compute wrongly.
+  const std::string folder = References().folder + "/mistral_window";
+  const Outcome o =
+      RunCommand(absl::StrCat(g_tandem, " generate --init-from ", Quoted(folder),
+                              " --prompt-tokens 7,1,44,2,9,30,12,5,5,61", " --max-new-tokens 21"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("exceed the 30 positions"), std::string::npos) << o.output;
 }
 
 // `tandem train` on two pipeline stages with a checkpoint.

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -325,6 +326,19 @@ TEST_P(HfModelsTest, LlamaWithBiasesAndHeadDimEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+TEST_P(HfModelsTest, MistralWithASlidingWindowAsLongAsTheSequenceEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("mistral_window", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, TiedQwen2WithQueryKeyValueBiasesEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("qwen2_tied", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -360,9 +374,9 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
   for (const std::string name : {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim",
-                                 "gpt2", "gpt2_untied_variants"}) {
+                                 "mistral_window", "qwen2_tied", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
-    const bool llama = name.rfind("llama", 0) == 0;
+    const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
     ASSERT_TRUE(json.ok()) << json.status();
     std::function<absl::StatusOr<std::string>(absl::string_view)> to_hf, to_tandem;
@@ -451,7 +465,7 @@ TEST(LlamaConfigTest, ReadsLlama3ConfigAndRefusesWhatItDoesNotImplement) {
     return LlamaConfigFromJson(changed).status();
   };
   ExpectRefused(with("hidden_act", "gelu"), "hidden_act");
-  ExpectRefused(with("model_type", "mistral"), "model_type");
+  ExpectRefused(with("model_type", "gemma"), "model_type");
   ExpectRefused(with("num_key_value_heads", 5), "num_key_value_heads");
   ExpectRefused(with("partial_rotary_factor", 0.5), "partial_rotary_factor");
   ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "yarn", "factor": 4})")),
@@ -466,6 +480,82 @@ TEST(LlamaConfigTest, ReadsLlama3ConfigAndRefusesWhatItDoesNotImplement) {
   EXPECT_TRUE(with("attention_bias", true).ok());
   EXPECT_TRUE(with("rope_scaling", nullptr).ok());
   EXPECT_TRUE(with("head_dim", nullptr).ok());
+}
+
+TEST(LlamaConfigTest, ReadsMistralAndQwen2ConfigsAsTheirFamiliesDefineThem) {
+  // Mistral 7B v0.1's config.json.
+  const Json mistral = Json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "vocab_size": 32000})");
+  auto config = LlamaConfigFromJson(mistral);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_type, "mistral");
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_FALSE(config->QkvBias());
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=4096 A=32 KV=8 I=14336 S=32 V=32000 rope=10000 window=4096 "
+            "family=mistral");
+  // Full causal attention is the windowed one up to the window, not beyond.
+  config->seq_len = 4096;
+  EXPECT_TRUE(ValidateLlamaConfig(*config).ok());
+  config->seq_len = 4097;
+  ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens)");
+  Json unwindowed = mistral;
+  unwindowed["sliding_window"] = nullptr;  // Mistral 7B v0.2 and later
+  config = LlamaConfigFromJson(unwindowed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 0);
+  // A Mistral has no biases, whatever a field says.
+  unwindowed["attention_bias"] = true;
+  EXPECT_FALSE(LlamaConfigFromJson(unwindowed)->QkvBias());
+  unwindowed["sliding_window"] = 0;
+  ExpectRefused(LlamaConfigFromJson(unwindowed).status(), "sliding_window");
+
+  // Qwen2.5 0.5B's config.json.
+  const Json qwen = Json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+    "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})");
+  config = LlamaConfigFromJson(qwen);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_type, "qwen2");
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->sliding_window, 0);  // use_sliding_window false
+  EXPECT_EQ(config->HeadDim(), 64);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=24 H=896 A=14 KV=2 I=4864 S=32 V=151936 rope=1e+06 tied qkv-bias "
+            "family=qwen2");
+  // Biases on q/k/v only: o_proj has none.
+  config->layers = 1;
+  config->vocab = 16;
+  config->hidden = 28;
+  config->heads = 2;
+  config->kv_heads = 2;
+  config->intermediate = 8;
+  auto model = LlamaModelSpec(*config).Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::set<std::string> names;
+  for (const auto& named : model->NamedParameters(0, 3)) names.insert(named.first);
+  EXPECT_EQ(names.count("layers.1.self_attn.q_proj.bias"), 1u);
+  EXPECT_EQ(names.count("layers.1.self_attn.v_proj.bias"), 1u);
+  EXPECT_EQ(names.count("layers.1.self_attn.o_proj.bias"), 0u);
+  EXPECT_EQ(names.count("layers.1.mlp.down_proj.bias"), 0u);
+  Json windowed = qwen;
+  windowed["use_sliding_window"] = true;
+  config = LlamaConfigFromJson(windowed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 32768);
 }
 
 TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {

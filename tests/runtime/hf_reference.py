@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The reference side of tests/runtime/hf_models_test.cc: tiny random Llama and GPT-2 models
-built and run by Hugging Face transformers (CPU, float32), offline.
+"""The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2 and
+GPT-2 models built and run by Hugging Face transformers (CPU, float32), offline.
 
     hf_reference.py OUTPUT_FOLDER
 
@@ -17,7 +17,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 BATCH, LENGTH = 2, 16
 
@@ -29,6 +30,15 @@ def llama(**overrides):
                    tie_word_embeddings=False, attn_implementation="eager")
     options.update(overrides)
     return LlamaForCausalLM(LlamaConfig(**options))
+
+
+def llama_family(config_class, model_class, **overrides):
+    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
+                   tie_word_embeddings=False, attn_implementation="eager")
+    options.update(overrides)
+    return model_class(config_class(**options))
 
 
 def gpt2(**overrides):
@@ -51,6 +61,13 @@ CASES = {
     # Multi-head attention with biases and a head_dim that is not hidden / heads.
     "llama_bias_head_dim": lambda: llama(num_key_value_heads=4, head_dim=16, attention_bias=True,
                                          mlp_bias=True),
+    # Mistral: Llama's computation with a sliding window, here exactly the sequence's length
+    # (the longest for which full causal attention is the windowed one), an explicit head_dim.
+    "mistral_window": lambda: llama_family(MistralConfig, MistralForCausalLM, sliding_window=16,
+                                           head_dim=16),
+    # Qwen2: biases on q/k/v_proj only, tied, a large rope_theta.
+    "qwen2_tied": lambda: llama_family(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
+                                       rope_theta=1000000.0),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

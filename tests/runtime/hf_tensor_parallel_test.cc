@@ -102,6 +102,7 @@ struct Case {
   bool gpt2 = false;
   bool tied = false;
   bool sequence_parallel = false;
+  bool qkv_bias = false;  // Llama: biases on q/k/v_proj only, as Qwen2's
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -109,7 +110,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   ASSERT_TRUE(world.ok()) << world.status();
   const int t = (*world)->size();
   const int me = (*world)->rank();
-  const LlamaConfig llama = SmallLlama(t, c.tied);
+  LlamaConfig llama = SmallLlama(t, c.tied);
+  llama.qkv_bias = c.qkv_bias;
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
     GTEST_SKIP() << t << " ranks";
@@ -153,9 +155,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   if (t > 1 && !c.gpt2) {
     // Per block q, k, v, o, gate, up, down; the embedding and the LM head (a tied head uses
     // the embedding's shard: one parameter).
-    EXPECT_EQ(split, 7 * llama.layers + (c.tied ? 1 : 2));
+    // With q/k/v biases, those three per block too.
+    EXPECT_EQ(split, (c.qkv_bias ? 10 : 7) * llama.layers + (c.tied ? 1 : 2));
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
+    EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), c.qkv_bias ? 1u : 0u);
+    EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), 0u);
   }
   if (t > 1 && c.gpt2) {
     // Per block c_attn (weight, bias), attn.c_proj.weight, c_fc (weight, bias),
@@ -185,6 +190,15 @@ TEST(LlamaTensorParallelTest, SequenceParallelShardsGiveTheWholeLossAndGradients
   ExpectShardsGiveTheWholeLossAndGradients({/*gpt2=*/false, /*tied=*/true, /*sequence_parallel=*/true});
   ExpectShardsGiveTheWholeLossAndGradients(
       {/*gpt2=*/false, /*tied=*/false, /*sequence_parallel=*/true});
+}
+
+// Qwen2's q/k/v biases are split with their heads (o_proj has none), with and without
+// sequence parallelism.
+TEST(LlamaTensorParallelTest, QueryKeyValueBiasesAreShardedWithTheirHeads) {
+  ExpectShardsGiveTheWholeLossAndGradients(
+      {/*gpt2=*/false, /*tied=*/true, /*sequence_parallel=*/false, /*qkv_bias=*/true});
+  ExpectShardsGiveTheWholeLossAndGradients(
+      {/*gpt2=*/false, /*tied=*/false, /*sequence_parallel=*/true, /*qkv_bias=*/true});
 }
 
 // Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;

@@ -7,7 +7,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         writes OUTPUT_FOLDER/<case>/ with save_pretrained for each case and prints the case
         names, one a line: llama_gqa (grouped-query attention, untied head), llama_tied (tied
         embedding and head), gpt2 (tied, as released), llama_bf16 (llama_gqa's weights stored
-        as bfloat16), llama_sharded (llama_gqa in several shards with an index).
+        as bfloat16), llama_sharded (llama_gqa in several shards with an index), mistral (a
+        sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -26,16 +27,17 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 
-def llama(**overrides):
+def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
     options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                    rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
                    tie_word_embeddings=False, attn_implementation="eager")
     options.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**options))
+    return model_class(config_class(**options))
 
 
 def gpt2(**overrides):
@@ -62,6 +64,9 @@ def make(output):
         ("gpt2", lambda: gpt2(), {}),
         ("llama_bf16", lambda: llama(), {"dtype": torch.bfloat16}),
         ("llama_sharded", lambda: llama(), {"max_shard_size": "16KB"}),
+        ("mistral", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=32), {}),
+        ("qwen2_tied", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
+                                     rope_theta=1000000.0), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

@@ -332,18 +332,26 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(4, SmallLlama());
+  std::vector<LlamaConfig> llamas(6, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
   llamas[2].attention_bias = true;
   llamas[2].mlp_bias = true;
   llamas[3].rope_scaling = LlamaRopeScaling{4.0, 1.0, 4.0, 32};
+  llamas[4].model_type = "mistral";
+  llamas[4].sliding_window = 16;
+  llamas[5].model_type = "qwen2";
+  llamas[5].qkv_bias = true;
+  llamas[5].rope_theta = 1e6;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(DescribeLlama(*read), DescribeLlama(config));
+    EXPECT_EQ(read->model_type, config.model_type);
+    EXPECT_EQ(read->sliding_window, config.sliding_window);
+    EXPECT_EQ(read->QkvBias(), config.QkvBias());
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
     EXPECT_EQ(read->rms_norm_eps, 1e-5);
     EXPECT_EQ(read->max_position_embeddings, config.seq_len);
@@ -365,6 +373,13 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   EXPECT_NE(unknown.status().message().find("sliding-window=8"), std::string::npos)
       << unknown.status();
   EXPECT_FALSE(LlamaConfigFromDescription("gpt L=2 H=32").ok());
+  // A family tandem does not know, and a window the sequence does not fit.
+  EXPECT_FALSE(
+      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma")
+          .ok());
+  EXPECT_FALSE(LlamaConfigFromDescription(
+                   "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=mistral")
+                   .ok());
   EXPECT_FALSE(Gpt2ConfigFromDescription("gpt2 L=2 H=32 A=4 S=16 V=64").ok());  // no P=
 }
 
@@ -600,6 +615,18 @@ TEST(HfImportTest, TrainInitFromRefusesBadFoldersWithOneClearLine) {
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("--init-from"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("hidden_act"), std::string::npos) << o.output;
+  // A Mistral whose sliding window (8) is shorter than the sequence (16): full causal
+  // attention would not compute it.
+  fs::create_directories(scratch / "window");
+  fs::copy_file(Case("mistral") + "/model.safetensors", scratch / "window/model.safetensors");
+  json = ReadJsonFile(Case("mistral") + "/config.json");
+  ASSERT_TRUE(json.ok());
+  (*json)["sliding_window"] = 8;
+  ASSERT_TRUE(WriteFileAtomically(scratch / "window/config.json", json->dump()).ok());
+  o = RunCommand(
+      Train(1, absl::StrCat(" --model llama --init-from ", scratch / "window", " --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("exceeds the sliding window (8 tokens)"), std::string::npos) << o.output;
   // A missing tensor.
   std::map<std::string, RawTensor> tensors = FolderTensors(Case("gpt2"));
   tensors.erase("transformer.h.1.mlp.c_fc.bias");
@@ -643,27 +670,34 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   const Batch held_out = SyntheticBatch(/*vocab=*/64, /*iteration=*/1000, /*count=*/8);
   WriteTokens(scratch / "held_out.safetensors", held_out);
   const std::string training = " --steps 5 --optimizer adamw --lr 1e-2 --checkpoint-dir ";
-  for (const ExportCase& c : {
-           // Sizes from flags, two stages (two shards); config.json from the description.
-           ExportCase{"llama_flags", 2,
-                      " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2"
-                      " --intermediate 64 --vocab 64",
-                      ""},
-           // Tied GPT-2 from flags: the embedding written once.
-           ExportCase{"gpt2_flags", 1,
-                      " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64", ""},
-           // The same on two stages: the head's copy trained apart, saved and written once.
-           ExportCase{"gpt2_two_stages", 2,
-                      " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64", ""},
-           // Tied Llama started from a folder, exported with its config.json.
-           ExportCase{"llama_tied_init", 1,
-                      absl::StrCat(" --model llama --init-from ", Case("llama_tied")),
-                      absl::StrCat(" --hf-config ", Case("llama_tied"), "/config.json")},
-           // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
-           ExportCase{"gpt2_tensor_parallel", 2,
-                      " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
-                      " --sequence-parallel",
-                      "", /*tensor_parallel=*/2}}) {
+  for (const ExportCase& c :
+       {// Sizes from flags, two stages (two shards); config.json from the description.
+        ExportCase{"llama_flags", 2,
+                   " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2"
+                   " --intermediate 64 --vocab 64",
+                   ""},
+        // Tied GPT-2 from flags: the embedding written once.
+        ExportCase{"gpt2_flags", 1, " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64",
+                   ""},
+        // The same on two stages: the head's copy trained apart, saved and written once.
+        ExportCase{"gpt2_two_stages", 2,
+                   " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64", ""},
+        // Tied Llama started from a folder, exported with its config.json.
+        ExportCase{"llama_tied_init", 1,
+                   absl::StrCat(" --model llama --init-from ", Case("llama_tied")),
+                   absl::StrCat(" --hf-config ", Case("llama_tied"), "/config.json")},
+        // Mistral started from a folder on two stages, exported with its config.json.
+        ExportCase{"mistral_init", 2, absl::StrCat(" --model llama --init-from ", Case("mistral")),
+                   absl::StrCat(" --hf-config ", Case("mistral"), "/config.json")},
+        // Tied Qwen2 (q/k/v biases) started from a folder, its config.json written from the
+        // checkpoint's description (family=qwen2).
+        ExportCase{"qwen2_tied_init", 1,
+                   absl::StrCat(" --model llama --init-from ", Case("qwen2_tied")), ""},
+        // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
+        ExportCase{"gpt2_tensor_parallel", 2,
+                   " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
+                   " --sequence-parallel",
+                   "", /*tensor_parallel=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
@@ -701,7 +735,8 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(tensor.bytes, saved.at(*name).bytes) << key;
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
-    EXPECT_EQ(written.count("lm_head.weight"), c.name == "llama_flags" ? 1u : 0u);
+    const bool untied = c.name == "llama_flags" || c.name == "mistral_init";
+    EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
 
     // transformers loads it without a word and computes tandem's loss.
     const HfLoad hf = TransformersLoss(out, scratch / "held_out.safetensors");
@@ -713,6 +748,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     std::cout << c.name << ": tandem's held-out loss " << tandem << ", transformers' "
               << hf.loss << ", relative difference " << Relative(tandem, hf.loss) << "\n";
   }
+  // A Qwen2 exported from its description is one for transformers: q/k/v biases, no head_dim.
+  auto qwen2 = ReadJsonFile(scratch / "qwen2_tied_init_hf/config.json");
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status();
+  EXPECT_EQ((*qwen2)["model_type"], "qwen2");
+  EXPECT_EQ((*qwen2)["architectures"][0], "Qwen2ForCausalLM");
+  EXPECT_EQ((*qwen2)["use_sliding_window"], false);
+  EXPECT_FALSE(qwen2->contains("head_dim"));
   // The config written from --hf-config keeps the file's fields.
   auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
