@@ -15,6 +15,7 @@
 #include "common/json_util.h"
 #include "common/status.h"
 #include "data/internal/unicode_classes.h"
+#include "data/internal/unicode_nfc.h"
 
 namespace tandem::data {
 namespace {
@@ -183,8 +184,9 @@ bool IsNewline(char32_t code) { return code == '\r' || code == '\n'; }
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //   \s*[\r\n]+|\s+(?!\S)|\s+
 // at `i` (the first alternative that matches, as Oniguruma takes them; every position has one).
+// Qwen2's pattern is the same with \p{N} for \p{N}{1,3}: max_digits 1.
 size_t MatchLlama3Piece(const std::vector<char32_t>& codes, const std::vector<CharClass>& classes,
-                        size_t i) {
+                        size_t i, size_t max_digits = 3) {
   const size_t n = codes.size();
   const auto lower = [&](size_t k) {
     const char32_t c = codes[k];
@@ -215,7 +217,7 @@ size_t MatchLlama3Piece(const std::vector<char32_t>& codes, const std::vector<Ch
   // \p{N}{1,3}
   if (classes[i] == CharClass::kNumber) {
     size_t end = i;
-    while (end < n && end < i + 3 && classes[end] == CharClass::kNumber) ++end;
+    while (end < n && end < i + max_digits && classes[end] == CharClass::kNumber) ++end;
     return end;
   }
   //  ?[^\s\p{L}\p{N}]+[\r\n]*
@@ -237,11 +239,15 @@ size_t MatchLlama3Piece(const std::vector<char32_t>& codes, const std::vector<Ch
 }
 
 // The Split pre-tokenizer's patterns tandem knows, as tokenizer.json spells them.
-enum class SplitPattern { kGpt2, kLlama3 };
+enum class SplitPattern { kGpt2, kLlama3, kQwen2 };
 constexpr char kGpt2Pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 constexpr char kLlama3Pattern[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+constexpr char kQwen2Pattern[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 struct AddedToken {
@@ -312,9 +318,10 @@ uint64_t PairKey(int32_t left, int32_t right) {
          static_cast<uint32_t>(right);
 }
 
-// A normalizer step: Prepend (`text` before a non-empty text) or Replace (`from` by `text`).
+// A normalizer step: Prepend (`text` before a non-empty text), Replace (`from` by `text`) or
+// NFC.
 struct NormalizerStep {
-  enum Kind { kPrepend, kReplace } kind = kPrepend;
+  enum Kind { kPrepend, kReplace, kNfc } kind = kPrepend;
   std::string from, text;
 };
 
@@ -387,8 +394,15 @@ std::string Tokenizer::State::Normalize(absl::string_view text) const {
   for (const NormalizerStep& step : normalizer) {
     if (step.kind == NormalizerStep::kPrepend) {
       if (!out.empty()) out = step.text + out;
-    } else {
+    } else if (step.kind == NormalizerStep::kReplace) {
       out = ReplaceAll(out, step.from, step.text);
+    } else {
+      std::vector<char32_t> codes;
+      std::vector<size_t> offsets;
+      if (!DecodeUtf8(out, &codes, &offsets).ok()) continue;  // Encode checked the text
+      internal::ToNfc(&codes);
+      out.clear();
+      for (const char32_t code : codes) AppendUtf8(code, &out);
     }
   }
   return out;
@@ -405,8 +419,9 @@ absl::Status Tokenizer::State::PreTokenize(std::vector<Piece>* pieces) const {
     classes.resize(codes.size());
     for (size_t i = 0; i < codes.size(); ++i) classes[i] = Classify(codes[i]);
     for (size_t i = 0; i < codes.size();) {
-      const size_t end = pattern == SplitPattern::kGpt2 ? MatchGpt2Piece(codes, classes, i)
-                                                        : MatchLlama3Piece(codes, classes, i);
+      const size_t end = pattern == SplitPattern::kGpt2    ? MatchGpt2Piece(codes, classes, i)
+                         : pattern == SplitPattern::kQwen2 ? MatchLlama3Piece(codes, classes, i, 1)
+                                                           : MatchLlama3Piece(codes, classes, i);
       next.push_back({piece.text.substr(offsets[i], offsets[end] - offsets[i]), -1,
                       piece.at_origin && i == 0});
       i = end;
@@ -782,6 +797,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
         made.kind = NormalizerStep::kReplace;
         TANDEM_ASSIGN_OR_RETURN(made.from, StringPattern(*step, source, at + " Replace"));
         TANDEM_ASSIGN_OR_RETURN(made.text, GetString(*step, "content", at));
+      } else if (type == "NFC") {
+        made.kind = NormalizerStep::kNfc;
       } else {
         return Unsupported(source, absl::StrCat("the normalizer ", type));
       }
@@ -814,10 +831,12 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
           made.pattern = SplitPattern::kGpt2;
         } else if (regex == kLlama3Pattern) {
           made.pattern = SplitPattern::kLlama3;
+        } else if (regex == kQwen2Pattern) {
+          made.pattern = SplitPattern::kQwen2;
         } else {
-          return Unsupported(source,
-                             absl::StrCat("the Split pre-tokenizer's pattern ", pattern.dump(),
-                                          " (known: GPT-2's and Llama 3's regular expressions)"));
+          return Unsupported(
+              source, absl::StrCat("the Split pre-tokenizer's pattern ", pattern.dump(),
+                                   " (known: GPT-2's, Llama 3's and Qwen2's regular expressions)"));
         }
         const std::string behavior = step->contains("behavior") && step->at("behavior").is_string()
                                          ? step->at("behavior").get<std::string>()

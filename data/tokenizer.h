@@ -9,13 +9,15 @@
 //   * added_tokens: those not `normalized` are matched in the text first (leftmost, longest),
 //     each one id; every part between them is normalized on its own, and the normalized ones
 //     are matched in it (as the normalizer spells them); the rest is pre-tokenized.
-//   * normalizer: none, Prepend, Replace (a String pattern) or a Sequence of them (Llama 2's
-//     Prepend("▁") and Replace(" ", "▁")).
+//   * normalizer: none, Prepend, Replace (a String pattern), NFC (Qwen2's; Unicode's canonical
+//     composition, data/internal/unicode_nfc.h) or a Sequence of them (Llama 2's Prepend("▁")
+//     and Replace(" ", "▁")).
 //   * pre_tokenizer: none, or ByteLevel (add_prefix_space: a space before each piece that does
 //     not start with one; use_regex: split by GPT-2's pattern
 //     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ ; then every
 //     byte mapped to GPT-2's printable characters, bytes_to_unicode), Split (behavior
-//     Isolated, by GPT-2's pattern or by Llama 3's
+//     Isolated, by GPT-2's pattern, by Llama 3's, or by Qwen2's (Llama 3's with \p{N} for
+//     \p{N}{1,3})
 //     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //     \s*[\r\n]+|\s+(?!\S)|\s+ ), Metaspace (spaces to the replacement, prepended always, or
 //     first: only at the text's start; split or not before each replacement) or a Sequence.
@@ -32,8 +34,8 @@
 //     invalid UTF-8 replaced by U+FFFD as Rust's from_utf8_lossy does), Replace, ByteFallback,
 //     Fuse, Strip, Metaspace, or a Sequence of them.
 // Refused with InvalidArgument naming the file and what is unsupported: another model type
-// (WordPiece, Unigram, WordLevel), another normalizer (NFC, NFKC, Lowercase, ...; Qwen's and
-// BERT's), another pre-tokenizer or decoder, a Split pattern other than those two, a template
+// (WordPiece, Unigram, WordLevel), another normalizer (NFKC, NFD, Lowercase, ...: BERT's),
+// another pre-tokenizer or decoder, a Split pattern other than those three, a template
 // pair without a single-text one, BPE dropout, continuing_subword_prefix, end_of_word_suffix,
 // added tokens with single_word, lstrip or rstrip, truncation or padding.
 //

@@ -34,9 +34,9 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(std::string, prompt_tokens, "", "generate: the prompt as token ids: 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt as text (needs --tokenizer)");
 ABSL_FLAG(std::string, tokenizer, "",
-          "generate: a Hugging Face tokenizer.json (BPE: GPT-2's, Llama 2's or 3's, or the one "
-          "scripts/prepare_data.py writes beside its shards) for --prompt and to print the "
-          "text");
+          "generate: a Hugging Face tokenizer.json (BPE: GPT-2's, Llama 2's or 3's, Qwen2's, or "
+          "the one scripts/prepare_data.py writes beside its shards) for --prompt and to print "
+          "the text; default: an --init-from folder's own");
 ABSL_FLAG(int, max_new_tokens, 32, "generate: tokens to add to the prompt");
 ABSL_FLAG(double, temperature, 0,
           "generate: 0 takes the most likely token (greedy); above 0 samples from the softmax "
@@ -208,19 +208,20 @@ CommandInfo GenerateCommand() {
         "    --prompt-tokens 1,2,3 | --prompt TEXT --tokenizer tokenizer.json\n"
         "    [--max-new-tokens 32] [--temperature 0] [--top-k 0] [--seed S] [--stop-token ID]\n"
         "    [--kv-cache=false] [--device cpu|cuda|cuda:N] [--hf-config config.json]\n\n"
-        "Loads a gpt, gpt2 or llama model whole on one device: a checkpoint `tandem train`\n"
-        "wrote (its manifest names the model; --hf-config gives the config.json a llama or\n"
-        "gpt2 was trained from, for what the name lacks) or a Hugging Face folder (config.json\n"
-        "and safetensors). Continues the prompt by --max-new-tokens tokens: greedy at\n"
-        "--temperature 0 (the tokens transformers' generate gives), else sampled from the\n"
-        "softmax of logits / temperature over the --top-k most likely tokens, seeded with --seed\n"
-        "(the same seed, the same tokens). The prompt and new tokens must fit the model's\n"
-        "positions. --prompt TEXT is encoded as transformers' tokenizer(TEXT) encodes it (a\n"
-        "Llama tokenizer's beginning-of-text token first). Prints the new token ids (`tokens:\n"
-        "...`), the whole text without special tokens when --tokenizer is given (a BPE\n"
-        "tokenizer.json: GPT-2's, Llama 2's or 3's, or the one scripts/prepare_data.py writes\n"
-        "beside its shards), and tokens/s. Exit 2 for bad input (a missing checkpoint, a token\n"
-        "outside the vocabulary, an unsupported tokenizer), with one line on stderr.",
+        "Loads a gpt, gpt2 or llama (mistral, qwen2) model whole on one device: a checkpoint\n"
+        "`tandem train` wrote (its manifest names the model; --hf-config gives the config.json\n"
+        "a llama or gpt2 was trained from, for what the name lacks) or a Hugging Face folder\n"
+        "(config.json and safetensors; its tokenizer.json serves --prompt without --tokenizer).\n"
+        "Continues the prompt by --max-new-tokens tokens: greedy at --temperature 0 (the tokens\n"
+        "transformers' generate gives), else sampled from the softmax of logits / temperature\n"
+        "over the --top-k most likely tokens, seeded with --seed (the same seed, the same\n"
+        "tokens). The prompt and new tokens must fit the model's positions. --prompt TEXT is\n"
+        "encoded as transformers' tokenizer(TEXT) encodes it (a Llama tokenizer's\n"
+        "beginning-of-text token first). Prints the new token ids (`tokens: ...`), the whole\n"
+        "text without special tokens when there is a tokenizer (a BPE tokenizer.json: GPT-2's,\n"
+        "Llama 2's or 3's, Qwen2's, or the one scripts/prepare_data.py writes beside its\n"
+        "shards), and tokens/s. Exit 2 for bad input (a missing checkpoint, a token outside the\n"
+        "vocabulary, an unsupported tokenizer), with one line on stderr.",
     .flags = {"checkpoint", "init_from", "hf_config", "prompt_tokens", "prompt", "tokenizer",
               "max_new_tokens", "temperature", "top_k", "seed", "stop_token", "kv_cache",
               "device"},

@@ -13,8 +13,10 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         layout, OUTPUT_FOLDER/llama_tokenizer.json: Split by Llama 3's pattern, and a template
         that puts the beginning-of-text token first, which the prompt then starts with, as
         transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
-        tokens, which the prompt and new tokens fill), qwen2_tied (q/k/v biases, tied). "tokenizer"
-        names the case's tokenizer file.
+        tokens, which the prompt and new tokens fill), qwen2_text (q/k/v biases, tied, with a
+        tokenizer in Qwen2's layout: NFC, Split by Qwen2's pattern; the prompt text has a
+        decomposed accent). "tokenizer" names the case's tokenizer file, "shown" the text the
+        command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
         prints the new ids of greedy generate (comma-separated) for PROMPT_IDS ("1,2,3") with
@@ -23,6 +25,7 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
 import json
 import os
 import sys
+import unicodedata
 
 import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
@@ -115,12 +118,38 @@ def train_llama_tokenizer(path):
     return tokenizer
 
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# With a decomposed accent, which Qwen2's NFC normalizer composes.
+QWEN2_PROMPT_TEXT = "However little known the fe\u0301elings"
+
+
+def train_qwen2_tokenizer(path):
+    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            processors, trainers)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=320, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([TEXT], trainer=trainer)
+    tokenizer.save(path)
+    return tokenizer
+
+
 def make(output):
     os.makedirs(output, exist_ok=True)
     tokenizer = train_tokenizer(os.path.join(output, "tokenizer.json"))
     text_prompt = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
     llama_tokenizer = train_llama_tokenizer(os.path.join(output, "llama_tokenizer.json"))
     llama_prompt = llama_tokenizer.encode(PROMPT_TEXT).ids  # add_special_tokens by default
+    qwen2_tokenizer = train_qwen2_tokenizer(os.path.join(output, "qwen2_tokenizer.json"))
+    qwen2_prompt = qwen2_tokenizer.encode(QWEN2_PROMPT_TEXT).ids
     cases = [
         ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),
         ("llama_tied", lambda: llama(tie_word_embeddings=True), [1, 2, 3]),
@@ -131,10 +160,13 @@ def make(output):
         # A window of 30 tokens: the prompt and the new tokens fill it.
         ("mistral_window", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=30),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
-        ("qwen2_tied", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
-                                     rope_theta=1000000.0), [4, 8, 15, 16, 23, 42]),
+        ("qwen2_text", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
+                                     rope_theta=1000000.0, vocab_size=320), qwen2_prompt),
     ]
-    tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json"}
+    tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",
+                  "qwen2_text": "qwen2_tokenizer.json"}
+    texts = {"gpt2_text": PROMPT_TEXT, "llama_text": PROMPT_TEXT,
+             "qwen2_text": QWEN2_PROMPT_TEXT}
     records = []
     for index, (name, build, prompt) in enumerate(cases):
         torch.manual_seed(3000 + index)
@@ -143,7 +175,10 @@ def make(output):
         if name == "llama_text":  # a Hugging Face folder with its tokenizer
             llama_tokenizer.save(os.path.join(output, name, "tokenizer.json"))
         records.append({"name": name, "prompt": prompt, "tokens": greedy(model, prompt, NEW_TOKENS),
-                        "text": PROMPT_TEXT if name in tokenizers else None,
+                        "text": texts.get(name),
+                        # What the text line shows: the tokenizer's normalization of the text.
+                        "shown": (unicodedata.normalize("NFC", texts[name])
+                                  if name in texts else None),
                         "tokenizer": tokenizers.get(name)})
     with open(os.path.join(output, "cases.json"), "w", encoding="utf-8") as stream:
         json.dump(records, stream)

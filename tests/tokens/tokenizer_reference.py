@@ -15,7 +15,12 @@ byte-level BPE tokenizer.json files and encodes and decodes with them.
         two Metaspace variants of it (metaspace_first.json: prepend scheme first, no split, as
         transformers' newer Llama conversion; metaspace_always.json: always, split, the
         Metaspace decoder, fuse_unk with some byte tokens missing), and prints their paths, one
-        a line.
+        a line, then OUT_DIR/qwen2_style.json (Qwen2's layout: the NFC normalizer, Split by
+        Qwen2's pattern, ByteLevel without its regex, <|im_start|> and <|im_end|>).
+
+    tokenizer_reference.py nfc IN OUT
+        writes each line of IN (UTF-8, lines split at "\n" only) in Unicode's NFC, by Python's
+        unicodedata, to OUT.
 
     tokenizer_reference.py run TOKENIZER_JSON REQUEST_JSON OUTPUT_JSON
         REQUEST_JSON is {"texts": [paths of UTF-8 files], "id_lists": [[ids], ...]}; writes one
@@ -74,6 +79,25 @@ def llama3_style(corpus):
         processors.TemplateProcessing(single="<|begin_of_text|> $A",
                                       pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
                                       special_tokens=[("<|begin_of_text|>", begin)])])
+    return tokenizer
+
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen2_style(corpus):
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((read_text(path) for path in corpus), trainer=trainer)
     return tokenizer
 
 
@@ -152,6 +176,17 @@ def make(out_dir, corpus):
     ids = sorted(always["model"]["vocab"].items(), key=lambda item: item[1])
     always["model"]["vocab"] = {token: i for i, (token, _) in enumerate(ids)}
     save_json(always, os.path.join(out_dir, "metaspace_always.json"))
+    path = os.path.join(out_dir, "qwen2_style.json")
+    qwen2_style(corpus).save(path)
+    print(path)
+
+
+def nfc(in_path, out_path):
+    import unicodedata
+    with open(in_path, encoding="utf-8", newline="") as stream:
+        lines = stream.read().split("\n")
+    with open(out_path, "w", encoding="utf-8", newline="") as stream:
+        stream.write("\n".join(unicodedata.normalize("NFC", line) for line in lines))
 
 
 def run(tokenizer_path, request_path, output_path):
@@ -178,9 +213,11 @@ def main():
         make(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) == 5 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 4 and sys.argv[1] == "nfc":
+        nfc(sys.argv[2], sys.argv[3])
     else:
         sys.exit("usage: tokenizer_reference.py make OUT_DIR CORPUS... | "
-                 "run TOKENIZER_JSON REQUEST_JSON OUTPUT_JSON")
+                 "run TOKENIZER_JSON REQUEST_JSON OUTPUT_JSON | nfc IN OUT")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
 #include "common/json_util.h"
+#include "data/internal/unicode_nfc.h"
 #include "gtest/gtest.h"
 #include "tests/support/command.h"
 
@@ -57,6 +59,8 @@ constexpr char kCornerCases[] =
     "\xE2\x80\x94 dash \xEF\xBF\xBD replacement\n"
     "llama: <s>begins</s> <|begin_of_text|>x WE'RE 'Ll 'VE 'M 'D\t\tword .\n\n  \r\n\t "
     "1234567 ?!\r\n\r\n x\n"
+    "nfc: \xE2\x84\xAB \xE2\x84\xA6 e\xCC\x81\xCC\xA3 \xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8 "
+    "\xE0\xA5\x98 a\xCC\xA3\xCC\x82 \xE1\xB8\x8B\xCC\xA3 \xEA\xB0\x80\xE1\x86\xA8\n"
     "trailing spaces at the very end   ";
 
 std::string Python() { return "python3"; }
@@ -131,8 +135,8 @@ const Reference& References() {
     for (absl::string_view line : absl::StrSplit(made_files.output, '\n')) {
       if (absl::EndsWith(line, ".json")) made->tokenizers.emplace_back(line);
     }
-    if (made->tokenizers.size() != 7) {
-      made->failed = "expected seven tokenizers: " + made_files.output;
+    if (made->tokenizers.size() != 8) {
+      made->failed = "expected eight tokenizers: " + made_files.output;
     }
     return made;
   }();
@@ -227,6 +231,76 @@ TEST(TokenizerTest, EncodesAndDecodesAsHuggingFaceTokenizers) {
       EXPECT_EQ(tokenizer->Decode(id_lists[l], /*skip_special_tokens=*/true),
                 reference["decodings"][l]["decoded_skip"].get<std::string>())
           << "id list " << l;
+    }
+  }
+}
+
+void AppendUtf8(char32_t code, std::string* out) {
+  if (code < 0x80) {
+    out->push_back(static_cast<char>(code));
+  } else if (code < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (code >> 6)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  } else if (code < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (code >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (code >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
+  }
+}
+
+// The NFC normalizer (data/internal/unicode_nfc.h) against Python's unicodedata, whose tables
+// made it: every code point alone, every code point after a letter, every primary composite's
+// two parts in order and with a mark between them of each kind (blocking or not), and marks in
+// every order after a letter.
+TEST(TokenizerTest, NfcEqualsPythonsUnicodedata) {
+  REQUIRE_REFERENCE();
+  std::vector<std::vector<char32_t>> lines;
+  for (char32_t code = 1; code < 0x110000; ++code) {
+    if ((code >= 0xD800 && code <= 0xDFFF) || code == '\n') continue;
+    lines.push_back({code});
+    lines.push_back({'a', code});
+  }
+  const std::vector<char32_t> marks = {0x301, 0x323, 0x302, 0x308, 0x31B,  0x327,
+                                       0x334, 0x345, 0x5B0, 0x93C, 0x3099, 0x1D16E};
+  for (size_t k = 0; k < internal::kCompositionCount; ++k) {
+    const internal::Composition& c = internal::kCompositions[k];
+    lines.push_back({c.first, c.second});
+    for (const char32_t mark : marks) lines.push_back({c.first, mark, c.second});
+  }
+  for (const char32_t a : marks) {
+    for (const char32_t b : marks) {
+      for (const char32_t base : {U'a', U'e', U'o', U'u', U'\x1100', U'\xAC00', U'\x3B1'}) {
+        lines.push_back({base, a, b});
+      }
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) text.push_back('\n');
+    for (const char32_t code : lines[i]) AppendUtf8(code, &text);
+  }
+  const std::string in = Scratch() + "/nfc_in.txt", out = Scratch() + "/nfc_out.txt";
+  WriteText(in, text);
+  const Outcome run =
+      RunCommand(absl::StrCat(Python(), " '", kScript, "' nfc '", in, "' '", out, "'"));
+  ASSERT_EQ(run.exit_status, 0) << run.output;
+  const std::vector<std::string> expected = absl::StrSplit(ReadText(out), '\n');
+  ASSERT_EQ(expected.size(), lines.size());
+  int differences = 0;
+  for (size_t i = 0; i < lines.size() && differences < 10; ++i) {
+    std::vector<char32_t> codes = lines[i];
+    internal::ToNfc(&codes);
+    std::string mine;
+    for (const char32_t code : codes) AppendUtf8(code, &mine);
+    if (mine != expected[i]) {
+      ++differences;
+      ADD_FAILURE() << "line " << i << " (U+" << absl::StrFormat("%04X", lines[i][0])
+                    << "...): tandem '" << mine << "', Python '" << expected[i] << "'";
     }
   }
 }
@@ -358,9 +432,9 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
   const std::vector<Case> cases = {
       {"model type Unigram", [](Json& j) { j["model"]["type"] = "Unigram"; }},
       {"model type WordPiece", [](Json& j) { j["model"]["type"] = "WordPiece"; }},
-      {"normalizer NFC",
+      {"normalizer NFKC",
        [](Json& j) {
-         j["normalizer"] = {{"type", "NFC"}};
+         j["normalizer"] = {{"type", "NFKC"}};
        }},
       {"normalizer Lowercase",
        [](Json& j) {
