@@ -56,6 +56,12 @@ absl::StatusOr<std::optional<ListScheduled>> ListScheduledFor(const ScheduleSpec
       return ZBVKind(spec.num_ranks, spec.num_microbatches, spec.planning_costs);
     case ScheduleKind::kChimera:
       return ChimeraKind(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::kInterleaved:
+      return InterleavedKind(spec.num_ranks, spec.num_microbatches, spec.chunks);
+    case ScheduleKind::kGPipe:
+      return GPipeKind(spec.num_ranks, spec.num_microbatches);
+    case ScheduleKind::k1F1B:
+      return OneFOneBKind(spec.num_ranks, spec.num_microbatches);
     default:
       return std::nullopt;
   }

@@ -1,7 +1,8 @@
 // A schedule's statistics without its programs: `tandem schedule` at p=1024, m=4096 generates
 // up to 10^8 actions, and holding them costs more (their memory, the kernel's page faults, a
 // cache miss per action for each reader) than generating, validating and simulating them. For
-// the list-scheduled kinds (Hanayo, ZB-V, Chimera) every action goes to the validator's proof
+// the list-scheduled kinds (Hanayo, ZB-V, Chimera, and GPipe, 1F1B and interleaved, whose fixed
+// orders the scheduler only times) every action goes to the validator's proof
 // and to the simulator as the list scheduler's program builder emits it, a few thousand at a
 // time, and is never stored. The builder emits in order of start in its timeline, so every
 // receive comes after its send and the simulator takes each action as it comes, no rank ever

@@ -37,9 +37,13 @@ absl::StatusOr<ListScheduled> HanayoKind(int num_ranks, int num_microbatches, in
 absl::StatusOr<ListScheduled> ZBVKind(int num_ranks, int num_microbatches,
                                       std::array<int, 3> planning_costs);
 absl::StatusOr<ListScheduled> ChimeraKind(int num_ranks, int num_microbatches);
+absl::StatusOr<ListScheduled> InterleavedKind(int num_ranks, int num_microbatches, int chunks);
+// GPipe's and 1F1B's fixed orders, one stream per rank: the list scheduler only times them.
+absl::StatusOr<ListScheduled> GPipeKind(int num_ranks, int num_microbatches);
+absl::StatusOr<ListScheduled> OneFOneBKind(int num_ranks, int num_microbatches);
 
 // The description of `spec`'s kind when it is list-scheduled; nullopt for the kinds completed
-// from fixed orders (and interleaved, list-scheduled only with a short last group).
+// from fixed orders.
 absl::StatusOr<std::optional<ListScheduled>> ListScheduledFor(const ScheduleSpec& spec);
 
 }  // namespace tandem::pipeline::internal

@@ -291,8 +291,16 @@ TEST(StreamedTest, StatisticsEqualTheGeneratedSchedule) {
   for (const Case& c :
        {Case{Spec(ScheduleKind::kZBV, 8, 32), false}, Case{Spec(ScheduleKind::kZBV, 5, 11), true},
         Case{zbv_planned, true}, Case{Spec(ScheduleKind::kHanayo, 8, 24, 1, 2), false},
-        Case{Spec(ScheduleKind::kHanayo, 5, 9), true}, Case{Spec(ScheduleKind::kChimera, 6, 18), true},
-        Case{Spec(ScheduleKind::kZBV, 64, 256), false}}) {
+        Case{Spec(ScheduleKind::kHanayo, 5, 9), true},
+        Case{Spec(ScheduleKind::kChimera, 6, 18), true},
+        Case{Spec(ScheduleKind::kZBV, 64, 256), false},
+        // Fixed orders, one stream per rank: the scheduler only times them.
+        Case{Spec(ScheduleKind::kGPipe, 6, 13), true}, Case{Spec(ScheduleKind::k1F1B, 7, 20), true},
+        Case{Spec(ScheduleKind::k1F1B, 16, 64), false},
+        Case{Spec(ScheduleKind::kInterleaved, 4, 12, 3), true},
+        Case{Spec(ScheduleKind::kInterleaved, 8, 32, 2), false},
+        // Interleaved with a short last group: chosen by the list scheduler.
+        Case{Spec(ScheduleKind::kInterleaved, 4, 10, 2), true}}) {
     auto schedule = GenerateSchedule(c.spec);
     ASSERT_TRUE(schedule.ok()) << schedule.status();
     auto costs_for = [&](const ScheduleSpec& spec) -> absl::StatusOr<CostModel> {
@@ -347,8 +355,8 @@ TEST(StreamedTest, FixedOrdersAndBadSpecs) {
   auto uniform = [](const ScheduleSpec& spec) -> absl::StatusOr<CostModel> {
     return CostModel::Uniform(spec, 1, 2);
   };
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZBH1,
-                            ScheduleKind::kDualPipe}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kZBH1, ScheduleKind::kDualPipe, ScheduleKind::kDualPipeV}) {
     auto streamed = GenerateAndSimulateStreamed(Spec(kind, 4, 8), uniform);
     ASSERT_TRUE(streamed.ok()) << streamed.status();
     EXPECT_FALSE(streamed->has_value()) << ScheduleKindName(kind);
