@@ -16,31 +16,15 @@
 #include "common/status.h"
 #include "data/internal/unicode_classes.h"
 #include "data/internal/unicode_nfc.h"
+#include "data/internal/utf8.h"
 
 namespace tandem::data {
 namespace {
 
+using internal::AppendUtf8;
 using internal::IsUnicodeLetter;
 using internal::IsUnicodeNumber;
 using internal::IsUnicodeWhiteSpace;
-
-void AppendUtf8(char32_t code, std::string* out) {
-  if (code < 0x80) {
-    out->push_back(static_cast<char>(code));
-  } else if (code < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else if (code < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (code >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (code >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  }
-}
 
 // The length of the longest prefix of `bytes` (1 to 4) that starts a well-formed UTF-8
 // sequence (Unicode's table 3-7: no overlong forms, no surrogates, nothing past U+10FFFF), and

@@ -1,5 +1,9 @@
 #include "pipeline/generators.h"
 
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "pipeline/internal/generator.h"
@@ -45,6 +49,28 @@ absl::StatusOr<ScheduleSpec> CheckedSpec(ScheduleKind kind, int num_ranks, int n
   spec.waves = waves;
   TANDEM_RETURN_IF_ERROR(CheckCommon(spec));
   return spec;
+}
+
+ListScheduled OneFOneBPerRank(ScheduleSpec spec, Placement placement, std::vector<Unit> units,
+                              const std::function<int(int)>& warmup, int chunk_stride,
+                              int num_chunks) {
+  ListScheduled kind;
+  kind.spec = std::move(spec);
+  kind.placement = std::move(placement);
+  kind.config = ConfigFor(kind.spec, kind.placement);
+  // The streams point into the units, so the streams' maker holds them.
+  auto shared = std::make_shared<const std::vector<Unit>>(std::move(units));
+  std::vector<int> warmups(kind.placement.num_ranks);
+  for (int r = 0; r < kind.placement.num_ranks; ++r) warmups[r] = warmup(r);
+  kind.make_streams = [shared, warmups, chunk_stride, num_chunks](const Placement&) {
+    Streams streams(warmups.size());
+    for (size_t r = 0; r < warmups.size(); ++r) {
+      streams[r].push_back(Stream::OneFOneB(/*replica=*/0, /*stage=*/static_cast<int>(r),
+                                            shared.get(), warmups[r], chunk_stride, num_chunks));
+    }
+    return streams;
+  };
+  return kind;
 }
 
 absl::StatusOr<std::optional<ListScheduled>> ListScheduledFor(const ScheduleSpec& spec) {

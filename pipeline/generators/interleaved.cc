@@ -3,7 +3,6 @@
 #include "pipeline/generators.h"
 
 #include <algorithm>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -25,21 +24,19 @@ using internal::Unit;
 namespace internal {
 
 absl::StatusOr<ListScheduled> InterleavedKind(int num_ranks, int num_microbatches, int chunks) {
-  ListScheduled kind;
-  TANDEM_ASSIGN_OR_RETURN(kind.spec,
+  TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec,
                           CheckedSpec(ScheduleKind::kInterleaved, num_ranks, num_microbatches,
                                       /*chunks=*/chunks, /*waves=*/1));
   const int p = num_ranks, m = num_microbatches, v = chunks;
   // Megatron-LM's schedule table: micro-batches in groups of p, each group run chunk by
   // chunk; the last group takes all remaining micro-batches (m need not be a multiple of p).
-  // The streams point into it, so the streams' maker holds it.
   const int group = p;
-  auto table = std::make_shared<std::vector<Unit>>();  // (micro-batch, chunk)
-  table->reserve(static_cast<size_t>(m) * v);
+  std::vector<Unit> table;  // (micro-batch, chunk)
+  table.reserve(static_cast<size_t>(m) * v);
   for (int low = 0; low < m; low += group) {
     const int high = low + group >= m ? m : low + group;
     for (int c = 0; c < v; ++c) {
-      for (int mb = low; mb < high; ++mb) table->push_back({mb, c});
+      for (int mb = low; mb < high; ++mb) table.push_back({mb, c});
     }
     if (high == m) break;
   }
@@ -49,39 +46,32 @@ absl::StatusOr<ListScheduled> InterleavedKind(int num_ranks, int num_microbatche
     int warmup = v == 1 ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * group;
     return std::min(warmup, total);
   };
-  kind.placement = Placement::Looped(p, v);
-  kind.config = ConfigFor(kind.spec, kind.placement);
   if (m % p == 0 || v == 1) {
     // Megatron's order: warm-up forwards, then strictly one forward, one backward; unit k's
-    // forward on stage chunk * p + r, its backward on (v - 1 - chunk) * p + r. One stream per
-    // rank leaves the scheduler no choice: it only times the order.
-    kind.make_streams = [p, v, table, warmup_of](const Placement&) {
-      Streams streams(p);
-      for (int r = 0; r < p; ++r) {
-        streams[r].push_back(Stream::OneFOneB(/*replica=*/0, /*stage=*/r, table.get(),
-                                              warmup_of(r), /*chunk_stride=*/p, /*num_chunks=*/v));
-      }
-      return streams;
-    };
-    return kind;
+    // forward on stage chunk * p + r, its backward on (v - 1 - chunk) * p + r.
+    return OneFOneBPerRank(std::move(spec), Placement::Looped(p, v), std::move(table), warmup_of,
+                           /*chunk_stride=*/p, /*num_chunks=*/v);
   }
   // With a short last group the strict alternation can wait on itself across ranks (a
   // rank's last warm-up forward needs a backward that waits for that rank). Run the same
   // forward and backward sequences through the list scheduler instead, forward first and
   // at most Megatron's warm-up + 1 forwards in flight: identical to Megatron where it runs,
   // and never slower on the grid we checked.
+  ListScheduled kind;
+  kind.spec = std::move(spec);
+  kind.placement = Placement::Looped(p, v);
   ListSchedulerConfig& config = kind.config;
+  config = ConfigFor(kind.spec, kind.placement);
   config.forward_class = 0;
   config.backward_class = 1;
   for (int r = 0; r < p; ++r) config.stash_caps.push_back(warmup_of(r) + 1);
-  kind.make_streams = [p, v, total, table](const Placement&) {
+  kind.make_streams = [p, v, total, table = std::move(table)](const Placement&) {
     Streams streams(p);
     for (int r = 0; r < p; ++r) {
       std::vector<Action> forwards, backwards;
       forwards.reserve(total);
       backwards.reserve(total);
-      for (int k = 0; k < total; ++k) {
-        const Unit& unit = (*table)[k];
+      for (const Unit& unit : table) {
         forwards.push_back(Compute(ActionType::kForward, 0, unit.chunk * p + r, unit.microbatch));
         backwards.push_back(
             Compute(ActionType::kBackward, 0, (v - 1 - unit.chunk) * p + r, unit.microbatch));

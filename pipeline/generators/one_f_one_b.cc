@@ -2,7 +2,6 @@
 // backward, then drains.
 #include "pipeline/generators.h"
 
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -12,34 +11,20 @@
 namespace tandem::pipeline {
 
 using internal::CheckedSpec;
-using internal::ConfigFor;
 using internal::ListScheduled;
 using internal::ScheduleAndComplete;
-using internal::Stream;
-using internal::Streams;
 using internal::Unit;
 
 namespace internal {
 
 absl::StatusOr<ListScheduled> OneFOneBKind(int num_ranks, int num_microbatches) {
-  ListScheduled kind;
-  TANDEM_ASSIGN_OR_RETURN(kind.spec, CheckedSpec(ScheduleKind::k1F1B, num_ranks,
-                                                 num_microbatches, /*chunks=*/1, /*waves=*/1));
-  kind.placement = Placement::Linear(num_ranks);
-  kind.config = ConfigFor(kind.spec, kind.placement);
-  // One stream per rank (its 1F1B order over the micro-batches, ascending) leaves the list
-  // scheduler no choice: it only times the order.
-  auto units = std::make_shared<std::vector<Unit>>();
-  for (int mb = 0; mb < num_microbatches; ++mb) units->push_back({mb, 0});
-  kind.make_streams = [num_ranks, units](const Placement&) {
-    Streams streams(num_ranks);
-    for (int r = 0; r < num_ranks; ++r) {
-      streams[r].push_back(Stream::OneFOneB(/*replica=*/0, /*stage=*/r, units.get(),
-                                            /*warmup=*/num_ranks - r - 1));
-    }
-    return streams;
-  };
-  return kind;
+  TANDEM_ASSIGN_OR_RETURN(ScheduleSpec spec,
+                          CheckedSpec(ScheduleKind::k1F1B, num_ranks, num_microbatches,
+                                      /*chunks=*/1, /*waves=*/1));
+  std::vector<Unit> units;  // the micro-batches, ascending
+  for (int mb = 0; mb < num_microbatches; ++mb) units.push_back({mb, 0});
+  return OneFOneBPerRank(std::move(spec), Placement::Linear(num_ranks), std::move(units),
+                         [num_ranks](int r) { return num_ranks - r - 1; });
 }
 
 }  // namespace internal

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +43,13 @@ absl::StatusOr<ListScheduled> InterleavedKind(int num_ranks, int num_microbatche
 // GPipe's and 1F1B's fixed orders, one stream per rank: the list scheduler only times them.
 absl::StatusOr<ListScheduled> GPipeKind(int num_ranks, int num_microbatches);
 absl::StatusOr<ListScheduled> OneFOneBKind(int num_ranks, int num_microbatches);
+
+// A kind whose ranks each run one fixed 1F1B order (Stream::OneFOneB) over `units`: rank r's
+// stream on stage r with warmup(r) forwards first (chunks `chunk_stride` stages apart). One
+// stream per rank leaves the list scheduler no choice: it only times the order.
+ListScheduled OneFOneBPerRank(ScheduleSpec spec, Placement placement, std::vector<Unit> units,
+                              const std::function<int(int)>& warmup, int chunk_stride = 0,
+                              int num_chunks = 1);
 
 // The description of `spec`'s kind when it is list-scheduled; nullopt for the kinds completed
 // from fixed orders.

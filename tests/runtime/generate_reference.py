@@ -96,59 +96,28 @@ def train_tokenizer(path):
     return tokenizer
 
 
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-def train_llama_tokenizer(path):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tokenizer = Tokenizer(models.BPE(ignore_merges=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, min_frequency=2, show_progress=False,
-                                  special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([TEXT], trainer=trainer)
-    begin = tokenizer.token_to_id("<|begin_of_text|>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", begin)])
-    tokenizer.save(path)
-    return tokenizer
-
-
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # With a decomposed accent, which Qwen2's NFC normalizer composes.
 QWEN2_PROMPT_TEXT = "However little known the fe\u0301elings"
 
 
-def train_qwen2_tokenizer(path):
-    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                            processors, trainers)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=320, min_frequency=2, show_progress=False,
-                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([TEXT], trainer=trainer)
-    tokenizer.save(path)
-    return tokenizer
+def tokenizer_layouts():
+    """tests/tokens/tokenizer_reference.py's tokenizers in Llama 3's and Qwen2's layouts."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tokens"))
+    sys.dont_write_bytecode = True  # nothing written into the source tree
+    import tokenizer_reference
+    return tokenizer_reference.llama3_style, tokenizer_reference.qwen2_style
 
 
 def make(output):
     os.makedirs(output, exist_ok=True)
     tokenizer = train_tokenizer(os.path.join(output, "tokenizer.json"))
     text_prompt = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
-    llama_tokenizer = train_llama_tokenizer(os.path.join(output, "llama_tokenizer.json"))
+    llama3_style, qwen2_style = tokenizer_layouts()
+    llama_tokenizer = llama3_style([TEXT], vocab_size=320)
+    llama_tokenizer.save(os.path.join(output, "llama_tokenizer.json"))
     llama_prompt = llama_tokenizer.encode(PROMPT_TEXT).ids  # add_special_tokens by default
-    qwen2_tokenizer = train_qwen2_tokenizer(os.path.join(output, "qwen2_tokenizer.json"))
+    qwen2_tokenizer = qwen2_style([TEXT], vocab_size=320)
+    qwen2_tokenizer.save(os.path.join(output, "qwen2_tokenizer.json"))
     qwen2_prompt = qwen2_tokenizer.encode(QWEN2_PROMPT_TEXT).ids
     cases = [
         ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),

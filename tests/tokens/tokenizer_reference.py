@@ -63,16 +63,16 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def llama3_style(corpus):
+def llama3_style(texts, vocab_size=1500):
     tokenizer = Tokenizer(models.BPE(ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                   special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator((read_text(path) for path in corpus), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     begin = tokenizer.token_to_id("<|begin_of_text|>")
     tokenizer.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
@@ -86,7 +86,7 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def qwen2_style(corpus):
+def qwen2_style(texts, vocab_size=1500):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -94,10 +94,10 @@ def qwen2_style(corpus):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                   special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator((read_text(path) for path in corpus), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
 
@@ -155,7 +155,7 @@ def make(out_dir, corpus):
     Tokenizer.from_file(path)  # loads
     print(path)
     path = os.path.join(out_dir, "llama3_style.json")
-    llama3_style(corpus).save(path)
+    llama3_style(read_text(path) for path in corpus).save(path)
     print(path)
     llama2 = llama2_style(corpus, os.path.join(out_dir, "llama2_trained.json"))
     save_json(llama2, os.path.join(out_dir, "llama2_style.json"))
@@ -177,7 +177,7 @@ def make(out_dir, corpus):
     always["model"]["vocab"] = {token: i for i, (token, _) in enumerate(ids)}
     save_json(always, os.path.join(out_dir, "metaspace_always.json"))
     path = os.path.join(out_dir, "qwen2_style.json")
-    qwen2_style(corpus).save(path)
+    qwen2_style(read_text(path) for path in corpus).save(path)
     print(path)
 
 

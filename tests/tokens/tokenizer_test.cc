@@ -24,6 +24,7 @@
 #include "common/file_util.h"
 #include "common/json_util.h"
 #include "data/internal/unicode_nfc.h"
+#include "data/internal/utf8.h"
 #include "gtest/gtest.h"
 #include "tests/support/command.h"
 
@@ -31,6 +32,7 @@ namespace tandem::data {
 namespace {
 
 namespace fs = std::filesystem;
+using internal::AppendUtf8;
 using testing::Outcome;
 using testing::RunCommand;
 
@@ -232,24 +234,6 @@ TEST(TokenizerTest, EncodesAndDecodesAsHuggingFaceTokenizers) {
                 reference["decodings"][l]["decoded_skip"].get<std::string>())
           << "id list " << l;
     }
-  }
-}
-
-void AppendUtf8(char32_t code, std::string* out) {
-  if (code < 0x80) {
-    out->push_back(static_cast<char>(code));
-  } else if (code < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else if (code < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (code >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (code >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
   }
 }
 
