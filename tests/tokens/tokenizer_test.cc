@@ -107,6 +107,14 @@ std::vector<std::string> Texts() {
   const std::string corner = Scratch() + "/corner_cases.txt";
   WriteText(corner, kCornerCases);
   texts.push_back(corner);
+  // A text that starts with added tokens (no prefix before what follows them where the
+  // Metaspace scheme is "first") and one of spaces only.
+  const std::string leading = Scratch() + "/leading_token.txt";
+  WriteText(leading, "<s><|endoftext|> Hello <sep>world</s>\n<|begin_of_text|>  x ");
+  texts.push_back(leading);
+  const std::string spaces = Scratch() + "/spaces.txt";
+  WriteText(spaces, "   ");
+  texts.push_back(spaces);
   return texts;
 }
 
