@@ -42,8 +42,11 @@ ABSL_FLAG(double, temperature, 0,
           "generate: 0 takes the most likely token (greedy); above 0 samples from the softmax "
           "of the logits divided by it");
 ABSL_FLAG(int, top_k, 0, "generate: sample among the k most likely tokens only; 0: all");
-ABSL_FLAG(int64_t, stop_token, -1,
-          "generate: stop after this token id (an end-of-text token); -1: never");
+ABSL_FLAG(std::string, stop_token, "",
+          "generate: stop after any of these token ids (1,2,3), or 'none' to never stop; "
+          "empty: the model's end-of-text tokens where its files name them (a Hugging Face "
+          "folder's generation_config.json or config.json eos_token_id, a checkpoint's "
+          "--hf-config), as transformers' generate stops");
 ABSL_FLAG(bool, kv_cache, true,
           "generate: keep the keys and values of earlier positions (each step runs one "
           "position); false runs the whole sequence every step");
@@ -67,6 +70,23 @@ absl::StatusOr<std::vector<int64_t>> ParseTokenList(const std::string& text) {
   return ids;
 }
 
+// --stop-token: the ids given, none ("none"), or nullopt for the model's end-of-text tokens.
+absl::StatusOr<std::optional<std::vector<int64_t>>> StopTokensFromFlag() {
+  const std::string text = absl::GetFlag(FLAGS_stop_token);
+  if (text.empty()) return std::nullopt;
+  if (text == "none") return std::vector<int64_t>{};
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(piece), &id) || id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stop-token: '", piece, "' is not a token id (expected 1,2,3 or none)"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 // The flags' options, checked before anything is loaded.
 absl::StatusOr<runtime::libtorch::GenerateOptions> OptionsFromFlags() {
   runtime::libtorch::GenerateOptions options;
@@ -74,7 +94,6 @@ absl::StatusOr<runtime::libtorch::GenerateOptions> OptionsFromFlags() {
   options.temperature = absl::GetFlag(FLAGS_temperature);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  options.stop_token = absl::GetFlag(FLAGS_stop_token);
   options.use_cache = absl::GetFlag(FLAGS_kv_cache);
   if (options.max_new_tokens < 1) {
     return absl::InvalidArgumentError(
@@ -129,7 +148,9 @@ absl::Status Generate() {
     }
     tokenizer_path = beside;
   }
-  TANDEM_ASSIGN_OR_RETURN(const runtime::libtorch::GenerateOptions options, OptionsFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(runtime::libtorch::GenerateOptions options, OptionsFromFlags());
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<std::vector<int64_t>> stop_tokens,
+                          StopTokensFromFlag());
   std::optional<data::Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) {
     auto read = data::Tokenizer::FromFile(tokenizer_path);
@@ -162,10 +183,18 @@ absl::Status Generate() {
         "--tokenizer ", tokenizer_path, " has ", tokenizer->vocab_size(),
         " tokens, more than the model's vocabulary of ", model.vocab));
   }
+  // As transformers' generate: the model's end-of-text tokens unless told otherwise.
+  options.stop_tokens = stop_tokens.value_or(model.end_tokens);
   auto generated = runtime::libtorch::Generate(model, prompt, options);
   if (!generated.ok()) return generated.status();
   std::cout << "model: " << model.description << " from " << model.source << " on "
             << device.str() << "\n";
+  if (!options.stop_tokens.empty()) {
+    std::cout << "stops after: " << absl::StrJoin(options.stop_tokens, ",") << " ("
+              << (stop_tokens.has_value() ? std::string("--stop-token")
+                                          : absl::StrCat(model.end_tokens_source, " eos_token_id"))
+              << ")\n";
+  }
   if (tokenizer.has_value()) std::cout << "tokenizer: " << tokenizer_path << "\n";
   std::cout << "prompt: " << prompt.size() << " token(s)\n";
   std::cout << "tokens: " << absl::StrJoin(generated->tokens, ",") << "\n";
@@ -206,8 +235,9 @@ CommandInfo GenerateCommand() {
     .usage =
         "tandem generate --checkpoint DIR | --init-from HF_FOLDER\n"
         "    --prompt-tokens 1,2,3 | --prompt TEXT --tokenizer tokenizer.json\n"
-        "    [--max-new-tokens 32] [--temperature 0] [--top-k 0] [--seed S] [--stop-token ID]\n"
-        "    [--kv-cache=false] [--device cpu|cuda|cuda:N] [--hf-config config.json]\n\n"
+        "    [--max-new-tokens 32] [--temperature 0] [--top-k 0] [--seed S]\n"
+        "    [--stop-token IDS|none] [--kv-cache=false] [--device cpu|cuda|cuda:N]\n"
+        "    [--hf-config config.json]\n\n"
         "Loads a gpt, gpt2 or llama (mistral, qwen2) model whole on one device: a checkpoint\n"
         "`tandem train` wrote (its manifest names the model; --hf-config gives the config.json\n"
         "a llama or gpt2 was trained from, for what the name lacks) or a Hugging Face folder\n"
@@ -215,13 +245,15 @@ CommandInfo GenerateCommand() {
         "Continues the prompt by --max-new-tokens tokens: greedy at --temperature 0 (the tokens\n"
         "transformers' generate gives), else sampled from the softmax of logits / temperature\n"
         "over the --top-k most likely tokens, seeded with --seed (the same seed, the same\n"
-        "tokens). The prompt and new tokens must fit the model's positions. --prompt TEXT is\n"
-        "encoded as transformers' tokenizer(TEXT) encodes it (a Llama tokenizer's\n"
-        "beginning-of-text token first). Prints the new token ids (`tokens: ...`), the whole\n"
-        "text without special tokens when there is a tokenizer (a BPE tokenizer.json: GPT-2's,\n"
-        "Llama 2's or 3's, Qwen2's, or the one scripts/prepare_data.py writes beside its\n"
-        "shards), and tokens/s. Exit 2 for bad input (a missing checkpoint, a token outside the\n"
-        "vocabulary, an unsupported tokenizer), with one line on stderr.",
+        "tokens); stops after an end-of-text token, as transformers' generate does: the model's\n"
+        "(a folder's generation_config.json or config.json eos_token_id) or --stop-token's.\n"
+        "The prompt and new tokens must fit the model's positions. --prompt TEXT is encoded as\n"
+        "transformers' tokenizer(TEXT) encodes it (a Llama tokenizer's beginning-of-text token\n"
+        "first). Prints the new token ids (`tokens: ...`), the whole text without special\n"
+        "tokens when there is a tokenizer (a BPE tokenizer.json: GPT-2's, Llama 2's or 3's,\n"
+        "Qwen2's, or the one scripts/prepare_data.py writes beside its shards), and tokens/s.\n"
+        "Exit 2 for bad input (a missing checkpoint, a token outside the vocabulary, an\n"
+        "unsupported tokenizer), with one line on stderr.",
     .flags = {"checkpoint", "init_from", "hf_config", "prompt_tokens", "prompt", "tokenizer",
               "max_new_tokens", "temperature", "top_k", "seed", "stop_token", "kv_cache",
               "device"},

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -210,6 +211,30 @@ int64_t Choose(const torch::Tensor& logits, const GenerateOptions& options,
       .item<int64_t>();
 }
 
+// The eos_token_id of a config.json or generation_config.json: none (absent or null), an id,
+// or a list of ids. InvalidArgument naming the file for anything else.
+absl::StatusOr<std::vector<int64_t>> EndTokensOf(const Json& json, const std::string& path) {
+  std::vector<int64_t> ids;
+  if (!json.is_object() || !json.contains("eos_token_id") || json.at("eos_token_id").is_null()) {
+    return ids;
+  }
+  const Json& value = json.at("eos_token_id");
+  const auto add = [&](const Json& id) -> absl::Status {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": eos_token_id must be a token id or a list of them, got ", value.dump()));
+    }
+    ids.push_back(id.get<int64_t>());
+    return absl::OkStatus();
+  };
+  if (value.is_array()) {
+    for (const Json& id : value) TANDEM_RETURN_IF_ERROR(add(id));
+  } else {
+    TANDEM_RETURN_IF_ERROR(add(value));
+  }
+  return ids;
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -237,9 +262,19 @@ absl::StatusOr<GenerationModel> ModelFromCheckpoint(const std::string& checkpoin
     }
   }
   const std::string where = absl::StrCat(folder, " (", blueprint->description, ")");
-  return Assemble(*std::move(blueprint), device,
-                  absl::StrCat("checkpoint ", folder, " (step ", manifest.step, ")"),
-                  [&](LayeredModel& model) { return LoadParameters(parameters, where, model); });
+  std::vector<int64_t> end_tokens;
+  if (!hf_config.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(const Json json, ReadJsonFile(hf_config));
+    TANDEM_ASSIGN_OR_RETURN(end_tokens, EndTokensOf(json, hf_config));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      GenerationModel out,
+      Assemble(*std::move(blueprint), device,
+               absl::StrCat("checkpoint ", folder, " (step ", manifest.step, ")"),
+               [&](LayeredModel& model) { return LoadParameters(parameters, where, model); }));
+  out.end_tokens = std::move(end_tokens);
+  if (!out.end_tokens.empty()) out.end_tokens_source = hf_config;
+  return out;
 }
 
 absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
@@ -278,8 +313,26 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
                           HfWeights::Open(folder, std::move(layout)));
   InitializeFromHfWeights(std::move(weights), &blueprint.spec);
-  return Assemble(std::move(blueprint), device, absl::StrCat("Hugging Face folder ", folder),
-                  /*before_share=*/{});
+  // The end-of-text tokens transformers' generate stops at: generation_config.json's where
+  // the folder has one (from_pretrained then reads that file alone), else config.json's.
+  const std::string generation_path = absl::StrCat(folder, "/generation_config.json");
+  std::error_code exists_error;
+  const bool has_generation_config = std::filesystem::exists(generation_path, exists_error);
+  const std::string end_source = has_generation_config ? generation_path : config_path;
+  std::vector<int64_t> end_tokens;
+  if (has_generation_config) {
+    TANDEM_ASSIGN_OR_RETURN(const Json generation, ReadJsonFile(generation_path));
+    TANDEM_ASSIGN_OR_RETURN(end_tokens, EndTokensOf(generation, generation_path));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(end_tokens, EndTokensOf(json, config_path));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      GenerationModel out,
+      Assemble(std::move(blueprint), device, absl::StrCat("Hugging Face folder ", folder),
+               /*before_share=*/{}));
+  out.end_tokens = std::move(end_tokens);
+  if (!out.end_tokens.empty()) out.end_tokens_source = end_source;
+  return out;
 }
 
 absl::StatusOr<Generation> Generate(GenerationModel& model, absl::Span<const int64_t> prompt,
@@ -360,7 +413,10 @@ absl::StatusOr<Generation> Generate(GenerationModel& model, absl::Span<const int
       if (step == 0) out.first_token_seconds = SecondsSince(started);
       out.tokens.push_back(next);
       sequence.push_back(next);
-      if (next == options.stop_token) break;
+      if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
+          options.stop_tokens.end()) {
+        break;
+      }
       input = ids({next});
     }
   });

@@ -32,6 +32,11 @@ struct GenerationModel {
   std::string source;         // "checkpoint DIR (step N)", "Hugging Face folder DIR"
   int64_t vocab = 0;          // token ids must be below it
   int64_t max_positions = 0;  // the longest sequence (prompt and new tokens) it takes
+  // Its end-of-text tokens, where its files name them: a Hugging Face folder's
+  // generation_config.json eos_token_id (an id or a list), else its config.json's; a
+  // checkpoint's --hf-config's. transformers' generate stops after any of them.
+  std::vector<int64_t> end_tokens;
+  std::string end_tokens_source;  // the file they come from; empty without any
 };
 
 // The model a tandem checkpoint (a root or a step folder) holds: the manifest's model
@@ -55,7 +60,7 @@ struct GenerateOptions {
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;       // 0: every token
   uint64_t seed = 0;       // the sampling generator's
-  int64_t stop_token = -1;  // generation ends after this token; -1: none
+  std::vector<int64_t> stop_tokens;  // generation ends after any of these tokens
   bool use_cache = true;   // false: each step runs the whole sequence
 };
 

@@ -15,8 +15,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
         tokens, which the prompt and new tokens fill), qwen2_text (q/k/v biases, tied, with a
         tokenizer in Qwen2's layout: NFC, Split by Qwen2's pattern; the prompt text has a
-        decomposed accent). "tokenizer" names the case's tokenizer file, "shown" the text the
-        command prints (the prompt normalized).
+        decomposed accent), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
         prints the new ids of greedy generate (comma-separated) for PROMPT_IDS ("1,2,3") with
@@ -149,8 +149,36 @@ def make(output):
                         "shown": (unicodedata.normalize("NFC", texts[name])
                                   if name in texts else None),
                         "tokenizer": tokenizers.get(name)})
+    records.append(end_of_text_case(output))
     with open(os.path.join(output, "cases.json"), "w", encoding="utf-8") as stream:
         json.dump(records, stream)
+
+
+def end_of_text_case(output):
+    """llama_eos: a Llama whose generation_config.json names two end-of-text tokens, one of
+    which its greedy tokens reach; "tokens" are what transformers' generate gives when left to
+    stop there (the end-of-text token included), "stops": true."""
+    torch.manual_seed(5000)
+    model = perturb(llama(), 6000)
+    prompt = [3, 14, 15, 9, 2, 6]
+    free = greedy(model, prompt, NEW_TOKENS)
+    # The first token to appear from the fourth new one on ends the text; the other
+    # end-of-text id never comes.
+    end = next(free[i] for i in range(3, len(free)) if free[i] not in free[:i])
+    other = next(t for t in range(model.config.vocab_size) if t not in free)
+    model.generation_config.eos_token_id = [other, end]
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(os.path.join(output, "llama_eos"), safe_serialization=True)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                                                               dtype=torch.long),
+                             max_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1,
+                             use_cache=True, synced_gpus=False)
+    tokens = out[0, len(prompt):].tolist()
+    assert tokens == free[:free.index(end) + 1], (tokens, free)
+    return {"name": "llama_eos", "prompt": prompt, "tokens": tokens, "text": None,
+            "shown": None, "tokenizer": None, "stops": True}
 
 
 def generate(folder, prompt_ids, new_tokens):

@@ -310,21 +310,48 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 8u);
+  ASSERT_EQ(cases->size(), 9u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);
     const std::vector<int64_t> prompt = c["prompt"].get<std::vector<int64_t>>();
     const std::vector<int64_t> expected = c["tokens"].get<std::vector<int64_t>>();
     const std::string folder = absl::StrCat(References().folder, "/", name);
-    const std::string base = absl::StrCat(g_tandem, " generate --init-from ", Quoted(folder),
-                                          " --max-new-tokens ", expected.size());
+    // The reference ran without end-of-text tokens (all but llama_eos): --stop-token none.
+    const bool stops = c.value("stops", false);
+    const std::string base =
+        absl::StrCat(g_tandem, " generate --init-from ", Quoted(folder), " --max-new-tokens ",
+                     stops ? 20 : expected.size(), stops ? "" : " --stop-token none");
     for (const char* cache : {"", " --kv-cache=false"}) {
       SCOPED_TRACE(cache);
       const Outcome o =
           RunCommand(absl::StrCat(base, " --prompt-tokens ", Join(prompt), cache));
       ASSERT_EQ(o.exit_status, 0) << o.output;
       EXPECT_EQ(TokensLine(o.output), expected) << o.output;
+    }
+    if (stops) {
+      // Stopped at the folder's generation_config.json end-of-text token, short of 20.
+      ASSERT_GE(expected.size(), 4u);
+      EXPECT_LT(expected.size(), 20u);
+      const Outcome o = RunCommand(absl::StrCat(base, " --prompt-tokens ", Join(prompt)));
+      EXPECT_NE(o.output.find(absl::StrCat("stops after: ")), std::string::npos) << o.output;
+      EXPECT_NE(o.output.find("generation_config.json eos_token_id"), std::string::npos)
+          << o.output;
+      // Told otherwise, it runs on.
+      const Outcome on =
+          RunCommand(absl::StrCat(base, " --prompt-tokens ", Join(prompt), " --stop-token none"));
+      ASSERT_EQ(on.exit_status, 0) << on.output;
+      EXPECT_EQ(TokensLine(on.output).size(), 20u) << on.output;
+      // A stop token given: up to its first occurrence.
+      const Outcome given = RunCommand(
+          absl::StrCat(base, " --prompt-tokens ", Join(prompt), " --stop-token 99,", expected[1]));
+      ASSERT_EQ(given.exit_status, 0) << given.output;
+      const auto first = std::find(expected.begin(), expected.end(), expected[1]);
+      EXPECT_EQ(TokensLine(given.output), std::vector<int64_t>(expected.begin(), first + 1))
+          << given.output;
+      EXPECT_NE(given.output.find(absl::StrCat("stops after: 99,", expected[1], " (--stop-token)")),
+                std::string::npos)
+          << given.output;
     }
     if (c["text"].is_string()) {
       // The prompt as text: the C++ tokenizer's ids are transformers' prompt (the Llama's
@@ -491,6 +518,8 @@ TEST(GenerateCommandTest, BadInputExitsTwoWithOneLine) {
                  "--top-k 5 applies to sampling (--temperature above 0)");
   ExpectBadInput(absl::StrCat(" --init-from ", Quoted(scratch / "no_tokenizer"), " --prompt hi"),
                  "--prompt TEXT needs --tokenizer FILE");
+  ExpectBadInput(" --checkpoint a --prompt-tokens 1 --stop-token 3,x", "--stop-token: 'x'");
+  ExpectBadInput(" --checkpoint a --prompt-tokens 1 --stop-token -2", "--stop-token: '-2'");
   ExpectBadInput(" --checkpoint a --prompt hi --tokenizer /nonexistent/tokenizer.json",
                  "/nonexistent/tokenizer.json");
   const std::string unigram = scratch / "unigram.json";
