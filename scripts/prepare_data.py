@@ -114,6 +114,11 @@ def parse_arguments(argv):
     tokenizing.add_argument("--eos-token", metavar="TEXT",
                             help="the end-of-text token of a given tokenizer (default: the "
                                  f"first of {', '.join(EOS_CANDIDATES)} it knows)")
+    tokenizing.add_argument("--special-tokens", action="store_true",
+                            help="encode each document with the given tokenizer's template, "
+                                 "as transformers' tokenizer(text) does (Llama's "
+                                 "beginning-of-text token first, as Llama 3 was pretrained); "
+                                 "default: the text's own tokens")
     writing = parser.add_argument_group("shards")
     writing.add_argument("--format", choices=sorted(FORMATS), default="llmc",
                          help="shard layout (default: %(default)s)")
@@ -144,6 +149,8 @@ def parse_arguments(argv):
                          "256 byte tokens and the end-of-text token, at least 257"
                          if args.vocab_size < 257 else
                          f"--vocab-size {args.vocab_size} is over {MAX_INT32}")
+    if args.special_tokens and args.tokenizer is None:
+        raise InputError("--special-tokens needs --tokenizer (the trained tokenizer adds none)")
     if args.eos_token is not None and args.tokenizer is None:
         parser.error("--eos-token names the end-of-text token of a given --tokenizer")
     if not 1 <= args.shard_tokens <= MAX_INT32:
@@ -559,6 +566,10 @@ def prepare(args):
     if args.tokenizer is not None:
         tokenizer, tokenizer_bytes = load_tokenizer(args.tokenizer)
         eos_token, eos_id = find_eos(tokenizer, args.eos_token, args.tokenizer)
+        if args.special_tokens and (tokenizer.encode("a", add_special_tokens=True).ids ==
+                                    tokenizer.encode("a", add_special_tokens=False).ids):
+            raise InputError(f"{args.tokenizer}: --special-tokens: the tokenizer's "
+                             "post-processor adds no special tokens")
         vocab = vocabulary_size(tokenizer)
         if args.format == "nanogpt" and vocab > UINT16_VOCAB:
             raise InputError(f"{args.tokenizer}: a vocabulary of {vocab} tokens does not fit "
@@ -627,7 +638,7 @@ def prepare(args):
             if batch_characters >= BATCH_CHARACTERS or len(batch) >= BATCH_DOCUMENTS:
                 documents_with_eos_text += encode_batch(
                     tokenizer, batch, index, eos_id, valid_count, document_count, writers,
-                    counts, documents)
+                    counts, documents, args.special_tokens)
                 index += len(batch)
                 batch, batch_characters = [], 0
                 progress.update("encoding", corpus.bytes_done,
@@ -636,7 +647,7 @@ def prepare(args):
         if batch:
             documents_with_eos_text += encode_batch(
                 tokenizer, batch, index, eos_id, valid_count, document_count, writers, counts,
-                documents)
+                documents, args.special_tokens)
             index += len(batch)
         for writer in writers.values():
             writer.finish()
@@ -659,6 +670,7 @@ def prepare(args):
         "eos_token": eos_token,
         "eos_id": eos_id,
         "eos_placement": "after every document",
+        "special_tokens": args.special_tokens,
         "shard_tokens": args.shard_tokens,
         "splits": {
             split: {
@@ -699,14 +711,15 @@ def plural(count, noun):
 
 
 def encode_batch(tokenizer, batch, first_index, eos_id, valid_count, document_count, writers,
-                 counts, documents):
-    """Encodes a batch of documents, appends eos to each, and hands them to their splits.
+                 counts, documents, special_tokens=False):
+    """Encodes a batch of documents (with the tokenizer's template when special_tokens),
+    appends eos to each, and hands them to their splits.
 
     Returns how many documents produced the eos token from their own text.
     """
     import numpy as np
     encoded = [encoding.ids for encoding in
-               tokenizer.encode_batch(batch, add_special_tokens=False)]
+               tokenizer.encode_batch(batch, add_special_tokens=special_tokens)]
     with_eos_text = 0
     for split in SPLITS:
         members = [encoded[i] for i in range(len(batch))

@@ -32,7 +32,7 @@ try:
 except ImportError:
     MISSING.append("numpy")
 try:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 except ImportError:
     MISSING.append("tokenizers")
 SKIP_REASON = (f"the Python package(s) {', '.join(MISSING)} not importable by {sys.executable} "
@@ -348,6 +348,45 @@ class PrepareDataTest(unittest.TestCase):
         self.assertEqual(tokens, self.expected_tokens(reference, texts, 2))
         self.assertGreater(len(tokens), 3 * 9, "not truncated to the tokenizer's max_length")
         self.check_decodes(reference, tokens, texts, 2)
+
+    def test_special_tokens_put_the_templates_beginning_of_text_first(self):
+        # A tokenizer in Llama 3's way: <|begin_of_text|> first by its template,
+        # <|end_of_text|> the end-of-text token.
+        given = byte_level_bpe(make_lines(200, seed=5), 350,
+                               ["<|begin_of_text|>", "<|end_of_text|>"])
+        begin, end = given.token_to_id("<|begin_of_text|>"), given.token_to_id("<|end_of_text|>")
+        given.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", begin)])
+        tokenizer_path = self.path("llama-like.json")
+        given.save(tokenizer_path)
+        output = self.path("special")
+        self.run_script(self.corpus, "--split-lines", "--tokenizer", tokenizer_path,
+                        "--special-tokens", "--output", output)
+        info = self.description(output)
+        self.assertTrue(info["special_tokens"])
+        self.assertEqual(info["eos_token"], "<|end_of_text|>")
+        tokens, _ = read_llmc(self, os.path.join(output, "train_000000.bin"))
+        expected = []
+        for document in self.lines:
+            expected += [begin] + given.encode(document, add_special_tokens=False).ids + [end]
+        self.assertEqual(tokens, expected)
+        self.assertEqual(tokens[:1], [begin])
+        # Without the flag, the text's own tokens, as before.
+        plain = self.path("plain")
+        self.run_script(self.corpus, "--split-lines", "--tokenizer", tokenizer_path,
+                        "--output", plain)
+        self.assertFalse(self.description(plain)["special_tokens"])
+        plain_tokens, _ = read_llmc(self, os.path.join(plain, "train_000000.bin"))
+        self.assertEqual(len(plain_tokens), len(tokens) - len(self.lines))
+        self.assertNotIn(begin, plain_tokens)
+        # A tokenizer whose template adds nothing, or none given: refused.
+        plain_tokenizer = self.path("plain-tokenizer.json")
+        byte_level_bpe(make_lines(50, seed=6), 300, ["</s>"]).save(plain_tokenizer)
+        self.expect_refused(self.corpus, "--tokenizer", plain_tokenizer, "--special-tokens",
+                            "-o", self.path("refused"), says="adds no special tokens")
+        self.expect_refused(self.corpus, "--special-tokens", "-o", self.path("refused"),
+                            says="--special-tokens needs --tokenizer")
+        self.assertFalse(os.path.exists(self.path("refused")))
 
     def test_vocabulary_over_65536_writes_uint32_and_int32(self):
         # A word-level tokenizer of 70,000 words: ids above uint16's range.
