@@ -28,9 +28,11 @@ import sys
 import unicodedata
 
 import torch
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+from transformers import (AutoModelForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+from tiny_models import gpt2, llama, perturb  # noqa: E402
 
 NEW_TOKENS = 20
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
@@ -39,32 +41,6 @@ TEXT = ("It is a truth universally acknowledged, that a single man in possession
         "minds of the surrounding families, that he is considered the rightful property of some "
         "one or other of their daughters. ") * 8
 PROMPT_TEXT = "However little known the feelings"
-
-
-def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
-    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
-                   tie_word_embeddings=False, attn_implementation="eager")
-    options.update(overrides)
-    return model_class(config_class(**options))
-
-
-def gpt2(**overrides):
-    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=48,
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
-                   attn_implementation="eager")
-    options.update(overrides)
-    return GPT2LMHeadModel(GPT2Config(**options))
-
-
-def perturb(model, seed):
-    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, parameter in model.named_parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model
 
 
 def greedy(model, prompt, new_tokens):
@@ -103,7 +79,6 @@ QWEN2_PROMPT_TEXT = "However little known the fe\u0301elings"
 def tokenizer_layouts():
     """tests/tokens/tokenizer_reference.py's tokenizers in Llama 3's and Qwen2's layouts."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tokens"))
-    sys.dont_write_bytecode = True  # nothing written into the source tree
     import tokenizer_reference
     return tokenizer_reference.llama3_style, tokenizer_reference.qwen2_style
 
@@ -122,9 +97,9 @@ def make(output):
     cases = [
         ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),
         ("llama_tied", lambda: llama(tie_word_embeddings=True), [1, 2, 3]),
-        ("gpt2", lambda: gpt2(), [5, 40, 7, 7, 61]),
-        ("gpt2_scaled", lambda: gpt2(scale_attn_by_inverse_layer_idx=True), [11]),
-        ("gpt2_text", lambda: gpt2(vocab_size=320), text_prompt),
+        ("gpt2", lambda: gpt2(n_positions=48), [5, 40, 7, 7, 61]),
+        ("gpt2_scaled", lambda: gpt2(n_positions=48, scale_attn_by_inverse_layer_idx=True), [11]),
+        ("gpt2_text", lambda: gpt2(n_positions=48, vocab_size=320), text_prompt),
         ("llama_text", lambda: llama(vocab_size=320), llama_prompt),
         # A window of 30 tokens: the prompt and the new tokens fill it.
         ("mistral_window", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=30),

@@ -17,36 +17,12 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+from tiny_models import gpt2, llama, perturb  # noqa: E402
 
 BATCH, LENGTH = 2, 16
-
-
-def llama(**overrides):
-    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
-                   tie_word_embeddings=False, attn_implementation="eager")
-    options.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**options))
-
-
-def llama_family(config_class, model_class, **overrides):
-    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
-                   tie_word_embeddings=False, attn_implementation="eager")
-    options.update(overrides)
-    return model_class(config_class(**options))
-
-
-def gpt2(**overrides):
-    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
-                   attn_implementation="eager")
-    options.update(overrides)
-    return GPT2LMHeadModel(GPT2Config(**options))
 
 
 CASES = {
@@ -63,10 +39,10 @@ CASES = {
                                          mlp_bias=True),
     # Mistral: Llama's computation with a sliding window, here exactly the sequence's length
     # (the longest for which full causal attention is the windowed one), an explicit head_dim.
-    "mistral_window": lambda: llama_family(MistralConfig, MistralForCausalLM, sliding_window=16,
+    "mistral_window": lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=16,
                                            head_dim=16),
     # Qwen2: biases on q/k/v_proj only, tied, a large rope_theta.
-    "qwen2_tied": lambda: llama_family(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
+    "qwen2_tied": lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                        rope_theta=1000000.0),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
@@ -74,13 +50,6 @@ CASES = {
     "gpt2_untied_variants": lambda: gpt2(tie_word_embeddings=False, activation_function="gelu",
                                          n_inner=48, scale_attn_by_inverse_layer_idx=True),
 }
-
-
-def perturb(model, generator):
-    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
-    with torch.no_grad():
-        for _, parameter in model.named_parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
 
 
 def main():
@@ -92,7 +61,7 @@ def main():
         torch.manual_seed(1000 + index)
         model = make()
         model.train()  # no dropout in any case: train and eval compute the same
-        perturb(model, torch.Generator().manual_seed(2000 + index))
+        perturb(model, 2000 + index)
         folder = os.path.join(output, name)
         model.save_pretrained(folder, safe_serialization=True)
         vocab = model.config.vocab_size

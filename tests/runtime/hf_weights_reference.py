@@ -26,35 +26,11 @@ import warnings
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+from transformers import (AutoModelForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
-
-def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
-    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
-                   tie_word_embeddings=False, attn_implementation="eager")
-    options.update(overrides)
-    return model_class(config_class(**options))
-
-
-def gpt2(**overrides):
-    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
-                   attn_implementation="eager")
-    options.update(overrides)
-    return GPT2LMHeadModel(GPT2Config(**options))
-
-
-def perturb(model, seed):
-    # Norm weights away from 1 and biases away from 0, so a misplaced one shows.
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, parameter in model.named_parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model
+sys.dont_write_bytecode = True  # nothing written into the source tree
+from tiny_models import gpt2, llama, perturb  # noqa: E402
 
 
 def make(output):

@@ -1,0 +1,35 @@
+"""Tiny random Hugging Face models for the reference scripts beside this file (hf_reference.py,
+hf_weights_reference.py, generate_reference.py): transformers' Llama-family and GPT-2 models
+of two layers, hidden size 32, float32, eager attention, their weights perturbed so that a
+misplaced norm weight or bias shows.
+"""
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
+    """A Llama (or a model of its family: MistralConfig and MistralForCausalLM, ...)."""
+    options = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                   rope_theta=10000.0, rms_norm_eps=1e-5, initializer_range=0.1,
+                   tie_word_embeddings=False, attn_implementation="eager")
+    options.update(overrides)
+    return model_class(config_class(**options))
+
+
+def gpt2(**overrides):
+    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return GPT2LMHeadModel(GPT2Config(**options))
+
+
+def perturb(model, seed):
+    """Every parameter plus 0.05 N(0, 1) drawn from a generator seeded with `seed`: norm
+    weights away from 1 and biases away from 0."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return model
