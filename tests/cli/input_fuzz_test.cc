@@ -10,9 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -26,6 +26,7 @@
 #include "common/file_util.h"
 #include "common/json_util.h"
 #include "common/status.h"
+#include "data/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/generators.h"
@@ -270,6 +271,90 @@ TEST(InputFuzzTest, TorchCsvSchedules) {
     ExpectRejected(name, FuzzFormat(name, Data(name), /*json=*/false, [](const std::string& t) {
                      return pipeline::ParseTorchCsvSchedule(t, "input.csv").status();
                    }));
+  }
+}
+
+// Hugging Face tokenizer.json files in Llama 3's layout (Split and ByteLevel, a template) and
+// in Llama 2's (normalizers, byte fallback, a decoder sequence): a mutation that reads is then
+// used, encoding and decoding a text of every kind of character.
+std::string TokenizerSeed(bool sentencepiece) {
+  nlohmann::json vocab = nlohmann::json::object();
+  int next = 0;
+  const std::string meta = "\xE2\x96\x81";  // SentencePiece's space
+  for (const std::string& token :
+       {std::string("<s>"), std::string("</s>"), std::string("<unk>"), std::string("a"),
+        std::string("b"), std::string("c"), std::string(" "), std::string("ab"), meta, meta + "a",
+        std::string("<0x0A>"), std::string("<0xC3>"), std::string("<0xA9>"),
+        std::string("\xC4\xA0"), std::string("1")}) {
+    vocab[token] = next++;
+  }
+  nlohmann::json json = {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", 0}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+        {{"id", 1}, {"content", "</s>"}, {"special", true}, {"normalized", false}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", {"a b", "\xE2\x96\x81 a"}},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", sentencepiece},
+        {"fuse_unk", true}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {0}}, {"tokens", {"<s>"}}}}}}}}};
+  if (sentencepiece) {
+    json["normalizer"] = {
+        {"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}}}};
+    json["decoder"] = {
+        {"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  } else {
+    json["normalizer"] = {{"type", "NFC"}};
+    json["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern",
+            {{"Regex",
+              "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+              "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    json["decoder"] = {{"type", "ByteLevel"}};
+  }
+  return json.dump();
+}
+
+TEST(InputFuzzTest, TokenizerFiles) {
+  for (const bool sentencepiece : {false, true}) {
+    const std::string name = sentencepiece ? "tokenizer (Llama 2)" : "tokenizer (Llama 3)";
+    ExpectRejected(
+        name, FuzzFormat(name, TokenizerSeed(sentencepiece), true,
+                         [](const std::string& t) -> absl::Status {
+                           TANDEM_ASSIGN_OR_RETURN(const data::Tokenizer tokenizer,
+                                                   data::Tokenizer::FromJson(t, "tokenizer.json"));
+                           for (const bool special : {false, true}) {
+                             TANDEM_ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                                                     tokenizer.Encode("<s>ab c 1234 caf\xC3\xA9 "
+                                                                      "e\xCC\x81 \xF0\x9F\x91\x8D\n"
+                                                                      "</s> abab",
+                                                                      special));
+                             tokenizer.Decode(ids, special);
+                           }
+                           return absl::OkStatus();
+                         }));
   }
 }
 
