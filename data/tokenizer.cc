@@ -223,7 +223,10 @@ size_t MatchLlama3Piece(const std::vector<char32_t>& codes, const std::vector<Ch
 }
 
 // The Split pre-tokenizer's patterns tandem knows, as tokenizer.json spells them.
-enum class SplitPattern { kGpt2, kLlama3, kQwen2 };
+// kLiteral: a string (PreTokenizerStep::literal), matched where it occurs.
+enum class SplitPattern { kGpt2, kLlama3, kQwen2, kLiteral };
+// What a Split does with its matches (the regular expressions take kIsolated only).
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 constexpr char kGpt2Pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 constexpr char kLlama3Pattern[] =
@@ -246,6 +249,76 @@ struct Piece {
   int64_t id = -1;
   bool at_origin = false;
 };
+
+// The Split pre-tokenizer by the string `literal` (tokenizers' SplitDelimiterBehavior): the
+// piece's text cut into its occurrences of `literal`, left to right without overlap, and the
+// text between them; then the occurrences removed, kept alone, joined to the text before them
+// or after them (unless that is an occurrence too), or runs of them joined; empty parts
+// dropped. The first part keeps the piece's place at the origin.
+void SplitAtLiteral(const Piece& piece, const std::string& literal, SplitBehavior behavior,
+                    std::vector<Piece>* out) {
+  struct Part {
+    size_t begin, end;
+    bool match;
+  };
+  std::vector<Part> parts;
+  const std::string& text = piece.text;
+  for (size_t from = 0;;) {
+    const size_t found = text.find(literal, from);
+    const size_t end = found == std::string::npos ? text.size() : found;
+    if (end > from) parts.push_back({from, end, false});
+    if (found == std::string::npos) break;
+    parts.push_back({found, found + literal.size(), true});
+    from = found + literal.size();
+  }
+  std::vector<Part> kept;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kRemoved:
+      for (const Part& part : parts) {
+        if (!part.match) kept.push_back(part);
+      }
+      break;
+    case SplitBehavior::kIsolated:
+      kept = parts;
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const Part& part : parts) {
+        if (part.match && !previous_match && !kept.empty()) {
+          kept.back().end = part.end;
+        } else {
+          kept.push_back(part);
+        }
+        previous_match = part.match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        if (it->match && !previous_match && !kept.empty()) {
+          kept.back().begin = it->begin;
+        } else {
+          kept.push_back(*it);
+        }
+        previous_match = it->match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case SplitBehavior::kContiguous:
+      for (const Part& part : parts) {
+        if (part.match == previous_match && !kept.empty()) {
+          kept.back().end = part.end;
+        } else {
+          kept.push_back(part);
+        }
+        previous_match = part.match;
+      }
+      break;
+  }
+  for (const Part& part : kept) {
+    out->push_back(
+        {text.substr(part.begin, part.end - part.begin), -1, piece.at_origin && part.begin == 0});
+  }
+}
 
 // Splits `text` at the leftmost-longest occurrences of `tokens` (bucketed by first byte),
 // appending the parts that are not empty.
@@ -314,7 +387,9 @@ struct PreTokenizerStep {
   enum Kind { kByteLevel, kSplit, kMetaspace } kind = kByteLevel;
   bool add_prefix_space = false;               // ByteLevel
   bool use_regex = true;                       // ByteLevel: GPT-2's pattern
-  SplitPattern pattern = SplitPattern::kGpt2;  // Split (behaviour Isolated)
+  SplitPattern pattern = SplitPattern::kGpt2;  // Split
+  std::string literal;                         // Split by a string: the string
+  SplitBehavior behavior = SplitBehavior::kIsolated;  // Split
   std::string replacement;                     // Metaspace
   enum Prepend { kAlways, kFirst, kNever } prepend = kAlways;
   bool split = true;
@@ -438,7 +513,11 @@ absl::Status Tokenizer::State::PreTokenize(std::vector<Piece>* pieces) const {
           break;
         }
         case PreTokenizerStep::kSplit:
-          TANDEM_RETURN_IF_ERROR(split(piece, step.pattern));
+          if (step.pattern == SplitPattern::kLiteral) {
+            SplitAtLiteral(piece, step.literal, step.behavior, &next);
+          } else {
+            TANDEM_RETURN_IF_ERROR(split(piece, step.pattern));
+          }
           break;
         case PreTokenizerStep::kMetaspace: {
           std::string text = ReplaceAll(piece.text, " ", step.replacement);
@@ -790,8 +869,8 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
     }
   }
 
-  // The pre-tokenizer: ByteLevel, Split by GPT-2's or Llama 3's pattern, Metaspace, a Sequence
-  // of them, or none.
+  // The pre-tokenizer: ByteLevel, Split by GPT-2's, Llama 3's or Qwen2's pattern or by a string,
+  // Metaspace, a Sequence of them, or none.
   if (IsSet(json, "pre_tokenizer")) {
     const std::string at = where + ": pre_tokenizer";
     TANDEM_ASSIGN_OR_RETURN(const std::vector<const Json*> steps,
@@ -811,7 +890,13 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
             pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex").is_string()
                 ? pattern.at("Regex").get<std::string>()
                 : std::string();
-        if (regex == kGpt2Pattern) {
+        const bool literal = pattern.is_object() && pattern.contains("String") &&
+                             pattern.at("String").is_string() &&
+                             !pattern.at("String").get<std::string>().empty();
+        if (literal) {
+          made.pattern = SplitPattern::kLiteral;
+          made.literal = pattern.at("String").get<std::string>();
+        } else if (regex == kGpt2Pattern) {
           made.pattern = SplitPattern::kGpt2;
         } else if (regex == kLlama3Pattern) {
           made.pattern = SplitPattern::kLlama3;
@@ -826,10 +911,26 @@ absl::StatusOr<Tokenizer> Tokenizer::FromJson(absl::string_view text, absl::stri
                                          ? step->at("behavior").get<std::string>()
                                          : std::string();
         TANDEM_ASSIGN_OR_RETURN(const bool invert, GetBoolOrUnset(*step, "invert", false, at));
-        if (behavior != "Isolated" || invert) {
-          return Unsupported(source,
-                             absl::StrCat("the Split pre-tokenizer with behavior '", behavior, "'",
-                                          invert ? " inverted" : "", " (Isolated is)"));
+        const std::pair<const char*, SplitBehavior> behaviors[] = {
+            {"Removed", SplitBehavior::kRemoved},
+            {"Isolated", SplitBehavior::kIsolated},
+            {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+            {"MergedWithNext", SplitBehavior::kMergedWithNext},
+            {"Contiguous", SplitBehavior::kContiguous}};
+        bool known = false;
+        for (const auto& [name, value] : behaviors) {
+          if (behavior == name) {
+            made.behavior = value;
+            known = true;
+          }
+        }
+        if (invert || !known || (!literal && made.behavior != SplitBehavior::kIsolated)) {
+          return Unsupported(
+              source, absl::StrCat("the Split pre-tokenizer with behavior '", behavior, "'",
+                                   invert ? " inverted" : "",
+                                   literal ? " (a string pattern takes Removed, Isolated, "
+                                             "MergedWithPrevious, MergedWithNext and Contiguous)"
+                                           : " (a regular expression takes Isolated)"));
         }
       } else if (type == "Metaspace") {
         made.kind = PreTokenizerStep::kMetaspace;

@@ -1,6 +1,6 @@
 // Text to token ids and back with a Hugging Face tokenizer.json of the BPE kind: byte-level
 // ones (GPT-2's, Llama 3's, the one scripts/prepare_data.py trains when given none) and
-// SentencePiece-style ones (Llama 2's, Mistral's, TinyLlama's: characters, with bytes as
+// SentencePiece-style ones (Llama 2's, Mistral's, TinyLlama's, Gemma's: characters, with bytes as
 // "<0xAB>" tokens where a character is missing). The ids are those of the Python package
 // `tokenizers` (Tokenizer.encode(text, add_special_tokens=...) and Tokenizer.decode), tested on
 // real text.
@@ -19,7 +19,9 @@
 //     Isolated, by GPT-2's pattern, by Llama 3's, or by Qwen2's (Llama 3's with \p{N} for
 //     \p{N}{1,3})
 //     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-//     \s*[\r\n]+|\s+(?!\S)|\s+ ), Metaspace (spaces to the replacement, prepended always, or
+//     \s*[\r\n]+|\s+(?!\S)|\s+ ), Split by a String pattern (Gemma's Split(" ",
+//     MergedWithPrevious); any behavior: Removed, Isolated, MergedWithPrevious,
+//     MergedWithNext, Contiguous), Metaspace (spaces to the replacement, prepended always, or
 //     first: only at the text's start; split or not before each replacement) or a Sequence.
 //   * model: "BPE" with its vocab and merges (either serialisation: "a b" strings or ["a", "b"]
 //     pairs; merged as `tokenizers` merges, the lowest rank first, leftmost among equals),
@@ -35,7 +37,8 @@
 //     Fuse, Strip, Metaspace, or a Sequence of them.
 // Refused with InvalidArgument naming the file and what is unsupported: another model type
 // (WordPiece, Unigram, WordLevel), another normalizer (NFKC, NFD, Lowercase, ...: BERT's),
-// another pre-tokenizer or decoder, a Split pattern other than those three, a template
+// another pre-tokenizer or decoder, a Split regular expression other than those three (or with
+// another behavior than Isolated), an inverted Split, a template
 // pair without a single-text one, BPE dropout, continuing_subword_prefix, end_of_word_suffix,
 // added tokens with single_word, lstrip or rstrip, truncation or padding.
 //

@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(std::string, prompt_tokens, "", "generate: the prompt as token ids: 1,2,3");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt as text (needs --tokenizer)");
 ABSL_FLAG(std::string, tokenizer, "",
-          "generate: a Hugging Face tokenizer.json (BPE: GPT-2's, Llama 2's or 3's, Qwen2's, or "
+          "generate: a Hugging Face tokenizer.json (BPE: GPT-2's, Llama 2's or 3's, Qwen2's, "
+          "Gemma's, or "
           "the one scripts/prepare_data.py writes beside its shards) for --prompt and to print "
           "the text; default: an --init-from folder's own");
 ABSL_FLAG(int, max_new_tokens, 32, "generate: tokens to add to the prompt");
@@ -238,9 +239,10 @@ CommandInfo GenerateCommand() {
         "    [--max-new-tokens 32] [--temperature 0] [--top-k 0] [--seed S]\n"
         "    [--stop-token IDS|none] [--kv-cache=false] [--device cpu|cuda|cuda:N]\n"
         "    [--hf-config config.json]\n\n"
-        "Loads a gpt, gpt2 or llama (mistral, qwen2) model whole on one device: a checkpoint\n"
-        "`tandem train` wrote (its manifest names the model; --hf-config gives the config.json\n"
-        "a llama or gpt2 was trained from, for what the name lacks) or a Hugging Face folder\n"
+        "Loads a gpt, gpt2 or llama (mistral, qwen2, gemma, gemma2) model whole on one device:\n"
+        "a checkpoint `tandem train` wrote (its manifest names the model; --hf-config gives the\n"
+        "config.json a llama or gpt2 was trained from, for what the name lacks) or a Hugging\n"
+        "Face folder "
         "(config.json and safetensors; its tokenizer.json serves --prompt without --tokenizer).\n"
         "Continues the prompt by --max-new-tokens tokens: greedy at --temperature 0 (the tokens\n"
         "transformers' generate gives), else sampled from the softmax of logits / temperature\n"
@@ -251,7 +253,8 @@ CommandInfo GenerateCommand() {
         "transformers' tokenizer(TEXT) encodes it (a Llama tokenizer's beginning-of-text token\n"
         "first). Prints the new token ids (`tokens: ...`), the whole text without special\n"
         "tokens when there is a tokenizer (a BPE tokenizer.json: GPT-2's, Llama 2's or 3's,\n"
-        "Qwen2's, or the one scripts/prepare_data.py writes beside its shards), and tokens/s.\n"
+        "Qwen2's, Gemma's, or the one scripts/prepare_data.py writes beside its shards), and\n"
+        "tokens/s.\n"
         "Exit 2 for bad input (a missing checkpoint, a token outside the vocabulary, an\n"
         "unsupported tokenizer), with one line on stderr.",
     .flags = {"checkpoint", "init_from", "hf_config", "prompt_tokens", "prompt", "tokenizer",

@@ -288,7 +288,8 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
                           GetStringOr(json, "model_type", "", config_path));
   Blueprint blueprint;
   HfLayout layout;
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") {
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+      model_type == "gemma" || model_type == "gemma2") {
     auto config = LlamaConfigFromJson(json);
     if (!config.ok()) return Annotate(config.status(), folder);
     // The positions the model takes: within its sliding window, full attention computes the
@@ -306,9 +307,9 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
     blueprint = OfGpt2(*config);
     layout = Gpt2HfLayout(*config);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config_path, ": model_type \"", model_type,
-                     "\": generate reads llama (and mistral, qwen2) and gpt2 folders"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": model_type \"", model_type,
+        "\": generate reads llama (and mistral, qwen2, gemma, gemma2) and gpt2 folders"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
                           HfWeights::Open(folder, std::move(layout)));

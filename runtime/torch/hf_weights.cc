@@ -90,6 +90,10 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
       if (bias) add(absl::StrCat(p, "self_attn.", projection, ".bias"), {out_in.first});
     }
     add(p + "post_attention_layernorm.weight", {h});
+    if (config.SandwichNorms()) {
+      add(p + "pre_feedforward_layernorm.weight", {h});
+      add(p + "post_feedforward_layernorm.weight", {h});
+    }
     const std::pair<const char*, std::pair<int64_t, int64_t>> mlp[] = {
         {"gate_proj", {units, h}}, {"up_proj", {units, h}}, {"down_proj", {h, units}}};
     for (const auto& [projection, out_in] : mlp) {
@@ -370,6 +374,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
     else if (key == "window") ok = absl::SimpleAtoi(value, &config.sliding_window);
     else if (key == "family") config.model_type = value;
     else if (token == "mlp-bias") config.mlp_bias = true;
+    else if (key == "act") config.hidden_act = value;
+    else if (key == "qscale") ok = absl::SimpleAtod(value, &config.query_pre_attn_scalar);
+    else if (key == "attn-softcap") ok = absl::SimpleAtod(value, &config.attn_logit_softcapping);
+    else if (key == "final-softcap") ok = absl::SimpleAtod(value, &config.final_logit_softcapping);
     else ok = false;
     if (!ok) return Unreadable(description, token);
   }
@@ -423,9 +431,11 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 namespace {
 
 Json LlamaConfigJson(const LlamaConfig& config) {
-  const std::string architecture = config.model_type == "mistral" ? "MistralForCausalLM"
-                                   : config.model_type == "qwen2" ? "Qwen2ForCausalLM"
-                                                                  : "LlamaForCausalLM";
+  const std::string architecture = config.model_type == "mistral"  ? "MistralForCausalLM"
+                                   : config.model_type == "qwen2"  ? "Qwen2ForCausalLM"
+                                   : config.model_type == "gemma"  ? "GemmaForCausalLM"
+                                   : config.model_type == "gemma2" ? "Gemma2ForCausalLM"
+                                                                   : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
                {"vocab_size", config.vocab},
@@ -469,6 +479,26 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json.erase("head_dim");
     json["use_sliding_window"] = config.sliding_window > 0;
     json["sliding_window"] = window;
+  } else if (config.Gemma()) {
+    // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
+    // biases, and an absent pad_token_id would read as 0.
+    json.erase("mlp_bias");
+    json["hidden_act"] = config.hidden_act;
+    json["hidden_activation"] = config.hidden_act;
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
+    if (config.model_type == "gemma2") {
+      json["query_pre_attn_scalar"] = config.query_pre_attn_scalar > 0
+                                          ? config.query_pre_attn_scalar
+                                          : static_cast<double>(config.HeadDim());
+      const auto cap = [](double c) { return c > 0 ? Json(c) : Json(nullptr); };
+      json["attn_logit_softcapping"] = cap(config.attn_logit_softcapping);
+      json["final_logit_softcapping"] = cap(config.final_logit_softcapping);
+      // Gemma 2 needs a window: full causal attention over every position is one of
+      // max_position_embeddings.
+      json["sliding_window"] =
+          config.sliding_window > 0 ? config.sliding_window : config.max_position_embeddings;
+      json["cache_implementation"] = "hybrid";
+    }
   }
   return json;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -35,16 +36,27 @@ bool Fused(const LlamaConfig& config) {
          (config.attention == GptAttention::kAuto && FusedAttentionByDefault());
 }
 
-// transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, times the weight.
+// transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, times the weight. With
+// `offset` Gemma's: times 1 + the weight (zero-initialised) in float32, rounded to x's type
+// after the product.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t size, double eps) : size_(size), eps_(eps) { reset(); }
-  void reset() override { weight = register_parameter("weight", torch::ones({size_})); }
+  RmsNormImpl(int64_t size, double eps, bool offset = false)
+      : size_(size), eps_(eps), offset_(offset) {
+    reset();
+  }
+  void reset() override {
+    weight = register_parameter("weight", offset_ ? torch::zeros({size_}) : torch::ones({size_}));
+  }
   torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight); }
   // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it).
   torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale) const {
     const torch::Tensor h = x.to(torch::kFloat);
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+    if (offset_) {
+      return (h * torch::rsqrt(variance + eps_) * (1.0 + scale.to(torch::kFloat)))
+          .to(x.scalar_type());
+    }
     return scale * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
   }
   double eps() const { return eps_; }
@@ -53,8 +65,42 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  private:
   int64_t size_;
   double eps_;
+  bool offset_;
 };
 TORCH_MODULE(RmsNorm);
+
+RmsNorm MakeNorm(const LlamaConfig& config) {
+  return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma());
+}
+
+// Gemma 2's soft cap: c * tanh(x / c), or x for c = 0.
+torch::Tensor SoftCap(const torch::Tensor& x, double cap) {
+  return cap > 0 ? torch::tanh(x / cap) * cap : x;
+}
+
+// Causal attention of `query` [b, heads, n, head_dim] at positions [start, start + n) over
+// `key` and `value` of positions [0, start + n), as transformers' eager attention computes it
+// for Gemma 2: scores divided by `divisor`, soft-capped at `cap`, the later positions masked,
+// the softmax in float32.
+torch::Tensor SoftCappedAttention(const torch::Tensor& query, const torch::Tensor& key,
+                                  const torch::Tensor& value, int64_t start, double divisor,
+                                  double cap) {
+  const int64_t n = query.size(-2), total = key.size(-2);
+  torch::Tensor scores = SoftCap(torch::matmul(query, key.transpose(-2, -1)) / divisor, cap);
+  const torch::Tensor future =
+      torch::ones({n, total}, torch::TensorOptions().dtype(torch::kBool).device(query.device()))
+          .triu(/*diagonal=*/start + 1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, /*dim=*/-1, torch::kFloat).to(query.scalar_type()),
+                       value);
+}
+
+// The MLP's gate activation (LlamaConfig::hidden_act).
+torch::Tensor Activate(const torch::Tensor& x, const std::string& activation) {
+  if (activation == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (activation == "gelu") return torch::gelu(x);
+  return torch::silu(x);
+}
 
 // transformers' inverse frequencies (_compute_default_rope_parameters and, with rope scaling,
 // _compute_llama3_parameters), in float32 with the same operations.
@@ -131,7 +177,25 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>,
     tp_ = tp;
   }
 
-  torch::Tensor forward(const torch::Tensor& ids) {
+  torch::Tensor forward(const torch::Tensor& ids) { return Scaled(Lookup(ids)); }
+
+  torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t /*start*/,
+                                   KeyValueCache& /*cache*/) override {
+    if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
+    return Scaled(embed_tokens(ids));
+  }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+
+ private:
+  // Gemma's embedding output times sqrt(hidden), the factor rounded to the output's type (as
+  // transformers' normalizer).
+  torch::Tensor Scaled(const torch::Tensor& x) const {
+    if (!config_.Gemma()) return x;
+    return x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden)), x.options());
+  }
+
+  torch::Tensor Lookup(const torch::Tensor& ids) {
     if (!tp_.enabled()) return embed_tokens(ids);
     // Ids outside this rank's rows look up zeros; the sum over the group is the full lookup.
     const int64_t rows = embed_tokens->weight.size(0);
@@ -144,15 +208,6 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>,
     return ReduceFromTensorParallel(found, tp_);
   }
 
-  torch::Tensor ForwardIncremental(const torch::Tensor& ids, int64_t /*start*/,
-                                   KeyValueCache& /*cache*/) override {
-    if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
-    return embed_tokens(ids);
-  }
-
-  torch::nn::Embedding embed_tokens{nullptr};
-
- private:
   LlamaConfig config_;
   std::optional<int64_t> pad_;
   TensorParallel tp_;
@@ -232,8 +287,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
                   .reshape({batch, heads, length, head_dim});
     }
     const torch::Tensor attended =
-        CausalSelfAttention(query, key, value, std::sqrt(static_cast<double>(head_dim)),
-                            Fused(config_));
+        config_.attn_logit_softcapping > 0
+            ? SoftCappedAttention(query, key, value, /*start=*/0, config_.ScoreDivisor(),
+                                  config_.attn_logit_softcapping)
+            : CausalSelfAttention(query, key, value, config_.ScoreDivisor(), Fused(config_));
     return attended.transpose(1, 2).reshape({batch, length, heads * head_dim});
   }
 
@@ -261,7 +318,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
                   .reshape({batch, heads, total, head_dim});
     }
     const torch::Tensor attended =
-        CachedCausalAttention(query, key, value, start, std::sqrt(static_cast<double>(head_dim)));
+        config_.attn_logit_softcapping > 0
+            ? SoftCappedAttention(query, key, value, start, config_.ScoreDivisor(),
+                                  config_.attn_logit_softcapping)
+            : CachedCausalAttention(query, key, value, start, config_.ScoreDivisor());
     return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
   }
 
@@ -274,8 +334,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 };
 TORCH_MODULE(LlamaAttention);
 
-// mlp: down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up column-parallel, down
-// row-parallel.
+// mlp: down_proj(act(gate_proj(x)) * up_proj(x)) with act silu (Llama) or GELU (Gemma), gate
+// and up column-parallel, down row-parallel.
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
  public:
   explicit LlamaMlpImpl(const LlamaConfig& config) : config_(config) { reset(); }
@@ -303,17 +363,17 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     return down_proj(Units(CopyToTensorParallel(x, tp_)));  // one all-reduce backward
   }
 
-  // This rank's units silu(gate) * up of the whole sequence `input` (copied), or with
+  // This rank's units act(gate) * up of the whole sequence `input` (copied), or with
   // `sequence_split` of this rank's S/t tokens gathered (as Attend).
   torch::Tensor Units(const torch::Tensor& input, bool sequence_split = false) {
     if (sequence_split) {
       const std::vector<torch::Tensor> products = LinearsOverGatheredSequence(
           input, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, tp_);
-      return torch::silu(products[0]) * products[1];
+      return Activate(products[0], config_.hidden_act) * products[1];
     }
     const torch::Tensor gate = DeferrableLinear(input, gate_proj->weight, gate_proj->bias);
     const torch::Tensor up = DeferrableLinear(input, up_proj->weight, up_proj->bias);
-    return torch::silu(gate) * up;
+    return Activate(gate, config_.hidden_act) * up;
   }
 
   ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
@@ -325,7 +385,7 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
 };
 TORCH_MODULE(LlamaMlp);
 
-// Layers 1..L: transformers' LlamaDecoderLayer.
+// Layers 1..L: transformers' LlamaDecoderLayer (GemmaDecoderLayer, Gemma2DecoderLayer).
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public IncrementalLayer {
  public:
   explicit LlamaBlockImpl(const LlamaConfig& config)
@@ -334,11 +394,13 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   }
 
   void reset() override {
-    input_layernorm =
-        register_module("input_layernorm", RmsNorm(config_.hidden, config_.rms_norm_eps));
+    input_layernorm = register_module("input_layernorm", MakeNorm(config_));
     self_attn = register_module("self_attn", LlamaAttention(config_));
-    post_attention_layernorm = register_module("post_attention_layernorm",
-                                               RmsNorm(config_.hidden, config_.rms_norm_eps));
+    post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
+    if (config_.SandwichNorms()) {
+      pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
+      post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
+    }
     mlp = register_module("mlp", LlamaMlp(config_));
   }
 
@@ -352,7 +414,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   torch::Tensor forward(torch::Tensor x) {
     if (tp_.sequence_split()) return ForwardSequenceParallel(x);
     const auto [cos, sin] = Angles(x.size(1), x);
-    if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled()) {
+    if (config_.SandwichNorms()) {
+      x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
+      return x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
+    }
+    if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma()) {
       // The norms write the products' type in the pass that reads their input; the
       // attention's residual add is the second norm's first step (fused_layer_norm.h).
       const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
@@ -372,14 +438,19 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   // split products see the whole sequence (gathered before, reduce-scattered after), and the
   // parameters applied to this rank's tokens only have their gradients summed over the group.
   torch::Tensor ForwardSequenceParallel(torch::Tensor x) {
+    const bool sandwich = config_.SandwichNorms();
     std::vector<torch::Tensor> whole = {input_layernorm->weight,
                                         post_attention_layernorm->weight};
+    if (sandwich) {
+      whole.push_back(pre_feedforward_layernorm->weight);
+      whole.push_back(post_feedforward_layernorm->weight);
+    }
     const bool attention_bias = self_attn->o_proj->bias.defined();
     const bool mlp_bias = mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
     const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
-    size_t next_bias = 2;
+    size_t next_bias = sandwich ? 4 : 2;
     const torch::Tensor o_bias = attention_bias ? shared[next_bias++] : torch::Tensor();
     const torch::Tensor down_bias = mlp_bias ? shared[next_bias++] : torch::Tensor();
     const auto with_bias = [](const torch::Tensor& y, const torch::Tensor& bias) {
@@ -390,14 +461,22 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const torch::Tensor normed = input_layernorm->Normalize(x, shared[0]);
     const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
     const torch::Tensor attended = self_attn->Attend(normed, cos, sin, /*sequence_split=*/true);
-    x = x + with_bias(ReduceScatterToSequenceParallel(
-                          DeferrableLinear(attended, self_attn->o_proj->weight, {}), tp_),
-                      o_bias);
+    torch::Tensor attention =
+        with_bias(ReduceScatterToSequenceParallel(
+                      DeferrableLinear(attended, self_attn->o_proj->weight, {}), tp_),
+                  o_bias);
+    // Gemma 2 normalises the attention's output (this rank's tokens) before the residual add.
+    if (sandwich) attention = post_attention_layernorm->Normalize(attention, shared[1]);
+    x = x + attention;
     const torch::Tensor units =
-        mlp->Units(post_attention_layernorm->Normalize(x, shared[1]), /*sequence_split=*/true);
-    return x + with_bias(ReduceScatterToSequenceParallel(
-                             DeferrableLinear(units, mlp->down_proj->weight, {}), tp_),
-                         down_bias);
+        mlp->Units(sandwich ? pre_feedforward_layernorm->Normalize(x, shared[2])
+                            : post_attention_layernorm->Normalize(x, shared[1]),
+                   /*sequence_split=*/true);
+    torch::Tensor output = with_bias(
+        ReduceScatterToSequenceParallel(DeferrableLinear(units, mlp->down_proj->weight, {}), tp_),
+        down_bias);
+    if (sandwich) output = post_feedforward_layernorm->Normalize(output, shared[3]);
+    return x + output;
   }
 
   // forward() for positions [start, start + n): the same angles for those positions.
@@ -411,12 +490,21 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const torch::Tensor both = torch::cat({angles, angles}, -1);
     const torch::Tensor cos = both.cos().to(input.scalar_type());
     const torch::Tensor sin = both.sin().to(input.scalar_type());
-    const torch::Tensor x =
-        input + self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
+    const torch::Tensor attended =
+        self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
+    if (config_.SandwichNorms()) {
+      const torch::Tensor x = input + post_attention_layernorm(attended);
+      return x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
+    }
+    const torch::Tensor x = input + attended;
     return x + mlp(post_attention_layernorm(x));
   }
 
+  // post_attention_layernorm normalises the MLP's input, except in Gemma 2: there it normalises
+  // the attention's output, and pre_feedforward_layernorm the MLP's input (both feedforward
+  // norms are Gemma 2's only).
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  RmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
 
@@ -444,7 +532,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
   explicit LlamaHeadImpl(const LlamaConfig& config) : config_(config) { reset(); }
 
   void reset() override {
-    norm = register_module("norm", RmsNorm(config_.hidden, config_.rms_norm_eps));
+    norm = register_module("norm", MakeNorm(config_));
     lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
   }
 
@@ -457,10 +545,13 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
   torch::Tensor forward(const torch::Tensor& x) {
     // Under sequence parallelism this rank's tokens are normalised (the norm's gradient summed
     // over the group) and the LM head gathers the whole sequence.
+    // Gemma 2's soft cap applies to each logit: to this rank's vocabulary rows alike.
+    const double cap = config_.final_logit_softcapping;
     if (tp_.sequence_split()) {
-      return lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0]));
+      return SoftCap(lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0])),
+                     cap);
     }
-    return lm_head(norm(x));
+    return SoftCap(lm_head(norm(x)), cap);
   }
 
   torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
@@ -481,6 +572,10 @@ TORCH_MODULE(LlamaHead);
 // The parameter names of a block, as transformers names them inside model.layers.<i>.
 std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
   std::vector<std::string> names = {"input_layernorm.weight", "post_attention_layernorm.weight"};
+  if (config.SandwichNorms()) {
+    names.push_back("pre_feedforward_layernorm.weight");
+    names.push_back("post_feedforward_layernorm.weight");
+  }
   for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
     names.push_back(absl::StrCat("self_attn.", projection, ".weight"));
     const bool bias =
@@ -511,43 +606,85 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   LlamaConfig config;
   TANDEM_ASSIGN_OR_RETURN(config.model_type, GetStringOr(json, "model_type", "llama", where));
   const bool mistral = config.model_type == "mistral", qwen2 = config.model_type == "qwen2";
-  if (config.model_type != "llama" && !mistral && !qwen2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: model_type \"", config.model_type,
-                     "\" is not supported by tandem's llama (llama, mistral and qwen2 are)"));
+  const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
+  if (config.model_type != "llama" && !mistral && !qwen2 && !gemma) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: model_type \"", config.model_type,
+        "\" is not supported by tandem's llama (llama, mistral, qwen2, gemma and gemma2 are)"));
   }
-  TANDEM_ASSIGN_OR_RETURN(config.vocab, GetIntOr(json, "vocab_size", 32000, where));
-  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", 4096, where));
-  TANDEM_ASSIGN_OR_RETURN(config.intermediate, GetIntOr(json, "intermediate_size", 11008, where));
-  TANDEM_ASSIGN_OR_RETURN(config.layers, GetIntOr(json, "num_hidden_layers", 32, where));
-  TANDEM_ASSIGN_OR_RETURN(config.heads, GetIntOr(json, "num_attention_heads", 32, where));
+  // transformers' defaults for absent fields: LlamaConfig's, or GemmaConfig's and
+  // Gemma2Config's (the same for the fields both have).
+  TANDEM_ASSIGN_OR_RETURN(config.vocab,
+                          GetIntOr(json, "vocab_size", gemma ? 256000 : 32000, where));
+  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", gemma ? 3072 : 4096, where));
+  TANDEM_ASSIGN_OR_RETURN(config.intermediate,
+                          GetIntOr(json, "intermediate_size", gemma ? 24576 : 11008, where));
+  TANDEM_ASSIGN_OR_RETURN(config.layers,
+                          GetIntOr(json, "num_hidden_layers", gemma ? 28 : 32, where));
+  TANDEM_ASSIGN_OR_RETURN(config.heads,
+                          GetIntOr(json, "num_attention_heads", gemma ? 16 : 32, where));
   config.kv_heads = config.heads;
   if (IsSet(json, "num_key_value_heads")) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
-  config.head_dim = 0;
+  config.head_dim = gemma ? 256 : 0;
   // Qwen2's attention takes hidden / heads whatever the file says.
   if (IsSet(json, "head_dim") && !qwen2) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                          GetIntOr(json, "max_position_embeddings", 2048, where));
+                          GetIntOr(json, "max_position_embeddings", gemma ? 8192 : 2048, where));
   TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps, GetNumberOr(json, "rms_norm_eps", 1e-6, where));
   TANDEM_ASSIGN_OR_RETURN(config.rope_theta, GetNumberOr(json, "rope_theta", 10000.0, where));
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
-                          GetBoolOrUnset(json, "tie_word_embeddings", false, where));
+                          GetBoolOrUnset(json, "tie_word_embeddings", gemma, where));
+  if (gemma) {
+    // Gemma's activation is hidden_activation; transformers ignores hidden_act for it.
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
+                            GetStringOr(json, "hidden_activation", "gelu_pytorch_tanh", where));
+    if (config.hidden_act != "gelu_pytorch_tanh" && config.hidden_act != "gelu") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: hidden_activation \"", config.hidden_act,
+                       "\" is not supported (gemma: gelu_pytorch_tanh and gelu)"));
+    }
+    if (!json.contains("pad_token_id")) config.pad_token_id = 0;  // GemmaConfig's default
+    if (IsSet(json, "rope_scaling")) {
+      return absl::InvalidArgumentError(
+          "config.json: rope_scaling is not supported for gemma (transformers' Gemma has plain "
+          "rotary embeddings)");
+    }
+  }
+  if (gemma2) {
+    TANDEM_ASSIGN_OR_RETURN(config.query_pre_attn_scalar,
+                            GetNumberOr(json, "query_pre_attn_scalar", 224.0, where));
+    // A cap of null is none; an absent one Gemma2Config's default.
+    const std::pair<const char*, double*> caps[] = {
+        {"attn_logit_softcapping", &config.attn_logit_softcapping},
+        {"final_logit_softcapping", &config.final_logit_softcapping}};
+    for (const auto& [field, cap] : caps) {
+      *cap = absl::string_view(field) == "attn_logit_softcapping" ? 50.0 : 30.0;
+      if (json.contains(field)) {
+        *cap = 0;
+        if (IsSet(json, field)) {
+          TANDEM_ASSIGN_OR_RETURN(*cap, GetNumber(json, field, where));
+        }
+      }
+    }
+  }
   if (qwen2) {
     // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
     config.qkv_bias = true;
   } else if (!mistral) {
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
-    TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
+    if (!gemma) {  // Gemma's MLP has no biases
+      TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
+    }
   }
   // The sliding window: Mistral's when set (transformers' default 4096), Qwen2's only with
-  // use_sliding_window (its default 4096).
-  bool windowed = mistral;
+  // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096).
+  bool windowed = mistral || gemma2;
   if (qwen2) {
     TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
   }
@@ -565,11 +702,13 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
       }
     }
   }
-  TANDEM_ASSIGN_OR_RETURN(const std::string activation,
-                          GetStringOr(json, "hidden_act", "silu", where));
-  if (activation != "silu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: hidden_act \"", activation, "\" is not supported (llama: silu only)"));
+  if (!gemma) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "silu", where));
+    if (config.hidden_act != "silu") {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act \"",
+                                                     config.hidden_act,
+                                                     "\" is not supported (llama: silu only)"));
+    }
   }
   TANDEM_ASSIGN_OR_RETURN(const double partial,
                           GetNumberOr(json, "partial_rotary_factor", 1.0, where));
@@ -667,9 +806,25 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "for sequences within the window"));
   }
   if (config.model_type != "llama" && config.model_type != "mistral" &&
-      config.model_type != "qwen2") {
-    return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
-                                                   "\" is not llama, mistral or qwen2"));
+      config.model_type != "qwen2" && !config.Gemma()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: model_type \"", config.model_type,
+                     "\" is not llama, mistral, qwen2, gemma or gemma2"));
+  }
+  if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
+      config.hidden_act != "gelu") {
+    return absl::InvalidArgumentError(absl::StrCat("llama: hidden_act \"", config.hidden_act,
+                                                   "\" is not silu, gelu_pytorch_tanh or gelu"));
+  }
+  const std::pair<const char*, double> scalars[] = {
+      {"query_pre_attn_scalar", config.query_pre_attn_scalar},
+      {"attn_logit_softcapping", config.attn_logit_softcapping},
+      {"final_logit_softcapping", config.final_logit_softcapping}};
+  for (const auto& [field, value] : scalars) {
+    if (!(value >= 0) || std::isinf(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama: ", field, " must be positive (or 0 for none), got ", value));
+    }
   }
   if (!(config.rope_theta > 0)) {
     return absl::InvalidArgumentError(
@@ -719,8 +874,23 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.qkv_bias && !config.attention_bias) absl::StrAppend(&text, " qkv-bias");
   if (config.mlp_bias) absl::StrAppend(&text, " mlp-bias");
   if (config.sliding_window > 0) absl::StrAppend(&text, " window=", config.sliding_window);
+  if (config.hidden_act != "silu") absl::StrAppend(&text, " act=", config.hidden_act);
+  if (config.query_pre_attn_scalar > 0) {
+    absl::StrAppend(&text, " qscale=", config.query_pre_attn_scalar);
+  }
+  if (config.attn_logit_softcapping > 0) {
+    absl::StrAppend(&text, " attn-softcap=", config.attn_logit_softcapping);
+  }
+  if (config.final_logit_softcapping > 0) {
+    absl::StrAppend(&text, " final-softcap=", config.final_logit_softcapping);
+  }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
+}
+
+double LlamaConfig::ScoreDivisor() const {
+  return std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                             : static_cast<double>(HeadDim()));
 }
 
 double LlamaTrainingFlopsPerToken(const LlamaConfig& config) {

@@ -81,27 +81,49 @@ struct LlamaConfig {
   // tokens up to itself; 0 for none. tandem computes full causal attention, which is the same
   // while seq_len <= sliding_window (ValidateLlamaConfig refuses longer sequences).
   int64_t sliding_window = 0;
-  // transformers' model family of the same computation: "llama", "mistral" or "qwen2" (what
-  // an exported config.json says; DescribeLlama's " family=").
+  // transformers' model family of the same computation: "llama", "mistral", "qwen2", "gemma"
+  // or "gemma2" (what an exported config.json says; DescribeLlama's " family="). Gemma's
+  // computation differs (Gemma()): each RMSNorm scales by 1 + its weight (zero-initialised)
+  // and rounds after the product, and the embedding's output is multiplied by sqrt(hidden) in
+  // its type. Gemma 2 (SandwichNorms()) also normalises the attention's and the MLP's outputs
+  // (post_attention_layernorm, post_feedforward_layernorm) before their residual adds, the
+  // MLP's input by pre_feedforward_layernorm.
   std::string model_type = "llama";
+  // The MLP's gate activation: "silu" (Llama), "gelu_pytorch_tanh" or "gelu" (Gemma's
+  // hidden_activation).
+  std::string hidden_act = "silu";
+  // Attention scores are divided by sqrt(query_pre_attn_scalar) (Gemma 2); 0: by
+  // sqrt(head_dim).
+  double query_pre_attn_scalar = 0;
+  // Gemma 2's soft caps: scores, and the LM head's logits, become c * tanh(x / c); 0: none.
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
   std::optional<int64_t> pad_token_id;  // the embedding's padding row (zero, no gradient)
   double init_std = 0.02;         // initializer_range
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
   bool QkvBias() const { return attention_bias || qkv_bias; }
+  bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
+  bool SandwichNorms() const { return model_type == "gemma2"; }
+  // What attention scores are divided by.
+  double ScoreDivisor() const;
 };
 
 // A config from a transformers config.json, with transformers' LlamaConfig defaults for absent
-// (or null) fields. seq_len is not in the file: it keeps LlamaConfig's default, at most
-// max_position_embeddings; set it afterwards. Fields that change the
-// computation in ways tandem does not implement are refused with InvalidArgument naming the
-// field and value: hidden_act other than "silu", a rope_scaling type other than "llama3" (or
-// "default"), partial_rotary_factor other than 1, a model_type other than "llama", "mistral"
-// (Llama's computation with an optional sliding window) or "qwen2" (biases on q/k/v_proj; its
-// sliding window when use_sliding_window). Ignored:
-// attention_dropout (tandem has no dropout) and fields that only describe (torch_dtype,
-// bos/eos_token_id, use_cache, pretraining_tp: a split of the same products).
+// (or null) fields (GemmaConfig's and Gemma2Config's for those families: tied embeddings,
+// head_dim 256, pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its
+// query_pre_attn_scalar 224 and window 4096). seq_len is not in the file: it keeps
+// LlamaConfig's default, at most max_position_embeddings and the window; set it afterwards.
+// Fields that change the computation in ways tandem does not implement are refused with
+// InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
+// hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
+// "llama3" (or "default"; Gemma: any), partial_rotary_factor other than 1, a model_type other
+// than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
+// (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma" and "gemma2"
+// (its window on every other layer). Ignored: attention_dropout (tandem has no dropout) and
+// fields that only describe (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a
+// split of the same products; Gemma's hidden_act, which transformers ignores too).
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
 
 // InvalidArgument naming the field: positive sizes, kv_heads dividing heads, an even head_dim,
@@ -110,7 +132,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 
 // "llama L=2 H=32 A=4 KV=2 I=64 S=8 V=64" (+ " hd=16" for an explicit head_dim, " tied",
 // " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " qkv-bias", " mlp-bias",
-// " window=4096", " family=mistral").
+// " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
+// " final-softcap=30", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

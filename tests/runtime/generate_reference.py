@@ -15,7 +15,10 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
         tokens, which the prompt and new tokens fill), qwen2_text (q/k/v biases, tied, with a
         tokenizer in Qwen2's layout: NFC, Split by Qwen2's pattern; the prompt text has a
-        decomposed accent), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        decomposed accent), gemma (multi-query attention; untied, as the Gemma cases are here:
+        a tied random Gemma repeats its last token), gemma2_window (soft caps,
+        sandwich norms, a window of 30 tokens, which the prompt and new tokens fill),
+        llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -28,7 +31,8 @@ import sys
 import unicodedata
 
 import torch
-from transformers import (AutoModelForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
+                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -45,6 +49,11 @@ PROMPT_TEXT = "However little known the feelings"
 
 def greedy(model, prompt, new_tokens):
     model.eval()
+    # Gemma 2's cache (HybridCache) needs torch >= 2 (torch._dynamo): its greedy tokens are
+    # taken without a cache, each step's forward over the whole sequence.
+    use_cache = model.config.model_type != "gemma2"
+    if not use_cache:
+        model.generation_config.cache_implementation = None
     # No end-of-text stop: exactly new_tokens tokens.
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -52,7 +61,7 @@ def greedy(model, prompt, new_tokens):
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
                                                                                dtype=torch.long),
                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, num_beams=1, use_cache=True,
+                             do_sample=False, num_beams=1, use_cache=use_cache,
                              # Debian's torch 1.13 cannot import torch.distributed.fsdp under
                              # Python 3.11, which the default (None) makes generate import.
                              synced_gpus=False)
@@ -106,6 +115,15 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("qwen2_text", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                      rope_theta=1000000.0, vocab_size=320), qwen2_prompt),
+        ("gemma", lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=False,
+                                num_key_value_heads=1, head_dim=16,
+                                hidden_activation="gelu_pytorch_tanh"), [2, 40, 9, 9, 17]),
+        ("gemma2_window", lambda: llama(Gemma2Config, Gemma2ForCausalLM,
+                                        tie_word_embeddings=False, head_dim=8,
+                                        query_pre_attn_scalar=12, attn_logit_softcapping=2.0,
+                                        final_logit_softcapping=5.0, sliding_window=30,
+                                        hidden_activation="gelu_pytorch_tanh"),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",
                   "qwen2_text": "qwen2_tokenizer.json"}

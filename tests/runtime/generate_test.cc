@@ -127,6 +127,28 @@ std::vector<ModelCase> ModelCases() {
          c.init_std = 0.3;
          return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
        }},
+      // Gemma 2's soft caps and sandwich norms in the incremental forward.
+      {"gemma2",
+       [] {
+         LlamaConfig c;
+         c.model_type = "gemma2";
+         c.hidden_act = "gelu_pytorch_tanh";
+         c.query_pre_attn_scalar = 12;
+         c.attn_logit_softcapping = 2.0;
+         c.final_logit_softcapping = 5.0;
+         c.vocab = kVocab;
+         c.layers = 2;
+         c.hidden = 32;
+         c.heads = 4;
+         c.kv_heads = 2;
+         c.head_dim = 16;
+         c.intermediate = 64;
+         c.seq_len = 40;
+         c.max_position_embeddings = 40;
+         c.sliding_window = 40;
+         c.init_std = 0.3;
+         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+       }},
   };
 }
 
@@ -310,7 +332,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 9u);
+  ASSERT_EQ(cases->size(), 11u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

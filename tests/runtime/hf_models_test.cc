@@ -339,6 +339,20 @@ TEST_P(HfModelsTest, TiedQwen2WithQueryKeyValueBiasesEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+TEST_P(HfModelsTest, TiedGemmaWithMultiQueryAttentionEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("gemma_tied", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, Gemma2WithSoftCapsAndSandwichNormsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("gemma2_softcap", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -367,14 +381,31 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
   const HfCase theta = LlamaCase("llama_gqa", GptAttention::kExplicit,
                                  [](LlamaConfig& config) { config.rope_theta = 500000; });
   EXPECT_GT(Compare(theta, {0, 4}).logits, 1000 * kOutputTolerance);
+  // Each of Gemma 2's departures from Llama shows: either soft cap left out, the scores
+  // divided by sqrt(head_dim), the norms' weights taken as scales rather than offsets.
+  const std::vector<std::pair<const char*, std::function<void(LlamaConfig&)>>> gemma2_changes = {
+      {"no attention cap", [](LlamaConfig& config) { config.attn_logit_softcapping = 0; }},
+      {"no final cap", [](LlamaConfig& config) { config.final_logit_softcapping = 0; }},
+      {"head_dim scaling", [](LlamaConfig& config) { config.query_pre_attn_scalar = 0; }},
+      {"tanh GELU", [](LlamaConfig& config) { config.hidden_act = "gelu_pytorch_tanh"; }}};
+  for (const auto& [what, change] : gemma2_changes) {
+    SCOPED_TRACE(what);
+    const HfCase changed = LlamaCase("gemma2_softcap", GptAttention::kExplicit, change);
+    // tanh's GELU is within 3e-4 of the exact one on these activations: 30 tolerances.
+    EXPECT_GT(Compare(changed, {0, 4}).logits, 10 * kOutputTolerance);
+  }
+  const HfCase as_llama = LlamaCase("gemma_tied", GptAttention::kExplicit,
+                                    [](LlamaConfig& config) { config.model_type = "llama"; });
+  EXPECT_GT(Compare(as_llama, {0, 4}).logits, 1000 * kOutputTolerance);
 }
 
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
-  for (const std::string name : {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim",
-                                 "mistral_window", "qwen2_tied", "gpt2", "gpt2_untied_variants"}) {
+  for (const std::string name :
+       {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
+        "qwen2_tied", "gemma_tied", "gemma2_softcap", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -465,7 +496,7 @@ TEST(LlamaConfigTest, ReadsLlama3ConfigAndRefusesWhatItDoesNotImplement) {
     return LlamaConfigFromJson(changed).status();
   };
   ExpectRefused(with("hidden_act", "gelu"), "hidden_act");
-  ExpectRefused(with("model_type", "gemma"), "model_type");
+  ExpectRefused(with("model_type", "gemma3_text"), "model_type");
   ExpectRefused(with("num_key_value_heads", 5), "num_key_value_heads");
   ExpectRefused(with("partial_rotary_factor", 0.5), "partial_rotary_factor");
   ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "yarn", "factor": 4})")),
@@ -582,6 +613,102 @@ TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {
   ExpectRefused(with("add_cross_attention", true), "add_cross_attention");
   ExpectRefused(with("n_head", 7), "n_head");
   ExpectRefused(with("model_type", "gpt_neo"), "model_type");
+}
+
+TEST(LlamaConfigTest, ReadsGemmaConfigsAsTheirFamiliesDefineThem) {
+  // Gemma 2 9B's config.json (google/gemma-2-9b-it).
+  const Json gemma2 = Json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.0.dev0", "use_cache": true, "vocab_size": 256000})");
+  auto config = LlamaConfigFromJson(gemma2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Gemma());
+  EXPECT_TRUE(config->SandwichNorms());
+  EXPECT_TRUE(config->tie_word_embeddings);  // Gemma2Config's default: the file omits it
+  EXPECT_EQ(config->pad_token_id, 0);
+  EXPECT_EQ(config->HeadDim(), 256);
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_DOUBLE_EQ(config->ScoreDivisor(), 16.0);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=42 H=3584 A=16 KV=8 I=14336 S=32 V=256000 hd=256 rope=10000 tied "
+            "window=4096 act=gelu_pytorch_tanh qscale=256 attn-softcap=50 final-softcap=30 "
+            "family=gemma2");
+  // Gemma 2 27B divides by sqrt(144); null caps are none.
+  Json changed = gemma2;
+  changed["query_pre_attn_scalar"] = 144;
+  changed["attn_logit_softcapping"] = nullptr;
+  changed["final_logit_softcapping"] = nullptr;
+  config = LlamaConfigFromJson(changed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_DOUBLE_EQ(config->ScoreDivisor(), 12.0);
+  EXPECT_EQ(config->attn_logit_softcapping, 0);
+  EXPECT_EQ(config->final_logit_softcapping, 0);
+  // Absent fields take Gemma2Config's defaults.
+  Json sparse = Json::parse(R"({"model_type": "gemma2", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100})");
+  config = LlamaConfigFromJson(sparse);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->query_pre_attn_scalar, 224);
+  EXPECT_EQ(config->attn_logit_softcapping, 50);
+  EXPECT_EQ(config->final_logit_softcapping, 30);
+  EXPECT_EQ(config->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(config->max_position_embeddings, 8192);
+  // Gemma (1): the window, caps and scalar are Gemma 2's only; hidden_act is ignored, as
+  // transformers ignores it.
+  Json gemma = sparse;
+  gemma["model_type"] = "gemma";
+  gemma["hidden_act"] = "gelu";
+  gemma["sliding_window"] = 16;
+  config = LlamaConfigFromJson(gemma);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->SandwichNorms());
+  EXPECT_EQ(config->hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_EQ(config->attn_logit_softcapping, 0);
+  EXPECT_EQ(config->ScoreDivisor(), std::sqrt(32.0));
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=2 H=64 A=2 KV=1 I=128 S=32 V=100 hd=32 rope=10000 tied "
+            "act=gelu_pytorch_tanh family=gemma");
+  gemma["hidden_activation"] = "gelu";
+  EXPECT_EQ(LlamaConfigFromJson(gemma)->hidden_act, "gelu");
+
+  auto with = [&](const char* field, const Json& value) {
+    Json bad = gemma2;
+    bad[field] = value;
+    return LlamaConfigFromJson(bad).status();
+  };
+  ExpectRefused(with("hidden_activation", "relu"), "hidden_activation");
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "linear", "factor": 2})")),
+                "rope_scaling");
+  ExpectRefused(with("attn_logit_softcapping", -1.0), "attn_logit_softcapping");
+  ExpectRefused(with("query_pre_attn_scalar", "x"), "query_pre_attn_scalar");
+  // Gemma 2's window on every other layer: longer sequences are refused.
+  config = LlamaConfigFromJson(gemma2);
+  config->seq_len = 4097;
+  ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens)");
+
+  // The norms of a Gemma start at zero (scale 1); Gemma 2 has two more per block.
+  auto model = LlamaModelSpec(*LlamaConfigFromJson(sparse)).Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : model->NamedParameters(0, 4)) {
+    names.insert(name);
+    if (name.find("norm") != std::string::npos) {
+      EXPECT_EQ(tensor.abs().max().item<float>(), 0.0f) << name;
+    }
+  }
+  EXPECT_EQ(names.count("layers.1.pre_feedforward_layernorm.weight"), 1u);
+  EXPECT_EQ(names.count("layers.2.post_feedforward_layernorm.weight"), 1u);
+  EXPECT_EQ(names.count("layers.1.mlp.down_proj.bias"), 0u);
 }
 
 TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2 and
-GPT-2 models built and run by Hugging Face transformers (CPU, float32), offline.
+"""The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
+Gemma, Gemma 2 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+offline.
 
     hf_reference.py OUTPUT_FOLDER
 
@@ -17,7 +18,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -44,6 +46,18 @@ CASES = {
     # Qwen2: biases on q/k/v_proj only, tied, a large rope_theta.
     "qwen2_tied": lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                        rope_theta=1000000.0),
+    # Gemma: norms scaling by 1 + weight, the embedding scaled by sqrt(hidden), GELU (tanh)
+    # gates, tied, multi-query attention with head_dim 16, padding row 0.
+    "gemma_tied": lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=True,
+                                num_key_value_heads=1, head_dim=16,
+                                hidden_activation="gelu_pytorch_tanh"),
+    # Gemma 2: also the attention's and the MLP's outputs normalised, scores divided by
+    # sqrt(query_pre_attn_scalar) != sqrt(head_dim), soft caps small enough to bend the scores
+    # and logits of these weights, a window as long as the sequence, exact GELU.
+    "gemma2_softcap": lambda: llama(Gemma2Config, Gemma2ForCausalLM, tie_word_embeddings=True,
+                                    head_dim=8, query_pre_attn_scalar=12,
+                                    attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
+                                    sliding_window=16, hidden_activation="gelu"),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

@@ -103,6 +103,7 @@ struct Case {
   bool tied = false;
   bool sequence_parallel = false;
   bool qkv_bias = false;  // Llama: biases on q/k/v_proj only, as Qwen2's
+  bool gemma2 = false;    // Llama as Gemma 2: soft caps, sandwich norms, offset norms
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -112,6 +113,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   const int me = (*world)->rank();
   LlamaConfig llama = SmallLlama(t, c.tied);
   llama.qkv_bias = c.qkv_bias;
+  if (c.gemma2) {
+    llama.model_type = "gemma2";
+    llama.hidden_act = "gelu_pytorch_tanh";
+    llama.query_pre_attn_scalar = 12;
+    llama.attn_logit_softcapping = 1.0;
+    llama.final_logit_softcapping = 2.0;
+  }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
     GTEST_SKIP() << t << " ranks";
@@ -161,6 +169,9 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
     EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), c.qkv_bias ? 1u : 0u);
     EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), 0u);
+    // Gemma 2's extra norms stay whole.
+    EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), c.gemma2 ? 1u : 0u);
+    if (c.gemma2) EXPECT_EQ(index.at("layers.2.post_feedforward_layernorm.weight"), nullptr);
   }
   if (t > 1 && c.gpt2) {
     // Per block c_attn (weight, bias), attn.c_proj.weight, c_fc (weight, bias),
@@ -199,6 +210,18 @@ TEST(LlamaTensorParallelTest, QueryKeyValueBiasesAreShardedWithTheirHeads) {
       {/*gpt2=*/false, /*tied=*/true, /*sequence_parallel=*/false, /*qkv_bias=*/true});
   ExpectShardsGiveTheWholeLossAndGradients(
       {/*gpt2=*/false, /*tied=*/false, /*sequence_parallel=*/true, /*qkv_bias=*/true});
+}
+
+// Gemma 2: the soft-capped logits are capped row by row on each rank's vocabulary rows, and
+// under sequence parallelism its four norms per block see this rank's tokens (their gradients
+// summed over the group).
+TEST(LlamaTensorParallelTest, Gemma2ShardsGiveTheWholeLossAndGradients) {
+  Case gemma2;
+  gemma2.tied = true;
+  gemma2.gemma2 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gemma2);
+  gemma2.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gemma2);
 }
 
 // Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;

@@ -8,7 +8,9 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         names, one a line: llama_gqa (grouped-query attention, untied head), llama_tied (tied
         embedding and head), gpt2 (tied, as released), llama_bf16 (llama_gqa's weights stored
         as bfloat16), llama_sharded (llama_gqa in several shards with an index), mistral (a
-        sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied).
+        sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied), gemma (tied,
+        multi-query attention, padding row 0), gemma2 (soft caps, query_pre_attn_scalar,
+        sandwich norms, a window of 32 tokens).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -26,7 +28,8 @@ import warnings
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
+                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -43,6 +46,13 @@ def make(output):
         ("mistral", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=32), {}),
         ("qwen2_tied", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                      rope_theta=1000000.0), {}),
+        ("gemma", lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=True,
+                                num_key_value_heads=1, head_dim=16,
+                                hidden_activation="gelu_pytorch_tanh"), {}),
+        ("gemma2", lambda: llama(Gemma2Config, Gemma2ForCausalLM, tie_word_embeddings=True,
+                                 head_dim=8, query_pre_attn_scalar=12,
+                                 attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
+                                 sliding_window=32, hidden_activation="gelu_pytorch_tanh"), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.
@@ -76,7 +86,8 @@ def loss(folder, tokens_file):
     model.eval()
     tokens = load_file(tokens_file)
     with torch.no_grad():
-        logits = model(input_ids=tokens["input_ids"]).logits
+        # No cache: Gemma 2's (HybridCache) needs torch >= 2.
+        logits = model(input_ids=tokens["input_ids"], use_cache=False).logits
         vocab = logits.shape[-1]
         value = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab),
                                                   tokens["targets"].reshape(-1))

@@ -318,6 +318,9 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
   llama.attention_bias = true;
   llama.mlp_bias = true;
   ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  llama.model_type = "gemma2";  // two more norms per block
+  llama.mlp_bias = false;
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
   Gpt2Config gpt2 = SmallGpt2();
   ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
   gpt2.tie_word_embeddings = false;
@@ -332,7 +335,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(6, SmallLlama());
+  std::vector<LlamaConfig> llamas(8, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -344,6 +347,15 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[5].model_type = "qwen2";
   llamas[5].qkv_bias = true;
   llamas[5].rope_theta = 1e6;
+  llamas[6].model_type = "gemma";
+  llamas[6].hidden_act = "gelu";
+  llamas[6].tie_word_embeddings = true;
+  llamas[7].model_type = "gemma2";
+  llamas[7].hidden_act = "gelu_pytorch_tanh";
+  llamas[7].query_pre_attn_scalar = 12.5;
+  llamas[7].attn_logit_softcapping = 50;
+  llamas[7].final_logit_softcapping = 30;
+  llamas[7].sliding_window = 16;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -352,6 +364,10 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->model_type, config.model_type);
     EXPECT_EQ(read->sliding_window, config.sliding_window);
     EXPECT_EQ(read->QkvBias(), config.QkvBias());
+    EXPECT_EQ(read->hidden_act, config.hidden_act);
+    EXPECT_EQ(read->ScoreDivisor(), config.ScoreDivisor());
+    EXPECT_EQ(read->attn_logit_softcapping, config.attn_logit_softcapping);
+    EXPECT_EQ(read->final_logit_softcapping, config.final_logit_softcapping);
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
     EXPECT_EQ(read->rms_norm_eps, 1e-5);
     EXPECT_EQ(read->max_position_embeddings, config.seq_len);
@@ -375,7 +391,7 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   EXPECT_FALSE(LlamaConfigFromDescription("gpt L=2 H=32").ok());
   // A family tandem does not know, and a window the sequence does not fit.
   EXPECT_FALSE(
-      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma")
+      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma3")
           .ok());
   EXPECT_FALSE(LlamaConfigFromDescription(
                    "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=mistral")
@@ -572,7 +588,13 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         ImportCase{"llama_tied", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"},
         ImportCase{"gpt2", "gpt2", /*ranks=*/2, /*tensor_parallel=*/2},
-        ImportCase{"gpt2", "gpt2", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+        ImportCase{"gpt2", "gpt2", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Gemma's norms and scaled embedding; Gemma 2's soft caps and sandwich norms, whole, on
+        // two stages and tensor- and sequence-parallel (each norm on half the tokens).
+        ImportCase{"gemma", "llama"}, ImportCase{"gemma2", "llama"},
+        ImportCase{"gemma2", "llama", /*ranks=*/2},
+        ImportCase{"gemma2", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"}}) {
     const std::string label =
         absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
     SCOPED_TRACE(label);
@@ -693,6 +715,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // checkpoint's description (family=qwen2).
         ExportCase{"qwen2_tied_init", 1,
                    absl::StrCat(" --model llama --init-from ", Case("qwen2_tied")), ""},
+        // Gemma 2 on two stages, its config.json written from the description (soft caps,
+        // query_pre_attn_scalar, window, family=gemma2).
+        ExportCase{"gemma2_init", 2, absl::StrCat(" --model llama --init-from ", Case("gemma2")),
+                   ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -755,6 +781,15 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*qwen2)["architectures"][0], "Qwen2ForCausalLM");
   EXPECT_EQ((*qwen2)["use_sliding_window"], false);
   EXPECT_FALSE(qwen2->contains("head_dim"));
+  // So is a Gemma 2: its caps, scalar and window as the folder had them.
+  auto gemma2 = ReadJsonFile(scratch / "gemma2_init_hf/config.json");
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  EXPECT_EQ((*gemma2)["architectures"][0], "Gemma2ForCausalLM");
+  EXPECT_EQ((*gemma2)["attn_logit_softcapping"], 1.0);
+  EXPECT_EQ((*gemma2)["final_logit_softcapping"], 2.0);
+  EXPECT_EQ((*gemma2)["query_pre_attn_scalar"], 12.0);
+  EXPECT_EQ((*gemma2)["sliding_window"], 32);
+  EXPECT_EQ((*gemma2)["hidden_activation"], "gelu_pytorch_tanh");
   // The config written from --hf-config keeps the file's fields.
   auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -765,9 +800,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
 TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
   REQUIRE_REFERENCE();
   Scratch scratch;
-  for (const ImportCase& c : {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
-                              ImportCase{"gpt2", "gpt2"},
-                              ImportCase{"llama_sharded", "llama", /*ranks=*/2}}) {
+  for (const ImportCase& c :
+       {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
+        ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
+        ImportCase{"gemma2", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");

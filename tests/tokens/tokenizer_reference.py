@@ -16,7 +16,12 @@ byte-level BPE tokenizer.json files and encodes and decodes with them.
         transformers' newer Llama conversion; metaspace_always.json: always, split, the
         Metaspace decoder, fuse_unk with some byte tokens missing), and prints their paths, one
         a line, then OUT_DIR/qwen2_style.json (Qwen2's layout: the NFC normalizer, Split by
-        Qwen2's pattern, ByteLevel without its regex, <|im_start|> and <|im_end|>).
+        Qwen2's pattern, ByteLevel without its regex, <|im_start|> and <|im_end|>),
+        OUT_DIR/gemma_style.json (Gemma's layout: llama2_style's model with the Replace
+        normalizer alone, Split(" ", MergedWithPrevious) and a decoder without Strip) and
+        OUT_DIR/split_<behavior>.json (the same layout with Split("\u2581", behavior), which
+        cuts the normalized text, for each of the five behaviors, each trained with its own
+        split so that its tokens span what it keeps together).
 
     tokenizer_reference.py nfc IN OUT
         writes each line of IN (UTF-8, lines split at "\n" only) in Unicode's NFC, by Python's
@@ -101,14 +106,16 @@ def qwen2_style(texts, vocab_size=1500):
     return tokenizer
 
 
-def llama2_style(corpus, path):
+def llama2_style(corpus, path, normalizer=None, pre_tokenizer=None):
     """Trained with a Metaspace pre-tokenizer (so that tokens stay inside words, as
-    SentencePiece's do), saved without one, as Llama 2's tokenizer.json is."""
+    SentencePiece's do), saved without one, as Llama 2's tokenizer.json is. With
+    `pre_tokenizer`, trained with that one and after `normalizer` (Replace(" ", "\u2581")
+    then), and saved with both."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
-                                                 normalizers.Replace(" ", "\u2581")])
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
-                                                       prepend_scheme="never", split=True)
+    tokenizer.normalizer = normalizer or normalizers.Sequence([
+        normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tokenizer.pre_tokenizer = pre_tokenizer or pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="never", split=True)
     tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                            decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, show_progress=False,
@@ -120,7 +127,8 @@ def llama2_style(corpus, path):
     tokenizer.save(path)
     with open(path, encoding="utf-8") as stream:
         data = json.load(stream)
-    data["pre_tokenizer"] = None
+    if pre_tokenizer is None:
+        data["pre_tokenizer"] = None
     vocab = data["model"]["vocab"]
     for byte in range(256):
         token = "<0x%02X>" % byte
@@ -179,6 +187,21 @@ def make(out_dir, corpus):
     path = os.path.join(out_dir, "qwen2_style.json")
     qwen2_style(read_text(path) for path in corpus).save(path)
     print(path)
+    gemma = json.loads(json.dumps(llama2))
+    gemma["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    gemma["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "},
+                              "behavior": "MergedWithPrevious", "invert": False}
+    gemma["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    save_json(gemma, os.path.join(out_dir, "gemma_style.json"))
+    for behavior in ("removed", "isolated", "merged_with_previous", "merged_with_next",
+                     "contiguous"):
+        split = llama2_style(corpus, os.path.join(out_dir, "split_trained.json"),
+                             normalizers.Replace(" ", "\u2581"),
+                             pre_tokenizers.Split("\u2581", behavior))
+        split["decoder"] = gemma["decoder"]
+        save_json(split, os.path.join(out_dir, "split_%s.json" % behavior))
 
 
 def nfc(in_path, out_path):

@@ -1,10 +1,11 @@
 // data/tokenizer.h against Hugging Face `tokenizers`: tokenizer_reference.py trains byte-level
 // BPE tokenizers on real text (this repository's documentation and, where present, Debian's
-// GPL-3 text) with scripts/prepare_data.py and in GPT-2's layout, and encodes and decodes with
-// them; the C++ tokenizer must give the same ids for every text (real text and a text of
-// Unicode corner cases), the same text back for those ids and for random id sequences (broken
-// UTF-8 included), and decode(encode(x)) == x. Skipped, with the reason, where python3 cannot
-// import tokenizers. Refusals and bad input are checked without Python.
+// GPL-3 text) with scripts/prepare_data.py and in the layouts of GPT-2, Llama 2 and 3, Qwen2
+// and Gemma (and Split by a string with each behavior), and encodes and decodes with them; the C++
+// tokenizer must give the same ids for every text (real text and a text of Unicode corner cases),
+// the same text back for those ids and for random id sequences (broken UTF-8 included), and
+// decode(encode(x)) == x. Skipped, with the reason, where python3 cannot import tokenizers.
+// Refusals and bad input are checked without Python.
 #include "data/tokenizer.h"
 
 #include <unistd.h>
@@ -145,8 +146,8 @@ const Reference& References() {
     for (absl::string_view line : absl::StrSplit(made_files.output, '\n')) {
       if (absl::EndsWith(line, ".json")) made->tokenizers.emplace_back(line);
     }
-    if (made->tokenizers.size() != 8) {
-      made->failed = "expected eight tokenizers: " + made_files.output;
+    if (made->tokenizers.size() != 14) {
+      made->failed = "expected fourteen tokenizers: " + made_files.output;
     }
     return made;
   }();
@@ -462,6 +463,20 @@ TEST(TokenizerTest, RefusesWhatItDoesNotImplement) {
                                                         "\\s+(?!\\S)|\\s+"}}},
              {"behavior", "Removed"},
              {"invert", false}};
+       }},
+      {"inverted",
+       [](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Split"},
+                               {"pattern", {{"String", " "}}},
+                               {"behavior", "MergedWithPrevious"},
+                               {"invert", true}};
+       }},
+      {"behavior 'Merged'",
+       [](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Split"},
+                               {"pattern", {{"String", " "}}},
+                               {"behavior", "Merged"},
+                               {"invert", false}};
        }},
       {"decoder WordPiece",
        [](Json& j) {
