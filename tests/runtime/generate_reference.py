@@ -15,8 +15,10 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
         tokens, which the prompt and new tokens fill), qwen2_text (q/k/v biases, tied, with a
         tokenizer in Qwen2's layout: NFC, Split by Qwen2's pattern; the prompt text has a
-        decomposed accent), gemma (multi-query attention; untied, as the Gemma cases are here:
-        a tied random Gemma repeats its last token), gemma2_window (soft caps,
+        decomposed accent), gemma_text (multi-query attention, with a tokenizer in Gemma's
+        layout, gemma_tokenizer.json: the Replace normalizer, Split(" ", MergedWithPrevious),
+        byte fallback, a <s> template; untied, as the Gemma cases are here: a tied random Gemma
+        repeats its last token), gemma2_window (soft caps,
         sandwich norms, a window of 30 tokens, which the prompt and new tokens fill),
         llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
@@ -85,24 +87,43 @@ def train_tokenizer(path):
 QWEN2_PROMPT_TEXT = "However little known the fe\u0301elings"
 
 
-def tokenizer_layouts():
-    """tests/tokens/tokenizer_reference.py's tokenizers in Llama 3's and Qwen2's layouts."""
+def tokenizer_reference():
+    """tests/tokens/tokenizer_reference.py: its tokenizers in Llama 3's, Qwen2's and Gemma's
+    layouts."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tokens"))
-    import tokenizer_reference
-    return tokenizer_reference.llama3_style, tokenizer_reference.qwen2_style
+    import tokenizer_reference as module
+    return module
+
+
+def gemma_tokenizer(output):
+    """A tokenizer in Gemma's layout trained on TEXT, saved as OUTPUT/gemma_tokenizer.json."""
+    from tokenizers import Tokenizer
+    module = tokenizer_reference()
+    corpus = os.path.join(output, "gemma_corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as stream:
+        stream.write(TEXT)
+    data = module.gemma_style(module.llama2_style([corpus],
+                                                  os.path.join(output, "gemma_trained.json")))
+    path = os.path.join(output, "gemma_tokenizer.json")
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(data, stream, ensure_ascii=False)
+    return Tokenizer.from_file(path)
 
 
 def make(output):
     os.makedirs(output, exist_ok=True)
     tokenizer = train_tokenizer(os.path.join(output, "tokenizer.json"))
     text_prompt = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
-    llama3_style, qwen2_style = tokenizer_layouts()
+    layouts = tokenizer_reference()
+    llama3_style, qwen2_style = layouts.llama3_style, layouts.qwen2_style
     llama_tokenizer = llama3_style([TEXT], vocab_size=320)
     llama_tokenizer.save(os.path.join(output, "llama_tokenizer.json"))
     llama_prompt = llama_tokenizer.encode(PROMPT_TEXT).ids  # add_special_tokens by default
     qwen2_tokenizer = qwen2_style([TEXT], vocab_size=320)
     qwen2_tokenizer.save(os.path.join(output, "qwen2_tokenizer.json"))
     qwen2_prompt = qwen2_tokenizer.encode(QWEN2_PROMPT_TEXT).ids
+    gemma_tokenizer_ = gemma_tokenizer(output)
+    gemma_prompt = gemma_tokenizer_.encode(PROMPT_TEXT).ids
     cases = [
         ("llama_gqa", lambda: llama(), [3, 14, 15, 9, 2, 6]),
         ("llama_tied", lambda: llama(tie_word_embeddings=True), [1, 2, 3]),
@@ -115,9 +136,11 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("qwen2_text", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                      rope_theta=1000000.0, vocab_size=320), qwen2_prompt),
-        ("gemma", lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=False,
-                                num_key_value_heads=1, head_dim=16,
-                                hidden_activation="gelu_pytorch_tanh"), [2, 40, 9, 9, 17]),
+        ("gemma_text", lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=False,
+                                     num_key_value_heads=1, head_dim=16,
+                                     hidden_activation="gelu_pytorch_tanh",
+                                     vocab_size=gemma_tokenizer_.get_vocab_size()),
+         gemma_prompt),
         ("gemma2_window", lambda: llama(Gemma2Config, Gemma2ForCausalLM,
                                         tie_word_embeddings=False, head_dim=8,
                                         query_pre_attn_scalar=12, attn_logit_softcapping=2.0,
@@ -126,9 +149,9 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",
-                  "qwen2_text": "qwen2_tokenizer.json"}
+                  "qwen2_text": "qwen2_tokenizer.json", "gemma_text": "gemma_tokenizer.json"}
     texts = {"gpt2_text": PROMPT_TEXT, "llama_text": PROMPT_TEXT,
-             "qwen2_text": QWEN2_PROMPT_TEXT}
+             "qwen2_text": QWEN2_PROMPT_TEXT, "gemma_text": PROMPT_TEXT}
     records = []
     for index, (name, build, prompt) in enumerate(cases):
         torch.manual_seed(3000 + index)

@@ -137,6 +137,19 @@ def llama2_style(corpus, path, normalizer=None, pre_tokenizer=None):
     return data
 
 
+def gemma_style(llama2):
+    """Gemma's layout over llama2_style's model (its tokenizer.json as a dict): the Replace
+    normalizer alone, Split(" ", MergedWithPrevious), a decoder without Strip."""
+    gemma = json.loads(json.dumps(llama2))
+    gemma["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    gemma["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "},
+                              "behavior": "MergedWithPrevious", "invert": False}
+    gemma["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    return gemma
+
+
 def save_json(data, path):
     with open(path, "w", encoding="utf-8") as stream:
         json.dump(data, stream, ensure_ascii=False)
@@ -187,13 +200,7 @@ def make(out_dir, corpus):
     path = os.path.join(out_dir, "qwen2_style.json")
     qwen2_style(read_text(path) for path in corpus).save(path)
     print(path)
-    gemma = json.loads(json.dumps(llama2))
-    gemma["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
-    gemma["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "},
-                              "behavior": "MergedWithPrevious", "invert": False}
-    gemma["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    gemma = gemma_style(llama2)
     save_json(gemma, os.path.join(out_dir, "gemma_style.json"))
     for behavior in ("removed", "isolated", "merged_with_previous", "merged_with_next",
                      "contiguous"):
