@@ -275,7 +275,8 @@ TEST(InputFuzzTest, TorchCsvSchedules) {
 }
 
 // Hugging Face tokenizer.json files in Llama 3's layout (Split and ByteLevel, a template) and
-// in Llama 2's (normalizers, byte fallback, a decoder sequence): a mutation that reads is then
+// in Llama 2's (normalizers, byte fallback, a decoder sequence; with Gemma's Split by a string):
+// a mutation that reads is then
 // used, encoding and decoding a text of every kind of character.
 std::string TokenizerSeed(bool sentencepiece) {
   nlohmann::json vocab = nlohmann::json::object();
@@ -312,6 +313,12 @@ std::string TokenizerSeed(bool sentencepiece) {
         {"normalizers",
          {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
           {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}}}};
+    // Gemma's pre-tokenizer: a Split by a string (mutations give it other strings and
+    // behaviors).
+    json["pre_tokenizer"] = {{"type", "Split"},
+                             {"pattern", {{"String", " "}}},
+                             {"behavior", "MergedWithPrevious"},
+                             {"invert", false}};
     json["decoder"] = {
         {"type", "Sequence"},
         {"decoders",
@@ -339,7 +346,8 @@ std::string TokenizerSeed(bool sentencepiece) {
 
 TEST(InputFuzzTest, TokenizerFiles) {
   for (const bool sentencepiece : {false, true}) {
-    const std::string name = sentencepiece ? "tokenizer (Llama 2)" : "tokenizer (Llama 3)";
+    const std::string name =
+        sentencepiece ? "tokenizer (Llama 2, Gemma's split)" : "tokenizer (Llama 3)";
     ExpectRejected(
         name, FuzzFormat(name, TokenizerSeed(sentencepiece), true,
                          [](const std::string& t) -> absl::Status {
