@@ -276,8 +276,7 @@ TEST(InputFuzzTest, TorchCsvSchedules) {
 
 // Hugging Face tokenizer.json files in Llama 3's layout (Split and ByteLevel, a template) and
 // in Llama 2's (normalizers, byte fallback, a decoder sequence; with Gemma's Split by a string):
-// a mutation that reads is then
-// used, encoding and decoding a text of every kind of character.
+// a mutation that reads is then used, encoding and decoding a text of every kind of character.
 std::string TokenizerSeed(bool sentencepiece) {
   nlohmann::json vocab = nlohmann::json::object();
   int next = 0;
