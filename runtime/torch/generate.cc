@@ -52,11 +52,8 @@ Blueprint OfGpt2(const Gpt2Config& config) {
   return {Gpt2ModelSpec(config), DescribeGpt2(config), config.vocab, config.positions};
 }
 Blueprint OfLlama(const LlamaConfig& config) {
-  // A sliding window bounds the positions full attention computes exactly.
-  const int64_t positions = config.sliding_window > 0
-                                ? std::min(config.max_position_embeddings, config.sliding_window)
-                                : config.max_position_embeddings;
-  return {LlamaModelSpec(config), DescribeLlama(config), config.vocab, positions};
+  // A sliding window tandem does not mask (Qwen2's) bounds the positions.
+  return {LlamaModelSpec(config), DescribeLlama(config), config.vocab, config.MaxPositions()};
 }
 
 std::string WithoutSeed(absl::string_view description) {
@@ -292,12 +289,8 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
       model_type == "gemma" || model_type == "gemma2") {
     auto config = LlamaConfigFromJson(json);
     if (!config.ok()) return Annotate(config.status(), folder);
-    // The positions the model takes: within its sliding window, full attention computes the
-    // windowed one.
-    config->seq_len = config->max_position_embeddings;
-    if (config->sliding_window > 0) {
-      config->seq_len = std::min(config->seq_len, config->sliding_window);
-    }
+    // The positions the model takes (Qwen2's sliding window bounds them).
+    config->seq_len = config->MaxPositions();
     blueprint = OfLlama(*config);
     layout = LlamaHfLayout(*config);
   } else if (model_type == "gpt2") {

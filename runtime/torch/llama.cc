@@ -80,17 +80,21 @@ torch::Tensor SoftCap(const torch::Tensor& x, double cap) {
 
 // Causal attention of `query` [b, heads, n, head_dim] at positions [start, start + n) over
 // `key` and `value` of positions [0, start + n), as transformers' eager attention computes it
-// for Gemma 2: scores divided by `divisor`, soft-capped at `cap`, the later positions masked,
-// the softmax in float32.
-torch::Tensor SoftCappedAttention(const torch::Tensor& query, const torch::Tensor& key,
-                                  const torch::Tensor& value, int64_t start, double divisor,
-                                  double cap) {
+// for Mistral and Gemma 2: scores divided by `divisor`, soft-capped at `cap` (0: not), the
+// later positions masked and, with a `window`, those `window` or more positions earlier; the
+// softmax in float32.
+torch::Tensor ExplicitAttention(const torch::Tensor& query, const torch::Tensor& key,
+                                const torch::Tensor& value, int64_t start, double divisor,
+                                double cap, int64_t window) {
   const int64_t n = query.size(-2), total = key.size(-2);
   torch::Tensor scores = SoftCap(torch::matmul(query, key.transpose(-2, -1)) / divisor, cap);
-  const torch::Tensor future =
-      torch::ones({n, total}, torch::TensorOptions().dtype(torch::kBool).device(query.device()))
-          .triu(/*diagonal=*/start + 1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  const torch::TensorOptions positions =
+      torch::TensorOptions().dtype(torch::kLong).device(query.device());
+  const torch::Tensor row = torch::arange(start, start + n, positions).unsqueeze(1);
+  const torch::Tensor column = torch::arange(total, positions).unsqueeze(0);
+  torch::Tensor hidden = column > row;
+  if (window > 0) hidden = hidden.logical_or(column <= row - window);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores, /*dim=*/-1, torch::kFloat).to(query.scalar_type()),
                        value);
 }
@@ -218,7 +222,10 @@ TORCH_MODULE(LlamaEmbedding);
 // row-parallel.
 class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config) : config_(config) { reset(); }
+  // `window`: the block's sliding window (LlamaConfig::WindowOfBlock), 0 for none.
+  LlamaAttentionImpl(const LlamaConfig& config, int64_t window) : config_(config), window_(window) {
+    reset();
+  }
 
   void reset() override {
     const int64_t hidden = config_.hidden, head_dim = config_.HeadDim();
@@ -286,10 +293,12 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       value = value.unsqueeze(2).expand({batch, kv_heads, group, length, head_dim})
                   .reshape({batch, heads, length, head_dim});
     }
+    // A window shorter than the sequence, or a soft cap, is computed explicitly.
+    const bool windowed = window_ > 0 && length > window_;
     const torch::Tensor attended =
-        config_.attn_logit_softcapping > 0
-            ? SoftCappedAttention(query, key, value, /*start=*/0, config_.ScoreDivisor(),
-                                  config_.attn_logit_softcapping)
+        config_.attn_logit_softcapping > 0 || windowed
+            ? ExplicitAttention(query, key, value, /*start=*/0, config_.ScoreDivisor(),
+                                config_.attn_logit_softcapping, window_)
             : CausalSelfAttention(query, key, value, config_.ScoreDivisor(), Fused(config_));
     return attended.transpose(1, 2).reshape({batch, length, heads * head_dim});
   }
@@ -317,10 +326,11 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       value = value.unsqueeze(2).expand({batch, kv_heads, group, total, head_dim})
                   .reshape({batch, heads, total, head_dim});
     }
+    const bool windowed = window_ > 0 && start + length > window_;
     const torch::Tensor attended =
-        config_.attn_logit_softcapping > 0
-            ? SoftCappedAttention(query, key, value, start, config_.ScoreDivisor(),
-                                  config_.attn_logit_softcapping)
+        config_.attn_logit_softcapping > 0 || windowed
+            ? ExplicitAttention(query, key, value, start, config_.ScoreDivisor(),
+                                config_.attn_logit_softcapping, window_)
             : CachedCausalAttention(query, key, value, start, config_.ScoreDivisor());
     return o_proj(attended.transpose(1, 2).reshape({batch, length, heads * head_dim}));
   }
@@ -330,6 +340,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
  private:
   LlamaConfig config_;
+  int64_t window_;
   TensorParallel tp_;
 };
 TORCH_MODULE(LlamaAttention);
@@ -388,14 +399,16 @@ TORCH_MODULE(LlamaMlp);
 // Layers 1..L: transformers' LlamaDecoderLayer (GemmaDecoderLayer, Gemma2DecoderLayer).
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public IncrementalLayer {
  public:
-  explicit LlamaBlockImpl(const LlamaConfig& config)
-      : config_(config), inverse_frequencies_(InverseFrequencies(config)) {
+  // `block`: the block's index from 0 (which decides its sliding window).
+  LlamaBlockImpl(const LlamaConfig& config, int64_t block)
+      : config_(config), block_(block), inverse_frequencies_(InverseFrequencies(config)) {
     reset();
   }
 
   void reset() override {
     input_layernorm = register_module("input_layernorm", MakeNorm(config_));
-    self_attn = register_module("self_attn", LlamaAttention(config_));
+    self_attn =
+        register_module("self_attn", LlamaAttention(config_, config_.WindowOfBlock(block_)));
     post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
     if (config_.SandwichNorms()) {
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
@@ -521,6 +534,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   }
 
   LlamaConfig config_;
+  int64_t block_;
   torch::Tensor inverse_frequencies_;  // [head_dim / 2], float32, on the CPU
   TensorParallel tp_;
 };
@@ -748,7 +762,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   config.seq_len = std::min(config.seq_len, config.max_position_embeddings);
-  if (config.sliding_window > 0) config.seq_len = std::min(config.seq_len, config.sliding_window);
+  config.seq_len = std::min(config.seq_len, config.MaxPositions());
   if (absl::Status valid = ValidateLlamaConfig(config); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", valid.message()));
   }
@@ -799,11 +813,12 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: sliding_window must be positive, got ", config.sliding_window));
   }
-  if (config.sliding_window > 0 && config.seq_len > config.sliding_window) {
+  if (config.seq_len > config.MaxPositions()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "llama: seq_len ", config.seq_len, " exceeds the sliding window (", config.sliding_window,
-        " tokens): tandem computes full causal attention, which equals the windowed one only "
-        "for sequences within the window"));
+        " tokens) of ", config.model_type,
+        ": tandem computes its attention in full, which equals the windowed one only for "
+        "sequences within the window"));
   }
   if (config.model_type != "llama" && config.model_type != "mistral" &&
       config.model_type != "qwen2" && !config.Gemma()) {
@@ -888,6 +903,19 @@ std::string DescribeLlama(const LlamaConfig& config) {
   return text;
 }
 
+int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
+  if (model_type == "mistral") return sliding_window;
+  if (model_type == "gemma2") return block % 2 == 0 ? sliding_window : 0;
+  return 0;
+}
+
+int64_t LlamaConfig::MaxPositions() const {
+  if (model_type == "qwen2" && sliding_window > 0) {
+    return std::min(max_position_embeddings, sliding_window);
+  }
+  return max_position_embeddings;
+}
+
 double LlamaConfig::ScoreDivisor() const {
   return std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
                                              : static_cast<double>(HeadDim()));
@@ -916,7 +944,7 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
   spec.build_layer = [config](int layer) {
     if (layer == 0) return torch::nn::AnyModule(LlamaEmbedding(config));
     if (layer == config.layers + 1) return torch::nn::AnyModule(LlamaHead(config));
-    return torch::nn::AnyModule(LlamaBlock(config));
+    return torch::nn::AnyModule(LlamaBlock(config, layer - 1));
   };
   spec.describe = [config]() {
     if (absl::Status ok = ValidateLlamaConfig(config); !ok.ok()) {

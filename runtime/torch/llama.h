@@ -77,9 +77,11 @@ struct LlamaConfig {
   bool attention_bias = false;    // biases of q/k/v/o_proj
   bool qkv_bias = false;          // biases of q/k/v_proj only (Qwen2)
   bool mlp_bias = false;          // biases of gate/up/down_proj
-  // Mistral's and Qwen2's sliding-window attention: a token attends to the `sliding_window`
-  // tokens up to itself; 0 for none. tandem computes full causal attention, which is the same
-  // while seq_len <= sliding_window (ValidateLlamaConfig refuses longer sequences).
+  // Sliding-window attention (Mistral's, Gemma 2's, Qwen2's): a token attends to the
+  // `sliding_window` tokens up to itself; 0 for none. Mistral's applies to every block and
+  // Gemma 2's to every other one (the first, third, ...: WindowOfBlock), and tandem masks them
+  // as transformers' eager attention does. Qwen2's is left to full causal attention, which is
+  // the same while seq_len <= sliding_window (ValidateLlamaConfig refuses longer sequences).
   int64_t sliding_window = 0;
   // transformers' model family of the same computation: "llama", "mistral", "qwen2", "gemma"
   // or "gemma2" (what an exported config.json says; DescribeLlama's " family="). Gemma's
@@ -106,6 +108,12 @@ struct LlamaConfig {
   bool QkvBias() const { return attention_bias || qkv_bias; }
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
   bool SandwichNorms() const { return model_type == "gemma2"; }
+  // The window block `block` (0-based) attends within: sliding_window, or 0 for full causal
+  // attention.
+  int64_t WindowOfBlock(int64_t block) const;
+  // The positions a sequence may take: max_position_embeddings, within a window tandem does
+  // not mask (Qwen2's).
+  int64_t MaxPositions() const;
   // What attention scores are divided by.
   double ScoreDivisor() const;
 };
@@ -114,7 +122,8 @@ struct LlamaConfig {
 // (or null) fields (GemmaConfig's and Gemma2Config's for those families: tied embeddings,
 // head_dim 256, pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its
 // query_pre_attn_scalar 224 and window 4096). seq_len is not in the file: it keeps
-// LlamaConfig's default, at most max_position_embeddings and the window; set it afterwards.
+// LlamaConfig's default, at most max_position_embeddings (and Qwen2's window); set it
+// afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than

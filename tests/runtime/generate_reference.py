@@ -12,14 +12,14 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         text, encoded by that tokenizer), llama_text (a Llama with a tokenizer in Llama 3's
         layout, OUTPUT_FOLDER/llama_tokenizer.json: Split by Llama 3's pattern, and a template
         that puts the beginning-of-text token first, which the prompt then starts with, as
-        transformers' tokenizer(text) gives it), mistral_window (a sliding window of 30
-        tokens, which the prompt and new tokens fill), qwen2_text (q/k/v biases, tied, with a
+        transformers' tokenizer(text) gives it), mistral_window (a sliding window of 6
+        tokens, shorter than the prompt and new tokens), qwen2_text (q/k/v biases, tied, with a
         tokenizer in Qwen2's layout: NFC, Split by Qwen2's pattern; the prompt text has a
         decomposed accent), gemma_text (multi-query attention, with a tokenizer in Gemma's
         layout, gemma_tokenizer.json: the Replace normalizer, Split(" ", MergedWithPrevious),
         byte fallback, a <s> template; untied, as the Gemma cases are here: a tied random Gemma
         repeats its last token), gemma2_window (soft caps,
-        sandwich norms, a window of 30 tokens, which the prompt and new tokens fill),
+        sandwich norms, a window of 6 tokens on every other block),
         llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
@@ -131,8 +131,8 @@ def make(output):
         ("gpt2_scaled", lambda: gpt2(n_positions=48, scale_attn_by_inverse_layer_idx=True), [11]),
         ("gpt2_text", lambda: gpt2(n_positions=48, vocab_size=320), text_prompt),
         ("llama_text", lambda: llama(vocab_size=320), llama_prompt),
-        # A window of 30 tokens: the prompt and the new tokens fill it.
-        ("mistral_window", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=30),
+        # A window of 6 tokens: the prompt and the new tokens run past it.
+        ("mistral_window", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=6),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("qwen2_text", lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                      rope_theta=1000000.0, vocab_size=320), qwen2_prompt),
@@ -144,7 +144,7 @@ def make(output):
         ("gemma2_window", lambda: llama(Gemma2Config, Gemma2ForCausalLM,
                                         tie_word_embeddings=False, head_dim=8,
                                         query_pre_attn_scalar=12, attn_logit_softcapping=2.0,
-                                        final_logit_softcapping=5.0, sliding_window=30,
+                                        final_logit_softcapping=5.0, sliding_window=6,
                                         hidden_activation="gelu_pytorch_tanh"),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]

@@ -332,6 +332,18 @@ TEST_P(HfModelsTest, MistralWithASlidingWindowAsLongAsTheSequenceEqualsTransform
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+TEST_P(HfModelsTest, MistralWithAWindowShorterThanTheSequenceEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("mistral_short_window", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, Gemma2WithAWindowOnEveryOtherBlockEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("gemma2_short_window", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, TiedQwen2WithQueryKeyValueBiasesEqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = LlamaCase("qwen2_tied", GetParam());
@@ -394,6 +406,13 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
     // tanh's GELU is within 3e-4 of the exact one on these activations: 30 tolerances.
     EXPECT_GT(Compare(changed, {0, 4}).logits, 10 * kOutputTolerance);
   }
+  // The windows show: computed in full, Mistral's and Gemma 2's are far from transformers.
+  for (const char* name : {"mistral_short_window", "gemma2_short_window"}) {
+    SCOPED_TRACE(name);
+    const HfCase full = LlamaCase(name, GptAttention::kExplicit,
+                                  [](LlamaConfig& config) { config.sliding_window = 0; });
+    EXPECT_GT(Compare(full, {0, 4}).logits, 100 * kOutputTolerance);
+  }
   const HfCase as_llama = LlamaCase("gemma_tied", GptAttention::kExplicit,
                                     [](LlamaConfig& config) { config.model_type = "llama"; });
   EXPECT_GT(Compare(as_llama, {0, 4}).logits, 1000 * kOutputTolerance);
@@ -405,7 +424,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
   for (const std::string name :
        {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
-        "qwen2_tied", "gemma_tied", "gemma2_softcap", "gpt2", "gpt2_untied_variants"}) {
+        "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
+        "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -531,11 +551,12 @@ TEST(LlamaConfigTest, ReadsMistralAndQwen2ConfigsAsTheirFamiliesDefineThem) {
   EXPECT_EQ(DescribeLlama(*config),
             "llama L=32 H=4096 A=32 KV=8 I=14336 S=32 V=32000 rope=10000 window=4096 "
             "family=mistral");
-  // Full causal attention is the windowed one up to the window, not beyond.
-  config->seq_len = 4096;
+  // Mistral's window is masked in every block: sequences may be longer.
+  config->seq_len = 32768;
   EXPECT_TRUE(ValidateLlamaConfig(*config).ok());
-  config->seq_len = 4097;
-  ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens)");
+  EXPECT_EQ(config->WindowOfBlock(0), 4096);
+  EXPECT_EQ(config->WindowOfBlock(31), 4096);
+  EXPECT_EQ(config->MaxPositions(), 32768);
   Json unwindowed = mistral;
   unwindowed["sliding_window"] = nullptr;  // Mistral 7B v0.2 and later
   config = LlamaConfigFromJson(unwindowed);
@@ -587,6 +608,16 @@ TEST(LlamaConfigTest, ReadsMistralAndQwen2ConfigsAsTheirFamiliesDefineThem) {
   config = LlamaConfigFromJson(windowed);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->sliding_window, 32768);
+  // Qwen2's window is computed in full: it bounds the sequence.
+  EXPECT_EQ(config->WindowOfBlock(0), 0);
+  windowed["sliding_window"] = 4096;
+  config = LlamaConfigFromJson(windowed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->MaxPositions(), 4096);
+  config->seq_len = 4096;
+  EXPECT_TRUE(ValidateLlamaConfig(*config).ok());
+  config->seq_len = 4097;
+  ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens) of qwen2");
 }
 
 TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {
@@ -691,10 +722,13 @@ TEST(LlamaConfigTest, ReadsGemmaConfigsAsTheirFamiliesDefineThem) {
                 "rope_scaling");
   ExpectRefused(with("attn_logit_softcapping", -1.0), "attn_logit_softcapping");
   ExpectRefused(with("query_pre_attn_scalar", "x"), "query_pre_attn_scalar");
-  // Gemma 2's window on every other layer: longer sequences are refused.
+  // Gemma 2's window on every other block, from the first: masked, so sequences may be longer.
   config = LlamaConfigFromJson(gemma2);
-  config->seq_len = 4097;
-  ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens)");
+  EXPECT_EQ(config->WindowOfBlock(0), 4096);
+  EXPECT_EQ(config->WindowOfBlock(1), 0);
+  EXPECT_EQ(config->WindowOfBlock(40), 4096);
+  config->seq_len = 8192;
+  EXPECT_TRUE(ValidateLlamaConfig(*config).ok());
 
   // The norms of a Gemma start at zero (scale 1); Gemma 2 has two more per block.
   auto model = LlamaModelSpec(*LlamaConfigFromJson(sparse)).Build(/*seed=*/1);

@@ -46,6 +46,9 @@ CASES = {
     # Qwen2: biases on q/k/v_proj only, tied, a large rope_theta.
     "qwen2_tied": lambda: llama(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True,
                                        rope_theta=1000000.0),
+    # Mistral with a window of 5 tokens over 16: each token attends to itself and the 4
+    # before it.
+    "mistral_short_window": lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=5),
     # Gemma: norms scaling by 1 + weight, the embedding scaled by sqrt(hidden), GELU (tanh)
     # gates, tied, multi-query attention with head_dim 16, padding row 0.
     "gemma_tied": lambda: llama(GemmaConfig, GemmaForCausalLM, tie_word_embeddings=True,
@@ -58,6 +61,13 @@ CASES = {
                                     head_dim=8, query_pre_attn_scalar=12,
                                     attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
                                     sliding_window=16, hidden_activation="gelu"),
+    # Gemma 2 with a window of 5 tokens on its first block (every other one), none on the
+    # second.
+    "gemma2_short_window": lambda: llama(Gemma2Config, Gemma2ForCausalLM,
+                                         tie_word_embeddings=True, head_dim=8,
+                                         query_pre_attn_scalar=8, attn_logit_softcapping=50.0,
+                                         final_logit_softcapping=30.0, sliding_window=5,
+                                         hidden_activation="gelu_pytorch_tanh"),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

@@ -10,7 +10,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         as bfloat16), llama_sharded (llama_gqa in several shards with an index), mistral (a
         sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied), gemma (tied,
         multi-query attention, padding row 0), gemma2 (soft caps, query_pre_attn_scalar,
-        sandwich norms, a window of 32 tokens).
+        sandwich norms, a window of 32 tokens), mistral_short (a window of 8 tokens, shorter
+        than the tests' sequences).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -53,6 +54,7 @@ def make(output):
                                  head_dim=8, query_pre_attn_scalar=12,
                                  attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
                                  sliding_window=32, hidden_activation="gelu_pytorch_tanh"), {}),
+        ("mistral_short", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=8), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

@@ -389,13 +389,17 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   EXPECT_NE(unknown.status().message().find("sliding-window=8"), std::string::npos)
       << unknown.status();
   EXPECT_FALSE(LlamaConfigFromDescription("gpt L=2 H=32").ok());
-  // A family tandem does not know, and a window the sequence does not fit.
+  // A family tandem does not know, and a Qwen2 window (computed in full) the sequence does not
+  // fit; a Mistral's window is masked, so the sequence may exceed it.
   EXPECT_FALSE(
       LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma3")
           .ok());
   EXPECT_FALSE(LlamaConfigFromDescription(
-                   "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=mistral")
+                   "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=qwen2")
                    .ok());
+  EXPECT_TRUE(LlamaConfigFromDescription(
+                  "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=mistral")
+                  .ok());
   EXPECT_FALSE(Gpt2ConfigFromDescription("gpt2 L=2 H=32 A=4 S=16 V=64").ok());  // no P=
 }
 
@@ -593,7 +597,11 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // two stages and tensor- and sequence-parallel (each norm on half the tokens).
         ImportCase{"gemma", "llama"}, ImportCase{"gemma2", "llama"},
         ImportCase{"gemma2", "llama", /*ranks=*/2},
-        ImportCase{"gemma2", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+        ImportCase{"gemma2", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // A window (8) shorter than the sequence (16), masked; with sequence parallelism each
+        // rank's attention sees the gathered sequence.
+        ImportCase{"mistral_short", "llama"},
+        ImportCase{"mistral_short", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
     const std::string label =
         absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
@@ -637,12 +645,13 @@ TEST(HfImportTest, TrainInitFromRefusesBadFoldersWithOneClearLine) {
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("--init-from"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("hidden_act"), std::string::npos) << o.output;
-  // A Mistral whose sliding window (8) is shorter than the sequence (16): full causal
-  // attention would not compute it.
+  // A Qwen2 whose sliding window (8) is shorter than the sequence (16): tandem computes
+  // Qwen2's attention in full, which would not compute it.
   fs::create_directories(scratch / "window");
-  fs::copy_file(Case("mistral") + "/model.safetensors", scratch / "window/model.safetensors");
-  json = ReadJsonFile(Case("mistral") + "/config.json");
+  fs::copy_file(Case("qwen2_tied") + "/model.safetensors", scratch / "window/model.safetensors");
+  json = ReadJsonFile(Case("qwen2_tied") + "/config.json");
   ASSERT_TRUE(json.ok());
+  (*json)["use_sliding_window"] = true;
   (*json)["sliding_window"] = 8;
   ASSERT_TRUE(WriteFileAtomically(scratch / "window/config.json", json->dump()).ok());
   o = RunCommand(
