@@ -29,7 +29,7 @@ ABSL_FLAG(std::string, hf_config, "",
 ABSL_FLAG(std::string, init_from, "",
           "llama, gpt2: a Hugging Face model folder to start from (config.json with "
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
-          "model_type llama, mistral, qwen2, gemma and gemma2): the sizes come "
+          "model_type llama, mistral, qwen2, gemma, gemma2 and mixtral): the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
           "weights");
@@ -39,6 +39,13 @@ ABSL_FLAG(int, kv_heads, 0,
 ABSL_FLAG(int, intermediate, 0,
           "llama: SwiGLU units of each block's MLP; 0: 8/3 * --hidden rounded up to a "
           "multiple of 32");
+ABSL_FLAG(int, experts, 0,
+          "llama: a mixture of experts in each block instead of its MLP, as Mixtral's "
+          "(the model is then transformers' MixtralForCausalLM): this many experts of "
+          "--intermediate units each; 0: a dense MLP");
+ABSL_FLAG(int, experts_per_token, 2,
+          "llama with --experts: the experts each token is routed to (top-k of the router's "
+          "softmax, renormalised)");
 
 namespace tandem::cli {
 namespace {
@@ -138,6 +145,11 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
     config.intermediate =
         intermediate != 0 ? intermediate : (swiglu + kMultiple - 1) / kMultiple * kMultiple;
     config.max_position_embeddings = absl::GetFlag(FLAGS_seq_len);
+    if (absl::GetFlag(FLAGS_experts) != 0) {
+      config.model_type = "mixtral";
+      config.experts = absl::GetFlag(FLAGS_experts);
+      config.experts_per_token = absl::GetFlag(FLAGS_experts_per_token);
+    }
   }
   config.seq_len = absl::GetFlag(FLAGS_seq_len);
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
@@ -146,9 +158,15 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("model flags: ", valid.message()));
   }
   // Per block: the block's input and its two normalised copies, the attention output, and
-  // the gate, up and product of the MLP.
-  return DecoderModel(config.vocab, config.seq_len, config.heads,
-                      4.0 * config.hidden + 3.0 * config.intermediate,
+  // the gate, up and product of the MLP (Mixtral: of each expert a token reaches, with its
+  // copy of the token, and the router's scores).
+  const double h = static_cast<double>(config.hidden);
+  const double units = static_cast<double>(config.intermediate);
+  const double feedforward =
+      config.Moe() ? static_cast<double>(config.experts_per_token) * (3.0 * units + h) +
+                         static_cast<double>(config.experts)
+                   : 3.0 * units;
+  return DecoderModel(config.vocab, config.seq_len, config.heads, 4.0 * h + feedforward,
                       runtime::libtorch::LlamaModelSpec(config),
                       runtime::libtorch::LlamaHfLayout(config),
                       runtime::libtorch::DescribeLlama(config),
@@ -192,9 +210,11 @@ void RegisterHuggingFaceModels() {
     const absl::Status llama = RegisterModel(
         {.name = "llama",
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
-                    "grouped-query attention, SwiGLU)",
+                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2 and "
+                    "Mixtral's experts from their config.json or --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
-                   "intermediate", "seq_len", "vocab", "data", "data_format", "valid_data", "attention"},
+                   "intermediate", "experts", "experts_per_token", "seq_len", "vocab", "data",
+                   "data_format", "valid_data", "attention"},
          .make = MakeLlama});
     const absl::Status gpt2 = RegisterModel(
         {.name = "gpt2",

@@ -94,6 +94,16 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
       add(p + "pre_feedforward_layernorm.weight", {h});
       add(p + "post_feedforward_layernorm.weight", {h});
     }
+    if (config.Moe()) {
+      add(p + "block_sparse_moe.gate.weight", {config.experts, h});
+      for (int64_t e = 0; e < config.experts; ++e) {
+        const std::string expert = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
+        add(expert + "w1.weight", {units, h});
+        add(expert + "w2.weight", {h, units});
+        add(expert + "w3.weight", {units, h});
+      }
+      continue;
+    }
     const std::pair<const char*, std::pair<int64_t, int64_t>> mlp[] = {
         {"gate_proj", {units, h}}, {"up_proj", {units, h}}, {"down_proj", {h, units}}};
     for (const auto& [projection, out_in] : mlp) {
@@ -334,6 +344,13 @@ absl::Status CheckReadBack(absl::string_view description, const std::string& wri
                                                  written, "'"));
 }
 
+// " experts=8/2": experts and experts_per_token.
+bool ReadExperts(const std::string& value, LlamaConfig* config) {
+  const std::vector<std::string> parts = absl::StrSplit(value, '/');
+  return parts.size() == 2 && absl::SimpleAtoi(parts[0], &config->experts) &&
+         absl::SimpleAtoi(parts[1], &config->experts_per_token);
+}
+
 }  // namespace
 
 absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view description) {
@@ -373,6 +390,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
     else if (token == "qkv-bias") config.qkv_bias = true;
     else if (key == "window") ok = absl::SimpleAtoi(value, &config.sliding_window);
     else if (key == "family") config.model_type = value;
+    else if (key == "experts") ok = ReadExperts(value, &config);
     else if (token == "mlp-bias") config.mlp_bias = true;
     else if (key == "act") config.hidden_act = value;
     else if (key == "qscale") ok = absl::SimpleAtod(value, &config.query_pre_attn_scalar);
@@ -431,11 +449,12 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 namespace {
 
 Json LlamaConfigJson(const LlamaConfig& config) {
-  const std::string architecture = config.model_type == "mistral"  ? "MistralForCausalLM"
-                                   : config.model_type == "qwen2"  ? "Qwen2ForCausalLM"
-                                   : config.model_type == "gemma"  ? "GemmaForCausalLM"
-                                   : config.model_type == "gemma2" ? "Gemma2ForCausalLM"
-                                                                   : "LlamaForCausalLM";
+  const std::string architecture = config.model_type == "mistral"   ? "MistralForCausalLM"
+                                   : config.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                                   : config.model_type == "gemma"   ? "GemmaForCausalLM"
+                                   : config.model_type == "gemma2"  ? "Gemma2ForCausalLM"
+                                   : config.model_type == "mixtral" ? "MixtralForCausalLM"
+                                                                    : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
                {"vocab_size", config.vocab},
@@ -472,6 +491,17 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json.erase("attention_bias");
     json.erase("mlp_bias");
     json["sliding_window"] = window;
+  } else if (config.model_type == "mixtral") {
+    // MixtralConfig: no biases, head_dim hidden / heads, no load-balancing loss (tandem trains
+    // without it).
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("head_dim");
+    json["sliding_window"] = window;
+    json["num_local_experts"] = config.experts;
+    json["num_experts_per_tok"] = config.experts_per_token;
+    json["output_router_logits"] = false;
+    json["router_jitter_noise"] = 0.0;
   } else if (config.model_type == "qwen2") {
     // Qwen2Config: q/k/v biases always, head_dim hidden / heads.
     json.erase("attention_bias");

@@ -11,6 +11,7 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/pimpl.h>
 #include <ATen/ATen.h>
@@ -396,6 +397,120 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
 };
 TORCH_MODULE(LlamaMlp);
 
+// One of Mixtral's experts (transformers' MixtralBlockSparseTop2MLP): w2(act(w1 x) * w3 x), no
+// biases; w1 and w3 split by units under tensor parallelism, w2 by its inputs (its partial
+// product is summed over the group by the mixture, once for all experts).
+class LlamaExpertImpl : public torch::nn::Cloneable<LlamaExpertImpl> {
+ public:
+  explicit LlamaExpertImpl(const LlamaConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    const int64_t hidden = config_.hidden, units = config_.intermediate;
+    w1 = register_module("w1", ColumnParallelLinear(hidden, units, /*bias=*/false));
+    w2 = register_module("w2", RowParallelLinear(units, hidden, /*bias=*/false));
+    w3 = register_module("w3", ColumnParallelLinear(hidden, units, /*bias=*/false));
+    for (torch::Tensor* weight : {&w1->weight, &w2->weight, &w3->weight}) {
+      torch::Tensor none;
+      InitNormal(*weight, none, config_.init_std);
+    }
+  }
+
+  absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    TANDEM_RETURN_IF_ERROR(w1->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(w2->ShardForTensorParallel(tp));
+    return w3->ShardForTensorParallel(tp);
+  }
+
+  // This rank's part of the expert's output for `tokens` [n, hidden] (the whole output without
+  // tensor parallelism).
+  torch::Tensor Partial(const torch::Tensor& tokens) {
+    const torch::Tensor gate = DeferrableLinear(tokens, w1->weight, {});
+    const torch::Tensor up = DeferrableLinear(tokens, w3->weight, {});
+    return DeferrableLinear(Activate(gate, config_.hidden_act) * up, w2->weight, {});
+  }
+
+  ColumnParallelLinear w1{nullptr}, w3{nullptr};
+  RowParallelLinear w2{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaExpert);
+
+// Mixtral's sparse mixture of experts in place of the MLP (transformers'
+// MixtralSparseMoeBlock, see llama.h): block_sparse_moe.gate routes, block_sparse_moe.experts.<e>
+// compute.
+class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
+ public:
+  explicit LlamaMoeImpl(const LlamaConfig& config) : config_(config) { reset(); }
+
+  void reset() override {
+    // The router: a product without bias, whole on every rank.
+    gate = register_module("gate", ColumnParallelLinear(config_.hidden, config_.experts,
+                                                        /*bias=*/false));
+    torch::Tensor none;
+    InitNormal(gate->weight, none, config_.init_std);
+    experts = register_module("experts", torch::nn::ModuleList());
+    for (int64_t e = 0; e < config_.experts; ++e) experts->push_back(LlamaExpert(config_));
+  }
+
+  absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    for (int64_t e = 0; e < config_.experts; ++e) {
+      TANDEM_RETURN_IF_ERROR(experts[e]->as<LlamaExpertImpl>()->ShardForTensorParallel(tp));
+    }
+    tp_ = tp;
+    return absl::OkStatus();
+  }
+
+  // x [b, S, hidden] (this rank's [b, S/t, hidden] under sequence parallelism) -> the same
+  // shape.
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t hidden = config_.hidden, count = config_.experts;
+    // The router's scores and the experts' input, the whole sequence on every rank. The
+    // scores' gradient (each rank's experts contribute a part) is summed over the group: by
+    // the gather's backward (reduce-scatter) under sequence parallelism, else by a copy's.
+    torch::Tensor scores, input;
+    if (tp_.sequence_split()) {
+      const torch::Tensor router = SharedOverTheSequence({gate->weight}, tp_)[0];
+      scores = GatherFromSequenceParallel(DeferrableLinear(x, router, {}), tp_);
+      input = GatherFromSequenceParallel(x, tp_);
+    } else {
+      scores = CopyToTensorParallel(DeferrableLinear(x, gate->weight, {}), tp_);
+      input = CopyToTensorParallel(x, tp_);
+    }
+    const torch::Tensor tokens = input.reshape({-1, hidden});
+    // The best experts_per_token experts of each token, their softmax probabilities (float32)
+    // renormalised, in the input's type.
+    const torch::Tensor probabilities =
+        torch::softmax(scores.reshape({-1, count}), /*dim=*/1, torch::kFloat);
+    auto [weights, selected] = probabilities.topk(config_.experts_per_token, /*dim=*/-1);
+    weights = (weights / weights.sum(-1, /*keepdim=*/true)).to(tokens.scalar_type());
+    // mask[e][k][n]: token n's k-th choice is expert e.
+    const torch::Tensor mask = torch::one_hot(selected, count).permute({2, 1, 0});
+    torch::Tensor output = torch::zeros({tokens.size(0), hidden}, tokens.options());
+    for (int64_t e = 0; e < count; ++e) {
+      const std::vector<torch::Tensor> chosen = torch::where(mask[e]);
+      const torch::Tensor& choice = chosen[0];
+      const torch::Tensor& token = chosen[1];
+      const torch::Tensor part =
+          experts[e]->as<LlamaExpertImpl>()->Partial(tokens.index_select(0, token)) *
+          weights.index({token, choice}).unsqueeze(-1);
+      output.index_add_(0, token, part.to(output.scalar_type()));
+    }
+    output = output.view(input.sizes());
+    return tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
+                                : ReduceFromTensorParallel(output, tp_);
+  }
+
+  ColumnParallelLinear gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+
+ private:
+  LlamaConfig config_;
+  TensorParallel tp_;
+};
+TORCH_MODULE(LlamaMoe);
+
 // Layers 1..L: transformers' LlamaDecoderLayer (GemmaDecoderLayer, Gemma2DecoderLayer).
 class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public IncrementalLayer {
  public:
@@ -414,12 +529,17 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
       post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
     }
-    mlp = register_module("mlp", LlamaMlp(config_));
+    if (config_.Moe()) {
+      block_sparse_moe = register_module("block_sparse_moe", LlamaMoe(config_));
+    } else {
+      mlp = register_module("mlp", LlamaMlp(config_));
+    }
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     TANDEM_RETURN_IF_ERROR(self_attn->ShardForTensorParallel(tp));
-    TANDEM_RETURN_IF_ERROR(mlp->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(config_.Moe() ? block_sparse_moe->ShardForTensorParallel(tp)
+                                         : mlp->ShardForTensorParallel(tp));
     tp_ = tp;
     return absl::OkStatus();
   }
@@ -429,7 +549,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const auto [cos, sin] = Angles(x.size(1), x);
     if (config_.SandwichNorms()) {
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
-      return x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
+      return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
     if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma()) {
       // The norms write the products' type in the pass that reads their input; the
@@ -441,10 +561,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       const ResidualNorm second =
           ResidualRmsNorm(x, self_attn->forward(normed, cos, sin),
                           post_attention_layernorm->weight, post_attention_layernorm->eps(), type);
-      return second.sum + mlp(second.normed);
+      return second.sum + Feedforward(second.normed);
     }
     x = x + self_attn->forward(input_layernorm(x), cos, sin);
-    return x + mlp(post_attention_layernorm(x));
+    return x + Feedforward(post_attention_layernorm(x));
   }
 
   // x: this rank's S/t tokens [b, S/t, hidden]. The norms and residual adds run on them; the
@@ -459,7 +579,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       whole.push_back(post_feedforward_layernorm->weight);
     }
     const bool attention_bias = self_attn->o_proj->bias.defined();
-    const bool mlp_bias = mlp->down_proj->bias.defined();
+    const bool moe = config_.Moe();
+    const bool mlp_bias = !moe && mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
     const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
@@ -481,13 +602,16 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     // Gemma 2 normalises the attention's output (this rank's tokens) before the residual add.
     if (sandwich) attention = post_attention_layernorm->Normalize(attention, shared[1]);
     x = x + attention;
-    const torch::Tensor units =
-        mlp->Units(sandwich ? pre_feedforward_layernorm->Normalize(x, shared[2])
-                            : post_attention_layernorm->Normalize(x, shared[1]),
-                   /*sequence_split=*/true);
-    torch::Tensor output = with_bias(
-        ReduceScatterToSequenceParallel(DeferrableLinear(units, mlp->down_proj->weight, {}), tp_),
-        down_bias);
+    const torch::Tensor normed_x = sandwich ? pre_feedforward_layernorm->Normalize(x, shared[2])
+                                            : post_attention_layernorm->Normalize(x, shared[1]);
+    // The experts gather this rank's tokens and reduce-scatter their sum themselves.
+    torch::Tensor output =
+        moe ? block_sparse_moe(normed_x)
+            : with_bias(ReduceScatterToSequenceParallel(
+                            DeferrableLinear(mlp->Units(normed_x, /*sequence_split=*/true),
+                                             mlp->down_proj->weight, {}),
+                            tp_),
+                        down_bias);
     if (sandwich) output = post_feedforward_layernorm->Normalize(output, shared[3]);
     return x + output;
   }
@@ -507,10 +631,15 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
     if (config_.SandwichNorms()) {
       const torch::Tensor x = input + post_attention_layernorm(attended);
-      return x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
+      return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
     const torch::Tensor x = input + attended;
-    return x + mlp(post_attention_layernorm(x));
+    return x + Feedforward(post_attention_layernorm(x));
+  }
+
+  // The MLP, or Mixtral's experts.
+  torch::Tensor Feedforward(const torch::Tensor& x) {
+    return config_.Moe() ? block_sparse_moe(x) : mlp(x);
   }
 
   // post_attention_layernorm normalises the MLP's input, except in Gemma 2: there it normalises
@@ -519,7 +648,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
-  LlamaMlp mlp{nullptr};
+  LlamaMlp mlp{nullptr};               // dense blocks
+  LlamaMoe block_sparse_moe{nullptr};  // Mixtral's
 
  private:
   // transformers' LlamaRotaryEmbedding for positions [0, length): angles position * inverse
@@ -596,11 +726,57 @@ std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
         absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
     if (bias) names.push_back(absl::StrCat("self_attn.", projection, ".bias"));
   }
+  if (config.Moe()) {
+    names.push_back("block_sparse_moe.gate.weight");
+    for (int64_t e = 0; e < config.experts; ++e) {
+      for (const char* projection : {"w1", "w2", "w3"}) {
+        names.push_back(absl::StrCat("block_sparse_moe.experts.", e, ".", projection, ".weight"));
+      }
+    }
+    return names;
+  }
   for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
     names.push_back(absl::StrCat("mlp.", projection, ".weight"));
     if (config.mlp_bias) names.push_back(absl::StrCat("mlp.", projection, ".bias"));
   }
   return names;
+}
+
+// The defaults of a family's config class (transformers 4.46) for the fields tandem reads.
+struct FamilyDefaults {
+  int64_t vocab, hidden, intermediate, layers, heads;
+  int64_t kv_heads;  // 0: as many as heads
+  int64_t head_dim;  // 0: hidden / heads
+  int64_t max_positions;
+  double rms_norm_eps, rope_theta;
+  bool tied;
+  int64_t window;  // a windowed family's sliding_window when the file has none; 0: none
+};
+
+FamilyDefaults DefaultsOf(const std::string& model_type) {
+  if (model_type == "mistral") {
+    return {32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-6, 10000.0, false, 4096};
+  }
+  if (model_type == "qwen2") {
+    return {151936, 4096, 22016, 32, 32, 32, 0, 32768, 1e-6, 10000.0, false, 4096};
+  }
+  if (model_type == "mixtral") {
+    return {32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6, false, 0};
+  }
+  if (model_type == "gemma" || model_type == "gemma2") {
+    return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 1e-6, 10000.0, true, 4096};
+  }
+  return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
+}
+
+// The weights of a block's MLP a token is multiplied by: the three matrices of the MLP, or of
+// each expert it reaches, and the router.
+double FeedforwardWeightsPerToken(const LlamaConfig& config) {
+  const double h = static_cast<double>(config.hidden);
+  const double mlp = 3.0 * h * static_cast<double>(config.intermediate);
+  if (!config.Moe()) return mlp;
+  return static_cast<double>(config.experts_per_token) * mlp +
+         h * static_cast<double>(config.experts);
 }
 
 bool IsBlockParameter(const LlamaConfig& config, const std::string& name) {
@@ -621,38 +797,62 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.model_type, GetStringOr(json, "model_type", "llama", where));
   const bool mistral = config.model_type == "mistral", qwen2 = config.model_type == "qwen2";
   const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
-  if (config.model_type != "llama" && !mistral && !qwen2 && !gemma) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: model_type \"", config.model_type,
-        "\" is not supported by tandem's llama (llama, mistral, qwen2, gemma and gemma2 are)"));
+  const bool mixtral = config.model_type == "mixtral";
+  if (config.model_type != "llama" && !mistral && !qwen2 && !gemma && !mixtral) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: model_type \"", config.model_type,
+                     "\" is not supported by tandem's llama (llama, mistral, qwen2, gemma, "
+                     "gemma2 and mixtral are)"));
   }
-  // transformers' defaults for absent fields: LlamaConfig's, or GemmaConfig's and
-  // Gemma2Config's (the same for the fields both have).
-  TANDEM_ASSIGN_OR_RETURN(config.vocab,
-                          GetIntOr(json, "vocab_size", gemma ? 256000 : 32000, where));
-  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", gemma ? 3072 : 4096, where));
+  // transformers' defaults for absent fields: those of the family's config class.
+  const FamilyDefaults defaults = DefaultsOf(config.model_type);
+  TANDEM_ASSIGN_OR_RETURN(config.vocab, GetIntOr(json, "vocab_size", defaults.vocab, where));
+  TANDEM_ASSIGN_OR_RETURN(config.hidden, GetIntOr(json, "hidden_size", defaults.hidden, where));
   TANDEM_ASSIGN_OR_RETURN(config.intermediate,
-                          GetIntOr(json, "intermediate_size", gemma ? 24576 : 11008, where));
+                          GetIntOr(json, "intermediate_size", defaults.intermediate, where));
   TANDEM_ASSIGN_OR_RETURN(config.layers,
-                          GetIntOr(json, "num_hidden_layers", gemma ? 28 : 32, where));
+                          GetIntOr(json, "num_hidden_layers", defaults.layers, where));
   TANDEM_ASSIGN_OR_RETURN(config.heads,
-                          GetIntOr(json, "num_attention_heads", gemma ? 16 : 32, where));
-  config.kv_heads = config.heads;
+                          GetIntOr(json, "num_attention_heads", defaults.heads, where));
+  config.kv_heads = defaults.kv_heads > 0 ? defaults.kv_heads : config.heads;
   if (IsSet(json, "num_key_value_heads")) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
-  config.head_dim = gemma ? 256 : 0;
-  // Qwen2's attention takes hidden / heads whatever the file says.
-  if (IsSet(json, "head_dim") && !qwen2) {
+  config.head_dim = defaults.head_dim;
+  // Qwen2's and Mixtral's attention take hidden / heads whatever the file says.
+  if (IsSet(json, "head_dim") && !qwen2 && !mixtral) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                          GetIntOr(json, "max_position_embeddings", gemma ? 8192 : 2048, where));
-  TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps, GetNumberOr(json, "rms_norm_eps", 1e-6, where));
-  TANDEM_ASSIGN_OR_RETURN(config.rope_theta, GetNumberOr(json, "rope_theta", 10000.0, where));
+                          GetIntOr(json, "max_position_embeddings", defaults.max_positions, where));
+  TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
+                          GetNumberOr(json, "rms_norm_eps", defaults.rms_norm_eps, where));
+  TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
+                          GetNumberOr(json, "rope_theta", defaults.rope_theta, where));
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
-                          GetBoolOrUnset(json, "tie_word_embeddings", gemma, where));
+                          GetBoolOrUnset(json, "tie_word_embeddings", defaults.tied, where));
+  if (mixtral) {
+    TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_local_experts", 8, where));
+    TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
+                            GetIntOr(json, "num_experts_per_tok", 2, where));
+    TANDEM_ASSIGN_OR_RETURN(const bool router_logits,
+                            GetBoolOrUnset(json, "output_router_logits", false, where));
+    if (router_logits) {
+      return absl::InvalidArgumentError(
+          "config.json: output_router_logits true is not supported: transformers then adds a "
+          "load-balancing loss over every layer's router scores (router_aux_loss_coef), which "
+          "tandem does not compute; set it to false to train on the language-model loss alone");
+    }
+    TANDEM_ASSIGN_OR_RETURN(const double jitter,
+                            GetNumberOr(json, "router_jitter_noise", 0.0, where));
+    if (jitter != 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: router_jitter_noise ", jitter,
+          " is not supported (tandem routes without noise, as transformers does in eval mode; "
+          "set it to 0)"));
+    }
+  }
   if (gemma) {
     // Gemma's activation is hidden_activation; transformers ignores hidden_act for it.
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
@@ -689,7 +889,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (qwen2) {
     // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
     config.qkv_bias = true;
-  } else if (!mistral) {
+  } else if (!mistral && !mixtral) {  // MistralConfig and MixtralConfig have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
     if (!gemma) {  // Gemma's MLP has no biases
@@ -697,13 +897,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   // The sliding window: Mistral's when set (transformers' default 4096), Qwen2's only with
-  // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096).
-  bool windowed = mistral || gemma2;
+  // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096),
+  // Mixtral's when set (default none).
+  bool windowed = mistral || gemma2 || mixtral;
   if (qwen2) {
     TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
   }
   if (windowed) {
-    config.sliding_window = 4096;
+    config.sliding_window = defaults.window;
     if (json.contains("sliding_window")) {
       if (json.at("sliding_window").is_null()) {
         config.sliding_window = 0;
@@ -821,10 +1022,24 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "sequences within the window"));
   }
   if (config.model_type != "llama" && config.model_type != "mistral" &&
-      config.model_type != "qwen2" && !config.Gemma()) {
+      config.model_type != "qwen2" && !config.Gemma() && config.model_type != "mixtral") {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: model_type \"", config.model_type,
-                     "\" is not llama, mistral, qwen2, gemma or gemma2"));
+                     "\" is not llama, mistral, qwen2, gemma, gemma2 or mixtral"));
+  }
+  if (config.Moe() != (config.model_type == "mixtral") || config.experts < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: experts (num_local_experts) are Mixtral's: model_type mixtral needs them, others "
+        "have none; got ",
+        config.experts, " for ", config.model_type));
+  }
+  if (config.Moe() && (config.experts_per_token < 1 || config.experts_per_token > config.experts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: num_experts_per_tok (", config.experts_per_token,
+                     ") must be between 1 and num_local_experts (", config.experts, ")"));
+  }
+  if (config.Moe() && config.mlp_bias) {
+    return absl::InvalidArgumentError("llama: Mixtral's experts have no biases (mlp_bias)");
   }
   if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
       config.hidden_act != "gelu") {
@@ -899,12 +1114,15 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.final_logit_softcapping > 0) {
     absl::StrAppend(&text, " final-softcap=", config.final_logit_softcapping);
   }
+  if (config.Moe()) {
+    absl::StrAppend(&text, " experts=", config.experts, "/", config.experts_per_token);
+  }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }
 
 int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
-  if (model_type == "mistral") return sliding_window;
+  if (model_type == "mistral" || model_type == "mixtral") return sliding_window;
   if (model_type == "gemma2") return block % 2 == 0 ? sliding_window : 0;
   return 0;
 }
@@ -925,10 +1143,10 @@ double LlamaTrainingFlopsPerToken(const LlamaConfig& config) {
   const double h = static_cast<double>(config.hidden);
   const double q = static_cast<double>(config.heads * config.HeadDim());
   const double kv = static_cast<double>(config.kv_heads * config.HeadDim());
-  const double units = static_cast<double>(config.intermediate);
   const double layers = static_cast<double>(config.layers);
-  // Per block: q and o h*q each, k and v h*kv each, three MLP matrices h*units each.
-  const double block = 2.0 * h * q + 2.0 * h * kv + 3.0 * h * units;
+  // Per block: q and o h*q each, k and v h*kv each, the MLP's (or each expert's) three
+  // matrices and the router.
+  const double block = 2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config);
   const double matmul_parameters = layers * block + h * static_cast<double>(config.vocab);
   return 6.0 * matmul_parameters + 12.0 * layers * q * static_cast<double>(config.seq_len);
 }
@@ -963,8 +1181,7 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
     const double q = static_cast<double>(config.heads * config.HeadDim());
     const double kv = static_cast<double>(config.kv_heads * config.HeadDim());
     const double s_len = static_cast<double>(config.seq_len);
-    const double products =
-        2.0 * (2.0 * h * q + 2.0 * h * kv + 3.0 * h * static_cast<double>(config.intermediate));
+    const double products = 2.0 * (2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config));
     const double attention = 4.0 * q * s_len;
     const double head = 2.0 * h * static_cast<double>(config.vocab);
     model.layer_costs.push_back(2.0 * h);

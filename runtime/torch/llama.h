@@ -1,5 +1,6 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
-// MistralForCausalLM and Qwen2ForCausalLM, the same computation: see LlamaConfigFromJson):
+// MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM and
+// MixtralForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -14,7 +15,9 @@
 //   layer 0: embed_tokens.weight
 //   block:   input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight (and .bias with
 //            attention_bias), post_attention_layernorm.weight,
-//            mlp.{gate,up,down}_proj.weight (and .bias with mlp_bias)
+//            mlp.{gate,up,down}_proj.weight (and .bias with mlp_bias); Mixtral's
+//            block_sparse_moe.gate.weight and block_sparse_moe.experts.<e>.{w1,w2,w3}.weight
+//            instead of mlp
 //   head:    norm.weight, lm_head.weight
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename. No dropout: tandem computes what transformers' model computes in eval mode (a
@@ -32,6 +35,16 @@
 // parallelism (tensor_parallel.h) as the GPT's: the RMSNorms, residual adds and pipeline
 // transfers hold S/t tokens per rank (seq_len must divide); the rotary angles are those of the
 // whole sequence, which the split products see gathered.
+//
+// Mixtral's sparse mixture of experts (transformers' MixtralSparseMoeBlock) replaces the MLP:
+// a router (block_sparse_moe.gate, no bias) scores the experts of each token, the softmax of
+// the scores in float32 keeps the experts_per_token best, their probabilities renormalised to
+// sum to 1, and the token's output is the sum of those experts' MLPs (w2(silu(w1 x) * w3 x)),
+// each weighted by its probability; every token reaches its experts (no capacity, nothing
+// dropped), the experts in order as transformers adds them. Under tensor parallelism every
+// expert's units are split as the MLP's (w1 and w3 column-parallel, w2 row-parallel, one
+// all-reduce for the sum of all experts); the router is whole on every rank and sees the whole
+// sequence (under sequence parallelism its scores are gathered), so every rank routes alike.
 #pragma once
 
 #include <cstdint>
@@ -83,8 +96,8 @@ struct LlamaConfig {
   // as transformers' eager attention does. Qwen2's is left to full causal attention, which is
   // the same while seq_len <= sliding_window (ValidateLlamaConfig refuses longer sequences).
   int64_t sliding_window = 0;
-  // transformers' model family of the same computation: "llama", "mistral", "qwen2", "gemma"
-  // or "gemma2" (what an exported config.json says; DescribeLlama's " family="). Gemma's
+  // transformers' model family of the same computation: "llama", "mistral", "qwen2", "gemma",
+  // "gemma2" or "mixtral" (what an exported config.json says; DescribeLlama's " family="). Gemma's
   // computation differs (Gemma()): each RMSNorm scales by 1 + its weight (zero-initialised)
   // and rounds after the product, and the embedding's output is multiplied by sqrt(hidden) in
   // its type. Gemma 2 (SandwichNorms()) also normalises the attention's and the MLP's outputs
@@ -102,12 +115,17 @@ struct LlamaConfig {
   double final_logit_softcapping = 0;
   std::optional<int64_t> pad_token_id;  // the embedding's padding row (zero, no gradient)
   double init_std = 0.02;         // initializer_range
+  // Mixtral's mixture of experts (model_type "mixtral"): num_local_experts MLPs of
+  // `intermediate` units each, num_experts_per_tok of them per token; 0 experts: one dense MLP.
+  int64_t experts = 0;
+  int64_t experts_per_token = 0;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
   bool QkvBias() const { return attention_bias || qkv_bias; }
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
   bool SandwichNorms() const { return model_type == "gemma2"; }
+  bool Moe() const { return experts > 0; }
   // The window block `block` (0-based) attends within: sliding_window, or 0 for full causal
   // attention.
   int64_t WindowOfBlock(int64_t block) const;
@@ -118,21 +136,26 @@ struct LlamaConfig {
   double ScoreDivisor() const;
 };
 
-// A config from a transformers config.json, with transformers' LlamaConfig defaults for absent
-// (or null) fields (GemmaConfig's and Gemma2Config's for those families: tied embeddings,
-// head_dim 256, pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its
-// query_pre_attn_scalar 224 and window 4096). seq_len is not in the file: it keeps
-// LlamaConfig's default, at most max_position_embeddings (and Qwen2's window); set it
-// afterwards.
+// A config from a transformers config.json, with the defaults of the family's config class
+// for absent (or null) fields: LlamaConfig's, MistralConfig's (14336 units, 8 key/value heads,
+// window 4096), Qwen2Config's, MixtralConfig's (8 experts, 2 a token, rope_theta 1e6, norm
+// epsilon 1e-5), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256, pad_token_id
+// 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224 and
+// window 4096). seq_len is not in the file: it keeps LlamaConfig's default, at most
+// max_position_embeddings (and Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any), partial_rotary_factor other than 1, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
-// (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma" and "gemma2"
-// (its window on every other layer). Ignored: attention_dropout (tandem has no dropout) and
-// fields that only describe (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a
-// split of the same products; Gemma's hidden_act, which transformers ignores too).
+// (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
+// window on every other layer) and "mixtral" (Mistral's attention, experts for the MLP);
+// Mixtral's output_router_logits (transformers then adds a load-balancing loss over every
+// layer's router scores, which tandem does not compute) and router_jitter_noise (random
+// scaling of the router's input in training). Ignored: attention_dropout (tandem has no
+// dropout), router_aux_loss_coef (used only with output_router_logits) and fields that only
+// describe (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a split of the same
+// products; Gemma's hidden_act, which transformers ignores too).
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
 
 // InvalidArgument naming the field: positive sizes, kv_heads dividing heads, an even head_dim,
@@ -142,7 +165,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // "llama L=2 H=32 A=4 KV=2 I=64 S=8 V=64" (+ " hd=16" for an explicit head_dim, " tied",
 // " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " qkv-bias", " mlp-bias",
 // " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
-// " final-softcap=30", " family=mistral").
+// " final-softcap=30", " experts=8/2", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as
@@ -153,8 +176,9 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config);
 TiedWeights LlamaTiedWeights(const LlamaConfig& config);
 
 // Training FLOPs per token (forward + backward, no recomputation), PaLM's count: 6 * the
-// parameters of the matrix products (q/k/v/o, the three MLP matrices, the LM head; not the
-// embedding) + 12 * layers * heads * head_dim * seq_len for attention scores and values.
+// parameters of the matrix products a token passes through (q/k/v/o, the three MLP matrices
+// of each expert it reaches and the router, the LM head; not the embedding) + 12 * layers *
+// heads * head_dim * seq_len for attention scores and values.
 double LlamaTrainingFlopsPerToken(const LlamaConfig& config);
 
 // tandem's parameter name ("layers.<i>.<name>", LayeredModel::NamedParameters) to

@@ -19,8 +19,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         layout, gemma_tokenizer.json: the Replace normalizer, Split(" ", MergedWithPrevious),
         byte fallback, a <s> template; untied, as the Gemma cases are here: a tied random Gemma
         repeats its last token), gemma2_window (soft caps,
-        sandwich norms, a window of 6 tokens on every other block),
-        llama_eos (see end_of_text_case). "tokenizer" names the case's
+        sandwich norms, a window of 6 tokens on every other block), mixtral_window (4
+        experts, 2 a token, a window of 6 tokens), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -34,8 +34,8 @@ import unicodedata
 
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
-                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -146,6 +146,9 @@ def make(output):
                                         query_pre_attn_scalar=12, attn_logit_softcapping=2.0,
                                         final_logit_softcapping=5.0, sliding_window=6,
                                         hidden_activation="gelu_pytorch_tanh"),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("mixtral_window", lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
+                                         num_experts_per_tok=2, sliding_window=6),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

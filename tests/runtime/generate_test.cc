@@ -149,6 +149,24 @@ std::vector<ModelCase> ModelCases() {
          c.init_std = 0.3;
          return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
        }},
+      // Mixtral's experts route each new token alone.
+      {"mixtral",
+       [] {
+         LlamaConfig c;
+         c.model_type = "mixtral";
+         c.experts = 4;
+         c.experts_per_token = 2;
+         c.vocab = kVocab;
+         c.layers = 2;
+         c.hidden = 32;
+         c.heads = 4;
+         c.kv_heads = 2;
+         c.intermediate = 32;
+         c.seq_len = 40;
+         c.max_position_embeddings = 40;
+         c.init_std = 0.3;
+         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+       }},
   };
 }
 
@@ -332,7 +350,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 11u);
+  ASSERT_EQ(cases->size(), 12u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -365,6 +365,20 @@ TEST_P(HfModelsTest, Gemma2WithSoftCapsAndSandwichNormsEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+TEST_P(HfModelsTest, MixtralWithFourExpertsTwoATokenEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("mixtral_experts", GetParam());
+  EXPECT_TRUE(c.tied.parameters.empty());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, TiedMixtralWithOneExpertATokenAndAWindowEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("mixtral_top1_window", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -413,6 +427,13 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
                                   [](LlamaConfig& config) { config.sliding_window = 0; });
     EXPECT_GT(Compare(full, {0, 4}).logits, 100 * kOutputTolerance);
   }
+  // Mixtral's routing shows: three experts a token instead of two, or the window left out.
+  const HfCase three = LlamaCase("mixtral_experts", GptAttention::kExplicit,
+                                 [](LlamaConfig& config) { config.experts_per_token = 3; });
+  EXPECT_GT(Compare(three, {0, 4}).logits, 100 * kOutputTolerance);
+  const HfCase unwindowed = LlamaCase("mixtral_top1_window", GptAttention::kExplicit,
+                                      [](LlamaConfig& config) { config.sliding_window = 0; });
+  EXPECT_GT(Compare(unwindowed, {0, 4}).logits, 100 * kOutputTolerance);
   const HfCase as_llama = LlamaCase("gemma_tied", GptAttention::kExplicit,
                                     [](LlamaConfig& config) { config.model_type = "llama"; });
   EXPECT_GT(Compare(as_llama, {0, 4}).logits, 1000 * kOutputTolerance);
@@ -425,7 +446,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
         "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
-        "gpt2", "gpt2_untied_variants"}) {
+        "mixtral_experts", "mixtral_top1_window", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -567,6 +588,26 @@ TEST(LlamaConfigTest, ReadsMistralAndQwen2ConfigsAsTheirFamiliesDefineThem) {
   EXPECT_FALSE(LlamaConfigFromJson(unwindowed)->QkvBias());
   unwindowed["sliding_window"] = 0;
   ExpectRefused(LlamaConfigFromJson(unwindowed).status(), "sliding_window");
+  // Absent fields take MistralConfig's defaults, and Qwen2's Qwen2Config's.
+  const Json mistral_sparse = Json::parse(R"({"model_type": "mistral", "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 100})");
+  config = LlamaConfigFromJson(mistral_sparse);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->intermediate, 14336);
+  EXPECT_EQ(config->kv_heads, 8);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+  EXPECT_EQ(config->sliding_window, 4096);
+  Json qwen_sparse = mistral_sparse;
+  qwen_sparse["model_type"] = "qwen2";
+  qwen_sparse.erase("vocab_size");
+  qwen_sparse["num_attention_heads"] = 32;  // Qwen2Config's 32 key/value heads divide them
+  config = LlamaConfigFromJson(qwen_sparse);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->kv_heads, 32);
+  EXPECT_EQ(config->vocab, 151936);
+  EXPECT_EQ(config->intermediate, 22016);
+  EXPECT_EQ(config->max_position_embeddings, 32768);
+  EXPECT_EQ(config->sliding_window, 0);
 
   // Qwen2.5 0.5B's config.json.
   const Json qwen = Json::parse(R"({
@@ -618,6 +659,90 @@ TEST(LlamaConfigTest, ReadsMistralAndQwen2ConfigsAsTheirFamiliesDefineThem) {
   EXPECT_TRUE(ValidateLlamaConfig(*config).ok());
   config->seq_len = 4097;
   ExpectRefused(ValidateLlamaConfig(*config), "sliding window (4096 tokens) of qwen2");
+}
+
+TEST(LlamaConfigTest, ReadsMixtralConfigsAsTheirFamilyDefinesThem) {
+  // Mixtral 8x7B v0.1's config.json (mistralai/Mixtral-8x7B-v0.1).
+  const Json mixtral = Json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})");
+  auto config = LlamaConfigFromJson(mixtral);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Moe());
+  EXPECT_EQ(config->experts, 8);
+  EXPECT_EQ(config->experts_per_token, 2);
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_FALSE(config->QkvBias());
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=4096 A=32 KV=8 I=14336 S=32 V=32000 rope=1e+06 experts=8/2 "
+            "family=mixtral");
+  // A token passes through 2 of the 8 experts and the router: 6 * (32 * (2*4096*4096 +
+  // 2*4096*1024 + 2*3*4096*14336 + 4096*8) + 4096*32000) + 12 * 32 * 4096 * 32, about 12.9
+  // billion parameters' worth of its 46.7 billion.
+  EXPECT_DOUBLE_EQ(LlamaTrainingFlopsPerToken(*config),
+                   6.0 * (32.0 * (2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 2.0 * 3.0 * 4096 * 14336 +
+                                  4096.0 * 8) +
+                          4096.0 * 32000) +
+                       12.0 * 32 * 4096 * 32);
+  // Absent fields take MixtralConfig's defaults (not LlamaConfig's), and its attention takes
+  // hidden / heads whatever head_dim says; a window is masked, as Mistral's.
+  const Json sparse = Json::parse(R"({"model_type": "mixtral", "hidden_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "vocab_size": 100, "head_dim": 8,
+      "sliding_window": 16})");
+  config = LlamaConfigFromJson(sparse);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->experts, 8);
+  EXPECT_EQ(config->experts_per_token, 2);
+  EXPECT_EQ(config->intermediate, 14336);
+  EXPECT_EQ(config->kv_heads, 8);
+  EXPECT_EQ(config->rope_theta, 1e6);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+  EXPECT_EQ(config->HeadDim(), 16);
+  EXPECT_EQ(config->WindowOfBlock(1), 16);
+
+  auto with = [&](const char* field, const Json& value) {
+    Json bad = mixtral;
+    bad[field] = value;
+    return LlamaConfigFromJson(bad).status();
+  };
+  ExpectRefused(with("output_router_logits", true), "output_router_logits");
+  ExpectRefused(with("router_jitter_noise", 0.01), "router_jitter_noise");
+  ExpectRefused(with("num_experts_per_tok", 9), "num_experts_per_tok");
+  ExpectRefused(with("num_experts_per_tok", 0), "num_experts_per_tok");
+  ExpectRefused(with("num_local_experts", 0), "num_local_experts");
+  ExpectRefused(with("hidden_act", "gelu"), "hidden_act");
+  // Experts belong to Mixtral: a Llama description with them is refused.
+  config = LlamaConfigFromJson(mixtral);
+  config->model_type = "llama";
+  ExpectRefused(ValidateLlamaConfig(*config), "num_local_experts");
+
+  // The block holds the router and each expert's three matrices, and no MLP.
+  LlamaConfig tiny = *LlamaConfigFromJson(sparse);
+  tiny.intermediate = 8;
+  tiny.kv_heads = 4;
+  tiny.experts = 3;
+  tiny.seq_len = 8;
+  auto model = LlamaModelSpec(tiny).Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, tensor] : model->NamedParameters(0, 4)) {
+    shapes[name] = tensor.sizes().vec();
+  }
+  EXPECT_EQ(shapes["layers.1.block_sparse_moe.gate.weight"], (std::vector<int64_t>{3, 128}));
+  EXPECT_EQ(shapes["layers.2.block_sparse_moe.experts.2.w1.weight"],
+            (std::vector<int64_t>{8, 128}));
+  EXPECT_EQ(shapes["layers.2.block_sparse_moe.experts.2.w2.weight"],
+            (std::vector<int64_t>{128, 8}));
+  EXPECT_EQ(shapes.count("layers.1.block_sparse_moe.experts.3.w1.weight"), 0u);
+  EXPECT_EQ(shapes.count("layers.1.mlp.up_proj.weight"), 0u);
+  EXPECT_EQ(shapes.size(), 3u + 2u * (2 + 4 + 1 + 3 * 3));
 }
 
 TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {

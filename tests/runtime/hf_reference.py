@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -19,7 +19,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -68,6 +69,14 @@ CASES = {
                                          query_pre_attn_scalar=8, attn_logit_softcapping=50.0,
                                          final_logit_softcapping=30.0, sliding_window=5,
                                          hidden_activation="gelu_pytorch_tanh"),
+    # Mixtral: 4 experts of 64 units in each block, 2 of them a token (32 tokens, so every
+    # expert takes some), grouped-query attention, no window.
+    "mixtral_experts": lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
+                                     num_experts_per_tok=2),
+    # Mixtral with 3 experts, 1 a token (its weight renormalised to 1), tied, a window of 5.
+    "mixtral_top1_window": lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=3,
+                                         num_experts_per_tok=1, tie_word_embeddings=True,
+                                         sliding_window=5),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

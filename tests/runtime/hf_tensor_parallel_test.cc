@@ -104,6 +104,7 @@ struct Case {
   bool sequence_parallel = false;
   bool qkv_bias = false;  // Llama: biases on q/k/v_proj only, as Qwen2's
   bool gemma2 = false;    // Llama as Gemma 2: soft caps, sandwich norms, offset norms
+  bool mixtral = false;   // Llama as Mixtral: 4 experts, 2 a token, instead of the MLP
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -119,6 +120,11 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.query_pre_attn_scalar = 12;
     llama.attn_logit_softcapping = 1.0;
     llama.final_logit_softcapping = 2.0;
+  }
+  if (c.mixtral) {
+    llama.model_type = "mixtral";
+    llama.experts = 4;
+    llama.experts_per_token = 2;
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -161,10 +167,16 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
         << name << " on rank " << me;
   }
   if (t > 1 && !c.gpt2) {
-    // Per block q, k, v, o, gate, up, down; the embedding and the LM head (a tied head uses
-    // the embedding's shard: one parameter).
-    // With q/k/v biases, those three per block too.
-    EXPECT_EQ(split, (c.qkv_bias ? 10 : 7) * llama.layers + (c.tied ? 1 : 2));
+    // Per block q, k, v, o, gate, up, down (Mixtral: w1, w2 and w3 of each expert, the
+    // router whole); the embedding and the LM head (a tied head uses the embedding's shard:
+    // one parameter). With q/k/v biases, those three per block too.
+    const int feedforward = c.mixtral ? 3 * static_cast<int>(llama.experts) : 3;
+    EXPECT_EQ(split,
+              (c.qkv_bias ? 7 : 4) * llama.layers + feedforward * llama.layers + (c.tied ? 1 : 2));
+    if (c.mixtral) {
+      EXPECT_EQ(index.at("layers.1.block_sparse_moe.gate.weight"), nullptr);
+      EXPECT_NE(index.at("layers.2.block_sparse_moe.experts.3.w2.weight"), nullptr);
+    }
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
     EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), c.qkv_bias ? 1u : 0u);
@@ -222,6 +234,18 @@ TEST(LlamaTensorParallelTest, Gemma2ShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(gemma2);
   gemma2.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(gemma2);
+}
+
+// Mixtral: each expert's units split as the MLP's, the router whole on every rank (its
+// gradient, to which each rank's experts contribute a part, summed over the group), with and
+// without sequence parallelism (the router's scores gathered).
+TEST(LlamaTensorParallelTest, MixtralExpertShardsGiveTheWholeLossAndGradients) {
+  Case mixtral;
+  mixtral.mixtral = true;
+  ExpectShardsGiveTheWholeLossAndGradients(mixtral);
+  mixtral.sequence_parallel = true;
+  mixtral.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(mixtral);
 }
 
 // Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;

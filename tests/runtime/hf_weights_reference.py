@@ -11,7 +11,7 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied), gemma (tied,
         multi-query attention, padding row 0), gemma2 (soft caps, query_pre_attn_scalar,
         sandwich norms, a window of 32 tokens), mistral_short (a window of 8 tokens, shorter
-        than the tests' sequences).
+        than the tests' sequences), mixtral (4 experts, 2 a token).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -30,8 +30,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
-                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          GemmaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -55,6 +55,8 @@ def make(output):
                                  attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
                                  sliding_window=32, hidden_activation="gelu_pytorch_tanh"), {}),
         ("mistral_short", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=8), {}),
+        ("mixtral", lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
+                                  num_experts_per_tok=2), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

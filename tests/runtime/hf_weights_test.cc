@@ -321,6 +321,11 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
   llama.model_type = "gemma2";  // two more norms per block
   llama.mlp_bias = false;
   ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  llama = SmallLlama();
+  llama.model_type = "mixtral";  // a router and three experts for the MLP
+  llama.experts = 3;
+  llama.experts_per_token = 2;
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
   Gpt2Config gpt2 = SmallGpt2();
   ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
   gpt2.tie_word_embeddings = false;
@@ -335,7 +340,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(8, SmallLlama());
+  std::vector<LlamaConfig> llamas(9, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -356,6 +361,10 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[7].attn_logit_softcapping = 50;
   llamas[7].final_logit_softcapping = 30;
   llamas[7].sliding_window = 16;
+  llamas[8].model_type = "mixtral";
+  llamas[8].experts = 4;
+  llamas[8].experts_per_token = 2;
+  llamas[8].sliding_window = 8;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -369,6 +378,8 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->attn_logit_softcapping, config.attn_logit_softcapping);
     EXPECT_EQ(read->final_logit_softcapping, config.final_logit_softcapping);
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
+    EXPECT_EQ(read->experts, config.experts);
+    EXPECT_EQ(read->experts_per_token, config.experts_per_token);
     EXPECT_EQ(read->rms_norm_eps, 1e-5);
     EXPECT_EQ(read->max_position_embeddings, config.seq_len);
   }
@@ -602,6 +613,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // rank's attention sees the gathered sequence.
         ImportCase{"mistral_short", "llama"},
         ImportCase{"mistral_short", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"},
+        // Mixtral's experts: whole, on two stages, and each expert split over two ranks
+        // (with sequence parallelism the router's scores gathered).
+        ImportCase{"mixtral", "llama"}, ImportCase{"mixtral", "llama", /*ranks=*/2},
+        ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
     const std::string label =
         absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
@@ -728,6 +745,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // query_pre_attn_scalar, window, family=gemma2).
         ExportCase{"gemma2_init", 2, absl::StrCat(" --model llama --init-from ", Case("gemma2")),
                    ""},
+        // Mixtral from flags (--experts), its config.json written from the description.
+        ExportCase{"mixtral_flags", 2,
+                   " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2"
+                   " --intermediate 32 --experts 4 --experts-per-token 2 --vocab 64",
+                   ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -770,7 +792,8 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(tensor.bytes, saved.at(*name).bytes) << key;
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
-    const bool untied = c.name == "llama_flags" || c.name == "mistral_init";
+    const bool untied =
+        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
 
     // transformers loads it without a word and computes tandem's loss.
@@ -799,6 +822,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*gemma2)["query_pre_attn_scalar"], 12.0);
   EXPECT_EQ((*gemma2)["sliding_window"], 32);
   EXPECT_EQ((*gemma2)["hidden_activation"], "gelu_pytorch_tanh");
+  // And a Mixtral: its experts, no load-balancing loss.
+  auto mixtral = ReadJsonFile(scratch / "mixtral_flags_hf/config.json");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ((*mixtral)["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ((*mixtral)["num_local_experts"], 4);
+  EXPECT_EQ((*mixtral)["num_experts_per_tok"], 2);
+  EXPECT_EQ((*mixtral)["output_router_logits"], false);
   // The config written from --hf-config keeps the file's fields.
   auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -812,7 +842,7 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
   for (const ImportCase& c :
        {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
         ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
-        ImportCase{"gemma2", "llama", /*ranks=*/2}}) {
+        ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
