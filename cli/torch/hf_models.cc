@@ -1,5 +1,6 @@
 #include "cli/torch/hf_models.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -29,7 +30,7 @@ ABSL_FLAG(std::string, hf_config, "",
 ABSL_FLAG(std::string, init_from, "",
           "llama, gpt2: a Hugging Face model folder to start from (config.json with "
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
-          "model_type llama, mistral, qwen2, gemma, gemma2 and mixtral): the sizes come "
+          "model_type llama, mistral, qwen2, gemma, gemma2, mixtral and qwen2_moe): the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
           "weights");
@@ -162,10 +163,14 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   // copy of the token, and the router's scores).
   const double h = static_cast<double>(config.hidden);
   const double units = static_cast<double>(config.intermediate);
+  const double shared = static_cast<double>(config.shared_expert_intermediate);
   const double feedforward =
-      config.Moe() ? static_cast<double>(config.experts_per_token) * (3.0 * units + h) +
-                         static_cast<double>(config.experts)
-                   : 3.0 * units;
+      config.Moe()
+          ? std::max(3.0 * units, static_cast<double>(config.experts_per_token) *
+                                          (3.0 * static_cast<double>(config.ExpertUnits()) + h) +
+                                      static_cast<double>(config.experts) +
+                                      (shared > 0 ? 3.0 * shared + 1.0 : 0.0))
+          : 3.0 * units;
   return DecoderModel(config.vocab, config.seq_len, config.heads, 4.0 * h + feedforward,
                       runtime::libtorch::LlamaModelSpec(config),
                       runtime::libtorch::LlamaHfLayout(config),
@@ -210,8 +215,8 @@ void RegisterHuggingFaceModels() {
     const absl::Status llama = RegisterModel(
         {.name = "llama",
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
-                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2 and "
-                    "Mixtral's experts from their config.json or --experts)",
+                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Mixtral "
+                    "and Qwen2-MoE from their config.json, Mixtral's experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
                    "intermediate", "experts", "experts_per_token", "seq_len", "vocab", "data",
                    "data_format", "valid_data", "attention"},

@@ -286,7 +286,8 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
   Blueprint blueprint;
   HfLayout layout;
   if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-      model_type == "gemma" || model_type == "gemma2" || model_type == "mixtral") {
+      model_type == "gemma" || model_type == "gemma2" || model_type == "mixtral" ||
+      model_type == "qwen2_moe") {
     auto config = LlamaConfigFromJson(json);
     if (!config.ok()) return Annotate(config.status(), folder);
     // The positions the model takes (Qwen2's sliding window bounds them).
@@ -302,7 +303,8 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         config_path, ": model_type \"", model_type,
-        "\": generate reads llama (and mistral, qwen2, gemma, gemma2, mixtral) and gpt2 folders"));
+        "\": generate reads llama (and mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe) and "
+        "gpt2 folders"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
                           HfWeights::Open(folder, std::move(layout)));

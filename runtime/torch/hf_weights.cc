@@ -3,7 +3,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -72,43 +76,14 @@ const HfTensor* HfLayout::Find(absl::string_view name) const {
 HfLayout LlamaHfLayout(const LlamaConfig& config) {
   HfLayout layout;
   layout.model = DescribeLlama(config);
-  const int64_t h = config.hidden, q = config.heads * config.HeadDim(),
-                kv = config.kv_heads * config.HeadDim(), units = config.intermediate;
+  const int64_t h = config.hidden;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     AddTensor(layout, KeyOf(LlamaHfName(config, name), name), name, std::move(shape));
   };
   add("layers.0.embed_tokens.weight", {config.vocab, h});
-  for (int64_t block = 1; block <= config.layers; ++block) {
-    const std::string p = absl::StrCat("layers.", block, ".");
-    add(p + "input_layernorm.weight", {h});
-    const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
-        {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
-    for (const auto& [projection, out_in] : attention) {
-      add(absl::StrCat(p, "self_attn.", projection, ".weight"), {out_in.first, out_in.second});
-      const bool bias =
-          absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
-      if (bias) add(absl::StrCat(p, "self_attn.", projection, ".bias"), {out_in.first});
-    }
-    add(p + "post_attention_layernorm.weight", {h});
-    if (config.SandwichNorms()) {
-      add(p + "pre_feedforward_layernorm.weight", {h});
-      add(p + "post_feedforward_layernorm.weight", {h});
-    }
-    if (config.Moe()) {
-      add(p + "block_sparse_moe.gate.weight", {config.experts, h});
-      for (int64_t e = 0; e < config.experts; ++e) {
-        const std::string expert = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
-        add(expert + "w1.weight", {units, h});
-        add(expert + "w2.weight", {h, units});
-        add(expert + "w3.weight", {units, h});
-      }
-      continue;
-    }
-    const std::pair<const char*, std::pair<int64_t, int64_t>> mlp[] = {
-        {"gate_proj", {units, h}}, {"up_proj", {units, h}}, {"down_proj", {h, units}}};
-    for (const auto& [projection, out_in] : mlp) {
-      add(absl::StrCat(p, "mlp.", projection, ".weight"), {out_in.first, out_in.second});
-      if (config.mlp_bias) add(absl::StrCat(p, "mlp.", projection, ".bias"), {out_in.first});
+  for (int64_t block = 0; block < config.layers; ++block) {
+    for (auto& [name, shape] : LlamaBlockParameters(config, block)) {
+      add(absl::StrCat("layers.", block + 1, ".", name), std::move(shape));
     }
   }
   const std::string head = absl::StrCat("layers.", config.layers + 1, ".");
@@ -344,6 +319,16 @@ absl::Status CheckReadBack(absl::string_view description, const std::string& wri
                                                  written, "'"));
 }
 
+// " dense=0,5": block indices.
+bool ReadBlocks(const std::string& value, std::vector<int64_t>* blocks) {
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    int64_t block = 0;
+    if (!absl::SimpleAtoi(part, &block)) return false;
+    blocks->push_back(block);
+  }
+  return true;
+}
+
 // " experts=8/2": experts and experts_per_token.
 bool ReadExperts(const std::string& value, LlamaConfig* config) {
   const std::vector<std::string> parts = absl::StrSplit(value, '/');
@@ -361,6 +346,31 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
   config.init_std = kDefaultInitializerRange;
   config.head_dim = 0;
   config.rope_scaling.reset();
+  // "key=value" tokens by their key, and the words that set a flag.
+  const std::map<std::string, int64_t*> integers = {
+      {"L", &config.layers},
+      {"H", &config.hidden},
+      {"A", &config.heads},
+      {"KV", &config.kv_heads},
+      {"I", &config.intermediate},
+      {"S", &config.seq_len},
+      {"V", &config.vocab},
+      {"hd", &config.head_dim},
+      {"window", &config.sliding_window},
+      {"expert-units", &config.expert_intermediate},
+      {"shared-units", &config.shared_expert_intermediate},
+      {"sparse-step", &config.sparse_step}};
+  const std::map<std::string, double*> numbers = {
+      {"rope", &config.rope_theta},
+      {"qscale", &config.query_pre_attn_scalar},
+      {"attn-softcap", &config.attn_logit_softcapping},
+      {"final-softcap", &config.final_logit_softcapping}};
+  const std::map<std::string, std::pair<bool*, bool>> words = {
+      {"tied", {&config.tie_word_embeddings, true}},
+      {"attention-bias", {&config.attention_bias, true}},
+      {"qkv-bias", {&config.qkv_bias, true}},
+      {"mlp-bias", {&config.mlp_bias, true}},
+      {"topk=raw", {&config.normalize_top_k, false}}};
   std::set<std::string> seen;
   for (const std::string& token : tokens) {
     const size_t equals = token.find('=');
@@ -368,16 +378,15 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
     const std::string value = equals == std::string::npos ? "" : token.substr(equals + 1);
     seen.insert(key);
     bool ok = true;
-    if (key == "L") ok = absl::SimpleAtoi(value, &config.layers);
-    else if (key == "H") ok = absl::SimpleAtoi(value, &config.hidden);
-    else if (key == "A") ok = absl::SimpleAtoi(value, &config.heads);
-    else if (key == "KV") ok = absl::SimpleAtoi(value, &config.kv_heads);
-    else if (key == "I") ok = absl::SimpleAtoi(value, &config.intermediate);
-    else if (key == "S") ok = absl::SimpleAtoi(value, &config.seq_len);
-    else if (key == "V") ok = absl::SimpleAtoi(value, &config.vocab);
-    else if (key == "hd") ok = absl::SimpleAtoi(value, &config.head_dim);
-    else if (key == "rope") ok = absl::SimpleAtod(value, &config.rope_theta);
-    else if (key == "llama3-scaling") {
+    if (auto word = words.find(token); word != words.end()) {
+      *word->second.first = word->second.second;
+    } else if (equals == std::string::npos) {
+      ok = false;
+    } else if (auto integer = integers.find(key); integer != integers.end()) {
+      ok = absl::SimpleAtoi(value, integer->second);
+    } else if (auto number = numbers.find(key); number != numbers.end()) {
+      ok = absl::SimpleAtod(value, number->second);
+    } else if (key == "llama3-scaling") {
       const std::vector<std::string> parts = absl::StrSplit(value, '/');
       LlamaRopeScaling scaling;
       ok = parts.size() == 4 && absl::SimpleAtod(parts[0], &scaling.factor) &&
@@ -385,18 +394,17 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
            absl::SimpleAtod(parts[2], &scaling.high_freq_factor) &&
            absl::SimpleAtoi(parts[3], &scaling.original_max_position_embeddings);
       config.rope_scaling = scaling;
-    } else if (token == "tied") config.tie_word_embeddings = true;
-    else if (token == "attention-bias") config.attention_bias = true;
-    else if (token == "qkv-bias") config.qkv_bias = true;
-    else if (key == "window") ok = absl::SimpleAtoi(value, &config.sliding_window);
-    else if (key == "family") config.model_type = value;
-    else if (key == "experts") ok = ReadExperts(value, &config);
-    else if (token == "mlp-bias") config.mlp_bias = true;
-    else if (key == "act") config.hidden_act = value;
-    else if (key == "qscale") ok = absl::SimpleAtod(value, &config.query_pre_attn_scalar);
-    else if (key == "attn-softcap") ok = absl::SimpleAtod(value, &config.attn_logit_softcapping);
-    else if (key == "final-softcap") ok = absl::SimpleAtod(value, &config.final_logit_softcapping);
-    else ok = false;
+    } else if (key == "family") {
+      config.model_type = value;
+    } else if (key == "act") {
+      config.hidden_act = value;
+    } else if (key == "experts") {
+      ok = ReadExperts(value, &config);
+    } else if (key == "dense") {
+      ok = ReadBlocks(value, &config.dense_blocks);
+    } else {
+      ok = false;
+    }
     if (!ok) return Unreadable(description, token);
   }
   for (const char* required : {"L", "H", "A", "KV", "I", "S", "V"}) {
@@ -449,12 +457,13 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 namespace {
 
 Json LlamaConfigJson(const LlamaConfig& config) {
-  const std::string architecture = config.model_type == "mistral"   ? "MistralForCausalLM"
-                                   : config.model_type == "qwen2"   ? "Qwen2ForCausalLM"
-                                   : config.model_type == "gemma"   ? "GemmaForCausalLM"
-                                   : config.model_type == "gemma2"  ? "Gemma2ForCausalLM"
-                                   : config.model_type == "mixtral" ? "MixtralForCausalLM"
-                                                                    : "LlamaForCausalLM";
+  const std::string architecture = config.model_type == "mistral"     ? "MistralForCausalLM"
+                                   : config.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                                   : config.model_type == "gemma"     ? "GemmaForCausalLM"
+                                   : config.model_type == "gemma2"    ? "Gemma2ForCausalLM"
+                                   : config.model_type == "mixtral"   ? "MixtralForCausalLM"
+                                   : config.model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                                                      : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
                {"vocab_size", config.vocab},
@@ -502,13 +511,23 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["num_experts_per_tok"] = config.experts_per_token;
     json["output_router_logits"] = false;
     json["router_jitter_noise"] = 0.0;
-  } else if (config.model_type == "qwen2") {
-    // Qwen2Config: q/k/v biases always, head_dim hidden / heads.
+  } else if (config.model_type == "qwen2" || config.model_type == "qwen2_moe") {
+    // Qwen2Config and Qwen2MoeConfig: q/k/v biases always, head_dim hidden / heads.
     json.erase("attention_bias");
     json.erase("mlp_bias");
     json.erase("head_dim");
     json["use_sliding_window"] = config.sliding_window > 0;
     json["sliding_window"] = window;
+    if (config.model_type == "qwen2_moe") {
+      json["num_experts"] = config.experts;
+      json["num_experts_per_tok"] = config.experts_per_token;
+      json["moe_intermediate_size"] = config.expert_intermediate;
+      json["shared_expert_intermediate_size"] = config.shared_expert_intermediate;
+      json["norm_topk_prob"] = config.normalize_top_k;
+      json["decoder_sparse_step"] = config.sparse_step;
+      json["mlp_only_layers"] = config.dense_blocks;
+      json["output_router_logits"] = false;
+    }
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.

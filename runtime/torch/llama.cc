@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/deferred_linear.h"
@@ -397,49 +398,73 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
 };
 TORCH_MODULE(LlamaMlp);
 
-// One of Mixtral's experts (transformers' MixtralBlockSparseTop2MLP): w2(act(w1 x) * w3 x), no
-// biases; w1 and w3 split by units under tensor parallelism, w2 by its inputs (its partial
-// product is summed over the group by the mixture, once for all experts).
+// An expert (transformers' MixtralBlockSparseTop2MLP, Qwen2MoeMLP): down(act(gate x) * up x) of
+// `units` units, no biases; named w1, w3 and w2 (Mixtral) or gate_proj, up_proj and down_proj
+// (Qwen2-MoE). gate and up are split by units under tensor parallelism, down by its inputs (its
+// partial product is summed over the group by the mixture, once for all experts).
 class LlamaExpertImpl : public torch::nn::Cloneable<LlamaExpertImpl> {
  public:
-  explicit LlamaExpertImpl(const LlamaConfig& config) : config_(config) { reset(); }
+  LlamaExpertImpl(const LlamaConfig& config, int64_t units) : config_(config), units_(units) {
+    reset();
+  }
 
   void reset() override {
-    const int64_t hidden = config_.hidden, units = config_.intermediate;
-    w1 = register_module("w1", ColumnParallelLinear(hidden, units, /*bias=*/false));
-    w2 = register_module("w2", RowParallelLinear(units, hidden, /*bias=*/false));
-    w3 = register_module("w3", ColumnParallelLinear(hidden, units, /*bias=*/false));
-    for (torch::Tensor* weight : {&w1->weight, &w2->weight, &w3->weight}) {
+    const int64_t hidden = config_.hidden;
+    const bool mixtral = config_.model_type == "mixtral";
+    // Registered in the order of transformers' state dict.
+    gate = register_module(mixtral ? "w1" : "gate_proj",
+                           ColumnParallelLinear(hidden, units_, /*bias=*/false));
+    if (mixtral) down = register_module("w2", RowParallelLinear(units_, hidden, /*bias=*/false));
+    up = register_module(mixtral ? "w3" : "up_proj",
+                         ColumnParallelLinear(hidden, units_, /*bias=*/false));
+    if (!mixtral) {
+      down = register_module("down_proj", RowParallelLinear(units_, hidden, /*bias=*/false));
+    }
+    for (torch::Tensor* weight : {&gate->weight, &up->weight, &down->weight}) {
       torch::Tensor none;
       InitNormal(*weight, none, config_.init_std);
     }
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
-    TANDEM_RETURN_IF_ERROR(w1->ShardForTensorParallel(tp));
-    TANDEM_RETURN_IF_ERROR(w2->ShardForTensorParallel(tp));
-    return w3->ShardForTensorParallel(tp);
+    TANDEM_RETURN_IF_ERROR(gate->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(up->ShardForTensorParallel(tp));
+    return down->ShardForTensorParallel(tp);
   }
 
   // This rank's part of the expert's output for `tokens` [n, hidden] (the whole output without
   // tensor parallelism).
   torch::Tensor Partial(const torch::Tensor& tokens) {
-    const torch::Tensor gate = DeferrableLinear(tokens, w1->weight, {});
-    const torch::Tensor up = DeferrableLinear(tokens, w3->weight, {});
-    return DeferrableLinear(Activate(gate, config_.hidden_act) * up, w2->weight, {});
+    const torch::Tensor g = DeferrableLinear(tokens, gate->weight, {});
+    const torch::Tensor u = DeferrableLinear(tokens, up->weight, {});
+    return DeferrableLinear(Activate(g, config_.hidden_act) * u, down->weight, {});
   }
 
-  ColumnParallelLinear w1{nullptr}, w3{nullptr};
-  RowParallelLinear w2{nullptr};
+  ColumnParallelLinear gate{nullptr}, up{nullptr};
+  RowParallelLinear down{nullptr};
 
  private:
   LlamaConfig config_;
+  int64_t units_;
 };
 TORCH_MODULE(LlamaExpert);
 
-// Mixtral's sparse mixture of experts in place of the MLP (transformers'
-// MixtralSparseMoeBlock, see llama.h): block_sparse_moe.gate routes, block_sparse_moe.experts.<e>
-// compute.
+// A product whose weight every rank holds whole, applied to the whole sequence (its own
+// tokens under sequence parallelism, the products then gathered), whose output's gradient the
+// rank's expert shards give a part of: summed over the group (by the gather's reduce-scatter,
+// else by a copy's all-reduce) before it reaches the weight and the input.
+torch::Tensor WholeOverTheGroup(const torch::Tensor& x, const torch::Tensor& weight,
+                                const TensorParallel& tp) {
+  if (tp.sequence_split()) {
+    return GatherFromSequenceParallel(
+        DeferrableLinear(x, SharedOverTheSequence({weight}, tp)[0], {}), tp);
+  }
+  return CopyToTensorParallel(DeferrableLinear(x, weight, {}), tp);
+}
+
+// A mixture of experts in place of the MLP (transformers' MixtralSparseMoeBlock and
+// Qwen2MoeSparseMoeBlock, see llama.h): gate routes, experts.<e> compute, and Qwen2-MoE's
+// shared_expert, scaled by sigmoid(shared_expert_gate x), adds to every token.
 class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
  public:
   explicit LlamaMoeImpl(const LlamaConfig& config) : config_(config) { reset(); }
@@ -451,12 +476,24 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     torch::Tensor none;
     InitNormal(gate->weight, none, config_.init_std);
     experts = register_module("experts", torch::nn::ModuleList());
-    for (int64_t e = 0; e < config_.experts; ++e) experts->push_back(LlamaExpert(config_));
+    for (int64_t e = 0; e < config_.experts; ++e) {
+      experts->push_back(LlamaExpert(config_, config_.ExpertUnits()));
+    }
+    if (config_.shared_expert_intermediate > 0) {
+      shared_expert = register_module("shared_expert",
+                                      LlamaExpert(config_, config_.shared_expert_intermediate));
+      shared_expert_gate = register_module("shared_expert_gate",
+                                           ColumnParallelLinear(config_.hidden, 1, /*bias=*/false));
+      InitNormal(shared_expert_gate->weight, none, config_.init_std);
+    }
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     for (int64_t e = 0; e < config_.experts; ++e) {
       TANDEM_RETURN_IF_ERROR(experts[e]->as<LlamaExpertImpl>()->ShardForTensorParallel(tp));
+    }
+    if (!shared_expert.is_empty()) {
+      TANDEM_RETURN_IF_ERROR(shared_expert->ShardForTensorParallel(tp));
     }
     tp_ = tp;
     return absl::OkStatus();
@@ -466,25 +503,18 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
   // shape.
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t hidden = config_.hidden, count = config_.experts;
-    // The router's scores and the experts' input, the whole sequence on every rank. The
-    // scores' gradient (each rank's experts contribute a part) is summed over the group: by
-    // the gather's backward (reduce-scatter) under sequence parallelism, else by a copy's.
-    torch::Tensor scores, input;
-    if (tp_.sequence_split()) {
-      const torch::Tensor router = SharedOverTheSequence({gate->weight}, tp_)[0];
-      scores = GatherFromSequenceParallel(DeferrableLinear(x, router, {}), tp_);
-      input = GatherFromSequenceParallel(x, tp_);
-    } else {
-      scores = CopyToTensorParallel(DeferrableLinear(x, gate->weight, {}), tp_);
-      input = CopyToTensorParallel(x, tp_);
-    }
+    // The router's scores and the experts' input, the whole sequence on every rank.
+    const torch::Tensor scores = WholeOverTheGroup(x, gate->weight, tp_);
+    const torch::Tensor input =
+        tp_.sequence_split() ? GatherFromSequenceParallel(x, tp_) : CopyToTensorParallel(x, tp_);
     const torch::Tensor tokens = input.reshape({-1, hidden});
-    // The best experts_per_token experts of each token, their softmax probabilities (float32)
-    // renormalised, in the input's type.
+    // The best experts_per_token experts of each token, their softmax probabilities (float32),
+    // renormalised where the family does so, in the input's type.
     const torch::Tensor probabilities =
         torch::softmax(scores.reshape({-1, count}), /*dim=*/1, torch::kFloat);
     auto [weights, selected] = probabilities.topk(config_.experts_per_token, /*dim=*/-1);
-    weights = (weights / weights.sum(-1, /*keepdim=*/true)).to(tokens.scalar_type());
+    if (config_.normalize_top_k) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    weights = weights.to(tokens.scalar_type());
     // mask[e][k][n]: token n's k-th choice is expert e.
     const torch::Tensor mask = torch::one_hot(selected, count).permute({2, 1, 0});
     torch::Tensor output = torch::zeros({tokens.size(0), hidden}, tokens.options());
@@ -497,6 +527,11 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
           weights.index({token, choice}).unsqueeze(-1);
       output.index_add_(0, token, part.to(output.scalar_type()));
     }
+    if (!shared_expert.is_empty()) {
+      const torch::Tensor scale =
+          torch::sigmoid(WholeOverTheGroup(x, shared_expert_gate->weight, tp_).reshape({-1, 1}));
+      output = output + scale * shared_expert->Partial(tokens);
+    }
     output = output.view(input.sizes());
     return tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
                                 : ReduceFromTensorParallel(output, tp_);
@@ -504,6 +539,8 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
 
   ColumnParallelLinear gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
+  LlamaExpert shared_expert{nullptr};                // Qwen2-MoE's
+  ColumnParallelLinear shared_expert_gate{nullptr};  // Qwen2-MoE's
 
  private:
   LlamaConfig config_;
@@ -516,7 +553,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
  public:
   // `block`: the block's index from 0 (which decides its sliding window).
   LlamaBlockImpl(const LlamaConfig& config, int64_t block)
-      : config_(config), block_(block), inverse_frequencies_(InverseFrequencies(config)) {
+      : config_(config),
+        block_(block),
+        sparse_(config.SparseBlock(block)),
+        inverse_frequencies_(InverseFrequencies(config)) {
     reset();
   }
 
@@ -529,8 +569,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
       post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
     }
-    if (config_.Moe()) {
-      block_sparse_moe = register_module("block_sparse_moe", LlamaMoe(config_));
+    if (sparse_) {
+      // Mixtral's is block_sparse_moe, Qwen2-MoE's takes the MLP's name.
+      moe = register_module(config_.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
+                            LlamaMoe(config_));
     } else {
       mlp = register_module("mlp", LlamaMlp(config_));
     }
@@ -538,8 +580,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     TANDEM_RETURN_IF_ERROR(self_attn->ShardForTensorParallel(tp));
-    TANDEM_RETURN_IF_ERROR(config_.Moe() ? block_sparse_moe->ShardForTensorParallel(tp)
-                                         : mlp->ShardForTensorParallel(tp));
+    TANDEM_RETURN_IF_ERROR(sparse_ ? moe->ShardForTensorParallel(tp)
+                                   : mlp->ShardForTensorParallel(tp));
     tp_ = tp;
     return absl::OkStatus();
   }
@@ -579,8 +621,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       whole.push_back(post_feedforward_layernorm->weight);
     }
     const bool attention_bias = self_attn->o_proj->bias.defined();
-    const bool moe = config_.Moe();
-    const bool mlp_bias = !moe && mlp->down_proj->bias.defined();
+    const bool mlp_bias = !sparse_ && mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
     const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
@@ -606,12 +647,12 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                                             : post_attention_layernorm->Normalize(x, shared[1]);
     // The experts gather this rank's tokens and reduce-scatter their sum themselves.
     torch::Tensor output =
-        moe ? block_sparse_moe(normed_x)
-            : with_bias(ReduceScatterToSequenceParallel(
-                            DeferrableLinear(mlp->Units(normed_x, /*sequence_split=*/true),
-                                             mlp->down_proj->weight, {}),
-                            tp_),
-                        down_bias);
+        sparse_ ? moe(normed_x)
+                : with_bias(ReduceScatterToSequenceParallel(
+                                DeferrableLinear(mlp->Units(normed_x, /*sequence_split=*/true),
+                                                 mlp->down_proj->weight, {}),
+                                tp_),
+                            down_bias);
     if (sandwich) output = post_feedforward_layernorm->Normalize(output, shared[3]);
     return x + output;
   }
@@ -637,10 +678,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     return x + Feedforward(post_attention_layernorm(x));
   }
 
-  // The MLP, or Mixtral's experts.
-  torch::Tensor Feedforward(const torch::Tensor& x) {
-    return config_.Moe() ? block_sparse_moe(x) : mlp(x);
-  }
+  // The MLP, or the experts.
+  torch::Tensor Feedforward(const torch::Tensor& x) { return sparse_ ? moe(x) : mlp(x); }
 
   // post_attention_layernorm normalises the MLP's input, except in Gemma 2: there it normalises
   // the attention's output, and pre_feedforward_layernorm the MLP's input (both feedforward
@@ -648,8 +687,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
-  LlamaMlp mlp{nullptr};               // dense blocks
-  LlamaMoe block_sparse_moe{nullptr};  // Mixtral's
+  LlamaMlp mlp{nullptr};  // dense blocks
+  LlamaMoe moe{nullptr};  // sparse blocks (mixtures of experts)
 
  private:
   // transformers' LlamaRotaryEmbedding for positions [0, length): angles position * inverse
@@ -665,6 +704,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   LlamaConfig config_;
   int64_t block_;
+  bool sparse_;                        // experts instead of the MLP
   torch::Tensor inverse_frequencies_;  // [head_dim / 2], float32, on the CPU
   TensorParallel tp_;
 };
@@ -713,35 +753,6 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
 };
 TORCH_MODULE(LlamaHead);
 
-// The parameter names of a block, as transformers names them inside model.layers.<i>.
-std::vector<std::string> BlockParameterNames(const LlamaConfig& config) {
-  std::vector<std::string> names = {"input_layernorm.weight", "post_attention_layernorm.weight"};
-  if (config.SandwichNorms()) {
-    names.push_back("pre_feedforward_layernorm.weight");
-    names.push_back("post_feedforward_layernorm.weight");
-  }
-  for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
-    names.push_back(absl::StrCat("self_attn.", projection, ".weight"));
-    const bool bias =
-        absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
-    if (bias) names.push_back(absl::StrCat("self_attn.", projection, ".bias"));
-  }
-  if (config.Moe()) {
-    names.push_back("block_sparse_moe.gate.weight");
-    for (int64_t e = 0; e < config.experts; ++e) {
-      for (const char* projection : {"w1", "w2", "w3"}) {
-        names.push_back(absl::StrCat("block_sparse_moe.experts.", e, ".", projection, ".weight"));
-      }
-    }
-    return names;
-  }
-  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
-    names.push_back(absl::StrCat("mlp.", projection, ".weight"));
-    if (config.mlp_bias) names.push_back(absl::StrCat("mlp.", projection, ".bias"));
-  }
-  return names;
-}
-
 // The defaults of a family's config class (transformers 4.46) for the fields tandem reads.
 struct FamilyDefaults {
   int64_t vocab, hidden, intermediate, layers, heads;
@@ -763,30 +774,95 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "mixtral") {
     return {32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6, false, 0};
   }
+  if (model_type == "qwen2_moe") {
+    return {151936, 2048, 5632, 24, 16, 16, 0, 32768, 1e-6, 10000.0, false, 4096};
+  }
   if (model_type == "gemma" || model_type == "gemma2") {
     return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 1e-6, 10000.0, true, 4096};
   }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
-// The weights of a block's MLP a token is multiplied by: the three matrices of the MLP, or of
-// each expert it reaches, and the router.
-double FeedforwardWeightsPerToken(const LlamaConfig& config) {
+// The weights of block `block`'s MLP a token is multiplied by: the three matrices of the MLP,
+// or of each expert it reaches, the router, and the shared expert and its gate.
+double FeedforwardWeightsPerToken(const LlamaConfig& config, int64_t block) {
   const double h = static_cast<double>(config.hidden);
-  const double mlp = 3.0 * h * static_cast<double>(config.intermediate);
-  if (!config.Moe()) return mlp;
-  return static_cast<double>(config.experts_per_token) * mlp +
-         h * static_cast<double>(config.experts);
+  if (!config.SparseBlock(block)) return 3.0 * h * static_cast<double>(config.intermediate);
+  const double shared = static_cast<double>(config.shared_expert_intermediate);
+  return static_cast<double>(config.experts_per_token) * 3.0 * h *
+             static_cast<double>(config.ExpertUnits()) +
+         h * static_cast<double>(config.experts) + (shared > 0 ? 3.0 * h * shared + h : 0.0);
 }
 
-bool IsBlockParameter(const LlamaConfig& config, const std::string& name) {
-  for (const std::string& known : BlockParameterNames(config)) {
+bool IsBlockParameter(const LlamaConfig& config, int64_t block, const std::string& name) {
+  for (const auto& [known, shape] : LlamaBlockParameters(config, block)) {
     if (known == name) return true;
   }
   return false;
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
+    const LlamaConfig& config, int64_t block) {
+  const int64_t h = config.hidden, q = config.heads * config.HeadDim(),
+                kv = config.kv_heads * config.HeadDim();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    parameters.emplace_back(std::move(name), std::move(shape));
+  };
+  add("input_layernorm.weight", {h});
+  const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
+      {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
+  for (const auto& [projection, out_in] : attention) {
+    add(absl::StrCat("self_attn.", projection, ".weight"), {out_in.first, out_in.second});
+    const bool bias =
+        absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
+    if (bias) add(absl::StrCat("self_attn.", projection, ".bias"), {out_in.first});
+  }
+  add("post_attention_layernorm.weight", {h});
+  if (config.SandwichNorms()) {
+    add("pre_feedforward_layernorm.weight", {h});
+    add("post_feedforward_layernorm.weight", {h});
+  }
+  // An MLP (or expert) of `units` units under `prefix`, its matrices named `names` (gate, up,
+  // down).
+  auto mlp = [&](const std::string& prefix, int64_t units, const std::vector<const char*>& names,
+                 bool bias) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      const bool down = i == 2;
+      add(absl::StrCat(prefix, names[i], ".weight"),
+          down ? std::vector<int64_t>{h, units} : std::vector<int64_t>{units, h});
+      if (bias) add(absl::StrCat(prefix, names[i], ".bias"), {down ? h : units});
+    }
+  };
+  if (!config.SparseBlock(block)) {
+    mlp("mlp.", config.intermediate, {"gate_proj", "up_proj", "down_proj"}, config.mlp_bias);
+    return parameters;
+  }
+  if (config.model_type == "mixtral") {
+    add("block_sparse_moe.gate.weight", {config.experts, h});
+    for (int64_t e = 0; e < config.experts; ++e) {
+      // State-dict order: w1, w2, w3.
+      const std::string expert = absl::StrCat("block_sparse_moe.experts.", e, ".");
+      add(expert + "w1.weight", {config.ExpertUnits(), h});
+      add(expert + "w2.weight", {h, config.ExpertUnits()});
+      add(expert + "w3.weight", {config.ExpertUnits(), h});
+    }
+    return parameters;
+  }
+  add("mlp.gate.weight", {config.experts, h});
+  for (int64_t e = 0; e < config.experts; ++e) {
+    mlp(absl::StrCat("mlp.experts.", e, "."), config.ExpertUnits(),
+        {"gate_proj", "up_proj", "down_proj"}, /*bias=*/false);
+  }
+  if (config.shared_expert_intermediate > 0) {
+    mlp("mlp.shared_expert.", config.shared_expert_intermediate,
+        {"gate_proj", "up_proj", "down_proj"}, /*bias=*/false);
+    add("mlp.shared_expert_gate.weight", {1, h});
+  }
+  return parameters;
+}
 
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   constexpr absl::string_view where = "config.json";
@@ -795,14 +871,16 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   }
   LlamaConfig config;
   TANDEM_ASSIGN_OR_RETURN(config.model_type, GetStringOr(json, "model_type", "llama", where));
-  const bool mistral = config.model_type == "mistral", qwen2 = config.model_type == "qwen2";
+  const bool mistral = config.model_type == "mistral";
+  const bool qwen2_moe = config.model_type == "qwen2_moe";
+  const bool qwen2 = config.model_type == "qwen2" || qwen2_moe;  // Qwen2's attention
   const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
   const bool mixtral = config.model_type == "mixtral";
   if (config.model_type != "llama" && !mistral && !qwen2 && !gemma && !mixtral) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: model_type \"", config.model_type,
                      "\" is not supported by tandem's llama (llama, mistral, qwen2, gemma, "
-                     "gemma2 and mixtral are)"));
+                     "gemma2, mixtral and qwen2_moe are)"));
   }
   // transformers' defaults for absent fields: those of the family's config class.
   const FamilyDefaults defaults = DefaultsOf(config.model_type);
@@ -832,10 +910,41 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
                           GetBoolOrUnset(json, "tie_word_embeddings", defaults.tied, where));
+  if (qwen2_moe) {
+    // Qwen2MoeConfig's defaults: Qwen1.5-MoE-A2.7B's.
+    TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_experts", 60, where));
+    TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
+                            GetIntOr(json, "num_experts_per_tok", 4, where));
+    TANDEM_ASSIGN_OR_RETURN(config.expert_intermediate,
+                            GetIntOr(json, "moe_intermediate_size", 1408, where));
+    TANDEM_ASSIGN_OR_RETURN(config.shared_expert_intermediate,
+                            GetIntOr(json, "shared_expert_intermediate_size", 5632, where));
+    TANDEM_ASSIGN_OR_RETURN(config.normalize_top_k,
+                            GetBoolOrUnset(json, "norm_topk_prob", false, where));
+    TANDEM_ASSIGN_OR_RETURN(config.sparse_step, GetIntOr(json, "decoder_sparse_step", 1, where));
+    if (IsSet(json, "mlp_only_layers")) {
+      const Json& dense = json.at("mlp_only_layers");
+      if (!dense.is_array()) {
+        return absl::InvalidArgumentError("config.json: mlp_only_layers must be a list of layers");
+      }
+      for (const Json& layer : dense) {
+        if (!layer.is_number_integer()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config.json: mlp_only_layers must be a list of layers, got ", dense.dump()));
+        }
+        config.dense_blocks.push_back(layer.get<int64_t>());
+      }
+      std::sort(config.dense_blocks.begin(), config.dense_blocks.end());
+      config.dense_blocks.erase(std::unique(config.dense_blocks.begin(), config.dense_blocks.end()),
+                                config.dense_blocks.end());
+    }
+  }
   if (mixtral) {
     TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_local_experts", 8, where));
     TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
                             GetIntOr(json, "num_experts_per_tok", 2, where));
+  }
+  if (mixtral || qwen2_moe) {
     TANDEM_ASSIGN_OR_RETURN(const bool router_logits,
                             GetBoolOrUnset(json, "output_router_logits", false, where));
     if (router_logits) {
@@ -1021,17 +1130,38 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         ": tandem computes its attention in full, which equals the windowed one only for "
         "sequences within the window"));
   }
+  const bool mixtral = config.model_type == "mixtral", qwen2_moe = config.model_type == "qwen2_moe";
   if (config.model_type != "llama" && config.model_type != "mistral" &&
-      config.model_type != "qwen2" && !config.Gemma() && config.model_type != "mixtral") {
+      config.model_type != "qwen2" && !config.Gemma() && !mixtral && !qwen2_moe) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: model_type \"", config.model_type,
-                     "\" is not llama, mistral, qwen2, gemma, gemma2 or mixtral"));
+                     "\" is not llama, mistral, qwen2, gemma, gemma2, mixtral or qwen2_moe"));
   }
-  if (config.Moe() != (config.model_type == "mixtral") || config.experts < 0) {
+  if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe) ||
+      (mixtral && !config.Moe())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: experts (num_local_experts) are Mixtral's: model_type mixtral needs them, others "
-        "have none; got ",
+        "llama: experts (num_local_experts, num_experts) are Mixtral's and Qwen2-MoE's: "
+        "mixtral needs them, the other families have none; got ",
         config.experts, " for ", config.model_type));
+  }
+  if (mixtral &&
+      (config.expert_intermediate != 0 || config.shared_expert_intermediate != 0 ||
+       !config.normalize_top_k || config.sparse_step != 1 || !config.dense_blocks.empty())) {
+    return absl::InvalidArgumentError(
+        "llama: Mixtral's experts have intermediate_size units, no shared expert, renormalised "
+        "probabilities and every block sparse");
+  }
+  if (config.expert_intermediate < 0 || config.shared_expert_intermediate < 0 ||
+      (qwen2_moe && config.Moe() &&
+       (config.expert_intermediate == 0 || config.shared_expert_intermediate == 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: moe_intermediate_size (", config.expert_intermediate,
+                     ") and shared_expert_intermediate_size (", config.shared_expert_intermediate,
+                     ") must be positive"));
+  }
+  if (config.sparse_step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: decoder_sparse_step must be positive, got ", config.sparse_step));
   }
   if (config.Moe() && (config.experts_per_token < 1 || config.experts_per_token > config.experts)) {
     return absl::InvalidArgumentError(
@@ -1039,7 +1169,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
                      ") must be between 1 and num_local_experts (", config.experts, ")"));
   }
   if (config.Moe() && config.mlp_bias) {
-    return absl::InvalidArgumentError("llama: Mixtral's experts have no biases (mlp_bias)");
+    return absl::InvalidArgumentError("llama: experts have no biases (mlp_bias)");
   }
   if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
       config.hidden_act != "gelu") {
@@ -1116,6 +1246,17 @@ std::string DescribeLlama(const LlamaConfig& config) {
   }
   if (config.Moe()) {
     absl::StrAppend(&text, " experts=", config.experts, "/", config.experts_per_token);
+    if (config.expert_intermediate > 0) {
+      absl::StrAppend(&text, " expert-units=", config.expert_intermediate);
+    }
+    if (config.shared_expert_intermediate > 0) {
+      absl::StrAppend(&text, " shared-units=", config.shared_expert_intermediate);
+    }
+    if (!config.normalize_top_k) absl::StrAppend(&text, " topk=raw");
+    if (config.sparse_step != 1) absl::StrAppend(&text, " sparse-step=", config.sparse_step);
+    if (!config.dense_blocks.empty()) {
+      absl::StrAppend(&text, " dense=", absl::StrJoin(config.dense_blocks, ","));
+    }
   }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
@@ -1127,8 +1268,13 @@ int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
   return 0;
 }
 
+bool LlamaConfig::SparseBlock(int64_t block) const {
+  return Moe() && (block + 1) % sparse_step == 0 &&
+         std::find(dense_blocks.begin(), dense_blocks.end(), block) == dense_blocks.end();
+}
+
 int64_t LlamaConfig::MaxPositions() const {
-  if (model_type == "qwen2" && sliding_window > 0) {
+  if ((model_type == "qwen2" || model_type == "qwen2_moe") && sliding_window > 0) {
     return std::min(max_position_embeddings, sliding_window);
   }
   return max_position_embeddings;
@@ -1146,8 +1292,11 @@ double LlamaTrainingFlopsPerToken(const LlamaConfig& config) {
   const double layers = static_cast<double>(config.layers);
   // Per block: q and o h*q each, k and v h*kv each, the MLP's (or each expert's) three
   // matrices and the router.
-  const double block = 2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config);
-  const double matmul_parameters = layers * block + h * static_cast<double>(config.vocab);
+  double blocks = 0;
+  for (int64_t b = 0; b < config.layers; ++b) {
+    blocks += 2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config, b);
+  }
+  const double matmul_parameters = blocks + h * static_cast<double>(config.vocab);
   return 6.0 * matmul_parameters + 12.0 * layers * q * static_cast<double>(config.seq_len);
 }
 
@@ -1181,18 +1330,22 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
     const double q = static_cast<double>(config.heads * config.HeadDim());
     const double kv = static_cast<double>(config.kv_heads * config.HeadDim());
     const double s_len = static_cast<double>(config.seq_len);
-    const double products = 2.0 * (2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config));
     const double attention = 4.0 * q * s_len;
     const double head = 2.0 * h * static_cast<double>(config.vocab);
     model.layer_costs.push_back(2.0 * h);
-    model.layer_costs.insert(model.layer_costs.end(), config.layers, products + attention);
-    model.layer_costs.push_back(head + 5.0 * static_cast<double>(config.vocab));
     // Input gradients cost each product's forward and twice attention's; weight gradients one
     // product per weight.
+    double products = 0;  // of every block
+    for (int64_t block = 0; block < config.layers; ++block) {
+      const double block_products =
+          2.0 * (2.0 * h * q + 2.0 * h * kv + FeedforwardWeightsPerToken(config, block));
+      model.layer_costs.push_back(block_products + attention);
+      products += block_products;
+    }
+    model.layer_costs.push_back(head + 5.0 * static_cast<double>(config.vocab));
     const double blocks = static_cast<double>(config.layers);
-    model.split_pass_costs = {blocks * (products + attention) + head,
-                              blocks * (products + 2.0 * attention) + head,
-                              blocks * products + head};
+    model.split_pass_costs = {products + blocks * attention + head,
+                              products + blocks * 2.0 * attention + head, products + head};
     model.loss = TokenCrossEntropy(config.vocab);
     model.loss_takes_compute_type = true;
     const int last = static_cast<int>(config.layers) + 1;
@@ -1202,6 +1355,14 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "llama: num_attention_heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
+      if (config.Moe()) {
+        TANDEM_RETURN_IF_ERROR(
+            tp.CheckDivisible(config.ExpertUnits(), "llama: the experts' units"));
+        if (config.shared_expert_intermediate > 0) {
+          TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.shared_expert_intermediate,
+                                                   "llama: shared_expert_intermediate_size"));
+        }
+      }
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.vocab, "llama: vocab_size"));
       if (tp.sequence_split()) {
         TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(
@@ -1223,7 +1384,7 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
   if (layer == last && rest == "norm.weight") return "model.norm.weight";
   if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
-  if (layer > 0 && layer < last && IsBlockParameter(config, rest)) {
+  if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
     return absl::StrCat("model.layers.", layer - 1, ".", rest);
   }
   return absl::InvalidArgumentError(
@@ -1237,7 +1398,7 @@ absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::str
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
   std::string rest;
   const int block = NumberAfterPrefix(key, "model.layers.", &rest);
-  if (block >= 0 && block < config.layers && IsBlockParameter(config, rest)) {
+  if (block >= 0 && block < config.layers && IsBlockParameter(config, block, rest)) {
     return absl::StrCat("layers.", block + 1, ".", rest);
   }
   return absl::InvalidArgumentError(

@@ -1,6 +1,7 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
-// MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM and
-// MixtralForCausalLM, variations of the same computation: see LlamaConfig):
+// MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
+// MixtralForCausalLM and Qwen2MoeForCausalLM, variations of the same computation: see
+// LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -17,7 +18,9 @@
 //            attention_bias), post_attention_layernorm.weight,
 //            mlp.{gate,up,down}_proj.weight (and .bias with mlp_bias); Mixtral's
 //            block_sparse_moe.gate.weight and block_sparse_moe.experts.<e>.{w1,w2,w3}.weight
-//            instead of mlp
+//            instead of mlp; Qwen2-MoE's sparse blocks mlp.gate.weight,
+//            mlp.experts.<e>.{gate,up,down}_proj.weight, mlp.shared_expert.{gate,up,down}_proj
+//            .weight and mlp.shared_expert_gate.weight
 //   head:    norm.weight, lm_head.weight
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename. No dropout: tandem computes what transformers' model computes in eval mode (a
@@ -41,15 +44,22 @@
 // the scores in float32 keeps the experts_per_token best, their probabilities renormalised to
 // sum to 1, and the token's output is the sum of those experts' MLPs (w2(silu(w1 x) * w3 x)),
 // each weighted by its probability; every token reaches its experts (no capacity, nothing
-// dropped), the experts in order as transformers adds them. Under tensor parallelism every
+// dropped), the experts in order as transformers adds them. Qwen2-MoE's
+// (Qwen2MoeSparseMoeBlock) is the same with its own expert size, the probabilities kept as
+// they are unless norm_topk_prob, and a shared expert every token passes through, its output
+// scaled by sigmoid(shared_expert_gate x); its blocks may alternate with dense ones
+// (decoder_sparse_step, mlp_only_layers). Under tensor parallelism every
 // expert's units are split as the MLP's (w1 and w3 column-parallel, w2 row-parallel, one
-// all-reduce for the sum of all experts); the router is whole on every rank and sees the whole
-// sequence (under sequence parallelism its scores are gathered), so every rank routes alike.
+// all-reduce for the sum of all experts, the shared one's included); the router is whole on every
+// rank and sees the whole sequence (under sequence parallelism its scores are gathered), so every
+// rank routes alike.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -115,10 +125,22 @@ struct LlamaConfig {
   double final_logit_softcapping = 0;
   std::optional<int64_t> pad_token_id;  // the embedding's padding row (zero, no gradient)
   double init_std = 0.02;         // initializer_range
-  // Mixtral's mixture of experts (model_type "mixtral"): num_local_experts MLPs of
-  // `intermediate` units each, num_experts_per_tok of them per token; 0 experts: one dense MLP.
+  // A mixture of experts (model_type "mixtral" or "qwen2_moe"): `experts` MLPs (Mixtral's
+  // num_local_experts, Qwen2-MoE's num_experts), experts_per_token of them per token; 0
+  // experts: one dense MLP.
   int64_t experts = 0;
   int64_t experts_per_token = 0;
+  // Units of each expert (Qwen2-MoE's moe_intermediate_size); 0: `intermediate` (Mixtral's).
+  int64_t expert_intermediate = 0;
+  // Qwen2-MoE's shared expert, shared_expert_intermediate_size units; 0: none.
+  int64_t shared_expert_intermediate = 0;
+  // The chosen experts' probabilities renormalised to sum to 1 (Mixtral's always; Qwen2-MoE's
+  // norm_topk_prob).
+  bool normalize_top_k = true;
+  // Qwen2-MoE's sparse blocks: those whose 1-based index decoder_sparse_step divides, except
+  // mlp_only_layers (0-based); the others have a dense MLP of `intermediate` units.
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_blocks;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -126,6 +148,11 @@ struct LlamaConfig {
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
   bool SandwichNorms() const { return model_type == "gemma2"; }
   bool Moe() const { return experts > 0; }
+  // Whether block `block` (0-based) holds experts.
+  bool SparseBlock(int64_t block) const;
+  int64_t ExpertUnits() const {
+    return expert_intermediate > 0 ? expert_intermediate : intermediate;
+  }
   // The window block `block` (0-based) attends within: sliding_window, or 0 for full causal
   // attention.
   int64_t WindowOfBlock(int64_t block) const;
@@ -139,9 +166,10 @@ struct LlamaConfig {
 // A config from a transformers config.json, with the defaults of the family's config class
 // for absent (or null) fields: LlamaConfig's, MistralConfig's (14336 units, 8 key/value heads,
 // window 4096), Qwen2Config's, MixtralConfig's (8 experts, 2 a token, rope_theta 1e6, norm
-// epsilon 1e-5), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256, pad_token_id
-// 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224 and
-// window 4096). seq_len is not in the file: it keeps LlamaConfig's default, at most
+// epsilon 1e-5), Qwen2MoeConfig's (60 experts of 1408 units, 4 a token, unnormalised, a
+// shared expert of 5632 units), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256,
+// pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
+// and window 4096). seq_len is not in the file: it keeps LlamaConfig's default, at most
 // max_position_embeddings (and Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
@@ -149,13 +177,14 @@ struct LlamaConfig {
 // "llama3" (or "default"; Gemma: any), partial_rotary_factor other than 1, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
-// window on every other layer) and "mixtral" (Mistral's attention, experts for the MLP);
-// Mixtral's output_router_logits (transformers then adds a load-balancing loss over every
-// layer's router scores, which tandem does not compute) and router_jitter_noise (random
-// scaling of the router's input in training). Ignored: attention_dropout (tandem has no
-// dropout), router_aux_loss_coef (used only with output_router_logits) and fields that only
-// describe (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a split of the same
-// products; Gemma's hidden_act, which transformers ignores too).
+// window on every other layer), "mixtral" (Mistral's attention, experts for the MLP) and
+// "qwen2_moe" (Qwen2's attention, experts and a shared expert); output_router_logits (transformers
+// then adds a load-balancing loss over every layer's router scores, which tandem does not compute)
+// and router_jitter_noise (random scaling of the router's input in training). Ignored:
+// attention_dropout (tandem has no dropout), router_aux_loss_coef (used only with
+// output_router_logits) and fields that only describe (torch_dtype, bos/eos_token_id, use_cache,
+// pretraining_tp: a split of the same products; Gemma's hidden_act, which transformers ignores
+// too).
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
 
 // InvalidArgument naming the field: positive sizes, kv_heads dividing heads, an even head_dim,
@@ -165,7 +194,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // "llama L=2 H=32 A=4 KV=2 I=64 S=8 V=64" (+ " hd=16" for an explicit head_dim, " tied",
 // " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " qkv-bias", " mlp-bias",
 // " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
-// " final-softcap=30", " experts=8/2", " family=mistral").
+// " final-softcap=30", " experts=8/2", " expert-units=1408", " shared-units=5632",
+// " topk=raw" (not renormalised), " sparse-step=2", " dense=0,5", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as
@@ -180,6 +210,11 @@ TiedWeights LlamaTiedWeights(const LlamaConfig& config);
 // of each expert it reaches and the router, the LM head; not the embedding) + 12 * layers *
 // heads * head_dim * seq_len for attention scores and values.
 double LlamaTrainingFlopsPerToken(const LlamaConfig& config);
+
+// The parameters of block `block` (0-based) as transformers names them inside
+// model.layers.<block>, with their shapes, in the order of a transformers state dict.
+std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
+    const LlamaConfig& config, int64_t block);
 
 // tandem's parameter name ("layers.<i>.<name>", LayeredModel::NamedParameters) to
 // transformers' state-dict key: "model.embed_tokens.weight", "model.layers.<i - 1>.<name>",

@@ -20,7 +20,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         byte fallback, a <s> template; untied, as the Gemma cases are here: a tied random Gemma
         repeats its last token), gemma2_window (soft caps,
         sandwich norms, a window of 6 tokens on every other block), mixtral_window (4
-        experts, 2 a token, a window of 6 tokens), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        experts, 2 a token, a window of 6 tokens), qwen2_moe (3 experts, 2 a token, a shared
+        expert, the second block dense), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -35,7 +36,8 @@ import unicodedata
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -149,6 +151,11 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("mixtral_window", lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
                                          num_experts_per_tok=2, sliding_window=6),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("qwen2_moe", lambda: llama(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=3,
+                                    num_experts_per_tok=2, moe_intermediate_size=16,
+                                    shared_expert_intermediate_size=32, mlp_only_layers=[1],
+                                    initializer_range=0.3),  # wide: varied tokens
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

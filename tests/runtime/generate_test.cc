@@ -167,6 +167,29 @@ std::vector<ModelCase> ModelCases() {
          c.init_std = 0.3;
          return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
        }},
+      // Qwen2-MoE's shared expert and its gate, a dense block after a sparse one.
+      {"qwen2_moe",
+       [] {
+         LlamaConfig c;
+         c.model_type = "qwen2_moe";
+         c.qkv_bias = true;
+         c.experts = 3;
+         c.experts_per_token = 2;
+         c.expert_intermediate = 16;
+         c.shared_expert_intermediate = 24;
+         c.normalize_top_k = false;
+         c.dense_blocks = {1};
+         c.vocab = kVocab;
+         c.layers = 2;
+         c.hidden = 32;
+         c.heads = 4;
+         c.kv_heads = 2;
+         c.intermediate = 32;
+         c.seq_len = 40;
+         c.max_position_embeddings = 40;
+         c.init_std = 0.3;
+         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+       }},
   };
 }
 
@@ -350,7 +373,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 12u);
+  ASSERT_EQ(cases->size(), 13u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -379,6 +379,19 @@ TEST_P(HfModelsTest, TiedMixtralWithOneExpertATokenAndAWindowEqualsTransformers)
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+TEST_P(HfModelsTest, Qwen2MoeWithASharedExpertAndADenseBlockEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("qwen2_moe_shared", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, TiedQwen2MoeSparseEverySecondBlockEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("qwen2_moe_step2", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -434,6 +447,14 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
   const HfCase unwindowed = LlamaCase("mixtral_top1_window", GptAttention::kExplicit,
                                       [](LlamaConfig& config) { config.sliding_window = 0; });
   EXPECT_GT(Compare(unwindowed, {0, 4}).logits, 100 * kOutputTolerance);
+  // Qwen2-MoE's probabilities: renormalised where they are not, and the reverse.
+  for (const char* name : {"qwen2_moe_shared", "qwen2_moe_step2"}) {
+    SCOPED_TRACE(name);
+    const HfCase flipped = LlamaCase(name, GptAttention::kExplicit, [](LlamaConfig& config) {
+      config.normalize_top_k = !config.normalize_top_k;
+    });
+    EXPECT_GT(Compare(flipped, {0, 4}).logits, 100 * kOutputTolerance);
+  }
   const HfCase as_llama = LlamaCase("gemma_tied", GptAttention::kExplicit,
                                     [](LlamaConfig& config) { config.model_type = "llama"; });
   EXPECT_GT(Compare(as_llama, {0, 4}).logits, 1000 * kOutputTolerance);
@@ -446,7 +467,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
         "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
-        "mixtral_experts", "mixtral_top1_window", "gpt2", "gpt2_untied_variants"}) {
+        "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -743,6 +765,92 @@ TEST(LlamaConfigTest, ReadsMixtralConfigsAsTheirFamilyDefinesThem) {
   EXPECT_EQ(shapes.count("layers.1.block_sparse_moe.experts.3.w1.weight"), 0u);
   EXPECT_EQ(shapes.count("layers.1.mlp.up_proj.weight"), 0u);
   EXPECT_EQ(shapes.size(), 3u + 2u * (2 + 4 + 1 + 3 * 3));
+}
+
+TEST(LlamaConfigTest, ReadsQwen2MoeConfigsAsTheirFamilyDefinesThem) {
+  // A config.json of Qwen1.5-MoE-A2.7B's layout and sizes.
+  const Json qwen_moe = Json::parse(R"({
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192,
+    "max_window_layers": 21, "model_type": "qwen2_moe", "num_attention_heads": 16,
+    "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+    "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.001})");
+  auto config = LlamaConfigFromJson(qwen_moe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_EQ(config->experts, 60);
+  EXPECT_EQ(config->ExpertUnits(), 1408);
+  EXPECT_FALSE(config->normalize_top_k);
+  EXPECT_TRUE(config->SparseBlock(0));
+  EXPECT_TRUE(config->SparseBlock(23));
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=24 H=2048 A=16 KV=16 I=5632 S=32 V=151936 rope=1e+06 qkv-bias experts=60/4 "
+            "expert-units=1408 shared-units=5632 topk=raw family=qwen2_moe");
+  // Per block and token: 4 experts' 3 matrices, the router, the shared expert and its gate.
+  const double block = 2.0 * 2048 * 2048 + 2.0 * 2048 * 2048 + 4.0 * 3 * 2048 * 1408 + 2048.0 * 60 +
+                       3.0 * 2048 * 5632 + 2048.0;
+  EXPECT_DOUBLE_EQ(LlamaTrainingFlopsPerToken(*config),
+                   6.0 * (24 * block + 2048.0 * 151936) + 12.0 * 24 * 2048 * 32);
+  // Dense blocks: every second (decoder_sparse_step 2: 1-based indices 2, 4, ... sparse) and
+  // those mlp_only_layers names.
+  Json stepped = qwen_moe;
+  stepped["decoder_sparse_step"] = 2;
+  stepped["mlp_only_layers"] = Json::parse("[5, 3]");
+  config = LlamaConfigFromJson(stepped);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->SparseBlock(0));
+  EXPECT_TRUE(config->SparseBlock(1));
+  EXPECT_FALSE(config->SparseBlock(3));
+  EXPECT_FALSE(config->SparseBlock(5));
+  EXPECT_TRUE(config->SparseBlock(7));
+  EXPECT_NE(DescribeLlama(*config).find(" sparse-step=2 dense=3,5 "), std::string::npos)
+      << DescribeLlama(*config);
+  // The parameters follow: a dense block's MLP, a sparse block's experts.
+  config->layers = 2;
+  config->vocab = 16;
+  config->hidden = 32;
+  config->heads = 4;
+  config->kv_heads = 4;
+  config->intermediate = 16;
+  config->expert_intermediate = 8;
+  config->shared_expert_intermediate = 12;
+  config->experts = 3;
+  config->experts_per_token = 2;
+  auto model = LlamaModelSpec(*config).Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, tensor] : model->NamedParameters(0, 4)) {
+    shapes[name] = tensor.sizes().vec();
+  }
+  EXPECT_EQ(shapes["layers.1.mlp.up_proj.weight"], (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(shapes.count("layers.1.mlp.gate.weight"), 0u);
+  EXPECT_EQ(shapes["layers.2.mlp.gate.weight"], (std::vector<int64_t>{3, 32}));
+  EXPECT_EQ(shapes["layers.2.mlp.experts.2.down_proj.weight"], (std::vector<int64_t>{32, 8}));
+  EXPECT_EQ(shapes["layers.2.mlp.shared_expert.up_proj.weight"], (std::vector<int64_t>{12, 32}));
+  EXPECT_EQ(shapes["layers.2.mlp.shared_expert_gate.weight"], (std::vector<int64_t>{1, 32}));
+  EXPECT_EQ(shapes.count("layers.2.mlp.up_proj.weight"), 0u);
+  for (const auto& [name, shape] : shapes) {
+    auto key = LlamaHfName(*config, name);
+    ASSERT_TRUE(key.ok()) << key.status();
+    EXPECT_EQ(*LlamaTandemName(*config, *key), name);
+  }
+  EXPECT_FALSE(LlamaHfName(*config, "layers.1.mlp.gate.weight").ok());
+
+  auto with = [&](const char* field, const Json& value) {
+    Json bad = qwen_moe;
+    bad[field] = value;
+    return LlamaConfigFromJson(bad).status();
+  };
+  ExpectRefused(with("output_router_logits", true), "output_router_logits");
+  ExpectRefused(with("mlp_only_layers", "3"), "mlp_only_layers");
+  ExpectRefused(with("decoder_sparse_step", 0), "decoder_sparse_step");
+  ExpectRefused(with("moe_intermediate_size", 0), "moe_intermediate_size");
+  ExpectRefused(with("num_experts_per_tok", 61), "num_experts_per_tok");
 }
 
 TEST(Gpt2ConfigTest, ReadsGpt2ConfigAndRefusesWhatItDoesNotImplement) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -20,7 +20,7 @@ import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -77,6 +77,18 @@ CASES = {
     "mixtral_top1_window": lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=3,
                                          num_experts_per_tok=1, tie_word_embeddings=True,
                                          sliding_window=5),
+    # Qwen2-MoE: 4 experts of 32 units, 2 a token, their probabilities not renormalised, a
+    # shared expert of 48 units; the second block dense (mlp_only_layers), 64 units.
+    "qwen2_moe_shared": lambda: llama(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                      mlp_only_layers=[1]),
+    # Qwen2-MoE renormalised, every second block sparse (decoder_sparse_step 2: the first
+    # dense), 3 experts, tied.
+    "qwen2_moe_step2": lambda: llama(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=3,
+                                     num_experts_per_tok=2, moe_intermediate_size=16,
+                                     shared_expert_intermediate_size=32, norm_topk_prob=True,
+                                     decoder_sparse_step=2, tie_word_embeddings=True),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

@@ -105,6 +105,7 @@ struct Case {
   bool qkv_bias = false;  // Llama: biases on q/k/v_proj only, as Qwen2's
   bool gemma2 = false;    // Llama as Gemma 2: soft caps, sandwich norms, offset norms
   bool mixtral = false;   // Llama as Mixtral: 4 experts, 2 a token, instead of the MLP
+  bool qwen2_moe = false;  // Llama as Qwen2-MoE: experts and a shared expert, block 1 dense
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -125,6 +126,16 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.model_type = "mixtral";
     llama.experts = 4;
     llama.experts_per_token = 2;
+  }
+  if (c.qwen2_moe) {
+    llama.model_type = "qwen2_moe";
+    llama.qkv_bias = true;
+    llama.experts = 3;
+    llama.experts_per_token = 2;
+    llama.expert_intermediate = 16;
+    llama.shared_expert_intermediate = 32;
+    llama.normalize_top_k = false;
+    llama.dense_blocks = {1};
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -170,16 +181,23 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     // Per block q, k, v, o, gate, up, down (Mixtral: w1, w2 and w3 of each expert, the
     // router whole); the embedding and the LM head (a tied head uses the embedding's shard:
     // one parameter). With q/k/v biases, those three per block too.
-    const int feedforward = c.mixtral ? 3 * static_cast<int>(llama.experts) : 3;
-    EXPECT_EQ(split,
-              (c.qkv_bias ? 7 : 4) * llama.layers + feedforward * llama.layers + (c.tied ? 1 : 2));
+    // Qwen2-MoE: block 0's experts and shared expert, block 1's MLP.
+    const int feedforward = c.mixtral     ? 3 * static_cast<int>(llama.experts * llama.layers)
+                            : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
+                                          : 3 * static_cast<int>(llama.layers);
+    EXPECT_EQ(split, (llama.qkv_bias ? 7 : 4) * llama.layers + feedforward + (c.tied ? 1 : 2));
+    if (c.qwen2_moe) {
+      EXPECT_EQ(index.at("layers.1.mlp.shared_expert_gate.weight"), nullptr);
+      EXPECT_NE(index.at("layers.1.mlp.shared_expert.down_proj.weight"), nullptr);
+      EXPECT_NE(index.at("layers.2.mlp.down_proj.weight"), nullptr);
+    }
     if (c.mixtral) {
       EXPECT_EQ(index.at("layers.1.block_sparse_moe.gate.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.block_sparse_moe.experts.3.w2.weight"), nullptr);
     }
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
-    EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), c.qkv_bias ? 1u : 0u);
+    EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.qkv_bias ? 1u : 0u);
     EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), 0u);
     // Gemma 2's extra norms stay whole.
     EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), c.gemma2 ? 1u : 0u);
@@ -246,6 +264,16 @@ TEST(LlamaTensorParallelTest, MixtralExpertShardsGiveTheWholeLossAndGradients) {
   mixtral.sequence_parallel = true;
   mixtral.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(mixtral);
+}
+
+// Qwen2-MoE: the shared expert split as the experts, its gate whole (its gradient summed over
+// the group as the router's), a dense block beside a sparse one.
+TEST(LlamaTensorParallelTest, Qwen2MoeExpertShardsGiveTheWholeLossAndGradients) {
+  Case qwen2_moe;
+  qwen2_moe.qwen2_moe = true;
+  ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+  qwen2_moe.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
 }
 
 // Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;

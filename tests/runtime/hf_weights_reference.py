@@ -11,7 +11,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         sliding window of 32 tokens), qwen2_tied (q/k/v biases, tied), gemma (tied,
         multi-query attention, padding row 0), gemma2 (soft caps, query_pre_attn_scalar,
         sandwich norms, a window of 32 tokens), mistral_short (a window of 8 tokens, shorter
-        than the tests' sequences), mixtral (4 experts, 2 a token).
+        than the tests' sequences), mixtral (4 experts, 2 a token), qwen2_moe (3 experts, 2 a
+        token, a shared expert, the second block dense).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -31,7 +32,8 @@ import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -57,6 +59,9 @@ def make(output):
         ("mistral_short", lambda: llama(MistralConfig, MistralForCausalLM, sliding_window=8), {}),
         ("mixtral", lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
                                   num_experts_per_tok=2), {}),
+        ("qwen2_moe", lambda: llama(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=3,
+                                    num_experts_per_tok=2, moe_intermediate_size=16,
+                                    shared_expert_intermediate_size=32, mlp_only_layers=[1]), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

@@ -326,6 +326,11 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
   llama.experts = 3;
   llama.experts_per_token = 2;
   ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  llama.model_type = "qwen2_moe";  // and a shared expert; the second block dense
+  llama.expert_intermediate = 16;
+  llama.shared_expert_intermediate = 8;
+  llama.dense_blocks = {1};
+  ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
   Gpt2Config gpt2 = SmallGpt2();
   ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
   gpt2.tie_word_embeddings = false;
@@ -340,7 +345,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(9, SmallLlama());
+  std::vector<LlamaConfig> llamas(10, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -365,6 +370,15 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[8].experts = 4;
   llamas[8].experts_per_token = 2;
   llamas[8].sliding_window = 8;
+  llamas[9].model_type = "qwen2_moe";
+  llamas[9].qkv_bias = true;
+  llamas[9].experts = 4;
+  llamas[9].experts_per_token = 3;
+  llamas[9].expert_intermediate = 16;
+  llamas[9].shared_expert_intermediate = 24;
+  llamas[9].normalize_top_k = false;
+  llamas[9].sparse_step = 2;
+  llamas[9].dense_blocks = {0, 3};
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -380,6 +394,11 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
     EXPECT_EQ(read->experts, config.experts);
     EXPECT_EQ(read->experts_per_token, config.experts_per_token);
+    EXPECT_EQ(read->ExpertUnits(), config.ExpertUnits());
+    EXPECT_EQ(read->shared_expert_intermediate, config.shared_expert_intermediate);
+    EXPECT_EQ(read->normalize_top_k, config.normalize_top_k);
+    EXPECT_EQ(read->sparse_step, config.sparse_step);
+    EXPECT_EQ(read->dense_blocks, config.dense_blocks);
     EXPECT_EQ(read->rms_norm_eps, 1e-5);
     EXPECT_EQ(read->max_position_embeddings, config.seq_len);
   }
@@ -618,7 +637,10 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // (with sequence parallelism the router's scores gathered).
         ImportCase{"mixtral", "llama"}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
-        ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+        ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Qwen2-MoE's shared expert and a dense block, whole and tensor-parallel.
+        ImportCase{"qwen2_moe", "llama"},
+        ImportCase{"qwen2_moe", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
     const std::string label =
         absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
@@ -750,6 +772,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
                    " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2"
                    " --intermediate 32 --experts 4 --experts-per-token 2 --vocab 64",
                    ""},
+        // Qwen2-MoE started from a folder, its config.json written from the description
+        // (experts, shared expert, the dense block).
+        ExportCase{"qwen2_moe_init", 1,
+                   absl::StrCat(" --model llama --init-from ", Case("qwen2_moe")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -792,8 +818,8 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(tensor.bytes, saved.at(*name).bytes) << key;
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
-    const bool untied =
-        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags";
+    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
+                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
 
     // transformers loads it without a word and computes tandem's loss.
@@ -829,6 +855,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*mixtral)["num_local_experts"], 4);
   EXPECT_EQ((*mixtral)["num_experts_per_tok"], 2);
   EXPECT_EQ((*mixtral)["output_router_logits"], false);
+  auto qwen2_moe = ReadJsonFile(scratch / "qwen2_moe_init_hf/config.json");
+  ASSERT_TRUE(qwen2_moe.ok()) << qwen2_moe.status();
+  EXPECT_EQ((*qwen2_moe)["architectures"][0], "Qwen2MoeForCausalLM");
+  EXPECT_EQ((*qwen2_moe)["shared_expert_intermediate_size"], 32);
+  EXPECT_EQ((*qwen2_moe)["mlp_only_layers"], Json::parse("[1]"));
   // The config written from --hf-config keeps the file's fields.
   auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -842,7 +873,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
   for (const ImportCase& c :
        {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
         ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
-        ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2}}) {
+        ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
+        ImportCase{"qwen2_moe", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
