@@ -307,6 +307,43 @@ TEST(TensorParallelTest, LlamaSequenceParallelZeroBubbleMatchesOneRank) {
   std::filesystem::remove(split_log);
 }
 
+// A Mixtral (--experts) trains to the losses of one process on 4 ranks laid out two ways:
+// 2 stages x 2 replicas with DeAR's gradient sync, and 2 stages x 2 tensor-parallel ranks with
+// sequence parallelism under ZB-V (each expert's weight gradients deferred to W, the router's
+// scores gathered).
+TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParallelRanks) {
+  const std::string mixtral = absl::StrCat(
+      " train --model llama --experts 4 --experts-per-token 2 --layers 4 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --microbatches 4 --steps 4"
+      " --seed ",
+      kSeed, " --log-json ");
+  const std::string one_log = TempPath("mixtral_one.jsonl");
+  Outcome one = RunCommand(absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1"));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  const std::vector<nlohmann::json> want = tandem::testing::ReadLogIterations(one_log);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  for (const char* layout :
+       {" --schedule 1f1b --stages 2 --data-parallel 2 --grad-sync dear",
+        " --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel"}) {
+    SCOPED_TRACE(layout);
+    const std::string log = TempPath("mixtral_split.jsonl");
+    Outcome split = RunCommand(
+        absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 4 ",
+                     g_tandem, mixtral, log, layout));
+    ASSERT_EQ(split.exit_status, 0) << split.output;
+    const std::vector<nlohmann::json> got = tandem::testing::ReadLogIterations(log);
+    ASSERT_EQ(got.size(), want.size()) << split.output;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double a = got[i]["loss"].get<double>(), b = want[i]["loss"].get<double>();
+      EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 1;
+    }
+    std::filesystem::remove(log);
+  }
+  // The losses move: the run trains.
+  EXPECT_NE(want.front()["loss"].get<double>(), want.back()["loss"].get<double>());
+  std::filesystem::remove(one_log);
+}
+
 // Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
 // same order on every rank of the group.
 TEST(TensorParallelTest, SequenceParallelWithRecomputationMatchesTheReference) {
