@@ -84,6 +84,25 @@ struct ModelCase {
   std::function<GenerationModel()> make;
 };
 
+// A two-block Llama of 40 positions with wide initial values, which the cases below change.
+LlamaConfig TinyLlama() {
+  LlamaConfig c;
+  c.vocab = kVocab;
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.intermediate = 64;
+  c.seq_len = 40;
+  c.max_position_embeddings = 40;
+  c.init_std = 0.3;
+  return c;
+}
+
+GenerationModel FrozenLlama(const LlamaConfig& c) {
+  return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+}
+
 // Wide initial values, so that the logits differ by more than rounding.
 std::vector<ModelCase> ModelCases() {
   return {
@@ -113,64 +132,38 @@ std::vector<ModelCase> ModelCases() {
        }},
       {"llama",
        [] {
-         LlamaConfig c;
-         c.vocab = kVocab;
-         c.layers = 2;
-         c.hidden = 32;
-         c.heads = 4;
-         c.kv_heads = 2;
-         c.intermediate = 64;
-         c.seq_len = 40;
-         c.max_position_embeddings = 40;
+         LlamaConfig c = TinyLlama();
          c.rope_theta = 10000;
          c.tie_word_embeddings = true;
-         c.init_std = 0.3;
-         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+         return FrozenLlama(c);
        }},
       // Gemma 2's soft caps and sandwich norms in the incremental forward.
       {"gemma2",
        [] {
-         LlamaConfig c;
+         LlamaConfig c = TinyLlama();
          c.model_type = "gemma2";
          c.hidden_act = "gelu_pytorch_tanh";
          c.query_pre_attn_scalar = 12;
          c.attn_logit_softcapping = 2.0;
          c.final_logit_softcapping = 5.0;
-         c.vocab = kVocab;
-         c.layers = 2;
-         c.hidden = 32;
-         c.heads = 4;
-         c.kv_heads = 2;
          c.head_dim = 16;
-         c.intermediate = 64;
-         c.seq_len = 40;
-         c.max_position_embeddings = 40;
          c.sliding_window = 5;  // masked in the first block: 12 positions run past it
-         c.init_std = 0.3;
-         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+         return FrozenLlama(c);
        }},
       // Mixtral's experts route each new token alone.
       {"mixtral",
        [] {
-         LlamaConfig c;
+         LlamaConfig c = TinyLlama();
          c.model_type = "mixtral";
          c.experts = 4;
          c.experts_per_token = 2;
-         c.vocab = kVocab;
-         c.layers = 2;
-         c.hidden = 32;
-         c.heads = 4;
-         c.kv_heads = 2;
          c.intermediate = 32;
-         c.seq_len = 40;
-         c.max_position_embeddings = 40;
-         c.init_std = 0.3;
-         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+         return FrozenLlama(c);
        }},
       // Qwen2-MoE's shared expert and its gate, a dense block after a sparse one.
       {"qwen2_moe",
        [] {
-         LlamaConfig c;
+         LlamaConfig c = TinyLlama();
          c.model_type = "qwen2_moe";
          c.qkv_bias = true;
          c.experts = 3;
@@ -179,16 +172,8 @@ std::vector<ModelCase> ModelCases() {
          c.shared_expert_intermediate = 24;
          c.normalize_top_k = false;
          c.dense_blocks = {1};
-         c.vocab = kVocab;
-         c.layers = 2;
-         c.hidden = 32;
-         c.heads = 4;
-         c.kv_heads = 2;
          c.intermediate = 32;
-         c.seq_len = 40;
-         c.max_position_embeddings = 40;
-         c.init_std = 0.3;
-         return Frozen(LlamaModelSpec(c), DescribeLlama(c), c.vocab, c.max_position_embeddings);
+         return FrozenLlama(c);
        }},
   };
 }
