@@ -44,6 +44,11 @@ ABSL_FLAG(int, experts, 0,
           "llama: a mixture of experts in each block instead of its MLP, as Mixtral's "
           "(the model is then transformers' MixtralForCausalLM): this many experts of "
           "--intermediate units each; 0: a dense MLP");
+ABSL_FLAG(double, moe_aux_loss_coef, 0,
+          "llama with experts (--experts, or a mixtral or qwen2_moe config.json): each sparse "
+          "block's load-balancing loss (transformers' load_balancing_loss_func of its router) "
+          "times this joins the gradients, as Megatron-LM's --moe-aux-loss-coeff (which is this "
+          "times experts per token); the reported loss stays the language model's; 0: none");
 ABSL_FLAG(int, experts_per_token, 2,
           "llama with --experts: the experts each token is routed to (top-k of the router's "
           "softmax, renormalised)");
@@ -153,6 +158,7 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
     }
   }
   config.seq_len = absl::GetFlag(FLAGS_seq_len);
+  config.router_aux_loss_coef = absl::GetFlag(FLAGS_moe_aux_loss_coef);
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
   if (absl::Status valid = runtime::libtorch::ValidateLlamaConfig(config); !valid.ok()) {
@@ -218,8 +224,8 @@ void RegisterHuggingFaceModels() {
                     "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Mixtral "
                     "and Qwen2-MoE from their config.json, Mixtral's experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
-                   "intermediate", "experts", "experts_per_token", "seq_len", "vocab", "data",
-                   "data_format", "valid_data", "attention"},
+                   "intermediate", "experts", "experts_per_token", "moe_aux_loss_coef", "seq_len",
+                   "vocab", "data", "data_format", "valid_data", "attention"},
          .make = MakeLlama});
     const absl::Status gpt2 = RegisterModel(
         {.name = "gpt2",

@@ -364,7 +364,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"rope", &config.rope_theta},
       {"qscale", &config.query_pre_attn_scalar},
       {"attn-softcap", &config.attn_logit_softcapping},
-      {"final-softcap", &config.final_logit_softcapping}};
+      {"final-softcap", &config.final_logit_softcapping},
+      {"aux-loss", &config.router_aux_loss_coef}};
   const std::map<std::string, std::pair<bool*, bool>> words = {
       {"tied", {&config.tie_word_embeddings, true}},
       {"attention-bias", {&config.attention_bias, true}},

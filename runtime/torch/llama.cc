@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "runtime/torch/auxiliary_loss.h"
 #include "runtime/torch/deferred_linear.h"
 #include "runtime/torch/fused_layer_norm.h"
 #include "runtime/torch/fused_ops.h"
@@ -533,8 +534,28 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
       output = output + scale * shared_expert->Partial(tokens);
     }
     output = output.view(input.sizes());
-    return tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
-                                : ReduceFromTensorParallel(output, tp_);
+    output = tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
+                                  : ReduceFromTensorParallel(output, tp_);
+    if (config_.router_aux_loss_coef > 0 && torch::GradMode::is_enabled()) {
+      // Every rank of the group computes it from the same scores, whose gradient the group
+      // sums: each adds 1 / t of it.
+      const torch::Tensor balance = BalancingLoss(probabilities, selected);
+      output = AddAuxiliaryLoss(output, balance * (config_.router_aux_loss_coef *
+                                                   CurrentAuxiliaryLossScale() / tp_.size));
+    }
+    return output;
+  }
+
+  // transformers' load_balancing_loss_func for this block's router: experts x the sum over
+  // experts of the share of choices that went to each (per choice rank, over the tokens) x its
+  // mean probability.
+  torch::Tensor BalancingLoss(const torch::Tensor& probabilities,
+                              const torch::Tensor& selected) const {
+    const int64_t count = config_.experts;
+    const torch::Tensor shares =
+        torch::one_hot(selected, count).to(torch::kFloat).mean(/*dim=*/0);  // [k, experts]
+    const torch::Tensor mean_probability = probabilities.mean(/*dim=*/0);   // [experts]
+    return (shares * mean_probability.unsqueeze(0)).sum() * static_cast<double>(count);
   }
 
   ColumnParallelLinear gate{nullptr};
@@ -950,8 +971,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     if (router_logits) {
       return absl::InvalidArgumentError(
           "config.json: output_router_logits true is not supported: transformers then adds a "
-          "load-balancing loss over every layer's router scores (router_aux_loss_coef), which "
-          "tandem does not compute; set it to false to train on the language-model loss alone");
+          "load-balancing loss over the router scores of all layers pooled, which tandem does "
+          "not compute; set it to false (and give --moe-aux-loss-coef for tandem's, taken "
+          "layer by layer)");
     }
     TANDEM_ASSIGN_OR_RETURN(const double jitter,
                             GetNumberOr(json, "router_jitter_noise", 0.0, where));
@@ -1159,6 +1181,13 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
                      ") and shared_expert_intermediate_size (", config.shared_expert_intermediate,
                      ") must be positive"));
   }
+  if (!(config.router_aux_loss_coef >= 0) || std::isinf(config.router_aux_loss_coef) ||
+      (config.router_aux_loss_coef > 0 && !config.Moe())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: the experts' load-balancing loss coefficient must be 0, or positive for a model "
+        "with experts; got ",
+        config.router_aux_loss_coef, " for ", config.Moe() ? "experts" : "a dense model"));
+  }
   if (config.sparse_step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: decoder_sparse_step must be positive, got ", config.sparse_step));
@@ -1256,6 +1285,9 @@ std::string DescribeLlama(const LlamaConfig& config) {
     if (config.sparse_step != 1) absl::StrAppend(&text, " sparse-step=", config.sparse_step);
     if (!config.dense_blocks.empty()) {
       absl::StrAppend(&text, " dense=", absl::StrJoin(config.dense_blocks, ","));
+    }
+    if (config.router_aux_loss_coef > 0) {
+      absl::StrAppend(&text, " aux-loss=", config.router_aux_loss_coef);
     }
   }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);

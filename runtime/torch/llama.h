@@ -141,6 +141,14 @@ struct LlamaConfig {
   // mlp_only_layers (0-based); the others have a dense MLP of `intermediate` units.
   int64_t sparse_step = 1;
   std::vector<int64_t> dense_blocks;
+  // Each sparse block's load-balancing loss, times this coefficient, joins the loss's
+  // gradients (auxiliary_loss.h; the reported loss is the language model's alone): transformers'
+  // load_balancing_loss_func of the block's router, experts x sum over experts of (the share of
+  // the block's tokens that chose the expert, over its experts_per_token choices) x (the
+  // expert's mean probability). Taken block by block, as Megatron-LM and the Switch Transformer
+  // take it (Megatron-LM's is this / experts_per_token); transformers pools the routers of all
+  // blocks first, which is the same for one block. 0: none.
+  double router_aux_loss_coef = 0;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -195,7 +203,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // " rope=500000", " llama3-scaling=8/1/4/8192", " attention-bias", " qkv-bias", " mlp-bias",
 // " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
 // " final-softcap=30", " experts=8/2", " expert-units=1408", " shared-units=5632",
-// " topk=raw" (not renormalised), " sparse-step=2", " dense=0,5", " family=mistral").
+// " topk=raw" (not renormalised), " sparse-step=2", " dense=0,5", " aux-loss=0.01",
+// " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "runtime/torch/auxiliary_loss.h"
 #include "runtime/torch/device_ops.h"
 
 namespace tandem::runtime::libtorch {
@@ -433,6 +434,8 @@ torch::Tensor TorchStage::RunSegment(const Segment& segment, torch::Tensor input
                                      const torch::Tensor& targets) const {
   {
     AutocastGuard autocast(options_.device, options_.precision);
+    // Layers' auxiliary losses (experts' load balancing) scaled as the loss is.
+    AuxiliaryLossScale auxiliary_scale(loss_scale_);
     for (int local = segment.begin; local < segment.end; ++local) {
       torch::nn::AnyModule module = layers_[local];  // shares the module; forward is non-const
       input = module.forward<torch::Tensor>(input);

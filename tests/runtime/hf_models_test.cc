@@ -392,6 +392,20 @@ TEST_P(HfModelsTest, TiedQwen2MoeSparseEverySecondBlockEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+// The experts' load-balancing loss (router_aux_loss_coef 0.5) joins the gradients as
+// transformers' does; with one block its loss, pooled over all blocks' routers, is the block's.
+TEST_P(HfModelsTest, ExpertsLoadBalancingLossGradientsEqualTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"mixtral_aux", "qwen2_moe_aux"}) {
+    SCOPED_TRACE(name);
+    const HfCase c =
+        LlamaCase(name, GetParam(), [](LlamaConfig& config) { config.router_aux_loss_coef = 0.5; });
+    for (const auto& split : std::vector<std::vector<int>>{{0, 3}, {0, 1, 3}, {0, 2, 3}}) {
+      ExpectEqualToTransformers(c, split);
+    }
+  }
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -447,6 +461,12 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
   const HfCase unwindowed = LlamaCase("mixtral_top1_window", GptAttention::kExplicit,
                                       [](LlamaConfig& config) { config.sliding_window = 0; });
   EXPECT_GT(Compare(unwindowed, {0, 4}).logits, 100 * kOutputTolerance);
+  // Without the load-balancing loss the router's gradients are far from transformers'.
+  for (const char* name : {"mixtral_aux", "qwen2_moe_aux"}) {
+    SCOPED_TRACE(name);
+    const HfCase unbalanced = LlamaCase(name, GptAttention::kExplicit);
+    EXPECT_GT(Compare(unbalanced, {0, 3}).gradients, 100 * kGradientTolerance);
+  }
   // Qwen2-MoE's probabilities: renormalised where they are not, and the reverse.
   for (const char* name : {"qwen2_moe_shared", "qwen2_moe_step2"}) {
     SCOPED_TRACE(name);
@@ -467,8 +487,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
         "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
-        "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2", "gpt2",
-        "gpt2_untied_variants"}) {
+        "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
+        "mixtral_aux", "qwen2_moe_aux", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);

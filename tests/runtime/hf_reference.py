@@ -10,7 +10,10 @@ writes for each case OUTPUT_FOLDER/<case>/ with config.json and model.safetensor
 input_ids and targets (int64 [batch, length]), logits [batch, length, vocab], loss (the mean
 token cross-entropy of the logits against the targets) and, after one backward of the loss,
 grad.<key> for every parameter key of the state dict (a tied embedding's is the sum over both
-uses). Prints the case names, one a line.
+uses). Prints the case names, one a line. The cases in AUX_LOSS run the forward with
+output_router_logits and take the gradients of the loss plus router_aux_loss_coef x aux_loss
+(transformers' load-balancing loss; "loss" is still the cross-entropy alone); their
+config.json keeps output_router_logits false.
 """
 import os
 import sys
@@ -89,12 +92,26 @@ CASES = {
                                      num_experts_per_tok=2, moe_intermediate_size=16,
                                      shared_expert_intermediate_size=32, norm_topk_prob=True,
                                      decoder_sparse_step=2, tie_word_embeddings=True),
+    # One block of Mixtral's experts (transformers pools the routers of all blocks for its
+    # load-balancing loss: with one block, that is the block's own) with the load-balancing loss
+    # weighted 0.5, large enough to move the router's gradient far.
+    "mixtral_aux": lambda: llama(MixtralConfig, MixtralForCausalLM, num_local_experts=4,
+                                 num_experts_per_tok=2, num_hidden_layers=1,
+                                 router_aux_loss_coef=0.5),
+    # The same for one Qwen2-MoE block with its shared expert, 3 experts, 2 a token.
+    "qwen2_moe_aux": lambda: llama(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=3,
+                                   num_experts_per_tok=2, moe_intermediate_size=16,
+                                   shared_expert_intermediate_size=32, num_hidden_layers=1,
+                                   router_aux_loss_coef=0.5),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.
     "gpt2_untied_variants": lambda: gpt2(tie_word_embeddings=False, activation_function="gelu",
                                          n_inner=48, scale_attn_by_inverse_layer_idx=True),
 }
+
+
+AUX_LOSS = {"mixtral_aux", "qwen2_moe_aux"}
 
 
 def main():
@@ -113,9 +130,16 @@ def main():
         tokens = torch.randint(0, vocab, (BATCH, LENGTH + 1),
                                generator=torch.Generator().manual_seed(3000 + index))
         input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        logits = model(input_ids=input_ids).logits
+        if name in AUX_LOSS:
+            result = model(input_ids=input_ids, output_router_logits=True)
+        else:
+            result = model(input_ids=input_ids)
+        logits = result.logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
-        loss.backward()
+        if name in AUX_LOSS:
+            (loss + model.config.router_aux_loss_coef * result.aux_loss).backward()
+        else:
+            loss.backward()
         tensors = {"input_ids": input_ids, "targets": targets,
                    "logits": logits.detach().contiguous(), "loss": loss.detach().reshape([])}
         for key, parameter in model.named_parameters():

@@ -126,6 +126,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.model_type = "mixtral";
     llama.experts = 4;
     llama.experts_per_token = 2;
+    llama.router_aux_loss_coef = 0.5;  // counted once over the group
   }
   if (c.qwen2_moe) {
     llama.model_type = "qwen2_moe";
@@ -274,6 +275,56 @@ TEST(LlamaTensorParallelTest, Qwen2MoeExpertShardsGiveTheWholeLossAndGradients) 
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
   qwen2_moe.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+}
+
+// The experts' load-balancing loss in a stage is scaled as the stage's loss is: the stage's
+// gradients (2 micro-batches of 2 samples) are the mean over the micro-batches of the
+// gradients of each micro-batch's loss plus its balancing loss, computed outside any stage.
+TEST(LlamaTensorParallelTest, BalancingLossIsScaledAsTheLoss) {
+  LlamaConfig llama = SmallLlama(/*degree=*/1, /*tied=*/false);
+  llama.model_type = "mixtral";
+  llama.experts = 4;
+  llama.experts_per_token = 2;
+  llama.router_aux_loss_coef = 0.5;
+  auto model = LlamaModelSpec(llama).Build(/*seed=*/7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto data = SmallTask(llama);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const StageRun stage = RunStage(*model, *data, TensorParallel{});
+  ASSERT_NE(stage.stage, nullptr);
+
+  auto reference = LlamaModelSpec(llama).Build(/*seed=*/7);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto batch = (*data)->Samples(/*iteration=*/1, /*first=*/0, /*count=*/4);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const int end = reference->num_layers();
+  std::map<std::string, torch::Tensor> mean;
+  for (int m = 0; m < 2; ++m) {
+    for (auto& [name, p] : reference->NamedParameters(0, end)) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    const torch::Tensor output = reference->Forward(batch->inputs.narrow(0, 2 * m, 2), 0, end);
+    reference->loss(output, batch->targets.narrow(0, 2 * m, 2)).backward();
+    for (auto& [name, p] : reference->NamedParameters(0, end)) {
+      const torch::Tensor half = p.grad() / 2;
+      mean[name] = mean.count(name) > 0 ? mean[name] + half : half;
+    }
+  }
+  for (const auto& [name, p] : stage.stage->named_parameters()) {
+    ASSERT_EQ(mean.count(name), 1u) << name;
+    EXPECT_LT(RelativeError(p.grad(), mean[name]), kRelativeTolerance) << name;
+  }
+  // The router's gradient is the balancing loss's to a large part: without it, far off.
+  LlamaConfig unbalanced = llama;
+  unbalanced.router_aux_loss_coef = 0;
+  auto plain_model = LlamaModelSpec(unbalanced).Build(/*seed=*/7);
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  const StageRun plain = RunStage(*plain_model, *data, TensorParallel{});
+  ASSERT_NE(plain.stage, nullptr);
+  for (const auto& [name, p] : plain.stage->named_parameters()) {
+    if (name != "layers.1.block_sparse_moe.gate.weight") continue;
+    EXPECT_GT(RelativeError(p.grad(), mean[name]), 100 * kRelativeTolerance);
+  }
 }
 
 // Under sequence parallelism the column-parallel products (Llama's q, k, v and gate, up;

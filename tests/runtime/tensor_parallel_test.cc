@@ -307,29 +307,42 @@ TEST(TensorParallelTest, LlamaSequenceParallelZeroBubbleMatchesOneRank) {
   std::filesystem::remove(split_log);
 }
 
-// A Mixtral (--experts) trains to the losses of one process on 4 ranks laid out two ways:
-// 2 stages x 2 replicas with DeAR's gradient sync, and 2 stages x 2 tensor-parallel ranks with
-// sequence parallelism under ZB-V (each expert's weight gradients deferred to W, the router's
-// scores gathered).
+// A Mixtral (--experts) with its load-balancing loss trains to the losses of one process on 4
+// ranks laid out two ways: 2 stages x 2 replicas with DeAR's gradient sync, and 2 stages x 2
+// tensor-parallel ranks with sequence parallelism under ZB-V (each expert's weight gradients
+// deferred to W, the router's scores gathered). The balancing loss is scaled as the loss is
+// over micro-batches and replicas, and counted once over the tensor-parallel group. It is a
+// function of each micro-batch's tokens together (shares times mean probabilities), so each
+// layout is compared with the one process that takes the same micro-batches: of 2 samples
+// without replicas, of 1 with 2 replicas of 4.
 TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParallelRanks) {
   const std::string mixtral = absl::StrCat(
       " train --model llama --experts 4 --experts-per-token 2 --layers 4 --hidden 32 --heads 4"
-      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --microbatches 4 --steps 4"
-      " --seed ",
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --steps 4 --seed ",
       kSeed, " --log-json ");
-  const std::string one_log = TempPath("mixtral_one.jsonl");
-  Outcome one = RunCommand(absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1"));
-  ASSERT_EQ(one.exit_status, 0) << one.output;
-  const std::vector<nlohmann::json> want = tandem::testing::ReadLogIterations(one_log);
-  ASSERT_EQ(want.size(), 4u) << one.output;
-  for (const char* layout :
-       {" --schedule 1f1b --stages 2 --data-parallel 2 --grad-sync dear",
-        " --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel"}) {
+  const std::string balanced = " --moe-aux-loss-coef 0.5";
+  // The one-process run of `microbatches` micro-batches: its iterations' logs.
+  const auto one_process = [&](int microbatches, const std::string& flags) {
+    const std::string log = TempPath("mixtral_one.jsonl");
+    const Outcome one = RunCommand(absl::StrCat(g_tandem, mixtral, log, flags, " --microbatches ",
+                                                microbatches, " --schedule 1f1b --stages 1"));
+    EXPECT_EQ(one.exit_status, 0) << one.output;
+    std::vector<nlohmann::json> iterations = tandem::testing::ReadLogIterations(log);
+    EXPECT_EQ(iterations.size(), 4u) << one.output;
+    std::filesystem::remove(log);
+    return iterations;
+  };
+  const std::pair<const char*, int> layouts[] = {
+      {" --schedule 1f1b --stages 2 --data-parallel 2 --grad-sync dear --microbatches 4", 8},
+      {" --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel --microbatches 4", 4}};
+  for (const auto& [layout, microbatches] : layouts) {
     SCOPED_TRACE(layout);
+    const std::vector<nlohmann::json> want = one_process(microbatches, balanced);
+    ASSERT_EQ(want.size(), 4u);
     const std::string log = TempPath("mixtral_split.jsonl");
     Outcome split = RunCommand(
         absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 4 ",
-                     g_tandem, mixtral, log, layout));
+                     g_tandem, mixtral, log, balanced, layout));
     ASSERT_EQ(split.exit_status, 0) << split.output;
     const std::vector<nlohmann::json> got = tandem::testing::ReadLogIterations(log);
     ASSERT_EQ(got.size(), want.size()) << split.output;
@@ -339,9 +352,16 @@ TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParalle
     }
     std::filesystem::remove(log);
   }
-  // The losses move: the run trains.
+  // The losses move: the run trains; and without the balancing loss it trains elsewhere (the
+  // first loss, before any update, is the same).
+  const std::vector<nlohmann::json> want = one_process(4, balanced);
+  const std::vector<nlohmann::json> unbalanced = one_process(4, "");
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(unbalanced.size(), 4u);
   EXPECT_NE(want.front()["loss"].get<double>(), want.back()["loss"].get<double>());
-  std::filesystem::remove(one_log);
+  EXPECT_EQ(unbalanced[0]["loss"].get<double>(), want[0]["loss"].get<double>());
+  EXPECT_GT(std::abs(unbalanced[3]["loss"].get<double>() - want[3]["loss"].get<double>()),
+            100 * kRelativeTolerance * std::abs(want[3]["loss"].get<double>()));
 }
 
 // Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
