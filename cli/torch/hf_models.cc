@@ -159,6 +159,18 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   }
   config.seq_len = absl::GetFlag(FLAGS_seq_len);
   config.router_aux_loss_coef = absl::GetFlag(FLAGS_moe_aux_loss_coef);
+  // The experts' flags named in their own words (the config's checks name its fields).
+  if (!file.has_value() && config.Moe() &&
+      (config.experts_per_token < 1 || config.experts_per_token > config.experts)) {
+    return absl::InvalidArgumentError(absl::StrCat("--experts-per-token ", config.experts_per_token,
+                                                   " must be between 1 and --experts (",
+                                                   config.experts, ")"));
+  }
+  if (config.router_aux_loss_coef != 0 && !config.Moe()) {
+    return absl::InvalidArgumentError(
+        "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral or qwen2_moe "
+        "config.json)");
+  }
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
   if (absl::Status valid = runtime::libtorch::ValidateLlamaConfig(config); !valid.ok()) {

@@ -716,6 +716,20 @@ TEST(HfImportTest, TrainInitFromRefusesBadFoldersWithOneClearLine) {
                                        " --steps 1")));
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("drop --hf-config"), std::string::npos) << o.output;
+  // The experts' flags, named: more experts a token than experts; a balancing loss without
+  // experts.
+  o = RunCommand(Train(1,
+                       " --model llama --layers 2 --hidden 32 --heads 4 --vocab 64"
+                       " --experts 3 --experts-per-token 5 --steps 1"));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--experts-per-token 5 must be between 1 and --experts (3)"),
+            std::string::npos)
+      << o.output;
+  o = RunCommand(Train(1, absl::StrCat(" --model llama --init-from ", Case("llama_gqa"),
+                                       " --moe-aux-loss-coef 0.01 --steps 1")));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--moe-aux-loss-coef needs a model with experts"), std::string::npos)
+      << o.output;
 }
 
 // ---- Export ---------------------------------------------------------------------------------
