@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
 #include "pipeline/validator.h"
@@ -513,26 +514,44 @@ absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState
     for (const ParameterView& v : l->device.parameters) {
       ParameterState p = std::move(flat.at(next++));
       if (v.tensor_parallel_index != nullptr) {
-        const int64_t n = v.value.count;
-        if (n * t != v.whole_count) {
-          return absl::InternalError(absl::StrCat("parameter '", v.name, "': ", t, " shards of ",
-                                                  n, " do not make its ", v.whole_count,
-                                                  " elements"));
+        // Shards may differ in size (expert parallelism: an expert whole on some ranks, empty
+        // on the others): each is gathered padded to the largest, its index padded with -1.
+        int64_t n = v.value.count;
+        std::vector<int64_t> counts(static_cast<size_t>(t));
+        TANDEM_RETURN_IF_ERROR(
+            tensor_group_
+                ->AllGather(
+                    comm::Buffer{&n, 1, comm::DataType::kInt64, comm::Device::Cpu()},
+                    comm::Buffer{counts.data(), t, comm::DataType::kInt64, comm::Device::Cpu()})
+                ->Wait());
+        int64_t total = 0, largest = 0;
+        for (int64_t c : counts) {
+          total += c;
+          largest = std::max(largest, c);
+        }
+        if (total != v.whole_count) {
+          return absl::InternalError(absl::StrCat("parameter '", v.name, "': shards of ",
+                                                  absl::StrJoin(counts, ", "),
+                                                  " elements do not make its ", v.whole_count));
         }
         auto gather = [&](const void* in, void* all, comm::DataType type) {
           return tensor_group_
-              ->AllGather(comm::Buffer{const_cast<void*>(in), n, type, comm::Device::Cpu()},
-                          comm::Buffer{all, n * t, type, comm::Device::Cpu()})
+              ->AllGather(comm::Buffer{const_cast<void*>(in), largest, type, comm::Device::Cpu()},
+                          comm::Buffer{all, largest * t, type, comm::Device::Cpu()})
               ->Wait();
         };
-        std::vector<int64_t> index(static_cast<size_t>(n * t));
-        TANDEM_RETURN_IF_ERROR(
-            gather(v.tensor_parallel_index->data(), index.data(), comm::DataType::kInt64));
+        std::vector<int64_t> mine(v.tensor_parallel_index->begin(), v.tensor_parallel_index->end());
+        mine.resize(static_cast<size_t>(largest), -1);
+        std::vector<int64_t> index(static_cast<size_t>(largest * t));
+        TANDEM_RETURN_IF_ERROR(gather(mine.data(), index.data(), comm::DataType::kInt64));
         auto whole = [&](std::vector<float>& values) -> absl::Status {
-          std::vector<float> all(static_cast<size_t>(n * t));
+          values.resize(static_cast<size_t>(largest), 0.0f);
+          std::vector<float> all(static_cast<size_t>(largest * t));
           TANDEM_RETURN_IF_ERROR(gather(values.data(), all.data(), comm::DataType::kFloat32));
           values.assign(static_cast<size_t>(v.whole_count), 0.0f);
-          for (size_t i = 0; i < all.size(); ++i) values[static_cast<size_t>(index[i])] = all[i];
+          for (size_t i = 0; i < all.size(); ++i) {
+            if (index[i] >= 0) values[static_cast<size_t>(index[i])] = all[i];
+          }
           return absl::OkStatus();
         };
         TANDEM_RETURN_IF_ERROR(whole(p.value));

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/torch/model_flags.h"
@@ -52,6 +53,8 @@ ABSL_FLAG(double, moe_aux_loss_coef, 0,
 ABSL_FLAG(int, experts_per_token, 2,
           "llama with --experts: the experts each token is routed to (top-k of the router's "
           "softmax, renormalised)");
+
+ABSL_DECLARE_FLAG(int, expert_parallel);  // a training flag (train_options.cc)
 
 namespace tandem::cli {
 namespace {
@@ -166,6 +169,17 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
                                                    " must be between 1 and --experts (",
                                                    config.experts, ")"));
   }
+  const int expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+  if (expert_parallel != 1 && !config.Moe()) {
+    return absl::InvalidArgumentError(
+        "--expert-parallel places experts: it needs a model with experts (--experts, or a "
+        "mixtral or qwen2_moe config.json)");
+  }
+  if (expert_parallel > 1 && config.experts % expert_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--expert-parallel ", expert_parallel,
+                                                   " does not divide the model's ", config.experts,
+                                                   " experts"));
+  }
   if (config.router_aux_loss_coef != 0 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral or qwen2_moe "
@@ -212,6 +226,9 @@ absl::StatusOr<ModelAndData> MakeGpt2(const ModelRequest& request) {
     config.positions = absl::GetFlag(FLAGS_seq_len);
   }
   config.seq_len = absl::GetFlag(FLAGS_seq_len);
+  if (absl::GetFlag(FLAGS_expert_parallel) != 1) {
+    return absl::InvalidArgumentError("--expert-parallel places experts: gpt2 has none");
+  }
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
   if (absl::Status valid = runtime::libtorch::ValidateGpt2Config(config); !valid.ok()) {

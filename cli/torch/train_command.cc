@@ -157,6 +157,18 @@ absl::Status CheckSequenceParallel(const TrainOptions& options, int tensor_paral
       "--tensor-parallel 2 or more (this run's is ", tensor_parallel, ")"));
 }
 
+// --expert-parallel N places the experts on N parts of each tensor-parallel group: N must
+// divide the run's degree.
+absl::Status CheckExpertParallel(const TrainOptions& options, int tensor_parallel) {
+  if (options.expert_parallel == 1 || tensor_parallel % options.expert_parallel == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--expert-parallel ", options.expert_parallel,
+      " places the experts on parts of a tensor-parallel group: it must divide the group's ",
+      tensor_parallel, " ranks (--tensor-parallel, a plan's or the planner's degree)"));
+}
+
 // Whether --microbatch-size was given (its default, 1, is also a size one may ask for).
 bool MicrobatchSizeGiven() { return FlagGivenOnCommandLine("microbatch_size"); }
 
@@ -792,6 +804,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     o.precision = options.precision;
     o.libtorch_device_ops = options.libtorch_device_ops;
     o.tensor_parallel.sequence_parallel = options.sequence_parallel;
+    o.tensor_parallel.expert_parallel = options.expert_parallel;
     o.validation_data = validation;
     TANDEM_ASSIGN_OR_RETURN(auto stage, runtime::libtorch::TorchStage::Create(model, data, o));
     return std::unique_ptr<runtime::Stage>(std::move(stage));
@@ -804,6 +817,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     TANDEM_RETURN_IF_ERROR(CheckTensorParallel(options.tensor_parallel, world.size(),
                                                /*planned=*/false, "--elastic"));
     TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, options.tensor_parallel));
+    TANDEM_RETURN_IF_ERROR(CheckExpertParallel(options, options.tensor_parallel));
     if (!absl::GetFlag(FLAGS_plan).empty()) {
       return absl::InvalidArgumentError(
           "--elastic plans its own pipelines from templates; drop --plan");
@@ -856,6 +870,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     options.sequence_parallel = false;
   }
   TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, std::max(1, plan.tensor_parallel)));
+  TANDEM_RETURN_IF_ERROR(CheckExpertParallel(options, std::max(1, plan.tensor_parallel)));
   if (rank == 0) std::cout << start_line << "\n" << DescribePlan(plan) << std::flush;
 
   const MfuModel mfu = MfuFor(options, model_and_data.training_flops_per_token, world.size());

@@ -128,6 +128,12 @@ ABSL_FLAG(bool, sequence_parallel, false,
           "train: with --tensor-parallel T, split the activations outside the split matrix "
           "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
           "residuals and pipeline transfers on S/T tokens per rank; S must divide by T)");
+ABSL_FLAG(int, expert_parallel, 1,
+          "train: with --tensor-parallel T, a mixture of experts places its experts whole on N "
+          "parts of each tensor-parallel group, T/N ranks each, which split their experts' "
+          "units (Megatron-LM's expert parallelism with its all-gather dispatcher, expert "
+          "tensor parallelism T/N); N must divide T and the experts; 1: every expert split "
+          "over the T ranks");
 ABSL_FLAG(int, eval_every, 0,
           "train: every N iterations (and after the last) evaluate the validation loss on "
           "--eval-batches batches of --valid-data (0: never)");
@@ -320,6 +326,11 @@ absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
   if (o.global_batch < 0) return absl::InvalidArgumentError("--global-batch must not be negative");
   o.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   o.sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
+  o.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+  if (o.expert_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expert-parallel must be at least 1, not ", o.expert_parallel));
+  }
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     TANDEM_ASSIGN_OR_RETURN(o.schedule, pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
   }
@@ -374,11 +385,11 @@ std::vector<std::string> TrainOptionFlagNames() {
           "optimizer", "lr", "warmup_steps", "decay_steps", "min_lr", "momentum",
           "weight_decay", "clip_norm", "grad_sync", "grad_comm", "bucket_mb",
           "microbatch_size", "global_batch", "tensor_parallel", "sequence_parallel",
-          "log_json", "timeline", "torch_trace", "checkpoint_dir", "checkpoint_every",
-          "keep_checkpoints", "resume", "reset_optimizer", "reset_data", "reset_schedule",
-          "eval_every", "eval_batches", "elastic", "elastic_min_pipelines", "elastic_replace",
-          "elastic_agreement_timeout", "devices_per_node", "device_memory_mb", "timeout",
-          "startup_timeout", "heartbeat_timeout"};
+          "expert_parallel", "log_json", "timeline", "torch_trace", "checkpoint_dir",
+          "checkpoint_every", "keep_checkpoints", "resume", "reset_optimizer", "reset_data",
+          "reset_schedule", "eval_every", "eval_batches", "elastic", "elastic_min_pipelines",
+          "elastic_replace", "elastic_agreement_timeout", "devices_per_node", "device_memory_mb",
+          "timeout", "startup_timeout", "heartbeat_timeout"};
 }
 
 }  // namespace tandem::cli

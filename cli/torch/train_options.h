@@ -50,6 +50,7 @@ struct TrainOptions {
   int64_t global_batch = 0;  // samples; 0: the plan's
   int tensor_parallel = 1;   // 0: the planner's choice
   bool sequence_parallel = false;  // --sequence-parallel (a plan may also choose it)
+  int expert_parallel = 1;         // --expert-parallel: parts of a group holding the experts
   double device_memory_bytes = 0;  // --device-memory-mb per rank; 0: not given
   std::optional<pipeline::ScheduleKind> schedule;  // --schedule, when given
 

@@ -433,6 +433,16 @@ class LlamaExpertImpl : public torch::nn::Cloneable<LlamaExpertImpl> {
     return down->ShardForTensorParallel(tp);
   }
 
+  // Keeps units [begin, begin + count) of this rank's (expert parallelism: all of an expert
+  // this rank's part of the group holds, split further over that part, or none).
+  void KeepUnits(int64_t begin, int64_t count) {
+    KeepSlice(gate->weight, 0, begin, count);
+    KeepSlice(up->weight, 0, begin, count);
+    KeepSlice(down->weight, 1, begin, count);
+  }
+  // The units this rank holds.
+  int64_t units() const { return gate->weight.size(0); }
+
   // This rank's part of the expert's output for `tokens` [n, hidden] (the whole output without
   // tensor parallelism).
   torch::Tensor Partial(const torch::Tensor& tokens) {
@@ -490,8 +500,20 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    // Expert parallelism: part p of the group (its t / ep consecutive ranks) holds experts
+    // [p, p + 1) x experts / ep, each split over the part's ranks.
+    const int64_t ep = std::max(1, tp.expert_parallel), across = tp.size / ep;
+    const int64_t held = config_.experts / ep, part = tp.rank / across;
+    const int64_t units = config_.ExpertUnits() / across;
     for (int64_t e = 0; e < config_.experts; ++e) {
-      TANDEM_RETURN_IF_ERROR(experts[e]->as<LlamaExpertImpl>()->ShardForTensorParallel(tp));
+      auto* expert = experts[e]->as<LlamaExpertImpl>();
+      if (ep == 1) {
+        TANDEM_RETURN_IF_ERROR(expert->ShardForTensorParallel(tp));
+      } else if (e / held == part) {
+        expert->KeepUnits((tp.rank % across) * units, units);
+      } else {
+        expert->KeepUnits(0, 0);
+      }
     }
     if (!shared_expert.is_empty()) {
       TANDEM_RETURN_IF_ERROR(shared_expert->ShardForTensorParallel(tp));
@@ -520,6 +542,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     const torch::Tensor mask = torch::one_hot(selected, count).permute({2, 1, 0});
     torch::Tensor output = torch::zeros({tokens.size(0), hidden}, tokens.options());
     for (int64_t e = 0; e < count; ++e) {
+      if (experts[e]->as<LlamaExpertImpl>()->units() == 0) continue;  // another rank's
       const std::vector<torch::Tensor> chosen = torch::where(mask[e]);
       const torch::Tensor& choice = chosen[0];
       const torch::Tensor& token = chosen[1];
@@ -1388,8 +1411,17 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads"));
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
       if (config.Moe()) {
-        TANDEM_RETURN_IF_ERROR(
-            tp.CheckDivisible(config.ExpertUnits(), "llama: the experts' units"));
+        const int ep = tp.expert_parallel;
+        if (ep < 1 || tp.size % ep != 0 || config.experts % ep != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "llama: expert parallelism of ", ep, " does not divide the ", config.experts,
+              " experts and the tensor-parallel group of ", tp.size, " ranks"));
+        }
+        if (config.ExpertUnits() % (tp.size / ep) != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "llama: the experts' ", config.ExpertUnits(), " units do not split over ",
+              tp.size / ep, " ranks (", tp.size, " ranks, expert parallelism of ", ep, ")"));
+        }
         if (config.shared_expert_intermediate > 0) {
           TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.shared_expert_intermediate,
                                                    "llama: shared_expert_intermediate_size"));

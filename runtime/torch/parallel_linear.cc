@@ -29,11 +29,14 @@ void RegisterLinearParameters(torch::nn::Module& module, int64_t in, int64_t out
   }
 }
 
-// Replaces a parameter's data by a slice of it (same tensor object: the module keeps it).
+}  // namespace
+
 void KeepSlice(torch::Tensor& parameter, int64_t dim, int64_t begin, int64_t length) {
   torch::NoGradGuard no_grad;
   parameter.set_data(parameter.narrow(dim, begin, length).clone());
 }
+
+namespace {
 
 struct GatherFunction : public torch::autograd::Function<GatherFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,

@@ -63,6 +63,10 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
 };
 TORCH_MODULE(RowParallelLinear);
 
+// Replaces a parameter's data by `length` entries of dimension `dim` from `begin` (a copy; the
+// same tensor object, so the module keeps it). `length` may be 0.
+void KeepSlice(torch::Tensor& parameter, int64_t dim, int64_t begin, int64_t length);
+
 // Megatron's all-gather of a split last dimension: forward gathers this rank's [..., n] into
 // [..., t * n] (rank order), backward keeps this rank's part of the gradient.
 torch::Tensor GatherFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp);

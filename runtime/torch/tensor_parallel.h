@@ -46,6 +46,15 @@ struct TensorParallel {
   // residual adds and pipeline transfers handle S/t tokens per rank. A model that supports it
   // reads this; others run as without it.
   bool sequence_parallel = false;
+  // Expert parallelism inside the group (Megatron-LM's expert_model_parallel_size with
+  // expert_tensor_parallel_size = t / expert_parallel, its all-gather token dispatcher): a
+  // mixture of experts places its experts whole on `expert_parallel` parts of the group (t /
+  // expert_parallel consecutive ranks each, which split their experts' units as tensor
+  // parallelism does); a rank keeps empty parameters of the experts other parts hold. Every
+  // rank routes the whole sequence, as with the experts split; only the experts' placement
+  // changes. Must divide `size`; 1: every expert split over the whole group. Models without
+  // experts ignore it.
+  int expert_parallel = 1;
 
   bool enabled() const { return size > 1; }
   bool sequence_split() const { return size > 1 && sequence_parallel; }

@@ -154,8 +154,30 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
                                             }
                                           }));
   TensorParallelLayout layout;
-  for (const auto& [name, tensor] : NamedLayerParameters(layers, options.first_layer)) {
-    if (full[name] == tensor.sizes().vec()) layout.replicated.insert(name);
+  const auto sharded = NamedLayerParameters(layers, options.first_layer);
+  // A parameter whole on this rank is replicated when every rank holds it whole. Expert
+  // parallelism places an expert whole on some ranks and empty on the others: the group
+  // counts each parameter's elements over its ranks to tell.
+  std::vector<char> whole_everywhere(sharded.size(), 1);
+  if (tp.expert_parallel > 1) {
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": expert placement"), [&] {
+      torch::NoGradGuard no_grad;
+      torch::Tensor counts = torch::empty({static_cast<int64_t>(sharded.size())}, torch::kDouble);
+      for (size_t i = 0; i < sharded.size(); ++i) {
+        counts[static_cast<int64_t>(i)] = static_cast<double>(sharded[i].second.numel());
+      }
+      counts = ReduceFromTensorParallel(counts.to(options.device), tp).to(torch::kCPU);
+      for (size_t i = 0; i < sharded.size(); ++i) {
+        whole_everywhere[i] = counts[static_cast<int64_t>(i)].item<double>() ==
+                              static_cast<double>(sharded[i].second.numel()) * tp.size;
+      }
+    }));
+  }
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    const auto& [name, tensor] = sharded[i];
+    if (full[name] == tensor.sizes().vec() && whole_everywhere[i]) {
+      layout.replicated.insert(name);
+    }
   }
   // Where each shard element comes from, whatever the model's split: shard copies whose
   // elements hold their own index in the whole parameter, 20 bits at a time (exact in

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "comm/backend.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
@@ -71,6 +72,8 @@ StageRun RunStage(const LayeredModel& model, std::shared_ptr<const Dataset> data
 }
 
 double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  // Another rank's expert (expert parallelism): empty here.
+  if (expected.numel() == 0) return actual.numel() == 0 ? 0.0 : 1e300;
   const double scale = std::max(expected.abs().max().item<double>(), 1e-12);
   return (actual - expected).abs().max().item<double>() / scale;
 }
@@ -106,6 +109,7 @@ struct Case {
   bool gemma2 = false;    // Llama as Gemma 2: soft caps, sandwich norms, offset norms
   bool mixtral = false;   // Llama as Mixtral: 4 experts, 2 a token, instead of the MLP
   bool qwen2_moe = false;  // Llama as Qwen2-MoE: experts and a shared expert, block 1 dense
+  int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -131,7 +135,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   if (c.qwen2_moe) {
     llama.model_type = "qwen2_moe";
     llama.qkv_bias = true;
-    llama.experts = 3;
+    llama.experts = c.expert_parallel > 1 ? 4 : 3;
     llama.experts_per_token = 2;
     llama.expert_intermediate = 16;
     llama.shared_expert_intermediate = 32;
@@ -150,6 +154,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
 
   TensorParallel tp{t, me, world->get()};
   tp.sequence_parallel = c.sequence_parallel;
+  tp.expert_parallel = c.expert_parallel;
+  if (t % c.expert_parallel != 0) GTEST_SKIP() << t << " ranks";
   const StageRun whole = RunStage(*model, *data, TensorParallel{});
   const StageRun shard = RunStage(*model, *data, tp);
   ASSERT_NE(whole.stage, nullptr);
@@ -195,6 +201,26 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     if (c.mixtral) {
       EXPECT_EQ(index.at("layers.1.block_sparse_moe.gate.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.block_sparse_moe.experts.3.w2.weight"), nullptr);
+    }
+    if (c.mixtral || c.qwen2_moe) {
+      // Expert e is on part e / (experts / ep) of the group, its units split over the part's
+      // t / ep ranks; the other ranks hold it empty.
+      const int64_t ep = c.expert_parallel, across = t / ep;
+      const std::string prefix =
+          c.mixtral ? "layers.1.block_sparse_moe.experts." : "layers.1.mlp.experts.";
+      const std::string down = c.mixtral ? ".w2.weight" : ".down_proj.weight";
+      std::map<std::string, torch::Tensor> held;
+      for (const auto& [name, p] : shard.stage->named_parameters()) held[name] = p;
+      int64_t units = 0;
+      for (int64_t e = 0; e < llama.experts; ++e) {
+        const bool mine = e / (llama.experts / ep) == me / across;
+        const torch::Tensor& weight = held.at(absl::StrCat(prefix, e, down));
+        EXPECT_EQ(weight.size(1), mine ? llama.ExpertUnits() / across : 0) << e << " on " << me;
+        // A shard even where whole: the other ranks hold it empty.
+        EXPECT_NE(index.at(absl::StrCat(prefix, e, down)), nullptr) << e << " on " << me;
+        units += weight.size(1);
+      }
+      EXPECT_EQ(units, llama.experts * llama.ExpertUnits() / t);
     }
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
@@ -275,6 +301,30 @@ TEST(LlamaTensorParallelTest, Qwen2MoeExpertShardsGiveTheWholeLossAndGradients) 
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
   qwen2_moe.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+}
+
+// Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two
+// ranks that split its units (4 ranks, 2 parts); the router and the rest as without it, with
+// and without sequence parallelism, the load-balancing loss included.
+TEST(LlamaTensorParallelTest, ExpertsPlacedOnPartsOfTheGroupGiveTheWholeLossAndGradients) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int t = (*world)->size();
+  for (int ep : {2, 4}) {
+    if (ep > t) continue;
+    SCOPED_TRACE(absl::StrCat("expert parallelism ", ep, " of ", t));
+    Case mixtral;
+    mixtral.mixtral = true;
+    mixtral.expert_parallel = ep;
+    ExpectShardsGiveTheWholeLossAndGradients(mixtral);
+    mixtral.sequence_parallel = true;
+    mixtral.tied = true;
+    ExpectShardsGiveTheWholeLossAndGradients(mixtral);
+    Case qwen2_moe;
+    qwen2_moe.qwen2_moe = true;
+    qwen2_moe.expert_parallel = ep;
+    ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+  }
 }
 
 // The experts' load-balancing loss in a stage is scaled as the stage's loss is: the stage's

@@ -638,12 +638,16 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         ImportCase{"mixtral", "llama"}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Expert parallelism: each rank keeps two of the four experts whole.
+        ImportCase{"mixtral", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --expert-parallel 2"},
         // Qwen2-MoE's shared expert and a dense block, whole and tensor-parallel.
         ImportCase{"qwen2_moe", "llama"},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
-    const std::string label =
-        absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "", c.flags.empty() ? "" : "_sp");
+    const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
+                                           c.flags.empty()                               ? ""
+                                           : c.flags.find("expert") != std::string::npos ? "_ep"
+                                                                                         : "_sp");
     SCOPED_TRACE(label);
     const std::string log = scratch / (label + ".jsonl");
     const Outcome o = RunCommand(Train(c.ranks,

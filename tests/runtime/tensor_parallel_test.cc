@@ -364,6 +364,100 @@ TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParalle
             100 * kRelativeTolerance * std::abs(want[3]["loss"].get<double>()));
 }
 
+// Expert parallelism (--expert-parallel): a Mixtral's experts whole on one rank of each
+// tensor-parallel pair, on 2 replicas with DeAR and clipping: the losses and gradient norms
+// of one process (the norm counts each expert once, on the rank that holds it), and the same
+// checkpoint (each expert gathered from its rank). A resume from it continues alike on that
+// layout and on one process.
+TEST(TensorParallelTest, MixtralWithExpertParallelismTrainsAndCheckpointsAsOneProcess) {
+  const std::string mixtral = absl::StrCat(
+      " train --model llama --experts 4 --experts-per-token 2 --layers 2 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --moe-aux-loss-coef 0.5"
+      " --clip-norm 0.5 --seed ",
+      kSeed, " --log-json ");
+  const std::string mpirun =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np ");
+  const std::string one_log = TempPath("ep_one.jsonl"), ep_log = TempPath("ep_split.jsonl");
+  const std::string one_dir = TempPath("ep_one_ckpt"), ep_dir = TempPath("ep_split_ckpt");
+  const std::string ep_layout =
+      " --schedule 1f1b --stages 1 --tensor-parallel 2 --expert-parallel 2 --microbatches 4";
+  // 2 replicas of 4 micro-batches of 1 sample: one process of 8 micro-batches of 1.
+  Outcome one = RunCommand(absl::StrCat(g_tandem, mixtral, one_log,
+                                        " --steps 4 --schedule 1f1b --stages 1 --microbatches 8",
+                                        " --checkpoint-dir ", one_dir));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  Outcome split =
+      RunCommand(absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, ep_log, " --steps 4", ep_layout,
+                              " --data-parallel 2 --grad-sync dear", " --checkpoint-dir ", ep_dir));
+  ASSERT_EQ(split.exit_status, 0) << split.output;
+  const auto want = tandem::testing::ReadLogIterations(one_log);
+  const auto got = tandem::testing::ReadLogIterations(ep_log);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  ASSERT_EQ(got.size(), want.size()) << split.output;
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (const char* field : {"loss", "grad_norm"}) {
+      const double a = got[i][field].get<double>(), b = want[i][field].get<double>();
+      EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b))
+          << field << " iteration " << i + 1;
+    }
+  }
+  EXPECT_NE(want.front()["loss"].get<double>(), want.back()["loss"].get<double>());
+  Outcome diff = RunCommand(
+      absl::StrCat(g_tandem, " checkpoint diff ", ep_dir, " ", one_dir, kCheckpointTolerance));
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+
+  // Iterations 5 and 6 from the experts' checkpoint: on 2 ranks with expert parallelism (each
+  // rank takes its experts of the whole ones), and on one process.
+  std::vector<std::vector<nlohmann::json>> resumed;
+  for (const std::string& run :
+       {absl::StrCat(mpirun, 2, " ", g_tandem, mixtral, ep_log, ep_layout),
+        absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 4")}) {
+    std::filesystem::remove(ep_log);
+    std::filesystem::remove(one_log);
+    Outcome r = RunCommand(absl::StrCat(run, " --resume ", ep_dir, " --steps 6"));
+    ASSERT_EQ(r.exit_status, 0) << run << "\n" << r.output;
+    resumed.push_back(
+        tandem::testing::ReadLogIterations(std::filesystem::exists(ep_log) ? ep_log : one_log));
+    ASSERT_EQ(resumed.back().size(), 2u) << r.output;
+    EXPECT_EQ(resumed.back()[0]["iteration"].get<int>(), 5);
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    const double a = resumed[0][i]["loss"].get<double>(), b = resumed[1][i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 5;
+  }
+  tandem::RemoveAll(one_dir).IgnoreError();
+  tandem::RemoveAll(ep_dir).IgnoreError();
+  std::filesystem::remove(one_log);
+  std::filesystem::remove(ep_log);
+}
+
+// --expert-parallel names what does not fit: a degree that does not divide the group or the
+// experts, a model without experts.
+TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
+  const std::string log = TempPath("ep_bad.jsonl");
+  const std::string mpirun =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ");
+  const std::string llama =
+      " train --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 32"
+      " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --tensor-parallel 2"
+      " --microbatches 2 --log-json " +
+      log;
+  const std::pair<std::string, std::string> cases[] = {
+      {" --experts 4 --expert-parallel 4",
+       "--expert-parallel 4 places the experts on parts of a "
+       "tensor-parallel group: it must divide the group's 2"},
+      {" --experts 3 --expert-parallel 2",
+       "--expert-parallel 2 does not divide the model's 3 experts"},
+      {" --expert-parallel 2", "--expert-parallel places experts: it needs a model with experts"},
+      {" --experts 4 --expert-parallel 0", "--expert-parallel must be at least 1, not 0"}};
+  for (const auto& [flags, message] : cases) {
+    Outcome o = RunCommand(absl::StrCat(mpirun, g_tandem, llama, flags));
+    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
+  }
+  std::filesystem::remove(log);
+}
+
 // Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
 // same order on every rank of the group.
 TEST(TensorParallelTest, SequenceParallelWithRecomputationMatchesTheReference) {
