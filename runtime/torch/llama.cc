@@ -538,18 +538,43 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     auto [weights, selected] = probabilities.topk(config_.experts_per_token, /*dim=*/-1);
     if (config_.normalize_top_k) weights = weights / weights.sum(-1, /*keepdim=*/true);
     weights = weights.to(tokens.scalar_type());
-    // mask[e][k][n]: token n's k-th choice is expert e.
-    const torch::Tensor mask = torch::one_hot(selected, count).permute({2, 1, 0});
     torch::Tensor output = torch::zeros({tokens.size(0), hidden}, tokens.options());
+    // The (token, choice) pairs sorted by expert (stably: by token within one), and each
+    // expert's count, read on the host once for all experts (a host sync per block, not per
+    // expert). The experts this rank holds are one run of them (expert parallelism), or all.
+    const int64_t k = config_.experts_per_token;
+    const torch::Tensor flat = selected.reshape({-1});  // pair i: token i / k, choice i % k
+    const torch::Tensor order =
+        std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+    const torch::Tensor counts = torch::bincount(flat, {}, count).to(torch::kCPU);
+    const int64_t* routed = counts.data_ptr<int64_t>();
+    int64_t first = count, end = 0;
     for (int64_t e = 0; e < count; ++e) {
       if (experts[e]->as<LlamaExpertImpl>()->units() == 0) continue;  // another rank's
-      const std::vector<torch::Tensor> chosen = torch::where(mask[e]);
-      const torch::Tensor& choice = chosen[0];
-      const torch::Tensor& token = chosen[1];
-      const torch::Tensor part =
-          experts[e]->as<LlamaExpertImpl>()->Partial(tokens.index_select(0, token)) *
-          weights.index({token, choice}).unsqueeze(-1);
-      output.index_add_(0, token, part.to(output.scalar_type()));
+      first = std::min(first, e);
+      end = e + 1;
+    }
+    end = std::max(end, first);  // none held: an empty run
+    int64_t begin = 0, held = 0;
+    for (int64_t e = 0; e < first; ++e) begin += routed[e];
+    for (int64_t e = first; e < end; ++e) held += routed[e];
+    const torch::Tensor pairs = order.narrow(0, begin, held);
+    const torch::Tensor token = pairs.div(k, "floor");
+    // Split, not narrowed: a split's backward concatenates the parts' gradients once, where
+    // each narrow's would write a zero tensor of the whole size.
+    const std::vector<int64_t> sizes(routed + first, routed + end);
+    const std::vector<torch::Tensor> routed_tokens =
+        tokens.index_select(0, token).split_with_sizes(sizes);
+    const std::vector<torch::Tensor> routed_weights =
+        weights.reshape({-1}).index_select(0, pairs).unsqueeze(-1).split_with_sizes(sizes);
+    const std::vector<torch::Tensor> routed_to = token.split_with_sizes(sizes);
+    for (int64_t e = first; e < end; ++e) {
+      auto* expert = experts[e]->as<LlamaExpertImpl>();
+      if (expert->units() == 0) continue;
+      // With no token routed too: its gradient is then zero, as transformers' is.
+      const size_t i = static_cast<size_t>(e - first);
+      const torch::Tensor part = expert->Partial(routed_tokens[i]) * routed_weights[i];
+      output.index_add_(0, routed_to[i], part.to(output.scalar_type()));
     }
     if (!shared_expert.is_empty()) {
       const torch::Tensor scale =

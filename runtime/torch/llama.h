@@ -52,7 +52,8 @@
 // expert's units are split as the MLP's (w1 and w3 column-parallel, w2 row-parallel, one
 // all-reduce for the sum of all experts, the shared one's included); the router is whole on every
 // rank and sees the whole sequence (under sequence parallelism its scores are gathered), so every
-// rank routes alike.
+// rank routes alike. With TensorParallel::expert_parallel the experts are placed whole on parts
+// of the group instead (a rank holds the others' as empty parameters and skips them).
 #pragma once
 
 #include <cstdint>
