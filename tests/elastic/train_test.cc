@@ -515,6 +515,41 @@ TEST(ElasticTrainTest, TensorParallelLayersWithoutASurvivingCopyComeBackFromTheC
   tandem::RemoveAll(checkpoint).IgnoreError();
 }
 
+// Expert parallelism inside the groups (a Mixtral, each rank of a pair holding two of its four
+// experts whole): rank 3 dies in iteration 3's backward, the survivors re-form from the other
+// groups' shards (an expert moves from the rank that holds it) and end with the checkpoint of
+// the unchanged run.
+TEST(ElasticTrainTest, ExpertParallelGroupsSurviveALostRank) {
+  const std::string mixtral = absl::StrCat(
+      " --model llama --experts 4 --experts-per-token 2 --layers 4 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --microbatch-size 2",
+      " --steps 6 --seed ", kSeed, " --elastic --tensor-parallel 2 --expert-parallel 2");
+  const auto run = [&](const std::string& kill, const std::string& checkpoint,
+                       const std::string& log) {
+    return RunCommand(absl::StrCat(
+        kill.empty() ? "" : absl::StrCat("TANDEM_ELASTIC_KILL=", kill, " "), "timeout 120 ",
+        TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none --enable-recovery",
+        kill.empty() ? "" : " -x TANDEM_ELASTIC_KILL", " -np 6 ", g_tandem, " train", mixtral,
+        " --log-json ", log, " --checkpoint-dir ", checkpoint));
+  };
+  const std::string unchanged = TempPath("ep_unchanged_checkpoint");
+  const std::string killed = TempPath("ep_kill_checkpoint");
+  Outcome a = run("", unchanged, TempPath("ep_unchanged.jsonl"));
+  ASSERT_EQ(a.exit_status, 0) << a.output;
+  const std::string log = TempPath("ep_kill.jsonl");
+  Outcome o = run("3:3:backward", killed, log);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const Log l = ReadElasticLog(log);
+  EXPECT_EQ(l.finished, 1) << o.output;
+  ASSERT_EQ(l.reconfigurations.size(), 1u) << o.output;
+  EXPECT_EQ(l.reconfigurations[0]["dead"], nlohmann::json({3})) << o.output;
+  EXPECT_EQ(l.loss.size(), 6u) << o.output;
+  Outcome diff = DiffCheckpoints(unchanged, killed);
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+  tandem::RemoveAll(unchanged).IgnoreError();
+  tandem::RemoveAll(killed).IgnoreError();
+}
+
 TEST(ElasticTrainTest, ALostTensorParallelGroupIsReplacedLive) {
   // 4 ranks = 2 groups, one pipeline each, with sequence parallelism. Rank 1 dies: group 0-1
   // is lost, the survivors run iteration 3 again on group 2-3, then start a node of two ranks

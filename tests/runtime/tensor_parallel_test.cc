@@ -334,7 +334,12 @@ TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParalle
   };
   const std::pair<const char*, int> layouts[] = {
       {" --schedule 1f1b --stages 2 --data-parallel 2 --grad-sync dear --microbatches 4", 8},
-      {" --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel --microbatches 4", 4}};
+      {" --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel --microbatches 4", 4},
+      // Each expert whole on one rank of the pair: the other rank's empty experts take no part
+      // in the deferred weight gradients.
+      {" --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel --expert-parallel 2"
+       " --microbatches 4",
+       4}};
   for (const auto& [layout, microbatches] : layouts) {
     SCOPED_TRACE(layout);
     const std::vector<nlohmann::json> want = one_process(microbatches, balanced);
