@@ -20,7 +20,8 @@
 #   bench/gpu/gpu_checks.sh [BUILD_DIR] [OUT_DIR]
 #
 # Environment: NCCL_PREFIX and NCCL_SOURCE (above); SECTIONS (default "fused cuda elastic cli
-# shared_gpu gpt_bench traces"; fused: the fused kernels against LibTorch's compositions);
+# shared_gpu gpt_bench moe traces"; fused: the fused kernels against LibTorch's compositions;
+# moe: a Mixtral-shaped model on one rank, and on two with its experts split or placed whole);
 # TEST_TIMEOUT (seconds a test may take, default 600) and TEST_JOBS (tests run at once, default
 # 1); STEPS (default 6), SHAPES (default small) and VOCABS (default 50257) for the benches;
 # LD_LIBRARY_PATH as the build needs (it is passed to the ranks).
@@ -43,7 +44,7 @@ step() {  # name command...
   echo "== $name: exit $rc in $((SECONDS - start)) s"
 }
 
-sections=" ${SECTIONS:-fused cuda elastic cli shared_gpu gpt_bench traces} "
+sections=" ${SECTIONS:-fused cuda elastic cli shared_gpu gpt_bench moe traces} "
 timeout="${TEST_TIMEOUT:-600}"
 jobs="${TEST_JOBS:-1}"
 wanted() { case "$sections" in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -85,6 +86,21 @@ fi
 if wanted gpt_bench; then
   step gpt_bench env STEPS="${STEPS:-6}" SHAPES="${SHAPES:-small}" VOCABS="${VOCABS:-50257}" \
     bench/gpu/gpt_gpu_bench.sh "$build" "$out/gpt"
+fi
+if wanted moe; then
+  # A Mixtral-shaped model on the GPU: one rank, then two ranks sharing it with the experts
+  # split (--tensor-parallel 2) and placed whole (--expert-parallel 2); tokens/s on the
+  # "trained" lines.
+  moe=(--model llama --experts 8 --experts-per-token 2 --layers 4 --hidden 1024 --heads 16
+       --kv-heads 8 --intermediate 2816 --seq-len 1024 --vocab 32000 --global-batch 8
+       --steps "${STEPS:-6}" --optimizer adamw --device cuda --schedule 1f1b --stages 1
+       --microbatches 2)
+  step moe_one mpirun -np 1 --bind-to none -x LD_LIBRARY_PATH -x LD_PRELOAD \
+    "$build/bin/tandem" train "${moe[@]}"
+  step moe_tp2 mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x LD_PRELOAD \
+    "$build/bin/tandem" train "${moe[@]}" --tensor-parallel 2
+  step moe_ep2 mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x LD_PRELOAD \
+    "$build/bin/tandem" train "${moe[@]}" --tensor-parallel 2 --expert-parallel 2
 fi
 if wanted traces; then
   gpt2=(--layers 12 --hidden 768 --heads 12 --seq-len 1024 --vocab 50257)
