@@ -871,7 +871,17 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   }
   TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, std::max(1, plan.tensor_parallel)));
   TANDEM_RETURN_IF_ERROR(CheckExpertParallel(options, std::max(1, plan.tensor_parallel)));
-  if (rank == 0) std::cout << start_line << "\n" << DescribePlan(plan) << std::flush;
+  if (rank == 0) {
+    std::cout << start_line << "\n" << DescribePlan(plan);
+    if (options.expert_parallel > 1) {
+      const int t = std::max(1, plan.tensor_parallel);
+      std::cout << "  experts: whole on " << options.expert_parallel
+                << " parts of each tensor-parallel group, split over "
+                << t / options.expert_parallel << " rank(s) within a part (--expert-parallel "
+                << options.expert_parallel << ")\n";
+    }
+    std::cout << std::flush;
+  }
 
   const MfuModel mfu = MfuFor(options, model_and_data.training_flops_per_token, world.size());
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Engine> engine,

@@ -395,6 +395,10 @@ TEST(TensorParallelTest, MixtralWithExpertParallelismTrainsAndCheckpointsAsOnePr
       RunCommand(absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, ep_log, " --steps 4", ep_layout,
                               " --data-parallel 2 --grad-sync dear", " --checkpoint-dir ", ep_dir));
   ASSERT_EQ(split.exit_status, 0) << split.output;
+  EXPECT_NE(split.output.find("experts: whole on 2 parts of each tensor-parallel group, split "
+                              "over 1 rank(s) within a part (--expert-parallel 2)"),
+            std::string::npos)
+      << split.output;
   const auto want = tandem::testing::ReadLogIterations(one_log);
   const auto got = tandem::testing::ReadLogIterations(ep_log);
   ASSERT_EQ(want.size(), 4u) << one.output;
