@@ -440,8 +440,6 @@ class LlamaExpertImpl : public torch::nn::Cloneable<LlamaExpertImpl> {
     KeepSlice(up->weight, 0, begin, count);
     KeepSlice(down->weight, 1, begin, count);
   }
-  // The units this rank holds.
-  int64_t units() const { return gate->weight.size(0); }
 
   // This rank's part of the expert's output for `tokens` [n, hidden] (the whole output without
   // tensor parallelism).
@@ -505,15 +503,12 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     const int64_t ep = std::max(1, tp.expert_parallel), across = tp.size / ep;
     const int64_t held = config_.experts / ep, part = tp.rank / across;
     const int64_t units = config_.ExpertUnits() / across;
+    first_held_ = part * held;
+    end_held_ = first_held_ + held;
     for (int64_t e = 0; e < config_.experts; ++e) {
-      auto* expert = experts[e]->as<LlamaExpertImpl>();
-      if (ep == 1) {
-        TANDEM_RETURN_IF_ERROR(expert->ShardForTensorParallel(tp));
-      } else if (e / held == part) {
-        expert->KeepUnits((tp.rank % across) * units, units);
-      } else {
-        expert->KeepUnits(0, 0);
-      }
+      const bool mine = e >= first_held_ && e < end_held_;
+      experts[e]->as<LlamaExpertImpl>()->KeepUnits(mine ? (tp.rank % across) * units : 0,
+                                                   mine ? units : 0);
     }
     if (!shared_expert.is_empty()) {
       TANDEM_RETURN_IF_ERROR(shared_expert->ShardForTensorParallel(tp));
@@ -548,13 +543,7 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
         std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
     const torch::Tensor counts = torch::bincount(flat, {}, count).to(torch::kCPU);
     const int64_t* routed = counts.data_ptr<int64_t>();
-    int64_t first = count, end = 0;
-    for (int64_t e = 0; e < count; ++e) {
-      if (experts[e]->as<LlamaExpertImpl>()->units() == 0) continue;  // another rank's
-      first = std::min(first, e);
-      end = e + 1;
-    }
-    end = std::max(end, first);  // none held: an empty run
+    const int64_t first = first_held_, end = end_held_ < 0 ? count : end_held_;
     int64_t begin = 0, held = 0;
     for (int64_t e = 0; e < first; ++e) begin += routed[e];
     for (int64_t e = first; e < end; ++e) held += routed[e];
@@ -569,11 +558,10 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
         weights.reshape({-1}).index_select(0, pairs).unsqueeze(-1).split_with_sizes(sizes);
     const std::vector<torch::Tensor> routed_to = token.split_with_sizes(sizes);
     for (int64_t e = first; e < end; ++e) {
-      auto* expert = experts[e]->as<LlamaExpertImpl>();
-      if (expert->units() == 0) continue;
       // With no token routed too: its gradient is then zero, as transformers' is.
       const size_t i = static_cast<size_t>(e - first);
-      const torch::Tensor part = expert->Partial(routed_tokens[i]) * routed_weights[i];
+      const torch::Tensor part =
+          experts[e]->as<LlamaExpertImpl>()->Partial(routed_tokens[i]) * routed_weights[i];
       output.index_add_(0, routed_to[i], part.to(output.scalar_type()));
     }
     if (!shared_expert.is_empty()) {
@@ -614,6 +602,9 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
  private:
   LlamaConfig config_;
   TensorParallel tp_;
+  // The experts this rank holds, [first_held_, end_held_) (every one until sharded; -1: the
+  // experts' count).
+  int64_t first_held_ = 0, end_held_ = -1;
 };
 TORCH_MODULE(LlamaMoe);
 
