@@ -285,9 +285,7 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
                           GetStringOr(json, "model_type", "", config_path));
   Blueprint blueprint;
   HfLayout layout;
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
-      model_type == "gemma" || model_type == "gemma2" || model_type == "mixtral" ||
-      model_type == "qwen2_moe") {
+  if (IsLlamaModelType(model_type)) {
     auto config = LlamaConfigFromJson(json);
     if (!config.ok()) return Annotate(config.status(), folder);
     // The positions the model takes (Qwen2's sliding window bounds them).
@@ -301,10 +299,9 @@ absl::StatusOr<GenerationModel> ModelFromHfFolder(const std::string& folder,
     blueprint = OfGpt2(*config);
     layout = Gpt2HfLayout(*config);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        config_path, ": model_type \"", model_type,
-        "\": generate reads llama (and mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe) and "
-        "gpt2 folders"));
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": model_type \"", model_type,
+                                                   "\": generate reads gpt2 folders and llama's (",
+                                                   kLlamaModelTypes, ")"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const HfWeights> weights,
                           HfWeights::Open(folder, std::move(layout)));

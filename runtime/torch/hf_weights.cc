@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -46,7 +47,10 @@ std::string ListSome(const std::vector<std::string>& names) {
 
 void AddTensor(HfLayout& layout, std::string key, std::string name,
                std::vector<int64_t> shape) {
-  layout.tensors.push_back(HfTensor{std::move(key), std::move(name), std::move(shape)});
+  HfTensor& tensor = layout.tensors.emplace_back();
+  tensor.key = std::move(key);
+  tensor.name = std::move(name);
+  tensor.shape = std::move(shape);
 }
 
 // The copies of `tied`: copy -> owner.
@@ -79,6 +83,10 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   const int64_t h = config.hidden;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     AddTensor(layout, KeyOf(LlamaHfName(config, name), name), name, std::move(shape));
+    if (const std::optional<LlamaFusedRows> rows = LlamaHfRows(config, name)) {
+      layout.tensors.back().first_row = rows->first_row;
+      layout.tensors.back().key_shape = rows->key_shape;
+    }
   };
   add("layers.0.embed_tokens.weight", {config.vocab, h});
   for (int64_t block = 0; block < config.layers; ++block) {
@@ -154,12 +162,15 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
   weights->folder_ = folder;
   TANDEM_ASSIGN_OR_RETURN(weights->files_, formats::SafetensorsFolder::Open(folder));
   const std::string& model = layout.model;
-  // The key set, from the index (or the single file's header) alone.
+  // The key set, from the index (or the single file's header) alone: the folder's key of each
+  // of the layout's (the same, or another spelling of it).
   std::vector<std::string> extra, tied_extra;
+  std::map<std::string, std::string> folder_key;  // layout key -> the folder's
   for (const std::string& key : weights->files_->TensorNames()) {
     if (layout.ignored && layout.ignored(key)) continue;
     absl::StatusOr<std::string> name = layout.tandem_name(key);
-    if (!name.ok()) {
+    const HfTensor* tensor = name.ok() ? layout.Find(*name) : nullptr;
+    if (!name.ok() || tensor == nullptr) {
       extra.push_back(absl::StrCat("'", key, "'"));
       continue;
     }
@@ -167,7 +178,7 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
       tied_extra.push_back(absl::StrCat("'", key, "'"));
       continue;
     }
-    auto [it, added] = weights->key_of_.emplace(*name, key);
+    auto [it, added] = folder_key.emplace(tensor->key, key);
     if (!added) {
       return absl::InvalidArgumentError(absl::StrCat(folder, ": tensors '", it->second, "' and '",
                                                      key, "' are both parameter '", *name,
@@ -187,7 +198,10 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
   }
   std::vector<std::string> missing;
   for (const HfTensor& tensor : layout.tensors) {
-    if (weights->key_of_.count(tensor.name) == 0) {
+    auto found = folder_key.find(tensor.key);
+    if (found != folder_key.end()) {
+      weights->key_of_.emplace(tensor.name, found->second);
+    } else if (tensor.first_row == 0) {  // a fused key once, for its first part
       missing.push_back(absl::StrCat("'", tensor.key, "'"));
     }
   }
@@ -200,10 +214,11 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
   for (const HfTensor& tensor : layout.tensors) {
     const std::string& key = weights->key_of_.at(tensor.name);
     TANDEM_ASSIGN_OR_RETURN(const formats::TensorInfo info, weights->files_->Info(key));
-    if (info.shape != tensor.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          folder, ": tensor '", key, "' has shape ", ShapeString(info.shape), ", ", model,
-          " needs ", ShapeString(tensor.shape), " (does config.json describe these weights?)"));
+    if (info.shape != tensor.KeyShape()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder, ": tensor '", key, "' has shape ", ShapeString(info.shape), ", ",
+                       model, " needs ", ShapeString(tensor.KeyShape()),
+                       " (does config.json describe these weights?)"));
     }
     if (!formats::ConvertsToFloat32(info.data_type)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -226,6 +241,11 @@ absl::Status HfWeights::ReadParameter(absl::string_view name, float* out, int64_
   {
     absl::MutexLock lock(&mutex_);
     read_.insert(key->second);
+  }
+  const HfTensor* tensor = layout_.Find(owner);
+  if (tensor != nullptr && !tensor->key_shape.empty()) {  // rows of a fused tensor
+    const formats::TensorSlice rows{0, tensor->first_row, tensor->first_row + tensor->shape[0]};
+    return files_->ReadSliceAsFloat32(key->second, rows, out, count);
   }
   return files_->ReadAsFloat32(key->second, out, count);
 }
@@ -365,7 +385,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"qscale", &config.query_pre_attn_scalar},
       {"attn-softcap", &config.attn_logit_softcapping},
       {"final-softcap", &config.final_logit_softcapping},
-      {"aux-loss", &config.router_aux_loss_coef}};
+      {"aux-loss", &config.router_aux_loss_coef},
+      {"embedding-mult", &config.embedding_multiplier},
+      {"residual-mult", &config.residual_multiplier},
+      {"attention-mult", &config.attention_multiplier},
+      {"logits-scaling", &config.logits_scaling}};
   const std::map<std::string, std::pair<bool*, bool>> words = {
       {"tied", {&config.tie_word_embeddings, true}},
       {"attention-bias", {&config.attention_bias, true}},
@@ -464,6 +488,8 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "gemma2"    ? "Gemma2ForCausalLM"
                                    : config.model_type == "mixtral"   ? "MixtralForCausalLM"
                                    : config.model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                   : config.model_type == "granite"   ? "GraniteForCausalLM"
+                                   : config.model_type == "phi3"      ? "Phi3ForCausalLM"
                                                                       : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -529,6 +555,24 @@ Json LlamaConfigJson(const LlamaConfig& config) {
       json["mlp_only_layers"] = config.dense_blocks;
       json["output_router_logits"] = false;
     }
+  } else if (config.model_type == "granite") {
+    // GraniteConfig: head_dim hidden / heads, and its multipliers.
+    json.erase("head_dim");
+    json["embedding_multiplier"] = config.embedding_multiplier;
+    json["residual_multiplier"] = config.residual_multiplier;
+    json["attention_multiplier"] = config.attention_multiplier;
+    json["logits_scaling"] = config.logits_scaling;
+  } else if (config.model_type == "phi3") {
+    // Phi3Config: no biases, head_dim hidden / heads, no dropout (its resid_pdrop and
+    // embd_pdrop), and an absent pad_token_id would read as 32000.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("head_dim");
+    json["sliding_window"] = window;
+    json["original_max_position_embeddings"] = config.max_position_embeddings;
+    json["resid_pdrop"] = 0.0;
+    json["embd_pdrop"] = 0.0;
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.
@@ -708,30 +752,55 @@ absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoin
                                                    ListSome(extra)));
   }
   std::vector<formats::TensorToWrite> tensors;
-  for (const HfTensor& hf : layout.tensors) {
-    auto it = parameters.find(hf.name);
-    if (it == parameters.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": holds no parameter '", hf.name,
-                                                     "' (", hf.key, ")"));
+  std::deque<std::string> fused;  // the bytes of keys that several parameters make up
+  for (size_t i = 0; i < layout.tensors.size();) {
+    // The parameters of one key: itself, or the parts of a fused key, in order of rows.
+    size_t parts = 1;
+    while (i + parts < layout.tensors.size() &&
+           layout.tensors[i + parts].key == layout.tensors[i].key) {
+      ++parts;
     }
-    const ShardTensor& t = it->second;
-    if (t.dtype != comm::DataType::kFloat32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": parameter '", hf.name, "' is not float32"));
+    std::vector<const ShardTensor*> held;
+    for (size_t part = i; part < i + parts; ++part) {
+      const HfTensor& hf = layout.tensors[part];
+      auto it = parameters.find(hf.name);
+      if (it == parameters.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": holds no parameter '", hf.name, "' (", hf.key, ")"));
+      }
+      const ShardTensor& t = it->second;
+      if (t.dtype != comm::DataType::kFloat32) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": parameter '", hf.name, "' is not float32"));
+      }
+      if (t.count != ShapeElements(hf.shape) || !ShapesCompatible(t.shape, hf.shape)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": parameter '", hf.name, "' is ", ShapeString(t.shape), " (",
+                         t.count, " elements), ", hf.key, " must be ", ShapeString(hf.shape)));
+      }
+      held.push_back(&t);
     }
-    if (t.count != ShapeElements(hf.shape) || !ShapesCompatible(t.shape, hf.shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": parameter '", hf.name, "' is ", ShapeString(t.shape), " (", t.count,
-          " elements), ", hf.key, " must be ", ShapeString(hf.shape)));
-    }
+    const HfTensor& hf = layout.tensors[i];
     formats::TensorToWrite w;
     w.name = hf.key;
     w.data_type = formats::DataType::kFloat32;
-    w.shape = hf.shape;
-    w.bytes = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(t.bytes.data()),
-                                        t.bytes.size());
+    w.shape = hf.KeyShape();
+    absl::string_view bytes = held[0]->bytes;
+    if (parts > 1) {  // the parts' rows one after another
+      std::string& joined = fused.emplace_back();
+      for (const ShardTensor* t : held) joined += t->bytes;
+      bytes = joined;
+    }
+    w.bytes =
+        absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    if (static_cast<int64_t>(bytes.size()) != ShapeElements(w.shape) * 4) {
+      return absl::InternalError(absl::StrCat(where, ": the parameters of ", hf.key, " make ",
+                                              bytes.size(), " bytes, not ", ShapeString(w.shape),
+                                              " in float32"));
+    }
     tensors.push_back(std::move(w));
-    result.bytes += static_cast<int64_t>(t.bytes.size());
+    result.bytes += static_cast<int64_t>(bytes.size());
+    i += parts;
   }
   result.tensors = static_cast<int64_t>(tensors.size());
 

@@ -60,10 +60,16 @@ struct Gpt2Config;
 struct ModelSpec;
 
 // One tensor of a model's transformers checkpoint.
+// A parameter stored fused with others (Phi-3's qkv_proj and gate_up_proj) is rows
+// [first_row, first_row + shape[0]) of its key's tensor of shape `key_shape`; the parts of
+// one key are listed together, in order.
 struct HfTensor {
   std::string key;             // "model.layers.0.self_attn.q_proj.weight"
   std::string name;            // tandem's: "layers.1.self_attn.q_proj.weight"
   std::vector<int64_t> shape;  // as transformers stores it
+  int64_t first_row = 0;
+  std::vector<int64_t> key_shape;  // empty: the key's tensor is this parameter whole
+  const std::vector<int64_t>& KeyShape() const { return key_shape.empty() ? shape : key_shape; }
 };
 
 struct HfLayout {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -196,8 +197,9 @@ class LlamaEmbeddingImpl : public torch::nn::Cloneable<LlamaEmbeddingImpl>,
 
  private:
   // Gemma's embedding output times sqrt(hidden), the factor rounded to the output's type (as
-  // transformers' normalizer).
+  // transformers' normalizer); Granite's times embedding_multiplier.
   torch::Tensor Scaled(const torch::Tensor& x) const {
+    if (config_.embedding_multiplier != 1.0) return x * config_.embedding_multiplier;
     if (!config_.Gemma()) return x;
     return x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden)), x.options());
   }
@@ -653,7 +655,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
-    if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma()) {
+    if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma() &&
+        config_.residual_multiplier == 1.0) {
       // The norms write the products' type in the pass that reads their input; the
       // attention's residual add is the second norm's first step (fused_layer_norm.h).
       const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
@@ -665,8 +668,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                           post_attention_layernorm->weight, post_attention_layernorm->eps(), type);
       return second.sum + Feedforward(second.normed);
     }
-    x = x + self_attn->forward(input_layernorm(x), cos, sin);
-    return x + Feedforward(post_attention_layernorm(x));
+    x = x + Residual(self_attn->forward(input_layernorm(x), cos, sin));
+    return x + Residual(Feedforward(post_attention_layernorm(x)));
   }
 
   // x: this rank's S/t tokens [b, S/t, hidden]. The norms and residual adds run on them; the
@@ -702,7 +705,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                   o_bias);
     // Gemma 2 normalises the attention's output (this rank's tokens) before the residual add.
     if (sandwich) attention = post_attention_layernorm->Normalize(attention, shared[1]);
-    x = x + attention;
+    x = x + Residual(attention);
     const torch::Tensor normed_x = sandwich ? pre_feedforward_layernorm->Normalize(x, shared[2])
                                             : post_attention_layernorm->Normalize(x, shared[1]);
     // The experts gather this rank's tokens and reduce-scatter their sum themselves.
@@ -714,7 +717,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                                 tp_),
                             down_bias);
     if (sandwich) output = post_feedforward_layernorm->Normalize(output, shared[3]);
-    return x + output;
+    return x + Residual(output);
   }
 
   // forward() for positions [start, start + n): the same angles for those positions.
@@ -734,8 +737,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       const torch::Tensor x = input + post_attention_layernorm(attended);
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
-    const torch::Tensor x = input + attended;
-    return x + Feedforward(post_attention_layernorm(x));
+    const torch::Tensor x = input + Residual(attended);
+    return x + Residual(Feedforward(post_attention_layernorm(x)));
   }
 
   // The MLP, or the experts.
@@ -751,6 +754,12 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   LlamaMoe moe{nullptr};  // sparse blocks (mixtures of experts)
 
  private:
+  // What a residual add adds: the attention's or the MLP's output, times Granite's
+  // residual_multiplier.
+  torch::Tensor Residual(const torch::Tensor& y) const {
+    return config_.residual_multiplier == 1.0 ? y : y * config_.residual_multiplier;
+  }
+
   // transformers' LlamaRotaryEmbedding for positions [0, length): angles position * inverse
   // frequency in float32, the two halves of a head rotated by the same angles; cos and sin
   // [length, head_dim] in `like`'s type, on its device.
@@ -790,12 +799,13 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
     // Under sequence parallelism this rank's tokens are normalised (the norm's gradient summed
     // over the group) and the LM head gathers the whole sequence.
     // Gemma 2's soft cap applies to each logit: to this rank's vocabulary rows alike.
+    // Granite's logits are divided by logits_scaling, each alike too.
     const double cap = config_.final_logit_softcapping;
-    if (tp_.sequence_split()) {
-      return SoftCap(lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0])),
-                     cap);
-    }
-    return SoftCap(lm_head(norm(x)), cap);
+    const torch::Tensor logits =
+        tp_.sequence_split()
+            ? lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0]))
+            : lm_head(norm(x));
+    return SoftCap(config_.logits_scaling == 1.0 ? logits : logits / config_.logits_scaling, cap);
   }
 
   torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
@@ -840,6 +850,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "gemma" || model_type == "gemma2") {
     return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 1e-6, 10000.0, true, 4096};
   }
+  if (model_type == "phi3") {
+    return {32064, 3072, 8192, 32, 32, 0, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -852,6 +865,24 @@ double FeedforwardWeightsPerToken(const LlamaConfig& config, int64_t block) {
   return static_cast<double>(config.experts_per_token) * 3.0 * h *
              static_cast<double>(config.ExpertUnits()) +
          h * static_cast<double>(config.experts) + (shared > 0 ? 3.0 * h * shared + h : 0.0);
+}
+
+// Phi-3's fused products: the key (inside a block) holding a parameter (inside a block), and
+// the parameter's place among the key's parts.
+struct FusedPart {
+  const char* key;
+  int index;
+};
+std::optional<FusedPart> FusedPartOf(const LlamaConfig& config, absl::string_view name) {
+  if (!config.FusedCheckpoint()) return std::nullopt;
+  static constexpr char kQkv[] = "self_attn.qkv_proj.weight";
+  static constexpr char kGateUp[] = "mlp.gate_up_proj.weight";
+  if (name == "self_attn.q_proj.weight") return FusedPart{kQkv, 0};
+  if (name == "self_attn.k_proj.weight") return FusedPart{kQkv, 1};
+  if (name == "self_attn.v_proj.weight") return FusedPart{kQkv, 2};
+  if (name == "mlp.gate_proj.weight") return FusedPart{kGateUp, 0};
+  if (name == "mlp.up_proj.weight") return FusedPart{kGateUp, 1};
+  return std::nullopt;
 }
 
 bool IsBlockParameter(const LlamaConfig& config, int64_t block, const std::string& name) {
@@ -924,6 +955,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   return parameters;
 }
 
+bool IsLlamaModelType(absl::string_view model_type) {
+  for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
+                            "granite", "phi3"}) {
+    if (model_type == known) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   constexpr absl::string_view where = "config.json";
   if (!json.is_object()) {
@@ -936,11 +975,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool qwen2 = config.model_type == "qwen2" || qwen2_moe;  // Qwen2's attention
   const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
   const bool mixtral = config.model_type == "mixtral";
-  if (config.model_type != "llama" && !mistral && !qwen2 && !gemma && !mixtral) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: model_type \"", config.model_type,
-                     "\" is not supported by tandem's llama (llama, mistral, qwen2, gemma, "
-                     "gemma2, mixtral and qwen2_moe are)"));
+  const bool granite = config.model_type == "granite";
+  const bool phi3 = config.model_type == "phi3";
+  if (!IsLlamaModelType(config.model_type)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
+                                                   "\" is not supported by tandem's llama (",
+                                                   kLlamaModelTypes, " are)"));
   }
   // transformers' defaults for absent fields: those of the family's config class.
   const FamilyDefaults defaults = DefaultsOf(config.model_type);
@@ -957,8 +997,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
   config.head_dim = defaults.head_dim;
-  // Qwen2's and Mixtral's attention take hidden / heads whatever the file says.
-  if (IsSet(json, "head_dim") && !qwen2 && !mixtral) {
+  // Qwen2's, Mixtral's, Granite's and Phi-3's attention take hidden / heads whatever the file
+  // says.
+  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -1039,6 +1080,29 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           "rotary embeddings)");
     }
   }
+  if (granite) {
+    const std::pair<const char*, double*> multipliers[] = {
+        {"embedding_multiplier", &config.embedding_multiplier},
+        {"residual_multiplier", &config.residual_multiplier},
+        {"attention_multiplier", &config.attention_multiplier},
+        {"logits_scaling", &config.logits_scaling}};
+    for (const auto& [field, value] : multipliers) {
+      TANDEM_ASSIGN_OR_RETURN(*value, GetNumberOr(json, field, 1.0, where));
+    }
+    if (!(config.attention_multiplier > 0)) {  // 0 would mean none to tandem
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: attention_multiplier must be positive, got ", config.attention_multiplier));
+    }
+  }
+  if (phi3) {
+    if (!json.contains("pad_token_id")) config.pad_token_id = 32000;  // Phi3Config's default
+    if (IsSet(json, "rope_scaling")) {
+      return absl::InvalidArgumentError(
+          "config.json: rope_scaling is not supported for phi3 (its LongRoPE scaling, of the "
+          "128k-context Phi-3 and Phi-3.5 models, is not implemented; Phi-3 4k models and "
+          "Phi-4 have none)");
+    }
+  }
   if (gemma2) {
     TANDEM_ASSIGN_OR_RETURN(config.query_pre_attn_scalar,
                             GetNumberOr(json, "query_pre_attn_scalar", 224.0, where));
@@ -1059,7 +1123,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (qwen2) {
     // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
     config.qkv_bias = true;
-  } else if (!mistral && !mixtral) {  // MistralConfig and MixtralConfig have no biases
+  } else if (!mistral && !mixtral && !phi3) {  // MistralConfig, MixtralConfig, Phi3Config
+                                               // have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
     if (!gemma) {  // Gemma's MLP has no biases
@@ -1068,8 +1133,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   }
   // The sliding window: Mistral's when set (transformers' default 4096), Qwen2's only with
   // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096),
-  // Mixtral's when set (default none).
-  bool windowed = mistral || gemma2 || mixtral;
+  // Mixtral's and Phi-3's when set (default none).
+  bool windowed = mistral || gemma2 || mixtral || phi3;
   if (qwen2) {
     TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
   }
@@ -1192,11 +1257,9 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "sequences within the window"));
   }
   const bool mixtral = config.model_type == "mixtral", qwen2_moe = config.model_type == "qwen2_moe";
-  if (config.model_type != "llama" && config.model_type != "mistral" &&
-      config.model_type != "qwen2" && !config.Gemma() && !mixtral && !qwen2_moe) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llama: model_type \"", config.model_type,
-                     "\" is not llama, mistral, qwen2, gemma, gemma2, mixtral or qwen2_moe"));
+  if (!IsLlamaModelType(config.model_type)) {
+    return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
+                                                   "\" is not one of ", kLlamaModelTypes));
   }
   if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe) ||
       (mixtral && !config.Moe())) {
@@ -1266,6 +1329,21 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: initializer_range must be positive, got ", config.init_std));
   }
+  const std::pair<const char*, double> multipliers[] = {
+      {"embedding_multiplier", config.embedding_multiplier},
+      {"residual_multiplier", config.residual_multiplier},
+      {"logits_scaling", config.logits_scaling}};
+  for (const auto& [field, value] : multipliers) {
+    if (!(value > 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama: ", field, " must be positive, got ", value));
+    }
+  }
+  if (!(config.attention_multiplier >= 0) || !std::isfinite(config.attention_multiplier)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: attention_multiplier must be positive (or 0: none), got ",
+                     config.attention_multiplier));
+  }
   if (config.pad_token_id && (*config.pad_token_id < 0 || *config.pad_token_id >= config.vocab)) {
     return absl::InvalidArgumentError(absl::StrCat("llama: pad_token_id ", *config.pad_token_id,
                                                    " is not below vocab_size ", config.vocab));
@@ -1329,12 +1407,26 @@ std::string DescribeLlama(const LlamaConfig& config) {
       absl::StrAppend(&text, " aux-loss=", config.router_aux_loss_coef);
     }
   }
+  if (config.embedding_multiplier != 1.0) {
+    absl::StrAppend(&text, " embedding-mult=", config.embedding_multiplier);
+  }
+  if (config.residual_multiplier != 1.0) {
+    absl::StrAppend(&text, " residual-mult=", config.residual_multiplier);
+  }
+  if (config.attention_multiplier > 0) {
+    absl::StrAppend(&text, " attention-mult=", config.attention_multiplier);
+  }
+  if (config.logits_scaling != 1.0) {
+    absl::StrAppend(&text, " logits-scaling=", config.logits_scaling);
+  }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }
 
 int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
-  if (model_type == "mistral" || model_type == "mixtral") return sliding_window;
+  if (model_type == "mistral" || model_type == "mixtral" || model_type == "phi3") {
+    return sliding_window;
+  }
   if (model_type == "gemma2") return block % 2 == 0 ? sliding_window : 0;
   return 0;
 }
@@ -1352,6 +1444,7 @@ int64_t LlamaConfig::MaxPositions() const {
 }
 
 double LlamaConfig::ScoreDivisor() const {
+  if (attention_multiplier > 0) return 1.0 / attention_multiplier;
   return std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
                                              : static_cast<double>(HeadDim()));
 }
@@ -1465,7 +1558,8 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   if (layer == last && rest == "norm.weight") return "model.norm.weight";
   if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
   if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
-    return absl::StrCat("model.layers.", layer - 1, ".", rest);
+    const std::optional<FusedPart> fused = FusedPartOf(config, rest);
+    return absl::StrCat("model.layers.", layer - 1, ".", fused ? fused->key : rest);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("llama: '", name, "' is not a parameter of ", DescribeLlama(config)));
@@ -1478,11 +1572,41 @@ absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::str
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
   std::string rest;
   const int block = NumberAfterPrefix(key, "model.layers.", &rest);
-  if (block >= 0 && block < config.layers && IsBlockParameter(config, block, rest)) {
+  if (block >= 0 && block < config.layers && config.FusedCheckpoint()) {
+    // A fused key names its first part; the parts themselves are no keys.
+    if (rest == "self_attn.qkv_proj.weight") {
+      return absl::StrCat("layers.", block + 1, ".self_attn.q_proj.weight");
+    }
+    if (rest == "mlp.gate_up_proj.weight") {
+      return absl::StrCat("layers.", block + 1, ".mlp.gate_proj.weight");
+    }
+  }
+  if (block >= 0 && block < config.layers && IsBlockParameter(config, block, rest) &&
+      !FusedPartOf(config, rest)) {
     return absl::StrCat("layers.", block + 1, ".", rest);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("llama: '", key, "' is not a transformers key of ", DescribeLlama(config)));
+}
+
+std::optional<LlamaFusedRows> LlamaHfRows(const LlamaConfig& config, absl::string_view name) {
+  std::string rest;
+  const int layer = NumberAfterPrefix(name, "layers.", &rest);
+  if (layer <= 0 || layer > config.layers) return std::nullopt;
+  const std::optional<FusedPart> fused = FusedPartOf(config, rest);
+  if (!fused) return std::nullopt;
+  const int64_t h = config.hidden;
+  std::vector<int64_t> rows;  // of each part
+  if (fused->key == absl::string_view("self_attn.qkv_proj.weight")) {
+    const int64_t kv = config.kv_heads * config.HeadDim();
+    rows = {config.heads * config.HeadDim(), kv, kv};
+  } else {
+    rows = {config.intermediate, config.intermediate};
+  }
+  LlamaFusedRows out;
+  for (int part = 0; part < fused->index; ++part) out.first_row += rows[part];
+  out.key_shape = {std::accumulate(rows.begin(), rows.end(), int64_t{0}), h};
+  return out;
 }
 
 }  // namespace tandem::runtime::libtorch

@@ -1,7 +1,7 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
-// MixtralForCausalLM and Qwen2MoeForCausalLM, variations of the same computation: see
-// LlamaConfig):
+// MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM and Phi3ForCausalLM, variations
+// of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -23,8 +23,10 @@
 //            .weight and mlp.shared_expert_gate.weight
 //   head:    norm.weight, lm_head.weight
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
-// rename. No dropout: tandem computes what transformers' model computes in eval mode (a
-// config's attention_dropout is ignored).
+// rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
+// mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows). No dropout: tandem
+// computes what transformers' model computes in eval mode (a config's attention_dropout is
+// ignored).
 //
 // Tied embeddings (tie_word_embeddings): the head holds a copy of the embedding; LlamaTiedWeights
 // names the pair and shares it where one process holds both layers (runtime/torch/lm_parts.h).
@@ -150,6 +152,14 @@ struct LlamaConfig {
   // take it (Megatron-LM's is this / experts_per_token); transformers pools the routers of all
   // blocks first, which is the same for one block. 0: none.
   double router_aux_loss_coef = 0;
+  // Granite's scalings (GraniteConfig): the embedding's output times embedding_multiplier, the
+  // attention's and the MLP's outputs times residual_multiplier before each residual add,
+  // attention scores times attention_multiplier instead of divided by sqrt(head_dim), the
+  // logits divided by logits_scaling. Other families: 1, and attention_multiplier 0 (none).
+  double embedding_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double attention_multiplier = 0.0;
+  double logits_scaling = 1.0;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -157,6 +167,8 @@ struct LlamaConfig {
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
   bool SandwichNorms() const { return model_type == "gemma2"; }
   bool Moe() const { return experts > 0; }
+  // Phi-3's checkpoints fuse the query/key/value and the gate/up products (LlamaHfRows).
+  bool FusedCheckpoint() const { return model_type == "phi3"; }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -172,14 +184,20 @@ struct LlamaConfig {
   double ScoreDivisor() const;
 };
 
+// The transformers model types LlamaConfigFromJson reads, for messages.
+inline constexpr char kLlamaModelTypes[] =
+    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite and phi3";
+bool IsLlamaModelType(absl::string_view model_type);
+
 // A config from a transformers config.json, with the defaults of the family's config class
 // for absent (or null) fields: LlamaConfig's, MistralConfig's (14336 units, 8 key/value heads,
 // window 4096), Qwen2Config's, MixtralConfig's (8 experts, 2 a token, rope_theta 1e6, norm
 // epsilon 1e-5), Qwen2MoeConfig's (60 experts of 1408 units, 4 a token, unnormalised, a
 // shared expert of 5632 units), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256,
 // pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
-// and window 4096). seq_len is not in the file: it keeps LlamaConfig's default, at most
-// max_position_embeddings (and Qwen2's window); set it afterwards.
+// and window 4096), GraniteConfig's (every multiplier 1) and Phi3Config's (32064 tokens, 8192
+// units, pad_token_id 32000, norm epsilon 1e-5, no window). seq_len is not in the file: it keeps
+// LlamaConfig's default, at most max_position_embeddings (and Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
@@ -187,10 +205,13 @@ struct LlamaConfig {
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP) and
-// "qwen2_moe" (Qwen2's attention, experts and a shared expert); output_router_logits (transformers
+// "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
+// multipliers) and "phi3" (Mistral's computation, fused products in the checkpoint; its
+// rope_scaling, LongRoPE, is refused); output_router_logits (transformers
 // then adds a load-balancing loss over every layer's router scores, which tandem does not compute)
 // and router_jitter_noise (random scaling of the router's input in training). Ignored:
-// attention_dropout (tandem has no dropout), router_aux_loss_coef (used only with
+// attention_dropout, Phi-3's resid_pdrop and embd_pdrop (tandem has no dropout: it computes
+// what transformers computes in eval mode), router_aux_loss_coef (used only with
 // output_router_logits) and fields that only describe (torch_dtype, bos/eos_token_id, use_cache,
 // pretraining_tp: a split of the same products; Gemma's hidden_act, which transformers ignores
 // too).
@@ -205,7 +226,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
 // " final-softcap=30", " experts=8/2", " expert-units=1408", " shared-units=5632",
 // " topk=raw" (not renormalised), " sparse-step=2", " dense=0,5", " aux-loss=0.01",
-// " family=mistral").
+// Granite's " embedding-mult=12", " residual-mult=0.22", " attention-mult=0.0078125",
+// " logits-scaling=16", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as
@@ -232,7 +254,18 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
 // model's. (A tied model's checkpoint holds no lm_head.weight: the copy comes from
 // model.embed_tokens.weight.)
 absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_view name);
-// The reverse: transformers' key to tandem's name.
+// The reverse: transformers' key to tandem's name (a fused key of Phi-3: its first part's,
+// q_proj's or gate_proj's).
 absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::string_view key);
+
+// Where a parameter stored fused lies in its key's tensor (Phi-3: q_proj, k_proj and v_proj
+// are rows of self_attn.qkv_proj.weight in that order, gate_proj and up_proj of
+// mlp.gate_up_proj.weight): its first row and the key's whole shape. nullopt for a parameter
+// stored whole (every other family's, and Phi-3's others).
+struct LlamaFusedRows {
+  int64_t first_row = 0;
+  std::vector<int64_t> key_shape;
+};
+std::optional<LlamaFusedRows> LlamaHfRows(const LlamaConfig& config, absl::string_view name);
 
 }  // namespace tandem::runtime::libtorch

@@ -175,6 +175,18 @@ std::vector<ModelCase> ModelCases() {
          c.intermediate = 32;
          return FrozenLlama(c);
        }},
+      // Granite's multipliers in the incremental forward: the embedding, each residual
+      // branch, the scores and the logits.
+      {"granite",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "granite";
+         c.embedding_multiplier = 3.0;
+         c.residual_multiplier = 0.5;
+         c.attention_multiplier = 0.2;
+         c.logits_scaling = 4.0;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -358,7 +370,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 13u);
+  ASSERT_EQ(cases->size(), 15u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -7,6 +7,8 @@
 // built alone, its input detached, the tied copies' gradients summed). Skipped, with the
 // reason, when python3 cannot import transformers and torch.
 #include <sys/wait.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,12 +19,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <torch/autograd.h>
-#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -140,7 +140,16 @@ struct HfCase {
   ModelSpec spec;
   TiedWeights tied;
   std::function<absl::StatusOr<std::string>(absl::string_view)> hf_name;
+  // Where a parameter stored fused lies in its key's tensor (Phi-3); null: none is.
+  std::function<std::optional<LlamaFusedRows>(absl::string_view)> hf_rows;
   int layers = 0;  // tandem layers (blocks + 2)
+
+  // The checkpoint's tensor `key_tensor` cut to parameter `name`'s rows when it is stored fused.
+  torch::Tensor Part(const std::string& name, const torch::Tensor& key_tensor, int64_t rows) const {
+    if (!hf_rows) return key_tensor;
+    const std::optional<LlamaFusedRows> fused = hf_rows(name);
+    return fused ? key_tensor.narrow(0, fused->first_row, rows) : key_tensor;
+  }
 };
 
 absl::StatusOr<Json> ReadConfig(const std::string& case_name) {
@@ -161,6 +170,7 @@ HfCase LlamaCase(const std::string& name, GptAttention attention,
   c.spec = LlamaModelSpec(*config);
   c.tied = LlamaTiedWeights(*config);
   c.hf_name = [config = *config](absl::string_view tandem) { return LlamaHfName(config, tandem); };
+  c.hf_rows = [config = *config](absl::string_view tandem) { return LlamaHfRows(config, tandem); };
   c.layers = static_cast<int>(config->layers) + 2;
   return c;
 }
@@ -224,7 +234,7 @@ Comparison Compare(const HfCase& c, const std::vector<int>& boundaries) {
       auto key = c.hf_name(owner.empty() ? name : owner);
       EXPECT_TRUE(key.ok()) << key.status();
       if (!key.ok()) return {};
-      const torch::Tensor value = ReadTensor(**weights, *key);
+      const torch::Tensor value = c.Part(name, ReadTensor(**weights, *key), parameter.size(0));
       EXPECT_EQ(value.sizes(), parameter.sizes()) << name << " <- " << *key;
       torch::NoGradGuard no_grad;
       parameter.copy_(value);
@@ -276,8 +286,8 @@ Comparison Compare(const HfCase& c, const std::vector<int>& boundaries) {
     const std::string owner = OwnerOf(c, name);
     auto key = c.hf_name(owner.empty() ? name : owner);
     if (!key.ok()) continue;
-    const double difference =
-        RelativeDifference(gradient, ReadTensor(**expected, "grad." + *key));
+    const double difference = RelativeDifference(
+        gradient, c.Part(name, ReadTensor(**expected, "grad." + *key), gradient.size(0)));
     if (difference >= result.gradients) {
       result.gradients = difference;
       result.worst_gradient = name;
@@ -406,6 +416,33 @@ TEST_P(HfModelsTest, ExpertsLoadBalancingLossGradientsEqualTransformers) {
   }
 }
 
+TEST_P(HfModelsTest, GraniteWithItsMultipliersEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("granite_multipliers", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, TiedGraniteWithBiasesAndUnitMultipliersEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("granite_tied_bias", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+// Phi-3's checkpoint fuses q/k/v and gate/up: each product is its rows of the fused tensor,
+// and its gradient those rows of the fused gradient.
+TEST_P(HfModelsTest, Phi3WithAWindowShorterThanTheSequenceEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("phi3_window", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
+TEST_P(HfModelsTest, Phi3WithGroupedQueryAttentionEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("phi3_gqa", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -484,16 +521,34 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
-  for (const std::string name :
-       {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
-        "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
-        "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
-        "mixtral_aux", "qwen2_moe_aux", "gpt2", "gpt2_untied_variants"}) {
+  for (const std::string name : {"llama_gqa",
+                                 "llama_tied_rope_scaling",
+                                 "llama_bias_head_dim",
+                                 "mistral_window",
+                                 "qwen2_tied",
+                                 "gemma_tied",
+                                 "gemma2_softcap",
+                                 "mistral_short_window",
+                                 "gemma2_short_window",
+                                 "mixtral_experts",
+                                 "mixtral_top1_window",
+                                 "qwen2_moe_shared",
+                                 "qwen2_moe_step2",
+                                 "mixtral_aux",
+                                 "qwen2_moe_aux",
+                                 "granite_multipliers",
+                                 "granite_tied_bias",
+                                 "phi3_window",
+                                 "phi3_gqa",
+                                 "gpt2",
+                                 "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
     ASSERT_TRUE(json.ok()) << json.status();
     std::function<absl::StatusOr<std::string>(absl::string_view)> to_hf, to_tandem;
+    std::function<std::optional<LlamaFusedRows>(absl::string_view)> rows_of =
+        [](absl::string_view) { return std::nullopt; };
     ModelSpec spec;
     if (llama) {
       auto config = LlamaConfigFromJson(*json);
@@ -501,6 +556,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
       spec = LlamaModelSpec(*config);
       to_hf = [c = *config](absl::string_view n) { return LlamaHfName(c, n); };
       to_tandem = [c = *config](absl::string_view n) { return LlamaTandemName(c, n); };
+      rows_of = [c = *config](absl::string_view n) { return LlamaHfRows(c, n); };
     } else {
       auto config = Gpt2ConfigFromJson(*json);
       ASSERT_TRUE(config.ok()) << config.status();
@@ -514,13 +570,36 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
                                                    "/model.safetensors"));
     ASSERT_TRUE(file.ok()) << file.status();
     std::vector<std::string> mapped;
+    int64_t fused_rows = 0;  // of the parameters stored fused, which tile their keys' rows
     for (const auto& [parameter, tensor] : model->NamedParameters(0, model->num_layers())) {
       auto key = to_hf(parameter);
       ASSERT_TRUE(key.ok()) << key.status();
       auto back = to_tandem(*key);
       ASSERT_TRUE(back.ok()) << back.status();
-      EXPECT_EQ(*back, parameter);
-      if ((*file)->Contains(*key)) mapped.push_back(*key);
+      const std::optional<LlamaFusedRows> rows = rows_of(parameter);
+      if (rows) {
+        // A fused key names its first part; the part's rows lie within the key's tensor.
+        EXPECT_EQ(rows_of(*back)->first_row, 0) << parameter;
+        EXPECT_EQ(to_hf(*back).value_or(""), *key) << parameter;
+        auto info = (*file)->Info(*key);
+        ASSERT_TRUE(info.ok()) << info.status();
+        EXPECT_EQ((*info)->shape, rows->key_shape) << parameter;
+        EXPECT_LE(rows->first_row + tensor.size(0), rows->key_shape[0]) << parameter;
+        fused_rows += tensor.size(0);
+      } else {
+        EXPECT_EQ(*back, parameter);
+      }
+      if ((*file)->Contains(*key) &&
+          std::find(mapped.begin(), mapped.end(), *key) == mapped.end()) {
+        mapped.push_back(*key);
+      }
+    }
+    if (name.rfind("phi3", 0) == 0) {
+      // Per block: qkv_proj (4 + 2 + 2 heads of 8) and gate_up_proj (2 x 64 units).
+      EXPECT_EQ(fused_rows, 2 * ((4 + 2 + 2) * 8 + 2 * 64));
+      EXPECT_FALSE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+    } else {
+      EXPECT_EQ(fused_rows, 0);
     }
     std::sort(mapped.begin(), mapped.end());
     EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
@@ -996,6 +1075,89 @@ TEST(LlamaConfigTest, ReadsGemmaConfigsAsTheirFamiliesDefineThem) {
   EXPECT_EQ(names.count("layers.1.pre_feedforward_layernorm.weight"), 1u);
   EXPECT_EQ(names.count("layers.2.post_feedforward_layernorm.weight"), 1u);
   EXPECT_EQ(names.count("layers.1.mlp.down_proj.bias"), 0u);
+}
+
+TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {
+  // A config of Granite 3.0 8B's sizes and multipliers.
+  const Json granite = Json::parse(R"({
+    "architectures": ["GraniteForCausalLM"], "model_type": "granite", "hidden_size": 4096,
+    "intermediate_size": 12800, "num_hidden_layers": 40, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "vocab_size": 49155, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": true,
+    "attention_bias": false, "mlp_bias": false, "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 16.0,
+    "head_dim": 64})");
+  auto config = LlamaConfigFromJson(granite);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->embedding_multiplier, 12.0);
+  EXPECT_EQ(config->residual_multiplier, 0.22);
+  EXPECT_EQ(config->logits_scaling, 16.0);
+  EXPECT_EQ(config->head_dim, 0);                   // Granite's attention takes hidden / heads
+  EXPECT_DOUBLE_EQ(config->ScoreDivisor(), 128.0);  // scores times 1/128, not over sqrt(128)
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=40 H=4096 A=32 KV=8 I=12800 S=32 V=49155 rope=10000 tied embedding-mult=12 "
+            "residual-mult=0.22 attention-mult=0.0078125 logits-scaling=16 family=granite");
+  // Absent multipliers are GraniteConfig's 1: scores are then not scaled at all.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "granite", "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->embedding_multiplier, 1.0);
+  EXPECT_EQ(config->attention_multiplier, 1.0);
+  EXPECT_DOUBLE_EQ(config->ScoreDivisor(), 1.0);
+  EXPECT_EQ(config->intermediate, 11008);
+  Json bad = granite;
+  bad["attention_multiplier"] = 0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "attention_multiplier");
+  bad = granite;
+  bad["logits_scaling"] = -1;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "logits_scaling");
+
+  // A config of Phi-4's sizes: no window, a padding row, no rope scaling.
+  const Json phi3 = Json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 5120,
+    "intermediate_size": 17920, "num_hidden_layers": 40, "num_attention_heads": 40,
+    "num_key_value_heads": 10, "vocab_size": 100352, "max_position_embeddings": 16384,
+    "original_max_position_embeddings": 16384, "rms_norm_eps": 1e-05, "rope_theta": 250000,
+    "rope_scaling": null, "sliding_window": null, "pad_token_id": 100349,
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+    "tie_word_embeddings": false})");
+  config = LlamaConfigFromJson(phi3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->FusedCheckpoint());
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_EQ(config->pad_token_id, 100349);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=40 H=5120 A=40 KV=10 I=17920 S=32 V=100352 rope=250000 family=phi3");
+  const std::optional<LlamaFusedRows> v = LlamaHfRows(*config, "layers.3.self_attn.v_proj.weight");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->first_row, 40 * 128 + 10 * 128);
+  EXPECT_EQ(v->key_shape, (std::vector<int64_t>{(40 + 2 * 10) * 128, 5120}));
+  const std::optional<LlamaFusedRows> up = LlamaHfRows(*config, "layers.40.mlp.up_proj.weight");
+  ASSERT_TRUE(up.has_value());
+  EXPECT_EQ(up->first_row, 17920);
+  EXPECT_FALSE(LlamaHfRows(*config, "layers.3.self_attn.o_proj.weight").has_value());
+  EXPECT_FALSE(LlamaHfRows(*config, "layers.41.norm.weight").has_value());
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.k_proj.weight").value_or(""),
+            "model.layers.0.self_attn.qkv_proj.weight");
+  // Phi-3 mini 4k's window, masked in every block; absent fields Phi3Config's.
+  Json mini = Json::parse(R"({"model_type": "phi3", "sliding_window": 2047})");
+  config = LlamaConfigFromJson(mini);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->WindowOfBlock(0), 2047);
+  EXPECT_EQ(config->vocab, 32064);
+  EXPECT_EQ(config->pad_token_id, 32000);
+  EXPECT_EQ(config->intermediate, 8192);
+  EXPECT_EQ(config->kv_heads, 32);
+  // The 128k models' LongRoPE is refused by name.
+  mini["rope_scaling"] = Json::parse(R"({"type": "longrope", "short_factor": [1.0],
+      "long_factor": [1.0]})");
+  ExpectRefused(LlamaConfigFromJson(mini).status(), "LongRoPE");
+  // Other families' configs keep every multiplier at 1 and no fused checkpoint.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "llama",
+      "embedding_multiplier": 12.0})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->embedding_multiplier, 1.0);
+  EXPECT_FALSE(config->FusedCheckpoint());
 }
 
 TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, Phi-3 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -22,7 +22,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          GraniteConfig, GraniteForCausalLM, MistralConfig, MistralForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -103,6 +104,20 @@ CASES = {
                                    num_experts_per_tok=2, moe_intermediate_size=16,
                                    shared_expert_intermediate_size=32, num_hidden_layers=1,
                                    router_aux_loss_coef=0.5),
+    # Granite: the embedding's output scaled, the residual branches scaled, scores times
+    # attention_multiplier (not over sqrt(head_dim)), the logits divided, each away from 1.
+    "granite_multipliers": lambda: llama(GraniteConfig, GraniteForCausalLM,
+                                         embedding_multiplier=3.0, residual_multiplier=0.5,
+                                         attention_multiplier=0.2, logits_scaling=4.0),
+    # Granite tied, with biases, multi-head attention, the multipliers at GraniteConfig's
+    # defaults (1: scores are not divided by sqrt(head_dim)).
+    "granite_tied_bias": lambda: llama(GraniteConfig, GraniteForCausalLM, tie_word_embeddings=True,
+                                       attention_bias=True, mlp_bias=True,
+                                       num_key_value_heads=4),
+    # Phi-3: q/k/v and gate/up fused in the checkpoint, a window of 5 tokens, padding row 3.
+    "phi3_window": lambda: llama(Phi3Config, Phi3ForCausalLM, sliding_window=5, pad_token_id=3),
+    # Phi-3 without a window, grouped-query attention, padding row 5.
+    "phi3_gqa": lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=5),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

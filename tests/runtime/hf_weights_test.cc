@@ -643,7 +643,14 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // Qwen2-MoE's shared expert and a dense block, whole and tensor-parallel.
         ImportCase{"qwen2_moe", "llama"},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --sequence-parallel"}}) {
+                   " --sequence-parallel"},
+        // Granite's multipliers, whole and tensor- and sequence-parallel.
+        ImportCase{"granite", "llama"},
+        ImportCase{"granite", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Phi-3's fused q/k/v and gate/up, each product read as its rows: whole, on two stages,
+        // and split over two ranks (each rank's heads and units of every part).
+        ImportCase{"phi3", "llama"}, ImportCase{"phi3", "llama", /*ranks=*/2},
+        ImportCase{"phi3", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -794,6 +801,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // (experts, shared expert, the dense block).
         ExportCase{"qwen2_moe_init", 1,
                    absl::StrCat(" --model llama --init-from ", Case("qwen2_moe")), ""},
+        // Granite started from a folder, its config.json (the multipliers) written from the
+        // description.
+        ExportCase{"granite_init", 1, absl::StrCat(" --model llama --init-from ", Case("granite")),
+                   ""},
+        // Phi-3 on two stages, its q/k/v and gate/up written fused again, its config.json
+        // from the description (the window, no padding row).
+        ExportCase{"phi3_init", 2, absl::StrCat(" --model llama --init-from ", Case("phi3")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -819,25 +833,37 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     EXPECT_EQ((*file)->Metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
     const std::string model = ModelOf(checkpoint);
     const bool llama = absl::StartsWith(model, "llama");
-    std::function<absl::StatusOr<std::string>(absl::string_view)> tandem_name;
+    HfLayout layout;
     if (llama) {
       auto config = LlamaConfigFromDescription(model);
       ASSERT_TRUE(config.ok()) << config.status();
-      tandem_name = [config = *config](absl::string_view k) { return LlamaTandemName(config, k); };
+      layout = LlamaHfLayout(*config);
     } else {
       auto config = Gpt2ConfigFromDescription(model);
       ASSERT_TRUE(config.ok()) << config.status();
-      tandem_name = [config = *config](absl::string_view k) { return Gpt2TandemName(config, k); };
+      layout = Gpt2HfLayout(*config);
     }
+    // A key's bytes are its parameter's, or (Phi-3's fused keys) its parameters' one after
+    // another.
+    size_t fused = 0;
     for (const auto& [key, tensor] : written) {
-      auto name = tandem_name(key);
-      ASSERT_TRUE(name.ok()) << name.status();
-      ASSERT_EQ(saved.count(*name), 1u) << key;
-      EXPECT_EQ(tensor.bytes, saved.at(*name).bytes) << key;
+      std::string expected;
+      int parts = 0;
+      for (const HfTensor& t : layout.tensors) {
+        if (t.key != key) continue;
+        ASSERT_EQ(saved.count(t.name), 1u) << key << " " << t.name;
+        expected += saved.at(t.name).bytes;
+        ++parts;
+      }
+      ASSERT_GT(parts, 0) << key;
+      fused += parts > 1;
+      EXPECT_EQ(tensor.bytes, expected) << key;
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
+    EXPECT_EQ(fused, c.name == "phi3_init" ? 4u : 0u);  // qkv_proj and gate_up_proj, 2 blocks
     const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
-                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init";
+                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
+                        c.name == "granite_init" || c.name == "phi3_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
 
     // transformers loads it without a word and computes tandem's loss.
@@ -878,6 +904,19 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*qwen2_moe)["architectures"][0], "Qwen2MoeForCausalLM");
   EXPECT_EQ((*qwen2_moe)["shared_expert_intermediate_size"], 32);
   EXPECT_EQ((*qwen2_moe)["mlp_only_layers"], Json::parse("[1]"));
+  // A Granite's multipliers, a Phi-3's window and (none in the description) padding row.
+  auto granite = ReadJsonFile(scratch / "granite_init_hf/config.json");
+  ASSERT_TRUE(granite.ok()) << granite.status();
+  EXPECT_EQ((*granite)["architectures"][0], "GraniteForCausalLM");
+  EXPECT_EQ((*granite)["embedding_multiplier"], 3.0);
+  EXPECT_EQ((*granite)["residual_multiplier"], 0.5);
+  EXPECT_EQ((*granite)["attention_multiplier"], 0.2);
+  EXPECT_EQ((*granite)["logits_scaling"], 4.0);
+  auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
+  ASSERT_TRUE(phi3.ok()) << phi3.status();
+  EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_EQ((*phi3)["sliding_window"], 8);
+  EXPECT_TRUE((*phi3)["pad_token_id"].is_null());
   // The config written from --hf-config keeps the file's fields.
   auto config = ReadJsonFile(scratch / "llama_tied_init_hf/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -892,7 +931,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
        {ImportCase{"llama_gqa", "llama"}, ImportCase{"llama_tied", "llama"},
         ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
         ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
-        ImportCase{"qwen2_moe", "llama", /*ranks=*/2}}) {
+        ImportCase{"qwen2_moe", "llama", /*ranks=*/2}, ImportCase{"granite", "llama"},
+        ImportCase{"phi3", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
