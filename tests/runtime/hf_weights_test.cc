@@ -285,7 +285,7 @@ void ExpectLayoutMatchesModel(const HfLayout& layout, const ModelSpec& spec) {
   SCOPED_TRACE(layout.model);
   auto model = spec.Build(/*seed=*/1);
   ASSERT_TRUE(model.ok()) << model.status();
-  size_t owned = 0;
+  size_t owned = 0, parts = 0;  // parameters, those stored fused
   std::set<std::string> keys;
   for (const auto& [name, parameter] : model->NamedParameters(0, model->num_layers())) {
     const HfTensor* tensor = layout.Find(name);
@@ -299,11 +299,18 @@ void ExpectLayoutMatchesModel(const HfLayout& layout, const ModelSpec& spec) {
     EXPECT_EQ(tensor->name, name);
     auto back = layout.tandem_name(tensor->key);
     ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(*back, name);
+    // A fused key (Phi-3) names its first part.
+    const HfTensor* first = layout.Find(*back);
+    ASSERT_NE(first, nullptr) << *back;
+    EXPECT_EQ(first->key, tensor->key);
+    EXPECT_EQ(first->first_row, 0);
+    if (tensor->key_shape.empty()) EXPECT_EQ(*back, name);
     keys.insert(tensor->key);
+    parts += !tensor->key_shape.empty();
   }
   EXPECT_EQ(layout.tensors.size(), owned);
-  EXPECT_EQ(keys.size(), owned);
+  // Phi-3: 3 parts under qkv_proj and 2 under gate_up_proj, 3 fewer keys per block.
+  EXPECT_EQ(keys.size(), owned - parts / 5 * 3);
   EXPECT_EQ(layout.tied_copies.size(), model->tied_weights.parameters.size());
 }
 
@@ -331,6 +338,22 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
   llama.shared_expert_intermediate = 8;
   llama.dense_blocks = {1};
   ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
+  // Phi-3: q/k/v and gate/up are consecutive rows of one key each, which they tile.
+  llama = SmallLlama();
+  llama.model_type = "phi3";
+  const HfLayout phi3 = LlamaHfLayout(llama);
+  ExpectLayoutMatchesModel(phi3, LlamaModelSpec(llama));
+  std::map<std::string, int64_t> rows_of_key;
+  for (const HfTensor& t : phi3.tensors) {
+    if (t.key_shape.empty()) continue;
+    EXPECT_EQ(t.first_row, rows_of_key[t.key]) << t.name;  // right after the previous part
+    rows_of_key[t.key] += t.shape[0];
+    EXPECT_EQ(t.key_shape[1], t.shape[1]) << t.name;
+  }
+  EXPECT_EQ(rows_of_key.size(), 2u * static_cast<size_t>(llama.layers));
+  for (const HfTensor& t : phi3.tensors) {
+    if (!t.key_shape.empty()) EXPECT_EQ(rows_of_key[t.key], t.key_shape[0]) << t.key;
+  }
   Gpt2Config gpt2 = SmallGpt2();
   ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
   gpt2.tie_word_embeddings = false;
@@ -345,7 +368,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(10, SmallLlama());
+  std::vector<LlamaConfig> llamas(12, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -379,6 +402,13 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[9].normalize_top_k = false;
   llamas[9].sparse_step = 2;
   llamas[9].dense_blocks = {0, 3};
+  llamas[10].model_type = "granite";
+  llamas[10].embedding_multiplier = 12;
+  llamas[10].residual_multiplier = 0.22;
+  llamas[10].attention_multiplier = 0.0078125;
+  llamas[10].logits_scaling = 16;
+  llamas[11].model_type = "phi3";
+  llamas[11].sliding_window = 2047;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -399,6 +429,11 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->normalize_top_k, config.normalize_top_k);
     EXPECT_EQ(read->sparse_step, config.sparse_step);
     EXPECT_EQ(read->dense_blocks, config.dense_blocks);
+    EXPECT_EQ(read->embedding_multiplier, config.embedding_multiplier);
+    EXPECT_EQ(read->residual_multiplier, config.residual_multiplier);
+    EXPECT_EQ(read->attention_multiplier, config.attention_multiplier);
+    EXPECT_EQ(read->logits_scaling, config.logits_scaling);
+    EXPECT_EQ(read->WindowOfBlock(1), config.WindowOfBlock(1));
     EXPECT_EQ(read->rms_norm_eps, 1e-5);
     EXPECT_EQ(read->max_position_embeddings, config.seq_len);
   }
@@ -582,6 +617,33 @@ TEST(HfImportTest, MissingExtraMisShapedAndUnreadableTensorsAreRefusedNamingTheK
   WriteFolder(scratch / "tied", with_head, Case("llama_tied") + "/config.json");
   ExpectOpenRefused(scratch / "tied", LlamaHfLayout(*tied),
                     {"'lm_head.weight'", "tie_word_embeddings"});
+
+  // Phi-3's fused tensors: missing, named once; of another shape, named with the whole
+  // shape; the unfused products in their place, not used.
+  auto phi3 = CaseLlamaConfig("phi3");
+  ASSERT_TRUE(phi3.ok()) << phi3.status();
+  const HfLayout phi3_layout = LlamaHfLayout(*phi3);
+  const std::map<std::string, RawTensor> phi3_good = FolderTensors(Case("phi3"));
+  const std::string phi3_config = Case("phi3") + "/config.json";
+  std::map<std::string, RawTensor> no_qkv = phi3_good;
+  no_qkv.erase("model.layers.1.self_attn.qkv_proj.weight");
+  WriteFolder(scratch / "no_qkv", no_qkv, phi3_config);
+  ExpectOpenRefused(scratch / "no_qkv", phi3_layout,
+                    {"1 tensor(s)", "missing: 'model.layers.1.self_attn.qkv_proj.weight'"});
+  std::map<std::string, RawTensor> short_gate_up = phi3_good;
+  RawTensor& gate_up = short_gate_up.at("model.layers.0.mlp.gate_up_proj.weight");
+  ASSERT_EQ(gate_up.shape, (std::vector<int64_t>{128, 32}));
+  gate_up.shape = {64, 32};  // one half's rows
+  gate_up.bytes.resize(gate_up.bytes.size() / 2);
+  WriteFolder(scratch / "short_gate_up", short_gate_up, phi3_config);
+  ExpectOpenRefused(scratch / "short_gate_up", phi3_layout,
+                    {"'model.layers.0.mlp.gate_up_proj.weight'", "[64, 32]", "[128, 32]"});
+  std::map<std::string, RawTensor> unfused = phi3_good;
+  unfused["model.layers.0.self_attn.q_proj.weight"] =
+      good.at("model.layers.0.self_attn.q_proj.weight");
+  WriteFolder(scratch / "unfused", unfused, phi3_config);
+  ExpectOpenRefused(scratch / "unfused", phi3_layout,
+                    {"does not use", "'model.layers.0.self_attn.q_proj.weight'"});
 
   // A parameter the folder's tensor does not fit is refused when its layer is built (a model
   // whose spec does not match the layout it was opened with).
