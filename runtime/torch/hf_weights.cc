@@ -419,6 +419,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
            absl::SimpleAtod(parts[2], &scaling.high_freq_factor) &&
            absl::SimpleAtoi(parts[3], &scaling.original_max_position_embeddings);
       config.rope_scaling = scaling;
+    } else if (key == "longrope") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model description '", description,
+          "' does not hold the LongRoPE factors of its rotary embeddings (longrope=)"));
     } else if (key == "family") {
       config.model_type = value;
     } else if (key == "act") {

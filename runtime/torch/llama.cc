@@ -111,13 +111,20 @@ torch::Tensor Activate(const torch::Tensor& x, const std::string& activation) {
 }
 
 // transformers' inverse frequencies (_compute_default_rope_parameters and, with rope scaling,
-// _compute_llama3_parameters), in float32 with the same operations.
-torch::Tensor InverseFrequencies(const LlamaConfig& config) {
+// _compute_llama3_parameters; Phi-3's LongRoPE with its long factors or its short ones), in
+// float32 with the same operations.
+torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = false) {
   const int64_t dim = config.HeadDim();
   const torch::Tensor exponents =
       torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
       static_cast<double>(dim);
-  torch::Tensor inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
+  const torch::Tensor powers = torch::pow(config.rope_theta, exponents);
+  if (config.long_rope) {
+    const std::vector<double>& factors =
+        long_factors ? config.long_rope->long_factor : config.long_rope->short_factor;
+    return 1.0 / (torch::tensor(factors, torch::kDouble).to(torch::kFloat) * powers);
+  }
+  torch::Tensor inv_freq = 1.0 / powers;
   if (!config.rope_scaling) return inv_freq;
   const LlamaRopeScaling& s = *config.rope_scaling;
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
@@ -618,7 +625,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       : config_(config),
         block_(block),
         sparse_(config.SparseBlock(block)),
-        inverse_frequencies_(InverseFrequencies(config)) {
+        inverse_frequencies_(InverseFrequencies(config)),
+        long_inverse_frequencies_(config.long_rope ? InverseFrequencies(config, true)
+                                                   : torch::Tensor()),
+        rotary_scale_(config.RotaryScale()) {
     reset();
   }
 
@@ -723,14 +733,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   // forward() for positions [start, start + n): the same angles for those positions.
   torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
                                    KeyValueCache& cache) override {
-    const torch::Tensor positions =
-        torch::arange(start, start + input.size(1),
-                      torch::TensorOptions().dtype(torch::kFloat).device(input.device()));
-    const torch::Tensor angles =
-        torch::outer(positions, inverse_frequencies_.to(input.device()));
-    const torch::Tensor both = torch::cat({angles, angles}, -1);
-    const torch::Tensor cos = both.cos().to(input.scalar_type());
-    const torch::Tensor sin = both.sin().to(input.scalar_type());
+    const auto [cos, sin] = Angles(start, start + input.size(1), input);
     const torch::Tensor attended =
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
     if (config_.SandwichNorms()) {
@@ -764,10 +767,25 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   // frequency in float32, the two halves of a head rotated by the same angles; cos and sin
   // [length, head_dim] in `like`'s type, on its device.
   std::pair<torch::Tensor, torch::Tensor> Angles(int64_t length, const torch::Tensor& like) const {
-    const torch::Tensor positions =
-        torch::arange(length, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
-    const torch::Tensor angles = torch::outer(positions, inverse_frequencies_.to(like.device()));
+    return Angles(0, length, like);
+  }
+  // The same for positions [start, end): a forward pass that ends there (Phi-3's LongRoPE
+  // takes its long factors past original_max_position_embeddings, as transformers decides by
+  // the pass's last position).
+  std::pair<torch::Tensor, torch::Tensor> Angles(int64_t start, int64_t end,
+                                                 const torch::Tensor& like) const {
+    const bool long_context =
+        config_.long_rope && end > config_.long_rope->original_max_position_embeddings;
+    const torch::Tensor& frequencies =
+        long_context ? long_inverse_frequencies_ : inverse_frequencies_;
+    const torch::Tensor positions = torch::arange(
+        start, end, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
+    const torch::Tensor angles = torch::outer(positions, frequencies.to(like.device()));
     const torch::Tensor both = torch::cat({angles, angles}, -1);
+    if (rotary_scale_ != 1.0) {
+      return {(both.cos() * rotary_scale_).to(like.scalar_type()),
+              (both.sin() * rotary_scale_).to(like.scalar_type())};
+    }
     return {both.cos().to(like.scalar_type()), both.sin().to(like.scalar_type())};
   }
 
@@ -775,6 +793,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   int64_t block_;
   bool sparse_;                        // experts instead of the MLP
   torch::Tensor inverse_frequencies_;  // [head_dim / 2], float32, on the CPU
+  torch::Tensor long_inverse_frequencies_;  // LongRoPE's long factors' (else undefined)
+  double rotary_scale_;                     // of cos and sin (LongRoPE's), 1 without
   TensorParallel tp_;
 };
 TORCH_MODULE(LlamaBlock);
@@ -955,6 +975,47 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   return parameters;
 }
 
+namespace {
+
+// A list of numbers, `field` of `object`.
+absl::StatusOr<std::vector<double>> NumbersOf(const Json& object, absl::string_view field,
+                                              absl::string_view where) {
+  TANDEM_ASSIGN_OR_RETURN(const Json* list, GetArray(object, field, where));
+  std::vector<double> numbers;
+  for (const Json& item : *list) {
+    if (!item.is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", field, " must be a list of numbers, got ", list->dump()));
+    }
+    numbers.push_back(item.get<double>());
+  }
+  return numbers;
+}
+
+// Phi-3's rope_scaling: LongRoPE (transformers reads its older names "su" and "yarn" as it).
+absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
+  const std::string where = "config.json: rope_scaling";
+  TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", "config.json"));
+  std::string type;
+  if (IsSet(*scaling, "type")) {
+    TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "type", where));
+  } else if (IsSet(*scaling, "rope_type")) {
+    TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "rope_type", where));
+  }
+  if (type != "longrope" && type != "su" && type != "yarn") {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling type \"", type,
+                                                   "\" is not supported for phi3 (longrope is)"));
+  }
+  LlamaLongRope rope;
+  TANDEM_ASSIGN_OR_RETURN(rope.short_factor, NumbersOf(*scaling, "short_factor", where));
+  TANDEM_ASSIGN_OR_RETURN(rope.long_factor, NumbersOf(*scaling, "long_factor", where));
+  TANDEM_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
+                          GetIntOr(json, "original_max_position_embeddings", 4096, "config.json"));
+  return rope;
+}
+
+}  // namespace
+
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
                             "granite", "phi3"}) {
@@ -1097,10 +1158,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (phi3) {
     if (!json.contains("pad_token_id")) config.pad_token_id = 32000;  // Phi3Config's default
     if (IsSet(json, "rope_scaling")) {
-      return absl::InvalidArgumentError(
-          "config.json: rope_scaling is not supported for phi3 (its LongRoPE scaling, of the "
-          "128k-context Phi-3 and Phi-3.5 models, is not implemented; Phi-3 4k models and "
-          "Phi-4 have none)");
+      TANDEM_ASSIGN_OR_RETURN(config.long_rope, LongRopeOf(json));
     }
   }
   if (gemma2) {
@@ -1170,7 +1228,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
     config.pad_token_id = pad;
   }
-  if (IsSet(json, "rope_scaling")) {
+  if (IsSet(json, "rope_scaling") && !phi3) {
     TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", where));
     const std::string scaling_where = "config.json: rope_scaling";
     // transformers reads "rope_type", and "type" from older files.
@@ -1344,6 +1402,28 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         absl::StrCat("llama: attention_multiplier must be positive (or 0: none), got ",
                      config.attention_multiplier));
   }
+  if (config.long_rope) {
+    const LlamaLongRope& rope = *config.long_rope;
+    const size_t half = static_cast<size_t>(config.HeadDim() / 2);
+    if (rope.short_factor.size() != half || rope.long_factor.size() != half) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama: LongRoPE needs head_dim / 2 = ", half, " short and long factors, got ",
+          rope.short_factor.size(), " and ", rope.long_factor.size()));
+    }
+    for (const std::vector<double>* factors : {&rope.short_factor, &rope.long_factor}) {
+      for (const double f : *factors) {
+        if (!(f > 0) || !std::isfinite(f)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("llama: LongRoPE's factors must be positive, got ", f));
+        }
+      }
+    }
+    if (rope.original_max_position_embeddings <= 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("llama: original_max_position_embeddings must be more than 1, got ",
+                       rope.original_max_position_embeddings));
+    }
+  }
   if (config.pad_token_id && (*config.pad_token_id < 0 || *config.pad_token_id >= config.vocab)) {
     return absl::InvalidArgumentError(absl::StrCat("llama: pad_token_id ", *config.pad_token_id,
                                                    " is not below vocab_size ", config.vocab));
@@ -1407,6 +1487,17 @@ std::string DescribeLlama(const LlamaConfig& config) {
       absl::StrAppend(&text, " aux-loss=", config.router_aux_loss_coef);
     }
   }
+  if (config.long_rope) {
+    // The factors themselves (head_dim of them) would make the description long: a hash of
+    // their decimal text tells models apart.
+    const LlamaLongRope& rope = *config.long_rope;
+    const std::string factors = absl::StrCat(absl::StrJoin(rope.short_factor, ","), "/",
+                                             absl::StrJoin(rope.long_factor, ","));
+    uint32_t hash = 2166136261u;  // FNV-1a
+    for (const unsigned char c : factors) hash = (hash ^ c) * 16777619u;
+    absl::StrAppend(&text, " longrope=", rope.original_max_position_embeddings, "/",
+                    absl::Hex(hash, absl::kZeroPad8));
+  }
   if (config.embedding_multiplier != 1.0) {
     absl::StrAppend(&text, " embedding-mult=", config.embedding_multiplier);
   }
@@ -1441,6 +1532,13 @@ int64_t LlamaConfig::MaxPositions() const {
     return std::min(max_position_embeddings, sliding_window);
   }
   return max_position_embeddings;
+}
+
+double LlamaConfig::RotaryScale() const {
+  if (!long_rope) return 1.0;
+  const double original = static_cast<double>(long_rope->original_max_position_embeddings);
+  const double scale = static_cast<double>(max_position_embeddings) / original;
+  return scale <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(scale) / std::log(original));
 }
 
 double LlamaConfig::ScoreDivisor() const {

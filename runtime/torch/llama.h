@@ -85,6 +85,18 @@ struct LlamaRopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// Phi-3's LongRoPE (rope_scaling type "longrope", of its 128k-context models and Phi-3.5):
+// each rotary frequency divided by its factor, the short factors while the positions a forward
+// pass rotates end within original_max_position_embeddings, the long ones past it (as
+// transformers chooses at each forward pass by its last position), and cos and sin scaled by
+// sqrt(1 + ln(s) / ln(original_max_position_embeddings)) with s = max_position_embeddings /
+// original_max_position_embeddings (1 for s <= 1).
+struct LlamaLongRope {
+  std::vector<double> short_factor;  // head_dim / 2 each
+  std::vector<double> long_factor;
+  int64_t original_max_position_embeddings = 4096;
+};
+
 struct LlamaConfig {
   int64_t vocab = 16;             // vocab_size
   int64_t layers = 4;             // num_hidden_layers (decoder blocks)
@@ -98,6 +110,7 @@ struct LlamaConfig {
   int64_t max_position_embeddings = 8192;
   double rope_theta = 500000.0;
   std::optional<LlamaRopeScaling> rope_scaling;  // none: plain rotary embeddings
+  std::optional<LlamaLongRope> long_rope;        // Phi-3's; none: plain rotary embeddings
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   bool attention_bias = false;    // biases of q/k/v/o_proj
@@ -182,6 +195,8 @@ struct LlamaConfig {
   int64_t MaxPositions() const;
   // What attention scores are divided by.
   double ScoreDivisor() const;
+  // What cos and sin are scaled by (LlamaLongRope; 1 without it).
+  double RotaryScale() const;
 };
 
 // The transformers model types LlamaConfigFromJson reads, for messages.
@@ -201,13 +216,14 @@ bool IsLlamaModelType(absl::string_view model_type);
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
-// "llama3" (or "default"; Gemma: any), partial_rotary_factor other than 1, a model_type other
+// "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
+// and "yarn"), partial_rotary_factor other than 1, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP) and
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
-// multipliers) and "phi3" (Mistral's computation, fused products in the checkpoint; its
-// rope_scaling, LongRoPE, is refused); output_router_logits (transformers
+// multipliers) and "phi3" (Mistral's computation, fused products in the checkpoint, LongRoPE
+// as its rope_scaling); output_router_logits (transformers
 // then adds a load-balancing loss over every layer's router scores, which tandem does not compute)
 // and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's resid_pdrop and embd_pdrop (tandem has no dropout: it computes
@@ -226,8 +242,10 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // " window=4096", " act=gelu_pytorch_tanh", " qscale=224", " attn-softcap=50",
 // " final-softcap=30", " experts=8/2", " expert-units=1408", " shared-units=5632",
 // " topk=raw" (not renormalised), " sparse-step=2", " dense=0,5", " aux-loss=0.01",
-// Granite's " embedding-mult=12", " residual-mult=0.22", " attention-mult=0.0078125",
-// " logits-scaling=16", " family=mistral").
+// Phi-3's " longrope=4096/1a2b3c4d" (original_max_position_embeddings and a hash of the
+// factors, which the description does not hold: a checkpoint of such a model is exported or
+// loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
+// " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

@@ -22,7 +22,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         sandwich norms, a window of 6 tokens on every other block), mixtral_window (4
         experts, 2 a token, a window of 6 tokens), qwen2_moe (3 experts, 2 a token, a shared
         expert, the second block dense), granite (its multipliers away from 1), phi3_window
-        (fused products in the checkpoint, a window of 6 tokens), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        (fused products in the checkpoint, a window of 6 tokens), phi3_longrope (LongRoPE's
+        long factors: the prompt is longer than its original context), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -165,6 +166,13 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("phi3_window", lambda: llama(Phi3Config, Phi3ForCausalLM, sliding_window=6,
                                       pad_token_id=0),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        # LongRoPE whose original context (4) the prompt already passes: its long factors.
+        ("phi3_longrope", lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=0,
+                                        original_max_position_embeddings=4,
+                                        rope_scaling={"type": "longrope",
+                                                      "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                                      "long_factor": [1.1, 2.5, 6.0, 17.0]}),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

@@ -11,6 +11,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -443,6 +445,24 @@ TEST_P(HfModelsTest, Phi3WithGroupedQueryAttentionEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+// LongRoPE past the original context and within it; computed with the other factors (or none)
+// the logits are far from transformers'.
+TEST_P(HfModelsTest, Phi3WithLongRopeEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"phi3_longrope", "phi3_longrope_short"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+    const HfCase flipped = LlamaCase(name, GetParam(), [](LlamaConfig& config) {
+      std::swap(config.long_rope->short_factor, config.long_rope->long_factor);
+    });
+    EXPECT_GT(Compare(flipped, {0, 4}).logits, 100 * kOutputTolerance);
+    const HfCase plain =
+        LlamaCase(name, GetParam(), [](LlamaConfig& config) { config.long_rope.reset(); });
+    EXPECT_GT(Compare(plain, {0, 4}).logits, 100 * kOutputTolerance);
+  }
+}
+
 TEST_P(HfModelsTest, Gpt2EqualsTransformers) {
   REQUIRE_REFERENCE();
   const HfCase c = Gpt2Case("gpt2", GetParam());
@@ -521,27 +541,12 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
-  for (const std::string name : {"llama_gqa",
-                                 "llama_tied_rope_scaling",
-                                 "llama_bias_head_dim",
-                                 "mistral_window",
-                                 "qwen2_tied",
-                                 "gemma_tied",
-                                 "gemma2_softcap",
-                                 "mistral_short_window",
-                                 "gemma2_short_window",
-                                 "mixtral_experts",
-                                 "mixtral_top1_window",
-                                 "qwen2_moe_shared",
-                                 "qwen2_moe_step2",
-                                 "mixtral_aux",
-                                 "qwen2_moe_aux",
-                                 "granite_multipliers",
-                                 "granite_tied_bias",
-                                 "phi3_window",
-                                 "phi3_gqa",
-                                 "gpt2",
-                                 "gpt2_untied_variants"}) {
+  for (const std::string name :
+       {"llama_gqa", "llama_tied_rope_scaling", "llama_bias_head_dim", "mistral_window",
+        "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
+        "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
+        "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
+        "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1148,10 +1153,30 @@ TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {
   EXPECT_EQ(config->pad_token_id, 32000);
   EXPECT_EQ(config->intermediate, 8192);
   EXPECT_EQ(config->kv_heads, 32);
-  // The 128k models' LongRoPE is refused by name.
-  mini["rope_scaling"] = Json::parse(R"({"type": "longrope", "short_factor": [1.0],
-      "long_factor": [1.0]})");
-  ExpectRefused(LlamaConfigFromJson(mini).status(), "LongRoPE");
+  // The 128k models' LongRoPE: a factor per frequency (head_dim 96: 48), the older name "su"
+  // read as it; cos and sin scaled by sqrt(1 + ln 32 / ln 4096) for 131072 positions over 4096.
+  Json long_context = mini;
+  long_context["max_position_embeddings"] = 131072;
+  long_context["original_max_position_embeddings"] = 4096;
+  long_context["rope_scaling"] = {{"type", "su"},
+                                  {"short_factor", std::vector<double>(48, 1.0)},
+                                  {"long_factor", std::vector<double>(48, 2.5)}};
+  config = LlamaConfigFromJson(long_context);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->long_rope.has_value());
+  EXPECT_EQ(config->long_rope->long_factor[47], 2.5);
+  EXPECT_EQ(config->long_rope->original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(config->RotaryScale(), std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+  const std::string described = DescribeLlama(*config);
+  EXPECT_NE(described.find(" longrope=4096/"), std::string::npos) << described;
+  // Other factors, another description.
+  Json other = long_context;
+  other["rope_scaling"]["long_factor"][3] = 2.6;
+  EXPECT_NE(DescribeLlama(*LlamaConfigFromJson(other)), described);
+  long_context["rope_scaling"]["long_factor"] = std::vector<double>(47, 2.5);
+  ExpectRefused(LlamaConfigFromJson(long_context).status(), "48 short and long factors");
+  long_context["rope_scaling"]["type"] = "dynamic";
+  ExpectRefused(LlamaConfigFromJson(long_context).status(), "\"dynamic\"");
   // Other families' configs keep every multiplier at 1 and no fused checkpoint.
   config = LlamaConfigFromJson(Json::parse(R"({"model_type": "llama",
       "embedding_multiplier": 12.0})"));

@@ -118,6 +118,20 @@ CASES = {
     "phi3_window": lambda: llama(Phi3Config, Phi3ForCausalLM, sliding_window=5, pad_token_id=3),
     # Phi-3 without a window, grouped-query attention, padding row 5.
     "phi3_gqa": lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=5),
+    # Phi-3's LongRoPE past its original context (8 positions, the sequence 16): the long
+    # factors, cos and sin scaled by sqrt(1 + ln 8 / ln 8) (64 positions over 8).
+    "phi3_longrope": lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=3,
+                                   original_max_position_embeddings=8,
+                                   rope_scaling={"type": "longrope",
+                                                 "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                                 "long_factor": [1.1, 2.5, 6.0, 17.0]}),
+    # Within its original context (32): the short factors, cos and sin scaled by
+    # sqrt(1 + ln 2 / ln 32).
+    "phi3_longrope_short": lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=3,
+                                         original_max_position_embeddings=32,
+                                         rope_scaling={"type": "su",
+                                                       "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                                       "long_factor": [1.1, 2.5, 6.0, 17.0]}),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

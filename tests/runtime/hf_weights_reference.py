@@ -13,7 +13,9 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         sandwich norms, a window of 32 tokens), mistral_short (a window of 8 tokens, shorter
         than the tests' sequences), mixtral (4 experts, 2 a token), qwen2_moe (3 experts, 2 a
         token, a shared expert, the second block dense), granite (its four multipliers away
-        from 1), phi3 (q/k/v and gate/up fused, a window of 8 tokens, padding row 3).
+        from 1), phi3 (q/k/v and gate/up fused, a window of 8 tokens, padding row 3),
+        phi3_longrope (LongRoPE with an original context of 8 tokens: the tests' sequences take
+        its long factors).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -68,6 +70,12 @@ def make(output):
                                   residual_multiplier=0.5, attention_multiplier=0.2,
                                   logits_scaling=4.0), {}),
         ("phi3", lambda: llama(Phi3Config, Phi3ForCausalLM, sliding_window=8, pad_token_id=3), {}),
+        ("phi3_longrope", lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=3,
+                                        original_max_position_embeddings=8,
+                                        rope_scaling={"type": "longrope",
+                                                      "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                                      "long_factor": [1.1, 2.5, 6.0, 17.0]}),
+         {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

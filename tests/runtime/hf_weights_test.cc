@@ -448,6 +448,12 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(DescribeGpt2(*read), DescribeGpt2(config));
   }
+  // LongRoPE's factors are not in the description: named, and (export) --hf-config advised.
+  auto long_rope = LlamaConfigFromDescription(
+      "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 longrope=8/0123abcd family=phi3");
+  EXPECT_EQ(long_rope.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(long_rope.status().message().find("LongRoPE factors"), std::string::npos)
+      << long_rope.status();
   auto unknown = LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 "
                                             "sliding-window=8");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
@@ -712,7 +718,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // Phi-3's fused q/k/v and gate/up, each product read as its rows: whole, on two stages,
         // and split over two ranks (each rank's heads and units of every part).
         ImportCase{"phi3", "llama"}, ImportCase{"phi3", "llama", /*ranks=*/2},
-        ImportCase{"phi3", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+        ImportCase{"phi3", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // LongRoPE's long factors and scaled cos and sin, whole and with each rank's
+        // attention over the gathered sequence.
+        ImportCase{"phi3_longrope", "llama"},
+        ImportCase{"phi3_longrope", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -994,7 +1005,7 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
         ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2}, ImportCase{"granite", "llama"},
-        ImportCase{"phi3", "llama", /*ranks=*/2}}) {
+        ImportCase{"phi3", "llama", /*ranks=*/2}, ImportCase{"phi3_longrope", "llama"}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
