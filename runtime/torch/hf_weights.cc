@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -243,11 +244,31 @@ absl::Status HfWeights::ReadParameter(absl::string_view name, float* out, int64_
     read_.insert(key->second);
   }
   const HfTensor* tensor = layout_.Find(owner);
-  if (tensor != nullptr && !tensor->key_shape.empty()) {  // rows of a fused tensor
-    const formats::TensorSlice rows{0, tensor->first_row, tensor->first_row + tensor->shape[0]};
-    return files_->ReadSliceAsFloat32(key->second, rows, out, count);
+  if (tensor == nullptr || tensor->key_shape.empty()) {
+    return files_->ReadAsFloat32(key->second, out, count);
   }
-  return files_->ReadAsFloat32(key->second, out, count);
+  // Rows of a fused tensor. A 3-dimensional one ([experts, rows, columns]) is read an expert at
+  // a time: the part's rows lie within one.
+  const std::vector<int64_t>& whole = tensor->key_shape;
+  const int64_t rows = tensor->shape[0];
+  if (whole.size() == 2) {
+    return files_->ReadSliceAsFloat32(
+        key->second, formats::TensorSlice{0, tensor->first_row, tensor->first_row + rows}, out,
+        count);
+  }
+  const int64_t per_expert = whole[1], expert = tensor->first_row / per_expert;
+  const int64_t first = tensor->first_row % per_expert;
+  if (whole.size() != 3 || first + rows > per_expert || count != rows * whole[2]) {
+    return absl::InternalError(absl::StrCat(folder_, ": parameter '", name, "' is no rows of ",
+                                            key->second, " ", ShapeString(whole)));
+  }
+  const formats::TensorSlice one{0, expert, expert + 1};
+  if (rows == per_expert) return files_->ReadSliceAsFloat32(key->second, one, out, count);
+  std::vector<float> staged(static_cast<size_t>(per_expert * whole[2]));
+  TANDEM_RETURN_IF_ERROR(files_->ReadSliceAsFloat32(key->second, one, staged.data(),
+                                                    static_cast<int64_t>(staged.size())));
+  std::copy_n(staged.begin() + first * whole[2], count, out);
+  return absl::OkStatus();
 }
 
 std::vector<std::string> HfWeights::KeysRead() const {
@@ -486,15 +507,16 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 namespace {
 
 Json LlamaConfigJson(const LlamaConfig& config) {
-  const std::string architecture = config.model_type == "mistral"     ? "MistralForCausalLM"
-                                   : config.model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                                   : config.model_type == "gemma"     ? "GemmaForCausalLM"
-                                   : config.model_type == "gemma2"    ? "Gemma2ForCausalLM"
-                                   : config.model_type == "mixtral"   ? "MixtralForCausalLM"
-                                   : config.model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
-                                   : config.model_type == "granite"   ? "GraniteForCausalLM"
-                                   : config.model_type == "phi3"      ? "Phi3ForCausalLM"
-                                                                      : "LlamaForCausalLM";
+  const std::string architecture = config.model_type == "mistral"      ? "MistralForCausalLM"
+                                   : config.model_type == "qwen2"      ? "Qwen2ForCausalLM"
+                                   : config.model_type == "gemma"      ? "GemmaForCausalLM"
+                                   : config.model_type == "gemma2"     ? "Gemma2ForCausalLM"
+                                   : config.model_type == "mixtral"    ? "MixtralForCausalLM"
+                                   : config.model_type == "qwen2_moe"  ? "Qwen2MoeForCausalLM"
+                                   : config.model_type == "granite"    ? "GraniteForCausalLM"
+                                   : config.model_type == "granitemoe" ? "GraniteMoeForCausalLM"
+                                   : config.model_type == "phi3"       ? "Phi3ForCausalLM"
+                                                                       : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
                {"vocab_size", config.vocab},
@@ -559,9 +581,16 @@ Json LlamaConfigJson(const LlamaConfig& config) {
       json["mlp_only_layers"] = config.dense_blocks;
       json["output_router_logits"] = false;
     }
-  } else if (config.model_type == "granite") {
-    // GraniteConfig: head_dim hidden / heads, and its multipliers.
+  } else if (config.Granite()) {
+    // GraniteConfig and GraniteMoeConfig: head_dim hidden / heads, and the multipliers;
+    // GraniteMoE's experts (no MLP biases, no load-balancing loss).
     json.erase("head_dim");
+    if (config.Moe()) {
+      json.erase("mlp_bias");
+      json["num_local_experts"] = config.experts;
+      json["num_experts_per_tok"] = config.experts_per_token;
+      json["output_router_logits"] = false;
+    }
     json["embedding_multiplier"] = config.embedding_multiplier;
     json["residual_multiplier"] = config.residual_multiplier;
     json["attention_multiplier"] = config.attention_multiplier;
@@ -757,16 +786,22 @@ absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoin
   }
   std::vector<formats::TensorToWrite> tensors;
   std::deque<std::string> fused;  // the bytes of keys that several parameters make up
-  for (size_t i = 0; i < layout.tensors.size();) {
-    // The parameters of one key: itself, or the parts of a fused key, in order of rows.
-    size_t parts = 1;
-    while (i + parts < layout.tensors.size() &&
-           layout.tensors[i + parts].key == layout.tensors[i].key) {
-      ++parts;
-    }
+  // The parameters of each key, in the layout's order of keys: the key's parameter, or the
+  // parts of a fused key by their rows.
+  std::vector<std::vector<const HfTensor*>> keys;
+  std::map<std::string, size_t> index_of_key;
+  for (const HfTensor& hf : layout.tensors) {
+    auto [it, added] = index_of_key.emplace(hf.key, keys.size());
+    if (added) keys.emplace_back();
+    keys[it->second].push_back(&hf);
+  }
+  for (std::vector<const HfTensor*>& parts : keys) {
+    std::stable_sort(parts.begin(), parts.end(), [](const HfTensor* a, const HfTensor* b) {
+      return a->first_row < b->first_row;
+    });
     std::vector<const ShardTensor*> held;
-    for (size_t part = i; part < i + parts; ++part) {
-      const HfTensor& hf = layout.tensors[part];
+    for (const HfTensor* part : parts) {
+      const HfTensor& hf = *part;
       auto it = parameters.find(hf.name);
       if (it == parameters.end()) {
         return absl::InvalidArgumentError(
@@ -784,13 +819,13 @@ absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoin
       }
       held.push_back(&t);
     }
-    const HfTensor& hf = layout.tensors[i];
+    const HfTensor& hf = *parts.front();
     formats::TensorToWrite w;
     w.name = hf.key;
     w.data_type = formats::DataType::kFloat32;
     w.shape = hf.KeyShape();
     absl::string_view bytes = held[0]->bytes;
-    if (parts > 1) {  // the parts' rows one after another
+    if (parts.size() > 1) {  // the parts' rows one after another
       std::string& joined = fused.emplace_back();
       for (const ShardTensor* t : held) joined += t->bytes;
       bytes = joined;
@@ -804,7 +839,6 @@ absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoin
     }
     tensors.push_back(std::move(w));
     result.bytes += static_cast<int64_t>(bytes.size());
-    i += parts;
   }
   result.tensors = static_cast<int64_t>(tensors.size());
 

@@ -420,7 +420,7 @@ class LlamaExpertImpl : public torch::nn::Cloneable<LlamaExpertImpl> {
 
   void reset() override {
     const int64_t hidden = config_.hidden;
-    const bool mixtral = config_.model_type == "mixtral";
+    const bool mixtral = config_.MixtralExperts();  // Mixtral's names: w1, w2, w3
     // Registered in the order of transformers' state dict.
     gate = register_module(mixtral ? "w1" : "gate_proj",
                            ColumnParallelLinear(hidden, units_, /*bias=*/false));
@@ -643,8 +643,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     }
     if (sparse_) {
       // Mixtral's is block_sparse_moe, Qwen2-MoE's takes the MLP's name.
-      moe = register_module(config_.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
-                            LlamaMoe(config_));
+      moe =
+          register_module(config_.MixtralExperts() ? "block_sparse_moe" : "mlp", LlamaMoe(config_));
     } else {
       mlp = register_module("mlp", LlamaMlp(config_));
     }
@@ -887,21 +887,73 @@ double FeedforwardWeightsPerToken(const LlamaConfig& config, int64_t block) {
          h * static_cast<double>(config.experts) + (shared > 0 ? 3.0 * h * shared + h : 0.0);
 }
 
-// Phi-3's fused products: the key (inside a block) holding a parameter (inside a block), and
-// the parameter's place among the key's parts.
-struct FusedPart {
-  const char* key;
-  int index;
+// Where a parameter of a block stored fused lies: its key (inside the block), its first row
+// (of the key's tensor with every dimension but the last flattened into rows) and the key's
+// shape. Phi-3's q/k/v_proj are rows of self_attn.qkv_proj, its gate/up_proj of
+// mlp.gate_up_proj; GraniteMoE's experts' w1 and w3 (gate and up) are expert e's two halves of
+// block_sparse_moe.input_linear [experts, 2 x units, hidden], their w2 expert e of
+// block_sparse_moe.output_linear [experts, hidden, units].
+struct FusedSlot {
+  std::string key;
+  int64_t first_row = 0;
+  std::vector<int64_t> key_shape;
 };
-std::optional<FusedPart> FusedPartOf(const LlamaConfig& config, absl::string_view name) {
-  if (!config.FusedCheckpoint()) return std::nullopt;
-  static constexpr char kQkv[] = "self_attn.qkv_proj.weight";
-  static constexpr char kGateUp[] = "mlp.gate_up_proj.weight";
-  if (name == "self_attn.q_proj.weight") return FusedPart{kQkv, 0};
-  if (name == "self_attn.k_proj.weight") return FusedPart{kQkv, 1};
-  if (name == "self_attn.v_proj.weight") return FusedPart{kQkv, 2};
-  if (name == "mlp.gate_proj.weight") return FusedPart{kGateUp, 0};
-  if (name == "mlp.up_proj.weight") return FusedPart{kGateUp, 1};
+std::optional<FusedSlot> FusedSlotOf(const LlamaConfig& config, const std::string& name) {
+  const int64_t h = config.hidden;
+  if (config.FusedCheckpoint()) {
+    const int64_t q = config.heads * config.HeadDim(), kv = config.kv_heads * config.HeadDim();
+    const int64_t units = config.intermediate;
+    const std::vector<int64_t> qkv = {q + 2 * kv, h}, gate_up = {2 * units, h};
+    if (name == "self_attn.q_proj.weight") return FusedSlot{"self_attn.qkv_proj.weight", 0, qkv};
+    if (name == "self_attn.k_proj.weight") return FusedSlot{"self_attn.qkv_proj.weight", q, qkv};
+    if (name == "self_attn.v_proj.weight") {
+      return FusedSlot{"self_attn.qkv_proj.weight", q + kv, qkv};
+    }
+    if (name == "mlp.gate_proj.weight") return FusedSlot{"mlp.gate_up_proj.weight", 0, gate_up};
+    if (name == "mlp.up_proj.weight") return FusedSlot{"mlp.gate_up_proj.weight", units, gate_up};
+    return std::nullopt;
+  }
+  if (!config.FusedExperts()) return std::nullopt;
+  std::string rest;
+  const int e = NumberAfterPrefix(name, "block_sparse_moe.experts.", &rest);
+  if (e < 0 || e >= config.experts) return std::nullopt;
+  const int64_t units = config.ExpertUnits(), experts = config.experts;
+  if (rest == "w1.weight" || rest == "w3.weight") {
+    return FusedSlot{"block_sparse_moe.input_linear.weight",
+                     e * 2 * units + (rest == "w3.weight" ? units : 0),
+                     {experts, 2 * units, h}};
+  }
+  if (rest == "w2.weight") {
+    return FusedSlot{"block_sparse_moe.output_linear.weight", e * h, {experts, h, units}};
+  }
+  return std::nullopt;
+}
+
+// A key of a block (transformers' name inside it) that tandem names otherwise, not fused:
+// GraniteMoE's router.
+std::string RenamedKey(const LlamaConfig& config, const std::string& name) {
+  if (config.FusedExperts() && name == "block_sparse_moe.gate.weight") {
+    return "block_sparse_moe.router.layer.weight";
+  }
+  return name;
+}
+
+// The reverse of FusedSlotOf and RenamedKey for a key inside a block: a fused key names its
+// first part; nullopt for a key named as its parameter.
+std::optional<std::string> TandemNameOfKey(const LlamaConfig& config, const std::string& key) {
+  if (config.FusedCheckpoint()) {
+    if (key == "self_attn.qkv_proj.weight") return "self_attn.q_proj.weight";
+    if (key == "mlp.gate_up_proj.weight") return "mlp.gate_proj.weight";
+  }
+  if (config.FusedExperts()) {
+    if (key == "block_sparse_moe.input_linear.weight") {
+      return "block_sparse_moe.experts.0.w1.weight";
+    }
+    if (key == "block_sparse_moe.output_linear.weight") {
+      return "block_sparse_moe.experts.0.w2.weight";
+    }
+    if (key == "block_sparse_moe.router.layer.weight") return "block_sparse_moe.gate.weight";
+  }
   return std::nullopt;
 }
 
@@ -951,7 +1003,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     mlp("mlp.", config.intermediate, {"gate_proj", "up_proj", "down_proj"}, config.mlp_bias);
     return parameters;
   }
-  if (config.model_type == "mixtral") {
+  if (config.MixtralExperts()) {
     add("block_sparse_moe.gate.weight", {config.experts, h});
     for (int64_t e = 0; e < config.experts; ++e) {
       // State-dict order: w1, w2, w3.
@@ -1018,7 +1070,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "phi3"}) {
+                            "granite", "granitemoe", "phi3"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1036,7 +1088,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool qwen2 = config.model_type == "qwen2" || qwen2_moe;  // Qwen2's attention
   const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
   const bool mixtral = config.model_type == "mixtral";
-  const bool granite = config.model_type == "granite";
+  const bool granite = config.Granite(), granitemoe = config.model_type == "granitemoe";
   const bool phi3 = config.model_type == "phi3";
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
@@ -1101,12 +1153,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                 config.dense_blocks.end());
     }
   }
-  if (mixtral) {
+  if (mixtral || granitemoe) {
     TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_local_experts", 8, where));
     TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
                             GetIntOr(json, "num_experts_per_tok", 2, where));
   }
-  if (mixtral || qwen2_moe) {
+  if (mixtral || qwen2_moe || granitemoe) {
     TANDEM_ASSIGN_OR_RETURN(const bool router_logits,
                             GetBoolOrUnset(json, "output_router_logits", false, where));
     if (router_logits) {
@@ -1314,7 +1366,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         ": tandem computes its attention in full, which equals the windowed one only for "
         "sequences within the window"));
   }
-  const bool mixtral = config.model_type == "mixtral", qwen2_moe = config.model_type == "qwen2_moe";
+  const bool mixtral = config.MixtralExperts(), qwen2_moe = config.model_type == "qwen2_moe";
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
                                                    "\" is not one of ", kLlamaModelTypes));
@@ -1322,8 +1374,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe) ||
       (mixtral && !config.Moe())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: experts (num_local_experts, num_experts) are Mixtral's and Qwen2-MoE's: "
-        "mixtral needs them, the other families have none; got ",
+        "llama: experts (num_local_experts, num_experts) are Mixtral's, GraniteMoE's and "
+        "Qwen2-MoE's: mixtral and granitemoe need them, the other families have none; got ",
         config.experts, " for ", config.model_type));
   }
   if (mixtral &&
@@ -1656,8 +1708,9 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   if (layer == last && rest == "norm.weight") return "model.norm.weight";
   if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
   if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
-    const std::optional<FusedPart> fused = FusedPartOf(config, rest);
-    return absl::StrCat("model.layers.", layer - 1, ".", fused ? fused->key : rest);
+    const std::optional<FusedSlot> fused = FusedSlotOf(config, rest);
+    return absl::StrCat("model.layers.", layer - 1, ".",
+                        fused ? fused->key : RenamedKey(config, rest));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("llama: '", name, "' is not a parameter of ", DescribeLlama(config)));
@@ -1670,18 +1723,15 @@ absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::str
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
   std::string rest;
   const int block = NumberAfterPrefix(key, "model.layers.", &rest);
-  if (block >= 0 && block < config.layers && config.FusedCheckpoint()) {
-    // A fused key names its first part; the parts themselves are no keys.
-    if (rest == "self_attn.qkv_proj.weight") {
-      return absl::StrCat("layers.", block + 1, ".self_attn.q_proj.weight");
+  if (block >= 0 && block < config.layers) {
+    if (const std::optional<std::string> name = TandemNameOfKey(config, rest)) {
+      return absl::StrCat("layers.", block + 1, ".", *name);
     }
-    if (rest == "mlp.gate_up_proj.weight") {
-      return absl::StrCat("layers.", block + 1, ".mlp.gate_proj.weight");
+    // A parameter stored fused or renamed has no key of its own name.
+    if (IsBlockParameter(config, block, rest) && !FusedSlotOf(config, rest) &&
+        RenamedKey(config, rest) == rest) {
+      return absl::StrCat("layers.", block + 1, ".", rest);
     }
-  }
-  if (block >= 0 && block < config.layers && IsBlockParameter(config, block, rest) &&
-      !FusedPartOf(config, rest)) {
-    return absl::StrCat("layers.", block + 1, ".", rest);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("llama: '", key, "' is not a transformers key of ", DescribeLlama(config)));
@@ -1691,20 +1741,9 @@ std::optional<LlamaFusedRows> LlamaHfRows(const LlamaConfig& config, absl::strin
   std::string rest;
   const int layer = NumberAfterPrefix(name, "layers.", &rest);
   if (layer <= 0 || layer > config.layers) return std::nullopt;
-  const std::optional<FusedPart> fused = FusedPartOf(config, rest);
+  std::optional<FusedSlot> fused = FusedSlotOf(config, rest);
   if (!fused) return std::nullopt;
-  const int64_t h = config.hidden;
-  std::vector<int64_t> rows;  // of each part
-  if (fused->key == absl::string_view("self_attn.qkv_proj.weight")) {
-    const int64_t kv = config.kv_heads * config.HeadDim();
-    rows = {config.heads * config.HeadDim(), kv, kv};
-  } else {
-    rows = {config.intermediate, config.intermediate};
-  }
-  LlamaFusedRows out;
-  for (int part = 0; part < fused->index; ++part) out.first_row += rows[part];
-  out.key_shape = {std::accumulate(rows.begin(), rows.end(), int64_t{0}), h};
-  return out;
+  return LlamaFusedRows{fused->first_row, std::move(fused->key_shape)};
 }
 
 }  // namespace tandem::runtime::libtorch

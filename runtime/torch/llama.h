@@ -1,7 +1,7 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
-// MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM and Phi3ForCausalLM, variations
-// of the same computation: see LlamaConfig):
+// MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM and
+// Phi3ForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -24,7 +24,9 @@
 //   head:    norm.weight, lm_head.weight
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
-// mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows). No dropout: tandem
+// mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
+// its experts into block_sparse_moe.input_linear and output_linear (its router is
+// block_sparse_moe.router.layer). No dropout: tandem
 // computes what transformers' model computes in eval mode (a config's attention_dropout is
 // ignored).
 //
@@ -182,6 +184,12 @@ struct LlamaConfig {
   bool Moe() const { return experts > 0; }
   // Phi-3's checkpoints fuse the query/key/value and the gate/up products (LlamaHfRows).
   bool FusedCheckpoint() const { return model_type == "phi3"; }
+  // Experts named as Mixtral's (block_sparse_moe.gate, experts.<e>.w1/w2/w3): Mixtral's and
+  // GraniteMoE's, whose checkpoints fuse them (FusedExperts).
+  bool MixtralExperts() const { return model_type == "mixtral" || model_type == "granitemoe"; }
+  bool FusedExperts() const { return model_type == "granitemoe"; }
+  // Granite's multipliers apply (GraniteForCausalLM, GraniteMoeForCausalLM).
+  bool Granite() const { return model_type == "granite" || model_type == "granitemoe"; }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -201,7 +209,7 @@ struct LlamaConfig {
 
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
-    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite and phi3";
+    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe and phi3";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -211,7 +219,8 @@ bool IsLlamaModelType(absl::string_view model_type);
 // shared expert of 5632 units), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256,
 // pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
 // and window 4096), GraniteConfig's (every multiplier 1) and Phi3Config's (32064 tokens, 8192
-// units, pad_token_id 32000, norm epsilon 1e-5, no window). seq_len is not in the file: it keeps
+// units, pad_token_id 32000, norm epsilon 1e-5, no window), GraniteMoeConfig's (8 experts, 2 a
+// token). seq_len is not in the file: it keeps
 // LlamaConfig's default, at most max_position_embeddings (and Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
@@ -222,10 +231,10 @@ bool IsLlamaModelType(absl::string_view model_type);
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP) and
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
-// multipliers) and "phi3" (Mistral's computation, fused products in the checkpoint, LongRoPE
-// as its rope_scaling); output_router_logits (transformers
-// then adds a load-balancing loss over every layer's router scores, which tandem does not compute)
-// and router_jitter_noise (random scaling of the router's input in training). Ignored:
+// multipliers), "granitemoe" (Granite's with Mixtral's experts) and "phi3" (Mistral's computation,
+// fused products in the checkpoint, LongRoPE as its rope_scaling); output_router_logits
+// (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
+// not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's resid_pdrop and embd_pdrop (tandem has no dropout: it computes
 // what transformers computes in eval mode), router_aux_loss_coef (used only with
 // output_router_logits) and fields that only describe (torch_dtype, bos/eos_token_id, use_cache,

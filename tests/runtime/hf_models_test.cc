@@ -20,6 +20,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -150,7 +151,9 @@ struct HfCase {
   torch::Tensor Part(const std::string& name, const torch::Tensor& key_tensor, int64_t rows) const {
     if (!hf_rows) return key_tensor;
     const std::optional<LlamaFusedRows> fused = hf_rows(name);
-    return fused ? key_tensor.narrow(0, fused->first_row, rows) : key_tensor;
+    if (!fused) return key_tensor;
+    // Rows of the key's tensor with every dimension but the last flattened.
+    return key_tensor.reshape({-1, key_tensor.size(-1)}).narrow(0, fused->first_row, rows);
   }
 };
 
@@ -431,6 +434,14 @@ TEST_P(HfModelsTest, TiedGraniteWithBiasesAndUnitMultipliersEqualsTransformers) 
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+// GraniteMoE: Granite's multipliers, Mixtral's experts stored fused ([experts, 2 x units,
+// hidden] and [experts, hidden, units]), its router renamed.
+TEST_P(HfModelsTest, GraniteMoeWithFusedExpertsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("granitemoe_experts", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 // Phi-3's checkpoint fuses q/k/v and gate/up: each product is its rows of the fused tensor,
 // and its gradient those rows of the fused gradient.
 TEST_P(HfModelsTest, Phi3WithAWindowShorterThanTheSequenceEqualsTransformers) {
@@ -546,7 +557,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
         "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
-        "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "gpt2", "gpt2_untied_variants"}) {
+        "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -589,7 +601,11 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         auto info = (*file)->Info(*key);
         ASSERT_TRUE(info.ok()) << info.status();
         EXPECT_EQ((*info)->shape, rows->key_shape) << parameter;
-        EXPECT_LE(rows->first_row + tensor.size(0), rows->key_shape[0]) << parameter;
+        // Rows of the key's tensor with every dimension but the last flattened.
+        const int64_t key_rows =
+            std::accumulate(rows->key_shape.begin(), rows->key_shape.end() - 1, int64_t{1},
+                            std::multiplies<int64_t>());
+        EXPECT_LE(rows->first_row + tensor.size(0), key_rows) << parameter;
         fused_rows += tensor.size(0);
       } else {
         EXPECT_EQ(*back, parameter);
@@ -603,6 +619,11 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
       // Per block: qkv_proj (4 + 2 + 2 heads of 8) and gate_up_proj (2 x 64 units).
       EXPECT_EQ(fused_rows, 2 * ((4 + 2 + 2) * 8 + 2 * 64));
       EXPECT_FALSE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+    } else if (name == "granitemoe_experts") {
+      // Per block and expert (4 of them, 16 units): w1 and w3 (16 rows each), w2 (32 rows).
+      EXPECT_EQ(fused_rows, 2 * 4 * (16 + 16 + 32));
+      EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.experts.1.w2.weight").ok());
+      EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.gate.weight").ok());
     } else {
       EXPECT_EQ(fused_rows, 0);
     }
@@ -1116,6 +1137,35 @@ TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {
   bad = granite;
   bad["logits_scaling"] = -1;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "logits_scaling");
+
+  // GraniteMoE: the multipliers and GraniteMoeConfig's 8 experts, 2 a token; its router and
+  // experts under their fused keys; transformers' load-balancing loss refused as Mixtral's.
+  Json granitemoe = granite;
+  granitemoe["model_type"] = "granitemoe";
+  granitemoe["intermediate_size"] = 512;
+  config = LlamaConfigFromJson(granitemoe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->experts, 8);
+  EXPECT_EQ(config->experts_per_token, 2);
+  EXPECT_DOUBLE_EQ(config->ScoreDivisor(), 128.0);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=40 H=4096 A=32 KV=8 I=512 S=32 V=49155 rope=10000 tied experts=8/2 "
+            "embedding-mult=12 residual-mult=0.22 attention-mult=0.0078125 logits-scaling=16 "
+            "family=granitemoe");
+  EXPECT_EQ(LlamaHfName(*config, "layers.2.block_sparse_moe.gate.weight").value_or(""),
+            "model.layers.1.block_sparse_moe.router.layer.weight");
+  const std::optional<LlamaFusedRows> w3 =
+      LlamaHfRows(*config, "layers.2.block_sparse_moe.experts.5.w3.weight");
+  ASSERT_TRUE(w3.has_value());
+  EXPECT_EQ(w3->first_row, 5 * 1024 + 512);
+  EXPECT_EQ(w3->key_shape, (std::vector<int64_t>{8, 1024, 4096}));
+  const std::optional<LlamaFusedRows> w2 =
+      LlamaHfRows(*config, "layers.2.block_sparse_moe.experts.5.w2.weight");
+  ASSERT_TRUE(w2.has_value());
+  EXPECT_EQ(w2->first_row, 5 * 4096);
+  EXPECT_EQ(w2->key_shape, (std::vector<int64_t>{8, 4096, 512}));
+  granitemoe["output_router_logits"] = true;
+  ExpectRefused(LlamaConfigFromJson(granitemoe).status(), "output_router_logits");
 
   // A config of Phi-4's sizes: no window, a padding row, no rope scaling.
   const Json phi3 = Json::parse(R"({

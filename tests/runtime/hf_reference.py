@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, Phi-3 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -22,7 +22,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          GraniteConfig, GraniteForCausalLM, MistralConfig, MistralForCausalLM,
+                          GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
+                          GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
@@ -132,6 +133,12 @@ CASES = {
                                          rope_scaling={"type": "su",
                                                        "short_factor": [1.0, 1.3, 2.1, 3.7],
                                                        "long_factor": [1.1, 2.5, 6.0, 17.0]}),
+    # GraniteMoE: Granite's multipliers, 4 experts of 16 units, 2 a token, stored fused.
+    "granitemoe_experts": lambda: llama(GraniteMoeConfig, GraniteMoeForCausalLM,
+                                        num_local_experts=4, num_experts_per_tok=2,
+                                        intermediate_size=16, embedding_multiplier=2.0,
+                                        residual_multiplier=0.7, attention_multiplier=0.3,
+                                        logits_scaling=3.0),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

@@ -15,7 +15,7 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         token, a shared expert, the second block dense), granite (its four multipliers away
         from 1), phi3 (q/k/v and gate/up fused, a window of 8 tokens, padding row 3),
         phi3_longrope (LongRoPE with an original context of 8 tokens: the tests' sequences take
-        its long factors).
+        its long factors), granitemoe (4 experts of 16 units, 2 a token, stored fused).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -34,7 +34,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
-                          GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, MistralConfig,
+                          GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
+                          GraniteMoeForCausalLM, MistralConfig,
                           MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM)
@@ -76,6 +77,10 @@ def make(output):
                                                       "short_factor": [1.0, 1.3, 2.1, 3.7],
                                                       "long_factor": [1.1, 2.5, 6.0, 17.0]}),
          {}),
+        ("granitemoe", lambda: llama(GraniteMoeConfig, GraniteMoeForCausalLM, num_local_experts=4,
+                                     num_experts_per_tok=2, intermediate_size=16,
+                                     embedding_multiplier=2.0, residual_multiplier=0.7,
+                                     attention_multiplier=0.3, logits_scaling=3.0), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

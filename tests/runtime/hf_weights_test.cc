@@ -286,7 +286,7 @@ void ExpectLayoutMatchesModel(const HfLayout& layout, const ModelSpec& spec) {
   auto model = spec.Build(/*seed=*/1);
   ASSERT_TRUE(model.ok()) << model.status();
   size_t owned = 0, parts = 0;  // parameters, those stored fused
-  std::set<std::string> keys;
+  std::set<std::string> keys, fused_keys;
   for (const auto& [name, parameter] : model->NamedParameters(0, model->num_layers())) {
     const HfTensor* tensor = layout.Find(name);
     ASSERT_NE(tensor, nullptr) << name;
@@ -306,11 +306,13 @@ void ExpectLayoutMatchesModel(const HfLayout& layout, const ModelSpec& spec) {
     EXPECT_EQ(first->first_row, 0);
     if (tensor->key_shape.empty()) EXPECT_EQ(*back, name);
     keys.insert(tensor->key);
-    parts += !tensor->key_shape.empty();
+    if (!tensor->key_shape.empty()) {
+      ++parts;
+      fused_keys.insert(tensor->key);
+    }
   }
   EXPECT_EQ(layout.tensors.size(), owned);
-  // Phi-3: 3 parts under qkv_proj and 2 under gate_up_proj, 3 fewer keys per block.
-  EXPECT_EQ(keys.size(), owned - parts / 5 * 3);
+  EXPECT_EQ(keys.size(), owned - parts + fused_keys.size());
   EXPECT_EQ(layout.tied_copies.size(), model->tied_weights.parameters.size());
 }
 
@@ -338,21 +340,41 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
   llama.shared_expert_intermediate = 8;
   llama.dense_blocks = {1};
   ExpectLayoutMatchesModel(LlamaHfLayout(llama), LlamaModelSpec(llama));
-  // Phi-3: q/k/v and gate/up are consecutive rows of one key each, which they tile.
-  llama = SmallLlama();
-  llama.model_type = "phi3";
-  const HfLayout phi3 = LlamaHfLayout(llama);
-  ExpectLayoutMatchesModel(phi3, LlamaModelSpec(llama));
-  std::map<std::string, int64_t> rows_of_key;
-  for (const HfTensor& t : phi3.tensors) {
-    if (t.key_shape.empty()) continue;
-    EXPECT_EQ(t.first_row, rows_of_key[t.key]) << t.name;  // right after the previous part
-    rows_of_key[t.key] += t.shape[0];
-    EXPECT_EQ(t.key_shape[1], t.shape[1]) << t.name;
-  }
-  EXPECT_EQ(rows_of_key.size(), 2u * static_cast<size_t>(llama.layers));
-  for (const HfTensor& t : phi3.tensors) {
-    if (!t.key_shape.empty()) EXPECT_EQ(rows_of_key[t.key], t.key_shape[0]) << t.key;
+  // Phi-3: q/k/v and gate/up are consecutive rows of one key each; GraniteMoE: each expert's
+  // w1 and w3 the halves of its rows of input_linear, its w2 its rows of output_linear. The
+  // parts of a key tile its rows (every dimension but the last flattened).
+  for (const char* fused : {"phi3", "granitemoe"}) {
+    SCOPED_TRACE(fused);
+    llama = SmallLlama();
+    llama.model_type = fused;
+    if (llama.model_type == "granitemoe") {
+      llama.experts = 3;
+      llama.experts_per_token = 2;
+      llama.attention_multiplier = 0.25;
+    }
+    const HfLayout layout = LlamaHfLayout(llama);
+    ExpectLayoutMatchesModel(layout, LlamaModelSpec(llama));
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> rows_of_key;
+    for (const HfTensor& t : layout.tensors) {
+      if (t.key_shape.empty()) continue;
+      rows_of_key[t.key].emplace_back(t.first_row, t.shape[0]);
+      EXPECT_EQ(t.key_shape.back(), t.shape[1]) << t.name;
+    }
+    EXPECT_EQ(rows_of_key.size(), 2u * static_cast<size_t>(llama.layers));
+    for (auto& [key, rows] : rows_of_key) {
+      std::sort(rows.begin(), rows.end());
+      int64_t next = 0;
+      for (const auto& [first, count] : rows) {
+        EXPECT_EQ(first, next) << key;
+        next = first + count;
+      }
+      const HfTensor* part = nullptr;
+      for (const HfTensor& t : layout.tensors) {
+        if (t.key == key) part = &t;
+      }
+      ASSERT_NE(part, nullptr);
+      EXPECT_EQ(next * part->key_shape.back(), ShapeElements(part->key_shape)) << key;
+    }
   }
   Gpt2Config gpt2 = SmallGpt2();
   ExpectLayoutMatchesModel(Gpt2HfLayout(gpt2), Gpt2ModelSpec(gpt2));
@@ -723,7 +745,13 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // attention over the gathered sequence.
         ImportCase{"phi3_longrope", "llama"},
         ImportCase{"phi3_longrope", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --sequence-parallel"}}) {
+                   " --sequence-parallel"},
+        // GraniteMoE's fused experts, each expert's w1 and w3 read as its rows: whole, on two
+        // stages, each expert split over two ranks and each rank holding two whole experts.
+        ImportCase{"granitemoe", "llama"}, ImportCase{"granitemoe", "llama", /*ranks=*/2},
+        ImportCase{"granitemoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"granitemoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --expert-parallel 2"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -881,6 +909,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // Phi-3 on two stages, its q/k/v and gate/up written fused again, its config.json
         // from the description (the window, no padding row).
         ExportCase{"phi3_init", 2, absl::StrCat(" --model llama --init-from ", Case("phi3")), ""},
+        // GraniteMoE on two stages, its experts written fused again, its config.json from the
+        // description (experts and multipliers).
+        ExportCase{"granitemoe_init", 2,
+                   absl::StrCat(" --model llama --init-from ", Case("granitemoe")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -933,10 +965,12 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(tensor.bytes, expected) << key;
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
-    EXPECT_EQ(fused, c.name == "phi3_init" ? 4u : 0u);  // qkv_proj and gate_up_proj, 2 blocks
+    // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
+    EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
     const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
                         c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
-                        c.name == "granite_init" || c.name == "phi3_init";
+                        c.name == "granite_init" || c.name == "phi3_init" ||
+                        c.name == "granitemoe_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
 
     // transformers loads it without a word and computes tandem's loss.
@@ -985,6 +1019,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*granite)["residual_multiplier"], 0.5);
   EXPECT_EQ((*granite)["attention_multiplier"], 0.2);
   EXPECT_EQ((*granite)["logits_scaling"], 4.0);
+  auto granitemoe = ReadJsonFile(scratch / "granitemoe_init_hf/config.json");
+  ASSERT_TRUE(granitemoe.ok()) << granitemoe.status();
+  EXPECT_EQ((*granitemoe)["architectures"][0], "GraniteMoeForCausalLM");
+  EXPECT_EQ((*granitemoe)["num_local_experts"], 4);
+  EXPECT_EQ((*granitemoe)["logits_scaling"], 3.0);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1005,7 +1044,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gpt2", "gpt2"}, ImportCase{"llama_sharded", "llama", /*ranks=*/2},
         ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2}, ImportCase{"granite", "llama"},
-        ImportCase{"phi3", "llama", /*ranks=*/2}, ImportCase{"phi3_longrope", "llama"}}) {
+        ImportCase{"phi3", "llama", /*ranks=*/2}, ImportCase{"phi3_longrope", "llama"},
+        ImportCase{"granitemoe", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
