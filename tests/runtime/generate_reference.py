@@ -21,7 +21,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         repeats its last token), gemma2_window (soft caps,
         sandwich norms, a window of 6 tokens on every other block), mixtral_window (4
         experts, 2 a token, a window of 6 tokens), qwen2_moe (3 experts, 2 a token, a shared
-        expert, the second block dense), granite (its multipliers away from 1), phi3_window
+        expert, the second block dense), granite (its multipliers away from 1), granitemoe
+        (4 experts, 2 a token, stored fused), phi3_window
         (fused products in the checkpoint, a window of 6 tokens), phi3_longrope (LongRoPE's
         long factors: the prompt is longer than its original context), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
@@ -37,10 +38,10 @@ import unicodedata
 
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
-                          GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, MistralConfig,
-                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM)
+                          GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
+                          GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -163,6 +164,12 @@ def make(output):
         ("granite", lambda: llama(GraniteConfig, GraniteForCausalLM, embedding_multiplier=3.0,
                                   residual_multiplier=0.5, attention_multiplier=0.2,
                                   logits_scaling=4.0),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("granitemoe", lambda: llama(GraniteMoeConfig, GraniteMoeForCausalLM, num_local_experts=4,
+                                     num_experts_per_tok=2, intermediate_size=16,
+                                     embedding_multiplier=2.0, residual_multiplier=0.7,
+                                     attention_multiplier=0.3, logits_scaling=3.0,
+                                     initializer_range=0.3),  # wide: varied tokens
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("phi3_window", lambda: llama(Phi3Config, Phi3ForCausalLM, sliding_window=6,
                                       pad_token_id=0),

@@ -35,10 +35,9 @@ import transformers
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
-                          GraniteMoeForCausalLM, MistralConfig,
-                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM)
+                          GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
