@@ -59,10 +59,11 @@ struct LlamaConfig;
 struct Gpt2Config;
 struct ModelSpec;
 
-// One tensor of a model's transformers checkpoint.
-// A parameter stored fused with others (Phi-3's qkv_proj and gate_up_proj) is rows
-// [first_row, first_row + shape[0]) of its key's tensor of shape `key_shape`; the parts of
-// one key are listed together, in order.
+// One tensor of a model's transformers checkpoint. A parameter stored fused with others (Phi-3's
+// qkv_proj and gate_up_proj, GraniteMoE's input_linear and output_linear) is rows
+// [first_row, first_row + shape[0]) of its key's tensor of shape `key_shape`, every dimension
+// but the last flattened into rows (a GraniteMoE expert's rows lie within its slice); several
+// HfTensors then share the key, and export joins them by their rows.
 struct HfTensor {
   std::string key;             // "model.layers.0.self_attn.q_proj.weight"
   std::string name;            // tandem's: "layers.1.self_attn.q_proj.weight"

@@ -26,9 +26,8 @@
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
 // mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
 // its experts into block_sparse_moe.input_linear and output_linear (its router is
-// block_sparse_moe.router.layer). No dropout: tandem
-// computes what transformers' model computes in eval mode (a config's attention_dropout is
-// ignored).
+// block_sparse_moe.router.layer). No dropout: tandem computes what transformers' model
+// computes in eval mode (a config's attention_dropout is ignored).
 //
 // Tied embeddings (tie_word_embeddings): the head holds a copy of the embedding; LlamaTiedWeights
 // names the pair and shares it where one process holds both layers (runtime/torch/lm_parts.h).
@@ -218,10 +217,10 @@ bool IsLlamaModelType(absl::string_view model_type);
 // epsilon 1e-5), Qwen2MoeConfig's (60 experts of 1408 units, 4 a token, unnormalised, a
 // shared expert of 5632 units), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256,
 // pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
-// and window 4096), GraniteConfig's (every multiplier 1) and Phi3Config's (32064 tokens, 8192
-// units, pad_token_id 32000, norm epsilon 1e-5, no window), GraniteMoeConfig's (8 experts, 2 a
-// token). seq_len is not in the file: it keeps
-// LlamaConfig's default, at most max_position_embeddings (and Qwen2's window); set it afterwards.
+// and window 4096), GraniteConfig's (every multiplier 1), Phi3Config's (32064 tokens, 8192
+// units, pad_token_id 32000, norm epsilon 1e-5, no window) and GraniteMoeConfig's (8 experts, 2
+// a token). seq_len is not in the file: it keeps LlamaConfig's default, at most
+// max_position_embeddings (and Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
@@ -229,7 +228,7 @@ bool IsLlamaModelType(absl::string_view model_type);
 // and "yarn"), partial_rotary_factor other than 1, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
-// window on every other layer), "mixtral" (Mistral's attention, experts for the MLP) and
+// window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
 // multipliers), "granitemoe" (Granite's with Mixtral's experts) and "phi3" (Mistral's computation,
 // fused products in the checkpoint, LongRoPE as its rope_scaling); output_router_logits
