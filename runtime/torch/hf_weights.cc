@@ -198,10 +198,11 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
         ListSome(extra), " (does config.json describe these weights?)"));
   }
   std::vector<std::string> missing;
-  for (const HfTensor& tensor : layout.tensors) {
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    const HfTensor& tensor = layout.tensors[t];
     auto found = folder_key.find(tensor.key);
     if (found != folder_key.end()) {
-      weights->key_of_.emplace(tensor.name, found->second);
+      weights->key_of_.emplace(tensor.name, Source{found->second, t});
     } else if (tensor.first_row == 0) {  // a fused key once, for its first part
       missing.push_back(absl::StrCat("'", tensor.key, "'"));
     }
@@ -213,7 +214,7 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
   }
   // Shapes and dtypes, from the shards' headers (a shard is mapped, its data not read).
   for (const HfTensor& tensor : layout.tensors) {
-    const std::string& key = weights->key_of_.at(tensor.name);
+    const std::string& key = weights->key_of_.at(tensor.name).key;
     TANDEM_ASSIGN_OR_RETURN(const formats::TensorInfo info, weights->files_->Info(key));
     if (info.shape != tensor.KeyShape()) {
       return absl::InvalidArgumentError(
@@ -234,39 +235,37 @@ absl::StatusOr<std::shared_ptr<const HfWeights>> HfWeights::Open(const std::stri
 absl::Status HfWeights::ReadParameter(absl::string_view name, float* out, int64_t count) const {
   auto copy = layout_.tied_copies.find(std::string(name));
   const std::string owner = copy != layout_.tied_copies.end() ? copy->second : std::string(name);
-  auto key = key_of_.find(owner);
-  if (key == key_of_.end()) {
+  auto source = key_of_.find(owner);
+  if (source == key_of_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(folder_, ": '", name, "' is not a parameter of ",
                                                    layout_.model));
   }
+  const std::string& key = source->second.key;
   {
     absl::MutexLock lock(&mutex_);
-    read_.insert(key->second);
+    read_.insert(key);
   }
-  const HfTensor* tensor = layout_.Find(owner);
-  if (tensor == nullptr || tensor->key_shape.empty()) {
-    return files_->ReadAsFloat32(key->second, out, count);
-  }
+  const HfTensor* tensor = &layout_.tensors[source->second.tensor];
+  if (tensor->key_shape.empty()) return files_->ReadAsFloat32(key, out, count);
   // Rows of a fused tensor. A 3-dimensional one ([experts, rows, columns]) is read an expert at
   // a time: the part's rows lie within one.
   const std::vector<int64_t>& whole = tensor->key_shape;
   const int64_t rows = tensor->shape[0];
   if (whole.size() == 2) {
     return files_->ReadSliceAsFloat32(
-        key->second, formats::TensorSlice{0, tensor->first_row, tensor->first_row + rows}, out,
-        count);
+        key, formats::TensorSlice{0, tensor->first_row, tensor->first_row + rows}, out, count);
   }
   const int64_t per_expert = whole[1], expert = tensor->first_row / per_expert;
   const int64_t first = tensor->first_row % per_expert;
   if (whole.size() != 3 || first + rows > per_expert || count != rows * whole[2]) {
-    return absl::InternalError(absl::StrCat(folder_, ": parameter '", name, "' is no rows of ",
-                                            key->second, " ", ShapeString(whole)));
+    return absl::InternalError(absl::StrCat(folder_, ": parameter '", name, "' is no rows of ", key,
+                                            " ", ShapeString(whole)));
   }
   const formats::TensorSlice one{0, expert, expert + 1};
-  if (rows == per_expert) return files_->ReadSliceAsFloat32(key->second, one, out, count);
+  if (rows == per_expert) return files_->ReadSliceAsFloat32(key, one, out, count);
   std::vector<float> staged(static_cast<size_t>(per_expert * whole[2]));
-  TANDEM_RETURN_IF_ERROR(files_->ReadSliceAsFloat32(key->second, one, staged.data(),
-                                                    static_cast<int64_t>(staged.size())));
+  TANDEM_RETURN_IF_ERROR(
+      files_->ReadSliceAsFloat32(key, one, staged.data(), static_cast<int64_t>(staged.size())));
   std::copy_n(staged.begin() + first * whole[2], count, out);
   return absl::OkStatus();
 }

@@ -115,7 +115,13 @@ class HfWeights {
   std::string folder_;
   HfLayout layout_;
   std::unique_ptr<formats::SafetensorsFolder> files_;
-  std::map<std::string, std::string, std::less<>> key_of_;  // tandem name -> the folder's key
+  // tandem name -> the folder's key, and the name's tensor in layout_.tensors (its rows of a
+  // fused key).
+  struct Source {
+    std::string key;
+    size_t tensor = 0;
+  };
+  std::map<std::string, Source, std::less<>> key_of_;
   mutable absl::Mutex mutex_;
   mutable std::set<std::string> read_ ABSL_GUARDED_BY(mutex_);
 };
