@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, knapsack, "exact",
           "Piper: per-layer configuration choice, exact or greedy (Piper's heuristic)");
 ABSL_FLAG(int, tensor_parallel, 0,
           "AdaPipe: tensor-parallel degree (0: search); templates: the degree of every stage");
+ABSL_FLAG(int, expert_parallel, 0,
+          "AdaPipe: on how many parts of each tensor-parallel group a mixture of experts holds "
+          "its experts whole (0: the fastest the profile's variants offer; N: only its "
+          "variants with expert_parallel N)");
 ABSL_FLAG(bool, baseline, false,
           "AdaPipe: plan Megatron-LM's default instead (uniform partition, every layer "
           "recomputed) for the pipeline shape AdaPipe chooses, the baseline it is compared with");
@@ -219,8 +223,13 @@ absl::Status RunPlanOrError() {
   }
   request.stages = absl::GetFlag(FLAGS_stages);
   request.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
-  if (request.stages < 0 || request.tensor_parallel < 0) {
-    return absl::InvalidArgumentError("--stages and --tensor-parallel must not be negative");
+  request.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
+  if (request.stages < 0 || request.tensor_parallel < 0 || request.expert_parallel < 0) {
+    return absl::InvalidArgumentError(
+        "--stages, --tensor-parallel and --expert-parallel must not be negative");
+  }
+  if (request.expert_parallel > 0 && request.algorithm != planner::Algorithm::kAdaPipe) {
+    return absl::InvalidArgumentError("--expert-parallel applies to --algorithm adapipe");
   }
   const std::string output_format = absl::GetFlag(FLAGS_format);
   if (output_format != "text" && output_format != "json") {
@@ -294,9 +303,9 @@ const CommandRegistrar registrar({
         "every node count instead.",
     .flags = {"profile", "profile_format", "algorithm", "devices", "memory", "bandwidth",
               "devices_per_node", "cluster", "microbatches", "straight", "use_fewer_machines",
-              "max_antichain_states",
-              "activation_compression_ratio", "knapsack", "stages", "tensor_parallel", "schedule",
-              "baseline", "templates", "format", "output"},
+              "max_antichain_states", "activation_compression_ratio", "knapsack", "stages",
+              "tensor_parallel", "expert_parallel", "schedule", "baseline", "templates",
+              "format", "output"},
     .aliases = {{"o", "output"}},
     .run = RunPlan,
 });

@@ -360,9 +360,9 @@ bool Plan::operator==(const Plan& o) const {
   return format_version == o.format_version && model == o.model && num_layers == o.num_layers &&
          world_size == o.world_size && data_parallel == o.data_parallel &&
          pipeline_parallel == o.pipeline_parallel && tensor_parallel == o.tensor_parallel &&
-         sequence_parallel == o.sequence_parallel && schedule == o.schedule &&
-         microbatch_size == o.microbatch_size && mesh == o.mesh && stages == o.stages &&
-         predicted_iteration_seconds == o.predicted_iteration_seconds &&
+         sequence_parallel == o.sequence_parallel && expert_parallel == o.expert_parallel &&
+         schedule == o.schedule && microbatch_size == o.microbatch_size && mesh == o.mesh &&
+         stages == o.stages && predicted_iteration_seconds == o.predicted_iteration_seconds &&
          predicted_peak_memory_bytes == o.predicted_peak_memory_bytes &&
          bottleneck_seconds == o.bottleneck_seconds && time_per_sample == o.time_per_sample &&
          algorithm == o.algorithm && inputs == o.inputs && layer_order == o.layer_order;
@@ -540,6 +540,15 @@ absl::Status ValidatePlan(const Plan& plan, int expected_world_size, int expecte
                    "splits the sequence over tensor-parallel groups: it needs tensor_parallel 2 "
                    "or more");
   }
+  if (plan.expert_parallel < 1 || plan.tensor_parallel % plan.expert_parallel != 0 ||
+      std::any_of(plan.stages.begin(), plan.stages.end(), [&](const PlanStage& stage) {
+        return stage.tensor_parallel % plan.expert_parallel != 0;
+      })) {
+    return Invalid("plan.expert_parallel",
+                   absl::StrCat("places the experts on parts of tensor-parallel groups: it must "
+                                "divide every group's degree (tensor_parallel ",
+                                plan.tensor_parallel, "), got ", plan.expert_parallel));
+  }
   TANDEM_RETURN_IF_ERROR(Annotate(CheckScheduleSpec(plan.schedule), "plan.schedule"));
   if (plan.pipeline_parallel != plan.schedule.num_ranks) {
     return Invalid("plan.pipeline_parallel",
@@ -694,6 +703,7 @@ nlohmann::json ToJson(const Plan& plan) {
   // Written only when it is not the identity, so plans of chain models read as before.
   if (!plan.layer_order.empty()) j["layer_order"] = plan.layer_order;
   if (plan.sequence_parallel) j["sequence_parallel"] = true;
+  if (plan.expert_parallel != 1) j["expert_parallel"] = plan.expert_parallel;
   return j;
 }
 
@@ -722,6 +732,10 @@ absl::StatusOr<Plan> PlanFromJson(const nlohmann::json& j, absl::string_view whe
   }
   if (j.contains("sequence_parallel")) {
     TANDEM_ASSIGN_OR_RETURN(plan.sequence_parallel, GetBool(j, "sequence_parallel", top));
+  }
+  if (j.contains("expert_parallel")) {
+    TANDEM_ASSIGN_OR_RETURN(plan.expert_parallel,
+                            GetIntIn(j, "expert_parallel", 1, kMaxWorldSize, top));
   }
   TANDEM_ASSIGN_OR_RETURN(const nlohmann::json* schedule, GetObject(j, "schedule", top));
   TANDEM_ASSIGN_OR_RETURN(plan.schedule,

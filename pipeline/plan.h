@@ -51,6 +51,11 @@ struct Plan {
   // --sequence-parallel): chosen by the planner when the profile's variants say they run with
   // it. Needs tensor_parallel >= 2 (or a stage with it).
   bool sequence_parallel = false;
+  // Expert parallelism inside the tensor-parallel groups (the runtime's --expert-parallel N):
+  // a mixture of experts places its experts whole on N parts of each group. Chosen by the
+  // planner from the profile's variants; 1 (every expert split over the group) when absent.
+  // Divides every stage's tensor-parallel degree.
+  int expert_parallel = 1;
   ScheduleSpec schedule;
   int64_t microbatch_size = 1;  // samples per micro-batch
   std::vector<std::vector<int>> mesh;  // mesh[d][q] = global rank

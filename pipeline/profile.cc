@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -31,6 +32,11 @@ absl::Status ValidateVariant(const TensorParallelVariant& v, absl::string_view w
   if (v.degree < 2) {
     return FieldError(where, "degree", absl::StrCat("must be at least 2 (got ", v.degree, ")"));
   }
+  if (v.expert_parallel < 1 || v.degree % v.expert_parallel != 0) {
+    return FieldError(
+        where, "expert_parallel",
+        absl::StrCat("must divide the degree ", v.degree, " (got ", v.expert_parallel, ")"));
+  }
   TANDEM_RETURN_IF_ERROR(CheckNonNegative(v.forward_seconds, where, "forward_seconds"));
   TANDEM_RETURN_IF_ERROR(CheckNonNegative(v.backward_seconds, where, "backward_seconds"));
   TANDEM_RETURN_IF_ERROR(
@@ -49,6 +55,7 @@ nlohmann::json VariantToJson(const TensorParallelVariant& v) {
                       {"parameter_bytes", v.parameter_bytes},
                       {"communication_seconds", v.communication_seconds}};
   if (v.sequence_parallel) j["sequence_parallel"] = true;
+  if (v.expert_parallel != 1) j["expert_parallel"] = v.expert_parallel;
   return j;
 }
 
@@ -74,6 +81,15 @@ absl::StatusOr<TensorParallelVariant> VariantFromJson(const nlohmann::json& j,
     }
     v.sequence_parallel = j["sequence_parallel"].get<bool>();
   }
+  if (j.contains("expert_parallel")) {
+    TANDEM_ASSIGN_OR_RETURN(int64_t expert_parallel, GetInt(j, "expert_parallel", where));
+    if (expert_parallel < 1 || degree % expert_parallel != 0) {
+      return FieldError(
+          where, "expert_parallel",
+          absl::StrCat("must divide the degree ", degree, " (got ", expert_parallel, ")"));
+    }
+    v.expert_parallel = static_cast<int>(expert_parallel);
+  }
   return v;
 }
 
@@ -92,7 +108,7 @@ bool TensorParallelVariant::operator==(const TensorParallelVariant& o) const {
          backward_seconds == o.backward_seconds &&
          stashed_activation_bytes == o.stashed_activation_bytes &&
          parameter_bytes == o.parameter_bytes && communication_seconds == o.communication_seconds &&
-         sequence_parallel == o.sequence_parallel;
+         sequence_parallel == o.sequence_parallel && expert_parallel == o.expert_parallel;
 }
 
 bool LayerProfile::operator==(const LayerProfile& o) const {
@@ -199,17 +215,23 @@ absl::Status ValidateProfile(const Profile& profile, absl::string_view source) {
         return FieldError(where, field, absl::StrCat("repeats input layer ", input));
       }
     }
-    // A degree may come twice: without sequence parallelism and with it.
-    std::set<std::pair<int, bool>> degrees;
+    // A degree may come several times: without sequence parallelism and with it, and with the
+    // experts on each number of parts.
+    std::set<std::tuple<int, bool, int>> degrees;
     for (size_t k = 0; k < layer.tensor_parallel.size(); ++k) {
       const TensorParallelVariant& variant = layer.tensor_parallel[k];
       const std::string variant_where = absl::StrCat(where, ".tensor_parallel[", k, "]");
       TANDEM_RETURN_IF_ERROR(ValidateVariant(variant, variant_where));
-      if (!degrees.insert({variant.degree, variant.sequence_parallel}).second) {
-        return FieldError(variant_where, "degree",
-                          absl::StrCat("degree ", variant.degree,
-                                       variant.sequence_parallel ? " with" : " without",
-                                       " sequence parallelism repeats"));
+      if (!degrees.insert({variant.degree, variant.sequence_parallel, variant.expert_parallel})
+               .second) {
+        return FieldError(
+            variant_where, "degree",
+            absl::StrCat("degree ", variant.degree,
+                         variant.sequence_parallel ? " with" : " without", " sequence parallelism",
+                         variant.expert_parallel != 1
+                             ? absl::StrCat(" and experts on ", variant.expert_parallel, " parts")
+                             : "",
+                         " repeats"));
       }
     }
   }

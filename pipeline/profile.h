@@ -26,6 +26,10 @@ struct TensorParallelVariant {
   // sequence, so what crosses a stage boundary and what a recomputed layer keeps are divided
   // by the degree too (stashed_activation_bytes says the rest).
   bool sequence_parallel = false;
+  // Expert parallelism: a mixture of experts places its experts whole on this many parts of
+  // the group (the runtime's --expert-parallel N), instead of splitting each over all of it
+  // (1). It divides the degree. The memory per rank is the same; the time is what differs.
+  int expert_parallel = 1;
   bool operator==(const TensorParallelVariant& o) const;
 };
 

@@ -240,25 +240,28 @@ absl::StatusOr<AdaPipeResult> UniformFullRecompute(const LayerChain& chain,
 
 absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(const pipeline::Profile& profile,
                                                           int degree,
-                                                          std::optional<bool> sequence_parallel) {
+                                                          std::optional<bool> sequence_parallel,
+                                                          int expert_parallel) {
   if (degree == 1) return profile;
   pipeline::Profile out = profile;
   for (size_t i = 0; i < out.layers.size(); ++i) {
     pipeline::LayerProfile& layer = out.layers[i];
     const pipeline::TensorParallelVariant* variant = nullptr;
     for (const auto& v : layer.tensor_parallel) {
-      if (v.degree == degree &&
+      if (v.degree == degree && v.expert_parallel == expert_parallel &&
           (!sequence_parallel.has_value() || v.sequence_parallel == *sequence_parallel)) {
         variant = &v;
       }
     }
     if (variant == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(profile.model, ": layers[", i, "] ('", layer.name,
-                       "') has no tensor-parallel variant of degree ", degree,
-                       !sequence_parallel.has_value() ? ""
-                       : *sequence_parallel           ? " with sequence parallelism"
-                                                      : " without sequence parallelism"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          profile.model, ": layers[", i, "] ('", layer.name,
+          "') has no tensor-parallel variant of degree ", degree,
+          !sequence_parallel.has_value() ? ""
+          : *sequence_parallel           ? " with sequence parallelism"
+                                         : " without sequence parallelism",
+          expert_parallel != 1 ? absl::StrCat(" with the experts on ", expert_parallel, " parts")
+                               : ""));
     }
     const double forward_share =
         layer.forward_seconds > 0 ? variant->forward_seconds / layer.forward_seconds : 0.0;
@@ -285,8 +288,10 @@ absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(const pipeline::Profil
     layer.parameter_bytes = variant->parameter_bytes;
     layer.tensor_parallel.clear();
   }
-  out.model = absl::StrCat(profile.model, " (tensor parallel ", degree,
-                           sequence_parallel.value_or(false) ? ", sequence parallel" : "", ")");
+  out.model = absl::StrCat(
+      profile.model, " (tensor parallel ", degree,
+      sequence_parallel.value_or(false) ? ", sequence parallel" : "",
+      expert_parallel != 1 ? absl::StrCat(", experts on ", expert_parallel, " parts") : "", ")");
   return out;
 }
 

@@ -104,10 +104,11 @@ absl::StatusOr<AdaPipeResult> UniformFullRecompute(const LayerChain& chain,
 // figures scale with the variant; a sequence-parallel variant also divides the stage-boundary
 // bytes and a recomputed layer's kept input by t). `sequence_parallel`: the variants that run
 // with sequence parallelism (true) or without (false), where a profile has both; unset: the
-// last variant of degree t each layer lists. InvalidArgument naming the first layer without
-// one.
+// last variant of degree t each layer lists. `expert_parallel`: the variants that place a
+// mixture's experts on that many parts of the group (1: split over all of it). InvalidArgument
+// naming the first layer without one.
 absl::StatusOr<pipeline::Profile> ProfileAtTensorParallel(
     const pipeline::Profile& profile, int degree,
-    std::optional<bool> sequence_parallel = std::nullopt);
+    std::optional<bool> sequence_parallel = std::nullopt, int expert_parallel = 1);
 
 }  // namespace tandem::planner

@@ -919,6 +919,9 @@ PiperInstance PiperFromProfile(const pipeline::Profile& profile,
                 layer.stashed_activation_bytes, layer.optimizer_state_bytes,
                 layer.recompute_seconds, layer.recompute_stashed_bytes);
     for (const pipeline::TensorParallelVariant& variant : layer.tensor_parallel) {
+      // Piper chooses a degree per stage; the experts' placement is one for the whole run,
+      // which only AdaPipe's plans choose.
+      if (variant.expert_parallel != 1) continue;
       const double parameter_share =
           layer.parameter_bytes > 0 ? variant.parameter_bytes / layer.parameter_bytes : 1.0;
       const double forward_share =

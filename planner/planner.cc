@@ -374,6 +374,7 @@ absl::StatusOr<PlanOutcome> PlanPiper(const PlanRequest& request) {
 struct AdaPipeCandidate {
   int tensor_parallel = 1;
   bool sequence_parallel = false;
+  int expert_parallel = 1;
   int stages = 1;
   int data_parallel = 1;
   int microbatches = 1;  // per pipeline
@@ -384,38 +385,55 @@ struct AdaPipeCandidate {
   std::shared_ptr<LayerChain> chain;
 };
 
-// A tensor-parallel degree and whether its variants run with sequence parallelism (unset:
-// any variant of the degree, for a degree the profile does not have whole, whose error
-// ProfileAtTensorParallel names).
+// A tensor-parallel degree, whether its variants run with sequence parallelism (unset: any
+// variant of the degree, for a degree the profile does not have whole, whose error
+// ProfileAtTensorParallel names) and on how many parts of the group the experts sit.
 struct TensorParallelChoice {
   int degree = 1;
   std::optional<bool> sequence_parallel;
+  int expert_parallel = 1;
 };
 
 // The degrees AdaPipe weighs: 1, and each degree (at most a node's devices) that every layer
 // has a variant of, with and without sequence parallelism where every layer has both (without
-// first, so that it wins a tie). A degree the request fixes is the only one.
+// first, so that it wins a tie), and with the experts on each number of parts every layer has
+// (fewest first). A degree the request fixes is the only one; an expert parallelism it fixes
+// leaves out the variants without it (and degree 1 when it is above 1).
 std::vector<TensorParallelChoice> TensorParallelCandidates(const PlanRequest& request) {
   const auto& layers = request.profile.layers;
-  auto everywhere = [&](int degree, bool sequence_parallel) {
+  auto everywhere = [&](int degree, bool sequence_parallel, int expert_parallel) {
     return std::all_of(layers.begin(), layers.end(), [&](const auto& layer) {
       return std::any_of(layer.tensor_parallel.begin(), layer.tensor_parallel.end(),
                          [&](const auto& w) {
-                           return w.degree == degree && w.sequence_parallel == sequence_parallel;
+                           return w.degree == degree && w.sequence_parallel == sequence_parallel &&
+                                  w.expert_parallel == expert_parallel;
                          });
     });
   };
+  std::set<int> parts = {1};
+  if (!layers.empty()) {
+    for (const pipeline::TensorParallelVariant& v : layers.front().tensor_parallel) {
+      parts.insert(v.expert_parallel);
+    }
+  }
+  if (request.expert_parallel > 0) parts = {request.expert_parallel};
   std::vector<TensorParallelChoice> choices;
   auto add = [&](int degree, bool forced) {
     if (degree == 1) {
-      choices.push_back({1, false});
+      if (parts.count(1) > 0) choices.push_back({1, false, 1});
       return;
     }
     const size_t before = choices.size();
-    for (bool sequence_parallel : {false, true}) {
-      if (everywhere(degree, sequence_parallel)) choices.push_back({degree, sequence_parallel});
+    for (int expert_parallel : parts) {
+      for (bool sequence_parallel : {false, true}) {
+        if (everywhere(degree, sequence_parallel, expert_parallel)) {
+          choices.push_back({degree, sequence_parallel, expert_parallel});
+        }
+      }
     }
-    if (forced && choices.size() == before) choices.push_back({degree, std::nullopt});
+    if (forced && choices.size() == before) {
+      choices.push_back({degree, std::nullopt, *parts.begin()});
+    }
   };
   if (request.tensor_parallel > 0) {
     add(request.tensor_parallel, /*forced=*/true);
@@ -446,9 +464,10 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   for (const TensorParallelChoice& choice : TensorParallelCandidates(request)) {
     const int t = choice.degree;
     if (devices % t != 0) continue;
-    TANDEM_ASSIGN_OR_RETURN(pipeline::Profile at_t,
-                            ProfileAtTensorParallel(AtSlowestSpeed(request.profile, cluster), t,
-                                                    choice.sequence_parallel));
+    TANDEM_ASSIGN_OR_RETURN(
+        pipeline::Profile at_t,
+        ProfileAtTensorParallel(AtSlowestSpeed(request.profile, cluster), t,
+                                choice.sequence_parallel, choice.expert_parallel));
     TANDEM_ASSIGN_OR_RETURN(LayerChain chain_value, LayerChain::FromProfile(at_t));
     auto chain = std::make_shared<LayerChain>(std::move(chain_value));
     AdaPipePlanner planner(*chain, memory);
@@ -481,6 +500,7 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
       if (seconds < best.seconds) {
         best.tensor_parallel = t;
         best.sequence_parallel = t > 1 && choice.sequence_parallel.value_or(false);
+        best.expert_parallel = choice.expert_parallel;
         best.stages = p;
         best.data_parallel = d;
         best.microbatches = m;
@@ -529,6 +549,7 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
   plan.pipeline_parallel = best.stages;
   plan.tensor_parallel = best.tensor_parallel;
   plan.sequence_parallel = best.sequence_parallel;
+  plan.expert_parallel = best.expert_parallel;
   plan.world_size = devices;
   for (int d = 0; d < best.data_parallel; ++d) {
     std::vector<int> row(best.stages);
@@ -629,7 +650,10 @@ absl::StatusOr<PlanOutcome> PlanAdaPipe(const PlanRequest& request) {
     baseline = absl::StrFormat("%s (AdaPipe %.3fx faster)", FormatSeconds(base_seconds),
                                base_seconds / adaptive_seconds);
   }
-  const char* sequence_note = best.sequence_parallel ? " (sequence parallel)" : "";
+  const std::string sequence_note = absl::StrCat(
+      best.sequence_parallel ? " (sequence parallel)" : "",
+      best.expert_parallel > 1 ? absl::StrCat(" (experts on ", best.expert_parallel, " parts)")
+                               : "");
   if (request.adapipe_baseline) {
     outcome.summary = absl::StrFormat(
         "adapipe baseline on %s (%d layers), %d devices as %d data x %d pipeline x %d tensor "

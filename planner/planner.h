@@ -61,6 +61,10 @@ struct PlanRequest {
   // AdaPipe: 0 = search.
   int stages = 0;
   int tensor_parallel = 0;
+  // AdaPipe: how many parts of each tensor-parallel group hold a mixture's experts whole; 0 =
+  // the fastest the profile's variants offer (1 where they have none), N = only variants with
+  // N (and so only degrees it divides).
+  int expert_parallel = 0;
   // Schedule search (planner/schedule_search.h) over the AdaPipe partition: "" = 1f1b only,
   // "auto" = every schedule, or one schedule name.
   std::string schedule;

@@ -157,10 +157,17 @@ absl::Status CheckSequenceParallel(const TrainOptions& options, int tensor_paral
       "--tensor-parallel 2 or more (this run's is ", tensor_parallel, ")"));
 }
 
+// --expert-parallel 0 (the planner's choice) needs a planned run.
+absl::Status CheckExpertParallelGiven(const TrainOptions& options, absl::string_view where) {
+  if (options.expert_parallel != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--expert-parallel 0 (the planner's choice) does not go with ", where, ": give N"));
+}
+
 // --expert-parallel N places the experts on N parts of each tensor-parallel group: N must
 // divide the run's degree.
 absl::Status CheckExpertParallel(const TrainOptions& options, int tensor_parallel) {
-  if (options.expert_parallel == 1 || tensor_parallel % options.expert_parallel == 0) {
+  if (options.expert_parallel <= 1 || tensor_parallel % options.expert_parallel == 0) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -306,28 +313,54 @@ runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(const TrainOptions& o
 }
 
 // A measured shard profile: the model split over `degree` ranks, with or without sequence
-// parallelism.
+// parallelism, a mixture's experts on `expert_parallel` parts of the group.
 struct ShardProfile {
   int degree = 2;
   bool sequence_parallel = false;
+  int expert_parallel = 1;
   pipeline::Profile profile;
 };
 
-// --tensor-parallel 0: the model's shards profiled at degrees 2, 4, 8 (those that divide the
-// world and the model), each by the first T ranks together (their collectives timed with
-// them), without sequence parallelism and with it as `variants` asks (false, true: both).
-// Collective over `world`; rank 0 gets the shard profiles.
+// How a shard profile is named in the run's lines: "tensor parallelism 2 with sequence
+// parallelism (experts on 2 parts)".
+std::string ShardName(int degree, bool sequence_parallel, int expert_parallel) {
+  return absl::StrCat(
+      "tensor parallelism ", degree, sequence_parallel ? " with sequence parallelism" : "",
+      expert_parallel > 1 ? absl::StrCat(" (experts on ", expert_parallel, " parts)") : "");
+}
+
+// The numbers of parts a group of `degree` ranks places the experts on, as --expert-parallel
+// asks: 0, every divisor of the degree (a model whose experts do not divide leaves those out);
+// N, N where it divides the degree.
+std::vector<int> ExpertPartsToMeasure(int expert_parallel, int degree) {
+  std::vector<int> parts;
+  if (expert_parallel == 0) {
+    for (int n = 1; n <= degree; ++n) {
+      if (degree % n == 0) parts.push_back(n);
+    }
+  } else if (degree % expert_parallel == 0) {
+    parts.push_back(expert_parallel);
+  }
+  return parts;
+}
+
+// The planner's choices from measurements: the model's shards profiled at `degrees` (2, 4, 8
+// for --tensor-parallel 0; those that divide the world and the model), each by the first T
+// ranks together (their collectives timed with them), without sequence parallelism and with
+// it as `variants` asks (false, true: both), with the experts on each number of parts
+// --expert-parallel asks for. Collective over `world`; rank 0 gets the shard profiles.
 absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& world,
                                                         const TrainOptions& train,
                                                         const LayeredModel& model,
                                                         const runtime::libtorch::Dataset& data,
+                                                        const std::vector<int>& degrees,
                                                         const std::vector<bool>& variants) {
   const torch::Device device = train.device;
   std::vector<ShardProfile> shards;
   if (!model.shard_for_tensor_parallel) return shards;
   // A failure skips the remaining measurements but not the splits, which every rank makes.
   absl::Status failed = absl::OkStatus();
-  for (int t : {2, 4, 8}) {
+  for (int t : degrees) {
     if (t > world.size() || world.size() % t != 0) continue;
     const bool member = world.rank() < t;
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group,
@@ -348,9 +381,14 @@ absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& worl
       failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
       continue;
     }
-    for (bool sequence_parallel : variants) {
-      const std::string name = absl::StrCat("tensor parallelism ", t,
-                                            sequence_parallel ? " with sequence parallelism" : "");
+    for (const auto& [sequence_parallel, expert_parallel] : [&] {
+           std::vector<std::pair<bool, int>> ways;
+           for (int parts : ExpertPartsToMeasure(train.expert_parallel, t)) {
+             for (bool sequence_parallel : variants) ways.emplace_back(sequence_parallel, parts);
+           }
+           return ways;
+         }()) {
+      const std::string name = ShardName(t, sequence_parallel, expert_parallel);
       if (world.rank() == 0) {
         std::cout << "profiling the shards of " << name << " on ranks 0-" << t - 1 << " ..."
                   << std::endl;
@@ -358,6 +396,7 @@ absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& worl
       runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(train);
       options.tensor_parallel = {t, world.rank(), *nccl != nullptr ? nccl->get() : group.get()};
       options.tensor_parallel.sequence_parallel = sequence_parallel;
+      options.tensor_parallel.expert_parallel = expert_parallel;
       absl::StatusOr<pipeline::Profile> shard =
           runtime::libtorch::ProfileModel(model, data, options);
       // A degree the model does not split into (heads, vocabulary, a sequence for sequence
@@ -373,7 +412,9 @@ absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& worl
         failed = Annotate(shard.status(), name);
         break;
       }
-      if (world.rank() == 0) shards.push_back({t, sequence_parallel, *std::move(shard)});
+      if (world.rank() == 0) {
+        shards.push_back({t, sequence_parallel, expert_parallel, *std::move(shard)});
+      }
     }
   }
   if (!failed.ok()) return failed;
@@ -404,10 +445,9 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
       split_stash += layers[l].stashed_activation_bytes;
     }
     std::cout << absl::StrFormat(
-                     "tensor parallelism %d%s measured: forward + backward %.3f ms per "
-                     "micro-batch on each rank (%.2fx one device's, collectives included), "
-                     "%s stashed (%.2fx)",
-                     shard.degree, shard.sequence_parallel ? " with sequence parallelism" : "",
+                     "%s measured: forward + backward %.3f ms per micro-batch on each rank "
+                     "(%.2fx one device's, collectives included), %s stashed (%.2fx)",
+                     ShardName(shard.degree, shard.sequence_parallel, shard.expert_parallel),
                      split * 1e3, whole > 0 ? split / whole : 0.0, FormatBytes(split_stash),
                      whole_stash > 0 ? split_stash / whole_stash : 0.0)
               << std::endl;
@@ -416,6 +456,7 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
       pipeline::TensorParallelVariant variant;
       variant.degree = shard.degree;
       variant.sequence_parallel = shard.sequence_parallel;
+      variant.expert_parallel = shard.expert_parallel;
       variant.forward_seconds = measured.forward_seconds;
       variant.backward_seconds = measured.backward_seconds;
       variant.stashed_activation_bytes = measured.stashed_activation_bytes;
@@ -426,8 +467,14 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
   planner::PlanRequest request;
   request.algorithm = planner::Algorithm::kAdaPipe;
   request.profile = profile;
-  // The devices are groups of `ranks_per_device` ranks (a given tensor-parallel degree).
-  const int ranks_per_device = std::max(1, options.tensor_parallel);
+  // With measured shards the devices are the ranks, and the planner weighs the shards (only
+  // those of a given degree, and of a given number of parts for the experts); without, the
+  // devices are groups of `ranks_per_device` ranks (a given tensor-parallel degree).
+  const int ranks_per_device = shards.empty() ? std::max(1, options.tensor_parallel) : 1;
+  if (!shards.empty()) {
+    request.tensor_parallel = options.tensor_parallel;
+    request.expert_parallel = options.expert_parallel;
+  }
   request.memory_flag_hint = [ranks_per_device](double bytes) {
     const double mib = bytes / ranks_per_device / (1 << 20);
     return absl::StrFormat("--device-memory-mb %.2f", std::ceil(mib * 100) / 100);
@@ -495,6 +542,8 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
     }();
     TANDEM_RETURN_IF_ERROR(Agree(world, local, "reading the plan"));
   } else if (from_schedule) {
+    TANDEM_RETURN_IF_ERROR(CheckExpertParallelGiven(
+        options, options.schedule.has_value() ? "--schedule" : "--schedule-file"));
     TANDEM_ASSIGN_OR_RETURN(plan, PlanFromScheduleFlags(options, model, world_size));
   } else {
     std::string text;
@@ -509,14 +558,21 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
                 << ")" << std::endl;
     }
     std::vector<ShardProfile> shards;
-    if (tensor_parallel == 0) {
+    // The shards are measured for the planner to choose T (--tensor-parallel 0) or, with a
+    // given T of 2 or more, the experts' parts (--expert-parallel 0).
+    const bool measure =
+        tensor_parallel == 0 || (options.expert_parallel == 0 && tensor_parallel > 1);
+    if (measure) {
       // Sequence parallelism saves activation memory at the same communication: weighed where
       // memory is limited, the only choice with --sequence-parallel.
       const std::vector<bool> variants = options.sequence_parallel ? std::vector<bool>{true}
-                                         : limit.bytes > 0         ? std::vector<bool>{false, true}
-                                                                   : std::vector<bool>{false};
+                                         : limit.bytes > 0 && tensor_parallel == 0
+                                             ? std::vector<bool>{false, true}
+                                             : std::vector<bool>{false};
+      const std::vector<int> degrees =
+          tensor_parallel == 0 ? std::vector<int>{2, 4, 8} : std::vector<int>{tensor_parallel};
       absl::StatusOr<std::vector<ShardProfile>> measured =
-          ProfileShards(world, options, model, data, variants);
+          ProfileShards(world, options, model, data, degrees, variants);
       TANDEM_RETURN_IF_ERROR(Agree(world, measured.status(), "profiling tensor-parallel shards"));
       shards = *std::move(measured);
     }
@@ -526,9 +582,7 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
       // each with the memory of its T ranks, and each plan position becomes a group of T
       // ranks.
       auto planned = [&]() -> absl::StatusOr<pipeline::Plan> {
-        if (tensor_parallel == 0) {
-          return AutoPlan(options, model, data, world_size, shards, limit.bytes);
-        }
+        if (measure) return AutoPlan(options, model, data, world_size, shards, limit.bytes);
         TANDEM_ASSIGN_OR_RETURN(pipeline::Plan plan,
                                 AutoPlan(options, model, data, world_size / tensor_parallel,
                                          /*shards=*/{}, limit.bytes * tensor_parallel));
@@ -816,6 +870,7 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
   if (options.elastic) {
     TANDEM_RETURN_IF_ERROR(CheckTensorParallel(options.tensor_parallel, world.size(),
                                                /*planned=*/false, "--elastic"));
+    TANDEM_RETURN_IF_ERROR(CheckExpertParallelGiven(options, "--elastic"));
     TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, options.tensor_parallel));
     TANDEM_RETURN_IF_ERROR(CheckExpertParallel(options, options.tensor_parallel));
     if (!absl::GetFlag(FLAGS_plan).empty()) {
@@ -870,6 +925,19 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
     options.sequence_parallel = false;
   }
   TANDEM_RETURN_IF_ERROR(CheckSequenceParallel(options, std::max(1, plan.tensor_parallel)));
+  // The experts' parts: the planner's choice (--expert-parallel 0) or a plan file's.
+  const bool experts_chosen = options.expert_parallel == 0;
+  if (plan.expert_parallel > 1) {
+    if (options.expert_parallel > 1 && options.expert_parallel != plan.expert_parallel) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--expert-parallel ", options.expert_parallel,
+                       " differs from the plan's expert_parallel ", plan.expert_parallel,
+                       ": drop the flag (the plan places the experts)"));
+    }
+    options.expert_parallel = plan.expert_parallel;
+  } else if (options.expert_parallel == 0) {
+    options.expert_parallel = 1;
+  }
   TANDEM_RETURN_IF_ERROR(CheckExpertParallel(options, std::max(1, plan.tensor_parallel)));
   if (rank == 0) {
     std::cout << start_line << "\n" << DescribePlan(plan);
@@ -877,8 +945,12 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       const int t = std::max(1, plan.tensor_parallel);
       std::cout << "  experts: whole on " << options.expert_parallel
                 << " parts of each tensor-parallel group, split over "
-                << t / options.expert_parallel << " rank(s) within a part (--expert-parallel "
+                << t / options.expert_parallel << " rank(s) within a part ("
+                << (plan.expert_parallel > 1 ? "the plan's" : "--expert-parallel") << " "
                 << options.expert_parallel << ")\n";
+    } else if (experts_chosen && plan.tensor_parallel > 1) {
+      std::cout << "  experts: each split over the " << plan.tensor_parallel
+                << " ranks of its tensor-parallel group (the planner's choice)\n";
     }
     std::cout << std::flush;
   }

@@ -133,7 +133,9 @@ ABSL_FLAG(int, expert_parallel, 1,
           "parts of each tensor-parallel group, T/N ranks each, which split their experts' "
           "units (Megatron-LM's expert parallelism with its all-gather dispatcher, expert "
           "tensor parallelism T/N); N must divide T and the experts; 1: every expert split "
-          "over the T ranks");
+          "over the T ranks; 0 (a planned run: no --plan, --schedule or --elastic): the shards "
+          "are profiled with the experts on every N that divides T and the experts, and the "
+          "planner chooses N with T and the partition");
 ABSL_FLAG(int, eval_every, 0,
           "train: every N iterations (and after the last) evaluate the validation loss on "
           "--eval-batches batches of --valid-data (0: never)");
@@ -327,9 +329,10 @@ absl::StatusOr<TrainOptions> TrainOptionsFromFlags(int rank, int world_size) {
   o.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   o.sequence_parallel = absl::GetFlag(FLAGS_sequence_parallel);
   o.expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
-  if (o.expert_parallel < 1) {
+  if (o.expert_parallel < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--expert-parallel must be at least 1, not ", o.expert_parallel));
+        absl::StrCat("--expert-parallel must be at least 1, or 0 for the planner's choice, not ",
+                     o.expert_parallel));
   }
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     TANDEM_ASSIGN_OR_RETURN(o.schedule, pipeline::ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));

@@ -51,6 +51,7 @@ struct TrainOptions {
   int tensor_parallel = 1;   // 0: the planner's choice
   bool sequence_parallel = false;  // --sequence-parallel (a plan may also choose it)
   int expert_parallel = 1;         // --expert-parallel: parts of a group holding the experts
+                                   // (0: the planner's choice, resolved from the plan)
   double device_memory_bytes = 0;  // --device-memory-mb per rank; 0: not given
   std::optional<pipeline::ScheduleKind> schedule;  // --schedule, when given
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -209,6 +210,46 @@ TEST(PlanCommand, SequenceParallelGpt3PlansAShorterIteration) {
   const double split = predicted("gpt3-175b-sp", true);
   EXPECT_GT(plain, 0);
   EXPECT_LT(split, 0.9 * plain);
+}
+
+// A profile whose layers were measured with a mixture's experts split over a pair of ranks
+// and placed whole on each (`expert_parallel: 2`): `tandem plan` writes the faster way into
+// the plan, and --expert-parallel fixes it.
+TEST(PlanCommand, ExpertParallelVariantsAreWeighed) {
+  const std::string profile = Temp("experts.json");
+  std::string layers;
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&layers, i > 0 ? "," : "", R"({"name": "l)", i, R"(", "forward_seconds": 1,
+        "backward_seconds": 2, "output_activation_bytes": 1, "stashed_activation_bytes": 10,
+        "parameter_bytes": 10, "tensor_parallel": [
+          {"degree": 2, "forward_seconds": 0.6, "backward_seconds": 1.2,
+           "stashed_activation_bytes": 5, "parameter_bytes": 5},
+          {"degree": 2, "expert_parallel": 2, "forward_seconds": 0.5, "backward_seconds": 1.0,
+           "stashed_activation_bytes": 5, "parameter_bytes": 5}]})");
+  }
+  WriteText(profile,
+            absl::StrCat(R"({"model": "moe", "microbatch_size": 1, "layers": [)", layers, "]}"));
+  const std::string common = absl::StrCat("plan --profile ", profile,
+                                          " --algorithm adapipe --devices 2 --devices-per-node 2 "
+                                          "--tensor-parallel 2 --microbatches 4");
+  const Outcome chosen = Tandem(common + " --format json");
+  ASSERT_EQ(chosen.exit_status, 0) << chosen.output;
+  EXPECT_EQ(nlohmann::json::parse(chosen.output)["expert_parallel"], 2) << chosen.output;
+  const Outcome text = Tandem(common);
+  EXPECT_TRUE(absl::StrContains(text.output, "2 tensor parallel (experts on 2 parts)"))
+      << text.output;
+  const Outcome fixed = Tandem(common + " --expert-parallel 1 --format json");
+  ASSERT_EQ(fixed.exit_status, 0) << fixed.output;
+  EXPECT_FALSE(nlohmann::json::parse(fixed.output).contains("expert_parallel")) << fixed.output;
+  const Outcome missing = Tandem(common + " --expert-parallel 4");
+  EXPECT_EQ(missing.exit_status, 2) << missing.output;
+  EXPECT_TRUE(absl::StrContains(missing.output, "with the experts on 4 parts")) << missing.output;
+  const Outcome piper = Tandem(absl::StrCat("plan --profile ", profile,
+                                            " --algorithm piper --devices 2 --expert-parallel 2"));
+  EXPECT_EQ(piper.exit_status, 2) << piper.output;
+  EXPECT_TRUE(absl::StrContains(piper.output, "--expert-parallel applies to --algorithm adapipe"))
+      << piper.output;
+  std::filesystem::remove(profile);
 }
 
 struct BadCase {

@@ -53,6 +53,8 @@ Profile SmallProfile() {
   variant.degree = 4;  // a sequence-parallel variant round-trips too
   variant.sequence_parallel = true;
   profile.layers[1].tensor_parallel.push_back(variant);
+  variant.expert_parallel = 2;  // and one with the experts on 2 parts of the group
+  profile.layers[1].tensor_parallel.push_back(variant);
   return profile;
 }
 
@@ -118,6 +120,19 @@ TEST(ProfileFormat, BadInputNamesFileAndField) {
          j["layers"][1]["tensor_parallel"][1]["sequence_parallel"] = false;
        },
        "layers[1].tensor_parallel[1].degree: degree 2 without sequence parallelism repeats"},
+      {"repeated experts' variant",
+       [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][1]["expert_parallel"] = 2; },
+       "layers[1].tensor_parallel[2].degree: degree 4 with sequence parallelism and experts on 2 "
+       "parts repeats"},
+      {"experts on parts that do not divide the degree",
+       [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][2]["expert_parallel"] = 3; },
+       "layers[1].tensor_parallel[2].expert_parallel: must divide the degree 4 (got 3)"},
+      {"experts on no parts",
+       [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][2]["expert_parallel"] = 0; },
+       "layers[1].tensor_parallel[2].expert_parallel: must divide the degree 4 (got 0)"},
+      {"experts' parts not a number",
+       [](nlohmann::json& j) { j["layers"][1]["tensor_parallel"][2]["expert_parallel"] = "two"; },
+       "layers[1].tensor_parallel[2].expert_parallel"},
   };
   for (const BadProfileCase& c : cases) {
     nlohmann::json j = ToJson(SmallProfile());
@@ -136,7 +151,7 @@ TEST(ProfileFormat, ADegreeMayComeWithAndWithoutSequenceParallelism) {
   j["layers"][1]["tensor_parallel"][1]["degree"] = 2;
   auto parsed = ProfileFromJson(j, "model.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_EQ(parsed->layers[1].tensor_parallel.size(), 2u);
+  ASSERT_EQ(parsed->layers[1].tensor_parallel.size(), 3u);
   EXPECT_FALSE(parsed->layers[1].tensor_parallel[0].sequence_parallel);
   EXPECT_TRUE(parsed->layers[1].tensor_parallel[1].sequence_parallel);
 }
@@ -404,6 +419,42 @@ TEST(PlanFormat, SequenceParallelRoundTripsAndNeedsTensorParallelism) {
   bad["sequence_parallel"] = "yes";
   EXPECT_TRUE(
       absl::StrContains(PlanFromJson(bad, "p.json").status().message(), "plan.sequence_parallel"))
+      << PlanFromJson(bad, "p.json").status();
+}
+
+// The experts' parts are the plan's when the planner chose more than one: written only then,
+// read back, and refused where they do not divide the tensor-parallel degree.
+TEST(PlanFormat, ExpertParallelRoundTripsAndDividesTheDegree) {
+  ScheduleSpec spec;
+  spec.num_ranks = 2;
+  spec.num_microbatches = 2;
+  auto plain = MakeUniformPlan(4, spec, 1, 1);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(ToJson(*plain).contains("expert_parallel"));
+  auto plan = WithTensorParallel(*plain, 4);
+  ASSERT_TRUE(plan.ok());
+  plan->expert_parallel = 2;
+  const nlohmann::json j = ToJson(*plan);
+  EXPECT_EQ(j["expert_parallel"], 2);
+  auto parsed = PlanFromJson(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->expert_parallel, 2);
+  EXPECT_EQ(*parsed, *plan);
+  nlohmann::json bad = j;
+  bad["expert_parallel"] = 3;
+  EXPECT_TRUE(absl::StrContains(PlanFromJson(bad, "p.json").status().message(),
+                                "p.json: plan.expert_parallel: places the experts on parts of "
+                                "tensor-parallel groups: it must divide every group's degree "
+                                "(tensor_parallel 4), got 3"))
+      << PlanFromJson(bad, "p.json").status();
+  bad = ToJson(*plain);
+  bad["expert_parallel"] = 2;  // no group to place them on
+  EXPECT_TRUE(
+      absl::StrContains(PlanFromJson(bad, "p.json").status().message(), "plan.expert_parallel"))
+      << PlanFromJson(bad, "p.json").status();
+  bad["expert_parallel"] = 0;
+  EXPECT_TRUE(
+      absl::StrContains(PlanFromJson(bad, "p.json").status().message(), "plan.expert_parallel"))
       << PlanFromJson(bad, "p.json").status();
 }
 

@@ -201,6 +201,80 @@ TEST(MakePlan, AdaPipeChoosesSequenceParallelismWhereItRecomputesLess) {
                    chosen->plan.predicted_iteration_seconds);
 }
 
+// A mixture of experts measured with its experts split over a pair of ranks and placed whole
+// on each rank of the pair (expert_parallel 2): AdaPipe takes the faster way, writes it into
+// the plan, and says so; a request that fixes the parts plans with them, faster or not, and
+// never without a group to place them on.
+TEST(MakePlan, AdaPipeChoosesWhereTheExpertsGo) {
+  auto profile_with = [](double split_seconds, double placed_seconds) {
+    pipeline::Profile profile = EightLayers();
+    for (pipeline::LayerProfile& layer : profile.layers) {
+      for (int parts : {1, 2}) {
+        pipeline::TensorParallelVariant v;
+        v.degree = 2;
+        v.expert_parallel = parts;
+        const double seconds = parts == 1 ? split_seconds : placed_seconds;
+        v.forward_seconds = seconds / 3;
+        v.backward_seconds = 2 * seconds / 3;
+        v.stashed_activation_bytes = 5;
+        v.parameter_bytes = 5;
+        layer.tensor_parallel.push_back(v);
+      }
+    }
+    return profile;
+  };
+  PlanRequest request = Request(Algorithm::kAdaPipe, 2);
+  request.tensor_parallel = 2;
+  request.microbatches = 4;
+  // Placed whole: 1.2 s a layer against 1.5 s split.
+  request.profile = profile_with(1.5, 1.2);
+  auto placed = MakePlan(request);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->plan.tensor_parallel, 2);
+  EXPECT_EQ(placed->plan.expert_parallel, 2);
+  EXPECT_TRUE(absl::StrContains(placed->summary, "2 tensor parallel (experts on 2 parts)"))
+      << placed->summary;
+  EXPECT_TRUE(pipeline::ValidatePlan(placed->plan, 2, 8).ok());
+  auto round_trip = pipeline::PlanFromJson(pipeline::ToJson(placed->plan));
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status();
+  EXPECT_EQ(round_trip->expert_parallel, 2);
+  // Split: 1.2 s against 1.5 s placed.
+  request.profile = profile_with(1.2, 1.5);
+  auto split = MakePlan(request);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->plan.expert_parallel, 1);
+  EXPECT_FALSE(absl::StrContains(split->summary, "experts on")) << split->summary;
+  EXPECT_GT(placed->plan.predicted_iteration_seconds, 0);
+  EXPECT_NEAR(split->plan.predicted_iteration_seconds, placed->plan.predicted_iteration_seconds,
+              1e-9 * placed->plan.predicted_iteration_seconds);
+  // A tie keeps the experts split.
+  request.profile = profile_with(1.2, 1.2);
+  auto tie = MakePlan(request);
+  ASSERT_TRUE(tie.ok()) << tie.status();
+  EXPECT_EQ(tie->plan.expert_parallel, 1);
+  // Fixed at 2: the slower placement is planned, with a group of 2 even where the degree is
+  // the planner's to choose (without a group the experts have nowhere to go).
+  request.expert_parallel = 2;
+  request.profile = profile_with(1.2, 1.5);
+  for (int degree : {2, 0}) {
+    request.tensor_parallel = degree;
+    auto fixed = MakePlan(request);
+    ASSERT_TRUE(fixed.ok()) << fixed.status();
+    EXPECT_EQ(fixed->plan.expert_parallel, 2) << degree;
+    EXPECT_EQ(fixed->plan.tensor_parallel, 2) << degree;
+    EXPECT_GT(fixed->plan.predicted_iteration_seconds, split->plan.predicted_iteration_seconds);
+  }
+  // Fixed at a number of parts the profile has no variant of: the error names it.
+  request.tensor_parallel = 2;
+  request.expert_parallel = 4;
+  auto missing = MakePlan(request);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(),
+                                "has no tensor-parallel variant of degree 2 with the experts on 4 "
+                                "parts"))
+      << missing.status();
+}
+
 TEST(MakePlan, AdaPipeRecomputesLessThanItsBaselineWithinTheBudget) {
   constexpr double kBudget = 100.0 * (1 << 20);
   PlanRequest request;

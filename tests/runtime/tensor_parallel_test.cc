@@ -458,13 +458,123 @@ TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
       {" --experts 3 --expert-parallel 2",
        "--expert-parallel 2 does not divide the model's 3 experts"},
       {" --expert-parallel 2", "--expert-parallel places experts: it needs a model with experts"},
-      {" --experts 4 --expert-parallel 0", "--expert-parallel must be at least 1, not 0"}};
+      {" --expert-parallel 0", "--expert-parallel places experts: it needs a model with experts"},
+      {" --experts 4 --expert-parallel -1",
+       "--expert-parallel must be at least 1, or 0 for the planner's choice, not -1"},
+      {" --experts 4 --expert-parallel 0",
+       "--expert-parallel 0 (the planner's choice) does not go with --schedule: give N"}};
   for (const auto& [flags, message] : cases) {
     Outcome o = RunCommand(absl::StrCat(mpirun, g_tandem, llama, flags));
     EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
     EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
   }
+  // The GPT has no experts either.
+  Outcome gpt = RunCommand(Train(2, 2, "--tensor-parallel 2 --expert-parallel 0", log));
+  EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
+  EXPECT_NE(gpt.output.find("--expert-parallel places experts: gpt has none"), std::string::npos)
+      << gpt.output;
   std::filesystem::remove(log);
+}
+
+// A small Mixtral (4 experts, 2 a token) for the planner's choice of the experts' parts.
+std::string SmallMixtral(const std::string& log) {
+  return absl::StrCat(
+      g_tandem,
+      " train --model llama --experts 4 --experts-per-token 2 --layers 2 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --steps 3 --seed ",
+      kSeed, " --log-json ", log);
+}
+
+// The losses of `got_log` against the one-process run's of 8 micro-batches of 1.
+void ExpectMixtralOneProcessLosses(const std::string& got_log) {
+  const std::string one_log = TempPath("experts_one.jsonl");
+  const Outcome one = RunCommand(
+      absl::StrCat(SmallMixtral(one_log), " --schedule 1f1b --stages 1 --microbatches 8"));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  const auto want = tandem::testing::ReadLogIterations(one_log);
+  const auto got = tandem::testing::ReadLogIterations(got_log);
+  ASSERT_EQ(want.size(), 3u) << one.output;
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double a = got[i]["loss"].get<double>(), b = want[i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 1;
+  }
+  EXPECT_NE(want.front()["loss"].get<double>(), want.back()["loss"].get<double>());
+  std::filesystem::remove(one_log);
+}
+
+// "NAME measured: forward + backward X ms ..." -> X, or -1 when the line is missing.
+double MeasuredMilliseconds(const std::string& output, const std::string& name) {
+  const std::string prefix = name + " measured: forward + backward ";
+  const size_t at = output.find(prefix);
+  if (at == std::string::npos) return -1;
+  return std::strtod(output.c_str() + at + prefix.size(), nullptr);
+}
+
+// --expert-parallel 0 with a given degree: a Mixtral's shards are measured with the experts
+// split over the pair and placed whole on each of its ranks, the planner takes the faster (the
+// run says which), and the run trains to the one-process losses.
+TEST(TensorParallelTest, PlannerChoosesWhereTheExpertsGoFromMeasuredShards) {
+  const std::string log = TempPath("experts_chosen.jsonl");
+  const Outcome o = RunCommand(
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
+                   SmallMixtral(log), " --tensor-parallel 2 --expert-parallel 0"));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  const double split = MeasuredMilliseconds(o.output, "tensor parallelism 2");
+  const double placed = MeasuredMilliseconds(o.output, "tensor parallelism 2 (experts on 2 parts)");
+  ASSERT_GT(split, 0) << o.output;
+  ASSERT_GT(placed, 0) << o.output;
+  EXPECT_NE(o.output.find("x 2 tensor-parallel (2 ranks), 8 micro-batches of 1"), std::string::npos)
+      << o.output;
+  // One stage of the pair: the plan's time is the measured one, so the faster way wins.
+  const bool placed_chosen =
+      o.output.find(
+          "experts: whole on 2 parts of each tensor-parallel group, split over 1 "
+          "rank(s) within a part (the plan's 2)") != std::string::npos;
+  const bool split_chosen =
+      o.output.find(
+          "experts: each split over the 2 ranks of its "
+          "tensor-parallel group (the planner's choice)") != std::string::npos;
+  EXPECT_NE(placed_chosen, split_chosen) << o.output;
+  if (placed != split) EXPECT_EQ(placed_chosen, placed < split) << o.output;
+  ExpectMixtralOneProcessLosses(log);
+  std::filesystem::remove(log);
+}
+
+// A plan file that places the experts (`expert_parallel: 2`, as the planner writes it) runs
+// with them placed and trains to the one-process losses; a flag that says otherwise is refused.
+TEST(TensorParallelTest, APlanThatPlacesTheExpertsRunsWithThem) {
+  tandem::pipeline::ScheduleSpec spec;
+  spec.kind = tandem::pipeline::ScheduleKind::k1F1B;
+  spec.num_ranks = 1;
+  spec.num_microbatches = 8;
+  auto plain = tandem::pipeline::MakeUniformPlan(4, spec, 1, 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto plan = tandem::pipeline::WithTensorParallel(*plain, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan->expert_parallel = 2;
+  const std::string path = TempPath("experts_plan.json");
+  ASSERT_TRUE(tandem::pipeline::WritePlanFile(*plan, path).ok());
+  const std::string log = TempPath("experts_plan.jsonl");
+  const std::string run =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ",
+                   SmallMixtral(log), " --plan ", path);
+  Outcome o = RunCommand(run);
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("experts: whole on 2 parts of each tensor-parallel group, split over "
+                          "1 rank(s) within a part (the plan's 2)"),
+            std::string::npos)
+      << o.output;
+  ExpectMixtralOneProcessLosses(log);
+  std::filesystem::remove(log);
+  o = RunCommand(run + " --expert-parallel 4");
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("--expert-parallel 4 differs from the plan's expert_parallel 2"),
+            std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.output.find("iter "), std::string::npos) << o.output;
+  std::filesystem::remove(log);
+  std::filesystem::remove(path);
 }
 
 // Recomputed layers run their gathers and reduce-scatters again in the backward pass, in the
