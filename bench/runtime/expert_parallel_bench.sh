@@ -4,7 +4,9 @@
 # fine-grained mixture as Qwen2-MoE's and DeepSeek's)
 # on one rank, on 2 ranks with every expert split over them (expert tensor parallelism), and
 # on 2 ranks each holding 4 experts whole (--expert-parallel 2), with and without sequence
-# parallelism; with FOUR=1 also 4 ranks (TP 4; EP 2 x ETP 2; EP 4). The ratio column is
+# parallelism; then the planner's choice (--expert-parallel 0: the shards measured both ways,
+# AdaPipe takes the faster; the lines after the table say what was measured and chosen); with
+# FOUR=1 also 4 ranks (TP 4; EP 2 x ETP 2; EP 4; the planner's choice). The ratio column is
 # tokens/s over the first row's, measured side by side in one sitting (compare ratios on a
 # noisy machine). Each row is the command as a user runs it, end to end; tokens/s and the time
 # per iteration are the run's own "trained ..." line, over the steps after the first.
@@ -25,12 +27,15 @@ model=(--model llama --experts "$experts" --experts-per-token "$topk" --layers 2
        --heads 8 --kv-heads 4 --intermediate "$units" --seq-len 128 --vocab 256 --global-batch 8
        --steps "${STEPS:-6}" --seed 1 --optimizer adamw --lr 1e-3 --moe-aux-loss-coef 0.01)
 base=""
+last_output=""
+choices=()
 
 run() {  # ranks label flags...
   local ranks=$1 label=$2
   shift 2
   local output line tokens ms ratio loss
   output=$(mpirun -np "$ranks" --bind-to none "$bin" train "${model[@]}" "$@" 2>&1 || true)
+  last_output=$output
   line=$(echo "$output" | grep "^trained" || true)
   tokens=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
   ms=$(echo "$line" | sed -n 's/.* \([0-9.]*\) ms per iteration.*/\1/p')
@@ -51,8 +56,20 @@ run 2 "TP 2 (experts split)" "${one[@]}" --tensor-parallel 2
 run 2 "TP 2, EP 2 ($((experts / 2)) whole each)" "${one[@]}" --tensor-parallel 2 --expert-parallel 2
 run 2 "TP 2 + SP (experts split)" "${one[@]}" --tensor-parallel 2 --sequence-parallel
 run 2 "TP 2 + SP, EP 2" "${one[@]}" --tensor-parallel 2 --sequence-parallel --expert-parallel 2
+# The planner's choice: a planned run (no --schedule) of the same 4 micro-batches of 2.
+chosen() {  # ranks tensor-parallel
+  run "$1" "TP $2, EP chosen (planner)" --microbatch-size 2 --tensor-parallel "$2" \
+    --expert-parallel 0
+  choices+=("$(echo "$last_output" | grep -E "measured: forward|^  experts:" || true)")
+}
+chosen 2 2
 if [[ "${FOUR:-0}" == 1 ]]; then
   run 4 "TP 4 (experts split)" "${one[@]}" --tensor-parallel 4
   run 4 "TP 4, EP 2 x ETP 2" "${one[@]}" --tensor-parallel 4 --expert-parallel 2
   run 4 "TP 4, EP 4 ($((experts / 4)) whole each)" "${one[@]}" --tensor-parallel 4 --expert-parallel 4
+  chosen 4 4
 fi
+for choice in "${choices[@]}"; do
+  echo
+  echo "$choice"
+done
