@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, init_from, "",
           "llama, gpt2: a Hugging Face model folder to start from (config.json with "
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
-          "granitemoe and phi3): "
+          "granitemoe, phi3 and olmo): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "

@@ -96,7 +96,7 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
     }
   }
   const std::string head = absl::StrCat("layers.", config.layers + 1, ".");
-  add(head + "norm.weight", {h});
+  if (!config.LayerNormWithoutParameters()) add(head + "norm.weight", {h});
   layout.tied_copies = CopiesOf(LlamaTiedWeights(config));
   if (layout.tied_copies.count(head + "lm_head.weight") == 0) {
     add(head + "lm_head.weight", {config.vocab, h});
@@ -409,7 +409,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"embedding-mult", &config.embedding_multiplier},
       {"residual-mult", &config.residual_multiplier},
       {"attention-mult", &config.attention_multiplier},
-      {"logits-scaling", &config.logits_scaling}};
+      {"logits-scaling", &config.logits_scaling},
+      {"clip-qkv", &config.clip_qkv}};
   const std::map<std::string, std::pair<bool*, bool>> words = {
       {"tied", {&config.tie_word_embeddings, true}},
       {"attention-bias", {&config.attention_bias, true}},
@@ -515,6 +516,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "granite"    ? "GraniteForCausalLM"
                                    : config.model_type == "granitemoe" ? "GraniteMoeForCausalLM"
                                    : config.model_type == "phi3"       ? "Phi3ForCausalLM"
+                                   : config.model_type == "olmo"       ? "OlmoForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -604,6 +606,14 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["original_max_position_embeddings"] = config.max_position_embeddings;
     json["resid_pdrop"] = 0.0;
     json["embd_pdrop"] = 0.0;
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
+  } else if (config.model_type == "olmo") {
+    // OlmoConfig: no MLP biases, no norm epsilon (fixed), head_dim hidden / heads, clip_qkv,
+    // and an absent pad_token_id would read as 1.
+    json.erase("mlp_bias");
+    json.erase("rms_norm_eps");
+    json.erase("head_dim");
+    json["clip_qkv"] = config.clip_qkv > 0 ? Json(config.clip_qkv) : Json(nullptr);
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no

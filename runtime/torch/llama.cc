@@ -42,19 +42,25 @@ bool Fused(const LlamaConfig& config) {
 // transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, times the weight. With
 // `offset` Gemma's: times 1 + the weight (zero-initialised) in float32, rounded to x's type
 // after the product.
+//
+// Without `parameters` OLMo's instead: a layer norm (mean subtracted) without weight or bias,
+// in float32, rounded to x's type; `weight` is then undefined.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t size, double eps, bool offset = false)
-      : size_(size), eps_(eps), offset_(offset) {
+  RmsNormImpl(int64_t size, double eps, bool offset = false, bool parameters = true)
+      : size_(size), eps_(eps), offset_(offset), has_weight_(parameters) {
     reset();
   }
   void reset() override {
+    if (!has_weight_) return;
     weight = register_parameter("weight", offset_ ? torch::zeros({size_}) : torch::ones({size_}));
   }
   torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight); }
-  // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it).
+  // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it; none
+  // without parameters).
   torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale) const {
     const torch::Tensor h = x.to(torch::kFloat);
+    if (!has_weight_) return torch::layer_norm(h, {size_}, {}, {}, eps_).to(x.scalar_type());
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
     if (offset_) {
       return (h * torch::rsqrt(variance + eps_) * (1.0 + scale.to(torch::kFloat)))
@@ -63,17 +69,25 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
     return scale * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
   }
   double eps() const { return eps_; }
+  bool has_weight() const { return has_weight_; }
   torch::Tensor weight;
 
  private:
   int64_t size_;
   double eps_;
   bool offset_;
+  bool has_weight_;
 };
 TORCH_MODULE(RmsNorm);
 
 RmsNorm MakeNorm(const LlamaConfig& config) {
-  return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma());
+  return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma(),
+                 /*parameters=*/!config.LayerNormWithoutParameters());
+}
+
+// OLMo's clip_qkv on a query, key or value product; the product itself without it.
+torch::Tensor ClipQkv(const torch::Tensor& product, double clip) {
+  return clip > 0 ? product.clamp(-clip, clip) : product;
 }
 
 // Gemma 2's soft cap: c * tanh(x / c), or x for c = 0.
@@ -291,6 +305,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
         products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
       }
     }
+    for (torch::Tensor& product : products) product = ClipQkv(product, config_.clip_qkv);
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
       return product.view({batch, length, count, head_dim}).transpose(1, 2);
     };
@@ -323,7 +338,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
     const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
     const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
-      return DeferrableLinear(x, linear->weight, linear->bias)
+      return ClipQkv(DeferrableLinear(x, linear->weight, linear->bias), config_.clip_qkv)
           .view({batch, length, count, head_dim})
           .transpose(1, 2);
     };
@@ -665,7 +680,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
     if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma() &&
-        config_.residual_multiplier == 1.0) {
+        !config_.LayerNormWithoutParameters() && config_.residual_multiplier == 1.0) {
       // The norms write the products' type in the pass that reads their input; the
       // attention's residual add is the second norm's first step (fused_layer_norm.h).
       const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
@@ -686,18 +701,26 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   // parameters applied to this rank's tokens only have their gradients summed over the group.
   torch::Tensor ForwardSequenceParallel(torch::Tensor x) {
     const bool sandwich = config_.SandwichNorms();
-    std::vector<torch::Tensor> whole = {input_layernorm->weight,
-                                        post_attention_layernorm->weight};
-    if (sandwich) {
-      whole.push_back(pre_feedforward_layernorm->weight);
-      whole.push_back(post_feedforward_layernorm->weight);
+    // OLMo's norms hold no weights: none to share.
+    const bool norm_weights = input_layernorm->has_weight();
+    std::vector<torch::Tensor> whole;
+    if (norm_weights) {
+      whole = {input_layernorm->weight, post_attention_layernorm->weight};
+      if (sandwich) {
+        whole.push_back(pre_feedforward_layernorm->weight);
+        whole.push_back(post_feedforward_layernorm->weight);
+      }
     }
     const bool attention_bias = self_attn->o_proj->bias.defined();
     const bool mlp_bias = !sparse_ && mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
-    const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
-    size_t next_bias = sandwich ? 4 : 2;
+    const std::vector<torch::Tensor> shared =
+        whole.empty() ? std::vector<torch::Tensor>{} : SharedOverTheSequence(whole, tp_);
+    size_t next_bias = !norm_weights ? 0 : sandwich ? 4 : 2;
+    // Norm n's weight as the group shares it (n: 0 input, 1 post-attention, 2 and 3 Gemma 2's
+    // feedforward norms); none for OLMo's.
+    const auto norm_weight = [&](size_t n) { return norm_weights ? shared[n] : torch::Tensor(); };
     const torch::Tensor o_bias = attention_bias ? shared[next_bias++] : torch::Tensor();
     const torch::Tensor down_bias = mlp_bias ? shared[next_bias++] : torch::Tensor();
     const auto with_bias = [](const torch::Tensor& y, const torch::Tensor& bias) {
@@ -705,7 +728,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     };
 
     // This rank's tokens, normalised: the products gather them.
-    const torch::Tensor normed = input_layernorm->Normalize(x, shared[0]);
+    const torch::Tensor normed = input_layernorm->Normalize(x, norm_weight(0));
     const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
     const torch::Tensor attended = self_attn->Attend(normed, cos, sin, /*sequence_split=*/true);
     torch::Tensor attention =
@@ -713,10 +736,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                       DeferrableLinear(attended, self_attn->o_proj->weight, {}), tp_),
                   o_bias);
     // Gemma 2 normalises the attention's output (this rank's tokens) before the residual add.
-    if (sandwich) attention = post_attention_layernorm->Normalize(attention, shared[1]);
+    if (sandwich) attention = post_attention_layernorm->Normalize(attention, norm_weight(1));
     x = x + Residual(attention);
-    const torch::Tensor normed_x = sandwich ? pre_feedforward_layernorm->Normalize(x, shared[2])
-                                            : post_attention_layernorm->Normalize(x, shared[1]);
+    const torch::Tensor normed_x = sandwich
+                                       ? pre_feedforward_layernorm->Normalize(x, norm_weight(2))
+                                       : post_attention_layernorm->Normalize(x, norm_weight(1));
     // The experts gather this rank's tokens and reduce-scatter their sum themselves.
     torch::Tensor output =
         sparse_ ? moe(normed_x)
@@ -725,7 +749,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                                                  mlp->down_proj->weight, {}),
                                 tp_),
                             down_bias);
-    if (sandwich) output = post_feedforward_layernorm->Normalize(output, shared[3]);
+    if (sandwich) output = post_feedforward_layernorm->Normalize(output, norm_weight(3));
     return x + Residual(output);
   }
 
@@ -822,7 +846,9 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
     const double cap = config_.final_logit_softcapping;
     const torch::Tensor logits =
         tp_.sequence_split()
-            ? lm_head(norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0]))
+            ? lm_head(norm->Normalize(x, norm->has_weight()
+                                             ? SharedOverTheSequence({norm->weight}, tp_)[0]
+                                             : torch::Tensor()))
             : lm_head(norm(x));
     return SoftCap(config_.logits_scaling == 1.0 ? logits : logits / config_.logits_scaling, cap);
   }
@@ -871,6 +897,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   }
   if (model_type == "phi3") {
     return {32064, 3072, 8192, 32, 32, 0, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
+  if (model_type == "olmo") {
+    return {50304, 4096, 11008, 32, 32, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
@@ -973,7 +1002,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     parameters.emplace_back(std::move(name), std::move(shape));
   };
-  add("input_layernorm.weight", {h});
+  const bool norms = !config.LayerNormWithoutParameters();  // OLMo's hold none
+  if (norms) add("input_layernorm.weight", {h});
   const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
       {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
   for (const auto& [projection, out_in] : attention) {
@@ -982,7 +1012,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
         absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
     if (bias) add(absl::StrCat("self_attn.", projection, ".bias"), {out_in.first});
   }
-  add("post_attention_layernorm.weight", {h});
+  if (norms) add("post_attention_layernorm.weight", {h});
   if (config.SandwichNorms()) {
     add("pre_feedforward_layernorm.weight", {h});
     add("post_feedforward_layernorm.weight", {h});
@@ -1069,7 +1099,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "granitemoe", "phi3"}) {
+                            "granite", "granitemoe", "phi3", "olmo"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1089,6 +1119,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool mixtral = config.model_type == "mixtral";
   const bool granite = config.Granite(), granitemoe = config.model_type == "granitemoe";
   const bool phi3 = config.model_type == "phi3";
+  const bool olmo = config.model_type == "olmo";
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1109,9 +1140,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_key_value_heads", where));
   }
   config.head_dim = defaults.head_dim;
-  // Qwen2's, Mixtral's, Granite's and Phi-3's attention take hidden / heads whatever the file
-  // says.
-  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3) {
+  // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
+  // file says.
+  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -1206,6 +1237,18 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           "config.json: attention_multiplier must be positive, got ", config.attention_multiplier));
     }
   }
+  if (olmo) {
+    // OlmoLayerNorm's epsilon is fixed (OlmoConfig has no rms_norm_eps).
+    config.rms_norm_eps = 1e-5;
+    if (!json.contains("pad_token_id")) config.pad_token_id = 1;  // OlmoConfig's default
+    if (IsSet(json, "clip_qkv")) {
+      TANDEM_ASSIGN_OR_RETURN(config.clip_qkv, GetNumber(json, "clip_qkv", where));
+      if (!(config.clip_qkv > 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.json: clip_qkv must be positive or null, got ", config.clip_qkv));
+      }
+    }
+  }
   if (phi3) {
     if (!json.contains("pad_token_id")) config.pad_token_id = 32000;  // Phi3Config's default
     if (IsSet(json, "rope_scaling")) {
@@ -1236,7 +1279,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                                // have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
-    if (!gemma) {  // Gemma's MLP has no biases
+    if (!gemma && !olmo) {  // Gemma's and OLMo's MLPs have no biases
       TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
     }
   }
@@ -1448,6 +1491,10 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
           absl::StrCat("llama: ", field, " must be positive, got ", value));
     }
   }
+  if (!(config.clip_qkv >= 0) || !std::isfinite(config.clip_qkv)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: clip_qkv must be positive (or 0: none), got ", config.clip_qkv));
+  }
   if (!(config.attention_multiplier >= 0) || !std::isfinite(config.attention_multiplier)) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: attention_multiplier must be positive (or 0: none), got ",
@@ -1561,6 +1608,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.logits_scaling != 1.0) {
     absl::StrAppend(&text, " logits-scaling=", config.logits_scaling);
   }
+  if (config.clip_qkv > 0) absl::StrAppend(&text, " clip-qkv=", config.clip_qkv);
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }

@@ -174,6 +174,9 @@ struct LlamaConfig {
   double residual_multiplier = 1.0;
   double attention_multiplier = 0.0;
   double logits_scaling = 1.0;
+  // OLMo's clip_qkv: the query, key and value products are clamped to [-c, c] before the
+  // heads are formed; 0: none.
+  double clip_qkv = 0.0;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -189,6 +192,9 @@ struct LlamaConfig {
   bool FusedExperts() const { return model_type == "granitemoe"; }
   // Granite's multipliers apply (GraniteForCausalLM, GraniteMoeForCausalLM).
   bool Granite() const { return model_type == "granite" || model_type == "granitemoe"; }
+  // OLMo's norms (OlmoLayerNorm): a layer norm without weight or bias (the mean subtracted,
+  // then divided by the deviation, eps 1e-5) in float32; they hold no parameters.
+  bool LayerNormWithoutParameters() const { return model_type == "olmo"; }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -208,7 +214,7 @@ struct LlamaConfig {
 
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
-    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe and phi3";
+    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3 and olmo";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class

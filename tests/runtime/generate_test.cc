@@ -187,6 +187,15 @@ std::vector<ModelCase> ModelCases() {
          c.logits_scaling = 4.0;
          return FrozenLlama(c);
        }},
+      // OLMo's weightless layer norms and clamped query, key and value products in the
+      // incremental forward (the cache keeps the clamped keys and values).
+      {"olmo",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "olmo";
+         c.clip_qkv = 0.5;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -370,7 +379,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 17u);
+  ASSERT_EQ(cases->size(), 18u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -548,6 +548,24 @@ TEST(HfModelsSensitivityTest, WrongRopeOrWeightsAreFarFromTransformers) {
   EXPECT_GT(Compare(as_llama, {0, 4}).logits, 1000 * kOutputTolerance);
 }
 
+// OLMo: layer norms (the mean subtracted) that hold no weights, and the query, key and value
+// products clamped; without the clamp the logits are far from transformers'.
+TEST_P(HfModelsTest, OlmoWithClippedProductsAndParameterFreeNormsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("olmo_clip", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  const HfCase unclipped =
+      LlamaCase("olmo_clip", GetParam(), [](LlamaConfig& config) { config.clip_qkv = 0; });
+  EXPECT_GT(Compare(unclipped, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
+TEST_P(HfModelsTest, TiedOlmoEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("olmo_tied", GetParam());
+  ASSERT_EQ(c.tied.parameters.size(), 1u);
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -557,8 +575,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "qwen2_tied", "gemma_tied", "gemma2_softcap", "mistral_short_window", "gemma2_short_window",
         "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
-        "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "gpt2",
-        "gpt2_untied_variants"}) {
+        "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
+        "olmo_tied", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1101,6 +1119,39 @@ TEST(LlamaConfigTest, ReadsGemmaConfigsAsTheirFamiliesDefineThem) {
   EXPECT_EQ(names.count("layers.1.pre_feedforward_layernorm.weight"), 1u);
   EXPECT_EQ(names.count("layers.2.post_feedforward_layernorm.weight"), 1u);
   EXPECT_EQ(names.count("layers.1.mlp.down_proj.bias"), 0u);
+}
+
+// OLMo 7B's config.json (allenai/OLMo-7B-0424-hf): OlmoConfig's fields, its fixed norm epsilon
+// (a file's rms_norm_eps is not read), head_dim hidden / heads, no MLP biases, and OlmoConfig's
+// defaults for what is absent (padding row 1, 50304 tokens).
+TEST(LlamaConfigTest, ReadsOlmoConfigsAsOlmoConfigDefinesThem) {
+  const Json olmo = Json::parse(R"({
+    "architectures": ["OlmoForCausalLM"], "model_type": "olmo", "hidden_size": 4096,
+    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+    "attention_bias": false, "clip_qkv": 8.0, "pad_token_id": 1, "eos_token_id": 50279,
+    "tie_word_embeddings": false, "vocab_size": 50304, "rms_norm_eps": 1e-6, "head_dim": 64,
+    "mlp_bias": true})");
+  auto config = LlamaConfigFromJson(olmo);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->clip_qkv, 8.0);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_FALSE(config->mlp_bias);
+  EXPECT_TRUE(config->LayerNormWithoutParameters());
+  EXPECT_EQ(config->pad_token_id.value_or(-1), 1);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=4096 A=32 KV=32 I=11008 S=32 V=50304 rope=10000 clip-qkv=8 "
+            "family=olmo");
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "olmo", "hidden_size": 64,
+      "num_attention_heads": 4, "clip_qkv": null})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->clip_qkv, 0.0);
+  EXPECT_EQ(config->vocab, 50304);
+  EXPECT_EQ(config->pad_token_id.value_or(-1), 1);
+  Json bad = olmo;
+  bad["clip_qkv"] = -1.0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "clip_qkv must be positive or null, got -1");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

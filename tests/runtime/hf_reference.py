@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3 and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -24,7 +24,8 @@ from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoForCausalLM,
+                          Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -139,6 +140,12 @@ CASES = {
                                         intermediate_size=16, embedding_multiplier=2.0,
                                         residual_multiplier=0.7, attention_multiplier=0.3,
                                         logits_scaling=3.0),
+    # OLMo: layer norms without weights, the query, key and value products clamped to
+    # [-0.3, 0.3] (about a third of them here), biases, padding row 3.
+    "olmo_clip": lambda: llama(OlmoConfig, OlmoForCausalLM, clip_qkv=0.3, attention_bias=True,
+                               pad_token_id=3),
+    # OLMo tied, grouped-query attention, no clipping, OlmoConfig's padding row 1.
+    "olmo_tied": lambda: llama(OlmoConfig, OlmoForCausalLM, tie_word_embeddings=True),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(12, SmallLlama());
+  std::vector<LlamaConfig> llamas(13, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -431,6 +431,9 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[10].logits_scaling = 16;
   llamas[11].model_type = "phi3";
   llamas[11].sliding_window = 2047;
+  llamas[12].model_type = "olmo";
+  llamas[12].clip_qkv = 8;
+  llamas[12].attention_bias = true;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -751,7 +754,11 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         ImportCase{"granitemoe", "llama"}, ImportCase{"granitemoe", "llama", /*ranks=*/2},
         ImportCase{"granitemoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"granitemoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --expert-parallel 2"}}) {
+                   " --expert-parallel 2"},
+        // OLMo's weightless layer norms and clamped q/k/v: whole, on two stages, and split over
+        // two ranks with sequence parallelism (no norm weight to share).
+        ImportCase{"olmo", "llama"}, ImportCase{"olmo", "llama", /*ranks=*/2},
+        ImportCase{"olmo", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -913,6 +920,9 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // description (experts and multipliers).
         ExportCase{"granitemoe_init", 2,
                    absl::StrCat(" --model llama --init-from ", Case("granitemoe")), ""},
+        // OLMo on two stages: no norm weights written, its config.json (clip_qkv, biases) from
+        // the description.
+        ExportCase{"olmo_init", 2, absl::StrCat(" --model llama --init-from ", Case("olmo")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -970,8 +980,15 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
                         c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
                         c.name == "granite_init" || c.name == "phi3_init" ||
-                        c.name == "granitemoe_init";
+                        c.name == "granitemoe_init" || c.name == "olmo_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
+    // OLMo's norms hold no weights: none written (a Llama's are).
+    if (c.name == "olmo_init" || c.name == "granite_init") {
+      const bool olmo = c.name == "olmo_init";
+      EXPECT_EQ(written.count("model.norm.weight"), olmo ? 0u : 1u);
+      EXPECT_EQ(written.count("model.layers.1.input_layernorm.weight"), olmo ? 0u : 1u);
+      EXPECT_EQ(written.count("model.layers.0.post_attention_layernorm.weight"), olmo ? 0u : 1u);
+    }
 
     // transformers loads it without a word and computes tandem's loss.
     const HfLoad hf = TransformersLoss(out, scratch / "held_out.safetensors");
@@ -1024,6 +1041,14 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*granitemoe)["architectures"][0], "GraniteMoeForCausalLM");
   EXPECT_EQ((*granitemoe)["num_local_experts"], 4);
   EXPECT_EQ((*granitemoe)["logits_scaling"], 3.0);
+  auto olmo = ReadJsonFile(scratch / "olmo_init_hf/config.json");
+  ASSERT_TRUE(olmo.ok()) << olmo.status();
+  EXPECT_EQ((*olmo)["architectures"][0], "OlmoForCausalLM");
+  EXPECT_EQ((*olmo)["clip_qkv"], 0.3);
+  // The description holds no padding row (as for Phi-3 and Gemma): none, not OlmoConfig's 1.
+  EXPECT_TRUE((*olmo)["pad_token_id"].is_null());
+  EXPECT_EQ((*olmo)["attention_bias"], true);
+  EXPECT_FALSE(olmo->contains("rms_norm_eps"));
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1045,7 +1070,7 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2}, ImportCase{"granite", "llama"},
         ImportCase{"phi3", "llama", /*ranks=*/2}, ImportCase{"phi3_longrope", "llama"},
-        ImportCase{"granitemoe", "llama", /*ranks=*/2}}) {
+        ImportCase{"granitemoe", "llama", /*ranks=*/2}, ImportCase{"olmo", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
