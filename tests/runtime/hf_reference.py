@@ -141,7 +141,7 @@ CASES = {
                                         residual_multiplier=0.7, attention_multiplier=0.3,
                                         logits_scaling=3.0),
     # OLMo: layer norms without weights, the query, key and value products clamped to
-    # [-0.3, 0.3] (about a third of them here), biases, padding row 3.
+    # [-0.3, 0.3] (about three in five of them here), biases, padding row 3.
     "olmo_clip": lambda: llama(OlmoConfig, OlmoForCausalLM, clip_qkv=0.3, attention_bias=True,
                                pad_token_id=3),
     # OLMo tied, grouped-query attention, no clipping, OlmoConfig's padding row 1.
