@@ -240,7 +240,7 @@ CommandInfo GenerateCommand() {
         "    [--stop-token IDS|none] [--kv-cache=false] [--device cpu|cuda|cuda:N]\n"
         "    [--hf-config config.json]\n\n"
         "Loads a gpt, gpt2 or llama (mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite,\n"
-        "granitemoe, phi3, olmo) model whole on one device: a checkpoint `tandem train` wrote (its manifest names\n"
+        "granitemoe, phi3, olmo, olmoe) model whole on one device: a checkpoint `tandem train` wrote (its manifest names\n"
         "the model; --hf-config gives the config.json a llama or gpt2 was trained from, for what\n"
         "the name lacks) or a Hugging Face folder (config.json and safetensors; its\n"
         "tokenizer.json serves --prompt without --tokenizer).\n"

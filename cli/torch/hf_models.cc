@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, init_from, "",
           "llama, gpt2: a Hugging Face model folder to start from (config.json with "
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
-          "granitemoe, phi3 and olmo): "
+          "granitemoe, phi3, olmo and olmoe): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
@@ -48,7 +48,8 @@ ABSL_FLAG(int, experts, 0,
           "(the model is then transformers' MixtralForCausalLM): this many experts of "
           "--intermediate units each; 0: a dense MLP");
 ABSL_FLAG(double, moe_aux_loss_coef, 0,
-          "llama with experts (--experts, or a mixtral, qwen2_moe or granitemoe config.json): "
+          "llama with experts (--experts, or a mixtral, qwen2_moe, granitemoe or olmoe "
+          "config.json): "
           "each sparse "
           "block's load-balancing loss (transformers' load_balancing_loss_func of its router) "
           "times this joins the gradients, as Megatron-LM's --moe-aux-loss-coeff (which is this "
@@ -176,7 +177,7 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   if (expert_parallel != 1 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--expert-parallel places experts: it needs a model with experts (--experts, or a "
-        "mixtral, qwen2_moe or granitemoe config.json)");
+        "mixtral, qwen2_moe, granitemoe or olmoe config.json)");
   }
   if (expert_parallel > 1 && config.experts % expert_parallel != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--expert-parallel ", expert_parallel,
@@ -185,8 +186,8 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   }
   if (config.router_aux_loss_coef != 0 && !config.Moe()) {
     return absl::InvalidArgumentError(
-        "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral, qwen2_moe or "
-        "granitemoe config.json)");
+        "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral, qwen2_moe, "
+        "granitemoe or olmoe config.json)");
   }
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));

@@ -517,6 +517,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "granitemoe" ? "GraniteMoeForCausalLM"
                                    : config.model_type == "phi3"       ? "Phi3ForCausalLM"
                                    : config.model_type == "olmo"       ? "OlmoForCausalLM"
+                                   : config.model_type == "olmoe"      ? "OlmoeForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -615,6 +616,17 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json.erase("head_dim");
     json["clip_qkv"] = config.clip_qkv > 0 ? Json(config.clip_qkv) : Json(nullptr);
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
+  } else if (config.model_type == "olmoe") {
+    // OlmoeConfig: OLMo's fields with RMSNorms (their epsilon kept) and the experts (no MLP
+    // biases, no load-balancing loss: tandem trains without it).
+    json.erase("mlp_bias");
+    json.erase("head_dim");
+    json["clip_qkv"] = config.clip_qkv > 0 ? Json(config.clip_qkv) : Json(nullptr);
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
+    json["num_experts"] = config.experts;
+    json["num_experts_per_tok"] = config.experts_per_token;
+    json["norm_topk_prob"] = config.normalize_top_k;
+    json["output_router_logits"] = false;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.

@@ -263,6 +263,12 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
                              ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
     o_proj = register_module(
         "o_proj", RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
+    if (config_.QkNorms()) {
+      // OLMoE's: over the whole query and key products, every head together.
+      q_norm = register_module("q_norm", RmsNorm(config_.heads * head_dim, config_.rms_norm_eps));
+      k_norm =
+          register_module("k_norm", RmsNorm(config_.kv_heads * head_dim, config_.rms_norm_eps));
+    }
     InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
     InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
     InitNormal(v_proj->weight, v_proj->bias, config_.init_std);
@@ -270,6 +276,11 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    if (config_.QkNorms() && tp.size > 1) {
+      return absl::InvalidArgumentError(
+          "llama: olmoe's q_norm and k_norm normalise every head's query and key together, "
+          "which tensor parallelism would split; run it without --tensor-parallel");
+    }
     for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
       TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
     }
@@ -305,6 +316,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
         products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
       }
     }
+    NormaliseQueryAndKey(products);
     for (torch::Tensor& product : products) product = ClipQkv(product, config_.clip_qkv);
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
       return product.view({batch, length, count, head_dim}).transpose(1, 2);
@@ -337,14 +349,19 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
     const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
     const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
-    const auto project = [&](ColumnParallelLinear& linear, int64_t count) {
-      return ClipQkv(DeferrableLinear(x, linear->weight, linear->bias), config_.clip_qkv)
+    std::vector<torch::Tensor> products;
+    for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
+      products.push_back(DeferrableLinear(x, (*linear)->weight, (*linear)->bias));
+    }
+    NormaliseQueryAndKey(products);
+    const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
+      return ClipQkv(product, config_.clip_qkv)
           .view({batch, length, count, head_dim})
           .transpose(1, 2);
     };
-    const torch::Tensor query = Rotate(project(q_proj, heads), cos, sin);
-    auto [key, value] =
-        cache.Append(Rotate(project(k_proj, kv_heads), cos, sin), project(v_proj, kv_heads));
+    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
+    auto [key, value] = cache.Append(Rotate(heads_of(products[1], kv_heads), cos, sin),
+                                     heads_of(products[2], kv_heads));
     if (heads != kv_heads) {
       const int64_t group = heads / kv_heads, total = key.size(2);
       key = key.unsqueeze(2).expand({batch, kv_heads, group, total, head_dim})
@@ -362,9 +379,18 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
   RowParallelLinear o_proj{nullptr};
 
  private:
+  // OLMoE's q_norm and k_norm on the query and key products (before the clamp); none
+  // elsewhere.
+  void NormaliseQueryAndKey(std::vector<torch::Tensor>& products) {
+    if (!config_.QkNorms()) return;
+    products[0] = q_norm(products[0]);
+    products[1] = k_norm(products[1]);
+  }
+
   LlamaConfig config_;
   int64_t window_;
   TensorParallel tp_;
@@ -901,6 +927,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "olmo") {
     return {50304, 4096, 11008, 32, 32, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "olmoe") {
+    return {50304, 2048, 2048, 16, 16, 0, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -1012,6 +1041,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
         absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
     if (bias) add(absl::StrCat("self_attn.", projection, ".bias"), {out_in.first});
   }
+  if (config.QkNorms()) {
+    add("self_attn.q_norm.weight", {q});
+    add("self_attn.k_norm.weight", {kv});
+  }
   if (norms) add("post_attention_layernorm.weight", {h});
   if (config.SandwichNorms()) {
     add("pre_feedforward_layernorm.weight", {h});
@@ -1099,7 +1132,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "granitemoe", "phi3", "olmo"}) {
+                            "granite", "granitemoe", "phi3", "olmo", "olmoe"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1119,7 +1152,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool mixtral = config.model_type == "mixtral";
   const bool granite = config.Granite(), granitemoe = config.model_type == "granitemoe";
   const bool phi3 = config.model_type == "phi3";
-  const bool olmo = config.model_type == "olmo";
+  const bool olmoe = config.model_type == "olmoe";
+  const bool olmo = config.model_type == "olmo" || olmoe;  // OLMo's clamp and padding row
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1183,12 +1217,20 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                 config.dense_blocks.end());
     }
   }
+  if (olmoe) {
+    // OlmoeConfig's defaults: OLMoE-1B-7B's; every block sparse, no shared expert.
+    TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_experts", 64, where));
+    TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
+                            GetIntOr(json, "num_experts_per_tok", 8, where));
+    TANDEM_ASSIGN_OR_RETURN(config.normalize_top_k,
+                            GetBoolOrUnset(json, "norm_topk_prob", false, where));
+  }
   if (mixtral || granitemoe) {
     TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_local_experts", 8, where));
     TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
                             GetIntOr(json, "num_experts_per_tok", 2, where));
   }
-  if (mixtral || qwen2_moe || granitemoe) {
+  if (mixtral || qwen2_moe || granitemoe || olmoe) {
     TANDEM_ASSIGN_OR_RETURN(const bool router_logits,
                             GetBoolOrUnset(json, "output_router_logits", false, where));
     if (router_logits) {
@@ -1238,9 +1280,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   if (olmo) {
-    // OlmoLayerNorm's epsilon is fixed (OlmoConfig has no rms_norm_eps).
-    config.rms_norm_eps = 1e-5;
-    if (!json.contains("pad_token_id")) config.pad_token_id = 1;  // OlmoConfig's default
+    // OlmoLayerNorm's epsilon is fixed (OlmoConfig has no rms_norm_eps); OLMoE's RMSNorms
+    // read theirs.
+    if (!olmoe) config.rms_norm_eps = 1e-5;
+    // OlmoConfig's and OlmoeConfig's default.
+    if (!json.contains("pad_token_id")) config.pad_token_id = 1;
     if (IsSet(json, "clip_qkv")) {
       TANDEM_ASSIGN_OR_RETURN(config.clip_qkv, GetNumber(json, "clip_qkv", where));
       if (!(config.clip_qkv > 0)) {
@@ -1409,16 +1453,24 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "sequences within the window"));
   }
   const bool mixtral = config.MixtralExperts(), qwen2_moe = config.model_type == "qwen2_moe";
+  const bool olmoe = config.model_type == "olmoe";
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
                                                    "\" is not one of ", kLlamaModelTypes));
   }
-  if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe) ||
-      (mixtral && !config.Moe())) {
+  if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe && !olmoe) ||
+      ((mixtral || olmoe) && !config.Moe())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: experts (num_local_experts, num_experts) are Mixtral's, GraniteMoE's and "
-        "Qwen2-MoE's: mixtral and granitemoe need them, the other families have none; got ",
+        "llama: experts (num_local_experts, num_experts) are Mixtral's, GraniteMoE's, "
+        "Qwen2-MoE's and OLMoE's: mixtral, granitemoe and olmoe need them, the other families "
+        "have none; got ",
         config.experts, " for ", config.model_type));
+  }
+  if (olmoe && (config.expert_intermediate != 0 || config.shared_expert_intermediate != 0 ||
+                config.sparse_step != 1 || !config.dense_blocks.empty())) {
+    return absl::InvalidArgumentError(
+        "llama: OLMoE's experts have intermediate_size units, no shared expert and every block "
+        "sparse");
   }
   if (mixtral &&
       (config.expert_intermediate != 0 || config.shared_expert_intermediate != 0 ||

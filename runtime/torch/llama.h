@@ -195,6 +195,9 @@ struct LlamaConfig {
   // OLMo's norms (OlmoLayerNorm): a layer norm without weight or bias (the mean subtracted,
   // then divided by the deviation, eps 1e-5) in float32; they hold no parameters.
   bool LayerNormWithoutParameters() const { return model_type == "olmo"; }
+  // OLMoE's q_norm and k_norm: RMSNorms over the whole query and key products (every head
+  // together, so not under tensor parallelism), before OLMo's clamp.
+  bool QkNorms() const { return model_type == "olmoe"; }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -214,7 +217,8 @@ struct LlamaConfig {
 
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
-    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3 and olmo";
+    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo "
+    "and olmoe";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class

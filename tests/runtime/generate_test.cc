@@ -196,6 +196,18 @@ std::vector<ModelCase> ModelCases() {
          c.clip_qkv = 0.5;
          return FrozenLlama(c);
        }},
+      // OLMoE's q_norm and k_norm before the clamp, and its experts, in the incremental
+      // forward.
+      {"olmoe",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "olmoe";
+         c.clip_qkv = 0.5;
+         c.experts = 4;
+         c.experts_per_token = 2;
+         c.normalize_top_k = false;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -379,7 +391,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 18u);
+  ASSERT_EQ(cases->size(), 19u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -566,6 +566,18 @@ TEST_P(HfModelsTest, TiedOlmoEqualsTransformers) {
   for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
 }
 
+// OLMoE: q_norm and k_norm over every head's query and key together (their weights perturbed
+// and their gradients compared like every other), then OLMo's clamp, and experts routed as
+// Qwen2-MoE's without a shared expert.
+TEST_P(HfModelsTest, OlmoeWithQueryAndKeyNormsAndExpertsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"olmoe_experts", "olmoe_tied_norm_topk"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -576,7 +588,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
-        "olmo_tied", "gpt2", "gpt2_untied_variants"}) {
+        "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1152,6 +1164,44 @@ TEST(LlamaConfigTest, ReadsOlmoConfigsAsOlmoConfigDefinesThem) {
   Json bad = olmo;
   bad["clip_qkv"] = -1.0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "clip_qkv must be positive or null, got -1");
+}
+
+// OLMoE-1B-7B's config.json (allenai/OLMoE-1B-7B-0924): 64 experts of 1024 units, 8 a token,
+// not renormalised, RMSNorms of its own epsilon, q_norm and k_norm, which tensor parallelism
+// would split: a shard is refused.
+TEST(LlamaConfigTest, ReadsOlmoeConfigsAsOlmoeConfigDefinesThem) {
+  const Json olmoe = Json::parse(R"({
+    "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+    "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+    "attention_bias": false, "clip_qkv": null, "num_experts": 64, "num_experts_per_tok": 8,
+    "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.01,
+    "rms_norm_eps": 1e-05, "pad_token_id": 1, "eos_token_id": 50279, "vocab_size": 50304,
+    "tie_word_embeddings": false})");
+  auto config = LlamaConfigFromJson(olmoe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->experts, 64);
+  EXPECT_EQ(config->experts_per_token, 8);
+  EXPECT_EQ(config->ExpertUnits(), 1024);
+  EXPECT_FALSE(config->normalize_top_k);
+  EXPECT_EQ(config->shared_expert_intermediate, 0);
+  EXPECT_TRUE(config->QkNorms());
+  EXPECT_FALSE(config->LayerNormWithoutParameters());
+  EXPECT_EQ(config->clip_qkv, 0.0);
+  EXPECT_EQ(config->pad_token_id.value_or(-1), 1);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=16 H=2048 A=16 KV=16 I=1024 S=32 V=50304 rope=10000 experts=64/8 topk=raw "
+            "family=olmoe");
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "olmoe"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->experts, 64);
+  EXPECT_EQ(config->hidden, 2048);
+  Json bad = olmoe;
+  bad["output_router_logits"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "output_router_logits");
+  bad = olmoe;
+  bad["num_experts"] = 0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "mixtral, granitemoe and olmoe need them");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

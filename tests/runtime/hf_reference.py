@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo, OLMoE and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoForCausalLM,
-                          Phi3Config, Phi3ForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
+                          OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -146,6 +146,16 @@ CASES = {
                                pad_token_id=3),
     # OLMo tied, grouped-query attention, no clipping, OlmoConfig's padding row 1.
     "olmo_tied": lambda: llama(OlmoConfig, OlmoForCausalLM, tie_word_embeddings=True),
+    # OLMoE: RMSNorms over the whole query and key products, then the clamp, 4 experts of 32
+    # units, 2 a token, their probabilities not renormalised (OlmoeConfig's default).
+    "olmoe_experts": lambda: llama(OlmoeConfig, OlmoeForCausalLM, num_experts=4,
+                                   num_experts_per_tok=2, intermediate_size=32, clip_qkv=0.5,
+                                   pad_token_id=3),
+    # OLMoE renormalised, tied, with biases, no clamp, multi-head attention.
+    "olmoe_tied_norm_topk": lambda: llama(OlmoeConfig, OlmoeForCausalLM, num_experts=3,
+                                          num_experts_per_tok=2, intermediate_size=32,
+                                          norm_topk_prob=True, tie_word_embeddings=True,
+                                          attention_bias=True, num_key_value_heads=4),
     # GPT-2 as released: tied, gelu_new.
     "gpt2": lambda: gpt2(),
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.

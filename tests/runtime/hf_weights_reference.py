@@ -16,7 +16,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         from 1), phi3 (q/k/v and gate/up fused, a window of 8 tokens, padding row 3),
         phi3_longrope (LongRoPE with an original context of 8 tokens: the tests' sequences take
         its long factors), granitemoe (4 experts of 16 units, 2 a token, stored fused), olmo
-        (weightless layer norms, q/k/v clamped to [-0.3, 0.3], biases, padding row 3).
+        (weightless layer norms, q/k/v clamped to [-0.3, 0.3], biases, padding row 3), olmoe
+        (q_norm and k_norm, q/k/v clamped to [-0.5, 0.5], 4 experts of 32 units, 2 a token).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -37,8 +38,8 @@ from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoForCausalLM,
-                          Phi3Config, Phi3ForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
+                          OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
@@ -84,6 +85,8 @@ def make(output):
                                      attention_multiplier=0.3, logits_scaling=3.0), {}),
         ("olmo", lambda: llama(OlmoConfig, OlmoForCausalLM, clip_qkv=0.3, attention_bias=True,
                                pad_token_id=3), {}),
+        ("olmoe", lambda: llama(OlmoeConfig, OlmoeForCausalLM, num_experts=4,
+                                num_experts_per_tok=2, intermediate_size=32, clip_qkv=0.5), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

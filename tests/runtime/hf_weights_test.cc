@@ -758,7 +758,10 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // OLMo's weightless layer norms and clamped q/k/v: whole, on two stages, and split over
         // two ranks with sequence parallelism (no norm weight to share).
         ImportCase{"olmo", "llama"}, ImportCase{"olmo", "llama", /*ranks=*/2},
-        ImportCase{"olmo", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+        ImportCase{"olmo", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // OLMoE's query and key norms and experts: whole and on two stages (tensor parallelism
+        // is refused: its norms span every head).
+        ImportCase{"olmoe", "llama"}, ImportCase{"olmoe", "llama", /*ranks=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -849,6 +852,14 @@ TEST(HfImportTest, TrainInitFromRefusesBadFoldersWithOneClearLine) {
   EXPECT_EQ(o.exit_status, 2) << o.output;
   EXPECT_NE(o.output.find("--moe-aux-loss-coef needs a model with experts"), std::string::npos)
       << o.output;
+  // OLMoE's q_norm and k_norm span every head: not split over a tensor-parallel group.
+  o = RunCommand(Train(2, absl::StrCat(" --model llama --init-from ", Case("olmoe"), " --steps 1"),
+                       /*tensor_parallel=*/2));
+  EXPECT_EQ(o.exit_status, 2) << o.output;
+  EXPECT_NE(o.output.find("olmoe's q_norm and k_norm normalise every head's query and key"),
+            std::string::npos)
+      << o.output;
+  EXPECT_EQ(o.output.find("iter "), std::string::npos) << o.output;
 }
 
 // ---- Export ---------------------------------------------------------------------------------
@@ -923,6 +934,9 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // OLMo on two stages: no norm weights written, its config.json (clip_qkv, biases) from
         // the description.
         ExportCase{"olmo_init", 2, absl::StrCat(" --model llama --init-from ", Case("olmo")), ""},
+        // OLMoE on two stages: q_norm and k_norm written, its config.json (experts, clip_qkv)
+        // from the description.
+        ExportCase{"olmoe_init", 2, absl::StrCat(" --model llama --init-from ", Case("olmoe")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -977,10 +991,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
     EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
-    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
-                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
-                        c.name == "granite_init" || c.name == "phi3_init" ||
-                        c.name == "granitemoe_init" || c.name == "olmo_init";
+    const bool untied =
+        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
+        c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
+        c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     // OLMo's norms hold no weights: none written (a Llama's are).
     if (c.name == "olmo_init" || c.name == "granite_init") {
@@ -1049,6 +1063,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_TRUE((*olmo)["pad_token_id"].is_null());
   EXPECT_EQ((*olmo)["attention_bias"], true);
   EXPECT_FALSE(olmo->contains("rms_norm_eps"));
+  auto olmoe = ReadJsonFile(scratch / "olmoe_init_hf/config.json");
+  ASSERT_TRUE(olmoe.ok()) << olmoe.status();
+  EXPECT_EQ((*olmoe)["architectures"][0], "OlmoeForCausalLM");
+  EXPECT_EQ((*olmoe)["num_experts"], 4);
+  EXPECT_EQ((*olmoe)["num_experts_per_tok"], 2);
+  EXPECT_EQ((*olmoe)["norm_topk_prob"], false);
+  EXPECT_EQ((*olmoe)["clip_qkv"], 0.5);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1070,7 +1091,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gemma2", "llama", /*ranks=*/2}, ImportCase{"mixtral", "llama", /*ranks=*/2},
         ImportCase{"qwen2_moe", "llama", /*ranks=*/2}, ImportCase{"granite", "llama"},
         ImportCase{"phi3", "llama", /*ranks=*/2}, ImportCase{"phi3_longrope", "llama"},
-        ImportCase{"granitemoe", "llama", /*ranks=*/2}, ImportCase{"olmo", "llama", /*ranks=*/2}}) {
+        ImportCase{"granitemoe", "llama", /*ranks=*/2}, ImportCase{"olmo", "llama", /*ranks=*/2},
+        ImportCase{"olmoe", "llama", /*ranks=*/2}}) {
     SCOPED_TRACE(c.name);
     const std::string checkpoint = scratch / (c.name + "_ckpt");
     const std::string out = scratch / (c.name + "_hf");
