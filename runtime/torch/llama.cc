@@ -43,12 +43,12 @@ bool Fused(const LlamaConfig& config) {
 // `offset` Gemma's: times 1 + the weight (zero-initialised) in float32, rounded to x's type
 // after the product.
 //
-// Without `parameters` OLMo's instead: a layer norm (mean subtracted) without weight or bias,
+// Without `has_weight` OLMo's instead: a layer norm (mean subtracted) without weight or bias,
 // in float32, rounded to x's type; `weight` is then undefined.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t size, double eps, bool offset = false, bool parameters = true)
-      : size_(size), eps_(eps), offset_(offset), has_weight_(parameters) {
+  RmsNormImpl(int64_t size, double eps, bool offset = false, bool has_weight = true)
+      : size_(size), eps_(eps), offset_(offset), has_weight_(has_weight) {
     reset();
   }
   void reset() override {
@@ -57,7 +57,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   }
   torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight); }
   // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it; none
-  // without parameters).
+  // without a weight).
   torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale) const {
     const torch::Tensor h = x.to(torch::kFloat);
     if (!has_weight_) return torch::layer_norm(h, {size_}, {}, {}, eps_).to(x.scalar_type());
@@ -82,7 +82,7 @@ TORCH_MODULE(RmsNorm);
 
 RmsNorm MakeNorm(const LlamaConfig& config) {
   return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma(),
-                 /*parameters=*/!config.LayerNormWithoutParameters());
+                 /*has_weight=*/!config.LayerNormWithoutParameters());
 }
 
 // OLMo's clip_qkv on a query, key or value product; the product itself without it.
