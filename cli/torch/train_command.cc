@@ -37,6 +37,7 @@
 #include "cli/flags.h"
 #include "cli/torch/elastic_train.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch/shard_profiles.h"
 #include "cli/torch/train_options.h"
 #include "cli/torch/train_reporter.h"
 #include "cli/torch_commands.h"
@@ -312,115 +313,6 @@ runtime::libtorch::ProfilerOptions AutoPlanProfilerOptions(const TrainOptions& o
   return profiler;
 }
 
-// A measured shard profile: the model split over `degree` ranks, with or without sequence
-// parallelism, a mixture's experts on `expert_parallel` parts of the group.
-struct ShardProfile {
-  int degree = 2;
-  bool sequence_parallel = false;
-  int expert_parallel = 1;
-  pipeline::Profile profile;
-};
-
-// How a shard profile is named in the run's lines: "tensor parallelism 2 with sequence
-// parallelism (experts on 2 parts)".
-std::string ShardName(int degree, bool sequence_parallel, int expert_parallel) {
-  return absl::StrCat(
-      "tensor parallelism ", degree, sequence_parallel ? " with sequence parallelism" : "",
-      expert_parallel > 1 ? absl::StrCat(" (experts on ", expert_parallel, " parts)") : "");
-}
-
-// The numbers of parts a group of `degree` ranks places the experts on, as --expert-parallel
-// asks: 0, every divisor of the degree (a model whose experts do not divide leaves those out);
-// N, N where it divides the degree.
-std::vector<int> ExpertPartsToMeasure(int expert_parallel, int degree) {
-  std::vector<int> parts;
-  if (expert_parallel == 0) {
-    for (int n = 1; n <= degree; ++n) {
-      if (degree % n == 0) parts.push_back(n);
-    }
-  } else if (degree % expert_parallel == 0) {
-    parts.push_back(expert_parallel);
-  }
-  return parts;
-}
-
-// The planner's choices from measurements: the model's shards profiled at `degrees` (2, 4, 8
-// for --tensor-parallel 0; those that divide the world and the model), each by the first T
-// ranks together (their collectives timed with them), without sequence parallelism and with
-// it as `variants` asks (false, true: both), with the experts on each number of parts
-// --expert-parallel asks for. Collective over `world`; rank 0 gets the shard profiles.
-absl::StatusOr<std::vector<ShardProfile>> ProfileShards(comm::Communicator& world,
-                                                        const TrainOptions& train,
-                                                        const LayeredModel& model,
-                                                        const runtime::libtorch::Dataset& data,
-                                                        const std::vector<int>& degrees,
-                                                        const std::vector<bool>& variants) {
-  const torch::Device device = train.device;
-  std::vector<ShardProfile> shards;
-  if (!model.shard_for_tensor_parallel) return shards;
-  // A failure skips the remaining measurements but not the splits, which every rank makes.
-  absl::Status failed = absl::OkStatus();
-  for (int t : degrees) {
-    if (t > world.size() || world.size() % t != 0) continue;
-    const bool member = world.rank() < t;
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> group,
-                            world.Split(member ? 0 : -1, world.rank()));
-    if (!member || !failed.ok()) continue;
-    // Where NCCL carries device buffers the group's collectives run over it, as the runtime
-    // runs them (null: the MPI group; CUDA shards then reduce host copies).
-    absl::StatusOr<std::unique_ptr<comm::Communicator>> nccl = nullptr;
-    if (device.is_cuda()) {
-      absl::StatusOr<comm::CommOptions> comm_options = comm::CommOptions::FromEnvironment();
-      if (comm_options.ok()) comm_options->timeout = group->timeout();
-      nccl = comm_options.ok()
-                 ? runtime::NcclGroupIfPossible(*group, device.has_index() ? device.index() : 0,
-                                                *comm_options)
-                 : comm_options.status();
-    }
-    if (!nccl.ok()) {
-      failed = Annotate(nccl.status(), absl::StrCat("tensor parallelism ", t));
-      continue;
-    }
-    for (const auto& [sequence_parallel, expert_parallel] : [&] {
-           std::vector<std::pair<bool, int>> ways;
-           for (int parts : ExpertPartsToMeasure(train.expert_parallel, t)) {
-             for (bool sequence_parallel : variants) ways.emplace_back(sequence_parallel, parts);
-           }
-           return ways;
-         }()) {
-      const std::string name = ShardName(t, sequence_parallel, expert_parallel);
-      if (world.rank() == 0) {
-        std::cout << "profiling the shards of " << name << " on ranks 0-" << t - 1 << " ..."
-                  << std::endl;
-      }
-      runtime::libtorch::ProfilerOptions options = AutoPlanProfilerOptions(train);
-      options.tensor_parallel = {t, world.rank(), *nccl != nullptr ? nccl->get() : group.get()};
-      options.tensor_parallel.sequence_parallel = sequence_parallel;
-      options.tensor_parallel.expert_parallel = expert_parallel;
-      absl::StatusOr<pipeline::Profile> shard =
-          runtime::libtorch::ProfileModel(model, data, options);
-      // A degree the model does not split into (heads, vocabulary, a sequence for sequence
-      // parallelism): the same answer on every rank of the group, before any collective; that
-      // variant is left out.
-      if (!shard.ok() && absl::IsInvalidArgument(shard.status())) {
-        if (world.rank() == 0) {
-          std::cout << "  " << name << " left out: " << shard.status().message() << std::endl;
-        }
-        continue;
-      }
-      if (!shard.ok()) {
-        failed = Annotate(shard.status(), name);
-        break;
-      }
-      if (world.rank() == 0) {
-        shards.push_back({t, sequence_parallel, expert_parallel, *std::move(shard)});
-      }
-    }
-  }
-  if (!failed.ok()) return failed;
-  return shards;
-}
-
 absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const LayeredModel& model,
                                         const runtime::libtorch::Dataset& data, int world_size,
                                         const std::vector<ShardProfile>& shards,
@@ -432,38 +324,7 @@ absl::StatusOr<pipeline::Plan> AutoPlan(const TrainOptions& options, const Layer
                           runtime::libtorch::ProfileModel(model, data, profiler));
   // Measured shards as the layers' tensor-parallel variants (their times include the
   // collectives): the planner weighs every degree against pipelines and replicas.
-  for (const ShardProfile& shard : shards) {
-    const std::vector<pipeline::LayerProfile>& layers = shard.profile.layers;
-    if (layers.size() != profile.layers.size()) {
-      return absl::InternalError("a shard profile with another number of layers");
-    }
-    double whole = 0, split = 0, whole_stash = 0, split_stash = 0;
-    for (size_t l = 0; l < profile.layers.size(); ++l) {
-      whole += profile.layers[l].forward_seconds + profile.layers[l].backward_seconds;
-      split += layers[l].forward_seconds + layers[l].backward_seconds;
-      whole_stash += profile.layers[l].stashed_activation_bytes;
-      split_stash += layers[l].stashed_activation_bytes;
-    }
-    std::cout << absl::StrFormat(
-                     "%s measured: forward + backward %.3f ms per micro-batch on each rank "
-                     "(%.2fx one device's, collectives included), %s stashed (%.2fx)",
-                     ShardName(shard.degree, shard.sequence_parallel, shard.expert_parallel),
-                     split * 1e3, whole > 0 ? split / whole : 0.0, FormatBytes(split_stash),
-                     whole_stash > 0 ? split_stash / whole_stash : 0.0)
-              << std::endl;
-    for (size_t l = 0; l < profile.layers.size(); ++l) {
-      const pipeline::LayerProfile& measured = layers[l];
-      pipeline::TensorParallelVariant variant;
-      variant.degree = shard.degree;
-      variant.sequence_parallel = shard.sequence_parallel;
-      variant.expert_parallel = shard.expert_parallel;
-      variant.forward_seconds = measured.forward_seconds;
-      variant.backward_seconds = measured.backward_seconds;
-      variant.stashed_activation_bytes = measured.stashed_activation_bytes;
-      variant.parameter_bytes = measured.parameter_bytes;
-      profile.layers[l].tensor_parallel.push_back(variant);
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(AddShardVariants(shards, &profile, std::cout));
   planner::PlanRequest request;
   request.algorithm = planner::Algorithm::kAdaPipe;
   request.profile = profile;
@@ -571,8 +432,11 @@ absl::StatusOr<pipeline::Plan> PlanForRun(comm::Communicator& world, const Train
                                              : std::vector<bool>{false};
       const std::vector<int> degrees =
           tensor_parallel == 0 ? std::vector<int>{2, 4, 8} : std::vector<int>{tensor_parallel};
-      absl::StatusOr<std::vector<ShardProfile>> measured =
-          ProfileShards(world, options, model, data, degrees, variants);
+      absl::StatusOr<std::vector<ShardProfile>> measured = ProfileShards(
+          world, AutoPlanProfilerOptions(options), model, data,
+          {.degrees = degrees, .sequence_parallel = variants,
+           .expert_parallel = options.expert_parallel},
+          std::cout);
       TANDEM_RETURN_IF_ERROR(Agree(world, measured.status(), "profiling tensor-parallel shards"));
       shards = *std::move(measured);
     }

@@ -123,7 +123,8 @@ ABSL_FLAG(int, tensor_parallel, 1,
           "GPT, T consecutive ranks per pipeline position; world = D x stages x T): with "
           "--schedule, with --elastic, or planned (the planner partitions over world / T "
           "groups); 0 (without --schedule): the shards are profiled at T = 2, 4, 8 and the "
-          "planner chooses T with the partition");
+          "planner chooses T with the partition. profile: also measure the shards of T ranks "
+          "(0: of 2, 4 and 8 ranks) and write them as the layers' tensor-parallel variants");
 ABSL_FLAG(bool, sequence_parallel, false,
           "train: with --tensor-parallel T, split the activations outside the split matrix "
           "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
@@ -135,7 +136,8 @@ ABSL_FLAG(int, expert_parallel, 1,
           "tensor parallelism T/N); N must divide T and the experts; 1: every expert split "
           "over the T ranks; 0 (a planned run: no --plan, --schedule or --elastic): the shards "
           "are profiled with the experts on every N that divides T and the experts, and the "
-          "planner chooses N with T and the partition");
+          "planner chooses N with T and the partition. profile: the experts' placements to "
+          "measure with --tensor-parallel (0: every N)");
 ABSL_FLAG(int, eval_every, 0,
           "train: every N iterations (and after the last) evaluate the validation loss on "
           "--eval-batches batches of --valid-data (0: never)");

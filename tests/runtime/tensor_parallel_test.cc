@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/plan.h"
+#include "pipeline/profile.h"
 #include "tests/support/train_cli.h"
 
 namespace {
@@ -732,6 +733,117 @@ TEST(TensorParallelTest, APlanThatChoseSequenceParallelismRunsWithIt) {
       << o.output;
   std::filesystem::remove(log);
   std::filesystem::remove(path);
+}
+
+// `mpirun -np 2 tandem profile --tensor-parallel 2` writes each layer's measured shards as its
+// tensor-parallel variants, without and with sequence parallelism; `tandem plan` reads them
+// (here with the degree fixed at 2 on 2 devices) and its plan trains to the reference losses.
+// Without the ranks to measure on, or with experts placed outside a group, the command refuses
+// and writes nothing.
+TEST(TensorParallelTest, ProfiledShardsArePlannedAndRun) {
+  const std::string mpirun =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ");
+  const std::string profile_gpt =
+      " profile --model gpt --layers 2 --hidden 16 --heads 2 --seq-len 8 --microbatch-size 2"
+      " --optimizer adamw --warmup 0 --repeats 1";
+  const std::string profile = TempPath("shards_profile.json");
+  Outcome o =
+      RunCommand(absl::StrCat(mpirun, g_tandem, profile_gpt, " --tensor-parallel 2 -o ", profile));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  for (const char* line : {"tensor parallelism 2 measured: forward + backward ",
+                           "tensor parallelism 2 with sequence parallelism measured: "}) {
+    EXPECT_NE(o.output.find(line), std::string::npos) << line << "\n" << o.output;
+  }
+  auto read = tandem::pipeline::ReadProfileFile(profile);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->layers.size(), 4u);  // embedding, 2 blocks, head
+  for (const tandem::pipeline::LayerProfile& layer : read->layers) {
+    ASSERT_EQ(layer.tensor_parallel.size(), 2u) << layer.name;
+    const tandem::pipeline::TensorParallelVariant& plain = layer.tensor_parallel[0];
+    const tandem::pipeline::TensorParallelVariant& sequence = layer.tensor_parallel[1];
+    EXPECT_EQ(plain.degree, 2);
+    EXPECT_FALSE(plain.sequence_parallel);
+    EXPECT_EQ(sequence.degree, 2);
+    EXPECT_TRUE(sequence.sequence_parallel);
+    EXPECT_GT(plain.forward_seconds, 0) << layer.name;
+    EXPECT_GT(plain.backward_seconds, 0) << layer.name;
+    if (layer.name.rfind("block", 0) == 0) {
+      // Each rank holds half of the blocks' matrices; the norms and the output projection's
+      // bias stay whole on both.
+      EXPECT_GT(plain.parameter_bytes, 0.45 * layer.parameter_bytes) << layer.name;
+      EXPECT_LT(plain.parameter_bytes, 0.6 * layer.parameter_bytes) << layer.name;
+      // Sequence parallelism stashes half of the norms' and residuals' activations.
+      EXPECT_LT(sequence.stashed_activation_bytes, plain.stashed_activation_bytes) << layer.name;
+    }
+  }
+  const std::string plan = TempPath("shards_plan.json");
+  o = RunCommand(absl::StrCat(g_tandem, " plan --profile ", profile,
+                              " --algorithm adapipe --devices 2 --tensor-parallel 2",
+                              " --microbatches ", kGlobalBatch / 2, " -o ", plan));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  auto planned = tandem::pipeline::ReadPlanFile(plan);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->tensor_parallel, 2);
+  const std::string flags = absl::StrCat("--plan ", plan);
+  ExpectReferenceLosses({"profiled_tp2", 2, 2, flags.c_str()});
+
+  const std::string refused = TempPath("shards_refused.json");
+  const std::pair<std::string, std::string> cases[] = {
+      {absl::StrCat(g_tandem, profile_gpt, " --tensor-parallel 2"),
+       "--tensor-parallel 2 measures the shards on 2 ranks together: run under mpirun -np 2 "
+       "(this job has 1 rank)"},
+      {absl::StrCat(g_tandem, profile_gpt, " --tensor-parallel 0"),
+       "--tensor-parallel 0 measures the shards at 2, 4 and 8 ranks that divide the job"},
+      {absl::StrCat(mpirun, g_tandem, profile_gpt, " --tensor-parallel 2 --heads 1"),
+       "splits into none of the shards asked for (--tensor-parallel 2)"},
+      {absl::StrCat(g_tandem, profile_gpt, " --expert-parallel 2"),
+       "--expert-parallel places the experts on parts of a tensor-parallel group: give "
+       "--tensor-parallel T (or 0) too"}};
+  for (const auto& [command, message] : cases) {
+    o = RunCommand(absl::StrCat(command, " -o ", refused));
+    EXPECT_EQ(o.exit_status, 2) << command << "\n" << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos) << command << "\n" << o.output;
+    EXPECT_FALSE(std::filesystem::exists(refused)) << command;
+  }
+  std::filesystem::remove(profile);
+  std::filesystem::remove(plan);
+}
+
+// A mixture's shards with --expert-parallel 0: every layer gains a variant with the experts
+// split over the pair and one with them placed whole on each rank, and `tandem plan
+// --expert-parallel 2` takes the placed ones.
+TEST(TensorParallelTest, ProfiledExpertPlacementsArePlanned) {
+  const std::string profile = TempPath("experts_profile.json");
+  Outcome o = RunCommand(absl::StrCat(
+      TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ", g_tandem,
+      " profile --model llama --experts 4 --experts-per-token 2 --layers 2 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --microbatch-size 1 --warmup 0 --repeats 1"
+      " --tensor-parallel 2 --expert-parallel 0 -o ",
+      profile));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("tensor parallelism 2 (experts on 2 parts) measured"), std::string::npos)
+      << o.output;
+  auto read = tandem::pipeline::ReadProfileFile(profile);
+  ASSERT_TRUE(read.ok()) << read.status();
+  for (const tandem::pipeline::LayerProfile& layer : read->layers) {
+    std::vector<std::pair<int, bool>> got;
+    for (const auto& v : layer.tensor_parallel)
+      got.emplace_back(v.expert_parallel, v.sequence_parallel);
+    const std::vector<std::pair<int, bool>> want = {{1, false}, {1, true}, {2, false}, {2, true}};
+    EXPECT_EQ(got, want) << layer.name;
+  }
+  const std::string plan = TempPath("experts_profile_plan.json");
+  o = RunCommand(absl::StrCat(g_tandem, " plan --profile ", profile,
+                              " --algorithm adapipe --devices 2 --tensor-parallel 2"
+                              " --expert-parallel 2 --microbatches 8 -o ",
+                              plan));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("experts on 2 parts"), std::string::npos) << o.output;
+  auto planned = tandem::pipeline::ReadPlanFile(plan);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->expert_parallel, 2);
+  std::filesystem::remove(profile);
+  std::filesystem::remove(plan);
 }
 
 // Without --schedule the planner (AdaPipe, from rank 0's profile) partitions the layers over
