@@ -254,8 +254,9 @@ void RegisterHuggingFaceModels() {
     const absl::Status llama = RegisterModel(
         {.name = "llama",
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
-                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Mixtral "
-                    "and Qwen2-MoE from their config.json, Mixtral's experts from --experts)",
+                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Granite, "
+                    "Phi-3, OLMo, Mixtral, Qwen2-MoE, Granite-MoE and OLMoE from their "
+                    "config.json, Mixtral's experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
                    "intermediate", "experts", "experts_per_token", "moe_aux_loss_coef", "seq_len",
                    "vocab", "data", "data_format", "valid_data", "attention"},

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -123,6 +125,12 @@ absl::Status Profile(comm::Communicator& world) {
   }
   TANDEM_ASSIGN_OR_RETURN(options.optimizer_state, OptimizerStateFromFlags());
   TANDEM_ASSIGN_OR_RETURN(options.device, DeviceFromFlags());
+  if (options.device.is_cuda() && absl::GetFlag(FLAGS_device) == "cuda") {
+    // As `tandem train`: the ranks of a job take the node's devices in turn.
+    const int devices = static_cast<int>(torch::cuda::device_count());
+    options.device =
+        torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(world.rank() % devices));
+  }
   TANDEM_ASSIGN_OR_RETURN(const ShardMeasurements measure, ShardsFromFlags(world.size()));
   TANDEM_ASSIGN_OR_RETURN(ModelAndData model_and_data, ModelAndDataFromFlags(seed));
   TANDEM_ASSIGN_OR_RETURN(runtime::libtorch::LayeredModel model,
@@ -208,7 +216,8 @@ CommandInfo ProfileCommand() {
         "every degree of 2, 4 and 8 that divides the job. For a mixture of experts,\n"
         "--expert-parallel N measures the experts placed whole on N parts of the group, 0 on\n"
         "every N that divides the degree (default 1: every expert split over the group).\n"
-        "Rank 0 measures the whole model and writes the file.",
+        "Rank 0 measures the whole model and writes the file; with --device cuda the ranks\n"
+        "take the node's GPUs in turn, and each group's collectives run over NCCL.",
         ModelsHelp()),
     .flags = ProfileFlags(),
     .aliases = {{"o", "output"}},
