@@ -276,15 +276,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
-    if (config_.QkNorms() && tp.size > 1) {
-      return absl::InvalidArgumentError(
-          "llama: olmoe's q_norm and k_norm normalise every head's query and key together, "
-          "which tensor parallelism would split; run it without --tensor-parallel");
-    }
     for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
       TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
     }
     TANDEM_RETURN_IF_ERROR(o_proj->ShardForTensorParallel(tp));
+    if (config_.QkNorms()) {
+      // Each rank's norm weights are those of its heads' features (q/k_proj's rows).
+      const int64_t query = config_.heads * config_.HeadDim();
+      const int64_t key = config_.kv_heads * config_.HeadDim();
+      KeepSlice(q_norm->weight, 0, tp.ShardBegin(query), tp.ShardSize(query));
+      KeepSlice(k_norm->weight, 0, tp.ShardBegin(key), tp.ShardSize(key));
+    }
     tp_ = tp;
     return absl::OkStatus();
   }
@@ -384,11 +386,30 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
  private:
   // OLMoE's q_norm and k_norm on the query and key products (before the clamp); none
-  // elsewhere.
+  // elsewhere. Each normalises every head together: under tensor parallelism a rank holds
+  // its heads' features, and the sum of squares is summed over the group.
   void NormaliseQueryAndKey(std::vector<torch::Tensor>& products) {
     if (!config_.QkNorms()) return;
-    products[0] = q_norm(products[0]);
-    products[1] = k_norm(products[1]);
+    if (!tp_.enabled()) {
+      products[0] = q_norm(products[0]);
+      products[1] = k_norm(products[1]);
+      return;
+    }
+    products[0] = NormaliseSplit(*q_norm, products[0], config_.heads * config_.HeadDim());
+    products[1] = NormaliseSplit(*k_norm, products[1], config_.kv_heads * config_.HeadDim());
+  }
+
+  // RMSNorm of features split over the group, `whole` of them in all: this rank's sum of
+  // squares all-reduced forward, and its gradient all-reduced backward (every rank's output
+  // depends on every rank's share), then this rank's slice of the weight. The mean is taken in
+  // float32 as RmsNorm takes it.
+  torch::Tensor NormaliseSplit(const RmsNormImpl& norm, const torch::Tensor& x,
+                               int64_t whole) const {
+    const torch::Tensor h = x.to(torch::kFloat);
+    const torch::Tensor squares = ReduceFromTensorParallel(
+        CopyToTensorParallel(h.pow(2).sum(-1, /*keepdim=*/true), tp_), tp_);
+    const torch::Tensor variance = squares / static_cast<double>(whole);
+    return norm.weight * (h * torch::rsqrt(variance + norm.eps())).to(x.scalar_type());
   }
 
   LlamaConfig config_;

@@ -196,7 +196,8 @@ struct LlamaConfig {
   // then divided by the deviation, eps 1e-5) in float32; they hold no parameters.
   bool LayerNormWithoutParameters() const { return model_type == "olmo"; }
   // OLMoE's q_norm and k_norm: RMSNorms over the whole query and key products (every head
-  // together, so not under tensor parallelism), before OLMo's clamp.
+  // together; under tensor parallelism the sums of squares are summed over the group), before
+  // OLMo's clamp.
   bool QkNorms() const { return model_type == "olmoe"; }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;

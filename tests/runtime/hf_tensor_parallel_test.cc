@@ -109,6 +109,7 @@ struct Case {
   bool gemma2 = false;    // Llama as Gemma 2: soft caps, sandwich norms, offset norms
   bool mixtral = false;   // Llama as Mixtral: 4 experts, 2 a token, instead of the MLP
   bool qwen2_moe = false;  // Llama as Qwen2-MoE: experts and a shared expert, block 1 dense
+  bool olmoe = false;  // Llama as OLMoE: q_norm and k_norm over every head, clamped q/k/v, experts
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -141,6 +142,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.shared_expert_intermediate = 32;
     llama.normalize_top_k = false;
     llama.dense_blocks = {1};
+  }
+  if (c.olmoe) {
+    llama.model_type = "olmoe";
+    llama.experts = 4;
+    llama.experts_per_token = 2;
+    llama.normalize_top_k = false;
+    llama.clip_qkv = 0.5;
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -188,11 +196,18 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     // Per block q, k, v, o, gate, up, down (Mixtral: w1, w2 and w3 of each expert, the
     // router whole); the embedding and the LM head (a tied head uses the embedding's shard:
     // one parameter). With q/k/v biases, those three per block too.
-    // Qwen2-MoE: block 0's experts and shared expert, block 1's MLP.
-    const int feedforward = c.mixtral     ? 3 * static_cast<int>(llama.experts * llama.layers)
+    // Qwen2-MoE: block 0's experts and shared expert, block 1's MLP. OLMoE: every block's
+    // experts, and its q_norm and k_norm weights (each rank's heads' features).
+    const int feedforward = c.mixtral || c.olmoe
+                                ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
-    EXPECT_EQ(split, (llama.qkv_bias ? 7 : 4) * llama.layers + feedforward + (c.tied ? 1 : 2));
+    const int attention = (llama.qkv_bias ? 7 : 4) + (c.olmoe ? 2 : 0);
+    EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2));
+    if (c.olmoe) {
+      EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
+      EXPECT_NE(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
+    }
     if (c.qwen2_moe) {
       EXPECT_EQ(index.at("layers.1.mlp.shared_expert_gate.weight"), nullptr);
       EXPECT_NE(index.at("layers.1.mlp.shared_expert.down_proj.weight"), nullptr);
@@ -202,7 +217,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.block_sparse_moe.gate.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.block_sparse_moe.experts.3.w2.weight"), nullptr);
     }
-    if (c.mixtral || c.qwen2_moe) {
+    if (c.mixtral || c.qwen2_moe || c.olmoe) {
       // Expert e is on part e / (experts / ep) of the group, its units split over the part's
       // t / ep ranks; the other ranks hold it empty.
       const int64_t ep = c.expert_parallel, across = t / ep;
@@ -301,6 +316,21 @@ TEST(LlamaTensorParallelTest, Qwen2MoeExpertShardsGiveTheWholeLossAndGradients) 
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
   qwen2_moe.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+}
+
+// OLMoE: its q_norm and k_norm normalise every head's query and key together, so each rank
+// normalises its heads' features by the group's sum of squares (all-reduced forward and
+// backward), with its slice of their weights; with and without sequence parallelism, and
+// with the experts placed whole on each rank.
+TEST(LlamaTensorParallelTest, OlmoeQueryKeyNormShardsGiveTheWholeLossAndGradients) {
+  Case olmoe;
+  olmoe.olmoe = true;
+  ExpectShardsGiveTheWholeLossAndGradients(olmoe);
+  olmoe.sequence_parallel = true;
+  olmoe.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(olmoe);
+  olmoe.expert_parallel = 2;
+  ExpectShardsGiveTheWholeLossAndGradients(olmoe);
 }
 
 // Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two
