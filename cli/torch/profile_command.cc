@@ -18,6 +18,7 @@
 #include "cli/torch/shard_profiles.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "pipeline/profile.h"
@@ -140,6 +141,11 @@ absl::Status Profile(comm::Communicator& world) {
         model.name, " has no tensor-parallel form: profile it without --tensor-parallel"));
   }
   const std::string output = absl::GetFlag(FLAGS_output);
+  // Rank 0 writes the file: a path it cannot write is refused before anything is measured.
+  TANDEM_RETURN_IF_ERROR(runtime::AgreeOnSuccess(
+      &world, world.rank() == 0 && !output.empty() ? CheckOutputFile(output, "-o")
+                                                   : absl::OkStatus(),
+      "checking the output path"));
   // With the profile on standard output, the progress lines go to standard error.
   std::ostream& progress = output == "-" ? std::cerr : std::cout;
   // The shards first, every rank of the job measuring together; then rank 0 the whole model.

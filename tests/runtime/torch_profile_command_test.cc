@@ -74,6 +74,12 @@ TEST(ProfileCommand, BadInputExitsTwoWithOneLineAndNoFile) {
     EXPECT_TRUE(absl::StrContains(run.out, "error")) << run.out;
     EXPECT_FALSE(Exists(path)) << bad;
   }
+  // An output it cannot write is refused before the model is measured.
+  const CommandRun run = Tandem(std::string(kTinyGpt) + " -o /nonexistent/profile.json");
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "-o")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "/nonexistent/profile.json")) << run.out;
+  EXPECT_FALSE(absl::StrContains(run.out, "block0")) << run.out;
 }
 
 }  // namespace
