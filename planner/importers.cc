@@ -918,10 +918,21 @@ PiperInstance PiperFromProfile(const pipeline::Profile& profile,
     add_configs(1, layer.forward_seconds + layer.backward_seconds, layer.parameter_bytes,
                 layer.stashed_activation_bytes, layer.optimizer_state_bytes,
                 layer.recompute_seconds, layer.recompute_stashed_bytes);
+    // Piper weighs one variant per degree (with and without recomputation): where a degree is
+    // listed without and with sequence parallelism (as `tandem profile --tensor-parallel`
+    // measures it), the one without, since Piper's plans carry no sequence parallelism; a
+    // degree listed only with it is taken as it is.
+    std::set<int> plain_degrees;
+    for (const pipeline::TensorParallelVariant& variant : layer.tensor_parallel) {
+      if (variant.expert_parallel == 1 && !variant.sequence_parallel) {
+        plain_degrees.insert(variant.degree);
+      }
+    }
     for (const pipeline::TensorParallelVariant& variant : layer.tensor_parallel) {
       // Piper chooses a degree per stage; the experts' placement is one for the whole run,
       // which only AdaPipe's plans choose.
       if (variant.expert_parallel != 1) continue;
+      if (variant.sequence_parallel && plain_degrees.count(variant.degree) > 0) continue;
       const double parameter_share =
           layer.parameter_bytes > 0 ? variant.parameter_bytes / layer.parameter_bytes : 1.0;
       const double forward_share =

@@ -252,6 +252,39 @@ TEST(PlanCommand, ExpertParallelVariantsAreWeighed) {
   std::filesystem::remove(profile);
 }
 
+// A profile as `tandem profile --tensor-parallel 2` writes it, each layer's degree listed
+// without and with sequence parallelism: Piper plans with the variant without (its plans carry
+// no sequence parallelism), and AdaPipe may take either.
+TEST(PlanCommand, PiperTakesTheVariantWithoutSequenceParallelism) {
+  const std::string profile = Temp("measured_shards.json");
+  std::string layers;
+  for (int i = 0; i < 4; ++i) {
+    absl::StrAppend(&layers, i > 0 ? "," : "", R"({"name": "l)", i, R"(", "forward_seconds": 1,
+        "backward_seconds": 2, "output_activation_bytes": 1, "stashed_activation_bytes": 10,
+        "parameter_bytes": 10, "recompute_seconds": 1, "recompute_stashed_bytes": 1,
+        "tensor_parallel": [
+          {"degree": 2, "forward_seconds": 0.25, "backward_seconds": 0.5,
+           "stashed_activation_bytes": 5, "parameter_bytes": 5},
+          {"degree": 2, "sequence_parallel": true, "forward_seconds": 0.5,
+           "backward_seconds": 1.0, "stashed_activation_bytes": 4, "parameter_bytes": 5}]})");
+  }
+  WriteText(profile,
+            absl::StrCat(R"({"model": "shards", "microbatch_size": 1, "layers": [)", layers, "]}"));
+  const Outcome piper = Tandem(absl::StrCat("plan --profile ", profile,
+                                            " --algorithm piper --devices 2 --microbatches 4"
+                                            " --format json"));
+  ASSERT_EQ(piper.exit_status, 0) << piper.output;
+  const nlohmann::json plan = nlohmann::json::parse(piper.output);
+  EXPECT_FALSE(plan.contains("sequence_parallel")) << piper.output;
+  // One stage of the pair, every layer at 0.75 s a sample: the variant without sequence
+  // parallelism (the other's would be 1.5 s).
+  const Outcome text = Tandem(
+      absl::StrCat("plan --profile ", profile, " --algorithm piper --devices 2 --microbatches 4"));
+  ASSERT_EQ(text.exit_status, 0) << text.output;
+  EXPECT_TRUE(absl::StrContains(text.output, "maximum load (time per sample) 3 s")) << text.output;
+  std::filesystem::remove(profile);
+}
+
 struct BadCase {
   std::string args;
   std::string message;
