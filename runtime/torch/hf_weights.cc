@@ -97,6 +97,7 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   }
   const std::string head = absl::StrCat("layers.", config.layers + 1, ".");
   if (!config.LayerNormWithoutParameters()) add(head + "norm.weight", {h});
+  if (config.LayerNormWithBias()) add(head + "norm.bias", {h});
   layout.tied_copies = CopiesOf(LlamaTiedWeights(config));
   if (layout.tied_copies.count(head + "lm_head.weight") == 0) {
     add(head + "lm_head.weight", {config.vocab, h});
@@ -518,6 +519,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "phi3"       ? "Phi3ForCausalLM"
                                    : config.model_type == "olmo"       ? "OlmoForCausalLM"
                                    : config.model_type == "olmoe"      ? "OlmoeForCausalLM"
+                                   : config.model_type == "starcoder2" ? "Starcoder2ForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -627,6 +629,19 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["num_experts_per_tok"] = config.experts_per_token;
     json["norm_topk_prob"] = config.normalize_top_k;
     json["output_router_logits"] = false;
+  } else if (config.Starcoder2()) {
+    // Starcoder2Config: norm_epsilon, one use_bias for every product (and no other bias
+    // field), its activation, head_dim hidden / heads, no dropout.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("rms_norm_eps");
+    json.erase("head_dim");
+    json["norm_epsilon"] = config.rms_norm_eps;
+    json["use_bias"] = config.attention_bias;
+    json["hidden_act"] = config.hidden_act;
+    json["sliding_window"] = window;
+    json["residual_dropout"] = 0.0;
+    json["embedding_dropout"] = 0.0;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.

@@ -1,6 +1,7 @@
 #include "runtime/torch/llama.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 #include <ATen/ATen.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -47,20 +49,28 @@ bool Fused(const LlamaConfig& config) {
 // in float32, rounded to x's type; `weight` is then undefined.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t size, double eps, bool offset = false, bool has_weight = true)
-      : size_(size), eps_(eps), offset_(offset), has_weight_(has_weight) {
+  // `has_bias`: a layer norm with weight and bias (StarCoder 2's nn.LayerNorm) instead.
+  RmsNormImpl(int64_t size, double eps, bool offset = false, bool has_weight = true,
+              bool has_bias = false)
+      : size_(size), eps_(eps), offset_(offset), has_weight_(has_weight), has_bias_(has_bias) {
     reset();
   }
   void reset() override {
     if (!has_weight_) return;
     weight = register_parameter("weight", offset_ ? torch::zeros({size_}) : torch::ones({size_}));
+    if (has_bias_) bias = register_parameter("bias", torch::zeros({size_}));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight); }
-  // The same with `scale` for the weight (its own, as SharedOverTheSequence returns it; none
-  // without a weight).
-  torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale) const {
+  torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight, bias); }
+  // The same with `scale` for the weight and `shift` for the bias (their own, as
+  // SharedOverTheSequence returns them; none without a weight or bias).
+  torch::Tensor Normalize(const torch::Tensor& x, const torch::Tensor& scale,
+                          const torch::Tensor& shift = torch::Tensor()) const {
     const torch::Tensor h = x.to(torch::kFloat);
     if (!has_weight_) return torch::layer_norm(h, {size_}, {}, {}, eps_).to(x.scalar_type());
+    if (has_bias_) {
+      return torch::layer_norm(h, {size_}, scale.to(torch::kFloat), shift.to(torch::kFloat), eps_)
+          .to(x.scalar_type());
+    }
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
     if (offset_) {
       return (h * torch::rsqrt(variance + eps_) * (1.0 + scale.to(torch::kFloat)))
@@ -70,19 +80,22 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   }
   double eps() const { return eps_; }
   bool has_weight() const { return has_weight_; }
-  torch::Tensor weight;
+  bool has_bias() const { return has_bias_; }
+  torch::Tensor weight, bias;
 
  private:
   int64_t size_;
   double eps_;
   bool offset_;
   bool has_weight_;
+  bool has_bias_;
 };
 TORCH_MODULE(RmsNorm);
 
 RmsNorm MakeNorm(const LlamaConfig& config) {
   return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma(),
-                 /*has_weight=*/!config.LayerNormWithoutParameters());
+                 /*has_weight=*/!config.LayerNormWithoutParameters(),
+                 /*has_bias=*/config.LayerNormWithBias());
 }
 
 // OLMo's clip_qkv on a query, key or value product; the product itself without it.
@@ -419,7 +432,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 TORCH_MODULE(LlamaAttention);
 
 // mlp: down_proj(act(gate_proj(x)) * up_proj(x)) with act silu (Llama) or GELU (Gemma), gate
-// and up column-parallel, down row-parallel.
+// and up column-parallel, down row-parallel; StarCoder 2's c_proj(act(c_fc(x))).
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
  public:
   explicit LlamaMlpImpl(const LlamaConfig& config) : config_(config) { reset(); }
@@ -427,17 +440,23 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
   void reset() override {
     const int64_t hidden = config_.hidden, units = config_.intermediate;
     const bool bias = config_.mlp_bias;
-    gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
-    up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
-    down_proj = register_module("down_proj", RowParallelLinear(units, hidden, bias));
+    if (config_.PlainMlp()) {
+      // StarCoder 2's: c_fc, then c_proj; no gate (gate_proj holds c_fc, up_proj is none).
+      gate_proj = register_module("c_fc", ColumnParallelLinear(hidden, units, bias));
+      down_proj = register_module("c_proj", RowParallelLinear(units, hidden, bias));
+    } else {
+      gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
+      up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
+      down_proj = register_module("down_proj", RowParallelLinear(units, hidden, bias));
+    }
     InitNormal(gate_proj->weight, gate_proj->bias, config_.init_std);
-    InitNormal(up_proj->weight, up_proj->bias, config_.init_std);
+    if (!up_proj.is_empty()) InitNormal(up_proj->weight, up_proj->bias, config_.init_std);
     InitNormal(down_proj->weight, down_proj->bias, config_.init_std);
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     TANDEM_RETURN_IF_ERROR(gate_proj->ShardForTensorParallel(tp));
-    TANDEM_RETURN_IF_ERROR(up_proj->ShardForTensorParallel(tp));
+    if (!up_proj.is_empty()) TANDEM_RETURN_IF_ERROR(up_proj->ShardForTensorParallel(tp));
     TANDEM_RETURN_IF_ERROR(down_proj->ShardForTensorParallel(tp));
     tp_ = tp;
     return absl::OkStatus();
@@ -450,6 +469,13 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
   // This rank's units act(gate) * up of the whole sequence `input` (copied), or with
   // `sequence_split` of this rank's S/t tokens gathered (as Attend).
   torch::Tensor Units(const torch::Tensor& input, bool sequence_split = false) {
+    if (config_.PlainMlp()) {
+      const torch::Tensor product =
+          sequence_split
+              ? LinearsOverGatheredSequence(input, {gate_proj->weight}, {gate_proj->bias}, tp_)[0]
+              : DeferrableLinear(input, gate_proj->weight, gate_proj->bias);
+      return Activate(product, config_.hidden_act);
+    }
     if (sequence_split) {
       const std::vector<torch::Tensor> products = LinearsOverGatheredSequence(
           input, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias}, tp_);
@@ -727,7 +753,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
     }
     if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma() &&
-        !config_.LayerNormWithoutParameters() && config_.residual_multiplier == 1.0) {
+        !config_.LayerNormWithoutParameters() && !config_.LayerNormWithBias() &&
+        config_.residual_multiplier == 1.0) {
       // The norms write the products' type in the pass that reads their input; the
       // attention's residual add is the second norm's first step (fused_layer_norm.h).
       const torch::ScalarType type = AutocastMatmulType(x.device()).value_or(x.scalar_type());
@@ -762,12 +789,22 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const bool mlp_bias = !sparse_ && mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
+    // StarCoder 2's layer norms have biases (it has no sandwich norms).
+    const bool norm_biases = input_layernorm->has_bias();
+    const size_t first_norm_bias = whole.size();
+    if (norm_biases) {
+      whole.push_back(input_layernorm->bias);
+      whole.push_back(post_attention_layernorm->bias);
+    }
     const std::vector<torch::Tensor> shared =
         whole.empty() ? std::vector<torch::Tensor>{} : SharedOverTheSequence(whole, tp_);
     size_t next_bias = !norm_weights ? 0 : sandwich ? 4 : 2;
     // Norm n's weight as the group shares it (n: 0 input, 1 post-attention, 2 and 3 Gemma 2's
-    // feedforward norms); none for OLMo's.
+    // feedforward norms); none for OLMo's. Its bias (StarCoder 2's norms 0 and 1).
     const auto norm_weight = [&](size_t n) { return norm_weights ? shared[n] : torch::Tensor(); };
+    const auto norm_bias = [&](size_t n) {
+      return norm_biases ? shared[first_norm_bias + n] : torch::Tensor();
+    };
     const torch::Tensor o_bias = attention_bias ? shared[next_bias++] : torch::Tensor();
     const torch::Tensor down_bias = mlp_bias ? shared[next_bias++] : torch::Tensor();
     const auto with_bias = [](const torch::Tensor& y, const torch::Tensor& bias) {
@@ -775,7 +812,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     };
 
     // This rank's tokens, normalised: the products gather them.
-    const torch::Tensor normed = input_layernorm->Normalize(x, norm_weight(0));
+    const torch::Tensor normed = input_layernorm->Normalize(x, norm_weight(0), norm_bias(0));
     const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
     const torch::Tensor attended = self_attn->Attend(normed, cos, sin, /*sequence_split=*/true);
     torch::Tensor attention =
@@ -785,9 +822,9 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     // Gemma 2 normalises the attention's output (this rank's tokens) before the residual add.
     if (sandwich) attention = post_attention_layernorm->Normalize(attention, norm_weight(1));
     x = x + Residual(attention);
-    const torch::Tensor normed_x = sandwich
-                                       ? pre_feedforward_layernorm->Normalize(x, norm_weight(2))
-                                       : post_attention_layernorm->Normalize(x, norm_weight(1));
+    const torch::Tensor normed_x =
+        sandwich ? pre_feedforward_layernorm->Normalize(x, norm_weight(2))
+                 : post_attention_layernorm->Normalize(x, norm_weight(1), norm_bias(1));
     // The experts gather this rank's tokens and reduce-scatter their sum themselves.
     torch::Tensor output =
         sparse_ ? moe(normed_x)
@@ -892,11 +929,7 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
     // Granite's logits are divided by logits_scaling, each alike too.
     const double cap = config_.final_logit_softcapping;
     const torch::Tensor logits =
-        tp_.sequence_split()
-            ? lm_head(norm->Normalize(x, norm->has_weight()
-                                             ? SharedOverTheSequence({norm->weight}, tp_)[0]
-                                             : torch::Tensor()))
-            : lm_head(norm(x));
+        tp_.sequence_split() ? lm_head(NormalizeSequenceSplit(x)) : lm_head(norm(x));
     return SoftCap(config_.logits_scaling == 1.0 ? logits : logits / config_.logits_scaling, cap);
   }
 
@@ -910,6 +943,16 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
   LmHead lm_head{nullptr};
 
  private:
+  // This rank's tokens through the final norm, its weight and bias (none for OLMo's; a bias
+  // for StarCoder 2's) as the group shares them.
+  torch::Tensor NormalizeSequenceSplit(const torch::Tensor& x) {
+    if (!norm->has_weight()) return norm->Normalize(x, torch::Tensor());
+    if (!norm->has_bias()) return norm->Normalize(x, SharedOverTheSequence({norm->weight}, tp_)[0]);
+    const std::vector<torch::Tensor> shared =
+        SharedOverTheSequence({norm->weight, norm->bias}, tp_);
+    return norm->Normalize(x, shared[0], shared[1]);
+  }
+
   LlamaConfig config_;
   TensorParallel tp_;
 };
@@ -951,6 +994,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "olmoe") {
     return {50304, 2048, 2048, 16, 16, 0, 0, 4096, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "starcoder2") {  // tied as PretrainedConfig's default; no window
+    return {49152, 3072, 12288, 30, 24, 2, 0, 4096, 1e-5, 10000.0, true, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -958,7 +1004,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
 // or of each expert it reaches, the router, and the shared expert and its gate.
 double FeedforwardWeightsPerToken(const LlamaConfig& config, int64_t block) {
   const double h = static_cast<double>(config.hidden);
-  if (!config.SparseBlock(block)) return 3.0 * h * static_cast<double>(config.intermediate);
+  if (!config.SparseBlock(block)) {
+    return (config.PlainMlp() ? 2.0 : 3.0) * h * static_cast<double>(config.intermediate);
+  }
   const double shared = static_cast<double>(config.shared_expert_intermediate);
   return static_cast<double>(config.experts_per_token) * 3.0 * h *
              static_cast<double>(config.ExpertUnits()) +
@@ -1053,7 +1101,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     parameters.emplace_back(std::move(name), std::move(shape));
   };
   const bool norms = !config.LayerNormWithoutParameters();  // OLMo's hold none
+  const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's have them
   if (norms) add("input_layernorm.weight", {h});
+  if (norm_biases) add("input_layernorm.bias", {h});
   const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
       {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
   for (const auto& [projection, out_in] : attention) {
@@ -1067,6 +1117,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     add("self_attn.k_norm.weight", {kv});
   }
   if (norms) add("post_attention_layernorm.weight", {h});
+  if (norm_biases) add("post_attention_layernorm.bias", {h});
   if (config.SandwichNorms()) {
     add("pre_feedforward_layernorm.weight", {h});
     add("post_feedforward_layernorm.weight", {h});
@@ -1082,6 +1133,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
       if (bias) add(absl::StrCat(prefix, names[i], ".bias"), {down ? h : units});
     }
   };
+  if (config.PlainMlp()) {
+    add("mlp.c_fc.weight", {config.intermediate, h});
+    if (config.mlp_bias) add("mlp.c_fc.bias", {config.intermediate});
+    add("mlp.c_proj.weight", {h, config.intermediate});
+    if (config.mlp_bias) add("mlp.c_proj.bias", {h});
+    return parameters;
+  }
   if (!config.SparseBlock(block)) {
     mlp("mlp.", config.intermediate, {"gate_proj", "up_proj", "down_proj"}, config.mlp_bias);
     return parameters;
@@ -1153,7 +1211,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "granitemoe", "phi3", "olmo", "olmoe"}) {
+                            "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1175,6 +1233,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool phi3 = config.model_type == "phi3";
   const bool olmoe = config.model_type == "olmoe";
   const bool olmo = config.model_type == "olmo" || olmoe;  // OLMo's clamp and padding row
+  const bool starcoder2 = config.Starcoder2();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1197,13 +1256,17 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   config.head_dim = defaults.head_dim;
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
-  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo) {
+  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
                           GetIntOr(json, "max_position_embeddings", defaults.max_positions, where));
   TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                           GetNumberOr(json, "rms_norm_eps", defaults.rms_norm_eps, where));
+  if (starcoder2) {  // its layer norms' epsilon
+    TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
+                            GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
+  }
   TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
                           GetNumberOr(json, "rope_theta", defaults.rope_theta, where));
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
@@ -1340,6 +1403,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (qwen2) {
     // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
     config.qkv_bias = true;
+  } else if (starcoder2) {
+    // One use_bias for every product (Starcoder2Config's default: true).
+    TANDEM_ASSIGN_OR_RETURN(config.attention_bias, GetBoolOrUnset(json, "use_bias", true, where));
+    config.mlp_bias = config.attention_bias;
   } else if (!mistral && !mixtral && !phi3) {  // MistralConfig, MixtralConfig, Phi3Config
                                                // have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
@@ -1351,7 +1418,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // The sliding window: Mistral's when set (transformers' default 4096), Qwen2's only with
   // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096),
   // Mixtral's and Phi-3's when set (default none).
-  bool windowed = mistral || gemma2 || mixtral || phi3;
+  bool windowed = mistral || gemma2 || mixtral || phi3 || starcoder2;
   if (qwen2) {
     TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
   }
@@ -1369,7 +1436,16 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
       }
     }
   }
-  if (!gemma) {
+  if (starcoder2) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
+                            GetStringOr(json, "hidden_act", "gelu_pytorch_tanh", where));
+    if (config.hidden_act != "gelu_pytorch_tanh" && config.hidden_act != "gelu" &&
+        config.hidden_act != "silu") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: hidden_act \"", config.hidden_act,
+                       "\" is not supported (starcoder2: gelu_pytorch_tanh, gelu and silu)"));
+    }
+  } else if (!gemma) {
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "silu", where));
     if (config.hidden_act != "silu") {
       return absl::InvalidArgumentError(absl::StrCat("config.json: hidden_act \"",
@@ -1620,7 +1696,18 @@ std::string DescribeLlama(const LlamaConfig& config) {
                                   " I=", config.intermediate, " S=", config.seq_len,
                                   " V=", config.vocab);
   if (config.head_dim > 0) absl::StrAppend(&text, " hd=", config.head_dim);
-  absl::StrAppend(&text, " rope=", config.rope_theta);
+  // Six significant digits where they read back as the same number (every description
+  // written before), else the shortest text that does: a theta such as StarCoder2-3B's
+  // 999999.4420358813 is not rounded.
+  std::string theta = absl::StrCat(config.rope_theta);
+  double read_back = 0;
+  if (!absl::SimpleAtod(theta, &read_back) || read_back != config.rope_theta) {
+    char digits[32];
+    const std::to_chars_result written =
+        std::to_chars(digits, digits + sizeof(digits), config.rope_theta);
+    theta.assign(digits, written.ptr);
+  }
+  absl::StrAppend(&text, " rope=", theta);
   if (config.rope_scaling) {
     const LlamaRopeScaling& s = *config.rope_scaling;
     absl::StrAppend(&text, " llama3-scaling=", s.factor, "/", s.low_freq_factor, "/",
@@ -1687,7 +1774,8 @@ std::string DescribeLlama(const LlamaConfig& config) {
 }
 
 int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
-  if (model_type == "mistral" || model_type == "mixtral" || model_type == "phi3") {
+  if (model_type == "mistral" || model_type == "mixtral" || model_type == "phi3" ||
+      model_type == "starcoder2") {
     return sliding_window;
   }
   if (model_type == "gemma2") return block % 2 == 0 ? sliding_window : 0;
@@ -1826,6 +1914,7 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   const int last = static_cast<int>(config.layers) + 1;
   if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
   if (layer == last && rest == "norm.weight") return "model.norm.weight";
+  if (layer == last && rest == "norm.bias" && config.LayerNormWithBias()) return "model.norm.bias";
   if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
   if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
     const std::optional<FusedSlot> fused = FusedSlotOf(config, rest);
@@ -1840,6 +1929,9 @@ absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::str
   const int last = static_cast<int>(config.layers) + 1;
   if (key == "model.embed_tokens.weight") return std::string("layers.0.embed_tokens.weight");
   if (key == "model.norm.weight") return absl::StrCat("layers.", last, ".norm.weight");
+  if (key == "model.norm.bias" && config.LayerNormWithBias()) {
+    return absl::StrCat("layers.", last, ".norm.bias");
+  }
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
   std::string rest;
   const int block = NumberAfterPrefix(key, "model.layers.", &rest);

@@ -1,7 +1,8 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
-// MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM and
-// Phi3ForCausalLM, variations of the same computation: see LlamaConfig):
+// MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
+// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM and Starcoder2ForCausalLM, variations of the
+// same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -199,6 +200,12 @@ struct LlamaConfig {
   // together; under tensor parallelism the sums of squares are summed over the group), before
   // OLMo's clamp.
   bool QkNorms() const { return model_type == "olmoe"; }
+  // StarCoder 2's (Starcoder2ForCausalLM): layer norms with weight and bias (nn.LayerNorm,
+  // epsilon norm_epsilon, held in rms_norm_eps) and a plain MLP, mlp.c_proj(act(mlp.c_fc(x)))
+  // without a gate, biases on every product with use_bias.
+  bool Starcoder2() const { return model_type == "starcoder2"; }
+  bool LayerNormWithBias() const { return Starcoder2(); }
+  bool PlainMlp() const { return Starcoder2(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -218,8 +225,8 @@ struct LlamaConfig {
 
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
-    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo "
-    "and olmoe";
+    "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
+    "olmoe and starcoder2";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -229,9 +236,11 @@ bool IsLlamaModelType(absl::string_view model_type);
 // shared expert of 5632 units), GemmaConfig's and Gemma2Config's (tied embeddings, head_dim 256,
 // pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
 // and window 4096), GraniteConfig's (every multiplier 1), Phi3Config's (32064 tokens, 8192
-// units, pad_token_id 32000, norm epsilon 1e-5, no window) and GraniteMoeConfig's (8 experts, 2
-// a token). seq_len is not in the file: it keeps LlamaConfig's default, at most
-// max_position_embeddings (and Qwen2's window); set it afterwards.
+// units, pad_token_id 32000, norm epsilon 1e-5, no window), GraniteMoeConfig's (8 experts, 2
+// a token) and Starcoder2Config's (49152 tokens, 12288 units, 2 key/value heads, tied,
+// use_bias true for every product, norm_epsilon 1e-5, gelu_pytorch_tanh, no window). seq_len
+// is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
+// Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
@@ -241,11 +250,13 @@ bool IsLlamaModelType(absl::string_view model_type);
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
-// multipliers), "granitemoe" (Granite's with Mixtral's experts) and "phi3" (Mistral's computation,
-// fused products in the checkpoint, LongRoPE as its rope_scaling); output_router_logits
+// multipliers), "granitemoe" (Granite's with Mixtral's experts), "phi3" (Mistral's computation,
+// fused products in the checkpoint, LongRoPE as its rope_scaling), "olmo", "olmoe" and
+// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
-// attention_dropout, Phi-3's resid_pdrop and embd_pdrop (tandem has no dropout: it computes
+// attention_dropout, Phi-3's resid_pdrop and embd_pdrop, StarCoder 2's residual_dropout and
+// embedding_dropout (tandem has no dropout: it computes
 // what transformers computes in eval mode), router_aux_loss_coef (used only with
 // output_router_logits) and fields that only describe (torch_dtype, bos/eos_token_id, use_cache,
 // pretraining_tp: a split of the same products; Gemma's hidden_act, which transformers ignores

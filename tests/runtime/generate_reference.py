@@ -26,7 +26,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         (fused products in the checkpoint, a window of 6 tokens), phi3_longrope (LongRoPE's
         long factors: the prompt is longer than its original context), olmo_clip (weightless
         layer norms, q/k/v clamped, the cached keys and values too), olmoe (q_norm and k_norm
-        before the clamp, 4 experts, 2 a token), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        before the clamp, 4 experts, 2 a token), starcoder2_window (layer norms with biases, a
+        plain GELU MLP, biases everywhere, a window of 6 tokens), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -44,7 +45,8 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Starcoder2Config, Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -191,6 +193,10 @@ def make(output):
         ("olmoe", lambda: llama(OlmoeConfig, OlmoeForCausalLM, num_experts=4,
                                 num_experts_per_tok=2, intermediate_size=32, clip_qkv=0.5,
                                 pad_token_id=0, initializer_range=0.3),  # wide: varied tokens
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("starcoder2_window", lambda: llama(Starcoder2Config, Starcoder2ForCausalLM,
+                                            sliding_window=6, norm_epsilon=1e-5,
+                                            initializer_range=0.3),  # wide: varied tokens
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

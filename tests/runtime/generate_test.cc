@@ -208,6 +208,18 @@ std::vector<ModelCase> ModelCases() {
          c.normalize_top_k = false;
          return FrozenLlama(c);
        }},
+      // StarCoder 2's layer norms with biases, plain MLP and window in the incremental
+      // forward.
+      {"starcoder2",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "starcoder2";
+         c.hidden_act = "gelu_pytorch_tanh";
+         c.attention_bias = true;
+         c.mlp_bias = true;
+         c.sliding_window = 5;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -391,7 +403,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 19u);
+  ASSERT_EQ(cases->size(), 20u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -578,6 +578,20 @@ TEST_P(HfModelsTest, OlmoeWithQueryAndKeyNormsAndExpertsEqualsTransformers) {
   }
 }
 
+// StarCoder 2: layer norms with weights and biases, a plain GELU MLP, biases on every product
+// (or none), Mistral's window; as RMSNorms, or with a gated MLP, the logits are far off.
+TEST_P(HfModelsTest, Starcoder2WithLayerNormsAndAPlainMlpEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"starcoder2_window", "starcoder2_tied_nobias"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase unwindowed = LlamaCase("starcoder2_window", GptAttention::kExplicit,
+                                      [](LlamaConfig& config) { config.sliding_window = 0; });
+  EXPECT_GT(Compare(unwindowed, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -588,7 +602,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "mixtral_experts", "mixtral_top1_window", "qwen2_moe_shared", "qwen2_moe_step2",
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
-        "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "gpt2", "gpt2_untied_variants"}) {
+        "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
+        "starcoder2_tied_nobias", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1202,6 +1217,48 @@ TEST(LlamaConfigTest, ReadsOlmoeConfigsAsOlmoeConfigDefinesThem) {
   bad = olmoe;
   bad["num_experts"] = 0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "mixtral, granitemoe and olmoe need them");
+}
+
+// A config of StarCoder2-3B's sizes: layer norms of epsilon norm_epsilon, use_bias for every
+// product, its window, tied (PretrainedConfig's default, absent from the file); the dropouts
+// are ignored (tandem computes what transformers computes in eval mode).
+TEST(LlamaConfigTest, ReadsStarcoder2ConfigsAsStarcoder2ConfigDefinesThem) {
+  const Json starcoder2 = Json::parse(R"({
+    "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "hidden_size": 3072,
+    "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
+    "num_key_value_heads": 2, "max_position_embeddings": 16384, "rope_theta": 999999.4420358813,
+    "sliding_window": 4096, "norm_epsilon": 1e-05, "use_bias": true,
+    "hidden_act": "gelu_pytorch_tanh", "attention_dropout": 0.1, "residual_dropout": 0.1,
+    "embedding_dropout": 0.1, "initializer_range": 0.018042, "vocab_size": 49152,
+    "bos_token_id": 0, "eos_token_id": 0})");
+  auto config = LlamaConfigFromJson(starcoder2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->LayerNormWithBias());
+  EXPECT_TRUE(config->PlainMlp());
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_TRUE(config->mlp_bias);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->sliding_window, 4096);
+  EXPECT_EQ(config->WindowOfBlock(1), 4096);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=30 H=3072 A=24 KV=2 I=12288 S=32 V=49152 rope=999999.4420358813 tied "
+            "attention-bias mlp-bias window=4096 act=gelu_pytorch_tanh family=starcoder2");
+  // Starcoder2Config's defaults: no window, biases, tied.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "starcoder2"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_EQ(config->vocab, 49152);
+  EXPECT_EQ(config->kv_heads, 2);
+  EXPECT_TRUE(config->mlp_bias);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  Json bad = starcoder2;
+  bad["hidden_act"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "starcoder2: gelu_pytorch_tanh, gelu and silu");
+  bad = starcoder2;
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

@@ -26,7 +26,8 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaFor
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Starcoder2Config, Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -161,6 +162,15 @@ CASES = {
     # Untied, exact GELU, an explicit n_inner, scores also divided by the block's index + 1.
     "gpt2_untied_variants": lambda: gpt2(tie_word_embeddings=False, activation_function="gelu",
                                          n_inner=48, scale_attn_by_inverse_layer_idx=True),
+    # StarCoder 2: layer norms with weights and biases, a plain MLP (c_fc, gelu_pytorch_tanh,
+    # c_proj), biases on every product, a window of 5 positions, grouped-query attention.
+    "starcoder2_window": lambda: llama(Starcoder2Config, Starcoder2ForCausalLM, sliding_window=5,
+                                       norm_epsilon=1e-5),
+    # StarCoder 2 tied, without biases (use_bias false: its norms keep theirs), exact GELU,
+    # multi-head attention, no window.
+    "starcoder2_tied_nobias": lambda: llama(Starcoder2Config, Starcoder2ForCausalLM,
+                                            tie_word_embeddings=True, use_bias=False,
+                                            hidden_act="gelu", num_key_value_heads=4),
 }
 
 

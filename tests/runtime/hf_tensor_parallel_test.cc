@@ -110,6 +110,7 @@ struct Case {
   bool mixtral = false;   // Llama as Mixtral: 4 experts, 2 a token, instead of the MLP
   bool qwen2_moe = false;  // Llama as Qwen2-MoE: experts and a shared expert, block 1 dense
   bool olmoe = false;  // Llama as OLMoE: q_norm and k_norm over every head, clamped q/k/v, experts
+  bool starcoder2 = false;  // Llama as StarCoder 2: layer norms with biases, a plain MLP, biases
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -149,6 +150,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.experts_per_token = 2;
     llama.normalize_top_k = false;
     llama.clip_qkv = 0.5;
+  }
+  if (c.starcoder2) {
+    llama.model_type = "starcoder2";
+    llama.hidden_act = "gelu_pytorch_tanh";
+    llama.attention_bias = true;
+    llama.mlp_bias = true;
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -202,8 +209,16 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                                 ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
-    const int attention = (llama.qkv_bias ? 7 : 4) + (c.olmoe ? 2 : 0);
+    const int attention = (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2));
+    if (c.starcoder2) {
+      // c_fc's weight and bias split, c_proj's bias and the norms' biases whole.
+      EXPECT_NE(index.at("layers.1.mlp.c_fc.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.mlp.c_proj.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.self_attn.o_proj.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.input_layernorm.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.3.norm.bias"), nullptr);
+    }
     if (c.olmoe) {
       EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
@@ -239,8 +254,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     }
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
-    EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.qkv_bias ? 1u : 0u);
-    EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), 0u);
+    EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.QkvBias() ? 1u : 0u);
+    EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), llama.attention_bias ? 1u : 0u);
     // Gemma 2's extra norms stay whole.
     EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), c.gemma2 ? 1u : 0u);
     if (c.gemma2) EXPECT_EQ(index.at("layers.2.post_feedforward_layernorm.weight"), nullptr);
@@ -331,6 +346,18 @@ TEST(LlamaTensorParallelTest, OlmoeQueryKeyNormShardsGiveTheWholeLossAndGradient
   ExpectShardsGiveTheWholeLossAndGradients(olmoe);
   olmoe.expert_parallel = 2;
   ExpectShardsGiveTheWholeLossAndGradients(olmoe);
+}
+
+// StarCoder 2: c_fc split with its bias, c_proj's bias whole; under sequence parallelism the
+// layer norms' weights and biases see this rank's tokens (their gradients summed over the
+// group), the final norm's too.
+TEST(LlamaTensorParallelTest, Starcoder2ShardsGiveTheWholeLossAndGradients) {
+  Case starcoder2;
+  starcoder2.starcoder2 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(starcoder2);
+  starcoder2.sequence_parallel = true;
+  starcoder2.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(starcoder2);
 }
 
 // Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two

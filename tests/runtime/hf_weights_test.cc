@@ -764,7 +764,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // parallelism and with each rank holding two whole experts.
         ImportCase{"olmoe", "llama"}, ImportCase{"olmoe", "llama", /*ranks=*/2},
         ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
-        ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --expert-parallel 2"}}) {
+        ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --expert-parallel 2"},
+        // StarCoder 2's layer norms (weights and biases) and plain MLP: whole, on two stages, and
+        // split over two ranks with sequence parallelism (the norms' biases shared too).
+        ImportCase{"starcoder2", "llama"}, ImportCase{"starcoder2", "llama", /*ranks=*/2},
+        ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -932,6 +937,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // OLMoE on two stages: q_norm and k_norm written, its config.json (experts, clip_qkv)
         // from the description.
         ExportCase{"olmoe_init", 2, absl::StrCat(" --model llama --init-from ", Case("olmoe")), ""},
+        // StarCoder 2 on two stages: the norms' biases and c_fc/c_proj written, its config.json
+        // (norm_epsilon, use_bias, the window, the activation) from the description.
+        ExportCase{"starcoder2_init", 2,
+                   absl::StrCat(" --model llama --init-from ", Case("starcoder2")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -986,10 +995,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
     EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
-    const bool untied =
-        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
-        c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
-        c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init";
+    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
+                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
+                        c.name == "granite_init" || c.name == "phi3_init" ||
+                        c.name == "granitemoe_init" || c.name == "olmo_init" ||
+                        c.name == "olmoe_init" || c.name == "starcoder2_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     // OLMo's norms hold no weights: none written (a Llama's are).
     if (c.name == "olmo_init" || c.name == "granite_init") {
@@ -1065,6 +1075,14 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*olmoe)["num_experts_per_tok"], 2);
   EXPECT_EQ((*olmoe)["norm_topk_prob"], false);
   EXPECT_EQ((*olmoe)["clip_qkv"], 0.5);
+  auto starcoder2 = ReadJsonFile(scratch / "starcoder2_init_hf/config.json");
+  ASSERT_TRUE(starcoder2.ok()) << starcoder2.status();
+  EXPECT_EQ((*starcoder2)["architectures"][0], "Starcoder2ForCausalLM");
+  EXPECT_EQ((*starcoder2)["use_bias"], true);
+  EXPECT_EQ((*starcoder2)["sliding_window"], 6);
+  EXPECT_EQ((*starcoder2)["hidden_act"], "gelu_pytorch_tanh");
+  EXPECT_EQ((*starcoder2)["norm_epsilon"], 1e-5);
+  EXPECT_FALSE(starcoder2->contains("rms_norm_eps"));
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1089,7 +1107,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"granitemoe", "llama", /*ranks=*/2}, ImportCase{"olmo", "llama", /*ranks=*/2},
         ImportCase{"olmoe", "llama", /*ranks=*/2},
         // Read as shards of two ranks (the query and key norms too), written whole.
-        ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"starcoder2", "llama", /*ranks=*/2},
+        ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
