@@ -78,6 +78,18 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
     }
     return scale * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
   }
+  // RMSNorm of features split over `tp`'s group, `whole` of them in all, with this rank's
+  // slice of the weight (OLMoE's q_norm and k_norm under tensor parallelism): this rank's sum
+  // of squares all-reduced forward and its gradient all-reduced backward, since every rank's
+  // output depends on every rank's share.
+  torch::Tensor NormalizeSplit(const torch::Tensor& x, int64_t whole,
+                               const TensorParallel& tp) const {
+    const torch::Tensor h = x.to(torch::kFloat);
+    const torch::Tensor squares =
+        ReduceFromTensorParallel(CopyToTensorParallel(h.pow(2).sum(-1, /*keepdim=*/true), tp), tp);
+    const torch::Tensor variance = squares / static_cast<double>(whole);
+    return weight * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+  }
   double eps() const { return eps_; }
   bool has_weight() const { return has_weight_; }
   bool has_bias() const { return has_bias_; }
@@ -408,21 +420,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       products[1] = k_norm(products[1]);
       return;
     }
-    products[0] = NormaliseSplit(*q_norm, products[0], config_.heads * config_.HeadDim());
-    products[1] = NormaliseSplit(*k_norm, products[1], config_.kv_heads * config_.HeadDim());
-  }
-
-  // RMSNorm of features split over the group, `whole` of them in all: this rank's sum of
-  // squares all-reduced forward, and its gradient all-reduced backward (every rank's output
-  // depends on every rank's share), then this rank's slice of the weight. The mean is taken in
-  // float32 as RmsNorm takes it.
-  torch::Tensor NormaliseSplit(const RmsNormImpl& norm, const torch::Tensor& x,
-                               int64_t whole) const {
-    const torch::Tensor h = x.to(torch::kFloat);
-    const torch::Tensor squares = ReduceFromTensorParallel(
-        CopyToTensorParallel(h.pow(2).sum(-1, /*keepdim=*/true), tp_), tp_);
-    const torch::Tensor variance = squares / static_cast<double>(whole);
-    return norm.weight * (h * torch::rsqrt(variance + norm.eps())).to(x.scalar_type());
+    products[0] = q_norm->NormalizeSplit(products[0], config_.heads * config_.HeadDim(), tp_);
+    products[1] = k_norm->NormalizeSplit(products[1], config_.kv_heads * config_.HeadDim(), tp_);
   }
 
   LlamaConfig config_;
