@@ -240,7 +240,7 @@ CommandInfo GenerateCommand() {
         "    [--stop-token IDS|none] [--kv-cache=false] [--device cpu|cuda|cuda:N]\n"
         "    [--hf-config config.json]\n\n"
         "Loads a gpt, gpt2 or llama (mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite,\n"
-        "granitemoe, phi3, olmo, olmoe, starcoder2) model whole on one device: a checkpoint\n"
+        "granitemoe, phi3, olmo, olmoe, starcoder2, phi) model whole on one device: a checkpoint\n"
         "`tandem train` wrote (its manifest names the model; --hf-config gives the config.json\n"
         "a llama or gpt2 was trained from, for what the name lacks) or a Hugging Face folder\n"
         "(config.json and safetensors; its tokenizer.json serves --prompt without --tokenizer).\n"

@@ -102,6 +102,8 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   if (layout.tied_copies.count(head + "lm_head.weight") == 0) {
     add(head + "lm_head.weight", {config.vocab, h});
   }
+  // Phi's LM head bias is its own even where the weight is tied.
+  if (config.HeadBias()) add(head + "lm_head.bias", {config.vocab});
   layout.tandem_name = [config](absl::string_view key) { return LlamaTandemName(config, key); };
   return layout;
 }
@@ -411,7 +413,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"residual-mult", &config.residual_multiplier},
       {"attention-mult", &config.attention_multiplier},
       {"logits-scaling", &config.logits_scaling},
-      {"clip-qkv", &config.clip_qkv}};
+      {"clip-qkv", &config.clip_qkv},
+      {"rotary", &config.partial_rotary_factor}};
   const std::map<std::string, std::pair<bool*, bool>> words = {
       {"tied", {&config.tie_word_embeddings, true}},
       {"attention-bias", {&config.attention_bias, true}},
@@ -520,6 +523,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "olmo"       ? "OlmoForCausalLM"
                                    : config.model_type == "olmoe"      ? "OlmoeForCausalLM"
                                    : config.model_type == "starcoder2" ? "Starcoder2ForCausalLM"
+                                   : config.model_type == "phi"        ? "PhiForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -642,6 +646,19 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["sliding_window"] = window;
     json["residual_dropout"] = 0.0;
     json["embedding_dropout"] = 0.0;
+  } else if (config.Phi()) {
+    // PhiConfig: layer_norm_eps, biases always (no field), its activation and partial
+    // rotation, head_dim hidden / heads, no dropout, no query/key norms.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("rms_norm_eps");
+    json.erase("head_dim");
+    json["layer_norm_eps"] = config.rms_norm_eps;
+    json["hidden_act"] = config.hidden_act;
+    json["partial_rotary_factor"] = config.partial_rotary_factor;
+    json["qk_layernorm"] = false;
+    json["resid_pdrop"] = 0.0;
+    json["embd_pdrop"] = 0.0;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.

@@ -17,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 #include <ATen/ATen.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -141,8 +142,13 @@ torch::Tensor ExplicitAttention(const torch::Tensor& query, const torch::Tensor&
                        value);
 }
 
-// The MLP's gate activation (LlamaConfig::hidden_act).
+// The MLP's gate activation (LlamaConfig::hidden_act); gelu_new with transformers'
+// NewGELUActivation's operations in its order.
 torch::Tensor Activate(const torch::Tensor& x, const std::string& activation) {
+  if (activation == "gelu_new") {
+    return 0.5 * x *
+           (1.0 + torch::tanh(std::sqrt(2.0 / kPi) * (x + 0.044715 * torch::pow(x, 3.0))));
+  }
   if (activation == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
   if (activation == "gelu") return torch::gelu(x);
   return torch::silu(x);
@@ -152,7 +158,7 @@ torch::Tensor Activate(const torch::Tensor& x, const std::string& activation) {
 // _compute_llama3_parameters; Phi-3's LongRoPE with its long factors or its short ones), in
 // float32 with the same operations.
 torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = false) {
-  const int64_t dim = config.HeadDim();
+  const int64_t dim = config.RotaryDim();  // the rotated features (Phi's partial rotation)
   const torch::Tensor exponents =
       torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) /
       static_cast<double>(dim);
@@ -179,8 +185,14 @@ torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = 
   return torch::where(medium, smoothed, scaled);
 }
 
-// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2.
+// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2. With cos and
+// sin narrower than x (partial rotation), x's first features by them, the others as they are.
 torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t turned = cos.size(-1), features = x.size(-1);
+  if (turned < features) {
+    return torch::cat(
+        {Rotate(x.narrow(-1, 0, turned), cos, sin), x.narrow(-1, turned, features - turned)}, -1);
+  }
   const int64_t half = x.size(-1) / 2;
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
@@ -431,7 +443,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 TORCH_MODULE(LlamaAttention);
 
 // mlp: down_proj(act(gate_proj(x)) * up_proj(x)) with act silu (Llama) or GELU (Gemma), gate
-// and up column-parallel, down row-parallel; StarCoder 2's c_proj(act(c_fc(x))).
+// and up column-parallel, down row-parallel; StarCoder 2's c_proj(act(c_fc(x))), Phi's
+// fc2(act(fc1(x))).
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
  public:
   explicit LlamaMlpImpl(const LlamaConfig& config) : config_(config) { reset(); }
@@ -440,9 +453,11 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     const int64_t hidden = config_.hidden, units = config_.intermediate;
     const bool bias = config_.mlp_bias;
     if (config_.PlainMlp()) {
-      // StarCoder 2's: c_fc, then c_proj; no gate (gate_proj holds c_fc, up_proj is none).
-      gate_proj = register_module("c_fc", ColumnParallelLinear(hidden, units, bias));
-      down_proj = register_module("c_proj", RowParallelLinear(units, hidden, bias));
+      // StarCoder 2's c_fc, then c_proj (Phi's fc1, fc2); no gate (gate_proj holds c_fc,
+      // up_proj is none).
+      const bool phi = config_.Phi();
+      gate_proj = register_module(phi ? "fc1" : "c_fc", ColumnParallelLinear(hidden, units, bias));
+      down_proj = register_module(phi ? "fc2" : "c_proj", RowParallelLinear(units, hidden, bias));
     } else {
       gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
       up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
@@ -722,7 +737,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     input_layernorm = register_module("input_layernorm", MakeNorm(config_));
     self_attn =
         register_module("self_attn", LlamaAttention(config_, config_.WindowOfBlock(block_)));
-    post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
+    // Phi's one norm serves the attention and the MLP.
+    if (!config_.ParallelBlock()) {
+      post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
+    }
     if (config_.SandwichNorms()) {
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
       post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
@@ -745,8 +763,15 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    if (tp_.sequence_split()) return ForwardSequenceParallel(x);
+    if (tp_.sequence_split()) {
+      return config_.ParallelBlock() ? ForwardParallelSequenceSplit(x) : ForwardSequenceParallel(x);
+    }
     const auto [cos, sin] = Angles(x.size(1), x);
+    if (config_.ParallelBlock()) {
+      // Phi's: both take the one norm's output; added as transformers adds them.
+      const torch::Tensor normed = input_layernorm(x);
+      return self_attn->forward(normed, cos, sin) + Feedforward(normed) + x;
+    }
     if (config_.SandwichNorms()) {
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
@@ -836,10 +861,41 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     return x + Residual(output);
   }
 
+  // Phi's block under sequence parallelism: x + attention(n) + mlp(n) with n the norm of this
+  // rank's tokens, which both products gather; their outputs reduce-scattered back to this
+  // rank's tokens, the norm's weight and bias and the products' whole biases shared (their
+  // gradients summed over the group).
+  torch::Tensor ForwardParallelSequenceSplit(const torch::Tensor& x) {
+    std::vector<torch::Tensor> whole = {input_layernorm->weight, input_layernorm->bias};
+    const bool attention_bias = self_attn->o_proj->bias.defined();
+    const bool mlp_bias = mlp->down_proj->bias.defined();
+    if (attention_bias) whole.push_back(self_attn->o_proj->bias);
+    if (mlp_bias) whole.push_back(mlp->down_proj->bias);
+    const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
+    const torch::Tensor normed = input_layernorm->Normalize(x, shared[0], shared[1]);
+    const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
+    size_t next_bias = 2;
+    torch::Tensor attention = ReduceScatterToSequenceParallel(
+        DeferrableLinear(self_attn->Attend(normed, cos, sin, /*sequence_split=*/true),
+                         self_attn->o_proj->weight, {}),
+        tp_);
+    if (attention_bias) attention = attention + shared[next_bias++];
+    torch::Tensor output = ReduceScatterToSequenceParallel(
+        DeferrableLinear(mlp->Units(normed, /*sequence_split=*/true), mlp->down_proj->weight, {}),
+        tp_);
+    if (mlp_bias) output = output + shared[next_bias++];
+    return attention + output + x;
+  }
+
   // forward() for positions [start, start + n): the same angles for those positions.
   torch::Tensor ForwardIncremental(const torch::Tensor& input, int64_t start,
                                    KeyValueCache& cache) override {
     const auto [cos, sin] = Angles(start, start + input.size(1), input);
+    if (config_.ParallelBlock()) {
+      const torch::Tensor normed = input_layernorm(input);
+      return self_attn->ForwardIncremental(normed, cos, sin, start, cache) + Feedforward(normed) +
+             input;
+    }
     const torch::Tensor attended =
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
     if (config_.SandwichNorms()) {
@@ -855,7 +911,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   // post_attention_layernorm normalises the MLP's input, except in Gemma 2: there it normalises
   // the attention's output, and pre_feedforward_layernorm the MLP's input (both feedforward
-  // norms are Gemma 2's only).
+  // norms are Gemma 2's only). Phi's blocks have none: input_layernorm serves both.
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
@@ -912,10 +968,11 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
 
   void reset() override {
     norm = register_module("norm", MakeNorm(config_));
-    lm_head = register_module("lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std));
+    lm_head = register_module(
+        "lm_head", LmHead(config_.hidden, config_.vocab, config_.init_std, config_.HeadBias()));
   }
 
-  // This rank's vocabulary rows of the LM head.
+  // This rank's vocabulary rows of the LM head (and of its bias).
   void ShardForTensorParallel(const TensorParallel& tp) {
     lm_head->ShardForTensorParallel(tp);
     tp_ = tp;
@@ -996,6 +1053,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "starcoder2") {  // tied as PretrainedConfig's default; no window
     return {49152, 3072, 12288, 30, 24, 2, 0, 4096, 1e-5, 10000.0, true, 0};
   }
+  if (model_type == "phi") {
+    return {51200, 2048, 8192, 24, 32, 0, 0, 2048, 1e-5, 10000.0, false, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -1055,10 +1115,13 @@ std::optional<FusedSlot> FusedSlotOf(const LlamaConfig& config, const std::strin
 }
 
 // A key of a block (transformers' name inside it) that tandem names otherwise, not fused:
-// GraniteMoE's router.
+// GraniteMoE's router, Phi's self_attn.dense (tandem's o_proj).
 std::string RenamedKey(const LlamaConfig& config, const std::string& name) {
   if (config.FusedExperts() && name == "block_sparse_moe.gate.weight") {
     return "block_sparse_moe.router.layer.weight";
+  }
+  if (config.Phi() && absl::StartsWith(name, "self_attn.o_proj.")) {
+    return absl::StrCat("self_attn.dense.", name.substr(sizeof("self_attn.o_proj.") - 1));
   }
   return name;
 }
@@ -1078,6 +1141,9 @@ std::optional<std::string> TandemNameOfKey(const LlamaConfig& config, const std:
       return "block_sparse_moe.experts.0.w2.weight";
     }
     if (key == "block_sparse_moe.router.layer.weight") return "block_sparse_moe.gate.weight";
+  }
+  if (config.Phi() && absl::StartsWith(key, "self_attn.dense.")) {
+    return absl::StrCat("self_attn.o_proj.", key.substr(sizeof("self_attn.dense.") - 1));
   }
   return std::nullopt;
 }
@@ -1100,9 +1166,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     parameters.emplace_back(std::move(name), std::move(shape));
   };
   const bool norms = !config.LayerNormWithoutParameters();  // OLMo's hold none
-  const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's have them
-  if (norms) add("input_layernorm.weight", {h});
-  if (norm_biases) add("input_layernorm.bias", {h});
+  const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's and Phi's have them
+  // Phi's one norm comes last in its state dict (PhiDecoderLayer's order).
+  const bool norm_first = !config.ParallelBlock();
+  if (norms && norm_first) add("input_layernorm.weight", {h});
+  if (norm_biases && norm_first) add("input_layernorm.bias", {h});
   const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
       {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
   for (const auto& [projection, out_in] : attention) {
@@ -1115,8 +1183,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     add("self_attn.q_norm.weight", {q});
     add("self_attn.k_norm.weight", {kv});
   }
-  if (norms) add("post_attention_layernorm.weight", {h});
-  if (norm_biases) add("post_attention_layernorm.bias", {h});
+  if (norms && norm_first) add("post_attention_layernorm.weight", {h});
+  if (norm_biases && norm_first) add("post_attention_layernorm.bias", {h});
   if (config.SandwichNorms()) {
     add("pre_feedforward_layernorm.weight", {h});
     add("post_feedforward_layernorm.weight", {h});
@@ -1133,10 +1201,16 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     }
   };
   if (config.PlainMlp()) {
-    add("mlp.c_fc.weight", {config.intermediate, h});
-    if (config.mlp_bias) add("mlp.c_fc.bias", {config.intermediate});
-    add("mlp.c_proj.weight", {h, config.intermediate});
-    if (config.mlp_bias) add("mlp.c_proj.bias", {h});
+    const std::string up = config.Phi() ? "mlp.fc1." : "mlp.c_fc.";
+    const std::string down = config.Phi() ? "mlp.fc2." : "mlp.c_proj.";
+    add(up + "weight", {config.intermediate, h});
+    if (config.mlp_bias) add(up + "bias", {config.intermediate});
+    add(down + "weight", {h, config.intermediate});
+    if (config.mlp_bias) add(down + "bias", {h});
+    if (!norm_first) {
+      add("input_layernorm.weight", {h});
+      add("input_layernorm.bias", {h});
+    }
     return parameters;
   }
   if (!config.SparseBlock(block)) {
@@ -1209,8 +1283,9 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 }  // namespace
 
 bool IsLlamaModelType(absl::string_view model_type) {
-  for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2"}) {
+  for (const char* known :
+       {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "granite",
+        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1233,6 +1308,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool olmoe = config.model_type == "olmoe";
   const bool olmo = config.model_type == "olmo" || olmoe;  // OLMo's clamp and padding row
   const bool starcoder2 = config.Starcoder2();
+  const bool phi = config.Phi();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1255,7 +1331,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   config.head_dim = defaults.head_dim;
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
-  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2) {
+  if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2 &&
+      !phi) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -1265,6 +1342,17 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (starcoder2) {  // its layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
+  }
+  if (phi) {  // its layer norms' epsilon
+    TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
+                            GetNumberOr(json, "layer_norm_eps", defaults.rms_norm_eps, where));
+    TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm,
+                            GetBoolOrUnset(json, "qk_layernorm", false, where));
+    if (qk_layernorm) {
+      return absl::InvalidArgumentError(
+          "config.json: qk_layernorm true is not supported for phi (tandem's Phi normalises "
+          "neither the queries nor the keys)");
+    }
   }
   TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
                           GetNumberOr(json, "rope_theta", defaults.rope_theta, where));
@@ -1402,6 +1490,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (qwen2) {
     // Qwen2's q/k/v_proj always have biases, o_proj and the MLP never.
     config.qkv_bias = true;
+  } else if (phi) {
+    // Phi's products all have biases.
+    config.attention_bias = true;
+    config.mlp_bias = true;
   } else if (starcoder2) {
     // One use_bias for every product (Starcoder2Config's default: true).
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias, GetBoolOrUnset(json, "use_bias", true, where));
@@ -1444,6 +1536,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           absl::StrCat("config.json: hidden_act \"", config.hidden_act,
                        "\" is not supported (starcoder2: gelu_pytorch_tanh, gelu and silu)"));
     }
+  } else if (phi) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "gelu_new", where));
+    if (config.hidden_act != "gelu_new" && config.hidden_act != "gelu_pytorch_tanh" &&
+        config.hidden_act != "gelu") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: hidden_act \"", config.hidden_act,
+                       "\" is not supported (phi: gelu_new, gelu_pytorch_tanh and gelu)"));
+    }
   } else if (!gemma) {
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "silu", where));
     if (config.hidden_act != "silu") {
@@ -1452,11 +1552,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                                      "\" is not supported (llama: silu only)"));
     }
   }
-  TANDEM_ASSIGN_OR_RETURN(const double partial,
-                          GetNumberOr(json, "partial_rotary_factor", 1.0, where));
-  if (partial != 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: partial_rotary_factor ", partial, " is not supported (only 1)"));
+  TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
+                          GetNumberOr(json, "partial_rotary_factor", phi ? 0.5 : 1.0, where));
+  if (!phi && config.partial_rotary_factor != 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: partial_rotary_factor ", config.partial_rotary_factor,
+                     " is not supported for ", config.model_type, " (only 1; phi's may be less)"));
   }
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
@@ -1603,9 +1704,22 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
     return absl::InvalidArgumentError("llama: experts have no biases (mlp_bias)");
   }
   if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
-      config.hidden_act != "gelu") {
-    return absl::InvalidArgumentError(absl::StrCat("llama: hidden_act \"", config.hidden_act,
-                                                   "\" is not silu, gelu_pytorch_tanh or gelu"));
+      config.hidden_act != "gelu" && config.hidden_act != "gelu_new") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: hidden_act \"", config.hidden_act,
+                     "\" is not silu, gelu_pytorch_tanh, gelu or gelu_new"));
+  }
+  if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1) ||
+      (!config.Phi() && config.partial_rotary_factor != 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: partial_rotary_factor must be in (0, 1], and 1 except for phi; got ",
+                     config.partial_rotary_factor, " for ", config.model_type));
+  }
+  if (config.RotaryDim() < 2 || config.RotaryDim() % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: partial_rotary_factor ", config.partial_rotary_factor, " of head_dim ",
+                     config.HeadDim(), " rotates ", config.RotaryDim(),
+                     " features; rotary embeddings need an even number, at least 2"));
   }
   const std::pair<const char*, double> scalars[] = {
       {"query_pre_attn_scalar", config.query_pre_attn_scalar},
@@ -1768,6 +1882,9 @@ std::string DescribeLlama(const LlamaConfig& config) {
     absl::StrAppend(&text, " logits-scaling=", config.logits_scaling);
   }
   if (config.clip_qkv > 0) absl::StrAppend(&text, " clip-qkv=", config.clip_qkv);
+  if (config.partial_rotary_factor != 1.0) {
+    absl::StrAppend(&text, " rotary=", config.partial_rotary_factor);
+  }
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }
@@ -1911,10 +2028,13 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   std::string rest;
   const int layer = NumberAfterPrefix(name, "layers.", &rest);
   const int last = static_cast<int>(config.layers) + 1;
+  // Phi's final norm is model.final_layernorm.
+  const std::string norm = config.Phi() ? "model.final_layernorm." : "model.norm.";
   if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
-  if (layer == last && rest == "norm.weight") return "model.norm.weight";
-  if (layer == last && rest == "norm.bias" && config.LayerNormWithBias()) return "model.norm.bias";
+  if (layer == last && rest == "norm.weight") return norm + "weight";
+  if (layer == last && rest == "norm.bias" && config.LayerNormWithBias()) return norm + "bias";
   if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
+  if (layer == last && rest == "lm_head.bias" && config.HeadBias()) return "lm_head.bias";
   if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
     const std::optional<FusedSlot> fused = FusedSlotOf(config, rest);
     return absl::StrCat("model.layers.", layer - 1, ".",
@@ -1926,12 +2046,16 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
 
 absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::string_view key) {
   const int last = static_cast<int>(config.layers) + 1;
+  const std::string norm = config.Phi() ? "model.final_layernorm." : "model.norm.";
   if (key == "model.embed_tokens.weight") return std::string("layers.0.embed_tokens.weight");
-  if (key == "model.norm.weight") return absl::StrCat("layers.", last, ".norm.weight");
-  if (key == "model.norm.bias" && config.LayerNormWithBias()) {
+  if (key == norm + "weight") return absl::StrCat("layers.", last, ".norm.weight");
+  if (key == norm + "bias" && config.LayerNormWithBias()) {
     return absl::StrCat("layers.", last, ".norm.bias");
   }
   if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
+  if (key == "lm_head.bias" && config.HeadBias()) {
+    return absl::StrCat("layers.", last, ".lm_head.bias");
+  }
   std::string rest;
   const int block = NumberAfterPrefix(key, "model.layers.", &rest);
   if (block >= 0 && block < config.layers) {

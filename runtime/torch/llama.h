@@ -1,8 +1,8 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
-// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM and Starcoder2ForCausalLM, variations of the
-// same computation: see LlamaConfig):
+// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM and PhiForCausalLM,
+// variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -23,6 +23,8 @@
 //            mlp.experts.<e>.{gate,up,down}_proj.weight, mlp.shared_expert.{gate,up,down}_proj
 //            .weight and mlp.shared_expert_gate.weight
 //   head:    norm.weight, lm_head.weight
+// (Phi's: model.final_layernorm and self_attn.dense in its checkpoints are tandem's norm and
+// self_attn.o_proj; its lm_head has a bias.)
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
 // mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
@@ -133,7 +135,8 @@ struct LlamaConfig {
   // MLP's input by pre_feedforward_layernorm.
   std::string model_type = "llama";
   // The MLP's gate activation: "silu" (Llama), "gelu_pytorch_tanh" or "gelu" (Gemma's
-  // hidden_activation).
+  // hidden_activation), "gelu_new" (Phi's: transformers' NewGELUActivation, the tanh
+  // approximation written out).
   std::string hidden_act = "silu";
   // Attention scores are divided by sqrt(query_pre_attn_scalar) (Gemma 2); 0: by
   // sqrt(head_dim).
@@ -178,9 +181,18 @@ struct LlamaConfig {
   // OLMo's clip_qkv: the query, key and value products are clamped to [-c, c] before the
   // heads are formed; 0: none.
   double clip_qkv = 0.0;
+  // The share of each head's features that the rotary embeddings rotate (Phi's
+  // partial_rotary_factor): the first RotaryDim() of them, at the frequencies of that many
+  // features; the others pass unrotated. 1: all.
+  double partial_rotary_factor = 1.0;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
+  // The features of a head that are rotated: int(head_dim * partial_rotary_factor), as
+  // transformers rounds it.
+  int64_t RotaryDim() const {
+    return static_cast<int64_t>(static_cast<double>(HeadDim()) * partial_rotary_factor);
+  }
   bool QkvBias() const { return attention_bias || qkv_bias; }
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
   bool SandwichNorms() const { return model_type == "gemma2"; }
@@ -204,8 +216,16 @@ struct LlamaConfig {
   // epsilon norm_epsilon, held in rms_norm_eps) and a plain MLP, mlp.c_proj(act(mlp.c_fc(x)))
   // without a gate, biases on every product with use_bias.
   bool Starcoder2() const { return model_type == "starcoder2"; }
-  bool LayerNormWithBias() const { return Starcoder2(); }
-  bool PlainMlp() const { return Starcoder2(); }
+  // Phi's (PhiForCausalLM: Phi-1, Phi-1.5, Phi-2): one layer norm (input_layernorm, weight and
+  // bias, epsilon layer_norm_eps) whose output both the attention and the MLP take, the block
+  // adding both to its input (x + attention(n) + mlp(n), n = LN(x): ParallelBlock); a plain MLP
+  // (mlp.fc1, mlp.fc2); biases on every product (o_proj is self_attn.dense) and on the LM head;
+  // final_layernorm for the head's norm; partial rotary embeddings (partial_rotary_factor).
+  bool Phi() const { return model_type == "phi"; }
+  bool LayerNormWithBias() const { return Starcoder2() || Phi(); }
+  bool PlainMlp() const { return Starcoder2() || Phi(); }
+  bool ParallelBlock() const { return Phi(); }
+  bool HeadBias() const { return Phi(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -226,7 +246,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe and starcoder2";
+    "olmoe, starcoder2 and phi";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -237,30 +257,33 @@ bool IsLlamaModelType(absl::string_view model_type);
 // pad_token_id 0, gelu_pytorch_tanh, Gemma 2's soft caps 50 and 30, its query_pre_attn_scalar 224
 // and window 4096), GraniteConfig's (every multiplier 1), Phi3Config's (32064 tokens, 8192
 // units, pad_token_id 32000, norm epsilon 1e-5, no window), GraniteMoeConfig's (8 experts, 2
-// a token) and Starcoder2Config's (49152 tokens, 12288 units, 2 key/value heads, tied,
-// use_bias true for every product, norm_epsilon 1e-5, gelu_pytorch_tanh, no window). seq_len
+// a token), Starcoder2Config's (49152 tokens, 12288 units, 2 key/value heads, tied,
+// use_bias true for every product, norm_epsilon 1e-5, gelu_pytorch_tanh, no window) and
+// PhiConfig's (51200 tokens, 2048 wide, 8192 units, 24 layers, 32 heads, gelu_new,
+// layer_norm_eps 1e-5, partial_rotary_factor 0.5, no qk_layernorm). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
-// and "yarn"), partial_rotary_factor other than 1, a model_type other
+// and "yarn"), partial_rotary_factor other than 1 (phi: outside (0, 1]), Phi's qk_layernorm
+// true, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
 // multipliers), "granitemoe" (Granite's with Mixtral's experts), "phi3" (Mistral's computation,
 // fused products in the checkpoint, LongRoPE as its rope_scaling), "olmo", "olmoe" and
-// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu); output_router_logits
+// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu) and "phi" (hidden_act gelu_new,
+// gelu_pytorch_tanh or gelu); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
-// attention_dropout, Phi-3's resid_pdrop and embd_pdrop, StarCoder 2's residual_dropout and
-// embedding_dropout (tandem has no dropout: it computes
-// what transformers computes in eval mode), router_aux_loss_coef (used only with
-// output_router_logits) and fields that only describe (torch_dtype, bos/eos_token_id, use_cache,
-// pretraining_tp: a split of the same products; Gemma's hidden_act, which transformers ignores
-// too).
+// attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, StarCoder 2's residual_dropout
+// and embedding_dropout (tandem has no dropout: it computes what transformers computes in eval
+// mode), router_aux_loss_coef (used only with output_router_logits) and fields that only describe
+// (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a split of the same products; Gemma's
+// hidden_act, which transformers ignores too).
 absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json);
 
 // InvalidArgument naming the field: positive sizes, kv_heads dividing heads, an even head_dim,
@@ -275,7 +298,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // Phi-3's " longrope=4096/1a2b3c4d" (original_max_position_embeddings and a hash of the
 // factors, which the description does not hold: a checkpoint of such a model is exported or
 // loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
-// " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", " family=mistral").
+// " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's
+// " rotary=0.4" (partial_rotary_factor), " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

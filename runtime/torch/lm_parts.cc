@@ -45,13 +45,14 @@ torch::Tensor LayerNormWith(const torch::nn::LayerNorm& norm, const torch::Tenso
                            norm->options.eps());
 }
 
-LmHeadImpl::LmHeadImpl(int64_t hidden, int64_t vocab, double init_std)
-    : hidden_(hidden), vocab_(vocab), init_std_(init_std) {
+LmHeadImpl::LmHeadImpl(int64_t hidden, int64_t vocab, double init_std, bool bias)
+    : hidden_(hidden), vocab_(vocab), init_std_(init_std), has_bias_(bias) {
   reset();
 }
 
 void LmHeadImpl::reset() {
   weight = register_parameter("weight", torch::empty({vocab_, hidden_}));
+  if (has_bias_) bias = register_parameter("bias", torch::zeros({vocab_}));
   shared_ = torch::Tensor();
   torch::NoGradGuard no_grad;
   torch::nn::init::normal_(weight, /*mean=*/0.0, init_std_);
@@ -61,20 +62,24 @@ torch::Tensor LmHeadImpl::forward(const torch::Tensor& x) {
   // Under sequence parallelism `x` is this rank's tokens: the product takes them all, and
   // (its own weight) keeps only these for the backward.
   if (tp_.sequence_split() && !shared_.defined()) {
-    return LinearOverGatheredSequence(x, weight, torch::Tensor(), tp_);
+    return LinearOverGatheredSequence(x, weight, bias, tp_);
   }
   const torch::Tensor input = tp_.sequence_split() ? GatherFromSequenceParallel(x, tp_)
                               : tp_.enabled()      ? CopyToTensorParallel(x, tp_)
                                                    : x;
   // A shared weight's gradient is left to autograd, which adds it to the embedding's.
-  if (shared_.defined()) return torch::linear(input, shared_);
-  return DeferrableLinearPadded(input, weight, torch::Tensor());
+  if (shared_.defined()) return torch::linear(input, shared_, bias);
+  return DeferrableLinearPadded(input, weight, bias);
 }
 
 void LmHeadImpl::ShardForTensorParallel(const TensorParallel& tp) {
   if (!shared_.defined()) {
     torch::NoGradGuard no_grad;
     weight.set_data(weight.narrow(0, tp.ShardBegin(vocab_), tp.ShardSize(vocab_)).clone());
+  }
+  if (bias.defined()) {
+    torch::NoGradGuard no_grad;
+    bias.set_data(bias.narrow(0, tp.ShardBegin(vocab_), tp.ShardSize(vocab_)).clone());
   }
   tp_ = tp;
 }

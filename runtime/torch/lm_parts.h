@@ -42,13 +42,14 @@ torch::Tensor CausalSelfAttention(const torch::Tensor& query, const torch::Tenso
 torch::Tensor LayerNormWith(const torch::nn::LayerNorm& norm, const torch::Tensor& x,
                             const torch::Tensor& weight, const torch::Tensor& bias);
 
-// An LM head without bias: logits = x W^T with W [vocab, hidden] (parameter "weight", drawn
-// N(0, init_std)). Under tensor parallelism it keeps this rank's vocabulary rows and gives this
+// An LM head: logits = x W^T with W [vocab, hidden] (parameter "weight", drawn N(0, init_std)),
+// plus a bias [vocab] (parameter "bias", zero) with `bias` (Phi's; a tied weight leaves the bias
+// the head's own). Under tensor parallelism it keeps this rank's vocabulary rows and gives this
 // rank's logits (for VocabParallelCrossEntropy); under sequence parallelism it takes this rank's
 // S/t tokens and gives the logits of the whole sequence (gathered before the product).
 class LmHeadImpl : public torch::nn::Cloneable<LmHeadImpl> {
  public:
-  LmHeadImpl(int64_t hidden, int64_t vocab, double init_std);
+  LmHeadImpl(int64_t hidden, int64_t vocab, double init_std, bool bias = false);
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -60,10 +61,12 @@ class LmHeadImpl : public torch::nn::Cloneable<LmHeadImpl> {
   bool shares_weight() const { return shared_.defined(); }
 
   torch::Tensor weight;  // its own parameter; undefined once it shares
+  torch::Tensor bias;    // undefined without one
 
  private:
   int64_t hidden_, vocab_;
   double init_std_;
+  bool has_bias_;
   torch::Tensor shared_;
   TensorParallel tp_;
 };

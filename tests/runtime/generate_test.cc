@@ -220,6 +220,18 @@ std::vector<ModelCase> ModelCases() {
          c.sliding_window = 5;
          return FrozenLlama(c);
        }},
+      // Phi's attention and MLP side by side and its partial rotation in the incremental
+      // forward (the cached keys rotated in part).
+      {"phi",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "phi";
+         c.hidden_act = "gelu_new";
+         c.attention_bias = true;
+         c.mlp_bias = true;
+         c.partial_rotary_factor = 0.5;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -403,7 +415,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 20u);
+  ASSERT_EQ(cases->size(), 21u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

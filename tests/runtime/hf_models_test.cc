@@ -592,6 +592,25 @@ TEST_P(HfModelsTest, Starcoder2WithLayerNormsAndAPlainMlpEqualsTransformers) {
   EXPECT_GT(Compare(unwindowed, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// Phi: one layer norm for the attention and the MLP, both added to the block's input; part of
+// each head rotated; gelu_new; biases everywhere, the LM head's too. Rotating every feature, or
+// adding the MLP after the attention as Llama does, is far off.
+TEST_P(HfModelsTest, PhiWithParallelAttentionAndPartialRotationEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"phi_partial", "phi_tied_three_quarters"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase whole_rotation =
+      LlamaCase("phi_partial", GptAttention::kExplicit,
+                [](LlamaConfig& config) { config.partial_rotary_factor = 1; });
+  EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
+  const HfCase exact_gelu = LlamaCase("phi_partial", GptAttention::kExplicit,
+                                      [](LlamaConfig& config) { config.hidden_act = "gelu"; });
+  EXPECT_GT(Compare(exact_gelu, {0, 4}).logits, 0.0);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -603,7 +622,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
-        "starcoder2_tied_nobias", "gpt2", "gpt2_untied_variants"}) {
+        "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1259,6 +1279,72 @@ TEST(LlamaConfigTest, ReadsStarcoder2ConfigsAsStarcoder2ConfigDefinesThem) {
   bad = starcoder2;
   bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
   ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
+}
+
+// A config of Phi-2's sizes (its config.json as published): layer norms of epsilon
+// layer_norm_eps, biases on every product and the LM head (no field), partial_rotary_factor
+// 0.4 (32 of 80 features), gelu_new; dropouts ignored (tandem computes what transformers
+// computes in eval mode).
+TEST(LlamaConfigTest, ReadsPhiConfigsAsPhiConfigDefinesThem) {
+  const Json phi2 = Json::parse(R"({
+    "architectures": ["PhiForCausalLM"], "model_type": "phi", "attention_dropout": 0.0,
+    "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new",
+    "hidden_size": 2560, "initializer_range": 0.02, "intermediate_size": 10240,
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+    "qk_layernorm": false, "resid_pdrop": 0.1, "rope_scaling": null, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "torch_dtype": "float16", "use_cache": true,
+    "vocab_size": 51200})");
+  auto config = LlamaConfigFromJson(phi2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Phi());
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_TRUE(config->HeadBias());
+  EXPECT_TRUE(config->LayerNormWithBias());
+  EXPECT_TRUE(config->PlainMlp());
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_TRUE(config->mlp_bias);
+  EXPECT_FALSE(config->tie_word_embeddings);
+  EXPECT_EQ(config->HeadDim(), 80);
+  EXPECT_EQ(config->RotaryDim(), 32);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=2560 A=32 KV=32 I=10240 S=32 V=51200 rope=10000 attention-bias "
+            "mlp-bias act=gelu_new rotary=0.4 family=phi");
+  // Its parameters as transformers names them, the LM head's bias among them.
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.o_proj.weight").value_or(""),
+            "model.layers.0.self_attn.dense.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.33.norm.bias").value_or(""), "model.final_layernorm.bias");
+  EXPECT_EQ(LlamaHfName(*config, "layers.33.lm_head.bias").value_or(""), "lm_head.bias");
+  EXPECT_EQ(LlamaTandemName(*config, "model.layers.31.mlp.fc2.bias").value_or(""),
+            "layers.32.mlp.fc2.bias");
+  EXPECT_FALSE(LlamaTandemName(*config, "model.layers.0.self_attn.o_proj.weight").ok());
+  EXPECT_FALSE(LlamaTandemName(*config, "model.norm.weight").ok());
+  // PhiConfig's defaults: Phi-1's sizes, half of each head rotated.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "phi"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->vocab, 51200);
+  EXPECT_EQ(config->hidden, 2048);
+  EXPECT_EQ(config->layers, 24);
+  EXPECT_EQ(config->kv_heads, 32);
+  EXPECT_EQ(config->partial_rotary_factor, 0.5);
+  EXPECT_EQ(config->hidden_act, "gelu_new");
+  Json bad = phi2;
+  bad["qk_layernorm"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "qk_layernorm");
+  bad = phi2;
+  bad["hidden_act"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "phi: gelu_new, gelu_pytorch_tanh and gelu");
+  bad = phi2;
+  bad["partial_rotary_factor"] = 0.01;  // no feature rotated
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rotary embeddings need an even number");
+  bad = phi2;
+  bad["partial_rotary_factor"] = 1.5;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "partial_rotary_factor");
+  // Only Phi rotates part of a head.
+  Json llama = Json::parse(R"({"model_type": "llama", "partial_rotary_factor": 0.5})");
+  ExpectRefused(LlamaConfigFromJson(llama).status(), "partial_rotary_factor");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

@@ -26,8 +26,9 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaFor
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Starcoder2Config, Starcoder2ForCausalLM)
+                          PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
+                          Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -171,6 +172,17 @@ CASES = {
     "starcoder2_tied_nobias": lambda: llama(Starcoder2Config, Starcoder2ForCausalLM,
                                             tie_word_embeddings=True, use_bias=False,
                                             hidden_act="gelu", num_key_value_heads=4),
+    # Phi: one layer norm whose output the attention and the MLP both take, their outputs added
+    # to the block's input; half of each head rotated (4 of 8 features), gelu_new, biases on
+    # every product and on the LM head, grouped-query attention.
+    "phi_partial": lambda: llama(PhiConfig, PhiForCausalLM, layer_norm_eps=1e-5,
+                                 partial_rotary_factor=0.5),
+    # Phi tied (the LM head's bias its own), 6 of 8 features rotated, the tanh GELU of torch,
+    # multi-head attention.
+    "phi_tied_three_quarters": lambda: llama(PhiConfig, PhiForCausalLM, layer_norm_eps=1e-5,
+                                             partial_rotary_factor=0.75, tie_word_embeddings=True,
+                                             hidden_act="gelu_pytorch_tanh",
+                                             num_key_value_heads=4),
 }
 
 

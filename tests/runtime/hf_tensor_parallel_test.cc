@@ -111,6 +111,7 @@ struct Case {
   bool qwen2_moe = false;  // Llama as Qwen2-MoE: experts and a shared expert, block 1 dense
   bool olmoe = false;  // Llama as OLMoE: q_norm and k_norm over every head, clamped q/k/v, experts
   bool starcoder2 = false;  // Llama as StarCoder 2: layer norms with biases, a plain MLP, biases
+  bool phi = false;  // Llama as Phi: attention and MLP side by side, partial rotation, head bias
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -156,6 +157,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.hidden_act = "gelu_pytorch_tanh";
     llama.attention_bias = true;
     llama.mlp_bias = true;
+  }
+  if (c.phi) {
+    llama.model_type = "phi";
+    llama.hidden_act = "gelu_new";
+    llama.attention_bias = true;
+    llama.mlp_bias = true;
+    llama.partial_rotary_factor = 0.5;
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -210,7 +218,14 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
     const int attention = (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
-    EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2));
+    // Phi's LM head bias is split by vocabulary rows too.
+    EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) + (c.phi ? 1 : 0));
+    if (c.phi) {
+      EXPECT_NE(index.at("layers.1.mlp.fc1.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.mlp.fc2.bias"), nullptr);
+      EXPECT_NE(index.at("layers.3.lm_head.bias"), nullptr);
+      EXPECT_EQ(index.count("layers.1.post_attention_layernorm.weight"), 0u);
+    }
     if (c.starcoder2) {
       // c_fc's weight and bias split, c_proj's bias and the norms' biases whole.
       EXPECT_NE(index.at("layers.1.mlp.c_fc.bias"), nullptr);
@@ -358,6 +373,18 @@ TEST(LlamaTensorParallelTest, Starcoder2ShardsGiveTheWholeLossAndGradients) {
   starcoder2.sequence_parallel = true;
   starcoder2.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(starcoder2);
+}
+
+// Phi: the attention and the MLP both take the one norm's output and add their reduced (or,
+// under sequence parallelism, reduce-scattered) outputs to the block's input; the LM head's
+// bias split by vocabulary rows, tied or not.
+TEST(LlamaTensorParallelTest, PhiShardsGiveTheWholeLossAndGradients) {
+  Case phi;
+  phi.phi = true;
+  ExpectShardsGiveTheWholeLossAndGradients(phi);
+  phi.sequence_parallel = true;
+  phi.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(phi);
 }
 
 // Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two

@@ -19,7 +19,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         (weightless layer norms, q/k/v clamped to [-0.3, 0.3], biases, padding row 3), olmoe
         (q_norm and k_norm, q/k/v clamped to [-0.5, 0.5], 4 experts of 32 units, 2 a token),
         starcoder2 (layer norms with biases, a plain GELU MLP, biases everywhere, a window of 6
-        tokens).
+        tokens), phi (one layer norm for the attention and the MLP side by side, half of each
+        head rotated, gelu_new, the LM head's bias).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -42,8 +43,9 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Starcoder2Config, Starcoder2ForCausalLM)
+                          PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
+                          Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
@@ -92,6 +94,8 @@ def make(output):
                                 num_experts_per_tok=2, intermediate_size=32, clip_qkv=0.5), {}),
         ("starcoder2", lambda: llama(Starcoder2Config, Starcoder2ForCausalLM, sliding_window=6,
                                      norm_epsilon=1e-5), {}),
+        ("phi", lambda: llama(PhiConfig, PhiForCausalLM, layer_norm_eps=1e-5,
+                              partial_rotary_factor=0.5), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

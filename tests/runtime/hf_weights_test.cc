@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(13, SmallLlama());
+  std::vector<LlamaConfig> llamas(14, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -434,6 +434,11 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[12].model_type = "olmo";
   llamas[12].clip_qkv = 8;
   llamas[12].attention_bias = true;
+  llamas[13].model_type = "phi";
+  llamas[13].hidden_act = "gelu_new";
+  llamas[13].attention_bias = true;
+  llamas[13].mlp_bias = true;
+  llamas[13].partial_rotary_factor = 0.75;  // 6 of 8 features
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -447,6 +452,7 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->attn_logit_softcapping, config.attn_logit_softcapping);
     EXPECT_EQ(read->final_logit_softcapping, config.final_logit_softcapping);
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
+    EXPECT_EQ(read->RotaryDim(), config.RotaryDim());
     EXPECT_EQ(read->experts, config.experts);
     EXPECT_EQ(read->experts_per_token, config.experts_per_token);
     EXPECT_EQ(read->ExpertUnits(), config.ExpertUnits());
@@ -769,7 +775,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // split over two ranks with sequence parallelism (the norms' biases shared too).
         ImportCase{"starcoder2", "llama"}, ImportCase{"starcoder2", "llama", /*ranks=*/2},
         ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --sequence-parallel"}}) {
+                   " --sequence-parallel"},
+        // Phi's attention and MLP side by side on one norm, its partial rotation and the LM
+        // head's bias: whole, on two stages, and split over two ranks (the head's bias by
+        // vocabulary rows) with sequence parallelism.
+        ImportCase{"phi", "llama"}, ImportCase{"phi", "llama", /*ranks=*/2},
+        ImportCase{"phi", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -941,6 +952,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // (norm_epsilon, use_bias, the window, the activation) from the description.
         ExportCase{"starcoder2_init", 2,
                    absl::StrCat(" --model llama --init-from ", Case("starcoder2")), ""},
+        // Phi on two stages: self_attn.dense, final_layernorm and the LM head's bias written,
+        // its config.json (layer_norm_eps, partial_rotary_factor, gelu_new) from the
+        // description.
+        ExportCase{"phi_init", 2, absl::StrCat(" --model llama --init-from ", Case("phi")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -995,12 +1010,18 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
     EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
-    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
-                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
-                        c.name == "granite_init" || c.name == "phi3_init" ||
-                        c.name == "granitemoe_init" || c.name == "olmo_init" ||
-                        c.name == "olmoe_init" || c.name == "starcoder2_init";
+    const bool untied =
+        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
+        c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
+        c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
+        c.name == "starcoder2_init" || c.name == "phi_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
+    EXPECT_EQ(written.count("lm_head.bias"), c.name == "phi_init" ? 1u : 0u);
+    if (c.name == "phi_init") {
+      EXPECT_EQ(written.count("model.final_layernorm.bias"), 1u);
+      EXPECT_EQ(written.count("model.layers.1.self_attn.dense.bias"), 1u);
+      EXPECT_EQ(written.count("model.layers.1.post_attention_layernorm.weight"), 0u);
+    }
     // OLMo's norms hold no weights: none written (a Llama's are).
     if (c.name == "olmo_init" || c.name == "granite_init") {
       const bool olmo = c.name == "olmo_init";
@@ -1083,6 +1104,14 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*starcoder2)["hidden_act"], "gelu_pytorch_tanh");
   EXPECT_EQ((*starcoder2)["norm_epsilon"], 1e-5);
   EXPECT_FALSE(starcoder2->contains("rms_norm_eps"));
+  auto phi = ReadJsonFile(scratch / "phi_init_hf/config.json");
+  ASSERT_TRUE(phi.ok()) << phi.status();
+  EXPECT_EQ((*phi)["architectures"][0], "PhiForCausalLM");
+  EXPECT_EQ((*phi)["partial_rotary_factor"], 0.5);
+  EXPECT_EQ((*phi)["hidden_act"], "gelu_new");
+  EXPECT_EQ((*phi)["layer_norm_eps"], 1e-5);
+  EXPECT_EQ((*phi)["qk_layernorm"], false);
+  EXPECT_FALSE(phi->contains("rms_norm_eps"));
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1109,7 +1138,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         // Read as shards of two ranks (the query and key norms too), written whole.
         ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"starcoder2", "llama", /*ranks=*/2},
-        ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"phi", "llama", /*ranks=*/2},
+        ImportCase{"phi", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
