@@ -105,6 +105,21 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   // Phi's LM head bias is its own even where the weight is tied.
   if (config.HeadBias()) add(head + "lm_head.bias", {config.vocab});
   layout.tandem_name = [config](absl::string_view key) { return LlamaTandemName(config, key); };
+  if (config.NeoX()) {
+    // The buffers older GPT-NeoX checkpoints (Pythia's) hold in each block: the causal mask,
+    // its fill value and the rotary frequencies (transformers ignores them on load).
+    layout.ignored = [](absl::string_view key) {
+      if (!absl::ConsumePrefix(&key, "gpt_neox.layers.")) return false;
+      const size_t dot = key.find('.');
+      int block = 0;
+      if (dot == absl::string_view::npos || !absl::SimpleAtoi(key.substr(0, dot), &block)) {
+        return false;
+      }
+      const absl::string_view rest = key.substr(dot + 1);
+      return rest == "attention.bias" || rest == "attention.masked_bias" ||
+             rest == "attention.rotary_emb.inv_freq";
+    };
+  }
   return layout;
 }
 
@@ -420,6 +435,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"attention-bias", {&config.attention_bias, true}},
       {"qkv-bias", {&config.qkv_bias, true}},
       {"mlp-bias", {&config.mlp_bias, true}},
+      {"sequential", {&config.parallel_residual, false}},
       {"topk=raw", {&config.normalize_top_k, false}}};
   std::set<std::string> seen;
   for (const std::string& token : tokens) {
@@ -524,6 +540,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "olmoe"      ? "OlmoeForCausalLM"
                                    : config.model_type == "starcoder2" ? "Starcoder2ForCausalLM"
                                    : config.model_type == "phi"        ? "PhiForCausalLM"
+                                   : config.model_type == "gpt_neox"   ? "GPTNeoXForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -659,6 +676,21 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["qk_layernorm"] = false;
     json["resid_pdrop"] = 0.0;
     json["embd_pdrop"] = 0.0;
+  } else if (config.NeoX()) {
+    // GPTNeoXConfig: no key/value groups, layer_norm_eps, rotary_pct and rotary_emb_base (it
+    // derives rope_theta and partial_rotary_factor from them), attention_bias (the MLP's
+    // always), use_parallel_residual, no dropout.
+    json.erase("num_key_value_heads");
+    json.erase("head_dim");
+    json.erase("rms_norm_eps");
+    json.erase("rope_theta");
+    json.erase("mlp_bias");
+    json["layer_norm_eps"] = config.rms_norm_eps;
+    json["hidden_act"] = config.hidden_act;
+    json["rotary_pct"] = config.partial_rotary_factor;
+    json["rotary_emb_base"] = config.rope_theta;
+    json["use_parallel_residual"] = config.parallel_residual;
+    json["hidden_dropout"] = 0.0;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
     // biases, and an absent pad_token_id would read as 0.

@@ -292,6 +292,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   void reset() override {
     const int64_t hidden = config_.hidden, head_dim = config_.HeadDim();
     const bool bias = config_.QkvBias();
+    if (config_.FusedQkvPerHead()) {
+      // GPT-NeoX's: each head's query, key and value rows in turn, so that a rank's heads are
+      // contiguous rows; dense for o_proj.
+      query_key_value = register_module(
+          "query_key_value", ColumnParallelLinear(hidden, 3 * config_.heads * head_dim, bias));
+      o_proj = register_module(
+          "dense", RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
+      InitNormal(query_key_value->weight, query_key_value->bias, config_.init_std);
+      InitNormal(o_proj->weight, o_proj->bias, config_.init_std);
+      return;
+    }
     q_proj = register_module("q_proj",
                              ColumnParallelLinear(hidden, config_.heads * head_dim, bias));
     k_proj = register_module("k_proj",
@@ -313,8 +324,12 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
-    for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
-      TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
+    if (config_.FusedQkvPerHead()) {
+      TANDEM_RETURN_IF_ERROR(query_key_value->ShardForTensorParallel(tp));
+    } else {
+      for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
+        TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
+      }
     }
     TANDEM_RETURN_IF_ERROR(o_proj->ShardForTensorParallel(tp));
     if (config_.QkNorms()) {
@@ -345,20 +360,11 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const int64_t batch = input.size(0), head_dim = config_.HeadDim();
     const int64_t length = input.size(1) * (sequence_split ? tp_.size : 1);
     const int64_t heads = config_.heads / tp_.size, kv_heads = config_.kv_heads / tp_.size;
-    std::vector<torch::Tensor> products;
-    if (sequence_split) {
-      products =
-          LinearsOverGatheredSequence(input, {q_proj->weight, k_proj->weight, v_proj->weight},
-                                      {q_proj->bias, k_proj->bias, v_proj->bias}, tp_);
-    } else {
-      for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
-        products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
-      }
-    }
+    std::vector<torch::Tensor> products = Project(input, sequence_split, heads);
     NormaliseQueryAndKey(products);
     for (torch::Tensor& product : products) product = ClipQkv(product, config_.clip_qkv);
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
-      return product.view({batch, length, count, head_dim}).transpose(1, 2);
+      return HeadsOf(product, batch, length, count);
     };
     const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
     torch::Tensor key = Rotate(heads_of(products[1], kv_heads), cos, sin);
@@ -388,15 +394,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     if (tp_.enabled()) throw std::logic_error("llama: incremental decoding of a shard");
     const int64_t batch = x.size(0), length = x.size(1), head_dim = config_.HeadDim();
     const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
-    std::vector<torch::Tensor> products;
-    for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
-      products.push_back(DeferrableLinear(x, (*linear)->weight, (*linear)->bias));
-    }
+    std::vector<torch::Tensor> products = Project(x, /*sequence_split=*/false, heads);
     NormaliseQueryAndKey(products);
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
-      return ClipQkv(product, config_.clip_qkv)
-          .view({batch, length, count, head_dim})
-          .transpose(1, 2);
+      return HeadsOf(ClipQkv(product, config_.clip_qkv), batch, length, count);
     };
     const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
     auto [key, value] = cache.Append(Rotate(heads_of(products[1], kv_heads), cos, sin),
@@ -418,10 +419,46 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
+  ColumnParallelLinear query_key_value{nullptr};  // GPT-NeoX's instead of q/k/v_proj
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
   RowParallelLinear o_proj{nullptr};
 
  private:
+  // The query, key and value products of `input` (this rank's `heads` query heads): [b, S,
+  // heads * head_dim] each, or from GPT-NeoX's one product [b, S, heads, head_dim] views of
+  // its rows per head. `sequence_split` as Attend's.
+  std::vector<torch::Tensor> Project(const torch::Tensor& input, bool sequence_split,
+                                     int64_t heads) {
+    if (config_.FusedQkvPerHead()) {
+      const torch::Tensor product =
+          sequence_split ? LinearsOverGatheredSequence(input, {query_key_value->weight},
+                                                       {query_key_value->bias}, tp_)[0]
+                         : DeferrableLinear(input, query_key_value->weight, query_key_value->bias);
+      const int64_t head_dim = config_.HeadDim();
+      const torch::Tensor per_head =
+          product.view({product.size(0), product.size(1), heads, 3 * head_dim});
+      return {per_head.narrow(-1, 0, head_dim), per_head.narrow(-1, head_dim, head_dim),
+              per_head.narrow(-1, 2 * head_dim, head_dim)};
+    }
+    if (sequence_split) {
+      return LinearsOverGatheredSequence(input, {q_proj->weight, k_proj->weight, v_proj->weight},
+                                         {q_proj->bias, k_proj->bias, v_proj->bias}, tp_);
+    }
+    std::vector<torch::Tensor> products;
+    for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
+      products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
+    }
+    return products;
+  }
+
+  // A product's `count` heads, [b, count, S, head_dim] (Project's per-head views as they are).
+  torch::Tensor HeadsOf(const torch::Tensor& product, int64_t batch, int64_t length,
+                        int64_t count) const {
+    const torch::Tensor split =
+        product.dim() == 4 ? product : product.view({batch, length, count, config_.HeadDim()});
+    return split.transpose(1, 2);
+  }
+
   // OLMoE's q_norm and k_norm on the query and key products (before the clamp); none
   // elsewhere. Each normalises every head together: under tensor parallelism a rank holds
   // its heads' features, and the sum of squares is summed over the group.
@@ -444,7 +481,7 @@ TORCH_MODULE(LlamaAttention);
 
 // mlp: down_proj(act(gate_proj(x)) * up_proj(x)) with act silu (Llama) or GELU (Gemma), gate
 // and up column-parallel, down row-parallel; StarCoder 2's c_proj(act(c_fc(x))), Phi's
-// fc2(act(fc1(x))).
+// fc2(act(fc1(x))), GPT-NeoX's dense_4h_to_h(act(dense_h_to_4h(x))).
 class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
  public:
   explicit LlamaMlpImpl(const LlamaConfig& config) : config_(config) { reset(); }
@@ -455,9 +492,10 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     if (config_.PlainMlp()) {
       // StarCoder 2's c_fc, then c_proj (Phi's fc1, fc2); no gate (gate_proj holds c_fc,
       // up_proj is none).
-      const bool phi = config_.Phi();
-      gate_proj = register_module(phi ? "fc1" : "c_fc", ColumnParallelLinear(hidden, units, bias));
-      down_proj = register_module(phi ? "fc2" : "c_proj", RowParallelLinear(units, hidden, bias));
+      const char* up = config_.Phi() ? "fc1" : config_.NeoX() ? "dense_h_to_4h" : "c_fc";
+      const char* down = config_.Phi() ? "fc2" : config_.NeoX() ? "dense_4h_to_h" : "c_proj";
+      gate_proj = register_module(up, ColumnParallelLinear(hidden, units, bias));
+      down_proj = register_module(down, RowParallelLinear(units, hidden, bias));
     } else {
       gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
       up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
@@ -735,10 +773,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   void reset() override {
     input_layernorm = register_module("input_layernorm", MakeNorm(config_));
-    self_attn =
-        register_module("self_attn", LlamaAttention(config_, config_.WindowOfBlock(block_)));
+    // GPT-NeoX's is named attention.
+    self_attn = register_module(config_.NeoX() ? "attention" : "self_attn",
+                                LlamaAttention(config_, config_.WindowOfBlock(block_)));
     // Phi's one norm serves the attention and the MLP.
-    if (!config_.ParallelBlock()) {
+    if (!config_.SharedNorm()) {
       post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
     }
     if (config_.SandwichNorms()) {
@@ -768,9 +807,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     }
     const auto [cos, sin] = Angles(x.size(1), x);
     if (config_.ParallelBlock()) {
-      // Phi's: both take the one norm's output; added as transformers adds them.
+      // Phi's: both take the one norm's output; GPT-NeoX's each its own. Added as
+      // transformers adds them.
       const torch::Tensor normed = input_layernorm(x);
-      return self_attn->forward(normed, cos, sin) + Feedforward(normed) + x;
+      return self_attn->forward(normed, cos, sin) +
+             Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(x)) + x;
     }
     if (config_.SandwichNorms()) {
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
@@ -861,27 +902,36 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     return x + Residual(output);
   }
 
-  // Phi's block under sequence parallelism: x + attention(n) + mlp(n) with n the norm of this
-  // rank's tokens, which both products gather; their outputs reduce-scattered back to this
-  // rank's tokens, the norm's weight and bias and the products' whole biases shared (their
-  // gradients summed over the group).
+  // Phi's and GPT-NeoX's parallel block under sequence parallelism: x + attention(n) + mlp(m)
+  // with n the norm of this rank's tokens and m n (Phi's) or the second norm's, which the
+  // products gather; their outputs reduce-scattered back to this rank's tokens, the norms'
+  // weights and biases and the products' whole biases shared (their gradients summed over the
+  // group).
   torch::Tensor ForwardParallelSequenceSplit(const torch::Tensor& x) {
     std::vector<torch::Tensor> whole = {input_layernorm->weight, input_layernorm->bias};
+    const bool second_norm = !config_.SharedNorm();
+    if (second_norm) {
+      whole.push_back(post_attention_layernorm->weight);
+      whole.push_back(post_attention_layernorm->bias);
+    }
     const bool attention_bias = self_attn->o_proj->bias.defined();
     const bool mlp_bias = mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
     const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
     const torch::Tensor normed = input_layernorm->Normalize(x, shared[0], shared[1]);
+    const torch::Tensor mlp_input =
+        second_norm ? post_attention_layernorm->Normalize(x, shared[2], shared[3]) : normed;
     const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
-    size_t next_bias = 2;
+    size_t next_bias = second_norm ? 4 : 2;
     torch::Tensor attention = ReduceScatterToSequenceParallel(
         DeferrableLinear(self_attn->Attend(normed, cos, sin, /*sequence_split=*/true),
                          self_attn->o_proj->weight, {}),
         tp_);
     if (attention_bias) attention = attention + shared[next_bias++];
     torch::Tensor output = ReduceScatterToSequenceParallel(
-        DeferrableLinear(mlp->Units(normed, /*sequence_split=*/true), mlp->down_proj->weight, {}),
+        DeferrableLinear(mlp->Units(mlp_input, /*sequence_split=*/true), mlp->down_proj->weight,
+                         {}),
         tp_);
     if (mlp_bias) output = output + shared[next_bias++];
     return attention + output + x;
@@ -893,8 +943,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const auto [cos, sin] = Angles(start, start + input.size(1), input);
     if (config_.ParallelBlock()) {
       const torch::Tensor normed = input_layernorm(input);
-      return self_attn->ForwardIncremental(normed, cos, sin, start, cache) + Feedforward(normed) +
-             input;
+      return self_attn->ForwardIncremental(normed, cos, sin, start, cache) +
+             Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(input)) + input;
     }
     const torch::Tensor attended =
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
@@ -1056,6 +1106,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "phi") {
     return {51200, 2048, 8192, 24, 32, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "gpt_neox") {
+    return {50432, 6144, 24576, 44, 64, 0, 0, 2048, 1e-5, 10000.0, false, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -1148,6 +1201,23 @@ std::optional<std::string> TandemNameOfKey(const LlamaConfig& config, const std:
   return std::nullopt;
 }
 
+// The checkpoint's names of the embedding, the final norm and the LM head (up to "weight"), and
+// the blocks' prefix: Llama's "model.embed_tokens.weight", "model.norm.", "lm_head." and
+// "model.layers."; Phi's final norm "model.final_layernorm."; GPT-NeoX's
+// "gpt_neox.embed_in.weight", "gpt_neox.final_layer_norm.", "embed_out." and
+// "gpt_neox.layers.".
+struct CheckpointNames {
+  std::string embedding, norm, head, blocks;
+};
+CheckpointNames CheckpointNamesOf(const LlamaConfig& config) {
+  if (config.NeoX()) {
+    return {"gpt_neox.embed_in.weight", "gpt_neox.final_layer_norm.", "embed_out.",
+            "gpt_neox.layers."};
+  }
+  return {"model.embed_tokens.weight", config.Phi() ? "model.final_layernorm." : "model.norm.",
+          "lm_head.", "model.layers."};
+}
+
 bool IsBlockParameter(const LlamaConfig& config, int64_t block, const std::string& name) {
   for (const auto& [known, shape] : LlamaBlockParameters(config, block)) {
     if (known == name) return true;
@@ -1165,6 +1235,23 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     parameters.emplace_back(std::move(name), std::move(shape));
   };
+  if (config.NeoX()) {
+    // GPTNeoXLayer's state-dict order: the norms, the attention, the MLP.
+    const int64_t units = config.intermediate;
+    for (const char* norm : {"input_layernorm.", "post_attention_layernorm."}) {
+      add(absl::StrCat(norm, "weight"), {h});
+      add(absl::StrCat(norm, "bias"), {h});
+    }
+    add("attention.query_key_value.weight", {3 * q, h});
+    if (config.QkvBias()) add("attention.query_key_value.bias", {3 * q});
+    add("attention.dense.weight", {h, q});
+    if (config.attention_bias) add("attention.dense.bias", {h});
+    add("mlp.dense_h_to_4h.weight", {units, h});
+    if (config.mlp_bias) add("mlp.dense_h_to_4h.bias", {units});
+    add("mlp.dense_4h_to_h.weight", {h, units});
+    if (config.mlp_bias) add("mlp.dense_4h_to_h.bias", {h});
+    return parameters;
+  }
   const bool norms = !config.LayerNormWithoutParameters();  // OLMo's hold none
   const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's and Phi's have them
   // Phi's one norm comes last in its state dict (PhiDecoderLayer's order).
@@ -1285,7 +1372,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
        {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "granite",
-        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi"}) {
+        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi", "gpt_neox"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1309,6 +1396,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool olmo = config.model_type == "olmo" || olmoe;  // OLMo's clamp and padding row
   const bool starcoder2 = config.Starcoder2();
   const bool phi = config.Phi();
+  const bool neox = config.NeoX();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1335,6 +1423,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
       !phi) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
+  if (neox) {
+    // GPTNeoXConfig has no key/value groups (GPTNeoXAttention ignores the field) and takes
+    // hidden / heads.
+    config.kv_heads = config.heads;
+    config.head_dim = 0;
+  }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
                           GetIntOr(json, "max_position_embeddings", defaults.max_positions, where));
   TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
@@ -1343,9 +1437,19 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
   }
-  if (phi) {  // its layer norms' epsilon
+  if (phi || neox) {  // their layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "layer_norm_eps", defaults.rms_norm_eps, where));
+  }
+  if (neox) {
+    // GPTNeoXConfig reads rotary_emb_base and rotary_pct (over the rope_theta and
+    // partial_rotary_factor it writes beside them).
+    TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
+                            GetNumberOr(json, "rotary_emb_base", defaults.rope_theta, where));
+    TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
+                            GetBoolOrUnset(json, "use_parallel_residual", true, where));
+  }
+  if (phi) {
     TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm,
                             GetBoolOrUnset(json, "qk_layernorm", false, where));
     if (qk_layernorm) {
@@ -1494,6 +1598,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     // Phi's products all have biases.
     config.attention_bias = true;
     config.mlp_bias = true;
+  } else if (neox) {
+    // GPT-NeoX's attention has them with attention_bias (its default), its MLP always.
+    TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
+                            GetBoolOrUnset(json, "attention_bias", true, where));
+    config.mlp_bias = true;
   } else if (starcoder2) {
     // One use_bias for every product (Starcoder2Config's default: true).
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias, GetBoolOrUnset(json, "use_bias", true, where));
@@ -1536,13 +1645,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           absl::StrCat("config.json: hidden_act \"", config.hidden_act,
                        "\" is not supported (starcoder2: gelu_pytorch_tanh, gelu and silu)"));
     }
-  } else if (phi) {
-    TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "gelu_new", where));
+  } else if (phi || neox) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
+                            GetStringOr(json, "hidden_act", phi ? "gelu_new" : "gelu", where));
     if (config.hidden_act != "gelu_new" && config.hidden_act != "gelu_pytorch_tanh" &&
         config.hidden_act != "gelu") {
       return absl::InvalidArgumentError(
-          absl::StrCat("config.json: hidden_act \"", config.hidden_act,
-                       "\" is not supported (phi: gelu_new, gelu_pytorch_tanh and gelu)"));
+          absl::StrCat("config.json: hidden_act \"", config.hidden_act, "\" is not supported (",
+                       config.model_type, ": gelu_new, gelu_pytorch_tanh and gelu)"));
     }
   } else if (!gemma) {
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "silu", where));
@@ -1552,12 +1662,18 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                                      "\" is not supported (llama: silu only)"));
     }
   }
-  TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
-                          GetNumberOr(json, "partial_rotary_factor", phi ? 0.5 : 1.0, where));
-  if (!phi && config.partial_rotary_factor != 1.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: partial_rotary_factor ", config.partial_rotary_factor,
-                     " is not supported for ", config.model_type, " (only 1; phi's may be less)"));
+  if (neox) {
+    TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
+                            GetNumberOr(json, "rotary_pct", 0.25, where));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
+                            GetNumberOr(json, "partial_rotary_factor", phi ? 0.5 : 1.0, where));
+  }
+  if (!config.PartialRotation() && config.partial_rotary_factor != 1.0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: partial_rotary_factor ",
+                                                   config.partial_rotary_factor,
+                                                   " is not supported for ", config.model_type,
+                                                   " (only 1; phi's and gpt_neox's may be less)"));
   }
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
@@ -1710,10 +1826,15 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
                      "\" is not silu, gelu_pytorch_tanh, gelu or gelu_new"));
   }
   if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1) ||
-      (!config.Phi() && config.partial_rotary_factor != 1.0)) {
+      (!config.PartialRotation() && config.partial_rotary_factor != 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi and gpt_neox; got ",
+        config.partial_rotary_factor, " for ", config.model_type));
+  }
+  if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(
-        absl::StrCat("llama: partial_rotary_factor must be in (0, 1], and 1 except for phi; got ",
-                     config.partial_rotary_factor, " for ", config.model_type));
+        absl::StrCat("llama: GPT-NeoX's attention has as many key/value heads as heads (",
+                     config.heads, "), got ", config.kv_heads));
   }
   if (config.RotaryDim() < 2 || config.RotaryDim() % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -1885,6 +2006,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.partial_rotary_factor != 1.0) {
     absl::StrAppend(&text, " rotary=", config.partial_rotary_factor);
   }
+  if (config.NeoX() && !config.parallel_residual) absl::StrAppend(&text, " sequential");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }
@@ -2028,16 +2150,17 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
   std::string rest;
   const int layer = NumberAfterPrefix(name, "layers.", &rest);
   const int last = static_cast<int>(config.layers) + 1;
-  // Phi's final norm is model.final_layernorm.
-  const std::string norm = config.Phi() ? "model.final_layernorm." : "model.norm.";
-  if (layer == 0 && rest == "embed_tokens.weight") return "model.embed_tokens.weight";
-  if (layer == last && rest == "norm.weight") return norm + "weight";
-  if (layer == last && rest == "norm.bias" && config.LayerNormWithBias()) return norm + "bias";
-  if (layer == last && rest == "lm_head.weight") return "lm_head.weight";
-  if (layer == last && rest == "lm_head.bias" && config.HeadBias()) return "lm_head.bias";
+  const CheckpointNames names = CheckpointNamesOf(config);
+  if (layer == 0 && rest == "embed_tokens.weight") return names.embedding;
+  if (layer == last && rest == "norm.weight") return names.norm + "weight";
+  if (layer == last && rest == "norm.bias" && config.LayerNormWithBias()) {
+    return names.norm + "bias";
+  }
+  if (layer == last && rest == "lm_head.weight") return names.head + "weight";
+  if (layer == last && rest == "lm_head.bias" && config.HeadBias()) return names.head + "bias";
   if (layer > 0 && layer < last && IsBlockParameter(config, layer - 1, rest)) {
     const std::optional<FusedSlot> fused = FusedSlotOf(config, rest);
-    return absl::StrCat("model.layers.", layer - 1, ".",
+    return absl::StrCat(names.blocks, layer - 1, ".",
                         fused ? fused->key : RenamedKey(config, rest));
   }
   return absl::InvalidArgumentError(
@@ -2046,18 +2169,18 @@ absl::StatusOr<std::string> LlamaHfName(const LlamaConfig& config, absl::string_
 
 absl::StatusOr<std::string> LlamaTandemName(const LlamaConfig& config, absl::string_view key) {
   const int last = static_cast<int>(config.layers) + 1;
-  const std::string norm = config.Phi() ? "model.final_layernorm." : "model.norm.";
-  if (key == "model.embed_tokens.weight") return std::string("layers.0.embed_tokens.weight");
-  if (key == norm + "weight") return absl::StrCat("layers.", last, ".norm.weight");
-  if (key == norm + "bias" && config.LayerNormWithBias()) {
+  const CheckpointNames names = CheckpointNamesOf(config);
+  if (key == names.embedding) return std::string("layers.0.embed_tokens.weight");
+  if (key == names.norm + "weight") return absl::StrCat("layers.", last, ".norm.weight");
+  if (key == names.norm + "bias" && config.LayerNormWithBias()) {
     return absl::StrCat("layers.", last, ".norm.bias");
   }
-  if (key == "lm_head.weight") return absl::StrCat("layers.", last, ".lm_head.weight");
-  if (key == "lm_head.bias" && config.HeadBias()) {
+  if (key == names.head + "weight") return absl::StrCat("layers.", last, ".lm_head.weight");
+  if (key == names.head + "bias" && config.HeadBias()) {
     return absl::StrCat("layers.", last, ".lm_head.bias");
   }
   std::string rest;
-  const int block = NumberAfterPrefix(key, "model.layers.", &rest);
+  const int block = NumberAfterPrefix(key, names.blocks, &rest);
   if (block >= 0 && block < config.layers) {
     if (const std::optional<std::string> name = TandemNameOfKey(config, rest)) {
       return absl::StrCat("layers.", block + 1, ".", *name);

@@ -1,8 +1,8 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
-// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM and PhiForCausalLM,
-// variations of the same computation: see LlamaConfig):
+// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM and
+// GPTNeoXForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -24,7 +24,11 @@
 //            .weight and mlp.shared_expert_gate.weight
 //   head:    norm.weight, lm_head.weight
 // (Phi's: model.final_layernorm and self_attn.dense in its checkpoints are tandem's norm and
-// self_attn.o_proj; its lm_head has a bias.)
+// self_attn.o_proj; its lm_head has a bias. GPT-NeoX's blocks are named as its checkpoints
+// name them, inside gpt_neox.layers.<i>: input_layernorm, post_attention_layernorm,
+// attention.query_key_value, attention.dense, mlp.dense_h_to_4h and mlp.dense_4h_to_h; its
+// gpt_neox.embed_in, gpt_neox.final_layer_norm and embed_out are tandem's embed_tokens, norm and
+// lm_head.)
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
 // mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
@@ -185,6 +189,9 @@ struct LlamaConfig {
   // partial_rotary_factor): the first RotaryDim() of them, at the frequencies of that many
   // features; the others pass unrotated. 1: all.
   double partial_rotary_factor = 1.0;
+  // GPT-NeoX's use_parallel_residual: x + attention(LN1(x)) + mlp(LN2(x)) in one step
+  // (ParallelBlock); false: Llama's two residual steps with its layer norms.
+  bool parallel_residual = true;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -222,9 +229,23 @@ struct LlamaConfig {
   // (mlp.fc1, mlp.fc2); biases on every product (o_proj is self_attn.dense) and on the LM head;
   // final_layernorm for the head's norm; partial rotary embeddings (partial_rotary_factor).
   bool Phi() const { return model_type == "phi"; }
-  bool LayerNormWithBias() const { return Starcoder2() || Phi(); }
-  bool PlainMlp() const { return Starcoder2() || Phi(); }
-  bool ParallelBlock() const { return Phi(); }
+  // GPT-NeoX's (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B): layer norms with weights and
+  // biases (epsilon layer_norm_eps), one query_key_value product whose rows are each head's
+  // query, key and value in turn (FusedQkvPerHead: split by heads under tensor parallelism, as
+  // Megatron-LM's), biases on the attention's products with attention_bias and always on its
+  // plain MLP (mlp.dense_h_to_4h, mlp.dense_4h_to_h), partial rotary embeddings (rotary_pct,
+  // at rotary_emb_base), and the attention and the MLP side by side with use_parallel_residual,
+  // each on its own norm. Multi-head attention only (no key/value groups).
+  bool NeoX() const { return model_type == "gpt_neox"; }
+  bool FusedQkvPerHead() const { return NeoX(); }
+  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX(); }
+  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX(); }
+  // The attention and the MLP both read the block's input, their outputs added to it at once:
+  // Phi's, on one norm (SharedNorm), and GPT-NeoX's with use_parallel_residual, on two.
+  bool ParallelBlock() const { return Phi() || (NeoX() && parallel_residual); }
+  bool SharedNorm() const { return Phi(); }
+  // The families whose heads may be rotated in part (partial_rotary_factor below 1).
+  bool PartialRotation() const { return Phi() || NeoX(); }
   bool HeadBias() const { return Phi(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
@@ -246,7 +267,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2 and phi";
+    "olmoe, starcoder2, phi and gpt_neox";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -260,26 +281,29 @@ bool IsLlamaModelType(absl::string_view model_type);
 // a token), Starcoder2Config's (49152 tokens, 12288 units, 2 key/value heads, tied,
 // use_bias true for every product, norm_epsilon 1e-5, gelu_pytorch_tanh, no window) and
 // PhiConfig's (51200 tokens, 2048 wide, 8192 units, 24 layers, 32 heads, gelu_new,
-// layer_norm_eps 1e-5, partial_rotary_factor 0.5, no qk_layernorm). seq_len
+// layer_norm_eps 1e-5, partial_rotary_factor 0.5, no qk_layernorm) and GPTNeoXConfig's (50432
+// tokens, 6144 wide, 24576 units, 44 layers, 64 heads, gelu, rotary_pct 0.25, rotary_emb_base
+// 10000, attention_bias and use_parallel_residual true). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
-// and "yarn"), partial_rotary_factor other than 1 (phi: outside (0, 1]), Phi's qk_layernorm
-// true, a model_type other
+// and "yarn"), partial_rotary_factor other than 1 (phi, and gpt_neox's rotary_pct: outside
+// (0, 1]), Phi's qk_layernorm true, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
 // multipliers), "granitemoe" (Granite's with Mixtral's experts), "phi3" (Mistral's computation,
 // fused products in the checkpoint, LongRoPE as its rope_scaling), "olmo", "olmoe" and
-// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu) and "phi" (hidden_act gelu_new,
-// gelu_pytorch_tanh or gelu); output_router_logits
+// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu), "phi" and "gpt_neox" (hidden_act
+// gelu_new, gelu_pytorch_tanh or gelu); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
-// attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, StarCoder 2's residual_dropout
+// attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's hidden_dropout
+// and classifier_dropout, StarCoder 2's residual_dropout
 // and embedding_dropout (tandem has no dropout: it computes what transformers computes in eval
 // mode), router_aux_loss_coef (used only with output_router_logits) and fields that only describe
 // (torch_dtype, bos/eos_token_id, use_cache, pretraining_tp: a split of the same products; Gemma's
@@ -298,8 +322,9 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // Phi-3's " longrope=4096/1a2b3c4d" (original_max_position_embeddings and a hash of the
 // factors, which the description does not hold: a checkpoint of such a model is exported or
 // loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
-// " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's
-// " rotary=0.4" (partial_rotary_factor), " family=mistral").
+// " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
+// GPT-NeoX's " rotary=0.4" (partial_rotary_factor), GPT-NeoX's " sequential" (without
+// use_parallel_residual), " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

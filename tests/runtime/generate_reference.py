@@ -28,7 +28,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         layer norms, q/k/v clamped, the cached keys and values too), olmoe (q_norm and k_norm
         before the clamp, 4 experts, 2 a token), starcoder2_window (layer norms with biases, a
         plain GELU MLP, biases everywhere, a window of 6 tokens), phi (the attention and the MLP
-        side by side, half of each head rotated, the cached keys rotated alike), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        side by side, half of each head rotated, the cached keys rotated alike), gpt_neox (per-head
+        fused query/key/value rows, a quarter of each head rotated), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -46,7 +47,8 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -202,6 +204,9 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("phi", lambda: llama(PhiConfig, PhiForCausalLM, layer_norm_eps=1e-5,
                               partial_rotary_factor=0.5, initializer_range=0.3),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("gpt_neox", lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
+                                   rotary_pct=0.25, initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

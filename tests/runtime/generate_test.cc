@@ -232,6 +232,19 @@ std::vector<ModelCase> ModelCases() {
          c.partial_rotary_factor = 0.5;
          return FrozenLlama(c);
        }},
+      // GPT-NeoX's per-head fused query/key/value rows and two norms side by side in the
+      // incremental forward.
+      {"gpt_neox",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "gpt_neox";
+         c.kv_heads = c.heads;
+         c.hidden_act = "gelu";
+         c.attention_bias = true;
+         c.mlp_bias = true;
+         c.partial_rotary_factor = 0.25;
+         return FrozenLlama(c);
+       }},
   };
 }
 
@@ -415,7 +428,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 21u);
+  ASSERT_EQ(cases->size(), 22u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

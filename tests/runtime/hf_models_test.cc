@@ -611,6 +611,22 @@ TEST_P(HfModelsTest, PhiWithParallelAttentionAndPartialRotationEqualsTransformer
   EXPECT_GT(Compare(exact_gelu, {0, 4}).logits, 0.0);
 }
 
+// GPT-NeoX: one query/key/value product with each head's rows in turn, part of each head
+// rotated, the attention and the MLP side by side on their own norms (or, sequential, one after
+// the other), biases. Computing the parallel blocks as sequential ones is far off.
+TEST_P(HfModelsTest, GptNeoxWithPerHeadFusedProductsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"gpt_neox_parallel", "gpt_neox_sequential_tied"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase sequential =
+      LlamaCase("gpt_neox_parallel", GptAttention::kExplicit,
+                [](LlamaConfig& config) { config.parallel_residual = false; });
+  EXPECT_GT(Compare(sequential, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -622,8 +638,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "mixtral_aux", "qwen2_moe_aux", "granite_multipliers", "granite_tied_bias", "phi3_window",
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
-        "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt2",
-        "gpt2_untied_variants"}) {
+        "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
+        "gpt_neox_sequential_tied", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1345,6 +1361,73 @@ TEST(LlamaConfigTest, ReadsPhiConfigsAsPhiConfigDefinesThem) {
   // Only Phi rotates part of a head.
   Json llama = Json::parse(R"({"model_type": "llama", "partial_rotary_factor": 0.5})");
   ExpectRefused(LlamaConfigFromJson(llama).status(), "partial_rotary_factor");
+}
+
+// A config of Pythia-160m's sizes (its config.json as published): rotary_pct 0.25 of 64
+// features at rotary_emb_base 10000, layer norms of epsilon layer_norm_eps, the attention and
+// the MLP side by side, exact GELU, untied.
+TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
+  const Json pythia = Json::parse(R"({
+    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
+    "hidden_act": "gelu", "hidden_size": 768, "initializer_range": 0.02,
+    "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": false,
+    "torch_dtype": "float16", "use_cache": true, "use_parallel_residual": true,
+    "vocab_size": 50304})");
+  auto config = LlamaConfigFromJson(pythia);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->NeoX());
+  EXPECT_TRUE(config->FusedQkvPerHead());
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_FALSE(config->SharedNorm());
+  EXPECT_FALSE(config->HeadBias());
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_TRUE(config->mlp_bias);
+  EXPECT_EQ(config->kv_heads, 12);
+  EXPECT_EQ(config->RotaryDim(), 16);
+  EXPECT_EQ(config->rope_theta, 10000);
+  EXPECT_EQ(config->hidden_act, "gelu");
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=12 H=768 A=12 KV=12 I=3072 S=32 V=50304 rope=10000 attention-bias mlp-bias "
+            "act=gelu rotary=0.25 family=gpt_neox");
+  EXPECT_EQ(LlamaHfName(*config, "layers.0.embed_tokens.weight").value_or(""),
+            "gpt_neox.embed_in.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.attention.query_key_value.weight").value_or(""),
+            "gpt_neox.layers.0.attention.query_key_value.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.13.norm.weight").value_or(""),
+            "gpt_neox.final_layer_norm.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.13.lm_head.weight").value_or(""), "embed_out.weight");
+  EXPECT_EQ(LlamaTandemName(*config, "gpt_neox.layers.11.mlp.dense_4h_to_h.bias").value_or(""),
+            "layers.12.mlp.dense_4h_to_h.bias");
+  EXPECT_FALSE(LlamaTandemName(*config, "model.layers.0.mlp.dense_4h_to_h.bias").ok());
+  // GPTNeoXConfig's defaults: GPT-NeoX-20B's sizes.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "gpt_neox"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->vocab, 50432);
+  EXPECT_EQ(config->hidden, 6144);
+  EXPECT_EQ(config->layers, 44);
+  EXPECT_EQ(config->heads, 64);
+  EXPECT_EQ(config->partial_rotary_factor, 0.25);
+  EXPECT_TRUE(config->parallel_residual);
+  // Sequential, without attention biases: described so.
+  Json sequential = pythia;
+  sequential["use_parallel_residual"] = false;
+  sequential["attention_bias"] = false;
+  config = LlamaConfigFromJson(sequential);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->ParallelBlock());
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=12 H=768 A=12 KV=12 I=3072 S=32 V=50304 rope=10000 mlp-bias act=gelu "
+            "rotary=0.25 sequential family=gpt_neox");
+  Json bad = pythia;
+  bad["hidden_act"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(),
+                "gpt_neox: gelu_new, gelu_pytorch_tanh and gelu");
+  bad = pythia;
+  bad["rotary_pct"] = 0.0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "partial_rotary_factor");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

@@ -26,7 +26,8 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaFor
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -183,6 +184,18 @@ CASES = {
                                              partial_rotary_factor=0.75, tie_word_embeddings=True,
                                              hidden_act="gelu_pytorch_tanh",
                                              num_key_value_heads=4),
+    # GPT-NeoX (Pythia): per-head fused query/key/value rows, a quarter of each head rotated (2
+    # of 8 features), the attention and the MLP side by side on their own layer norms, exact
+    # GELU, biases.
+    "gpt_neox_parallel": lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
+                                       rotary_pct=0.25, rotary_emb_base=10000),
+    # GPT-NeoX sequential (use_parallel_residual false), tied, half of each head rotated, no
+    # attention biases, gelu_new.
+    "gpt_neox_sequential_tied": lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM,
+                                              layer_norm_eps=1e-5, rotary_pct=0.5,
+                                              use_parallel_residual=False,
+                                              tie_word_embeddings=True, attention_bias=False,
+                                              hidden_act="gelu_new"),
 }
 
 

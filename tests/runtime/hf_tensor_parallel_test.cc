@@ -112,6 +112,8 @@ struct Case {
   bool olmoe = false;  // Llama as OLMoE: q_norm and k_norm over every head, clamped q/k/v, experts
   bool starcoder2 = false;  // Llama as StarCoder 2: layer norms with biases, a plain MLP, biases
   bool phi = false;  // Llama as Phi: attention and MLP side by side, partial rotation, head bias
+  bool neox = false;  // Llama as GPT-NeoX: per-head fused q/k/v rows, partial rotation, two norms
+  bool sequential = false;  // GPT-NeoX without use_parallel_residual
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -165,6 +167,15 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.mlp_bias = true;
     llama.partial_rotary_factor = 0.5;
   }
+  if (c.neox) {
+    llama.model_type = "gpt_neox";
+    llama.kv_heads = llama.heads;
+    llama.hidden_act = "gelu";
+    llama.attention_bias = true;
+    llama.mlp_bias = true;
+    llama.partial_rotary_factor = 0.25;
+    llama.parallel_residual = !c.sequential;
+  }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
     GTEST_SKIP() << t << " ranks";
@@ -217,7 +228,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                                 ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
-    const int attention = (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
+    // GPT-NeoX's query_key_value (weight and bias) and dense.
+    const int attention = c.neox ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) + (c.phi ? 1 : 0));
     if (c.phi) {
@@ -266,6 +278,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
         units += weight.size(1);
       }
       EXPECT_EQ(units, llama.experts * llama.ExpertUnits() / t);
+    }
+    if (c.neox) {
+      EXPECT_NE(index.at("layers.1.attention.query_key_value.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.2.attention.dense.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.post_attention_layernorm.bias"), nullptr);
+      return;
     }
     EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
@@ -385,6 +403,20 @@ TEST(LlamaTensorParallelTest, PhiShardsGiveTheWholeLossAndGradients) {
   phi.sequence_parallel = true;
   phi.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(phi);
+}
+
+// GPT-NeoX: query_key_value split by heads (each head's query, key and value rows together),
+// dense's bias whole; side by side on two norms, or sequential; the norms' weights and biases
+// shared under sequence parallelism.
+TEST(LlamaTensorParallelTest, GptNeoxShardsGiveTheWholeLossAndGradients) {
+  Case neox;
+  neox.neox = true;
+  ExpectShardsGiveTheWholeLossAndGradients(neox);
+  neox.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(neox);
+  neox.sequential = true;
+  neox.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(neox);
 }
 
 // Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two

@@ -20,7 +20,10 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         (q_norm and k_norm, q/k/v clamped to [-0.5, 0.5], 4 experts of 32 units, 2 a token),
         starcoder2 (layer norms with biases, a plain GELU MLP, biases everywhere, a window of 6
         tokens), phi (one layer norm for the attention and the MLP side by side, half of each
-        head rotated, gelu_new, the LM head's bias).
+        head rotated, gelu_new, the LM head's bias), gpt_neox (per-head fused query/key/value
+        rows, half of each head rotated, the attention and the MLP side by side on their own
+        norms; the buffers older checkpoints hold added: the causal mask, its fill value, the
+        rotary frequencies).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -37,18 +40,36 @@ import warnings
 
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          PhiConfig, PhiForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 from tiny_models import gpt2, llama, perturb  # noqa: E402
+
+
+def add_old_gpt_neox_buffers(model, path):
+    """Adds to a GPT-NeoX checkpoint the buffers that older ones (Pythia's, as published) hold in
+    each block: the causal mask (bool), its fill value and the rotary frequencies."""
+    tensors = load_file(path)
+    positions = model.config.max_position_embeddings
+    rotary = int(model.config.hidden_size // model.config.num_attention_heads *
+                 model.config.rotary_pct)
+    for block in range(model.config.num_hidden_layers):
+        prefix = f"gpt_neox.layers.{block}.attention."
+        tensors[prefix + "bias"] = torch.tril(
+            torch.ones((positions, positions), dtype=torch.bool)).view(1, 1, positions, positions)
+        tensors[prefix + "masked_bias"] = torch.tensor(-1e9)
+        tensors[prefix + "rotary_emb.inv_freq"] = 1.0 / (
+            10000 ** (torch.arange(0, rotary, 2).float() / rotary))
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def make(output):
@@ -96,6 +117,8 @@ def make(output):
                                      norm_epsilon=1e-5), {}),
         ("phi", lambda: llama(PhiConfig, PhiForCausalLM, layer_norm_eps=1e-5,
                               partial_rotary_factor=0.5), {}),
+        ("gpt_neox", lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
+                                   rotary_pct=0.5), {"old_buffers": True}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.
@@ -107,6 +130,8 @@ def make(output):
         folder = os.path.join(output, name)
         model.save_pretrained(folder, safe_serialization=True,
                               max_shard_size=options.get("max_shard_size", "5GB"))
+        if options.get("old_buffers"):
+            add_old_gpt_neox_buffers(model, os.path.join(folder, "model.safetensors"))
         print(name)
 
 
