@@ -435,7 +435,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"attention-bias", {&config.attention_bias, true}},
       {"qkv-bias", {&config.qkv_bias, true}},
       {"mlp-bias", {&config.mlp_bias, true}},
-      {"sequential", {&config.parallel_residual, false}},
+      {"parallel-residual", {&config.parallel_residual, true}},
       {"topk=raw", {&config.normalize_top_k, false}}};
   std::set<std::string> seen;
   for (const std::string& token : tokens) {
@@ -541,6 +541,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "starcoder2" ? "Starcoder2ForCausalLM"
                                    : config.model_type == "phi"        ? "PhiForCausalLM"
                                    : config.model_type == "gpt_neox"   ? "GPTNeoXForCausalLM"
+                                   : config.model_type == "stablelm"   ? "StableLmForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -690,6 +691,21 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["rotary_pct"] = config.partial_rotary_factor;
     json["rotary_emb_base"] = config.rope_theta;
     json["use_parallel_residual"] = config.parallel_residual;
+    json["hidden_dropout"] = 0.0;
+  } else if (config.StableLm()) {
+    // StableLmConfig: layer_norm_eps, use_qkv_bias (o_proj and the MLP have none), head_dim
+    // hidden / heads, its partial rotation and use_parallel_residual, no dropout, no
+    // query/key norms.
+    json.erase("attention_bias");
+    json.erase("mlp_bias");
+    json.erase("rms_norm_eps");
+    json.erase("head_dim");
+    json["layer_norm_eps"] = config.rms_norm_eps;
+    json["use_qkv_bias"] = config.QkvBias();
+    json["hidden_act"] = config.hidden_act;
+    json["partial_rotary_factor"] = config.partial_rotary_factor;
+    json["use_parallel_residual"] = config.parallel_residual;
+    json["qk_layernorm"] = false;
     json["hidden_dropout"] = 0.0;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no

@@ -807,11 +807,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     }
     const auto [cos, sin] = Angles(x.size(1), x);
     if (config_.ParallelBlock()) {
-      // Phi's: both take the one norm's output; GPT-NeoX's each its own. Added as
-      // transformers adds them.
+      // Phi's and StableLM's: both take the one norm's output; GPT-NeoX's each its own.
       const torch::Tensor normed = input_layernorm(x);
-      return self_attn->forward(normed, cos, sin) +
-             Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(x)) + x;
+      return ParallelSum(x, self_attn->forward(normed, cos, sin),
+                         Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(x)));
     }
     if (config_.SandwichNorms()) {
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
@@ -934,7 +933,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
                          {}),
         tp_);
     if (mlp_bias) output = output + shared[next_bias++];
-    return attention + output + x;
+    return ParallelSum(x, attention, output);
   }
 
   // forward() for positions [start, start + n): the same angles for those positions.
@@ -943,8 +942,9 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const auto [cos, sin] = Angles(start, start + input.size(1), input);
     if (config_.ParallelBlock()) {
       const torch::Tensor normed = input_layernorm(input);
-      return self_attn->ForwardIncremental(normed, cos, sin, start, cache) +
-             Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(input)) + input;
+      return ParallelSum(
+          input, self_attn->ForwardIncremental(normed, cos, sin, start, cache),
+          Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(input)));
     }
     const torch::Tensor attended =
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
@@ -969,6 +969,13 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   LlamaMoe moe{nullptr};  // sparse blocks (mixtures of experts)
 
  private:
+  // A parallel block's output, added in transformers' order: StableLM's (x + attention) + mlp,
+  // Phi's and GPT-NeoX's (attention + mlp) + x.
+  torch::Tensor ParallelSum(const torch::Tensor& x, const torch::Tensor& attention,
+                            const torch::Tensor& mlp) const {
+    return config_.StableLm() ? x + attention + mlp : attention + mlp + x;
+  }
+
   // What a residual add adds: the attention's or the MLP's output, times Granite's
   // residual_multiplier.
   torch::Tensor Residual(const torch::Tensor& y) const {
@@ -1108,6 +1115,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   }
   if (model_type == "gpt_neox") {
     return {50432, 6144, 24576, 44, 64, 0, 0, 2048, 1e-5, 10000.0, false, 0};
+  }
+  if (model_type == "stablelm") {
+    return {50304, 2560, 6912, 32, 32, 32, 0, 4096, 1e-5, 10000.0, false, 0};
   }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
@@ -1255,7 +1265,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   const bool norms = !config.LayerNormWithoutParameters();  // OLMo's hold none
   const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's and Phi's have them
   // Phi's one norm comes last in its state dict (PhiDecoderLayer's order).
-  const bool norm_first = !config.ParallelBlock();
+  const bool norm_first = !config.Phi();
   if (norms && norm_first) add("input_layernorm.weight", {h});
   if (norm_biases && norm_first) add("input_layernorm.bias", {h});
   const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
@@ -1270,8 +1280,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     add("self_attn.q_norm.weight", {q});
     add("self_attn.k_norm.weight", {kv});
   }
-  if (norms && norm_first) add("post_attention_layernorm.weight", {h});
-  if (norm_biases && norm_first) add("post_attention_layernorm.bias", {h});
+  // None where one norm serves both (Phi's, StableLM's side by side).
+  if (norms && !config.SharedNorm()) add("post_attention_layernorm.weight", {h});
+  if (norm_biases && !config.SharedNorm()) add("post_attention_layernorm.bias", {h});
   if (config.SandwichNorms()) {
     add("pre_feedforward_layernorm.weight", {h});
     add("post_feedforward_layernorm.weight", {h});
@@ -1372,7 +1383,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
        {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "granite",
-        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi", "gpt_neox"}) {
+        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi", "gpt_neox", "stablelm"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1397,6 +1408,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool starcoder2 = config.Starcoder2();
   const bool phi = config.Phi();
   const bool neox = config.NeoX();
+  const bool stablelm = config.StableLm();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1420,7 +1432,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
   if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2 &&
-      !phi) {
+      !phi && !neox && !stablelm) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   if (neox) {
@@ -1437,29 +1449,31 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
   }
-  if (phi || neox) {  // their layer norms' epsilon
+  if (phi || neox || stablelm) {  // their layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "layer_norm_eps", defaults.rms_norm_eps, where));
   }
+  if (neox || stablelm) {  // GPTNeoXConfig's default true, StableLmConfig's false
+    TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
+                            GetBoolOrUnset(json, "use_parallel_residual", neox, where));
+  }
+  if (phi || stablelm) {
+    TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm,
+                            GetBoolOrUnset(json, "qk_layernorm", false, where));
+    if (qk_layernorm) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: qk_layernorm true is not supported for ", config.model_type,
+                       " (tandem normalises neither its queries nor its keys)"));
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
+                          GetNumberOr(json, "rope_theta", defaults.rope_theta, where));
   if (neox) {
     // GPTNeoXConfig reads rotary_emb_base and rotary_pct (over the rope_theta and
     // partial_rotary_factor it writes beside them).
     TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
                             GetNumberOr(json, "rotary_emb_base", defaults.rope_theta, where));
-    TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
-                            GetBoolOrUnset(json, "use_parallel_residual", true, where));
   }
-  if (phi) {
-    TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm,
-                            GetBoolOrUnset(json, "qk_layernorm", false, where));
-    if (qk_layernorm) {
-      return absl::InvalidArgumentError(
-          "config.json: qk_layernorm true is not supported for phi (tandem's Phi normalises "
-          "neither the queries nor the keys)");
-    }
-  }
-  TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
-                          GetNumberOr(json, "rope_theta", defaults.rope_theta, where));
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
                           GetBoolOrUnset(json, "tie_word_embeddings", defaults.tied, where));
@@ -1598,6 +1612,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     // Phi's products all have biases.
     config.attention_bias = true;
     config.mlp_bias = true;
+  } else if (stablelm) {
+    // StableLM's q/k/v_proj have them with use_qkv_bias; o_proj and the MLP never.
+    TANDEM_ASSIGN_OR_RETURN(config.qkv_bias, GetBoolOrUnset(json, "use_qkv_bias", false, where));
   } else if (neox) {
     // GPT-NeoX's attention has them with attention_bias (its default), its MLP always.
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
@@ -1636,14 +1653,15 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
       }
     }
   }
-  if (starcoder2) {
-    TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
-                            GetStringOr(json, "hidden_act", "gelu_pytorch_tanh", where));
+  if (starcoder2 || stablelm) {
+    TANDEM_ASSIGN_OR_RETURN(
+        config.hidden_act,
+        GetStringOr(json, "hidden_act", starcoder2 ? "gelu_pytorch_tanh" : "silu", where));
     if (config.hidden_act != "gelu_pytorch_tanh" && config.hidden_act != "gelu" &&
         config.hidden_act != "silu") {
       return absl::InvalidArgumentError(
-          absl::StrCat("config.json: hidden_act \"", config.hidden_act,
-                       "\" is not supported (starcoder2: gelu_pytorch_tanh, gelu and silu)"));
+          absl::StrCat("config.json: hidden_act \"", config.hidden_act, "\" is not supported (",
+                       config.model_type, ": gelu_pytorch_tanh, gelu and silu)"));
     }
   } else if (phi || neox) {
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
@@ -1666,14 +1684,16 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                             GetNumberOr(json, "rotary_pct", 0.25, where));
   } else {
+    const double factor = phi ? 0.5 : stablelm ? 0.25 : 1.0;  // PhiConfig's, StableLmConfig's
     TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
-                            GetNumberOr(json, "partial_rotary_factor", phi ? 0.5 : 1.0, where));
+                            GetNumberOr(json, "partial_rotary_factor", factor, where));
   }
   if (!config.PartialRotation() && config.partial_rotary_factor != 1.0) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: partial_rotary_factor ",
                                                    config.partial_rotary_factor,
                                                    " is not supported for ", config.model_type,
-                                                   " (only 1; phi's and gpt_neox's may be less)"));
+                                                   " (only 1; phi's, gpt_neox's and stablelm's "
+                                                   "may be less)"));
   }
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
@@ -1828,8 +1848,13 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1) ||
       (!config.PartialRotation() && config.partial_rotary_factor != 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi and gpt_neox; got ",
+        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi, gpt_neox and "
+        "stablelm; got ",
         config.partial_rotary_factor, " for ", config.model_type));
+  }
+  if (config.parallel_residual && !config.ParallelResidualFamily()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: use_parallel_residual is GPT-NeoX's and StableLM's, not ", config.model_type));
   }
   if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(
@@ -2006,7 +2031,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.partial_rotary_factor != 1.0) {
     absl::StrAppend(&text, " rotary=", config.partial_rotary_factor);
   }
-  if (config.NeoX() && !config.parallel_residual) absl::StrAppend(&text, " sequential");
+  if (config.parallel_residual) absl::StrAppend(&text, " parallel-residual");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }

@@ -1,8 +1,9 @@
 // Llama 3 (and 2) as tandem layers, computing what transformers' LlamaForCausalLM computes (and
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
-// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM and
-// GPTNeoXForCausalLM, variations of the same computation: see LlamaConfig):
+// Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
+// GPTNeoXForCausalLM and StableLmForCausalLM, variations of the same computation: see
+// LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -189,9 +190,9 @@ struct LlamaConfig {
   // partial_rotary_factor): the first RotaryDim() of them, at the frequencies of that many
   // features; the others pass unrotated. 1: all.
   double partial_rotary_factor = 1.0;
-  // GPT-NeoX's use_parallel_residual: x + attention(LN1(x)) + mlp(LN2(x)) in one step
-  // (ParallelBlock); false: Llama's two residual steps with its layer norms.
-  bool parallel_residual = true;
+  // GPT-NeoX's and StableLM's use_parallel_residual: the attention and the MLP side by side,
+  // added to the block's input in one step (ParallelBlock); false: Llama's two residual steps.
+  bool parallel_residual = false;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -237,15 +238,22 @@ struct LlamaConfig {
   // at rotary_emb_base), and the attention and the MLP side by side with use_parallel_residual,
   // each on its own norm. Multi-head attention only (no key/value groups).
   bool NeoX() const { return model_type == "gpt_neox"; }
+  // StableLM's (StableLmForCausalLM: StableLM-3B-4E1T, StableLM 2, StableCode): Llama's
+  // computation with layer norms with weights and biases (epsilon layer_norm_eps), partial
+  // rotary embeddings (partial_rotary_factor), biases on q/k/v_proj with use_qkv_bias, and with
+  // use_parallel_residual the attention and the MLP side by side on the one input_layernorm.
+  bool StableLm() const { return model_type == "stablelm"; }
   bool FusedQkvPerHead() const { return NeoX(); }
-  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX(); }
+  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm(); }
   bool PlainMlp() const { return Starcoder2() || Phi() || NeoX(); }
   // The attention and the MLP both read the block's input, their outputs added to it at once:
-  // Phi's, on one norm (SharedNorm), and GPT-NeoX's with use_parallel_residual, on two.
-  bool ParallelBlock() const { return Phi() || (NeoX() && parallel_residual); }
-  bool SharedNorm() const { return Phi(); }
+  // Phi's, and StableLM's with use_parallel_residual, on one norm (SharedNorm); GPT-NeoX's with
+  // use_parallel_residual on two.
+  bool ParallelResidualFamily() const { return NeoX() || StableLm(); }
+  bool ParallelBlock() const { return Phi() || (ParallelResidualFamily() && parallel_residual); }
+  bool SharedNorm() const { return Phi() || (StableLm() && parallel_residual); }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
-  bool PartialRotation() const { return Phi() || NeoX(); }
+  bool PartialRotation() const { return Phi() || NeoX() || StableLm(); }
   bool HeadBias() const { return Phi(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
@@ -267,7 +275,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi and gpt_neox";
+    "olmoe, starcoder2, phi, gpt_neox and stablelm";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -283,26 +291,29 @@ bool IsLlamaModelType(absl::string_view model_type);
 // PhiConfig's (51200 tokens, 2048 wide, 8192 units, 24 layers, 32 heads, gelu_new,
 // layer_norm_eps 1e-5, partial_rotary_factor 0.5, no qk_layernorm) and GPTNeoXConfig's (50432
 // tokens, 6144 wide, 24576 units, 44 layers, 64 heads, gelu, rotary_pct 0.25, rotary_emb_base
-// 10000, attention_bias and use_parallel_residual true). seq_len
+// 10000, attention_bias and use_parallel_residual true) and StableLmConfig's (50304 tokens,
+// 2560 wide, 6912 units, 32 layers, 32 heads, silu, partial_rotary_factor 0.25, no biases, no
+// use_parallel_residual). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
 // InvalidArgument naming the field and value: hidden_act other than "silu" (Gemma: its
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
-// and "yarn"), partial_rotary_factor other than 1 (phi, and gpt_neox's rotary_pct: outside
-// (0, 1]), Phi's qk_layernorm true, a model_type other
+// and "yarn"), partial_rotary_factor other than 1 (phi, stablelm, and gpt_neox's rotary_pct:
+// outside (0, 1]), Phi's and StableLM's qk_layernorm true, a model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
 // "qwen2_moe" (Qwen2's attention, experts and a shared expert), "granite" (Llama's with its
 // multipliers), "granitemoe" (Granite's with Mixtral's experts), "phi3" (Mistral's computation,
 // fused products in the checkpoint, LongRoPE as its rope_scaling), "olmo", "olmoe" and
-// "starcoder2" (hidden_act gelu_pytorch_tanh, gelu or silu), "phi" and "gpt_neox" (hidden_act
-// gelu_new, gelu_pytorch_tanh or gelu); output_router_logits
+// "starcoder2" and "stablelm" (hidden_act gelu_pytorch_tanh, gelu or silu), "phi" and
+// "gpt_neox" (hidden_act gelu_new, gelu_pytorch_tanh or gelu); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
-// attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's hidden_dropout
+// attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's and StableLM's
+// hidden_dropout
 // and classifier_dropout, StarCoder 2's residual_dropout
 // and embedding_dropout (tandem has no dropout: it computes what transformers computes in eval
 // mode), router_aux_loss_coef (used only with output_router_logits) and fields that only describe
@@ -323,8 +334,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // factors, which the description does not hold: a checkpoint of such a model is exported or
 // loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
 // " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
-// GPT-NeoX's " rotary=0.4" (partial_rotary_factor), GPT-NeoX's " sequential" (without
-// use_parallel_residual), " family=mistral").
+// GPT-NeoX's and StableLM's " rotary=0.4" (partial_rotary_factor) and " parallel-residual"
+// (use_parallel_residual), " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

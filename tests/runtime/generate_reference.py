@@ -29,7 +29,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         before the clamp, 4 experts, 2 a token), starcoder2_window (layer norms with biases, a
         plain GELU MLP, biases everywhere, a window of 6 tokens), phi (the attention and the MLP
         side by side, half of each head rotated, the cached keys rotated alike), gpt_neox (per-head
-        fused query/key/value rows, a quarter of each head rotated), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
+        layer norm, a quarter of each head rotated), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -48,7 +49,7 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -207,6 +208,10 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("gpt_neox", lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
                                    rotary_pct=0.25, initializer_range=0.3),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
+                                   partial_rotary_factor=0.25, use_qkv_bias=True,
+                                   use_parallel_residual=True, initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

@@ -243,6 +243,17 @@ std::vector<ModelCase> ModelCases() {
          c.attention_bias = true;
          c.mlp_bias = true;
          c.partial_rotary_factor = 0.25;
+         c.parallel_residual = true;
+         return FrozenLlama(c);
+       }},
+      // StableLM side by side on one layer norm, a quarter of each head rotated.
+      {"stablelm",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "stablelm";
+         c.qkv_bias = true;
+         c.partial_rotary_factor = 0.25;
+         c.parallel_residual = true;
          return FrozenLlama(c);
        }},
   };
@@ -428,7 +439,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 22u);
+  ASSERT_EQ(cases->size(), 23u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

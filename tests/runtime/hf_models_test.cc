@@ -627,6 +627,21 @@ TEST_P(HfModelsTest, GptNeoxWithPerHeadFusedProductsEqualsTransformers) {
   EXPECT_GT(Compare(sequential, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// StableLM: Llama's computation with layer norms with biases and part of each head rotated,
+// side by side on one norm or sequential. Rotating every feature of a head is far off.
+TEST_P(HfModelsTest, StableLmWithLayerNormsAndPartialRotationEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"stablelm_parallel", "stablelm_sequential_tied"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase whole_rotation =
+      LlamaCase("stablelm_parallel", GptAttention::kExplicit,
+                [](LlamaConfig& config) { config.partial_rotary_factor = 1; });
+  EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -639,7 +654,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
-        "gpt_neox_sequential_tied", "gpt2", "gpt2_untied_variants"}) {
+        "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -712,6 +728,21 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
     EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
     EXPECT_FALSE(to_hf("layers.1.no_such.weight").ok());
     EXPECT_FALSE(to_tandem("model.layers.99.mlp.up_proj.weight").ok());
+    if (!llama) continue;
+    // LlamaBlockParameters, which the checkpoint layout lists, names every block parameter
+    // the model holds, with its shape, and no other.
+    auto config = LlamaConfigFromJson(*json);
+    ASSERT_TRUE(config.ok()) << config.status();
+    std::map<std::string, std::vector<int64_t>> held, listed;
+    for (const auto& [parameter, tensor] : model->NamedParameters(1, config->layers + 1)) {
+      held[parameter] = tensor.sizes().vec();
+    }
+    for (int64_t block = 0; block < config->layers; ++block) {
+      for (const auto& [parameter, shape] : LlamaBlockParameters(*config, block)) {
+        listed[absl::StrCat("layers.", block + 1, ".", parameter)] = shape;
+      }
+    }
+    EXPECT_EQ(held, listed);
   }
   Gpt2Config gpt2;
   gpt2.layers = 2;
@@ -1390,7 +1421,7 @@ TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
   EXPECT_EQ(config->hidden_act, "gelu");
   EXPECT_EQ(DescribeLlama(*config),
             "llama L=12 H=768 A=12 KV=12 I=3072 S=32 V=50304 rope=10000 attention-bias mlp-bias "
-            "act=gelu rotary=0.25 family=gpt_neox");
+            "act=gelu rotary=0.25 parallel-residual family=gpt_neox");
   EXPECT_EQ(LlamaHfName(*config, "layers.0.embed_tokens.weight").value_or(""),
             "gpt_neox.embed_in.weight");
   EXPECT_EQ(LlamaHfName(*config, "layers.1.attention.query_key_value.weight").value_or(""),
@@ -1420,7 +1451,14 @@ TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
   EXPECT_FALSE(config->attention_bias);
   EXPECT_EQ(DescribeLlama(*config),
             "llama L=12 H=768 A=12 KV=12 I=3072 S=32 V=50304 rope=10000 mlp-bias act=gelu "
-            "rotary=0.25 sequential family=gpt_neox");
+            "rotary=0.25 family=gpt_neox");
+  // rotary_emb_base is what GPTNeoXConfig reads, over a rope_theta beside it.
+  Json base = pythia;
+  base["rotary_emb_base"] = 1000000;
+  base["rope_theta"] = 10000;
+  config = LlamaConfigFromJson(base);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_theta, 1e6);
   Json bad = pythia;
   bad["hidden_act"] = "relu";
   ExpectRefused(LlamaConfigFromJson(bad).status(),
@@ -1428,6 +1466,57 @@ TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
   bad = pythia;
   bad["rotary_pct"] = 0.0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "partial_rotary_factor");
+}
+
+// A config of StableLM 2 1.6B's sizes (its config.json as published): q/k/v biases, a quarter
+// of each head rotated, sequential, layer norms of epsilon layer_norm_eps.
+TEST(LlamaConfigTest, ReadsStableLmConfigsAsStableLmConfigDefinesThem) {
+  const Json stablelm2 = Json::parse(R"({
+    "architectures": ["StableLmForCausalLM"], "bos_token_id": 100257, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5632, "layer_norm_eps": 1e-05, "max_position_embeddings": 4096,
+    "model_type": "stablelm", "num_attention_heads": 32, "num_hidden_layers": 24,
+    "num_key_value_heads": 32, "partial_rotary_factor": 0.25, "qk_layernorm": false,
+    "rope_scaling": null, "rope_theta": 10000, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "use_parallel_residual": false,
+    "use_qkv_bias": true, "vocab_size": 100352})");
+  auto config = LlamaConfigFromJson(stablelm2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->StableLm());
+  EXPECT_TRUE(config->LayerNormWithBias());
+  EXPECT_FALSE(config->PlainMlp());
+  EXPECT_FALSE(config->ParallelBlock());
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_FALSE(config->mlp_bias);
+  EXPECT_EQ(config->RotaryDim(), 16);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=24 H=2048 A=32 KV=32 I=5632 S=32 V=100352 rope=10000 qkv-bias rotary=0.25 "
+            "family=stablelm");
+  EXPECT_EQ(LlamaHfName(*config, "layers.25.norm.bias").value_or(""), "model.norm.bias");
+  // StableLmConfig's defaults: StableLM-3B-4E1T's sizes, no biases, sequential.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "stablelm"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hidden, 2560);
+  EXPECT_EQ(config->intermediate, 6912);
+  EXPECT_EQ(config->partial_rotary_factor, 0.25);
+  EXPECT_FALSE(config->qkv_bias);
+  EXPECT_FALSE(config->parallel_residual);
+  // With use_parallel_residual: one norm, described so.
+  Json parallel = stablelm2;
+  parallel["use_parallel_residual"] = true;
+  config = LlamaConfigFromJson(parallel);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_TRUE(config->SharedNorm());
+  EXPECT_NE(DescribeLlama(*config).find(" parallel-residual"), std::string::npos);
+  Json bad = stablelm2;
+  bad["qk_layernorm"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "qk_layernorm");
+  // Only GPT-NeoX and StableLM put the attention and the MLP side by side.
+  LlamaConfig llama;
+  llama.parallel_residual = true;
+  ExpectRefused(ValidateLlamaConfig(llama), "use_parallel_residual");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

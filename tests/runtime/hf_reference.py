@@ -27,7 +27,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaFor
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -196,6 +196,15 @@ CASES = {
                                               use_parallel_residual=False,
                                               tie_word_embeddings=True, attention_bias=False,
                                               hidden_act="gelu_new"),
+    # StableLM side by side on one layer norm (use_parallel_residual), a quarter of each head
+    # rotated, q/k/v biases, SwiGLU, grouped-query attention.
+    "stablelm_parallel": lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
+                                       partial_rotary_factor=0.25, use_qkv_bias=True,
+                                       use_parallel_residual=True),
+    # StableLM sequential (its default), tied, half of each head rotated, no biases.
+    "stablelm_sequential_tied": lambda: llama(StableLmConfig, StableLmForCausalLM,
+                                              layer_norm_eps=1e-5, partial_rotary_factor=0.5,
+                                              tie_word_embeddings=True),
 }
 
 

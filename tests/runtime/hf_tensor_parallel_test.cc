@@ -113,7 +113,8 @@ struct Case {
   bool starcoder2 = false;  // Llama as StarCoder 2: layer norms with biases, a plain MLP, biases
   bool phi = false;  // Llama as Phi: attention and MLP side by side, partial rotation, head bias
   bool neox = false;  // Llama as GPT-NeoX: per-head fused q/k/v rows, partial rotation, two norms
-  bool sequential = false;  // GPT-NeoX without use_parallel_residual
+  bool sequential = false;  // GPT-NeoX or StableLM without use_parallel_residual
+  bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -173,6 +174,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.hidden_act = "gelu";
     llama.attention_bias = true;
     llama.mlp_bias = true;
+    llama.partial_rotary_factor = 0.25;
+    llama.parallel_residual = !c.sequential;
+  }
+  if (c.stablelm) {
+    llama.model_type = "stablelm";
+    llama.qkv_bias = true;
     llama.partial_rotary_factor = 0.25;
     llama.parallel_residual = !c.sequential;
   }
@@ -417,6 +424,19 @@ TEST(LlamaTensorParallelTest, GptNeoxShardsGiveTheWholeLossAndGradients) {
   neox.sequential = true;
   neox.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(neox);
+}
+
+// StableLM: side by side on one norm, or sequential on two, the norms' weights and biases
+// shared under sequence parallelism.
+TEST(LlamaTensorParallelTest, StableLmShardsGiveTheWholeLossAndGradients) {
+  Case stablelm;
+  stablelm.stablelm = true;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+  stablelm.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+  stablelm.sequential = true;
+  stablelm.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
 }
 
 // Expert parallelism: each expert whole on one rank (one part per rank), or on a part of two

@@ -23,7 +23,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         head rotated, gelu_new, the LM head's bias), gpt_neox (per-head fused query/key/value
         rows, half of each head rotated, the attention and the MLP side by side on their own
         norms; the buffers older checkpoints hold added: the causal mask, its fill value, the
-        rotary frequencies).
+        rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
+        q/k/v biases, sequential).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -47,7 +48,7 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Starcoder2Config,
                           Starcoder2ForCausalLM)
 
@@ -119,6 +120,8 @@ def make(output):
                               partial_rotary_factor=0.5), {}),
         ("gpt_neox", lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
                                    rotary_pct=0.5), {"old_buffers": True}),
+        ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
+                                   partial_rotary_factor=0.25, use_qkv_bias=True), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

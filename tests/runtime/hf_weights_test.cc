@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(15, SmallLlama());
+  std::vector<LlamaConfig> llamas(16, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -444,7 +444,11 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[14].hidden_act = "gelu";
   llamas[14].mlp_bias = true;
   llamas[14].partial_rotary_factor = 0.25;
-  llamas[14].parallel_residual = false;
+  llamas[14].parallel_residual = true;
+  llamas[15].model_type = "stablelm";
+  llamas[15].qkv_bias = true;
+  llamas[15].partial_rotary_factor = 0.5;
+  llamas[15].parallel_residual = true;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -792,7 +796,11 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // skipped): whole, on two stages, and split over two ranks by heads with sequence
         // parallelism (both norms shared).
         ImportCase{"gpt_neox", "llama"}, ImportCase{"gpt_neox", "llama", /*ranks=*/2},
-        ImportCase{"gpt_neox", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+        ImportCase{"gpt_neox", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // StableLM's layer norms with biases, partial rotation and q/k/v biases: whole, on two
+        // stages, and split over two ranks with sequence parallelism.
+        ImportCase{"stablelm", "llama"}, ImportCase{"stablelm", "llama", /*ranks=*/2},
+        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
@@ -974,6 +982,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // description.
         ExportCase{"gpt_neox_init", 2,
                    absl::StrCat(" --model llama --init-from ", Case("gpt_neox")), ""},
+        // StableLM on two stages: its config.json (use_qkv_bias, partial_rotary_factor,
+        // layer_norm_eps) from the description.
+        ExportCase{"stablelm_init", 2,
+                   absl::StrCat(" --model llama --init-from ", Case("stablelm")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1032,7 +1044,7 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
         c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
         c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
-        c.name == "starcoder2_init" || c.name == "phi_init";
+        c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     if (c.name == "gpt_neox_init") {
       EXPECT_EQ(written.count("embed_out.weight"), 1u);
@@ -1144,6 +1156,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*neox)["use_parallel_residual"], true);
   EXPECT_EQ((*neox)["hidden_act"], "gelu");
   EXPECT_FALSE(neox->contains("num_key_value_heads"));
+  auto stablelm = ReadJsonFile(scratch / "stablelm_init_hf/config.json");
+  ASSERT_TRUE(stablelm.ok()) << stablelm.status();
+  EXPECT_EQ((*stablelm)["architectures"][0], "StableLmForCausalLM");
+  EXPECT_EQ((*stablelm)["use_qkv_bias"], true);
+  EXPECT_EQ((*stablelm)["partial_rotary_factor"], 0.25);
+  EXPECT_EQ((*stablelm)["use_parallel_residual"], false);
+  EXPECT_FALSE(stablelm->contains("attention_bias"));
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1174,7 +1193,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"phi", "llama", /*ranks=*/2},
         ImportCase{"phi", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"gpt_neox", "llama", /*ranks=*/2},
-        ImportCase{"gpt_neox", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"gpt_neox", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"stablelm", "llama", /*ranks=*/2},
+        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
