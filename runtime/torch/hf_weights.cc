@@ -105,17 +105,20 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   // Phi's LM head bias is its own even where the weight is tied.
   if (config.HeadBias()) add(head + "lm_head.bias", {config.vocab});
   layout.tandem_name = [config](absl::string_view key) { return LlamaTandemName(config, key); };
-  if (config.NeoX()) {
-    // The buffers older GPT-NeoX checkpoints (Pythia's) hold in each block: the causal mask,
-    // its fill value and the rotary frequencies (transformers ignores them on load).
-    layout.ignored = [](absl::string_view key) {
-      if (!absl::ConsumePrefix(&key, "gpt_neox.layers.")) return false;
+  if (config.NeoX() || config.GptJ()) {
+    // The buffers older GPT-NeoX and GPT-J checkpoints (Pythia's, GPT-J-6B's) hold in each
+    // block: the causal mask, its fill value and (GPT-NeoX's) the rotary frequencies
+    // (transformers ignores them on load).
+    const bool neox = config.NeoX();
+    layout.ignored = [neox](absl::string_view key) {
+      if (!absl::ConsumePrefix(&key, neox ? "gpt_neox.layers." : "transformer.h.")) return false;
       const size_t dot = key.find('.');
       int block = 0;
       if (dot == absl::string_view::npos || !absl::SimpleAtoi(key.substr(0, dot), &block)) {
         return false;
       }
       const absl::string_view rest = key.substr(dot + 1);
+      if (!neox) return rest == "attn.bias" || rest == "attn.masked_bias";
       return rest == "attention.bias" || rest == "attention.masked_bias" ||
              rest == "attention.rotary_emb.inv_freq";
     };
@@ -417,7 +420,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"window", &config.sliding_window},
       {"expert-units", &config.expert_intermediate},
       {"shared-units", &config.shared_expert_intermediate},
-      {"sparse-step", &config.sparse_step}};
+      {"sparse-step", &config.sparse_step},
+      {"rotary-dims", &config.rotary_dims}};
   const std::map<std::string, double*> numbers = {
       {"rope", &config.rope_theta},
       {"qscale", &config.query_pre_attn_scalar},
@@ -526,7 +530,30 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 
 namespace {
 
+// GPTJConfig's fields: its own names for the sizes (n_embd, n_layer, n_head, n_positions,
+// n_inner), rotary_dim, activation_function, layer_norm_epsilon, no dropout.
+Json GptJConfigJson(const LlamaConfig& config) {
+  return {{"architectures", {"GPTJForCausalLM"}},
+          {"model_type", "gptj"},
+          {"vocab_size", config.vocab},
+          {"n_embd", config.hidden},
+          {"n_layer", config.layers},
+          {"n_head", config.heads},
+          {"n_positions", config.max_position_embeddings},
+          {"n_inner", config.intermediate},
+          {"rotary_dim", config.RotaryDim()},
+          {"activation_function", config.hidden_act},
+          {"layer_norm_epsilon", config.rms_norm_eps},
+          {"tie_word_embeddings", config.tie_word_embeddings},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"initializer_range", config.init_std},
+          {"torch_dtype", "float32"}};
+}
+
 Json LlamaConfigJson(const LlamaConfig& config) {
+  if (config.GptJ()) return GptJConfigJson(config);
   const std::string architecture = config.model_type == "mistral"      ? "MistralForCausalLM"
                                    : config.model_type == "qwen2"      ? "Qwen2ForCausalLM"
                                    : config.model_type == "gemma"      ? "GemmaForCausalLM"

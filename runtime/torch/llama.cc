@@ -185,13 +185,23 @@ torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = 
   return torch::where(medium, smoothed, scaled);
 }
 
-// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2. With cos and
-// sin narrower than x (partial rotation), x's first features by them, the others as they are.
-torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2; with
+// `interleaved` GPT-J's rotate_every_two instead, [-x1, x0, -x3, x2, ...] for the pairs of
+// neighbours (cos and sin then hold each angle twice in a row). With cos and sin narrower than
+// x (partial rotation), x's first features by them, the others as they are.
+torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                     bool interleaved = false) {
   const int64_t turned = cos.size(-1), features = x.size(-1);
   if (turned < features) {
-    return torch::cat(
-        {Rotate(x.narrow(-1, 0, turned), cos, sin), x.narrow(-1, turned, features - turned)}, -1);
+    return torch::cat({Rotate(x.narrow(-1, 0, turned), cos, sin, interleaved),
+                       x.narrow(-1, turned, features - turned)},
+                      -1);
+  }
+  if (interleaved) {
+    using torch::indexing::Slice;
+    const torch::Tensor even = x.index({"...", Slice(0, torch::indexing::None, 2)});
+    const torch::Tensor odd = x.index({"...", Slice(1, torch::indexing::None, 2)});
+    return x * cos + torch::stack({-odd, even}, -1).flatten(-2) * sin;
   }
   const int64_t half = x.size(-1) / 2;
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -310,7 +320,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     v_proj = register_module("v_proj",
                              ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
     o_proj = register_module(
-        "o_proj", RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
+        config_.GptJ() ? "out_proj" : "o_proj",
+        RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
     if (config_.QkNorms()) {
       // OLMoE's: over the whole query and key products, every head together.
       q_norm = register_module("q_norm", RmsNorm(config_.heads * head_dim, config_.rms_norm_eps));
@@ -366,8 +377,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
       return HeadsOf(product, batch, length, count);
     };
-    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
-    torch::Tensor key = Rotate(heads_of(products[1], kv_heads), cos, sin);
+    const bool pairs = config_.InterleavedRotary();
+    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin, pairs);
+    torch::Tensor key = Rotate(heads_of(products[1], kv_heads), cos, sin, pairs);
     torch::Tensor value = heads_of(products[2], kv_heads);
     if (heads != kv_heads) {  // grouped-query attention: each key/value head serves a group
       const int64_t group = heads / kv_heads;
@@ -399,8 +411,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const auto heads_of = [&](const torch::Tensor& product, int64_t count) {
       return HeadsOf(ClipQkv(product, config_.clip_qkv), batch, length, count);
     };
-    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin);
-    auto [key, value] = cache.Append(Rotate(heads_of(products[1], kv_heads), cos, sin),
+    const bool pairs = config_.InterleavedRotary();
+    const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin, pairs);
+    auto [key, value] = cache.Append(Rotate(heads_of(products[1], kv_heads), cos, sin, pairs),
                                      heads_of(products[2], kv_heads));
     if (heads != kv_heads) {
       const int64_t group = heads / kv_heads, total = key.size(2);
@@ -492,8 +505,14 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     if (config_.PlainMlp()) {
       // StarCoder 2's c_fc, then c_proj (Phi's fc1, fc2); no gate (gate_proj holds c_fc,
       // up_proj is none).
-      const char* up = config_.Phi() ? "fc1" : config_.NeoX() ? "dense_h_to_4h" : "c_fc";
-      const char* down = config_.Phi() ? "fc2" : config_.NeoX() ? "dense_4h_to_h" : "c_proj";
+      const char* up = config_.Phi()    ? "fc1"
+                       : config_.NeoX() ? "dense_h_to_4h"
+                       : config_.GptJ() ? "fc_in"
+                                        : "c_fc";
+      const char* down = config_.Phi()    ? "fc2"
+                         : config_.NeoX() ? "dense_4h_to_h"
+                         : config_.GptJ() ? "fc_out"
+                                          : "c_proj";
       gate_proj = register_module(up, ColumnParallelLinear(hidden, units, bias));
       down_proj = register_module(down, RowParallelLinear(units, hidden, bias));
     } else {
@@ -772,10 +791,12 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   }
 
   void reset() override {
-    input_layernorm = register_module("input_layernorm", MakeNorm(config_));
-    // GPT-NeoX's is named attention.
-    self_attn = register_module(config_.NeoX() ? "attention" : "self_attn",
-                                LlamaAttention(config_, config_.WindowOfBlock(block_)));
+    // GPT-J's is ln_1.
+    input_layernorm =
+        register_module(config_.GptJ() ? "ln_1" : "input_layernorm", MakeNorm(config_));
+    // GPT-NeoX's is named attention, GPT-J's attn.
+    const char* attention = config_.NeoX() ? "attention" : config_.GptJ() ? "attn" : "self_attn";
+    self_attn = register_module(attention, LlamaAttention(config_, config_.WindowOfBlock(block_)));
     // Phi's one norm serves the attention and the MLP.
     if (!config_.SharedNorm()) {
       post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
@@ -1000,7 +1021,9 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     const torch::Tensor positions = torch::arange(
         start, end, torch::TensorOptions().dtype(torch::kFloat).device(like.device()));
     const torch::Tensor angles = torch::outer(positions, frequencies.to(like.device()));
-    const torch::Tensor both = torch::cat({angles, angles}, -1);
+    // Each angle for both features it rotates: the halves' (rotate_half), or neighbours'.
+    const torch::Tensor both = config_.InterleavedRotary() ? torch::repeat_interleave(angles, 2, -1)
+                                                           : torch::cat({angles, angles}, -1);
     if (rotary_scale_ != 1.0) {
       return {(both.cos() * rotary_scale_).to(like.scalar_type()),
               (both.sin() * rotary_scale_).to(like.scalar_type())};
@@ -1119,6 +1142,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "stablelm") {
     return {50304, 2560, 6912, 32, 32, 32, 0, 4096, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "gptj") {  // n_inner (intermediate) is 4 x n_embd unless given
+    return {50400, 4096, 16384, 28, 16, 0, 0, 2048, 1e-5, 10000.0, false, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -1224,6 +1250,9 @@ CheckpointNames CheckpointNamesOf(const LlamaConfig& config) {
     return {"gpt_neox.embed_in.weight", "gpt_neox.final_layer_norm.", "embed_out.",
             "gpt_neox.layers."};
   }
+  if (config.GptJ()) {
+    return {"transformer.wte.weight", "transformer.ln_f.", "lm_head.", "transformer.h."};
+  }
   return {"model.embed_tokens.weight", config.Phi() ? "model.final_layernorm." : "model.norm.",
           "lm_head.", "model.layers."};
 }
@@ -1245,6 +1274,20 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   auto add = [&](std::string name, std::vector<int64_t> shape) {
     parameters.emplace_back(std::move(name), std::move(shape));
   };
+  if (config.GptJ()) {
+    // GPTJBlock's: ln_1, attn, mlp.
+    add("ln_1.weight", {h});
+    add("ln_1.bias", {h});
+    for (const char* projection : {"q_proj", "k_proj", "v_proj"}) {
+      add(absl::StrCat("attn.", projection, ".weight"), {q, h});
+    }
+    add("attn.out_proj.weight", {h, q});
+    add("mlp.fc_in.weight", {config.intermediate, h});
+    add("mlp.fc_in.bias", {config.intermediate});
+    add("mlp.fc_out.weight", {h, config.intermediate});
+    add("mlp.fc_out.bias", {h});
+    return parameters;
+  }
   if (config.NeoX()) {
     // GPTNeoXLayer's state-dict order: the norms, the attention, the MLP.
     const int64_t units = config.intermediate;
@@ -1381,9 +1424,9 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 }  // namespace
 
 bool IsLlamaModelType(absl::string_view model_type) {
-  for (const char* known :
-       {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe", "granite",
-        "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi", "gpt_neox", "stablelm"}) {
+  for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
+                            "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi",
+                            "gpt_neox", "stablelm", "gptj"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1409,6 +1452,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool phi = config.Phi();
   const bool neox = config.NeoX();
   const bool stablelm = config.StableLm();
+  const bool gptj = config.GptJ();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1435,23 +1479,42 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
       !phi && !neox && !stablelm) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
-  if (neox) {
-    // GPTNeoXConfig has no key/value groups (GPTNeoXAttention ignores the field) and takes
-    // hidden / heads.
+  if (gptj) {
+    // GPTJConfig's names (hidden_size and the others are aliases transformers maps to them).
+    const std::pair<const char*, int64_t*> sizes[] = {
+        {"n_embd", &config.hidden}, {"n_layer", &config.layers}, {"n_head", &config.heads}};
+    for (const auto& [field, size] : sizes) {
+      TANDEM_ASSIGN_OR_RETURN(*size, GetIntOr(json, field, *size, where));
+    }
+    config.intermediate = 4 * config.hidden;
+    if (IsSet(json, "n_inner")) {
+      TANDEM_ASSIGN_OR_RETURN(config.intermediate, GetInt(json, "n_inner", where));
+    }
+    if (json.contains("rotary_dim") && !IsSet(json, "rotary_dim")) {
+      return absl::InvalidArgumentError(
+          "config.json: rotary_dim null is not supported for gptj (transformers then rotates "
+          "by positions of the whole hidden size, which it runs with one head only)");
+    }
+    TANDEM_ASSIGN_OR_RETURN(config.rotary_dims, GetIntOr(json, "rotary_dim", 64, where));
+  }
+  if (neox || gptj) {
+    // GPTNeoXConfig and GPTJConfig have no key/value groups and take hidden / heads.
     config.kv_heads = config.heads;
     config.head_dim = 0;
   }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                          GetIntOr(json, "max_position_embeddings", defaults.max_positions, where));
+                          GetIntOr(json, gptj ? "n_positions" : "max_position_embeddings",
+                                   defaults.max_positions, where));
   TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                           GetNumberOr(json, "rms_norm_eps", defaults.rms_norm_eps, where));
   if (starcoder2) {  // its layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
   }
-  if (phi || neox || stablelm) {  // their layer norms' epsilon
+  if (phi || neox || stablelm || gptj) {  // their layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
-                            GetNumberOr(json, "layer_norm_eps", defaults.rms_norm_eps, where));
+                            GetNumberOr(json, gptj ? "layer_norm_epsilon" : "layer_norm_eps",
+                                        defaults.rms_norm_eps, where));
   }
   if (neox || stablelm) {  // GPTNeoXConfig's default true, StableLmConfig's false
     TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
@@ -1474,6 +1537,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.rope_theta,
                             GetNumberOr(json, "rotary_emb_base", defaults.rope_theta, where));
   }
+  if (gptj) config.rope_theta = 10000.0;  // GPT-J's sinusoids have no other base
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
                           GetBoolOrUnset(json, "tie_word_embeddings", defaults.tied, where));
@@ -1612,6 +1676,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     // Phi's products all have biases.
     config.attention_bias = true;
     config.mlp_bias = true;
+  } else if (gptj) {
+    // GPT-J's MLP has biases, its attention none.
+    config.mlp_bias = true;
   } else if (stablelm) {
     // StableLM's q/k/v_proj have them with use_qkv_bias; o_proj and the MLP never.
     TANDEM_ASSIGN_OR_RETURN(config.qkv_bias, GetBoolOrUnset(json, "use_qkv_bias", false, where));
@@ -1663,13 +1730,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           absl::StrCat("config.json: hidden_act \"", config.hidden_act, "\" is not supported (",
                        config.model_type, ": gelu_pytorch_tanh, gelu and silu)"));
     }
-  } else if (phi || neox) {
+  } else if (phi || neox || gptj) {
+    const char* field = gptj ? "activation_function" : "hidden_act";  // GPT-J's name for it
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
-                            GetStringOr(json, "hidden_act", phi ? "gelu_new" : "gelu", where));
+                            GetStringOr(json, field, neox ? "gelu" : "gelu_new", where));
     if (config.hidden_act != "gelu_new" && config.hidden_act != "gelu_pytorch_tanh" &&
         config.hidden_act != "gelu") {
       return absl::InvalidArgumentError(
-          absl::StrCat("config.json: hidden_act \"", config.hidden_act, "\" is not supported (",
+          absl::StrCat("config.json: ", field, " \"", config.hidden_act, "\" is not supported (",
                        config.model_type, ": gelu_new, gelu_pytorch_tanh and gelu)"));
     }
   } else if (!gemma) {
@@ -1698,6 +1766,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
     config.pad_token_id = pad;
+  }
+  if (IsSet(json, "rope_scaling") && gptj) {
+    return absl::InvalidArgumentError(
+        "config.json: rope_scaling is not supported for gptj (transformers' GPT-J has plain "
+        "rotary embeddings)");
   }
   if (IsSet(json, "rope_scaling") && !phi3) {
     TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", where));
@@ -1859,6 +1932,17 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: GPT-NeoX's attention has as many key/value heads as heads (",
+                     config.heads, "), got ", config.kv_heads));
+  }
+  if (config.rotary_dims < 0 || (config.rotary_dims > 0 && !config.GptJ()) ||
+      config.rotary_dims > config.HeadDim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: rotary_dim is GPT-J's, at most the head dimension (", config.HeadDim(),
+                     "); got ", config.rotary_dims, " for ", config.model_type));
+  }
+  if (config.GptJ() && config.kv_heads != config.heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: GPT-J's attention has as many key/value heads as heads (",
                      config.heads, "), got ", config.kv_heads));
   }
   if (config.RotaryDim() < 2 || config.RotaryDim() % 2 != 0) {
@@ -2031,6 +2115,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.partial_rotary_factor != 1.0) {
     absl::StrAppend(&text, " rotary=", config.partial_rotary_factor);
   }
+  if (config.rotary_dims > 0) absl::StrAppend(&text, " rotary-dims=", config.rotary_dims);
   if (config.parallel_residual) absl::StrAppend(&text, " parallel-residual");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;

@@ -2,8 +2,8 @@
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
-// GPTNeoXForCausalLM and StableLmForCausalLM, variations of the same computation: see
-// LlamaConfig):
+// GPTNeoXForCausalLM, StableLmForCausalLM and GPTJForCausalLM, variations of the same
+// computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -29,7 +29,9 @@
 // name them, inside gpt_neox.layers.<i>: input_layernorm, post_attention_layernorm,
 // attention.query_key_value, attention.dense, mlp.dense_h_to_4h and mlp.dense_4h_to_h; its
 // gpt_neox.embed_in, gpt_neox.final_layer_norm and embed_out are tandem's embed_tokens, norm and
-// lm_head.)
+// lm_head. GPT-J's are named as its checkpoints name them too, inside transformer.h.<i>: ln_1,
+// attn.{q,k,v,out}_proj, mlp.fc_in and mlp.fc_out; its transformer.wte and transformer.ln_f are
+// tandem's embed_tokens and norm, and its lm_head has a bias.)
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
 // mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
@@ -190,6 +192,9 @@ struct LlamaConfig {
   // partial_rotary_factor): the first RotaryDim() of them, at the frequencies of that many
   // features; the others pass unrotated. 1: all.
   double partial_rotary_factor = 1.0;
+  // GPT-J's rotary_dim: the features of a head rotated, over partial_rotary_factor; 0: none
+  // given.
+  int64_t rotary_dims = 0;
   // GPT-NeoX's and StableLM's use_parallel_residual: the attention and the MLP side by side,
   // added to the block's input in one step (ParallelBlock); false: Llama's two residual steps.
   bool parallel_residual = false;
@@ -199,6 +204,7 @@ struct LlamaConfig {
   // The features of a head that are rotated: int(head_dim * partial_rotary_factor), as
   // transformers rounds it.
   int64_t RotaryDim() const {
+    if (rotary_dims > 0) return rotary_dims;
     return static_cast<int64_t>(static_cast<double>(HeadDim()) * partial_rotary_factor);
   }
   bool QkvBias() const { return attention_bias || qkv_bias; }
@@ -243,18 +249,30 @@ struct LlamaConfig {
   // rotary embeddings (partial_rotary_factor), biases on q/k/v_proj with use_qkv_bias, and with
   // use_parallel_residual the attention and the MLP side by side on the one input_layernorm.
   bool StableLm() const { return model_type == "stablelm"; }
+  // GPT-J's (GPTJForCausalLM: GPT-J-6B and its fine-tunes): Phi's block (one layer norm, ln_1,
+  // for the attention and the MLP side by side; a plain MLP, mlp.fc_in and mlp.fc_out with
+  // biases; the LM head's bias) with q/k/v/out_proj without biases, the first rotary_dim
+  // features of each head rotated by pairs of neighbours (InterleavedRotary) at base 10000, and
+  // layer norms of epsilon layer_norm_epsilon.
+  bool GptJ() const { return model_type == "gptj"; }
+  // Rotary embeddings that rotate each pair of neighbouring features (2i, 2i + 1) by the angle
+  // of frequency i (GPT-J's rotate_every_two) instead of the two halves' features i and
+  // i + d / 2 (rotate_half).
+  bool InterleavedRotary() const { return GptJ(); }
   bool FusedQkvPerHead() const { return NeoX(); }
-  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm(); }
-  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX(); }
+  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ(); }
+  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ(); }
   // The attention and the MLP both read the block's input, their outputs added to it at once:
   // Phi's, and StableLM's with use_parallel_residual, on one norm (SharedNorm); GPT-NeoX's with
   // use_parallel_residual on two.
   bool ParallelResidualFamily() const { return NeoX() || StableLm(); }
-  bool ParallelBlock() const { return Phi() || (ParallelResidualFamily() && parallel_residual); }
-  bool SharedNorm() const { return Phi() || (StableLm() && parallel_residual); }
+  bool ParallelBlock() const {
+    return Phi() || GptJ() || (ParallelResidualFamily() && parallel_residual);
+  }
+  bool SharedNorm() const { return Phi() || GptJ() || (StableLm() && parallel_residual); }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
-  bool PartialRotation() const { return Phi() || NeoX() || StableLm(); }
-  bool HeadBias() const { return Phi(); }
+  bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ(); }
+  bool HeadBias() const { return Phi() || GptJ(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
   int64_t ExpertUnits() const {
@@ -275,7 +293,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox and stablelm";
+    "olmoe, starcoder2, phi, gpt_neox, stablelm and gptj";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -293,7 +311,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // tokens, 6144 wide, 24576 units, 44 layers, 64 heads, gelu, rotary_pct 0.25, rotary_emb_base
 // 10000, attention_bias and use_parallel_residual true) and StableLmConfig's (50304 tokens,
 // 2560 wide, 6912 units, 32 layers, 32 heads, silu, partial_rotary_factor 0.25, no biases, no
-// use_parallel_residual). seq_len
+// use_parallel_residual) and GPTJConfig's (50400 tokens, n_embd 4096, 28 layers, 16 heads,
+// rotary_dim 64, n_inner 4 x n_embd, gelu_new, layer_norm_epsilon 1e-5); GPT-J's config.json
+// names its sizes n_embd, n_layer, n_head, n_positions and n_inner. seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
@@ -309,7 +329,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // multipliers), "granitemoe" (Granite's with Mixtral's experts), "phi3" (Mistral's computation,
 // fused products in the checkpoint, LongRoPE as its rope_scaling), "olmo", "olmoe" and
 // "starcoder2" and "stablelm" (hidden_act gelu_pytorch_tanh, gelu or silu), "phi" and
-// "gpt_neox" (hidden_act gelu_new, gelu_pytorch_tanh or gelu); output_router_logits
+// "gpt_neox" (hidden_act gelu_new, gelu_pytorch_tanh or gelu), "gptj" (activation_function
+// gelu_new, gelu_pytorch_tanh or gelu; a rotary_dim of null, which transformers cannot run
+// with more than one head, refused); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's and StableLM's
@@ -335,7 +357,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
 // " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
 // GPT-NeoX's and StableLM's " rotary=0.4" (partial_rotary_factor) and " parallel-residual"
-// (use_parallel_residual), " family=mistral").
+// (use_parallel_residual), GPT-J's " rotary-dims=64", " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

@@ -30,7 +30,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         plain GELU MLP, biases everywhere, a window of 6 tokens), phi (the attention and the MLP
         side by side, half of each head rotated, the cached keys rotated alike), gpt_neox (per-head
         fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
-        layer norm, a quarter of each head rotated), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
+        cached keys too), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -54,7 +55,7 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, llama, perturb  # noqa: E402
+from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
 
 NEW_TOKENS = 20
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
@@ -213,6 +214,7 @@ def make(output):
                                    partial_rotary_factor=0.25, use_qkv_bias=True,
                                    use_parallel_residual=True, initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("gptj", lambda: gptj(initializer_range=0.3), [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",
                   "qwen2_text": "qwen2_tokenizer.json", "gemma_text": "gemma_tokenizer.json"}

@@ -246,6 +246,17 @@ std::vector<ModelCase> ModelCases() {
          c.parallel_residual = true;
          return FrozenLlama(c);
        }},
+      // GPT-J: pairs of neighbours rotated in the cached keys, the LM head's bias.
+      {"gptj",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "gptj";
+         c.kv_heads = c.heads;
+         c.hidden_act = "gelu_new";
+         c.mlp_bias = true;
+         c.rotary_dims = 4;
+         return FrozenLlama(c);
+       }},
       // StableLM side by side on one layer norm, a quarter of each head rotated.
       {"stablelm",
        [] {
@@ -439,7 +450,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 23u);
+  ASSERT_EQ(cases->size(), 24u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

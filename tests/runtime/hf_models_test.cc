@@ -642,6 +642,20 @@ TEST_P(HfModelsTest, StableLmWithLayerNormsAndPartialRotationEqualsTransformers)
   EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// GPT-J: Phi's block with the first rotary_dim features of each head rotated by pairs of
+// neighbours. Rotating every feature instead of the first four is far off.
+TEST_P(HfModelsTest, GptJWithInterleavedRotationEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"gptj_rotary4", "gptj_tied_full"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase whole_rotation = LlamaCase("gptj_rotary4", GptAttention::kExplicit,
+                                          [](LlamaConfig& config) { config.rotary_dims = 8; });
+  EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -654,8 +668,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
-        "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied", "gpt2",
-        "gpt2_untied_variants"}) {
+        "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
+        "gptj_rotary4", "gptj_tied_full", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1517,6 +1531,57 @@ TEST(LlamaConfigTest, ReadsStableLmConfigsAsStableLmConfigDefinesThem) {
   LlamaConfig llama;
   llama.parallel_residual = true;
   ExpectRefused(ValidateLlamaConfig(llama), "use_parallel_residual");
+}
+
+// GPT-J-6B's config.json as published: its own names for the sizes, rotary_dim 64 of 256
+// features, gelu_new; the task-specific parameters and dropouts ignored.
+TEST(LlamaConfigTest, ReadsGptJConfigsAsGptJConfigDefinesThem) {
+  const Json gptj = Json::parse(R"({
+    "activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"],
+    "attn_pdrop": 0.0, "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256,
+    "gradient_checkpointing": false, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_inner": null, "n_layer": 28,
+    "n_positions": 2048, "resid_pdrop": 0.0, "rotary": true, "rotary_dim": 64,
+    "scale_attn_weights": true, "summary_activation": null, "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": true, "summary_type": "cls_index", "summary_use_proj": true,
+    "tie_word_embeddings": false, "tokenizer_class": "GPT2Tokenizer", "use_cache": true,
+    "vocab_size": 50400})");
+  auto config = LlamaConfigFromJson(gptj);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->GptJ());
+  EXPECT_TRUE(config->InterleavedRotary());
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_TRUE(config->SharedNorm());
+  EXPECT_TRUE(config->HeadBias());
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_TRUE(config->mlp_bias);
+  EXPECT_EQ(config->hidden, 4096);
+  EXPECT_EQ(config->layers, 28);
+  EXPECT_EQ(config->heads, 16);
+  EXPECT_EQ(config->kv_heads, 16);
+  EXPECT_EQ(config->intermediate, 16384);
+  EXPECT_EQ(config->max_position_embeddings, 2048);
+  EXPECT_EQ(config->RotaryDim(), 64);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=28 H=4096 A=16 KV=16 I=16384 S=32 V=50400 rope=10000 mlp-bias act=gelu_new "
+            "rotary-dims=64 family=gptj");
+  EXPECT_EQ(LlamaHfName(*config, "layers.0.embed_tokens.weight").value_or(""),
+            "transformer.wte.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.5.attn.out_proj.weight").value_or(""),
+            "transformer.h.4.attn.out_proj.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.29.norm.bias").value_or(""), "transformer.ln_f.bias");
+  EXPECT_EQ(LlamaHfName(*config, "layers.29.lm_head.bias").value_or(""), "lm_head.bias");
+  EXPECT_EQ(LlamaTandemName(*config, "transformer.h.27.ln_1.weight").value_or(""),
+            "layers.28.ln_1.weight");
+  Json bad = gptj;
+  bad["rotary_dim"] = nullptr;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rotary_dim null");
+  bad = gptj;
+  bad["rotary_dim"] = 512;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rotary_dim");
+  bad = gptj;
+  bad["activation_function"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "activation_function \"relu\"");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

@@ -32,7 +32,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaFor
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, llama, perturb  # noqa: E402
+from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
 
 BATCH, LENGTH = 2, 16
 
@@ -205,6 +205,12 @@ CASES = {
     "stablelm_sequential_tied": lambda: llama(StableLmConfig, StableLmForCausalLM,
                                               layer_norm_eps=1e-5, partial_rotary_factor=0.5,
                                               tie_word_embeddings=True),
+    # GPT-J: one layer norm for the attention and the MLP side by side, the first 4 of each
+    # head's 8 features rotated by pairs of neighbours, gelu_new, the LM head's bias.
+    "gptj_rotary4": lambda: gptj(),
+    # GPT-J tied, every feature rotated (rotary_dim 8), exact GELU.
+    "gptj_tied_full": lambda: gptj(rotary_dim=8, tie_word_embeddings=True,
+                                   activation_function="gelu"),
 }
 
 

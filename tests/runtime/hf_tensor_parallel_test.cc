@@ -115,6 +115,7 @@ struct Case {
   bool neox = false;  // Llama as GPT-NeoX: per-head fused q/k/v rows, partial rotation, two norms
   bool sequential = false;  // GPT-NeoX or StableLM without use_parallel_residual
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
+  bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -177,6 +178,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.partial_rotary_factor = 0.25;
     llama.parallel_residual = !c.sequential;
   }
+  if (c.gptj) {
+    llama.model_type = "gptj";
+    llama.kv_heads = llama.heads;
+    llama.hidden_act = "gelu_new";
+    llama.mlp_bias = true;
+    llama.rotary_dims = 4;
+  }
   if (c.stablelm) {
     llama.model_type = "stablelm";
     llama.qkv_bias = true;
@@ -238,7 +246,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     // GPT-NeoX's query_key_value (weight and bias) and dense.
     const int attention = c.neox ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
     // Phi's LM head bias is split by vocabulary rows too.
-    EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) + (c.phi ? 1 : 0));
+    EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
+                         (c.phi || c.gptj ? 1 : 0));
     if (c.phi) {
       EXPECT_NE(index.at("layers.1.mlp.fc1.bias"), nullptr);
       EXPECT_EQ(index.at("layers.1.mlp.fc2.bias"), nullptr);
@@ -285,6 +294,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
         units += weight.size(1);
       }
       EXPECT_EQ(units, llama.experts * llama.ExpertUnits() / t);
+    }
+    if (c.gptj) {
+      EXPECT_NE(index.at("layers.1.attn.k_proj.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.1.ln_1.bias"), nullptr);
+      EXPECT_NE(index.at("layers.3.lm_head.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.2.mlp.fc_out.bias"), nullptr);
+      return;
     }
     if (c.neox) {
       EXPECT_NE(index.at("layers.1.attention.query_key_value.bias"), nullptr);
@@ -424,6 +440,17 @@ TEST(LlamaTensorParallelTest, GptNeoxShardsGiveTheWholeLossAndGradients) {
   neox.sequential = true;
   neox.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(neox);
+}
+
+// GPT-J: Phi's block with no attention biases, pairs of neighbours rotated, the LM head's bias
+// split by vocabulary rows.
+TEST(LlamaTensorParallelTest, GptJShardsGiveTheWholeLossAndGradients) {
+  Case gptj;
+  gptj.gptj = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gptj);
+  gptj.sequence_parallel = true;
+  gptj.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gptj);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases

@@ -24,7 +24,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         rows, half of each head rotated, the attention and the MLP side by side on their own
         norms; the buffers older checkpoints hold added: the causal mask, its fill value, the
         rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
-        q/k/v biases, sequential).
+        q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
+        rotated by pairs of neighbours; its older checkpoints' mask buffers added).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -53,14 +54,23 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, llama, perturb  # noqa: E402
+from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
 
 
-def add_old_gpt_neox_buffers(model, path):
-    """Adds to a GPT-NeoX checkpoint the buffers that older ones (Pythia's, as published) hold in
-    each block: the causal mask (bool), its fill value and the rotary frequencies."""
+def add_old_buffers(model, path):
+    """Adds to a GPT-NeoX or GPT-J checkpoint the buffers that older ones (Pythia's, GPT-J-6B's,
+    as published) hold in each block: the causal mask (bool), its fill value and GPT-NeoX's
+    rotary frequencies."""
     tensors = load_file(path)
     positions = model.config.max_position_embeddings
+    if model.config.model_type == "gptj":
+        for block in range(model.config.num_hidden_layers):
+            prefix = f"transformer.h.{block}.attn."
+            tensors[prefix + "bias"] = torch.tril(torch.ones(
+                (positions, positions), dtype=torch.bool)).view(1, 1, positions, positions)
+            tensors[prefix + "masked_bias"] = torch.tensor(-1e9)
+        save_file(tensors, path, metadata={"format": "pt"})
+        return
     rotary = int(model.config.hidden_size // model.config.num_attention_heads *
                  model.config.rotary_pct)
     for block in range(model.config.num_hidden_layers):
@@ -122,6 +132,7 @@ def make(output):
                                    rotary_pct=0.5), {"old_buffers": True}),
         ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
                                    partial_rotary_factor=0.25, use_qkv_bias=True), {}),
+        ("gptj", lambda: gptj(), {"old_buffers": True}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.
@@ -134,7 +145,7 @@ def make(output):
         model.save_pretrained(folder, safe_serialization=True,
                               max_shard_size=options.get("max_shard_size", "5GB"))
         if options.get("old_buffers"):
-            add_old_gpt_neox_buffers(model, os.path.join(folder, "model.safetensors"))
+            add_old_buffers(model, os.path.join(folder, "model.safetensors"))
         print(name)
 
 

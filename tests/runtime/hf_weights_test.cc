@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(16, SmallLlama());
+  std::vector<LlamaConfig> llamas(17, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -449,6 +449,11 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[15].qkv_bias = true;
   llamas[15].partial_rotary_factor = 0.5;
   llamas[15].parallel_residual = true;
+  llamas[16].model_type = "gptj";
+  llamas[16].kv_heads = llamas[16].heads;
+  llamas[16].hidden_act = "gelu_new";
+  llamas[16].mlp_bias = true;
+  llamas[16].rotary_dims = 4;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -800,8 +805,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // StableLM's layer norms with biases, partial rotation and q/k/v biases: whole, on two
         // stages, and split over two ranks with sequence parallelism.
         ImportCase{"stablelm", "llama"}, ImportCase{"stablelm", "llama", /*ranks=*/2},
-        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --sequence-parallel"}}) {
+        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // GPT-J's pairs of neighbours rotated, its LM head's bias and the mask buffers of its
+        // older checkpoints skipped: whole, on two stages, and over two ranks with sequence
+        // parallelism.
+        ImportCase{"gptj", "llama"}, ImportCase{"gptj", "llama", /*ranks=*/2},
+        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -986,6 +995,9 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // layer_norm_eps) from the description.
         ExportCase{"stablelm_init", 2,
                    absl::StrCat(" --model llama --init-from ", Case("stablelm")), ""},
+        // GPT-J on two stages: transformer.* and the LM head's bias written, its config.json
+        // (n_embd and the other names, rotary_dim) from the description.
+        ExportCase{"gptj_init", 2, absl::StrCat(" --model llama --init-from ", Case("gptj")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1040,11 +1052,12 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
     EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
-    const bool untied =
-        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
-        c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
-        c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
-        c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init";
+    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
+                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
+                        c.name == "granite_init" || c.name == "phi3_init" ||
+                        c.name == "granitemoe_init" || c.name == "olmo_init" ||
+                        c.name == "olmoe_init" || c.name == "starcoder2_init" ||
+                        c.name == "phi_init" || c.name == "stablelm_init" || c.name == "gptj_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     if (c.name == "gpt_neox_init") {
       EXPECT_EQ(written.count("embed_out.weight"), 1u);
@@ -1052,7 +1065,8 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(written.count("gpt_neox.layers.1.attention.query_key_value.weight"), 1u);
       EXPECT_EQ(written.count("gpt_neox.layers.1.attention.bias"), 0u);
     }
-    EXPECT_EQ(written.count("lm_head.bias"), c.name == "phi_init" ? 1u : 0u);
+    EXPECT_EQ(written.count("lm_head.bias"),
+              c.name == "phi_init" || c.name == "gptj_init" ? 1u : 0u);
     if (c.name == "phi_init") {
       EXPECT_EQ(written.count("model.final_layernorm.bias"), 1u);
       EXPECT_EQ(written.count("model.layers.1.self_attn.dense.bias"), 1u);
@@ -1163,6 +1177,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*stablelm)["partial_rotary_factor"], 0.25);
   EXPECT_EQ((*stablelm)["use_parallel_residual"], false);
   EXPECT_FALSE(stablelm->contains("attention_bias"));
+  auto gptj = ReadJsonFile(scratch / "gptj_init_hf/config.json");
+  ASSERT_TRUE(gptj.ok()) << gptj.status();
+  EXPECT_EQ((*gptj)["architectures"][0], "GPTJForCausalLM");
+  EXPECT_EQ((*gptj)["n_embd"], 32);
+  EXPECT_EQ((*gptj)["rotary_dim"], 4);
+  EXPECT_EQ((*gptj)["activation_function"], "gelu_new");
+  EXPECT_FALSE(gptj->contains("hidden_size"));
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1195,7 +1216,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gpt_neox", "llama", /*ranks=*/2},
         ImportCase{"gpt_neox", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"stablelm", "llama", /*ranks=*/2},
-        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"gptj", "llama", /*ranks=*/2},
+        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
@@ -1215,6 +1238,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
     // and not written.
     for (auto it = original.begin(); it != original.end();) {
       const bool buffer = absl::EndsWith(it->first, ".attention.bias") ||
+                          absl::EndsWith(it->first, ".attn.bias") ||
+                          absl::EndsWith(it->first, ".attn.masked_bias") ||
                           absl::EndsWith(it->first, ".attention.masked_bias") ||
                           absl::EndsWith(it->first, ".attention.rotary_emb.inv_freq");
       it = buffer ? original.erase(it) : std::next(it);

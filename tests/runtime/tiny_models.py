@@ -4,7 +4,8 @@ of two layers, hidden size 32, float32, eager attention, their weights perturbed
 misplaced norm weight or bias shows.
 """
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, GPTJConfig, GPTJForCausalLM, LlamaConfig,
+                          LlamaForCausalLM)
 
 
 def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
@@ -15,6 +16,16 @@ def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
                    tie_word_embeddings=False, attn_implementation="eager")
     options.update(overrides)
     return model_class(config_class(**options))
+
+
+def gptj(**overrides):
+    """A GPT-J of the same sizes (its own config names)."""
+    options = dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=64,
+                   rotary_dim=4, layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+                   attn_pdrop=0.0, initializer_range=0.1, tie_word_embeddings=False,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return GPTJForCausalLM(GPTJConfig(**options))
 
 
 def gpt2(**overrides):
