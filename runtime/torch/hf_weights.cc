@@ -433,6 +433,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"attention-mult", &config.attention_multiplier},
       {"logits-scaling", &config.logits_scaling},
       {"clip-qkv", &config.clip_qkv},
+      {"logit-scale", &config.logit_scale},
       {"rotary", &config.partial_rotary_factor}};
   const std::map<std::string, std::pair<bool*, bool>> words = {
       {"tied", {&config.tie_word_embeddings, true}},
@@ -569,6 +570,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "phi"        ? "PhiForCausalLM"
                                    : config.model_type == "gpt_neox"   ? "GPTNeoXForCausalLM"
                                    : config.model_type == "stablelm"   ? "StableLmForCausalLM"
+                                   : config.model_type == "cohere"     ? "CohereForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -719,6 +721,16 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["rotary_emb_base"] = config.rope_theta;
     json["use_parallel_residual"] = config.parallel_residual;
     json["hidden_dropout"] = 0.0;
+  } else if (config.Cohere()) {
+    // CohereConfig: layer_norm_eps, attention_bias (the MLP has none), head_dim hidden /
+    // heads, logit_scale, no query/key norms, and an absent pad_token_id would read as 0.
+    json.erase("mlp_bias");
+    json.erase("rms_norm_eps");
+    json.erase("head_dim");
+    json["layer_norm_eps"] = config.rms_norm_eps;
+    json["logit_scale"] = config.logit_scale;
+    json["use_qk_norm"] = false;
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.StableLm()) {
     // StableLmConfig: layer_norm_eps, use_qkv_bias (o_proj and the MLP have none), head_dim
     // hidden / heads, its partial rotation and use_parallel_residual, no dropout, no

@@ -50,10 +50,17 @@ bool Fused(const LlamaConfig& config) {
 // in float32, rounded to x's type; `weight` is then undefined.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  // `has_bias`: a layer norm with weight and bias (StarCoder 2's nn.LayerNorm) instead.
+  // `has_bias`: a layer norm with weight and bias (StarCoder 2's nn.LayerNorm) instead;
+  // `centered`: Cohere's layer norm with a weight and no bias (CohereLayerNorm: the mean
+  // subtracted, divided by the deviation, times the weight, in float32 with its operations).
   RmsNormImpl(int64_t size, double eps, bool offset = false, bool has_weight = true,
-              bool has_bias = false)
-      : size_(size), eps_(eps), offset_(offset), has_weight_(has_weight), has_bias_(has_bias) {
+              bool has_bias = false, bool centered = false)
+      : size_(size),
+        eps_(eps),
+        offset_(offset),
+        has_weight_(has_weight),
+        has_bias_(has_bias),
+        centered_(centered) {
     reset();
   }
   void reset() override {
@@ -68,6 +75,12 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
                           const torch::Tensor& shift = torch::Tensor()) const {
     const torch::Tensor h = x.to(torch::kFloat);
     if (!has_weight_) return torch::layer_norm(h, {size_}, {}, {}, eps_).to(x.scalar_type());
+    if (centered_) {
+      const torch::Tensor deviation = h - h.mean(-1, /*keepdim=*/true);
+      const torch::Tensor variance = deviation.pow(2).mean(-1, /*keepdim=*/true);
+      return (scale.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
+          .to(x.scalar_type());
+    }
     if (has_bias_) {
       return torch::layer_norm(h, {size_}, scale.to(torch::kFloat), shift.to(torch::kFloat), eps_)
           .to(x.scalar_type());
@@ -102,13 +115,14 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   bool offset_;
   bool has_weight_;
   bool has_bias_;
+  bool centered_;
 };
 TORCH_MODULE(RmsNorm);
 
 RmsNorm MakeNorm(const LlamaConfig& config) {
   return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma(),
                  /*has_weight=*/!config.LayerNormWithoutParameters(),
-                 /*has_bias=*/config.LayerNormWithBias());
+                 /*has_bias=*/config.LayerNormWithBias(), /*centered=*/config.Cohere());
 }
 
 // OLMo's clip_qkv on a query, key or value product; the product itself without it.
@@ -928,22 +942,30 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   // weights and biases and the products' whole biases shared (their gradients summed over the
   // group).
   torch::Tensor ForwardParallelSequenceSplit(const torch::Tensor& x) {
-    std::vector<torch::Tensor> whole = {input_layernorm->weight, input_layernorm->bias};
+    // The norms' weights and (but Cohere's) biases, then the products' whole biases, in the
+    // order `shared` holds them.
     const bool second_norm = !config_.SharedNorm();
-    if (second_norm) {
-      whole.push_back(post_attention_layernorm->weight);
-      whole.push_back(post_attention_layernorm->bias);
+    const bool norm_bias = input_layernorm->has_bias();
+    std::vector<torch::Tensor> whole;
+    for (RmsNorm* norm : {&input_layernorm, &post_attention_layernorm}) {
+      if (norm->is_empty()) continue;
+      whole.push_back((*norm)->weight);
+      if (norm_bias) whole.push_back((*norm)->bias);
     }
     const bool attention_bias = self_attn->o_proj->bias.defined();
     const bool mlp_bias = mlp->down_proj->bias.defined();
     if (attention_bias) whole.push_back(self_attn->o_proj->bias);
     if (mlp_bias) whole.push_back(mlp->down_proj->bias);
     const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
-    const torch::Tensor normed = input_layernorm->Normalize(x, shared[0], shared[1]);
-    const torch::Tensor mlp_input =
-        second_norm ? post_attention_layernorm->Normalize(x, shared[2], shared[3]) : normed;
+    size_t next = 0;
+    const auto next_norm = [&](RmsNorm& norm) {
+      const torch::Tensor& weight = shared[next++];
+      return norm->Normalize(x, weight, norm_bias ? shared[next++] : torch::Tensor());
+    };
+    const torch::Tensor normed = next_norm(input_layernorm);
+    const torch::Tensor mlp_input = second_norm ? next_norm(post_attention_layernorm) : normed;
     const auto [cos, sin] = Angles(normed.size(1) * tp_.size, x);
-    size_t next_bias = second_norm ? 4 : 2;
+    size_t next_bias = next;
     torch::Tensor attention = ReduceScatterToSequenceParallel(
         DeferrableLinear(self_attn->Attend(normed, cos, sin, /*sequence_split=*/true),
                          self_attn->o_proj->weight, {}),
@@ -990,11 +1012,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   LlamaMoe moe{nullptr};  // sparse blocks (mixtures of experts)
 
  private:
-  // A parallel block's output, added in transformers' order: StableLM's (x + attention) + mlp,
-  // Phi's and GPT-NeoX's (attention + mlp) + x.
+  // A parallel block's output, added in transformers' order: StableLM's and Cohere's
+  // (x + attention) + mlp, Phi's, GPT-NeoX's and GPT-J's (attention + mlp) + x.
   torch::Tensor ParallelSum(const torch::Tensor& x, const torch::Tensor& attention,
                             const torch::Tensor& mlp) const {
-    return config_.StableLm() ? x + attention + mlp : attention + mlp + x;
+    return config_.StableLm() || config_.Cohere() ? x + attention + mlp : attention + mlp + x;
   }
 
   // What a residual add adds: the attention's or the MLP's output, times Granite's
@@ -1066,7 +1088,9 @@ class LlamaHeadImpl : public torch::nn::Cloneable<LlamaHeadImpl>, public Increme
     const double cap = config_.final_logit_softcapping;
     const torch::Tensor logits =
         tp_.sequence_split() ? lm_head(NormalizeSequenceSplit(x)) : lm_head(norm(x));
-    return SoftCap(config_.logits_scaling == 1.0 ? logits : logits / config_.logits_scaling, cap);
+    // Cohere's are multiplied by logit_scale.
+    const torch::Tensor scaled = config_.logit_scale != 1.0 ? logits * config_.logit_scale : logits;
+    return SoftCap(config_.logits_scaling == 1.0 ? scaled : scaled / config_.logits_scaling, cap);
   }
 
   torch::Tensor ForwardIncremental(const torch::Tensor& x, int64_t /*start*/,
@@ -1141,6 +1165,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   }
   if (model_type == "stablelm") {
     return {50304, 2560, 6912, 32, 32, 32, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
+  if (model_type == "cohere") {  // pad_token_id 0
+    return {256000, 8192, 22528, 40, 64, 0, 0, 8192, 1e-5, 10000.0, true, 0};
   }
   if (model_type == "gptj") {  // n_inner (intermediate) is 4 x n_embd unless given
     return {50400, 4096, 16384, 28, 16, 0, 0, 2048, 1e-5, 10000.0, false, 0};
@@ -1426,7 +1453,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
                             "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi",
-                            "gpt_neox", "stablelm", "gptj"}) {
+                            "gpt_neox", "stablelm", "gptj", "cohere"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1453,6 +1480,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool neox = config.NeoX();
   const bool stablelm = config.StableLm();
   const bool gptj = config.GptJ();
+  const bool cohere = config.Cohere();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1476,7 +1504,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
   if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2 &&
-      !phi && !neox && !stablelm) {
+      !phi && !neox && !stablelm && !cohere) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   if (gptj) {
@@ -1511,7 +1539,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
   }
-  if (phi || neox || stablelm || gptj) {  // their layer norms' epsilon
+  if (phi || neox || stablelm || gptj || cohere) {  // their layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, gptj ? "layer_norm_epsilon" : "layer_norm_eps",
                                         defaults.rms_norm_eps, where));
@@ -1520,12 +1548,16 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
                             GetBoolOrUnset(json, "use_parallel_residual", neox, where));
   }
-  if (phi || stablelm) {
-    TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm,
-                            GetBoolOrUnset(json, "qk_layernorm", false, where));
+  if (cohere) {
+    TANDEM_ASSIGN_OR_RETURN(config.logit_scale, GetNumberOr(json, "logit_scale", 0.0625, where));
+    if (!json.contains("pad_token_id")) config.pad_token_id = 0;  // CohereConfig's default
+  }
+  if (phi || stablelm || cohere) {
+    const char* field = cohere ? "use_qk_norm" : "qk_layernorm";  // Cohere's name for it
+    TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm, GetBoolOrUnset(json, field, false, where));
     if (qk_layernorm) {
       return absl::InvalidArgumentError(
-          absl::StrCat("config.json: qk_layernorm true is not supported for ", config.model_type,
+          absl::StrCat("config.json: ", field, " true is not supported for ", config.model_type,
                        " (tandem normalises neither its queries nor its keys)"));
     }
   }
@@ -1695,7 +1727,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                                // have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
-    if (!gemma && !olmo) {  // Gemma's and OLMo's MLPs have no biases
+    if (!gemma && !olmo && !cohere) {  // Gemma's, OLMo's and Cohere's MLPs have no biases
       TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
     }
   }
@@ -1974,6 +2006,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         absl::StrCat("llama: initializer_range must be positive, got ", config.init_std));
   }
   const std::pair<const char*, double> multipliers[] = {
+      {"logit_scale", config.logit_scale},
       {"embedding_multiplier", config.embedding_multiplier},
       {"residual_multiplier", config.residual_multiplier},
       {"logits_scaling", config.logits_scaling}};
@@ -2116,6 +2149,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
     absl::StrAppend(&text, " rotary=", config.partial_rotary_factor);
   }
   if (config.rotary_dims > 0) absl::StrAppend(&text, " rotary-dims=", config.rotary_dims);
+  if (config.logit_scale != 1.0) absl::StrAppend(&text, " logit-scale=", config.logit_scale);
   if (config.parallel_residual) absl::StrAppend(&text, " parallel-residual");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;

@@ -2,8 +2,8 @@
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
-// GPTNeoXForCausalLM, StableLmForCausalLM and GPTJForCausalLM, variations of the same
-// computation: see LlamaConfig):
+// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM and CohereForCausalLM, variations of
+// the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -188,6 +188,8 @@ struct LlamaConfig {
   // OLMo's clip_qkv: the query, key and value products are clamped to [-c, c] before the
   // heads are formed; 0: none.
   double clip_qkv = 0.0;
+  // Cohere's logit_scale: the logits are multiplied by it. Other families: 1.
+  double logit_scale = 1.0;
   // The share of each head's features that the rotary embeddings rotate (Phi's
   // partial_rotary_factor): the first RotaryDim() of them, at the frequencies of that many
   // features; the others pass unrotated. 1: all.
@@ -255,10 +257,16 @@ struct LlamaConfig {
   // features of each head rotated by pairs of neighbours (InterleavedRotary) at base 10000, and
   // layer norms of epsilon layer_norm_epsilon.
   bool GptJ() const { return model_type == "gptj"; }
+  // Cohere's (CohereForCausalLM: Command R, Aya): Llama's products (SwiGLU, no MLP biases,
+  // attention biases with attention_bias) side by side on one norm as Phi's, added as
+  // (x + attention) + mlp; layer norms with a weight and no bias (CohereLayerNorm: the mean
+  // subtracted, epsilon layer_norm_eps); every feature rotated by pairs of neighbours; the
+  // logits times logit_scale; tied and with padding row 0 by default.
+  bool Cohere() const { return model_type == "cohere"; }
   // Rotary embeddings that rotate each pair of neighbouring features (2i, 2i + 1) by the angle
   // of frequency i (GPT-J's rotate_every_two) instead of the two halves' features i and
   // i + d / 2 (rotate_half).
-  bool InterleavedRotary() const { return GptJ(); }
+  bool InterleavedRotary() const { return GptJ() || Cohere(); }
   bool FusedQkvPerHead() const { return NeoX(); }
   bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ(); }
   bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ(); }
@@ -267,9 +275,11 @@ struct LlamaConfig {
   // use_parallel_residual on two.
   bool ParallelResidualFamily() const { return NeoX() || StableLm(); }
   bool ParallelBlock() const {
-    return Phi() || GptJ() || (ParallelResidualFamily() && parallel_residual);
+    return Phi() || GptJ() || Cohere() || (ParallelResidualFamily() && parallel_residual);
   }
-  bool SharedNorm() const { return Phi() || GptJ() || (StableLm() && parallel_residual); }
+  bool SharedNorm() const {
+    return Phi() || GptJ() || Cohere() || (StableLm() && parallel_residual);
+  }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
   bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ(); }
   bool HeadBias() const { return Phi() || GptJ(); }
@@ -293,7 +303,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox, stablelm and gptj";
+    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj and cohere";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -313,7 +323,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // 2560 wide, 6912 units, 32 layers, 32 heads, silu, partial_rotary_factor 0.25, no biases, no
 // use_parallel_residual) and GPTJConfig's (50400 tokens, n_embd 4096, 28 layers, 16 heads,
 // rotary_dim 64, n_inner 4 x n_embd, gelu_new, layer_norm_epsilon 1e-5); GPT-J's config.json
-// names its sizes n_embd, n_layer, n_head, n_positions and n_inner. seq_len
+// names its sizes n_embd, n_layer, n_head, n_positions and n_inner; CohereConfig's (256000
+// tokens, 8192 wide, 22528 units, 40 layers, 64 heads, logit_scale 0.0625, tied, pad_token_id
+// 0). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
@@ -321,7 +333,8 @@ bool IsLlamaModelType(absl::string_view model_type);
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
 // and "yarn"), partial_rotary_factor other than 1 (phi, stablelm, and gpt_neox's rotary_pct:
-// outside (0, 1]), Phi's and StableLM's qk_layernorm true, a model_type other
+// outside (0, 1]), Phi's and StableLM's qk_layernorm and Cohere's use_qk_norm true, a
+// model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
 // window on every other layer), "mixtral" (Mistral's attention, experts for the MLP),
@@ -357,7 +370,8 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // loaded with its config.json as --hf-config), Granite's " embedding-mult=12",
 // " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
 // GPT-NeoX's and StableLM's " rotary=0.4" (partial_rotary_factor) and " parallel-residual"
-// (use_parallel_residual), GPT-J's " rotary-dims=64", " family=mistral").
+// (use_parallel_residual), GPT-J's " rotary-dims=64", Cohere's " logit-scale=0.0625",
+// " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 
 // The layer-by-layer builder (L + 2 layers). ModelSpec::Build reports an invalid config as

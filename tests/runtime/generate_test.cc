@@ -257,6 +257,14 @@ std::vector<ModelCase> ModelCases() {
          c.rotary_dims = 4;
          return FrozenLlama(c);
        }},
+      // Cohere: weight-only layer norms, pairs of neighbours rotated, the logits scaled.
+      {"cohere",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "cohere";
+         c.logit_scale = 0.5;
+         return FrozenLlama(c);
+       }},
       // StableLM side by side on one layer norm, a quarter of each head rotated.
       {"stablelm",
        [] {
@@ -450,7 +458,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 24u);
+  ASSERT_EQ(cases->size(), 25u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -656,6 +656,20 @@ TEST_P(HfModelsTest, GptJWithInterleavedRotationEqualsTransformers) {
   EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// Cohere: weight-only layer norms, the attention and the MLP side by side, every feature rotated
+// by pairs of neighbours, the logits scaled. Without the scale the logits are far off.
+TEST_P(HfModelsTest, CohereWithCenteredNormsAndScaledLogitsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"cohere_bias", "cohere_tied"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase unscaled = LlamaCase("cohere_bias", GptAttention::kExplicit,
+                                    [](LlamaConfig& config) { config.logit_scale = 1; });
+  EXPECT_GT(Compare(unscaled, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -669,7 +683,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
-        "gptj_rotary4", "gptj_tied_full", "gpt2", "gpt2_untied_variants"}) {
+        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1582,6 +1597,46 @@ TEST(LlamaConfigTest, ReadsGptJConfigsAsGptJConfigDefinesThem) {
   bad = gptj;
   bad["activation_function"] = "relu";
   ExpectRefused(LlamaConfigFromJson(bad).status(), "activation_function \"relu\"");
+}
+
+// A config of Command R's sizes (c4ai-command-r-v01's config.json as published): tied, padding
+// row 0, logit_scale 0.0625, rope_theta 8e6, multi-head attention, no biases.
+TEST(LlamaConfigTest, ReadsCohereConfigsAsCohereConfigDefinesThem) {
+  const Json command_r = Json::parse(R"({
+    "architectures": ["CohereForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 5, "eos_token_id": 255001, "hidden_act": "silu", "hidden_size": 8192,
+    "initializer_range": 0.02, "intermediate_size": 22528, "layer_norm_eps": 1e-05,
+    "logit_scale": 0.0625, "max_position_embeddings": 8192, "model_type": "cohere",
+    "num_attention_heads": 64, "num_hidden_layers": 40, "num_key_value_heads": 64,
+    "pad_token_id": 0, "rope_theta": 8000000.0, "torch_dtype": "float16",
+    "use_cache": true, "use_qk_norm": false, "vocab_size": 256000})");
+  auto config = LlamaConfigFromJson(command_r);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Cohere());
+  EXPECT_TRUE(config->InterleavedRotary());
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_TRUE(config->SharedNorm());
+  EXPECT_FALSE(config->LayerNormWithBias());
+  EXPECT_FALSE(config->HeadBias());
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->pad_token_id, 0);
+  EXPECT_EQ(config->logit_scale, 0.0625);
+  EXPECT_EQ(config->RotaryDim(), 128);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=40 H=8192 A=64 KV=64 I=22528 S=32 V=256000 rope=8e+06 tied "
+            "logit-scale=0.0625 family=cohere");
+  // CohereConfig's defaults: tied, padding row 0.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "cohere"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->pad_token_id, 0);
+  EXPECT_EQ(config->vocab, 256000);
+  Json bad = command_r;
+  bad["use_qk_norm"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "use_qk_norm");
+  bad = command_r;
+  bad["logit_scale"] = 0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "logit_scale");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

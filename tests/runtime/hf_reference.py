@@ -21,7 +21,7 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
+from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
                           GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
@@ -211,6 +211,14 @@ CASES = {
     # GPT-J tied, every feature rotated (rotary_dim 8), exact GELU.
     "gptj_tied_full": lambda: gptj(rotary_dim=8, tie_word_embeddings=True,
                                    activation_function="gelu"),
+    # Cohere: one weight-only layer norm for the attention and the MLP side by side, every
+    # feature rotated by pairs of neighbours, the logits times logit_scale, attention biases,
+    # untied, grouped-query attention.
+    "cohere_bias": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
+                                 logit_scale=0.25, attention_bias=True),
+    # Cohere as CohereConfig has it: tied, padding row 0, logit_scale 0.0625.
+    "cohere_tied": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
+                                 tie_word_embeddings=True, pad_token_id=0),
 }
 
 

@@ -116,6 +116,7 @@ struct Case {
   bool sequential = false;  // GPT-NeoX or StableLM without use_parallel_residual
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
+  bool cohere = false;      // Llama as Cohere: weight-only norms side by side, scaled logits
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -184,6 +185,11 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.hidden_act = "gelu_new";
     llama.mlp_bias = true;
     llama.rotary_dims = 4;
+  }
+  if (c.cohere) {
+    llama.model_type = "cohere";
+    llama.attention_bias = true;
+    llama.logit_scale = 0.25;
   }
   if (c.stablelm) {
     llama.model_type = "stablelm";
@@ -451,6 +457,17 @@ TEST(LlamaTensorParallelTest, GptJShardsGiveTheWholeLossAndGradients) {
   gptj.sequence_parallel = true;
   gptj.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(gptj);
+}
+
+// Cohere: side by side on one weight-only norm, pairs of neighbours rotated, each rank's logits
+// scaled.
+TEST(LlamaTensorParallelTest, CohereShardsGiveTheWholeLossAndGradients) {
+  Case cohere;
+  cohere.cohere = true;
+  ExpectShardsGiveTheWholeLossAndGradients(cohere);
+  cohere.sequence_parallel = true;
+  cohere.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(cohere);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases

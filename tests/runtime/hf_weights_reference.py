@@ -25,7 +25,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         norms; the buffers older checkpoints hold added: the causal mask, its fill value, the
         rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
         q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
-        rotated by pairs of neighbours; its older checkpoints' mask buffers added).
+        rotated by pairs of neighbours; its older checkpoints' mask buffers added), cohere
+        (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -43,7 +44,8 @@ import warnings
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig,
+from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config,
+                          Gemma2ForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
@@ -133,6 +135,8 @@ def make(output):
         ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
                                    partial_rotary_factor=0.25, use_qkv_bias=True), {}),
         ("gptj", lambda: gptj(), {"old_buffers": True}),
+        ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
+                                 logit_scale=0.25), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

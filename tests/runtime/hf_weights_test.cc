@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(17, SmallLlama());
+  std::vector<LlamaConfig> llamas(18, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -454,6 +454,9 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[16].hidden_act = "gelu_new";
   llamas[16].mlp_bias = true;
   llamas[16].rotary_dims = 4;
+  llamas[17].model_type = "cohere";
+  llamas[17].tie_word_embeddings = true;
+  llamas[17].logit_scale = 0.0625;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -469,6 +472,7 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
     EXPECT_EQ(read->HeadDim(), config.HeadDim());
     EXPECT_EQ(read->RotaryDim(), config.RotaryDim());
     EXPECT_EQ(read->ParallelBlock(), config.ParallelBlock());
+    EXPECT_EQ(read->logit_scale, config.logit_scale);
     EXPECT_EQ(read->experts, config.experts);
     EXPECT_EQ(read->experts_per_token, config.experts_per_token);
     EXPECT_EQ(read->ExpertUnits(), config.ExpertUnits());
@@ -810,7 +814,13 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // older checkpoints skipped: whole, on two stages, and over two ranks with sequence
         // parallelism.
         ImportCase{"gptj", "llama"}, ImportCase{"gptj", "llama", /*ranks=*/2},
-        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Cohere's weight-only layer norms, pairs of neighbours rotated and scaled logits:
+        // whole, on two stages, and over two ranks with sequence parallelism (the norms'
+        // weights shared, no bias).
+        ImportCase{"cohere", "llama"}, ImportCase{"cohere", "llama", /*ranks=*/2},
+        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -998,6 +1008,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // GPT-J on two stages: transformer.* and the LM head's bias written, its config.json
         // (n_embd and the other names, rotary_dim) from the description.
         ExportCase{"gptj_init", 2, absl::StrCat(" --model llama --init-from ", Case("gptj")), ""},
+        // Cohere on two stages: its config.json (logit_scale, layer_norm_eps) from the
+        // description.
+        ExportCase{"cohere_init", 2, absl::StrCat(" --model llama --init-from ", Case("cohere")),
+                   ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1052,12 +1066,12 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
     EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
-    const bool untied = c.name == "llama_flags" || c.name == "mistral_init" ||
-                        c.name == "mixtral_flags" || c.name == "qwen2_moe_init" ||
-                        c.name == "granite_init" || c.name == "phi3_init" ||
-                        c.name == "granitemoe_init" || c.name == "olmo_init" ||
-                        c.name == "olmoe_init" || c.name == "starcoder2_init" ||
-                        c.name == "phi_init" || c.name == "stablelm_init" || c.name == "gptj_init";
+    const bool untied =
+        c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
+        c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
+        c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
+        c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init" ||
+        c.name == "gptj_init" || c.name == "cohere_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     if (c.name == "gpt_neox_init") {
       EXPECT_EQ(written.count("embed_out.weight"), 1u);
@@ -1184,6 +1198,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*gptj)["rotary_dim"], 4);
   EXPECT_EQ((*gptj)["activation_function"], "gelu_new");
   EXPECT_FALSE(gptj->contains("hidden_size"));
+  auto cohere = ReadJsonFile(scratch / "cohere_init_hf/config.json");
+  ASSERT_TRUE(cohere.ok()) << cohere.status();
+  EXPECT_EQ((*cohere)["architectures"][0], "CohereForCausalLM");
+  EXPECT_EQ((*cohere)["logit_scale"], 0.25);
+  EXPECT_EQ((*cohere)["use_qk_norm"], false);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1218,7 +1237,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"stablelm", "llama", /*ranks=*/2},
         ImportCase{"stablelm", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"gptj", "llama", /*ranks=*/2},
-        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"cohere", "llama", /*ranks=*/2},
+        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
