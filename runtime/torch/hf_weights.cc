@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
@@ -531,6 +532,11 @@ absl::StatusOr<Gpt2Config> Gpt2ConfigFromDescription(absl::string_view descripti
 
 namespace {
 
+// Removes `fields` from the config `json` (those a family's config class does not have).
+void EraseFields(Json& json, std::initializer_list<const char*> fields) {
+  for (const char* field : fields) json.erase(field);
+}
+
 // GPTJConfig's fields: its own names for the sizes (n_embd, n_layer, n_head, n_positions,
 // n_inner), rotary_dim, activation_function, layer_norm_epsilon, no dropout.
 Json GptJConfigJson(const LlamaConfig& config) {
@@ -605,15 +611,12 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   const Json window = config.sliding_window > 0 ? Json(config.sliding_window) : Json(nullptr);
   if (config.model_type == "mistral") {
     // MistralConfig has no biases.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
+    EraseFields(json, {"attention_bias", "mlp_bias"});
     json["sliding_window"] = window;
   } else if (config.model_type == "mixtral") {
     // MixtralConfig: no biases, head_dim hidden / heads, no load-balancing loss (tandem trains
     // without it).
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "head_dim"});
     json["sliding_window"] = window;
     json["num_local_experts"] = config.experts;
     json["num_experts_per_tok"] = config.experts_per_token;
@@ -621,9 +624,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["router_jitter_noise"] = 0.0;
   } else if (config.model_type == "qwen2" || config.model_type == "qwen2_moe") {
     // Qwen2Config and Qwen2MoeConfig: q/k/v biases always, head_dim hidden / heads.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "head_dim"});
     json["use_sliding_window"] = config.sliding_window > 0;
     json["sliding_window"] = window;
     if (config.model_type == "qwen2_moe") {
@@ -653,9 +654,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   } else if (config.model_type == "phi3") {
     // Phi3Config: no biases, head_dim hidden / heads, no dropout (its resid_pdrop and
     // embd_pdrop), and an absent pad_token_id would read as 32000.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "head_dim"});
     json["sliding_window"] = window;
     json["original_max_position_embeddings"] = config.max_position_embeddings;
     json["resid_pdrop"] = 0.0;
@@ -664,16 +663,13 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   } else if (config.model_type == "olmo") {
     // OlmoConfig: no MLP biases, no norm epsilon (fixed), head_dim hidden / heads, clip_qkv,
     // and an absent pad_token_id would read as 1.
-    json.erase("mlp_bias");
-    json.erase("rms_norm_eps");
-    json.erase("head_dim");
+    EraseFields(json, {"mlp_bias", "rms_norm_eps", "head_dim"});
     json["clip_qkv"] = config.clip_qkv > 0 ? Json(config.clip_qkv) : Json(nullptr);
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.model_type == "olmoe") {
     // OlmoeConfig: OLMo's fields with RMSNorms (their epsilon kept) and the experts (no MLP
     // biases, no load-balancing loss: tandem trains without it).
-    json.erase("mlp_bias");
-    json.erase("head_dim");
+    EraseFields(json, {"mlp_bias", "head_dim"});
     json["clip_qkv"] = config.clip_qkv > 0 ? Json(config.clip_qkv) : Json(nullptr);
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
     json["num_experts"] = config.experts;
@@ -683,10 +679,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   } else if (config.Starcoder2()) {
     // Starcoder2Config: norm_epsilon, one use_bias for every product (and no other bias
     // field), its activation, head_dim hidden / heads, no dropout.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("rms_norm_eps");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "rms_norm_eps", "head_dim"});
     json["norm_epsilon"] = config.rms_norm_eps;
     json["use_bias"] = config.attention_bias;
     json["hidden_act"] = config.hidden_act;
@@ -696,10 +689,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   } else if (config.Phi()) {
     // PhiConfig: layer_norm_eps, biases always (no field), its activation and partial
     // rotation, head_dim hidden / heads, no dropout, no query/key norms.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("rms_norm_eps");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "rms_norm_eps", "head_dim"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["hidden_act"] = config.hidden_act;
     json["partial_rotary_factor"] = config.partial_rotary_factor;
@@ -710,11 +700,8 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     // GPTNeoXConfig: no key/value groups, layer_norm_eps, rotary_pct and rotary_emb_base (it
     // derives rope_theta and partial_rotary_factor from them), attention_bias (the MLP's
     // always), use_parallel_residual, no dropout.
-    json.erase("num_key_value_heads");
-    json.erase("head_dim");
-    json.erase("rms_norm_eps");
-    json.erase("rope_theta");
-    json.erase("mlp_bias");
+    EraseFields(json,
+                {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "mlp_bias"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["hidden_act"] = config.hidden_act;
     json["rotary_pct"] = config.partial_rotary_factor;
@@ -724,9 +711,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
   } else if (config.Cohere()) {
     // CohereConfig: layer_norm_eps, attention_bias (the MLP has none), head_dim hidden /
     // heads, logit_scale, no query/key norms, and an absent pad_token_id would read as 0.
-    json.erase("mlp_bias");
-    json.erase("rms_norm_eps");
-    json.erase("head_dim");
+    EraseFields(json, {"mlp_bias", "rms_norm_eps", "head_dim"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["logit_scale"] = config.logit_scale;
     json["use_qk_norm"] = false;
@@ -735,10 +720,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     // StableLmConfig: layer_norm_eps, use_qkv_bias (o_proj and the MLP have none), head_dim
     // hidden / heads, its partial rotation and use_parallel_residual, no dropout, no
     // query/key norms.
-    json.erase("attention_bias");
-    json.erase("mlp_bias");
-    json.erase("rms_norm_eps");
-    json.erase("head_dim");
+    EraseFields(json, {"attention_bias", "mlp_bias", "rms_norm_eps", "head_dim"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["use_qkv_bias"] = config.QkvBias();
     json["hidden_act"] = config.hidden_act;
