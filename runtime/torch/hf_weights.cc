@@ -577,6 +577,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "gpt_neox"   ? "GPTNeoXForCausalLM"
                                    : config.model_type == "stablelm"   ? "StableLmForCausalLM"
                                    : config.model_type == "cohere"     ? "CohereForCausalLM"
+                                   : config.model_type == "glm"        ? "GlmForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -708,6 +709,13 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["rotary_emb_base"] = config.rope_theta;
     json["use_parallel_residual"] = config.parallel_residual;
     json["hidden_dropout"] = 0.0;
+  } else if (config.Glm()) {
+    // GlmConfig: attention_bias for the q/k/v biases, head_dim for the rotation (twice the
+    // rotated features), and an absent pad_token_id would read as 151329.
+    EraseFields(json, {"mlp_bias"});
+    json["attention_bias"] = config.QkvBias();
+    json["head_dim"] = 2 * config.RotaryDim();
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.Cohere()) {
     // CohereConfig: layer_norm_eps, attention_bias (the MLP has none), head_dim hidden /
     // heads, logit_scale, no query/key norms, and an absent pad_token_id would read as 0.

@@ -1166,6 +1166,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "stablelm") {
     return {50304, 2560, 6912, 32, 32, 32, 0, 4096, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "glm") {  // head_dim 128 for the rotation; pad_token_id 151329
+    return {151552, 4096, 13696, 40, 32, 2, 0, 131072, 1.5625e-7, 10000.0, false, 0};
+  }
   if (model_type == "cohere") {  // pad_token_id 0
     return {256000, 8192, 22528, 40, 64, 0, 0, 8192, 1e-5, 10000.0, true, 0};
   }
@@ -1201,13 +1204,18 @@ struct FusedSlot {
 };
 std::optional<FusedSlot> FusedSlotOf(const LlamaConfig& config, const std::string& name) {
   const int64_t h = config.hidden;
-  if (config.FusedCheckpoint()) {
+  if (config.FusedGateUp()) {
     const int64_t q = config.heads * config.HeadDim(), kv = config.kv_heads * config.HeadDim();
     const int64_t units = config.intermediate;
     const std::vector<int64_t> qkv = {q + 2 * kv, h}, gate_up = {2 * units, h};
-    if (name == "self_attn.q_proj.weight") return FusedSlot{"self_attn.qkv_proj.weight", 0, qkv};
-    if (name == "self_attn.k_proj.weight") return FusedSlot{"self_attn.qkv_proj.weight", q, qkv};
-    if (name == "self_attn.v_proj.weight") {
+    const bool fused_qkv = config.FusedCheckpoint();  // GLM's are apart
+    if (name == "self_attn.q_proj.weight" && fused_qkv) {
+      return FusedSlot{"self_attn.qkv_proj.weight", 0, qkv};
+    }
+    if (name == "self_attn.k_proj.weight" && fused_qkv) {
+      return FusedSlot{"self_attn.qkv_proj.weight", q, qkv};
+    }
+    if (name == "self_attn.v_proj.weight" && fused_qkv) {
       return FusedSlot{"self_attn.qkv_proj.weight", q + kv, qkv};
     }
     if (name == "mlp.gate_proj.weight") return FusedSlot{"mlp.gate_up_proj.weight", 0, gate_up};
@@ -1245,10 +1253,10 @@ std::string RenamedKey(const LlamaConfig& config, const std::string& name) {
 // The reverse of FusedSlotOf and RenamedKey for a key inside a block: a fused key names its
 // first part; nullopt for a key named as its parameter.
 std::optional<std::string> TandemNameOfKey(const LlamaConfig& config, const std::string& key) {
-  if (config.FusedCheckpoint()) {
-    if (key == "self_attn.qkv_proj.weight") return "self_attn.q_proj.weight";
-    if (key == "mlp.gate_up_proj.weight") return "mlp.gate_proj.weight";
+  if (config.FusedCheckpoint() && key == "self_attn.qkv_proj.weight") {
+    return "self_attn.q_proj.weight";
   }
+  if (config.FusedGateUp() && key == "mlp.gate_up_proj.weight") return "mlp.gate_proj.weight";
   if (config.FusedExperts()) {
     if (key == "block_sparse_moe.input_linear.weight") {
       return "block_sparse_moe.experts.0.w1.weight";
@@ -1453,7 +1461,7 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
                             "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi",
-                            "gpt_neox", "stablelm", "gptj", "cohere"}) {
+                            "gpt_neox", "stablelm", "gptj", "cohere", "glm"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1481,6 +1489,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool stablelm = config.StableLm();
   const bool gptj = config.GptJ();
   const bool cohere = config.Cohere();
+  const bool glm = config.Glm();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1504,7 +1513,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
   if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2 &&
-      !phi && !neox && !stablelm && !cohere) {
+      !phi && !neox && !stablelm && !cohere && !glm) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   if (gptj) {
@@ -1524,6 +1533,13 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           "by positions of the whole hidden size, which it runs with one head only)");
     }
     TANDEM_ASSIGN_OR_RETURN(config.rotary_dims, GetIntOr(json, "rotary_dim", 64, where));
+  }
+  if (glm) {
+    // GLM's attention takes hidden / heads; its head_dim (128 unless given) sizes the
+    // rotation: the first head_dim / 2 features of each head.
+    TANDEM_ASSIGN_OR_RETURN(const int64_t rotary_head, GetIntOr(json, "head_dim", 128, where));
+    config.rotary_dims = rotary_head / 2;
+    if (!json.contains("pad_token_id")) config.pad_token_id = 151329;  // GlmConfig's default
   }
   if (neox || gptj) {
     // GPTNeoXConfig and GPTJConfig have no key/value groups and take hidden / heads.
@@ -1708,6 +1724,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     // Phi's products all have biases.
     config.attention_bias = true;
     config.mlp_bias = true;
+  } else if (glm) {
+    // GLM's q/k/v_proj have them with attention_bias (its default); o_proj and the MLP never.
+    TANDEM_ASSIGN_OR_RETURN(config.qkv_bias, GetBoolOrUnset(json, "attention_bias", true, where));
   } else if (gptj) {
     // GPT-J's MLP has biases, its attention none.
     config.mlp_bias = true;
@@ -1799,10 +1818,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
     config.pad_token_id = pad;
   }
-  if (IsSet(json, "rope_scaling") && gptj) {
+  if (IsSet(json, "rope_scaling") && (gptj || glm)) {
     return absl::InvalidArgumentError(
-        "config.json: rope_scaling is not supported for gptj (transformers' GPT-J has plain "
-        "rotary embeddings)");
+        absl::StrCat("config.json: rope_scaling is not supported for ", config.model_type,
+                     " (transformers' ", config.model_type, " has plain rotary embeddings)"));
   }
   if (IsSet(json, "rope_scaling") && !phi3) {
     TANDEM_ASSIGN_OR_RETURN(const Json* scaling, GetObject(json, "rope_scaling", where));
@@ -1966,11 +1985,12 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         absl::StrCat("llama: GPT-NeoX's attention has as many key/value heads as heads (",
                      config.heads, "), got ", config.kv_heads));
   }
-  if (config.rotary_dims < 0 || (config.rotary_dims > 0 && !config.GptJ()) ||
+  if (config.rotary_dims < 0 || (config.rotary_dims > 0 && !config.GptJ() && !config.Glm()) ||
       config.rotary_dims > config.HeadDim()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llama: rotary_dim is GPT-J's, at most the head dimension (", config.HeadDim(),
-                     "); got ", config.rotary_dims, " for ", config.model_type));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: GPT-J's rotary_dim (half of GLM's head_dim) must be at most the head dimension (",
+        config.HeadDim(), ") and is theirs only; got ", config.rotary_dims, " for ",
+        config.model_type));
   }
   if (config.GptJ() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(

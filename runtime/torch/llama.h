@@ -2,8 +2,8 @@
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
-// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM and CohereForCausalLM, variations of
-// the same computation: see LlamaConfig):
+// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM and GlmForCausalLM,
+// variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -215,6 +215,12 @@ struct LlamaConfig {
   bool Moe() const { return experts > 0; }
   // Phi-3's checkpoints fuse the query/key/value and the gate/up products (LlamaHfRows).
   bool FusedCheckpoint() const { return model_type == "phi3"; }
+  // GLM's (GlmForCausalLM: GLM-4): Llama's with q/k/v biases (attention_bias), the gate and up
+  // products fused in its checkpoints as Phi-3's (mlp.gate_up_proj), and the first half of each
+  // head rotated by pairs of neighbours (the rotation's head_dim / 2 features, rotary_dims).
+  bool Glm() const { return model_type == "glm"; }
+  // The gate and up products stored as rows of mlp.gate_up_proj (Phi-3's, GLM's).
+  bool FusedGateUp() const { return FusedCheckpoint() || Glm(); }
   // Experts named as Mixtral's (block_sparse_moe.gate, experts.<e>.w1/w2/w3): Mixtral's and
   // GraniteMoE's, whose checkpoints fuse them (FusedExperts).
   bool MixtralExperts() const { return model_type == "mixtral" || model_type == "granitemoe"; }
@@ -266,7 +272,7 @@ struct LlamaConfig {
   // Rotary embeddings that rotate each pair of neighbouring features (2i, 2i + 1) by the angle
   // of frequency i (GPT-J's rotate_every_two) instead of the two halves' features i and
   // i + d / 2 (rotate_half).
-  bool InterleavedRotary() const { return GptJ() || Cohere(); }
+  bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
   bool FusedQkvPerHead() const { return NeoX(); }
   bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ(); }
   bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ(); }
@@ -303,7 +309,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj and cohere";
+    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere and glm";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -325,7 +331,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // rotary_dim 64, n_inner 4 x n_embd, gelu_new, layer_norm_epsilon 1e-5); GPT-J's config.json
 // names its sizes n_embd, n_layer, n_head, n_positions and n_inner; CohereConfig's (256000
 // tokens, 8192 wide, 22528 units, 40 layers, 64 heads, logit_scale 0.0625, tied, pad_token_id
-// 0). seq_len
+// 0) and GlmConfig's (151552 tokens, 4096 wide, 13696 units, 40 layers, 32 heads, 2 key/value
+// heads, head_dim 128 for the rotation, rms_norm_eps 1.5625e-7, pad_token_id 151329, q/k/v
+// biases). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with

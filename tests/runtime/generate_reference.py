@@ -32,7 +32,7 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
         layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
         cached keys too), cohere (weight-only layer norms, pairs of neighbours rotated, the logits
-        scaled), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        scaled), glm (half of each head rotated by pairs of neighbours), llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -46,7 +46,7 @@ import unicodedata
 
 import torch
 from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config,
-                          Gemma2ForCausalLM, GemmaConfig,
+                          Gemma2ForCausalLM, GlmConfig, GlmForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
@@ -219,6 +219,9 @@ def make(output):
         ("gptj", lambda: gptj(initializer_range=0.3), [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  logit_scale=0.5, initializer_range=0.3),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=None,
+                              initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

@@ -265,6 +265,15 @@ std::vector<ModelCase> ModelCases() {
          c.logit_scale = 0.5;
          return FrozenLlama(c);
        }},
+      // GLM: half of each head rotated by pairs of neighbours in the cached keys.
+      {"glm",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "glm";
+         c.qkv_bias = true;
+         c.rotary_dims = 4;
+         return FrozenLlama(c);
+       }},
       // StableLM side by side on one layer norm, a quarter of each head rotated.
       {"stablelm",
        [] {
@@ -458,7 +467,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 25u);
+  ASSERT_EQ(cases->size(), 26u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

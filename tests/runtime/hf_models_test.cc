@@ -670,6 +670,20 @@ TEST_P(HfModelsTest, CohereWithCenteredNormsAndScaledLogitsEqualsTransformers) {
   EXPECT_GT(Compare(unscaled, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// GLM-4: the first half of each head rotated by pairs of neighbours, q/k/v biases, the gate and
+// up products read as rows of gate_up_proj. Rotating every feature is far off.
+TEST_P(HfModelsTest, GlmWithHalfRotationAndFusedGateUpEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"glm_gqa", "glm_tied_nobias"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase whole_rotation = LlamaCase("glm_gqa", GptAttention::kExplicit,
+                                          [](LlamaConfig& config) { config.rotary_dims = 8; });
+  EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -683,8 +697,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
-        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "gpt2",
-        "gpt2_untied_variants"}) {
+        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "glm_gqa",
+        "glm_tied_nobias", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -745,6 +759,11 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
       // Per block: qkv_proj (4 + 2 + 2 heads of 8) and gate_up_proj (2 x 64 units).
       EXPECT_EQ(fused_rows, 2 * ((4 + 2 + 2) * 8 + 2 * 64));
       EXPECT_FALSE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+    } else if (name.rfind("glm", 0) == 0) {
+      // Per block: gate_up_proj (2 x 64 units); q/k/v_proj stored apart.
+      EXPECT_EQ(fused_rows, 2 * 2 * 64);
+      EXPECT_TRUE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+      EXPECT_FALSE(to_tandem("model.layers.0.mlp.up_proj.weight").ok());
     } else if (name == "granitemoe_experts") {
       // Per block and expert (4 of them, 16 units): w1 and w3 (16 rows each), w2 (32 rows).
       EXPECT_EQ(fused_rows, 2 * 4 * (16 + 16 + 32));
@@ -1637,6 +1656,44 @@ TEST(LlamaConfigTest, ReadsCohereConfigsAsCohereConfigDefinesThem) {
   bad = command_r;
   bad["logit_scale"] = 0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "logit_scale");
+}
+
+// glm-4-9b-chat-hf's config.json as published: q/k/v biases, the rotation over half of the
+// 128-feature heads, its padding row and norm epsilon.
+TEST(LlamaConfigTest, ReadsGlmConfigsAsGlmConfigDefinesThem) {
+  const Json glm4 = Json::parse(R"({
+    "architectures": ["GlmForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 13696,
+    "max_position_embeddings": 131072, "model_type": "glm", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 151552})");
+  auto config = LlamaConfigFromJson(glm4);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Glm());
+  EXPECT_TRUE(config->InterleavedRotary());
+  EXPECT_TRUE(config->FusedGateUp());
+  EXPECT_FALSE(config->FusedCheckpoint());
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->RotaryDim(), 64);
+  EXPECT_EQ(config->pad_token_id, 151329);
+  EXPECT_EQ(config->rms_norm_eps, 1.5625e-7);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=40 H=4096 A=32 KV=2 I=13696 S=32 V=151552 rope=10000 qkv-bias "
+            "rotary-dims=64 family=glm");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.mlp.up_proj.weight").value_or(""),
+            "model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.v_proj.bias").value_or(""),
+            "model.layers.0.self_attn.v_proj.bias");
+  Json bad = glm4;
+  bad["head_dim"] = 512;  // rotates more features than a head has
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "head_dim");
+  bad = glm4;
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
 }
 
 TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {

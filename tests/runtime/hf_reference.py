@@ -21,7 +21,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
+from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM,
+                          GlmConfig, GlmForCausalLM, GemmaConfig, GemmaForCausalLM,
                           GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
@@ -219,6 +220,13 @@ CASES = {
     # Cohere as CohereConfig has it: tied, padding row 0, logit_scale 0.0625.
     "cohere_tied": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  tie_word_embeddings=True, pad_token_id=0),
+    # GLM-4: the first half of each head rotated by pairs of neighbours, q/k/v biases, the gate
+    # and up products fused in the checkpoint, padding row 3, grouped-query attention.
+    "glm_gqa": lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3),
+    # GLM tied, without biases, multi-head attention.
+    "glm_tied_nobias": lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=None,
+                                     tie_word_embeddings=True, attention_bias=False,
+                                     num_key_value_heads=4),
 }
 
 

@@ -117,6 +117,7 @@ struct Case {
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
   bool cohere = false;      // Llama as Cohere: weight-only norms side by side, scaled logits
+  bool glm = false;         // Llama as GLM: half of each head rotated by pairs of neighbours
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -184,6 +185,11 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.kv_heads = llama.heads;
     llama.hidden_act = "gelu_new";
     llama.mlp_bias = true;
+    llama.rotary_dims = 4;
+  }
+  if (c.glm) {
+    llama.model_type = "glm";
+    llama.qkv_bias = true;
     llama.rotary_dims = 4;
   }
   if (c.cohere) {
@@ -468,6 +474,16 @@ TEST(LlamaTensorParallelTest, CohereShardsGiveTheWholeLossAndGradients) {
   cohere.sequence_parallel = true;
   cohere.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(cohere);
+}
+
+// GLM: the rotation by pairs of neighbours over half of each head, which stays whole on its
+// rank.
+TEST(LlamaTensorParallelTest, GlmShardsGiveTheWholeLossAndGradients) {
+  Case glm;
+  glm.glm = true;
+  ExpectShardsGiveTheWholeLossAndGradients(glm);
+  glm.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(glm);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases

@@ -26,7 +26,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
         q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
         rotated by pairs of neighbours; its older checkpoints' mask buffers added), cohere
-        (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25).
+        (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25),
+        glm (half of each head rotated by pairs of neighbours, q/k/v biases, gate_up_proj).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -45,7 +46,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM, Gemma2Config,
-                          Gemma2ForCausalLM, GemmaConfig,
+                          Gemma2ForCausalLM, GlmConfig, GlmForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
@@ -137,6 +138,7 @@ def make(output):
         ("gptj", lambda: gptj(), {"old_buffers": True}),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  logit_scale=0.25), {}),
+        ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(18, SmallLlama());
+  std::vector<LlamaConfig> llamas(19, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -457,6 +457,9 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[17].model_type = "cohere";
   llamas[17].tie_word_embeddings = true;
   llamas[17].logit_scale = 0.0625;
+  llamas[18].model_type = "glm";
+  llamas[18].qkv_bias = true;
+  llamas[18].rotary_dims = 4;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -819,8 +822,11 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // whole, on two stages, and over two ranks with sequence parallelism (the norms'
         // weights shared, no bias).
         ImportCase{"cohere", "llama"}, ImportCase{"cohere", "llama", /*ranks=*/2},
-        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
-                   " --sequence-parallel"}}) {
+        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // GLM's half rotation by pairs of neighbours and gate_up_proj read as rows: whole, on
+        // two stages, and over two ranks with sequence parallelism.
+        ImportCase{"glm", "llama"}, ImportCase{"glm", "llama", /*ranks=*/2},
+        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -1012,6 +1018,9 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // description.
         ExportCase{"cohere_init", 2, absl::StrCat(" --model llama --init-from ", Case("cohere")),
                    ""},
+        // GLM on two stages: gate_up_proj written fused again, its config.json (head_dim for
+        // the rotation, attention_bias) from the description.
+        ExportCase{"glm_init", 2, absl::StrCat(" --model llama --init-from ", Case("glm")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1065,13 +1074,15 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
       EXPECT_EQ(tensor.type, formats::DataType::kFloat32);
     }
     // qkv_proj and gate_up_proj, input_linear and output_linear, in 2 blocks.
-    EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u : 0u);
+    EXPECT_EQ(fused, c.name == "phi3_init" || c.name == "granitemoe_init" ? 4u
+                     : c.name == "glm_init"                               ? 2u
+                                                                          : 0u);
     const bool untied =
         c.name == "llama_flags" || c.name == "mistral_init" || c.name == "mixtral_flags" ||
         c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
         c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
         c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init" ||
-        c.name == "gptj_init" || c.name == "cohere_init";
+        c.name == "gptj_init" || c.name == "cohere_init" || c.name == "glm_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     if (c.name == "gpt_neox_init") {
       EXPECT_EQ(written.count("embed_out.weight"), 1u);
@@ -1203,6 +1214,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*cohere)["architectures"][0], "CohereForCausalLM");
   EXPECT_EQ((*cohere)["logit_scale"], 0.25);
   EXPECT_EQ((*cohere)["use_qk_norm"], false);
+  auto glm = ReadJsonFile(scratch / "glm_init_hf/config.json");
+  ASSERT_TRUE(glm.ok()) << glm.status();
+  EXPECT_EQ((*glm)["architectures"][0], "GlmForCausalLM");
+  EXPECT_EQ((*glm)["head_dim"], 8);
+  EXPECT_EQ((*glm)["attention_bias"], true);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1239,7 +1255,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"gptj", "llama", /*ranks=*/2},
         ImportCase{"gptj", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"cohere", "llama", /*ranks=*/2},
-        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"glm", "llama", /*ranks=*/2},
+        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");
