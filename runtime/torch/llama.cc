@@ -42,6 +42,26 @@ bool Fused(const LlamaConfig& config) {
          (config.attention == GptAttention::kAuto && FusedAttentionByDefault());
 }
 
+// The names a family's checkpoints give a block's modules, under which tandem registers them:
+// the input norm, the attention, its output product and a plain MLP's two products (Llama's,
+// and StarCoder 2's plain MLP, by default). Phi's self_attn.dense is renamed in the mapping
+// instead (RenamedKey).
+struct ModuleNames {
+  const char* input_norm = "input_layernorm";
+  const char* attention = "self_attn";
+  const char* out_proj = "o_proj";
+  const char* mlp_up = "c_fc";
+  const char* mlp_down = "c_proj";
+};
+ModuleNames ModuleNamesOf(const LlamaConfig& config) {
+  if (config.Phi()) return {"input_layernorm", "self_attn", "o_proj", "fc1", "fc2"};
+  if (config.NeoX()) {
+    return {"input_layernorm", "attention", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  }
+  if (config.GptJ()) return {"ln_1", "attn", "out_proj", "fc_in", "fc_out"};
+  return {};
+}
+
 // transformers' LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in float32, times the weight. With
 // `offset` Gemma's: times 1 + the weight (zero-initialised) in float32, rounded to x's type
 // after the product.
@@ -322,7 +342,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       query_key_value = register_module(
           "query_key_value", ColumnParallelLinear(hidden, 3 * config_.heads * head_dim, bias));
       o_proj = register_module(
-          "dense", RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
+          ModuleNamesOf(config_).out_proj,
+          RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
       InitNormal(query_key_value->weight, query_key_value->bias, config_.init_std);
       InitNormal(o_proj->weight, o_proj->bias, config_.init_std);
       return;
@@ -334,7 +355,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     v_proj = register_module("v_proj",
                              ColumnParallelLinear(hidden, config_.kv_heads * head_dim, bias));
     o_proj = register_module(
-        config_.GptJ() ? "out_proj" : "o_proj",
+        ModuleNamesOf(config_).out_proj,
         RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
     if (config_.QkNorms()) {
       // OLMoE's: over the whole query and key products, every head together.
@@ -519,16 +540,9 @@ class LlamaMlpImpl : public torch::nn::Cloneable<LlamaMlpImpl> {
     if (config_.PlainMlp()) {
       // StarCoder 2's c_fc, then c_proj (Phi's fc1, fc2); no gate (gate_proj holds c_fc,
       // up_proj is none).
-      const char* up = config_.Phi()    ? "fc1"
-                       : config_.NeoX() ? "dense_h_to_4h"
-                       : config_.GptJ() ? "fc_in"
-                                        : "c_fc";
-      const char* down = config_.Phi()    ? "fc2"
-                         : config_.NeoX() ? "dense_4h_to_h"
-                         : config_.GptJ() ? "fc_out"
-                                          : "c_proj";
-      gate_proj = register_module(up, ColumnParallelLinear(hidden, units, bias));
-      down_proj = register_module(down, RowParallelLinear(units, hidden, bias));
+      const ModuleNames names = ModuleNamesOf(config_);
+      gate_proj = register_module(names.mlp_up, ColumnParallelLinear(hidden, units, bias));
+      down_proj = register_module(names.mlp_down, RowParallelLinear(units, hidden, bias));
     } else {
       gate_proj = register_module("gate_proj", ColumnParallelLinear(hidden, units, bias));
       up_proj = register_module("up_proj", ColumnParallelLinear(hidden, units, bias));
@@ -805,12 +819,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   }
 
   void reset() override {
-    // GPT-J's is ln_1.
-    input_layernorm =
-        register_module(config_.GptJ() ? "ln_1" : "input_layernorm", MakeNorm(config_));
-    // GPT-NeoX's is named attention, GPT-J's attn.
-    const char* attention = config_.NeoX() ? "attention" : config_.GptJ() ? "attn" : "self_attn";
-    self_attn = register_module(attention, LlamaAttention(config_, config_.WindowOfBlock(block_)));
+    // Named as the family's checkpoints name them (GPT-J's ln_1 and attn, GPT-NeoX's attention).
+    const ModuleNames names = ModuleNamesOf(config_);
+    input_layernorm = register_module(names.input_norm, MakeNorm(config_));
+    self_attn =
+        register_module(names.attention, LlamaAttention(config_, config_.WindowOfBlock(block_)));
     // Phi's one norm serves the attention and the MLP.
     if (!config_.SharedNorm()) {
       post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
