@@ -442,6 +442,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"qkv-bias", {&config.qkv_bias, true}},
       {"mlp-bias", {&config.mlp_bias, true}},
       {"parallel-residual", {&config.parallel_residual, true}},
+      {"branch-norms", {&config.branch_norms, true}},
       {"topk=raw", {&config.normalize_top_k, false}}};
   std::set<std::string> seen;
   for (const std::string& token : tokens) {
@@ -559,8 +560,54 @@ Json GptJConfigJson(const LlamaConfig& config) {
           {"torch_dtype", "float32"}};
 }
 
+// Llama 3's rope_scaling as transformers writes it.
+Json RopeScalingJson(const LlamaRopeScaling& s) {
+  return {{"rope_type", "llama3"},
+          {"factor", s.factor},
+          {"low_freq_factor", s.low_freq_factor},
+          {"high_freq_factor", s.high_freq_factor},
+          {"original_max_position_embeddings", s.original_max_position_embeddings}};
+}
+
+// FalconConfig: the layout as FalconDecoderLayer reads it (multi_query for one key/value head,
+// new_decoder_architecture for groups or a norm per branch), one `bias`, no alibi, no
+// dropout.
+Json FalconConfigJson(const LlamaConfig& config) {
+  const bool grouped =
+      config.branch_norms || (config.kv_heads != 1 && config.kv_heads != config.heads);
+  Json json = {
+      {"architectures", {"FalconForCausalLM"}},
+      {"model_type", "falcon"},
+      {"vocab_size", config.vocab},
+      {"hidden_size", config.hidden},
+      {"ffn_hidden_size", config.intermediate},
+      {"num_hidden_layers", config.layers},
+      {"num_attention_heads", config.heads},
+      {"num_kv_heads", config.kv_heads},
+      {"new_decoder_architecture", grouped},
+      {"multi_query", config.kv_heads == 1},
+      {"parallel_attn", config.parallel_residual},
+      {"num_ln_in_parallel_attn", grouped ? Json(config.branch_norms ? 2 : 1) : Json(nullptr)},
+      {"bias", config.attention_bias},
+      {"alibi", false},
+      {"activation", config.hidden_act},
+      {"max_position_embeddings", config.max_position_embeddings},
+      {"layer_norm_epsilon", config.rms_norm_eps},
+      {"rope_theta", config.rope_theta},
+      {"rope_scaling", nullptr},
+      {"tie_word_embeddings", config.tie_word_embeddings},
+      {"hidden_dropout", 0.0},
+      {"attention_dropout", 0.0},
+      {"initializer_range", config.init_std},
+      {"torch_dtype", "float32"}};
+  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(*config.rope_scaling);
+  if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
+  return json;
+}
+
 Json LlamaConfigJson(const LlamaConfig& config) {
   if (config.GptJ()) return GptJConfigJson(config);
+  if (config.Falcon()) return FalconConfigJson(config);
   const std::string architecture = config.model_type == "mistral"      ? "MistralForCausalLM"
                                    : config.model_type == "qwen2"      ? "Qwen2ForCausalLM"
                                    : config.model_type == "gemma"      ? "GemmaForCausalLM"
@@ -599,15 +646,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                {"attention_dropout", 0.0},
                {"initializer_range", config.init_std},
                {"torch_dtype", "float32"}};
-  if (config.rope_scaling) {
-    const LlamaRopeScaling& s = *config.rope_scaling;
-    json["rope_scaling"] = {{"rope_type", "llama3"},
-                            {"factor", s.factor},
-                            {"low_freq_factor", s.low_freq_factor},
-                            {"high_freq_factor", s.high_freq_factor},
-                            {"original_max_position_embeddings",
-                             s.original_max_position_embeddings}};
-  }
+  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(*config.rope_scaling);
   if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
   const Json window = config.sliding_window > 0 ? Json(config.sliding_window) : Json(nullptr);
   if (config.model_type == "mistral") {

@@ -52,11 +52,20 @@ struct ModuleNames {
   const char* out_proj = "o_proj";
   const char* mlp_up = "c_fc";
   const char* mlp_down = "c_proj";
+  const char* post_norm = "post_attention_layernorm";  // the MLP's norm, where it has its own
 };
 ModuleNames ModuleNamesOf(const LlamaConfig& config) {
   if (config.Phi()) return {"input_layernorm", "self_attn", "o_proj", "fc1", "fc2"};
   if (config.NeoX()) {
     return {"input_layernorm", "attention", "dense", "dense_h_to_4h", "dense_4h_to_h"};
+  }
+  if (config.Falcon()) {
+    return {config.branch_norms ? "ln_attn" : "input_layernorm",
+            "self_attention",
+            "dense",
+            "dense_h_to_4h",
+            "dense_4h_to_h",
+            config.branch_norms ? "ln_mlp" : "post_attention_layernorm"};
   }
   if (config.GptJ()) return {"ln_1", "attn", "out_proj", "fc_in", "fc_out"};
   return {};
@@ -336,11 +345,12 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   void reset() override {
     const int64_t hidden = config_.hidden, head_dim = config_.HeadDim();
     const bool bias = config_.QkvBias();
-    if (config_.FusedQkvPerHead()) {
-      // GPT-NeoX's: each head's query, key and value rows in turn, so that a rank's heads are
-      // contiguous rows; dense for o_proj.
+    if (config_.FusedQkv()) {
+      // GPT-NeoX's and Falcon's: each key/value group's query rows, then its key and value
+      // rows, so that a rank's groups are contiguous rows; dense for o_proj.
       query_key_value = register_module(
-          "query_key_value", ColumnParallelLinear(hidden, 3 * config_.heads * head_dim, bias));
+          "query_key_value",
+          ColumnParallelLinear(hidden, (config_.heads + 2 * config_.kv_heads) * head_dim, bias));
       o_proj = register_module(
           ModuleNamesOf(config_).out_proj,
           RowParallelLinear(config_.heads * head_dim, hidden, config_.attention_bias));
@@ -370,7 +380,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
-    if (config_.FusedQkvPerHead()) {
+    if (config_.FusedQkv()) {
       TANDEM_RETURN_IF_ERROR(query_key_value->ShardForTensorParallel(tp));
     } else {
       for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
@@ -473,20 +483,22 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
  private:
   // The query, key and value products of `input` (this rank's `heads` query heads): [b, S,
-  // heads * head_dim] each, or from GPT-NeoX's one product [b, S, heads, head_dim] views of
-  // its rows per head. `sequence_split` as Attend's.
+  // heads * head_dim] each, or from GPT-NeoX's and Falcon's one product [b, S, heads or
+  // groups, head_dim] views of its rows per key/value group. `sequence_split` as Attend's.
   std::vector<torch::Tensor> Project(const torch::Tensor& input, bool sequence_split,
                                      int64_t heads) {
-    if (config_.FusedQkvPerHead()) {
+    if (config_.FusedQkv()) {
       const torch::Tensor product =
           sequence_split ? LinearsOverGatheredSequence(input, {query_key_value->weight},
                                                        {query_key_value->bias}, tp_)[0]
                          : DeferrableLinear(input, query_key_value->weight, query_key_value->bias);
       const int64_t head_dim = config_.HeadDim();
-      const torch::Tensor per_head =
-          product.view({product.size(0), product.size(1), heads, 3 * head_dim});
-      return {per_head.narrow(-1, 0, head_dim), per_head.narrow(-1, head_dim, head_dim),
-              per_head.narrow(-1, 2 * head_dim, head_dim)};
+      const int64_t group = config_.heads / config_.kv_heads, groups = heads / group;
+      const int64_t batch = product.size(0), length = product.size(1);
+      const torch::Tensor per_group = product.view({batch, length, groups, (group + 2) * head_dim});
+      return {per_group.narrow(-1, 0, group * head_dim).reshape({batch, length, heads, head_dim}),
+              per_group.narrow(-1, group * head_dim, head_dim),
+              per_group.narrow(-1, (group + 1) * head_dim, head_dim)};
     }
     if (sequence_split) {
       return LinearsOverGatheredSequence(input, {q_proj->weight, k_proj->weight, v_proj->weight},
@@ -826,7 +838,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
         register_module(names.attention, LlamaAttention(config_, config_.WindowOfBlock(block_)));
     // Phi's one norm serves the attention and the MLP.
     if (!config_.SharedNorm()) {
-      post_attention_layernorm = register_module("post_attention_layernorm", MakeNorm(config_));
+      post_attention_layernorm = register_module(names.post_norm, MakeNorm(config_));
     }
     if (config_.SandwichNorms()) {
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
@@ -1188,6 +1200,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "gptj") {  // n_inner (intermediate) is 4 x n_embd unless given
     return {50400, 4096, 16384, 28, 16, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "falcon") {  // ffn_hidden_size is 4 x hidden_size unless given
+    return {65024, 4544, 18176, 32, 71, 0, 0, 2048, 1e-5, 10000.0, true, 0};
+  }
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false, 0};  // LlamaConfig's
 }
 
@@ -1301,6 +1316,10 @@ CheckpointNames CheckpointNamesOf(const LlamaConfig& config) {
   if (config.GptJ()) {
     return {"transformer.wte.weight", "transformer.ln_f.", "lm_head.", "transformer.h."};
   }
+  if (config.Falcon()) {
+    return {"transformer.word_embeddings.weight", "transformer.ln_f.", "lm_head.",
+            "transformer.h."};
+  }
   return {"model.embed_tokens.weight", config.Phi() ? "model.final_layernorm." : "model.norm.",
           "lm_head.", "model.layers."};
 }
@@ -1336,17 +1355,21 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     add("mlp.fc_out.bias", {h});
     return parameters;
   }
-  if (config.NeoX()) {
-    // GPTNeoXLayer's state-dict order: the norms, the attention, the MLP.
+  if (config.FusedQkv()) {
+    // GPTNeoXLayer's state-dict order: the norms, the attention, the MLP (FalconDecoderLayer's
+    // is the attention, the MLP, the norms).
     const int64_t units = config.intermediate;
-    for (const char* norm : {"input_layernorm.", "post_attention_layernorm."}) {
-      add(absl::StrCat(norm, "weight"), {h});
-      add(absl::StrCat(norm, "bias"), {h});
+    const ModuleNames names = ModuleNamesOf(config);
+    for (const char* norm : {names.input_norm, names.post_norm}) {
+      if (absl::string_view(norm) == names.post_norm && config.SharedNorm()) continue;
+      add(absl::StrCat(norm, ".weight"), {h});
+      add(absl::StrCat(norm, ".bias"), {h});
     }
-    add("attention.query_key_value.weight", {3 * q, h});
-    if (config.QkvBias()) add("attention.query_key_value.bias", {3 * q});
-    add("attention.dense.weight", {h, q});
-    if (config.attention_bias) add("attention.dense.bias", {h});
+    const std::string attention = absl::StrCat(names.attention, ".");
+    add(attention + "query_key_value.weight", {q + 2 * kv, h});
+    if (config.QkvBias()) add(attention + "query_key_value.bias", {q + 2 * kv});
+    add(attention + "dense.weight", {h, q});
+    if (config.attention_bias) add(attention + "dense.bias", {h});
     add("mlp.dense_h_to_4h.weight", {units, h});
     if (config.mlp_bias) add("mlp.dense_h_to_4h.bias", {units});
     add("mlp.dense_4h_to_h.weight", {h, units});
@@ -1469,12 +1492,68 @@ absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
   return rope;
 }
 
+// FalconConfig's sizes and layout into `config`: n_embed for hidden_size in older files,
+// ffn_hidden_size (4 x hidden_size when absent), the key/value groups (num_kv_heads with
+// new_decoder_architecture, one with multi_query, else one per head) and where the attention
+// and the MLP sit. Refused: alibi, and the layouts transformers' FalconDecoderLayer builds
+// without the norms its forward pass reads.
+absl::Status ReadFalconLayout(const Json& json, LlamaConfig& config) {
+  constexpr absl::string_view where = "config.json";
+  if (IsSet(json, "n_embed")) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden, GetInt(json, "n_embed", where));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const bool alibi, GetBoolOrUnset(json, "alibi", false, where));
+  if (alibi) {
+    return absl::InvalidArgumentError(
+        "config.json: alibi true is not supported for falcon (tandem's llama has rotary "
+        "positions only)");
+  }
+  config.intermediate = 4 * config.hidden;
+  if (IsSet(json, "ffn_hidden_size")) {
+    TANDEM_ASSIGN_OR_RETURN(config.intermediate, GetInt(json, "ffn_hidden_size", where));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const bool new_architecture,
+                          GetBoolOrUnset(json, "new_decoder_architecture", false, where));
+  TANDEM_ASSIGN_OR_RETURN(const bool multi_query, GetBoolOrUnset(json, "multi_query", true, where));
+  TANDEM_ASSIGN_OR_RETURN(const bool parallel, GetBoolOrUnset(json, "parallel_attn", true, where));
+  int64_t norms = new_architecture ? 2 : 1;  // num_ln_in_parallel_attn, as transformers reads it
+  const bool norms_given = IsSet(json, "num_ln_in_parallel_attn");
+  if (norms_given) {
+    TANDEM_ASSIGN_OR_RETURN(norms, GetInt(json, "num_ln_in_parallel_attn", where));
+  }
+  config.head_dim = 0;  // hidden_size / num_attention_heads
+  if (new_architecture) {
+    config.kv_heads = config.heads;
+    if (IsSet(json, "num_kv_heads")) {
+      TANDEM_ASSIGN_OR_RETURN(config.kv_heads, GetInt(json, "num_kv_heads", where));
+    }
+    if (!parallel || (norms != 1 && norms != 2)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: falcon's new_decoder_architecture needs parallel_attn true and "
+          "num_ln_in_parallel_attn 1 or 2 (transformers builds no other), got parallel_attn ",
+          parallel ? "true" : "false", " and num_ln_in_parallel_attn ", norms));
+    }
+  } else {
+    config.kv_heads = multi_query ? 1 : config.heads;
+    if (parallel && norms_given && norms != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: num_ln_in_parallel_attn ", norms,
+          " is not supported for falcon without new_decoder_architecture (transformers then "
+          "builds ln_attn and ln_mlp but reads input_layernorm)"));
+    }
+  }
+  config.parallel_residual = new_architecture || parallel;
+  config.branch_norms = new_architecture && norms == 2;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsLlamaModelType(absl::string_view model_type) {
-  for (const char* known : {"llama", "mistral", "qwen2", "gemma", "gemma2", "mixtral", "qwen2_moe",
-                            "granite", "granitemoe", "phi3", "olmo", "olmoe", "starcoder2", "phi",
-                            "gpt_neox", "stablelm", "gptj", "cohere", "glm"}) {
+  for (const char* known :
+       {"llama",    "mistral",    "qwen2", "gemma",  "gemma2", "mixtral",    "qwen2_moe",
+        "granite",  "granitemoe", "phi3",  "olmo",   "olmoe",  "starcoder2", "phi",
+        "gpt_neox", "stablelm",   "gptj",  "cohere", "glm",    "falcon"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1503,6 +1582,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool gptj = config.GptJ();
   const bool cohere = config.Cohere();
   const bool glm = config.Glm();
+  const bool falcon = config.Falcon();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1526,7 +1606,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // Qwen2's, Mixtral's, Granite's, Phi-3's and OLMo's attention take hidden / heads whatever the
   // file says.
   if (IsSet(json, "head_dim") && !qwen2 && !mixtral && !granite && !phi3 && !olmo && !starcoder2 &&
-      !phi && !neox && !stablelm && !cohere && !glm) {
+      !phi && !neox && !stablelm && !cohere && !glm && !falcon) {
     TANDEM_ASSIGN_OR_RETURN(config.head_dim, GetInt(json, "head_dim", where));
   }
   if (gptj) {
@@ -1559,6 +1639,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     config.kv_heads = config.heads;
     config.head_dim = 0;
   }
+  if (falcon) {
+    TANDEM_RETURN_IF_ERROR(ReadFalconLayout(json, config));
+  }
   TANDEM_ASSIGN_OR_RETURN(config.max_position_embeddings,
                           GetIntOr(json, gptj ? "n_positions" : "max_position_embeddings",
                                    defaults.max_positions, where));
@@ -1568,10 +1651,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                             GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
   }
-  if (phi || neox || stablelm || gptj || cohere) {  // their layer norms' epsilon
-    TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
-                            GetNumberOr(json, gptj ? "layer_norm_epsilon" : "layer_norm_eps",
-                                        defaults.rms_norm_eps, where));
+  if (phi || neox || stablelm || gptj || cohere || falcon) {  // their layer norms' epsilon
+    TANDEM_ASSIGN_OR_RETURN(
+        config.rms_norm_eps,
+        GetNumberOr(json, gptj || falcon ? "layer_norm_epsilon" : "layer_norm_eps",
+                    defaults.rms_norm_eps, where));
   }
   if (neox || stablelm) {  // GPTNeoXConfig's default true, StableLmConfig's false
     TANDEM_ASSIGN_OR_RETURN(config.parallel_residual,
@@ -1743,6 +1827,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   } else if (gptj) {
     // GPT-J's MLP has biases, its attention none.
     config.mlp_bias = true;
+  } else if (falcon) {
+    // One `bias` for every product (FalconConfig's default: none).
+    TANDEM_ASSIGN_OR_RETURN(config.attention_bias, GetBoolOrUnset(json, "bias", false, where));
+    config.mlp_bias = config.attention_bias;
   } else if (stablelm) {
     // StableLM's q/k/v_proj have them with use_qkv_bias; o_proj and the MLP never.
     TANDEM_ASSIGN_OR_RETURN(config.qkv_bias, GetBoolOrUnset(json, "use_qkv_bias", false, where));
@@ -1794,10 +1882,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           absl::StrCat("config.json: hidden_act \"", config.hidden_act, "\" is not supported (",
                        config.model_type, ": gelu_pytorch_tanh, gelu and silu)"));
     }
-  } else if (phi || neox || gptj) {
-    const char* field = gptj ? "activation_function" : "hidden_act";  // GPT-J's name for it
+  } else if (phi || neox || gptj || falcon) {
+    // GPT-J's and Falcon's names for it.
+    const char* field = gptj ? "activation_function" : falcon ? "activation" : "hidden_act";
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act,
-                            GetStringOr(json, field, neox ? "gelu" : "gelu_new", where));
+                            GetStringOr(json, field, neox || falcon ? "gelu" : "gelu_new", where));
     if (config.hidden_act != "gelu_new" && config.hidden_act != "gelu_pytorch_tanh" &&
         config.hidden_act != "gelu") {
       return absl::InvalidArgumentError(
@@ -1990,8 +2079,22 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         config.partial_rotary_factor, " for ", config.model_type));
   }
   if (config.parallel_residual && !config.ParallelResidualFamily()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: use_parallel_residual is GPT-NeoX's, StableLM's and Falcon's, not ",
+                     config.model_type));
+  }
+  if (config.branch_norms && !(config.Falcon() && config.parallel_residual)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: use_parallel_residual is GPT-NeoX's and StableLM's, not ", config.model_type));
+        "llama: a norm for each of the attention and the MLP side by side is Falcon's, not ",
+        config.model_type, "'s", config.parallel_residual ? "" : " (sequential blocks)"));
+  }
+  if (config.Falcon() &&
+      (config.qkv_bias || config.attention_bias != config.mlp_bias ||
+       (!config.parallel_residual && config.kv_heads != 1 && config.kv_heads != config.heads))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: Falcon has one bias setting for every product, and its sequential blocks one "
+        "key/value head or one per head; got ",
+        config.kv_heads, " key/value heads of ", config.heads));
   }
   if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(
@@ -2184,6 +2287,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.rotary_dims > 0) absl::StrAppend(&text, " rotary-dims=", config.rotary_dims);
   if (config.logit_scale != 1.0) absl::StrAppend(&text, " logit-scale=", config.logit_scale);
   if (config.parallel_residual) absl::StrAppend(&text, " parallel-residual");
+  if (config.branch_norms) absl::StrAppend(&text, " branch-norms");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }

@@ -2,8 +2,8 @@
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
-// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM and GlmForCausalLM,
-// variations of the same computation: see LlamaConfig):
+// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM, GlmForCausalLM and
+// FalconForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -31,7 +31,11 @@
 // gpt_neox.embed_in, gpt_neox.final_layer_norm and embed_out are tandem's embed_tokens, norm and
 // lm_head. GPT-J's are named as its checkpoints name them too, inside transformer.h.<i>: ln_1,
 // attn.{q,k,v,out}_proj, mlp.fc_in and mlp.fc_out; its transformer.wte and transformer.ln_f are
-// tandem's embed_tokens and norm, and its lm_head has a bias.)
+// tandem's embed_tokens and norm, and its lm_head has a bias. Falcon's are named as its
+// checkpoints name them, inside transformer.h.<i>: input_layernorm (and post_attention_layernorm,
+// or ln_attn and ln_mlp), self_attention.query_key_value, self_attention.dense,
+// mlp.dense_h_to_4h and mlp.dense_4h_to_h; its transformer.word_embeddings and transformer.ln_f
+// are tandem's embed_tokens and norm.)
 // Weights are stored as transformers stores them ([out, in]), so importing a checkpoint is a
 // rename; Phi-3's checkpoints fuse q/k/v_proj into self_attn.qkv_proj and gate/up_proj into
 // mlp.gate_up_proj, whose rows tandem's separate products are (LlamaHfRows), and GraniteMoE's
@@ -197,9 +201,13 @@ struct LlamaConfig {
   // GPT-J's rotary_dim: the features of a head rotated, over partial_rotary_factor; 0: none
   // given.
   int64_t rotary_dims = 0;
-  // GPT-NeoX's and StableLM's use_parallel_residual: the attention and the MLP side by side,
-  // added to the block's input in one step (ParallelBlock); false: Llama's two residual steps.
+  // GPT-NeoX's and StableLM's use_parallel_residual (Falcon's parallel_attn, or its
+  // new_decoder_architecture): the attention and the MLP side by side, added to the block's
+  // input in one step (ParallelBlock); false: Llama's two residual steps.
   bool parallel_residual = false;
+  // Falcon's new_decoder_architecture with num_ln_in_parallel_attn 2 (Falcon-40B's, -180B's):
+  // the attention and the MLP side by side, each on its own layer norm (ln_attn, ln_mlp).
+  bool branch_norms = false;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -246,7 +254,7 @@ struct LlamaConfig {
   bool Phi() const { return model_type == "phi"; }
   // GPT-NeoX's (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B): layer norms with weights and
   // biases (epsilon layer_norm_eps), one query_key_value product whose rows are each head's
-  // query, key and value in turn (FusedQkvPerHead: split by heads under tensor parallelism, as
+  // query, key and value in turn (FusedQkv: split by heads under tensor parallelism, as
   // Megatron-LM's), biases on the attention's products with attention_bias and always on its
   // plain MLP (mlp.dense_h_to_4h, mlp.dense_4h_to_h), partial rotary embeddings (rotary_pct,
   // at rotary_emb_base), and the attention and the MLP side by side with use_parallel_residual,
@@ -272,19 +280,32 @@ struct LlamaConfig {
   // Rotary embeddings that rotate each pair of neighbouring features (2i, 2i + 1) by the angle
   // of frequency i (GPT-J's rotate_every_two) instead of the two halves' features i and
   // i + d / 2 (rotate_half).
+  // Falcon's (FalconForCausalLM: Falcon-7B, -40B, -180B, Falcon 2): layer norms with weights
+  // and biases (epsilon layer_norm_epsilon), one query_key_value product whose rows hold each
+  // key/value group's query heads, then its key and its value (FusedQkv: split by groups under
+  // tensor parallelism; multi_query is one group, multi-head attention a group per head as
+  // GPT-NeoX's), a plain MLP (mlp.dense_h_to_4h, mlp.dense_4h_to_h), biases on every product
+  // with `bias`, every feature rotated; the attention and the MLP side by side on one norm
+  // (parallel_attn, or new_decoder_architecture with num_ln_in_parallel_attn 1) or on two
+  // (branch_norms), or sequential. Tied by default.
+  bool Falcon() const { return model_type == "falcon"; }
   bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
-  bool FusedQkvPerHead() const { return NeoX(); }
-  bool LayerNormWithBias() const { return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ(); }
-  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ(); }
+  // One query_key_value product, each key/value group's rows together: GPT-NeoX's and Falcon's.
+  bool FusedQkv() const { return NeoX() || Falcon(); }
+  bool LayerNormWithBias() const {
+    return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ() || Falcon();
+  }
+  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ() || Falcon(); }
   // The attention and the MLP both read the block's input, their outputs added to it at once:
   // Phi's, and StableLM's with use_parallel_residual, on one norm (SharedNorm); GPT-NeoX's with
-  // use_parallel_residual on two.
-  bool ParallelResidualFamily() const { return NeoX() || StableLm(); }
+  // use_parallel_residual on two; Falcon's on one or two (branch_norms).
+  bool ParallelResidualFamily() const { return NeoX() || StableLm() || Falcon(); }
   bool ParallelBlock() const {
     return Phi() || GptJ() || Cohere() || (ParallelResidualFamily() && parallel_residual);
   }
   bool SharedNorm() const {
-    return Phi() || GptJ() || Cohere() || (StableLm() && parallel_residual);
+    return Phi() || GptJ() || Cohere() || (StableLm() && parallel_residual) ||
+           (Falcon() && parallel_residual && !branch_norms);
   }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
   bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ(); }
@@ -309,7 +330,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere and glm";
+    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm and falcon";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -333,7 +354,10 @@ bool IsLlamaModelType(absl::string_view model_type);
 // tokens, 8192 wide, 22528 units, 40 layers, 64 heads, logit_scale 0.0625, tied, pad_token_id
 // 0) and GlmConfig's (151552 tokens, 4096 wide, 13696 units, 40 layers, 32 heads, 2 key/value
 // heads, head_dim 128 for the rotation, rms_norm_eps 1.5625e-7, pad_token_id 151329, q/k/v
-// biases). seq_len
+// biases) and FalconConfig's (65024 tokens, 4544 wide, ffn_hidden_size 4 x hidden_size, 32
+// layers, 71 heads, multi_query, parallel_attn, no biases, gelu, layer_norm_epsilon 1e-5, tied;
+// new_decoder_architecture takes num_kv_heads key/value groups and two norms unless
+// num_ln_in_parallel_attn is 1). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
@@ -352,7 +376,8 @@ bool IsLlamaModelType(absl::string_view model_type);
 // "starcoder2" and "stablelm" (hidden_act gelu_pytorch_tanh, gelu or silu), "phi" and
 // "gpt_neox" (hidden_act gelu_new, gelu_pytorch_tanh or gelu), "gptj" (activation_function
 // gelu_new, gelu_pytorch_tanh or gelu; a rotary_dim of null, which transformers cannot run
-// with more than one head, refused); output_router_logits
+// with more than one head, refused), "falcon" (activation gelu, gelu_new or gelu_pytorch_tanh;
+// alibi, and the layouts transformers cannot run, refused); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's and StableLM's
@@ -379,6 +404,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
 // GPT-NeoX's and StableLM's " rotary=0.4" (partial_rotary_factor) and " parallel-residual"
 // (use_parallel_residual), GPT-J's " rotary-dims=64", Cohere's " logit-scale=0.0625",
+// Falcon's " branch-norms",
 // " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 

@@ -32,7 +32,9 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
         layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
         cached keys too), cohere (weight-only layer norms, pairs of neighbours rotated, the logits
-        scaled), glm (half of each head rotated by pairs of neighbours), llama_eos (see end_of_text_case). "tokenizer" names the case's
+        scaled), glm (half of each head rotated by pairs of neighbours), falcon (2 key/value
+        groups in one query_key_value product, the cached keys and values per group),
+        llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
     generate_reference.py generate MODEL_FOLDER PROMPT_IDS MAX_NEW_TOKENS
@@ -57,7 +59,7 @@ from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM,
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
+from tiny_models import falcon, gpt2, gptj, llama, perturb  # noqa: E402
 
 NEW_TOKENS = 20
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good "
@@ -222,6 +224,9 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=None,
                               initializer_range=0.3),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("falcon", lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
+                                  initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

@@ -274,6 +274,19 @@ std::vector<ModelCase> ModelCases() {
          c.rotary_dims = 4;
          return FrozenLlama(c);
        }},
+      // Falcon's grouped query_key_value rows (2 groups of 2 heads) and a norm for each branch
+      // in the incremental forward.
+      {"falcon",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "falcon";
+         c.hidden_act = "gelu";
+         c.attention_bias = true;
+         c.mlp_bias = true;
+         c.parallel_residual = true;
+         c.branch_norms = true;
+         return FrozenLlama(c);
+       }},
       // StableLM side by side on one layer norm, a quarter of each head rotated.
       {"stablelm",
        [] {
@@ -467,7 +480,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 26u);
+  ASSERT_EQ(cases->size(), 27u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

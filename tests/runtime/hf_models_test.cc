@@ -684,6 +684,23 @@ TEST_P(HfModelsTest, GlmWithHalfRotationAndFusedGateUpEqualsTransformers) {
   EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// Falcon: one query_key_value product with each key/value group's query rows, then its key and
+// value rows (one group: Falcon-7B's multi_query; two: new_decoder_architecture; one per head:
+// sequential here), the attention and the MLP side by side on one norm or on two (ln_attn,
+// ln_mlp), or sequential. Exact GELU in place of gelu_new shows (2e-4 here: 20 tolerances).
+TEST_P(HfModelsTest, FalconWithGroupedFusedProductsEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"falcon_multi_query", "falcon_groups_two_norms", "falcon_groups_one_norm",
+                           "falcon_sequential"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase exact_gelu = LlamaCase("falcon_groups_one_norm", GptAttention::kExplicit,
+                                      [](LlamaConfig& config) { config.hidden_act = "gelu"; });
+  EXPECT_GT(Compare(exact_gelu, {0, 4}).logits, 10 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -698,7 +715,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
         "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "glm_gqa",
-        "glm_tied_nobias", "gpt2", "gpt2_untied_variants"}) {
+        "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
+        "falcon_groups_one_norm", "falcon_sequential", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1457,7 +1475,7 @@ TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
   auto config = LlamaConfigFromJson(pythia);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->NeoX());
-  EXPECT_TRUE(config->FusedQkvPerHead());
+  EXPECT_TRUE(config->FusedQkv());
   EXPECT_TRUE(config->ParallelBlock());
   EXPECT_FALSE(config->SharedNorm());
   EXPECT_FALSE(config->HeadBias());
@@ -1514,6 +1532,91 @@ TEST(LlamaConfigTest, ReadsGptNeoxConfigsAsGptNeoxConfigDefinesThem) {
   bad = pythia;
   bad["rotary_pct"] = 0.0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "partial_rotary_factor");
+}
+
+// Configs of Falcon-7B's and Falcon-40B's sizes and layouts: one key/value head and the
+// attention and the MLP side by side on one norm; new_decoder_architecture with 8 key/value
+// groups and a norm for each branch. Both tied, without biases, exact GELU.
+TEST(LlamaConfigTest, ReadsFalconConfigsAsFalconConfigDefinesThem) {
+  const Json falcon7b = Json::parse(R"({
+    "alibi": false, "apply_residual_connection_post_layernorm": false,
+    "architectures": ["FalconForCausalLM"], "attention_dropout": 0.0, "bias": false,
+    "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0, "hidden_size": 4544,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+    "multi_query": true, "new_decoder_architecture": false, "num_attention_heads": 71,
+    "num_hidden_layers": 32, "parallel_attn": true, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 65024})");
+  auto config = LlamaConfigFromJson(falcon7b);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Falcon());
+  EXPECT_TRUE(config->FusedQkv());
+  EXPECT_TRUE(config->ParallelBlock());
+  EXPECT_TRUE(config->SharedNorm());
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->kv_heads, 1);
+  EXPECT_EQ(config->HeadDim(), 64);
+  EXPECT_EQ(config->intermediate, 4 * 4544);
+  EXPECT_EQ(config->hidden_act, "gelu");
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=4544 A=71 KV=1 I=18176 S=32 V=65024 rope=10000 tied act=gelu "
+            "parallel-residual family=falcon");
+  EXPECT_EQ(LlamaHfName(*config, "layers.0.embed_tokens.weight").value_or(""),
+            "transformer.word_embeddings.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attention.query_key_value.weight").value_or(""),
+            "transformer.h.0.self_attention.query_key_value.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.33.norm.bias").value_or(""), "transformer.ln_f.bias");
+  EXPECT_EQ(LlamaTandemName(*config, "transformer.h.31.mlp.dense_4h_to_h.weight").value_or(""),
+            "layers.32.mlp.dense_4h_to_h.weight");
+  Json falcon40b = falcon7b;
+  falcon40b["hidden_size"] = 8192;
+  falcon40b["num_attention_heads"] = 128;
+  falcon40b["num_hidden_layers"] = 60;
+  falcon40b["new_decoder_architecture"] = true;
+  falcon40b["num_kv_heads"] = 8;
+  falcon40b.erase("multi_query");
+  config = LlamaConfigFromJson(falcon40b);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->kv_heads, 8);
+  EXPECT_TRUE(config->branch_norms);
+  EXPECT_FALSE(config->SharedNorm());
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=60 H=8192 A=128 KV=8 I=32768 S=32 V=65024 rope=10000 tied act=gelu "
+            "parallel-residual branch-norms family=falcon");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.ln_mlp.weight").value_or(""),
+            "transformer.h.0.ln_mlp.weight");
+  // Falcon 2's: one norm for both branches.
+  falcon40b["num_ln_in_parallel_attn"] = 1;
+  config = LlamaConfigFromJson(falcon40b);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->SharedNorm());
+  // Sequential multi-head attention, with biases; n_embed read for hidden_size.
+  Json sequential = falcon7b;
+  sequential["multi_query"] = false;
+  sequential["parallel_attn"] = false;
+  sequential["bias"] = true;
+  sequential["ffn_hidden_size"] = 1000;
+  sequential.erase("hidden_size");
+  sequential["n_embed"] = 4544;
+  config = LlamaConfigFromJson(sequential);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->kv_heads, 71);
+  EXPECT_FALSE(config->ParallelBlock());
+  EXPECT_TRUE(config->attention_bias && config->mlp_bias);
+  EXPECT_EQ(config->intermediate, 1000);
+  // What transformers cannot run, or tandem does not compute, is refused by name.
+  Json bad = falcon7b;
+  bad["alibi"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "alibi");
+  bad = falcon40b;
+  bad["parallel_attn"] = false;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "parallel_attn");
+  bad = falcon7b;
+  bad["num_ln_in_parallel_attn"] = 2;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "num_ln_in_parallel_attn");
+  bad = falcon7b;
+  bad["activation"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "falcon: gelu_new, gelu_pytorch_tanh and gelu");
 }
 
 // A config of StableLM 2 1.6B's sizes (its config.json as published): q/k/v biases, a quarter

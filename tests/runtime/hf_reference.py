@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo, OLMoE and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo, OLMoE, Falcon and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -33,7 +33,7 @@ from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2F
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
+from tiny_models import falcon, gpt2, gptj, llama, perturb  # noqa: E402
 
 BATCH, LENGTH = 2, 16
 
@@ -227,6 +227,18 @@ CASES = {
     "glm_tied_nobias": lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=None,
                                      tie_word_embeddings=True, attention_bias=False,
                                      num_key_value_heads=4),
+    # Falcon-7B's layout: one key/value head (multi_query), the attention and the MLP side by
+    # side on one norm, no biases, tied.
+    "falcon_multi_query": lambda: falcon(tie_word_embeddings=True),
+    # Falcon-40B's: new_decoder_architecture with 2 key/value groups, each branch on its own
+    # norm (ln_attn, ln_mlp); here with biases.
+    "falcon_groups_two_norms": lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
+                                              bias=True),
+    # Falcon 2's: groups side by side on one norm (num_ln_in_parallel_attn 1), gelu_new.
+    "falcon_groups_one_norm": lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
+                                             num_ln_in_parallel_attn=1, activation="gelu_new"),
+    # Sequential blocks with multi-head attention (a group per head) and biases.
+    "falcon_sequential": lambda: falcon(multi_query=False, parallel_attn=False, bias=True),
 }
 
 

@@ -113,11 +113,13 @@ struct Case {
   bool starcoder2 = false;  // Llama as StarCoder 2: layer norms with biases, a plain MLP, biases
   bool phi = false;  // Llama as Phi: attention and MLP side by side, partial rotation, head bias
   bool neox = false;  // Llama as GPT-NeoX: per-head fused q/k/v rows, partial rotation, two norms
-  bool sequential = false;  // GPT-NeoX or StableLM without use_parallel_residual
+  bool sequential = false;  // GPT-NeoX, StableLM or Falcon without use_parallel_residual
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
   bool cohere = false;      // Llama as Cohere: weight-only norms side by side, scaled logits
   bool glm = false;         // Llama as GLM: half of each head rotated by pairs of neighbours
+  bool falcon = false;      // Llama as Falcon: grouped fused q/k/v rows, side by side, biases
+  bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -187,6 +189,15 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.mlp_bias = true;
     llama.rotary_dims = 4;
   }
+  if (c.falcon) {
+    llama.model_type = "falcon";
+    llama.hidden_act = "gelu";
+    llama.attention_bias = true;
+    llama.mlp_bias = true;
+    llama.parallel_residual = !c.sequential;
+    llama.branch_norms = c.branch_norms;
+    if (c.sequential) llama.kv_heads = llama.heads;  // Falcon's sequential blocks: one per head
+  }
   if (c.glm) {
     llama.model_type = "glm";
     llama.qkv_bias = true;
@@ -255,8 +266,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                                 ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
-    // GPT-NeoX's query_key_value (weight and bias) and dense.
-    const int attention = c.neox ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
+    // GPT-NeoX's and Falcon's query_key_value (weight and bias) and dense.
+    const int attention = c.neox || c.falcon ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
                          (c.phi || c.gptj ? 1 : 0));
@@ -312,6 +323,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.ln_1.bias"), nullptr);
       EXPECT_NE(index.at("layers.3.lm_head.bias"), nullptr);
       EXPECT_EQ(index.at("layers.2.mlp.fc_out.bias"), nullptr);
+      return;
+    }
+    if (c.falcon) {
+      EXPECT_NE(index.at("layers.1.self_attention.query_key_value.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.2.self_attention.dense.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.mlp.dense_4h_to_h.bias"), nullptr);
+      EXPECT_EQ(index.count("layers.1.ln_mlp.bias"), c.branch_norms ? 1u : 0u);
       return;
     }
     if (c.neox) {
@@ -484,6 +502,23 @@ TEST(LlamaTensorParallelTest, GlmShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(glm);
   glm.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(glm);
+}
+
+// Falcon: query_key_value split by key/value groups (each group's query, key and value rows
+// together: 2 groups of 2 heads on 1 and 2 ranks, one per head on 4), dense's bias whole; side by
+// side on one norm or two, or sequential; the norms' weights and biases shared under sequence
+// parallelism.
+TEST(LlamaTensorParallelTest, FalconShardsGiveTheWholeLossAndGradients) {
+  Case falcon;
+  falcon.falcon = true;
+  ExpectShardsGiveTheWholeLossAndGradients(falcon);
+  falcon.sequence_parallel = true;
+  falcon.branch_norms = true;
+  ExpectShardsGiveTheWholeLossAndGradients(falcon);
+  falcon.branch_norms = false;
+  falcon.sequential = true;
+  falcon.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(falcon);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases

@@ -27,7 +27,9 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
         rotated by pairs of neighbours; its older checkpoints' mask buffers added), cohere
         (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25),
-        glm (half of each head rotated by pairs of neighbours, q/k/v biases, gate_up_proj).
+        glm (half of each head rotated by pairs of neighbours, q/k/v biases, gate_up_proj),
+        falcon (new_decoder_architecture: 2 key/value groups in one query_key_value product, the
+        attention and the MLP side by side on ln_attn and ln_mlp, biases, tied).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -57,7 +59,7 @@ from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM,
                           Starcoder2ForCausalLM)
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
-from tiny_models import gpt2, gptj, llama, perturb  # noqa: E402
+from tiny_models import falcon, gpt2, gptj, llama, perturb  # noqa: E402
 
 
 def add_old_buffers(model, path):
@@ -139,6 +141,8 @@ def make(output):
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  logit_scale=0.25), {}),
         ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3), {}),
+        ("falcon", lambda: falcon(new_decoder_architecture=True, num_kv_heads=2, bias=True,
+                                  tie_word_embeddings=True), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

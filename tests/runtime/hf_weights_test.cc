@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(19, SmallLlama());
+  std::vector<LlamaConfig> llamas(20, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -460,6 +460,12 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[18].model_type = "glm";
   llamas[18].qkv_bias = true;
   llamas[18].rotary_dims = 4;
+  llamas[19].model_type = "falcon";
+  llamas[19].hidden_act = "gelu";
+  llamas[19].attention_bias = true;
+  llamas[19].mlp_bias = true;
+  llamas[19].parallel_residual = true;
+  llamas[19].branch_norms = true;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -826,7 +832,12 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // GLM's half rotation by pairs of neighbours and gate_up_proj read as rows: whole, on
         // two stages, and over two ranks with sequence parallelism.
         ImportCase{"glm", "llama"}, ImportCase{"glm", "llama", /*ranks=*/2},
-        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"}}) {
+        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Falcon's query_key_value of 2 key/value groups, split by groups; ln_attn and ln_mlp:
+        // whole, on two stages, and over two ranks with sequence parallelism.
+        ImportCase{"falcon", "llama"}, ImportCase{"falcon", "llama", /*ranks=*/2},
+        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+                   " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
                                            : c.flags.find("expert") != std::string::npos ? "_ep"
@@ -1021,6 +1032,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // GLM on two stages: gate_up_proj written fused again, its config.json (head_dim for
         // the rotation, attention_bias) from the description.
         ExportCase{"glm_init", 2, absl::StrCat(" --model llama --init-from ", Case("glm")), ""},
+        // Falcon on two stages, tied: transformer.* written, its config.json's layout
+        // (new_decoder_architecture, num_kv_heads, bias) from the description.
+        ExportCase{"falcon_init", 2, absl::StrCat(" --model llama --init-from ", Case("falcon")),
+                   ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1084,6 +1099,11 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init" ||
         c.name == "gptj_init" || c.name == "cohere_init" || c.name == "glm_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
+    if (c.name == "falcon_init") {
+      EXPECT_EQ(written.count("transformer.word_embeddings.weight"), 1u);
+      EXPECT_EQ(written.count("transformer.h.1.ln_mlp.bias"), 1u);
+      EXPECT_EQ(written.count("transformer.h.1.self_attention.query_key_value.bias"), 1u);
+    }
     if (c.name == "gpt_neox_init") {
       EXPECT_EQ(written.count("embed_out.weight"), 1u);
       EXPECT_EQ(written.count("gpt_neox.final_layer_norm.bias"), 1u);
@@ -1219,6 +1239,13 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*glm)["architectures"][0], "GlmForCausalLM");
   EXPECT_EQ((*glm)["head_dim"], 8);
   EXPECT_EQ((*glm)["attention_bias"], true);
+  auto falcon = ReadJsonFile(scratch / "falcon_init_hf/config.json");
+  ASSERT_TRUE(falcon.ok()) << falcon.status();
+  EXPECT_EQ((*falcon)["architectures"][0], "FalconForCausalLM");
+  EXPECT_EQ((*falcon)["new_decoder_architecture"], true);
+  EXPECT_EQ((*falcon)["num_kv_heads"], 2);
+  EXPECT_EQ((*falcon)["num_ln_in_parallel_attn"], 2);
+  EXPECT_EQ((*falcon)["bias"], true);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1257,7 +1284,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"cohere", "llama", /*ranks=*/2},
         ImportCase{"cohere", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"glm", "llama", /*ranks=*/2},
-        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"falcon", "llama", /*ranks=*/2},
+        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");

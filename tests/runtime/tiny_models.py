@@ -4,8 +4,8 @@ of two layers, hidden size 32, float32, eager attention, their weights perturbed
 misplaced norm weight or bias shows.
 """
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, GPTJConfig, GPTJForCausalLM, LlamaConfig,
-                          LlamaForCausalLM)
+from transformers import (FalconConfig, FalconForCausalLM, GPT2Config, GPT2LMHeadModel,
+                          GPTJConfig, GPTJForCausalLM, LlamaConfig, LlamaForCausalLM)
 
 
 def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
@@ -26,6 +26,17 @@ def gptj(**overrides):
                    attn_implementation="eager")
     options.update(overrides)
     return GPTJForCausalLM(GPTJConfig(**options))
+
+
+def falcon(**overrides):
+    """A Falcon of the same sizes (its own config names): Falcon-7B's layout (one key/value
+    head, the attention and the MLP side by side on one norm, no biases) unless overridden."""
+    options = dict(vocab_size=64, hidden_size=32, ffn_hidden_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, max_position_embeddings=64, rope_theta=10000.0,
+                   layer_norm_epsilon=1e-5, initializer_range=0.1, tie_word_embeddings=False,
+                   attn_implementation="eager")
+    options.update(overrides)
+    return FalconForCausalLM(FalconConfig(**options))
 
 
 def gpt2(**overrides):
