@@ -241,7 +241,7 @@ CommandInfo GenerateCommand() {
         "    [--hf-config config.json]\n\n"
         "Loads a gpt, gpt2 or llama (mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite,\n"
         "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm,\n"
-        "falcon)\n"
+        "falcon, nemotron)\n"
         "model whole on one device: a checkpoint `tandem train` wrote (its manifest names the\n"
         "model; --hf-config gives the config.json a llama or gpt2 was trained from, for what the\n"
         "name lacks) or a Hugging Face folder (config.json and safetensors; its tokenizer.json\n"

@@ -33,7 +33,7 @@ ABSL_FLAG(std::string, init_from, "",
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
           "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, "
-          "glm and falcon): "
+          "glm, falcon and nemotron): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
@@ -254,12 +254,12 @@ void RegisterHuggingFaceModels() {
   static const bool registered = [] {
     const absl::Status llama = RegisterModel(
         {.name = "llama",
-         .summary =
-             "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
-             "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Granite, "
-             "Phi-3, OLMo, StarCoder 2, Phi, GPT-NeoX, StableLM, GPT-J, Command R, GLM-4, Falcon, "
-             "Mixtral, Qwen2-MoE, Granite-MoE and OLMoE from their config.json, Mixtral's "
-             "experts from --experts)",
+         .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
+                    "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Granite, "
+                    "Phi-3, OLMo, StarCoder 2, Phi, GPT-NeoX, StableLM, GPT-J, Command R, GLM-4, "
+                    "Falcon, Nemotron, "
+                    "Mixtral, Qwen2-MoE, Granite-MoE and OLMoE from their config.json, Mixtral's "
+                    "experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
                    "intermediate", "experts", "experts_per_token", "moe_aux_loss_coef", "seq_len",
                    "vocab", "data", "data_format", "valid_data", "attention"},

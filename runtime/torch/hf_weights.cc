@@ -625,6 +625,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "stablelm"   ? "StableLmForCausalLM"
                                    : config.model_type == "cohere"     ? "CohereForCausalLM"
                                    : config.model_type == "glm"        ? "GlmForCausalLM"
+                                   : config.model_type == "nemotron"   ? "NemotronForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -748,6 +749,13 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["rotary_emb_base"] = config.rope_theta;
     json["use_parallel_residual"] = config.parallel_residual;
     json["hidden_dropout"] = 0.0;
+  } else if (config.Nemotron()) {
+    // NemotronConfig: norm_eps, its activation and partial rotation, attention_bias and
+    // mlp_bias; no rope_scaling (transformers' Nemotron ignores it).
+    EraseFields(json, {"rms_norm_eps", "rope_scaling"});
+    json["norm_eps"] = config.rms_norm_eps;
+    json["hidden_act"] = config.hidden_act;
+    json["partial_rotary_factor"] = config.partial_rotary_factor;
   } else if (config.Glm()) {
     // GlmConfig: attention_bias for the q/k/v biases, head_dim for the rotation (twice the
     // rotated features), and an absent pad_token_id would read as 151329.

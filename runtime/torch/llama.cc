@@ -68,6 +68,7 @@ ModuleNames ModuleNamesOf(const LlamaConfig& config) {
             config.branch_norms ? "ln_mlp" : "post_attention_layernorm"};
   }
   if (config.GptJ()) return {"ln_1", "attn", "out_proj", "fc_in", "fc_out"};
+  if (config.Nemotron()) return {"input_layernorm", "self_attn", "o_proj", "up_proj", "down_proj"};
   return {};
 }
 
@@ -94,7 +95,10 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
   }
   void reset() override {
     if (!has_weight_) return;
-    weight = register_parameter("weight", offset_ ? torch::zeros({size_}) : torch::ones({size_}));
+    // Gemma's offset RMSNorm weights start at 0, Nemotron's offset layer norms' at 1 (as
+    // transformers leaves nn.LayerNorm's).
+    weight = register_parameter(
+        "weight", offset_ && !has_bias_ ? torch::zeros({size_}) : torch::ones({size_}));
     if (has_bias_) bias = register_parameter("bias", torch::zeros({size_}));
   }
   torch::Tensor forward(const torch::Tensor& x) { return Normalize(x, weight, bias); }
@@ -111,7 +115,10 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
           .to(x.scalar_type());
     }
     if (has_bias_) {
-      return torch::layer_norm(h, {size_}, scale.to(torch::kFloat), shift.to(torch::kFloat), eps_)
+      // Nemotron's NemotronLayerNorm1P scales by 1 + the weight.
+      const torch::Tensor factor =
+          offset_ ? scale.to(torch::kFloat) + 1.0 : scale.to(torch::kFloat);
+      return torch::layer_norm(h, {size_}, factor, shift.to(torch::kFloat), eps_)
           .to(x.scalar_type());
     }
     const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
@@ -149,7 +156,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
 TORCH_MODULE(RmsNorm);
 
 RmsNorm MakeNorm(const LlamaConfig& config) {
-  return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.Gemma(),
+  return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.OffsetNorms(),
                  /*has_weight=*/!config.LayerNormWithoutParameters(),
                  /*has_bias=*/config.LayerNormWithBias(), /*centered=*/config.Cohere());
 }
@@ -194,6 +201,7 @@ torch::Tensor Activate(const torch::Tensor& x, const std::string& activation) {
   }
   if (activation == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
   if (activation == "gelu") return torch::gelu(x);
+  if (activation == "relu2") return torch::square(torch::relu(x));  // Nemotron's
   return torch::silu(x);
 }
 
@@ -1200,6 +1208,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "gptj") {  // n_inner (intermediate) is 4 x n_embd unless given
     return {50400, 4096, 16384, 28, 16, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "nemotron") {
+    return {256000, 6144, 24576, 32, 48, 0, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
   if (model_type == "falcon") {  // ffn_hidden_size is 4 x hidden_size unless given
     return {65024, 4544, 18176, 32, 71, 0, 0, 2048, 1e-5, 10000.0, true, 0};
   }
@@ -1413,8 +1424,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     }
   };
   if (config.PlainMlp()) {
-    const std::string up = config.Phi() ? "mlp.fc1." : "mlp.c_fc.";
-    const std::string down = config.Phi() ? "mlp.fc2." : "mlp.c_proj.";
+    const ModuleNames names = ModuleNamesOf(config);
+    const std::string up = absl::StrCat("mlp.", names.mlp_up, ".");
+    const std::string down = absl::StrCat("mlp.", names.mlp_down, ".");
     add(up + "weight", {config.intermediate, h});
     if (config.mlp_bias) add(up + "bias", {config.intermediate});
     add(down + "weight", {h, config.intermediate});
@@ -1553,7 +1565,7 @@ bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
        {"llama",    "mistral",    "qwen2", "gemma",  "gemma2", "mixtral",    "qwen2_moe",
         "granite",  "granitemoe", "phi3",  "olmo",   "olmoe",  "starcoder2", "phi",
-        "gpt_neox", "stablelm",   "gptj",  "cohere", "glm",    "falcon"}) {
+        "gpt_neox", "stablelm",   "gptj",  "cohere", "glm",    "falcon",     "nemotron"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1583,6 +1595,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool cohere = config.Cohere();
   const bool glm = config.Glm();
   const bool falcon = config.Falcon();
+  const bool nemotron = config.Nemotron();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1647,9 +1660,10 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                    defaults.max_positions, where));
   TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
                           GetNumberOr(json, "rms_norm_eps", defaults.rms_norm_eps, where));
-  if (starcoder2) {  // its layer norms' epsilon
-    TANDEM_ASSIGN_OR_RETURN(config.rms_norm_eps,
-                            GetNumberOr(json, "norm_epsilon", defaults.rms_norm_eps, where));
+  if (starcoder2 || nemotron) {  // their layer norms' epsilon
+    TANDEM_ASSIGN_OR_RETURN(
+        config.rms_norm_eps,
+        GetNumberOr(json, starcoder2 ? "norm_epsilon" : "norm_eps", defaults.rms_norm_eps, where));
   }
   if (phi || neox || stablelm || gptj || cohere || falcon) {  // their layer norms' epsilon
     TANDEM_ASSIGN_OR_RETURN(
@@ -1893,6 +1907,16 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           absl::StrCat("config.json: ", field, " \"", config.hidden_act, "\" is not supported (",
                        config.model_type, ": gelu_new, gelu_pytorch_tanh and gelu)"));
     }
+  } else if (nemotron) {
+    TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "relu2", where));
+    if (config.hidden_act != "relu2" && config.hidden_act != "silu" &&
+        config.hidden_act != "gelu" && config.hidden_act != "gelu_new" &&
+        config.hidden_act != "gelu_pytorch_tanh") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: hidden_act \"", config.hidden_act,
+                       "\" is not supported (nemotron: relu2, silu, gelu, gelu_new and "
+                       "gelu_pytorch_tanh)"));
+    }
   } else if (!gemma) {
     TANDEM_ASSIGN_OR_RETURN(config.hidden_act, GetStringOr(json, "hidden_act", "silu", where));
     if (config.hidden_act != "silu") {
@@ -1905,7 +1929,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                             GetNumberOr(json, "rotary_pct", 0.25, where));
   } else {
-    const double factor = phi ? 0.5 : stablelm ? 0.25 : 1.0;  // PhiConfig's, StableLmConfig's
+    // PhiConfig's, NemotronConfig's, StableLmConfig's.
+    const double factor = phi || nemotron ? 0.5 : stablelm ? 0.25 : 1.0;
     TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                             GetNumberOr(json, "partial_rotary_factor", factor, where));
   }
@@ -1913,14 +1938,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: partial_rotary_factor ",
                                                    config.partial_rotary_factor,
                                                    " is not supported for ", config.model_type,
-                                                   " (only 1; phi's, gpt_neox's and stablelm's "
-                                                   "may be less)"));
+                                                   " (only 1; phi's, gpt_neox's, stablelm's and "
+                                                   "nemotron's may be less)"));
   }
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
     config.pad_token_id = pad;
   }
-  if (IsSet(json, "rope_scaling") && (gptj || glm)) {
+  if (IsSet(json, "rope_scaling") && (gptj || glm || nemotron)) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json: rope_scaling is not supported for ", config.model_type,
                      " (transformers' ", config.model_type, " has plain rotary embeddings)"));
@@ -2065,17 +2090,19 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   if (config.Moe() && config.mlp_bias) {
     return absl::InvalidArgumentError("llama: experts have no biases (mlp_bias)");
   }
-  if (config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
-      config.hidden_act != "gelu" && config.hidden_act != "gelu_new") {
+  if ((config.hidden_act != "silu" && config.hidden_act != "gelu_pytorch_tanh" &&
+       config.hidden_act != "gelu" && config.hidden_act != "gelu_new" &&
+       config.hidden_act != "relu2") ||
+      (config.hidden_act == "relu2" && !config.Nemotron())) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: hidden_act \"", config.hidden_act,
-                     "\" is not silu, gelu_pytorch_tanh, gelu or gelu_new"));
+                     "\" is not silu, gelu_pytorch_tanh, gelu or gelu_new (or Nemotron's relu2)"));
   }
   if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1) ||
       (!config.PartialRotation() && config.partial_rotary_factor != 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi, gpt_neox and "
-        "stablelm; got ",
+        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi, gpt_neox, "
+        "stablelm and nemotron; got ",
         config.partial_rotary_factor, " for ", config.model_type));
   }
   if (config.parallel_residual && !config.ParallelResidualFamily()) {

@@ -2,8 +2,8 @@
 // MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
-// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM, GlmForCausalLM and
-// FalconForCausalLM, variations of the same computation: see LlamaConfig):
+// GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM, GlmForCausalLM,
+// FalconForCausalLM and NemotronForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -289,13 +289,23 @@ struct LlamaConfig {
   // (parallel_attn, or new_decoder_architecture with num_ln_in_parallel_attn 1) or on two
   // (branch_norms), or sequential. Tied by default.
   bool Falcon() const { return model_type == "falcon"; }
+  // Nemotron's (NemotronForCausalLM: Nemotron-4, Minitron): Llama's blocks with layer norms that
+  // scale by 1 + the weight and add a bias (NemotronLayerNorm1P, epsilon norm_eps; the weight
+  // starts at 1, as nn.LayerNorm's), a plain MLP without a gate (mlp.up_proj, mlp.down_proj)
+  // of squared ReLU (relu2), partial_rotary_factor of each head rotated (0.5 by default),
+  // biases with attention_bias and mlp_bias.
+  bool Nemotron() const { return model_type == "nemotron"; }
+  // Norms that scale by 1 + their weight: Gemma's RMSNorms, Nemotron's layer norms.
+  bool OffsetNorms() const { return Gemma() || Nemotron(); }
   bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
   // One query_key_value product, each key/value group's rows together: GPT-NeoX's and Falcon's.
   bool FusedQkv() const { return NeoX() || Falcon(); }
   bool LayerNormWithBias() const {
-    return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ() || Falcon();
+    return Starcoder2() || Phi() || NeoX() || StableLm() || GptJ() || Falcon() || Nemotron();
   }
-  bool PlainMlp() const { return Starcoder2() || Phi() || NeoX() || GptJ() || Falcon(); }
+  bool PlainMlp() const {
+    return Starcoder2() || Phi() || NeoX() || GptJ() || Falcon() || Nemotron();
+  }
   // The attention and the MLP both read the block's input, their outputs added to it at once:
   // Phi's, and StableLM's with use_parallel_residual, on one norm (SharedNorm); GPT-NeoX's with
   // use_parallel_residual on two; Falcon's on one or two (branch_norms).
@@ -308,7 +318,7 @@ struct LlamaConfig {
            (Falcon() && parallel_residual && !branch_norms);
   }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
-  bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ(); }
+  bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ() || Nemotron(); }
   bool HeadBias() const { return Phi() || GptJ(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
@@ -330,7 +340,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm and falcon";
+    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon and nemotron";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -357,7 +367,8 @@ bool IsLlamaModelType(absl::string_view model_type);
 // biases) and FalconConfig's (65024 tokens, 4544 wide, ffn_hidden_size 4 x hidden_size, 32
 // layers, 71 heads, multi_query, parallel_attn, no biases, gelu, layer_norm_epsilon 1e-5, tied;
 // new_decoder_architecture takes num_kv_heads key/value groups and two norms unless
-// num_ln_in_parallel_attn is 1). seq_len
+// num_ln_in_parallel_attn is 1) and NemotronConfig's (256000 tokens, 6144 wide, 24576 units, 32
+// layers, 48 heads, relu2, partial_rotary_factor 0.5, norm_eps 1e-5). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
@@ -377,7 +388,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // "gpt_neox" (hidden_act gelu_new, gelu_pytorch_tanh or gelu), "gptj" (activation_function
 // gelu_new, gelu_pytorch_tanh or gelu; a rotary_dim of null, which transformers cannot run
 // with more than one head, refused), "falcon" (activation gelu, gelu_new or gelu_pytorch_tanh;
-// alibi, and the layouts transformers cannot run, refused); output_router_logits
+// alibi, and the layouts transformers cannot run, refused), "nemotron" (hidden_act relu2, silu,
+// gelu, gelu_new or gelu_pytorch_tanh; a rope_scaling, which transformers' Nemotron ignores,
+// refused); output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's and StableLM's

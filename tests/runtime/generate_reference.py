@@ -33,7 +33,8 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
         cached keys too), cohere (weight-only layer norms, pairs of neighbours rotated, the logits
         scaled), glm (half of each head rotated by pairs of neighbours), falcon (2 key/value
-        groups in one query_key_value product, the cached keys and values per group),
+        groups in one query_key_value product, the cached keys and values per group), nemotron
+        (half of each head rotated in the cached keys, offset layer norms, squared ReLU),
         llama_eos (see end_of_text_case). "tokenizer" names the case's
         tokenizer file, "shown" the text the command prints (the prompt normalized).
 
@@ -51,7 +52,8 @@ from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM,
                           Gemma2ForCausalLM, GlmConfig, GlmForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
+                          MixtralConfig, MixtralForCausalLM, NemotronConfig,
+                          NemotronForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
@@ -227,6 +229,9 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("falcon", lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
                                   initializer_range=0.3),
+         [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
+        ("nemotron", lambda: llama(NemotronConfig, NemotronForCausalLM, norm_eps=1e-5,
+                                   initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
     ]
     tokenizers = {"gpt2_text": "tokenizer.json", "llama_text": "llama_tokenizer.json",

@@ -274,6 +274,15 @@ std::vector<ModelCase> ModelCases() {
          c.rotary_dims = 4;
          return FrozenLlama(c);
        }},
+      // Nemotron's offset layer norms, squared ReLU and half rotation in the incremental forward.
+      {"nemotron",
+       [] {
+         LlamaConfig c = TinyLlama();
+         c.model_type = "nemotron";
+         c.hidden_act = "relu2";
+         c.partial_rotary_factor = 0.5;
+         return FrozenLlama(c);
+       }},
       // Falcon's grouped query_key_value rows (2 groups of 2 heads) and a norm for each branch
       // in the incremental forward.
       {"falcon",
@@ -480,7 +489,7 @@ TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");
   ASSERT_TRUE(cases.ok()) << cases.status();
-  ASSERT_EQ(cases->size(), 27u);
+  ASSERT_EQ(cases->size(), 28u);
   for (const Json& c : *cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

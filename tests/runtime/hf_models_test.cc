@@ -701,6 +701,24 @@ TEST_P(HfModelsTest, FalconWithGroupedFusedProductsEqualsTransformers) {
   EXPECT_GT(Compare(exact_gelu, {0, 4}).logits, 10 * kOutputTolerance);
 }
 
+// Nemotron: layer norms scaling by 1 + the weight with a bias, squared ReLU without a gate, part
+// of each head rotated. Rotating every feature, or GELU in place of the squared ReLU, is far off.
+TEST_P(HfModelsTest, NemotronWithOffsetLayerNormsAndSquaredReluEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"nemotron_gqa", "nemotron_bias_tied"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase whole_rotation = LlamaCase(
+      "nemotron_gqa", GptAttention::kExplicit,
+      [](LlamaConfig& config) { config.partial_rotary_factor = 1.0; });
+  EXPECT_GT(Compare(whole_rotation, {0, 4}).logits, 100 * kOutputTolerance);
+  const HfCase gelu = LlamaCase("nemotron_gqa", GptAttention::kExplicit,
+                                [](LlamaConfig& config) { config.hidden_act = "gelu"; });
+  EXPECT_GT(Compare(gelu, {0, 4}).logits, 100 * kOutputTolerance);
+}
+
 // Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
 // parameter.
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
@@ -716,7 +734,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
         "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "glm_gqa",
         "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
-        "falcon_groups_one_norm", "falcon_sequential", "gpt2", "gpt2_untied_variants"}) {
+        "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied", "gpt2",
+        "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     const bool llama = name.rfind("gpt2", 0) != 0;
     auto json = ReadConfig(name);
@@ -1617,6 +1636,49 @@ TEST(LlamaConfigTest, ReadsFalconConfigsAsFalconConfigDefinesThem) {
   bad = falcon7b;
   bad["activation"] = "relu";
   ExpectRefused(LlamaConfigFromJson(bad).status(), "falcon: gelu_new, gelu_pytorch_tanh and gelu");
+}
+
+// A config of Minitron-4B's sizes: relu2, half of each 128-feature head rotated, 8 key/value
+// heads, norm_eps.
+TEST(LlamaConfigTest, ReadsNemotronConfigsAsNemotronConfigDefinesThem) {
+  const Json minitron = Json::parse(R"({
+    "architectures": ["NemotronForCausalLM"], "bos_token_id": 2, "eos_token_id": 3,
+    "head_dim": 128, "hidden_act": "relu2", "hidden_size": 3072, "initializer_range": 0.0134,
+    "intermediate_size": 9216, "max_position_embeddings": 4096, "model_type": "nemotron",
+    "norm_eps": 1e-05, "num_attention_heads": 24, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "partial_rotary_factor": 0.5, "rope_theta": 10000,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 256000})");
+  auto config = LlamaConfigFromJson(minitron);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Nemotron());
+  EXPECT_TRUE(config->OffsetNorms());
+  EXPECT_TRUE(config->LayerNormWithBias());
+  EXPECT_TRUE(config->PlainMlp());
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->RotaryDim(), 64);
+  EXPECT_EQ(config->kv_heads, 8);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=3072 A=24 KV=8 I=9216 S=32 V=256000 hd=128 rope=10000 act=relu2 "
+            "rotary=0.5 family=nemotron");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.mlp.up_proj.weight").value_or(""),
+            "model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.33.norm.bias").value_or(""), "model.norm.bias");
+  EXPECT_FALSE(LlamaTandemName(*config, "model.layers.0.mlp.gate_proj.weight").ok());
+  // NemotronConfig's defaults: Nemotron-4 15B's sizes.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "nemotron"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hidden, 6144);
+  EXPECT_EQ(config->hidden_act, "relu2");
+  EXPECT_EQ(config->partial_rotary_factor, 0.5);
+  Json bad = minitron;
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
+  bad = minitron;
+  bad["hidden_act"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "nemotron: relu2");
+  // relu2 is Nemotron's only.
+  Json llama = Json::parse(R"({"model_type": "llama", "hidden_act": "relu2"})");
+  ExpectRefused(LlamaConfigFromJson(llama).status(), "relu2");
 }
 
 // A config of StableLM 2 1.6B's sizes (its config.json as published): q/k/v biases, a quarter

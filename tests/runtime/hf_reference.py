@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference side of tests/runtime/hf_models_test.cc: tiny random Llama, Mistral, Qwen2,
-Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo, OLMoE, Falcon and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
+Gemma, Gemma 2, Mixtral, Qwen2-MoE, Granite, GraniteMoE, Phi-3, OLMo, OLMoE, Falcon, Nemotron and GPT-2 models built and run by Hugging Face transformers (CPU, float32),
 offline.
 
     hf_reference.py OUTPUT_FOLDER
@@ -25,7 +25,8 @@ from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2F
                           GlmConfig, GlmForCausalLM, GemmaConfig, GemmaForCausalLM,
                           GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
+                          MixtralConfig, MixtralForCausalLM, NemotronConfig,
+                          NemotronForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
@@ -239,6 +240,13 @@ CASES = {
                                              num_ln_in_parallel_attn=1, activation="gelu_new"),
     # Sequential blocks with multi-head attention (a group per head) and biases.
     "falcon_sequential": lambda: falcon(multi_query=False, parallel_attn=False, bias=True),
+    # Nemotron: layer norms scaling by 1 + the weight (perturbed from 1), squared ReLU without a
+    # gate, half of each head rotated, grouped-query attention.
+    "nemotron_gqa": lambda: llama(NemotronConfig, NemotronForCausalLM, norm_eps=1e-5),
+    # Nemotron tied, with biases everywhere, a quarter of each head rotated, explicit head_dim.
+    "nemotron_bias_tied": lambda: llama(NemotronConfig, NemotronForCausalLM, norm_eps=1e-5,
+                                        tie_word_embeddings=True, attention_bias=True,
+                                        mlp_bias=True, partial_rotary_factor=0.25, head_dim=16),
 }
 
 

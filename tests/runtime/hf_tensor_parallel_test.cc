@@ -120,6 +120,7 @@ struct Case {
   bool glm = false;         // Llama as GLM: half of each head rotated by pairs of neighbours
   bool falcon = false;      // Llama as Falcon: grouped fused q/k/v rows, side by side, biases
   bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
+  bool nemotron = false;      // Llama as Nemotron: offset layer norms with biases, relu2, biases
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
 };
 
@@ -197,6 +198,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.parallel_residual = !c.sequential;
     llama.branch_norms = c.branch_norms;
     if (c.sequential) llama.kv_heads = llama.heads;  // Falcon's sequential blocks: one per head
+  }
+  if (c.nemotron) {
+    llama.model_type = "nemotron";
+    llama.hidden_act = "relu2";
+    llama.attention_bias = true;
+    llama.mlp_bias = true;
+    llama.partial_rotary_factor = 0.5;
   }
   if (c.glm) {
     llama.model_type = "glm";
@@ -276,6 +284,14 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.mlp.fc2.bias"), nullptr);
       EXPECT_NE(index.at("layers.3.lm_head.bias"), nullptr);
       EXPECT_EQ(index.count("layers.1.post_attention_layernorm.weight"), 0u);
+    }
+    if (c.nemotron) {
+      // up_proj's weight and bias split, down_proj's bias and the norms' weights and biases
+      // whole.
+      EXPECT_NE(index.at("layers.1.mlp.up_proj.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.mlp.down_proj.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.1.post_attention_layernorm.bias"), nullptr);
+      EXPECT_EQ(index.at("layers.3.norm.weight"), nullptr);
     }
     if (c.starcoder2) {
       // c_fc's weight and bias split, c_proj's bias and the norms' biases whole.
@@ -519,6 +535,17 @@ TEST(LlamaTensorParallelTest, FalconShardsGiveTheWholeLossAndGradients) {
   falcon.sequential = true;
   falcon.tied = true;
   ExpectShardsGiveTheWholeLossAndGradients(falcon);
+}
+
+// Nemotron: split as StarCoder 2 (up_proj with its bias, down_proj's bias whole), its offset
+// layer norms' weights and biases shared under sequence parallelism.
+TEST(LlamaTensorParallelTest, NemotronShardsGiveTheWholeLossAndGradients) {
+  Case nemotron;
+  nemotron.nemotron = true;
+  ExpectShardsGiveTheWholeLossAndGradients(nemotron);
+  nemotron.sequence_parallel = true;
+  nemotron.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(nemotron);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases

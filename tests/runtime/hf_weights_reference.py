@@ -29,7 +29,9 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25),
         glm (half of each head rotated by pairs of neighbours, q/k/v biases, gate_up_proj),
         falcon (new_decoder_architecture: 2 key/value groups in one query_key_value product, the
-        attention and the MLP side by side on ln_attn and ln_mlp, biases, tied).
+        attention and the MLP side by side on ln_attn and ln_mlp, biases, tied), nemotron
+        (layer norms scaling by 1 + the weight, squared ReLU without a gate, half of each head
+        rotated, biases).
 
     hf_weights_reference.py loss MODEL_FOLDER TOKENS_FILE
         loads MODEL_FOLDER with from_pretrained and prints one JSON object: "loss", the mean
@@ -51,7 +53,8 @@ from transformers import (AutoModelForCausalLM, CohereConfig, CohereForCausalLM,
                           Gemma2ForCausalLM, GlmConfig, GlmForCausalLM, GemmaConfig,
                           GemmaForCausalLM, GraniteConfig, GraniteForCausalLM, GraniteMoeConfig,
                           GraniteMoeForCausalLM, MistralConfig, MistralForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoConfig, OlmoeConfig,
+                          MixtralConfig, MixtralForCausalLM, NemotronConfig,
+                          NemotronForCausalLM, OlmoConfig, OlmoeConfig,
                           OlmoeForCausalLM, OlmoForCausalLM, Phi3Config, Phi3ForCausalLM,
                           GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, StableLmConfig, StableLmForCausalLM,
@@ -143,6 +146,8 @@ def make(output):
         ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3), {}),
         ("falcon", lambda: falcon(new_decoder_architecture=True, num_kv_heads=2, bias=True,
                                   tie_word_embeddings=True), {}),
+        ("nemotron", lambda: llama(NemotronConfig, NemotronForCausalLM, norm_eps=1e-5,
+                                   attention_bias=True, mlp_bias=True), {}),
     ]
     for index, (name, build, options) in enumerate(cases):
         # llama_bf16 and llama_sharded hold llama_gqa's weights.

@@ -390,7 +390,7 @@ TEST(HfLayoutTest, ListsEveryParameterOfTheModelWithItsShape) {
 }
 
 TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
-  std::vector<LlamaConfig> llamas(20, SmallLlama());
+  std::vector<LlamaConfig> llamas(21, SmallLlama());
   llamas[1].tie_word_embeddings = true;
   llamas[1].rope_theta = 500000;
   llamas[2].head_dim = 16;
@@ -466,6 +466,10 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[19].mlp_bias = true;
   llamas[19].parallel_residual = true;
   llamas[19].branch_norms = true;
+  llamas[20].model_type = "nemotron";
+  llamas[20].hidden_act = "relu2";
+  llamas[20].partial_rotary_factor = 0.5;
+  llamas[20].mlp_bias = true;
   for (const LlamaConfig& config : llamas) {
     const std::string text = absl::StrCat(DescribeLlama(config), " seed=3");
     auto read = LlamaConfigFromDescription(text);
@@ -836,7 +840,11 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // Falcon's query_key_value of 2 key/value groups, split by groups; ln_attn and ln_mlp:
         // whole, on two stages, and over two ranks with sequence parallelism.
         ImportCase{"falcon", "llama"}, ImportCase{"falcon", "llama", /*ranks=*/2},
-        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
+        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
+        // Nemotron's offset layer norms and squared ReLU: whole, on two stages, and over two
+        // ranks with sequence parallelism (the norms' weights and biases shared).
+        ImportCase{"nemotron", "llama"}, ImportCase{"nemotron", "llama", /*ranks=*/2},
+        ImportCase{"nemotron", "llama", /*ranks=*/2, /*tensor_parallel=*/2,
                    " --sequence-parallel"}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "",
                                            c.flags.empty()                               ? ""
@@ -1036,6 +1044,10 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         // (new_decoder_architecture, num_kv_heads, bias) from the description.
         ExportCase{"falcon_init", 2, absl::StrCat(" --model llama --init-from ", Case("falcon")),
                    ""},
+        // Nemotron on two stages: up_proj and down_proj, the norms' biases, norm_eps and
+        // partial_rotary_factor written.
+        ExportCase{"nemotron_init", 2,
+                   absl::StrCat(" --model llama --init-from ", Case("nemotron")), ""},
         // GPT-2 trained tensor- and sequence-parallel: the checkpoint holds whole tensors.
         ExportCase{"gpt2_tensor_parallel", 2,
                    " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64"
@@ -1097,7 +1109,8 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
         c.name == "qwen2_moe_init" || c.name == "granite_init" || c.name == "phi3_init" ||
         c.name == "granitemoe_init" || c.name == "olmo_init" || c.name == "olmoe_init" ||
         c.name == "starcoder2_init" || c.name == "phi_init" || c.name == "stablelm_init" ||
-        c.name == "gptj_init" || c.name == "cohere_init" || c.name == "glm_init";
+        c.name == "gptj_init" || c.name == "cohere_init" || c.name == "glm_init" ||
+        c.name == "nemotron_init";
     EXPECT_EQ(written.count("lm_head.weight"), untied ? 1u : 0u);
     if (c.name == "falcon_init") {
       EXPECT_EQ(written.count("transformer.word_embeddings.weight"), 1u);
@@ -1246,6 +1259,12 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   EXPECT_EQ((*falcon)["num_kv_heads"], 2);
   EXPECT_EQ((*falcon)["num_ln_in_parallel_attn"], 2);
   EXPECT_EQ((*falcon)["bias"], true);
+  auto nemotron = ReadJsonFile(scratch / "nemotron_init_hf/config.json");
+  ASSERT_TRUE(nemotron.ok()) << nemotron.status();
+  EXPECT_EQ((*nemotron)["architectures"][0], "NemotronForCausalLM");
+  EXPECT_EQ((*nemotron)["hidden_act"], "relu2");
+  EXPECT_EQ((*nemotron)["partial_rotary_factor"], 0.5);
+  EXPECT_EQ((*nemotron)["attention_bias"], true);
   auto phi3 = ReadJsonFile(scratch / "phi3_init_hf/config.json");
   ASSERT_TRUE(phi3.ok()) << phi3.status();
   EXPECT_EQ((*phi3)["architectures"][0], "Phi3ForCausalLM");
@@ -1286,7 +1305,9 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"glm", "llama", /*ranks=*/2},
         ImportCase{"glm", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"falcon", "llama", /*ranks=*/2},
-        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
+        ImportCase{"falcon", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"nemotron", "llama", /*ranks=*/2},
+        ImportCase{"nemotron", "llama", /*ranks=*/2, /*tensor_parallel=*/2}}) {
     const std::string label = absl::StrCat(c.name, c.tensor_parallel > 1 ? "_tp" : "");
     SCOPED_TRACE(label);
     const std::string checkpoint = scratch / (label + "_ckpt");

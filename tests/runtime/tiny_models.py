@@ -3,9 +3,33 @@ hf_weights_reference.py, generate_reference.py): transformers' Llama-family and 
 of two layers, hidden size 32, float32, eager attention, their weights perturbed so that a
 misplaced norm weight or bias shows.
 """
+import inspect
+
 import torch
 from transformers import (FalconConfig, FalconForCausalLM, GPT2Config, GPT2LMHeadModel,
                           GPTJConfig, GPTJForCausalLM, LlamaConfig, LlamaForCausalLM)
+
+
+def _adapt_nemotron_norm_to_old_torch():
+    """transformers 4.46.3's NemotronLayerNorm1P passes nn.LayerNorm a `bias` argument, which
+    torch 2.1 added; torch 1.13's LayerNorm (Debian's) always has a bias and takes no such
+    argument. The constructor is adapted to it; the forward pass, the computation the tests
+    compare against, stays transformers' own."""
+    if "bias" in inspect.signature(torch.nn.LayerNorm.__init__).parameters:
+        return
+    from transformers.models.nemotron import modeling_nemotron
+
+    def init(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None,
+             dtype=None):
+        if not bias:
+            raise ValueError("NemotronLayerNorm1P without a bias needs torch 2.1 or later")
+        torch.nn.LayerNorm.__init__(self, normalized_shape, eps, elementwise_affine, device,
+                                    dtype)
+
+    modeling_nemotron.NemotronLayerNorm1P.__init__ = init
+
+
+_adapt_nemotron_norm_to_old_torch()
 
 
 def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
