@@ -443,6 +443,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"mlp-bias", {&config.mlp_bias, true}},
       {"parallel-residual", {&config.parallel_residual, true}},
       {"branch-norms", {&config.branch_norms, true}},
+      {"qk-norm", {&config.head_qk_norms, true}},
       {"topk=raw", {&config.normalize_top_k, false}}};
   std::set<std::string> seen;
   for (const std::string& token : tokens) {
@@ -769,7 +770,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     EraseFields(json, {"mlp_bias", "rms_norm_eps", "head_dim"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["logit_scale"] = config.logit_scale;
-    json["use_qk_norm"] = false;
+    json["use_qk_norm"] = config.head_qk_norms;
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.StableLm()) {
     // StableLmConfig: layer_norm_eps, use_qkv_bias (o_proj and the MLP have none), head_dim

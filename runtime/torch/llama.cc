@@ -155,6 +155,36 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
 };
 TORCH_MODULE(RmsNorm);
 
+// Cohere's q_norm and k_norm (use_qk_norm; CohereLayerNorm of shape [heads, head_dim]): each
+// head's features normalised apart (the mean subtracted, divided by the deviation, in float32),
+// times that head's row of the weight. Under tensor parallelism a rank keeps its heads' rows:
+// no head spans two ranks, so nothing is exchanged.
+class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
+ public:
+  HeadNormImpl(int64_t heads, int64_t head_dim, double eps)
+      : heads_(heads), head_dim_(head_dim), eps_(eps) {
+    reset();
+  }
+  void reset() override { weight = register_parameter("weight", torch::ones({heads_, head_dim_})); }
+  // product: [b, S, h * head_dim] or [b, S, h, head_dim] for this rank's h heads -> [b, S, h,
+  // head_dim].
+  torch::Tensor forward(const torch::Tensor& product) {
+    const torch::Tensor h =
+        product.reshape({product.size(0), product.size(1), weight.size(0), head_dim_})
+            .to(torch::kFloat);
+    const torch::Tensor deviation = h - h.mean(-1, /*keepdim=*/true);
+    const torch::Tensor variance = deviation.pow(2).mean(-1, /*keepdim=*/true);
+    return (weight.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
+        .to(product.scalar_type());
+  }
+  torch::Tensor weight;
+
+ private:
+  int64_t heads_, head_dim_;
+  double eps_;
+};
+TORCH_MODULE(HeadNorm);
+
 RmsNorm MakeNorm(const LlamaConfig& config) {
   return RmsNorm(config.hidden, config.rms_norm_eps, /*offset=*/config.OffsetNorms(),
                  /*has_weight=*/!config.LayerNormWithoutParameters(),
@@ -381,6 +411,13 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       k_norm =
           register_module("k_norm", RmsNorm(config_.kv_heads * head_dim, config_.rms_norm_eps));
     }
+    if (config_.head_qk_norms) {
+      // Cohere's: each head apart.
+      q_head_norm =
+          register_module("q_norm", HeadNorm(config_.heads, head_dim, config_.rms_norm_eps));
+      k_head_norm =
+          register_module("k_norm", HeadNorm(config_.kv_heads, head_dim, config_.rms_norm_eps));
+    }
     InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
     InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
     InitNormal(v_proj->weight, v_proj->bias, config_.init_std);
@@ -402,6 +439,11 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       const int64_t key = config_.kv_heads * config_.HeadDim();
       KeepSlice(q_norm->weight, 0, tp.ShardBegin(query), tp.ShardSize(query));
       KeepSlice(k_norm->weight, 0, tp.ShardBegin(key), tp.ShardSize(key));
+    }
+    if (config_.head_qk_norms) {  // this rank's heads' rows
+      KeepSlice(q_head_norm->weight, 0, tp.ShardBegin(config_.heads), tp.ShardSize(config_.heads));
+      KeepSlice(k_head_norm->weight, 0, tp.ShardBegin(config_.kv_heads),
+                tp.ShardSize(config_.kv_heads));
     }
     tp_ = tp;
     return absl::OkStatus();
@@ -487,6 +529,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   ColumnParallelLinear query_key_value{nullptr};  // GPT-NeoX's instead of q/k/v_proj
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
+  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's (head_qk_norms)
   RowParallelLinear o_proj{nullptr};
 
  private:
@@ -531,6 +574,11 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // elsewhere. Each normalises every head together: under tensor parallelism a rank holds
   // its heads' features, and the sum of squares is summed over the group.
   void NormaliseQueryAndKey(std::vector<torch::Tensor>& products) {
+    if (config_.head_qk_norms) {  // Cohere's, each head apart: [b, S, heads, head_dim]
+      products[0] = q_head_norm(products[0]);
+      products[1] = k_head_norm(products[1]);
+      return;
+    }
     if (!config_.QkNorms()) return;
     if (!tp_.enabled()) {
       products[0] = q_norm(products[0]);
@@ -1401,6 +1449,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
         absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
     if (bias) add(absl::StrCat("self_attn.", projection, ".bias"), {out_in.first});
   }
+  if (config.head_qk_norms) {
+    add("self_attn.q_norm.weight", {config.heads, config.HeadDim()});
+    add("self_attn.k_norm.weight", {config.kv_heads, config.HeadDim()});
+  }
   if (config.QkNorms()) {
     add("self_attn.q_norm.weight", {q});
     add("self_attn.k_norm.weight", {kv});
@@ -1679,8 +1731,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.logit_scale, GetNumberOr(json, "logit_scale", 0.0625, where));
     if (!json.contains("pad_token_id")) config.pad_token_id = 0;  // CohereConfig's default
   }
-  if (phi || stablelm || cohere) {
-    const char* field = cohere ? "use_qk_norm" : "qk_layernorm";  // Cohere's name for it
+  if (cohere) {
+    TANDEM_ASSIGN_OR_RETURN(config.head_qk_norms,
+                            GetBoolOrUnset(json, "use_qk_norm", false, where));
+  }
+  if (phi || stablelm) {
+    const char* field = "qk_layernorm";
     TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm, GetBoolOrUnset(json, field, false, where));
     if (qk_layernorm) {
       return absl::InvalidArgumentError(
@@ -2123,6 +2179,11 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "key/value head or one per head; got ",
         config.kv_heads, " key/value heads of ", config.heads));
   }
+  if (config.head_qk_norms && !config.Cohere()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: a norm of each query and key head (use_qk_norm) is Cohere's, not ",
+                     config.model_type, "'s"));
+  }
   if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(
         absl::StrCat("llama: GPT-NeoX's attention has as many key/value heads as heads (",
@@ -2315,6 +2376,7 @@ std::string DescribeLlama(const LlamaConfig& config) {
   if (config.logit_scale != 1.0) absl::StrAppend(&text, " logit-scale=", config.logit_scale);
   if (config.parallel_residual) absl::StrAppend(&text, " parallel-residual");
   if (config.branch_norms) absl::StrAppend(&text, " branch-norms");
+  if (config.head_qk_norms) absl::StrAppend(&text, " qk-norm");
   if (config.model_type != "llama") absl::StrAppend(&text, " family=", config.model_type);
   return text;
 }

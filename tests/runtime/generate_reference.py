@@ -32,7 +32,7 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
         layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
         cached keys too), cohere (weight-only layer norms, pairs of neighbours rotated, the logits
-        scaled), glm (half of each head rotated by pairs of neighbours), falcon (2 key/value
+        scaled, each query and key head normalised apart), glm (half of each head rotated by pairs of neighbours), falcon (2 key/value
         groups in one query_key_value product, the cached keys and values per group), nemotron
         (half of each head rotated in the cached keys, offset layer norms, squared ReLU),
         llama_eos (see end_of_text_case). "tokenizer" names the case's
@@ -222,7 +222,7 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("gptj", lambda: gptj(initializer_range=0.3), [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
-                                 logit_scale=0.5, initializer_range=0.3),
+                                 logit_scale=0.5, use_qk_norm=True, initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=None,
                               initializer_range=0.3),

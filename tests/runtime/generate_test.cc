@@ -263,6 +263,7 @@ std::vector<ModelCase> ModelCases() {
          LlamaConfig c = TinyLlama();
          c.model_type = "cohere";
          c.logit_scale = 0.5;
+         c.head_qk_norms = true;
          return FrozenLlama(c);
        }},
       // GLM: half of each head rotated by pairs of neighbours in the cached keys.

@@ -670,6 +670,14 @@ TEST_P(HfModelsTest, CohereWithCenteredNormsAndScaledLogitsEqualsTransformers) {
   EXPECT_GT(Compare(unscaled, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
+// Command R+: each query and key head normalised apart (use_qk_norm), with grouped-query
+// attention (the perturbed weights differ per head, so a norm shared by the heads shows).
+TEST_P(HfModelsTest, CohereWithQueryAndKeyNormsPerHeadEqualsTransformers) {
+  REQUIRE_REFERENCE();
+  const HfCase c = LlamaCase("cohere_qk_norm", GetParam());
+  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+}
+
 // GLM-4: the first half of each head rotated by pairs of neighbours, q/k/v biases, the gate and
 // up products read as rows of gate_up_proj. Rotating every feature is far off.
 TEST_P(HfModelsTest, GlmWithHalfRotationAndFusedGateUpEqualsTransformers) {
@@ -732,7 +740,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
-        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "glm_gqa",
+        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "cohere_qk_norm", "glm_gqa",
         "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
         "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied", "gpt2",
         "gpt2_untied_variants"}) {
@@ -1815,10 +1823,24 @@ TEST(LlamaConfigTest, ReadsCohereConfigsAsCohereConfigDefinesThem) {
   EXPECT_TRUE(config->tie_word_embeddings);
   EXPECT_EQ(config->pad_token_id, 0);
   EXPECT_EQ(config->vocab, 256000);
+  // Command R+'s sizes: grouped-query attention, each query and key head normalised apart.
+  Json plus = command_r;
+  plus["hidden_size"] = 12288;
+  plus["intermediate_size"] = 33792;
+  plus["num_attention_heads"] = 96;
+  plus["num_key_value_heads"] = 8;
+  plus["num_hidden_layers"] = 64;
+  plus["rope_theta"] = 75000000.0;
+  plus["use_qk_norm"] = true;
+  config = LlamaConfigFromJson(plus);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->head_qk_norms);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=64 H=12288 A=96 KV=8 I=33792 S=32 V=256000 rope=7.5e+07 tied "
+            "logit-scale=0.0625 qk-norm family=cohere");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.k_norm.weight").value_or(""),
+            "model.layers.0.self_attn.k_norm.weight");
   Json bad = command_r;
-  bad["use_qk_norm"] = true;
-  ExpectRefused(LlamaConfigFromJson(bad).status(), "use_qk_norm");
-  bad = command_r;
   bad["logit_scale"] = 0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "logit_scale");
 }

@@ -221,6 +221,10 @@ CASES = {
     # Cohere as CohereConfig has it: tied, padding row 0, logit_scale 0.0625.
     "cohere_tied": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  tie_word_embeddings=True, pad_token_id=0),
+    # Command R+: each query and key head normalised apart (use_qk_norm), grouped-query
+    # attention.
+    "cohere_qk_norm": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
+                                    use_qk_norm=True, logit_scale=0.5),
     # GLM-4: the first half of each head rotated by pairs of neighbours, q/k/v biases, the gate
     # and up products fused in the checkpoint, padding row 3, grouped-query attention.
     "glm_gqa": lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3),

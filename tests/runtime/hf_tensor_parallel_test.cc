@@ -117,6 +117,7 @@ struct Case {
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
   bool cohere = false;      // Llama as Cohere: weight-only norms side by side, scaled logits
+  bool head_norms = false;  // Cohere's use_qk_norm: each query and key head normalised apart
   bool glm = false;         // Llama as GLM: half of each head rotated by pairs of neighbours
   bool falcon = false;      // Llama as Falcon: grouped fused q/k/v rows, side by side, biases
   bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
@@ -215,6 +216,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.model_type = "cohere";
     llama.attention_bias = true;
     llama.logit_scale = 0.25;
+    llama.head_qk_norms = c.head_norms;
   }
   if (c.stablelm) {
     llama.model_type = "stablelm";
@@ -275,7 +277,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
     // GPT-NeoX's and Falcon's query_key_value (weight and bias) and dense.
-    const int attention = c.neox || c.falcon ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe ? 2 : 0);
+    const int attention =
+        c.neox || c.falcon ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe || c.head_norms ? 2 : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
                          (c.phi || c.gptj ? 1 : 0));
@@ -301,7 +304,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.input_layernorm.bias"), nullptr);
       EXPECT_EQ(index.at("layers.3.norm.bias"), nullptr);
     }
-    if (c.olmoe) {
+    if (c.olmoe || c.head_norms) {
       EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
     }
@@ -507,6 +510,11 @@ TEST(LlamaTensorParallelTest, CohereShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(cohere);
   cohere.sequence_parallel = true;
   cohere.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(cohere);
+  // Command R+'s norm of each query and key head: a rank keeps its heads' rows.
+  cohere.head_norms = true;
+  ExpectShardsGiveTheWholeLossAndGradients(cohere);
+  cohere.sequence_parallel = false;
   ExpectShardsGiveTheWholeLossAndGradients(cohere);
 }
 

@@ -26,7 +26,8 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
         q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
         rotated by pairs of neighbours; its older checkpoints' mask buffers added), cohere
-        (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25),
+        (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25,
+        each query and key head normalised apart: use_qk_norm),
         glm (half of each head rotated by pairs of neighbours, q/k/v biases, gate_up_proj),
         falcon (new_decoder_architecture: 2 key/value groups in one query_key_value product, the
         attention and the MLP side by side on ln_attn and ln_mlp, biases, tied), nemotron
@@ -142,7 +143,7 @@ def make(output):
                                    partial_rotary_factor=0.25, use_qkv_bias=True), {}),
         ("gptj", lambda: gptj(), {"old_buffers": True}),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
-                                 logit_scale=0.25), {}),
+                                 logit_scale=0.25, use_qk_norm=True), {}),
         ("glm", lambda: llama(GlmConfig, GlmForCausalLM, head_dim=8, pad_token_id=3), {}),
         ("falcon", lambda: falcon(new_decoder_architecture=True, num_kv_heads=2, bias=True,
                                   tie_word_embeddings=True), {}),

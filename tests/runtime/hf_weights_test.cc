@@ -457,6 +457,7 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   llamas[17].model_type = "cohere";
   llamas[17].tie_word_embeddings = true;
   llamas[17].logit_scale = 0.0625;
+  llamas[17].head_qk_norms = true;
   llamas[18].model_type = "glm";
   llamas[18].qkv_bias = true;
   llamas[18].rotary_dims = 4;
@@ -1246,7 +1247,7 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   ASSERT_TRUE(cohere.ok()) << cohere.status();
   EXPECT_EQ((*cohere)["architectures"][0], "CohereForCausalLM");
   EXPECT_EQ((*cohere)["logit_scale"], 0.25);
-  EXPECT_EQ((*cohere)["use_qk_norm"], false);
+  EXPECT_EQ((*cohere)["use_qk_norm"], true);
   auto glm = ReadJsonFile(scratch / "glm_init_hf/config.json");
   ASSERT_TRUE(glm.ok()) << glm.status();
   EXPECT_EQ((*glm)["architectures"][0], "GlmForCausalLM");
