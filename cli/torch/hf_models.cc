@@ -27,7 +27,8 @@ ABSL_FLAG(std::string, hf_config, "",
           "must be 0 or the file's vocab_size, and --seq-len, the tokens per sample, must not "
           "exceed its max_position_embeddings or n_positions); empty: sizes from those flags. "
           "checkpoint export: the config.json to write (it must describe the checkpoint's "
-          "model); empty: written from the checkpoint's model description");
+          "model); empty: the one tandem train recorded in the checkpoint (from its "
+          "--hf-config or --init-from), else written from the checkpoint's model description");
 ABSL_FLAG(std::string, init_from, "",
           "llama, gpt2: a Hugging Face model folder to start from (config.json with "
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
@@ -91,6 +92,12 @@ absl::StatusOr<std::optional<Json>> ConfigFileFromFlags() {
   if (!json.ok()) return Annotate(json.status(), folder.empty() ? "--hf-config" : "--init-from");
   return std::optional<Json>(*std::move(json));
 }
+
+}  // namespace
+
+absl::StatusOr<std::optional<nlohmann::json>> HfConfigOfRun() { return ConfigFileFromFlags(); }
+
+namespace {
 
 // With --init-from, `spec` starts every layer it builds from the folder's weights (checked
 // against `layout` now, from the folder's index and headers).

@@ -4,25 +4,25 @@
 // engine; prints a progress line per iteration on rank 0, a final summary, and optionally a
 // JSON log, a timeline (with the simulator's prediction beside it) and checkpoints.
 
+#include <torch/cuda.h>
+#include <torch/version.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
-#include <iostream>
-#include <memory>
-#include <map>
-#include <filesystem>
-#include <string>
 #include <vector>
-
-#include <torch/cuda.h>
-#include <torch/version.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -32,24 +32,23 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
-#include "cli/torch/commands.h"
-#include "cli/torch/model_registry.h"
 #include "cli/flags.h"
+#include "cli/torch/commands.h"
 #include "cli/torch/elastic_train.h"
+#include "cli/torch/hf_models.h"
 #include "cli/torch/model_flags.h"
+#include "cli/torch/model_registry.h"
 #include "cli/torch/shard_profiles.h"
 #include "cli/torch/train_options.h"
 #include "cli/torch/train_reporter.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
-#include "data/dataset_identity.h"
-#include "runtime/grad_sync.h"
-#include "runtime/optimizer.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/printable.h"
 #include "common/status.h"
 #include "common/units.h"
+#include "data/dataset_identity.h"
 #include "pipeline/plan.h"
 #include "pipeline/profile.h"
 #include "pipeline/torch_csv.h"
@@ -60,8 +59,10 @@
 #include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "runtime/failure_notices.h"
-#include "runtime/peer_liveness.h"
+#include "runtime/grad_sync.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/optimizer.h"
+#include "runtime/peer_liveness.h"
 #include "runtime/timeline.h"
 #include "runtime/torch/device_ops.h"
 #include "runtime/torch/gpt.h"
@@ -619,16 +620,20 @@ absl::Status CheckOutputPaths(comm::Communicator& world, const TrainOptions& opt
 // The whole run; errors carry their codes (InvalidArgument etc. for bad input).
 // What every checkpoint of this run records, for a resume to check: the data set's identity
 // and the global batch (together the data position, with the iteration), and the
-// learning-rate schedule.
+// learning-rate schedule; and for an export or a generation from it, the config.json that sized
+// the model, where one did (HfConfigOfRun; the model was built from it, so it reads).
 nlohmann::json RunRecord(const runtime::libtorch::Dataset& data, int64_t global_batch,
                          const runtime::LrSchedule& lr) {
-  return {{"data", data.Identity()},
-          {"global_batch", global_batch},
-          {"lr_schedule",
-           {{"base_lr", lr.base_lr},
-            {"warmup_steps", lr.warmup_steps},
-            {"decay_end_step", lr.decay_end_step},
-            {"min_lr", lr.min_lr}}}};
+  nlohmann::json record = {{"data", data.Identity()},
+                           {"global_batch", global_batch},
+                           {"lr_schedule",
+                            {{"base_lr", lr.base_lr},
+                             {"warmup_steps", lr.warmup_steps},
+                             {"decay_end_step", lr.decay_end_step},
+                             {"min_lr", lr.min_lr}}}};
+  absl::StatusOr<std::optional<nlohmann::json>> config = HfConfigOfRun();
+  if (config.ok() && config->has_value()) record["hf_config"] = **config;
+  return record;
 }
 
 // Refuses a resume whose checkpoint was trained on other data, another global batch or another

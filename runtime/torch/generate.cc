@@ -56,29 +56,13 @@ Blueprint OfLlama(const LlamaConfig& config) {
   return {LlamaModelSpec(config), DescribeLlama(config), config.vocab, config.MaxPositions()};
 }
 
-std::string WithoutSeed(absl::string_view description) {
-  std::vector<std::string> kept;
-  for (absl::string_view token : absl::StrSplit(description, ' ', absl::SkipEmpty())) {
-    if (!absl::StartsWith(token, "seed=")) kept.emplace_back(token);
-  }
-  return absl::StrJoin(kept, " ");
-}
-
-// The sequence length a description records ("S=32"), 0 where none.
-int64_t DescribedSequenceLength(absl::string_view description) {
-  int64_t seq_len = 0;
-  for (absl::string_view token : absl::StrSplit(description, ' ')) {
-    if (absl::ConsumePrefix(&token, "S=") && !absl::SimpleAtoi(token, &seq_len)) seq_len = 0;
-  }
-  return seq_len;
-}
-
-// The blueprint of a checkpoint's model `description`, sized by `hf_config` where given.
+// The blueprint of a checkpoint's model `description`, sized by `file` where given
+// (HfConfigOfCheckpoint).
 absl::StatusOr<Blueprint> BlueprintOfDescription(const std::string& description,
-                                                 const std::string& hf_config) {
+                                                 const std::optional<CheckpointHfConfig>& file) {
   const std::string family = description.substr(0, description.find(' '));
   if (family == "gpt") {
-    if (!hf_config.empty()) {
+    if (file) {
       return absl::InvalidArgumentError(
           "--hf-config sizes llama and gpt2 models; the checkpoint holds a gpt");
     }
@@ -91,7 +75,7 @@ absl::StatusOr<Blueprint> BlueprintOfDescription(const std::string& description,
         "'; generate runs the decoder models gpt, gpt2 and llama"));
   }
   const bool llama = family == "llama";
-  if (hf_config.empty()) {
+  if (!file) {
     if (llama) {
       TANDEM_ASSIGN_OR_RETURN(const LlamaConfig config, LlamaConfigFromDescription(description));
       return OfLlama(config);
@@ -99,25 +83,23 @@ absl::StatusOr<Blueprint> BlueprintOfDescription(const std::string& description,
     TANDEM_ASSIGN_OR_RETURN(const Gpt2Config config, Gpt2ConfigFromDescription(description));
     return OfGpt2(config);
   }
-  TANDEM_ASSIGN_OR_RETURN(const Json json, ReadJsonFile(hf_config));
   const int64_t seq_len = DescribedSequenceLength(description);
   Blueprint blueprint;
   if (llama) {
-    auto config = LlamaConfigFromJson(json);
-    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    auto config = LlamaConfigFromJson(file->config);
+    if (!config.ok()) return Annotate(config.status(), file->source);
     if (seq_len > 0) config->seq_len = seq_len;
     blueprint = OfLlama(*config);
   } else {
-    auto config = Gpt2ConfigFromJson(json);
-    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    auto config = Gpt2ConfigFromJson(file->config);
+    if (!config.ok()) return Annotate(config.status(), file->source);
     if (seq_len > 0) config->seq_len = seq_len;
     blueprint = OfGpt2(*config);
   }
   if (blueprint.description != WithoutSeed(description)) {
-    return absl::InvalidArgumentError(absl::StrCat("--hf-config ", hf_config, " describes '",
-                                                   blueprint.description,
-                                                   "', the checkpoint holds '",
-                                                   WithoutSeed(description), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file->source, " describes '", blueprint.description,
+                     "', the checkpoint holds '", WithoutSeed(description), "'"));
   }
   return blueprint;
 }
@@ -243,7 +225,9 @@ absl::StatusOr<GenerationModel> ModelFromCheckpoint(const std::string& checkpoin
                                                     torch::Device device) {
   TANDEM_ASSIGN_OR_RETURN(const std::string folder, ResolveCheckpoint(checkpoint));
   TANDEM_ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(folder));
-  auto blueprint = BlueprintOfDescription(manifest.model, hf_config);
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<CheckpointHfConfig> file,
+                          HfConfigOfCheckpoint(manifest.model, manifest.run, hf_config));
+  auto blueprint = BlueprintOfDescription(manifest.model, file);
   if (!blueprint.ok()) return Annotate(blueprint.status(), folder);
   std::map<std::string, ShardTensor> parameters;
   for (const ShardRecord& record : manifest.shards) {
@@ -260,9 +244,8 @@ absl::StatusOr<GenerationModel> ModelFromCheckpoint(const std::string& checkpoin
   }
   const std::string where = absl::StrCat(folder, " (", blueprint->description, ")");
   std::vector<int64_t> end_tokens;
-  if (!hf_config.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(const Json json, ReadJsonFile(hf_config));
-    TANDEM_ASSIGN_OR_RETURN(end_tokens, EndTokensOf(json, hf_config));
+  if (file) {
+    TANDEM_ASSIGN_OR_RETURN(end_tokens, EndTokensOf(file->config, file->source));
   }
   TANDEM_ASSIGN_OR_RETURN(
       GenerationModel out,
@@ -270,7 +253,7 @@ absl::StatusOr<GenerationModel> ModelFromCheckpoint(const std::string& checkpoin
                absl::StrCat("checkpoint ", folder, " (step ", manifest.step, ")"),
                [&](LayeredModel& model) { return LoadParameters(parameters, where, model); }));
   out.end_tokens = std::move(end_tokens);
-  if (!out.end_tokens.empty()) out.end_tokens_source = hf_config;
+  if (!out.end_tokens.empty()) out.end_tokens_source = file->source;
   return out;
 }
 

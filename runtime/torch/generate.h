@@ -43,9 +43,11 @@ struct GenerationModel {
 // description (gpt, gpt2 or llama) sizes it, its parameters are the checkpoint's, whatever
 // partition saved them. `hf_config`, when not empty, is the config.json a llama or gpt2 was
 // trained from (it must describe the checkpoint's model), for what a description lacks (the
-// norm epsilon, Llama's max_position_embeddings); empty: as `tandem checkpoint export` reads a
-// description. NotFound for a folder without a checkpoint; InvalidArgument for another model,
-// a parameter missing or of another shape, one the model has not; DataLoss for a damaged shard.
+// norm epsilon, Llama's max_position_embeddings); empty: the config.json `tandem train`
+// recorded in the checkpoint where it did (HfConfigOfCheckpoint), else as `tandem checkpoint
+// export` reads a description. NotFound for a folder without a checkpoint; InvalidArgument for
+// another model, a parameter missing or of another shape, one the model has not; DataLoss for a
+// damaged shard.
 absl::StatusOr<GenerationModel> ModelFromCheckpoint(const std::string& checkpoint,
                                                     const std::string& hf_config,
                                                     torch::Device device);

@@ -358,15 +358,6 @@ absl::StatusOr<std::vector<std::string>> DescriptionTokens(absl::string_view des
   return kept;
 }
 
-std::string WithoutSeed(absl::string_view description) {
-  std::vector<std::string> tokens = absl::StrSplit(description, ' ', absl::SkipEmpty());
-  std::vector<std::string> kept;
-  for (std::string& token : tokens) {
-    if (!absl::StartsWith(token, "seed=")) kept.push_back(std::move(token));
-  }
-  return absl::StrJoin(kept, " ");
-}
-
 absl::Status Unreadable(absl::string_view description, absl::string_view token) {
   return absl::InvalidArgumentError(absl::StrCat("cannot read '", token,
                                                  "' of the model description '", description,
@@ -838,9 +829,10 @@ struct ExportModel {
   std::string config_source;
 };
 
-// The layout and config.json of the checkpoint's model `description`.
+// The layout and config.json of the checkpoint's model `description`, from `file` where given
+// (HfConfigOfCheckpoint).
 absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
-                                          const std::string& hf_config) {
+                                          const std::optional<CheckpointHfConfig>& file) {
   const std::string family = description.substr(0, description.find(' '));
   if (family != "llama" && family != "gpt2") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -849,7 +841,7 @@ absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
   }
   const bool llama = family == "llama";
   ExportModel out;
-  if (hf_config.empty()) {
+  if (!file) {
     out.config_source = "the model description";
     const std::string advice =
         "; pass the model's config.json as --hf-config";
@@ -870,30 +862,24 @@ absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
     }
     return out;
   }
-  out.config_source = absl::StrCat("--hf-config ", hf_config);
-  TANDEM_ASSIGN_OR_RETURN(out.config, ReadJsonFile(hf_config));
+  out.config_source = file->source;
+  out.config = file->config;
   // The sequence length is no part of config.json: the description's.
-  int64_t seq_len = 0;
-  for (absl::string_view token : absl::StrSplit(description, ' ')) {
-    if (absl::ConsumePrefix(&token, "S=") && !absl::SimpleAtoi(token, &seq_len)) seq_len = 0;
-  }
-  std::string described;
+  const int64_t seq_len = DescribedSequenceLength(description);
   if (llama) {
     auto config = LlamaConfigFromJson(out.config);
-    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    if (!config.ok()) return Annotate(config.status(), file->source);
     if (seq_len > 0) config->seq_len = seq_len;
-    described = DescribeLlama(*config);
     out.layout = LlamaHfLayout(*config);
   } else {
     auto config = Gpt2ConfigFromJson(out.config);
-    if (!config.ok()) return Annotate(config.status(), absl::StrCat("--hf-config ", hf_config));
+    if (!config.ok()) return Annotate(config.status(), file->source);
     if (seq_len > 0) config->seq_len = seq_len;
-    described = DescribeGpt2(*config);
     out.layout = Gpt2HfLayout(*config);
   }
-  if (described != WithoutSeed(description)) {
-    return absl::InvalidArgumentError(absl::StrCat("--hf-config ", hf_config, " describes '",
-                                                   described, "', the checkpoint holds '",
+  if (out.layout.model != WithoutSeed(description)) {
+    return absl::InvalidArgumentError(absl::StrCat(file->source, " describes '", out.layout.model,
+                                                   "', the checkpoint holds '",
                                                    WithoutSeed(description), "'"));
   }
   out.config["torch_dtype"] = "float32";  // what the export writes
@@ -922,6 +908,52 @@ absl::StatusOr<std::filesystem::path> OutputFolder(const std::string& out_folder
 
 }  // namespace
 
+std::string WithoutSeed(absl::string_view description) {
+  std::vector<std::string> kept;
+  for (absl::string_view token : absl::StrSplit(description, ' ', absl::SkipEmpty())) {
+    if (!absl::StartsWith(token, "seed=")) kept.emplace_back(token);
+  }
+  return absl::StrJoin(kept, " ");
+}
+
+int64_t DescribedSequenceLength(absl::string_view description) {
+  int64_t seq_len = 0;
+  for (absl::string_view token : absl::StrSplit(description, ' ')) {
+    if (absl::ConsumePrefix(&token, "S=") && !absl::SimpleAtoi(token, &seq_len)) seq_len = 0;
+  }
+  return seq_len;
+}
+
+absl::StatusOr<std::string> DescribeHfConfig(const Json& config, absl::string_view description) {
+  const int64_t seq_len = DescribedSequenceLength(description);
+  if (absl::StartsWith(description, "llama ")) {
+    TANDEM_ASSIGN_OR_RETURN(LlamaConfig llama, LlamaConfigFromJson(config));
+    if (seq_len > 0) llama.seq_len = seq_len;
+    return DescribeLlama(llama);
+  }
+  if (absl::StartsWith(description, "gpt2 ")) {
+    TANDEM_ASSIGN_OR_RETURN(Gpt2Config gpt2, Gpt2ConfigFromJson(config));
+    if (seq_len > 0) gpt2.seq_len = seq_len;
+    return DescribeGpt2(gpt2);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a config.json sizes llama and gpt2 models; the checkpoint holds '", description, "'"));
+}
+
+absl::StatusOr<std::optional<CheckpointHfConfig>> HfConfigOfCheckpoint(
+    const std::string& description, const Json& run, const std::string& hf_config) {
+  if (!hf_config.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(Json config, ReadJsonFile(hf_config));
+    return CheckpointHfConfig{std::move(config), absl::StrCat("--hf-config ", hf_config)};
+  }
+  if (!run.is_object() || !run.contains("hf_config") || !run["hf_config"].is_object()) {
+    return std::nullopt;
+  }
+  const absl::StatusOr<std::string> described = DescribeHfConfig(run["hf_config"], description);
+  if (!described.ok() || *described != WithoutSeed(description)) return std::nullopt;
+  return CheckpointHfConfig{run["hf_config"], "the config.json recorded in the checkpoint"};
+}
+
 absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoint,
                                                     const std::string& out_folder,
                                                     const HfExportOptions& options) {
@@ -931,7 +963,9 @@ absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoin
   TANDEM_ASSIGN_OR_RETURN(result.checkpoint, ResolveCheckpoint(checkpoint));
   TANDEM_ASSIGN_OR_RETURN(const CheckpointManifest manifest, ReadManifest(result.checkpoint));
   result.model = manifest.model;
-  TANDEM_ASSIGN_OR_RETURN(ExportModel model, ExportModelOf(manifest.model, options.hf_config));
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<CheckpointHfConfig> file,
+                          HfConfigOfCheckpoint(manifest.model, manifest.run, options.hf_config));
+  TANDEM_ASSIGN_OR_RETURN(ExportModel model, ExportModelOf(manifest.model, file));
   result.config_source = model.config_source;
 
   // The parameters (optimizer state is not exported).

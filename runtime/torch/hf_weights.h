@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -48,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/json_util.h"
 
 namespace tandem::formats {
 class SafetensorsFolder;
@@ -134,7 +136,8 @@ class HfWeights {
 void InitializeFromHfWeights(std::shared_ptr<const HfWeights> weights, ModelSpec* spec);
 
 struct HfExportOptions {
-  // A config.json to write; empty: generated from the checkpoint's model description.
+  // A config.json to write; empty: the one `tandem train` recorded in the checkpoint
+  // (HfConfigOfCheckpoint), else one generated from the checkpoint's model description.
   std::string hf_config;
   // Largest shard (bytes of tensors) before the weights are split with an index.
   int64_t max_shard_bytes = 5'000'000'000;
@@ -146,7 +149,9 @@ struct HfExportResult {
   std::vector<std::string> files;   // written into the output folder (config.json first)
   int64_t tensors = 0;              // written
   int64_t bytes = 0;                // of tensors
-  std::string config_source;        // "--hf-config <path>" or "the model description"
+  // "--hf-config <path>", "the config.json recorded in the checkpoint" or "the model
+  // description".
+  std::string config_source;
 };
 
 // Writes the parameters of the checkpoint `checkpoint` (a root or a step folder) as a
@@ -158,6 +163,32 @@ struct HfExportResult {
 absl::StatusOr<HfExportResult> ExportCheckpointToHf(const std::string& checkpoint,
                                                     const std::string& out_folder,
                                                     const HfExportOptions& options = {});
+
+// The config.json that sizes a checkpoint's model for an export or a generation, and where it
+// came from.
+struct CheckpointHfConfig {
+  Json config;
+  std::string source;  // "--hf-config PATH" or "the config.json recorded in the checkpoint"
+};
+
+// `hf_config` (--hf-config's path) read when given; else the config.json tandem train recorded
+// in the checkpoint's manifest (its run record `run`, "hf_config"), when it describes the
+// checkpoint's model `description` (a run whose flags changed the description, e.g. with
+// --moe-aux-loss-coef, keeps to its description); nullopt otherwise: the description then
+// sizes the model.
+absl::StatusOr<std::optional<CheckpointHfConfig>> HfConfigOfCheckpoint(
+    const std::string& description, const Json& run, const std::string& hf_config);
+
+// What `config` (a llama's or a gpt2's config.json: the family `description` names) describes
+// at the description's sequence length: DescribeLlama's or DescribeGpt2's text, which a
+// checkpoint of that model records. InvalidArgument where the file cannot be read as one.
+absl::StatusOr<std::string> DescribeHfConfig(const Json& config, absl::string_view description);
+
+// `description` without its " seed=N".
+std::string WithoutSeed(absl::string_view description);
+
+// The sequence length a description records ("S=32"), 0 where none.
+int64_t DescribedSequenceLength(absl::string_view description);
 
 // The config a model description stands for (DescribeLlama's and DescribeGpt2's text; a
 // trailing " seed=N" is ignored), fields the description lacks at the defaults above;

@@ -947,6 +947,19 @@ std::string Export(const std::string& checkpoint, const std::string& out,
                       flags);
 }
 
+// Removes from `checkpoint`'s manifest the config.json tandem train records there (as
+// checkpoints written before it did lack it): an export then writes config.json from the model
+// description.
+void DropRecordedConfig(const std::string& checkpoint) {
+  auto dir = ResolveCheckpoint(checkpoint);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto manifest = ReadManifest(*dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  manifest->run.erase("hf_config");
+  const absl::Status written = WriteManifest(*dir, *manifest);
+  ASSERT_TRUE(written.ok()) << written;
+}
+
 struct ExportCase {
   std::string name;
   int ranks = 1;
@@ -1060,9 +1073,16 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
     Outcome o =
         RunCommand(Train(c.ranks, c.train_flags + training + checkpoint, c.tensor_parallel));
     ASSERT_EQ(o.exit_status, 0) << o.output;
+    // The families' config.json as written from their descriptions (ExportWritesTheRecorded
+    // ConfigJson checks the config.json a checkpoint records).
+    DropRecordedConfig(checkpoint);
     o = RunCommand(Export(checkpoint, out, c.export_flags));
     ASSERT_EQ(o.exit_status, 0) << o.output;
     EXPECT_NE(o.output.find("exported"), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find(c.export_flags.empty() ? "config.json from the model description"
+                                                   : "config.json from --hf-config"),
+              std::string::npos)
+        << o.output;
     EXPECT_TRUE(fs::exists(out + "/config.json"));
     EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
 
@@ -1276,6 +1296,57 @@ TEST(HfExportTest, TransformersLoadsTheExportWithoutWarningsAndTandemsLoss) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["initializer_range"], 0.1);
   EXPECT_EQ((*config)["torch_dtype"], "float32");
+}
+
+// A model trained from a config.json (--init-from) records it in its checkpoints: the export
+// writes it back with every field, those the description lacks included (GLM's padding row 3,
+// its norm epsilon), and `tandem generate` reads its end-of-text ids from it. A run whose flags
+// change the model's description (a Mixtral with --moe-aux-loss-coef) exports from the
+// description instead.
+TEST(HfExportTest, ExportWritesTheRecordedConfigJson) {
+  REQUIRE_REFERENCE();
+  Scratch scratch;
+  const std::string checkpoint = scratch / "glm_ckpt", out = scratch / "glm_hf";
+  Outcome o = RunCommand(Train(1, absl::StrCat(" --model llama --init-from ", Case("glm"),
+                                               " --steps 1 --checkpoint-dir ", checkpoint)));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  o = RunCommand(Export(checkpoint, out, ""));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("config.json from the config.json recorded in the checkpoint"),
+            std::string::npos)
+      << o.output;
+  auto original = ReadJsonFile(Case("glm") + "/config.json");
+  ASSERT_TRUE(original.ok()) << original.status();
+  auto written = ReadJsonFile(out + "/config.json");
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ((*written)["pad_token_id"], 3);
+  (*original)["torch_dtype"] = "float32";  // what the export writes
+  EXPECT_EQ(*written, *original);
+  // transformers loads it without a word and computes tandem's loss.
+  const Batch held_out = SyntheticBatch(/*vocab=*/64, /*iteration=*/1000, /*count=*/8);
+  WriteTokens(scratch / "held_out.safetensors", held_out);
+  const HfLoad hf = TransformersLoss(out, scratch / "held_out.safetensors");
+  ExpectCleanLoad(hf);
+  auto trained = ModelFromCheckpoint(checkpoint);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_LE(Relative(TandemLoss(*trained, held_out), hf.loss), kLossTolerance);
+  // The description alone loses the padding row.
+  DropRecordedConfig(checkpoint);
+  const std::string from_description = scratch / "glm_described_hf";
+  o = RunCommand(Export(checkpoint, from_description, ""));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  auto described = ReadJsonFile(from_description + "/config.json");
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_TRUE((*described)["pad_token_id"].is_null());
+
+  const std::string mixtral = scratch / "mixtral_ckpt";
+  o = RunCommand(
+      Train(1, absl::StrCat(" --model llama --init-from ", Case("mixtral"),
+                            " --moe-aux-loss-coef 0.01 --steps 1 --checkpoint-dir ", mixtral)));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  o = RunCommand(Export(mixtral, scratch / "mixtral_hf", ""));
+  ASSERT_EQ(o.exit_status, 0) << o.output;
+  EXPECT_NE(o.output.find("config.json from the model description"), std::string::npos) << o.output;
 }
 
 TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
