@@ -765,15 +765,15 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.StableLm()) {
     // StableLmConfig: layer_norm_eps, use_qkv_bias (o_proj and the MLP have none), head_dim
-    // hidden / heads, its partial rotation and use_parallel_residual, no dropout, no
-    // query/key norms.
+    // hidden / heads, its partial rotation, use_parallel_residual and qk_layernorm, no
+    // dropout.
     EraseFields(json, {"attention_bias", "mlp_bias", "rms_norm_eps", "head_dim"});
     json["layer_norm_eps"] = config.rms_norm_eps;
     json["use_qkv_bias"] = config.QkvBias();
     json["hidden_act"] = config.hidden_act;
     json["partial_rotary_factor"] = config.partial_rotary_factor;
     json["use_parallel_residual"] = config.parallel_residual;
-    json["qk_layernorm"] = false;
+    json["qk_layernorm"] = config.head_qk_norms;
     json["hidden_dropout"] = 0.0;
   } else if (config.Gemma()) {
     // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no

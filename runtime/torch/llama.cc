@@ -155,33 +155,72 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
 };
 TORCH_MODULE(RmsNorm);
 
-// Cohere's q_norm and k_norm (use_qk_norm; CohereLayerNorm of shape [heads, head_dim]): each
-// head's features normalised apart (the mean subtracted, divided by the deviation, in float32),
-// times that head's row of the weight. Under tensor parallelism a rank keeps its heads' rows:
-// no head spans two ranks, so nothing is exchanged.
+// One head's weights of StableLM's per-head norms (norms.<h>.weight).
+class HeadWeightImpl : public torch::nn::Cloneable<HeadWeightImpl> {
+ public:
+  explicit HeadWeightImpl(int64_t size) : size_(size) { reset(); }
+  void reset() override { weight = register_parameter("weight", torch::ones({size_})); }
+  torch::Tensor weight;
+
+ private:
+  int64_t size_;
+};
+TORCH_MODULE(HeadWeight);
+
+// A norm of each query or key head apart (the mean subtracted, divided by the deviation, in
+// float32), times that head's own weights: Cohere's q_norm and k_norm (use_qk_norm;
+// CohereLayerNorm of shape [heads, head_dim], one weight tensor), or with `separate` StableLM's
+// q_layernorm and k_layernorm (qk_layernorm; StableLmLayerNormPerHead: a LayerNorm without bias
+// per head, norms.<h>.weight). Under tensor parallelism a rank normalises its own heads: it keeps
+// their rows of Cohere's weight (nothing exchanged), or holds every head's StableLM weights whole
+// and sums their gradients over the group (each rank's heads give a part).
 class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
  public:
-  HeadNormImpl(int64_t heads, int64_t head_dim, double eps)
-      : heads_(heads), head_dim_(head_dim), eps_(eps) {
+  HeadNormImpl(int64_t heads, int64_t head_dim, double eps, bool separate)
+      : heads_(heads), head_dim_(head_dim), eps_(eps), separate_(separate) {
     reset();
   }
-  void reset() override { weight = register_parameter("weight", torch::ones({heads_, head_dim_})); }
+  void reset() override {
+    if (!separate_) {
+      weight = register_parameter("weight", torch::ones({heads_, head_dim_}));
+      return;
+    }
+    norms = register_module("norms", torch::nn::ModuleList());
+    for (int64_t h = 0; h < heads_; ++h) norms->push_back(HeadWeight(head_dim_));
+  }
+  void ShardForTensorParallel(const TensorParallel& tp) {
+    if (!separate_) {
+      KeepSlice(weight, 0, tp.ShardBegin(heads_), tp.ShardSize(heads_));
+      return;
+    }
+    tp_ = tp;
+  }
   // product: [b, S, h * head_dim] or [b, S, h, head_dim] for this rank's h heads -> [b, S, h,
   // head_dim].
   torch::Tensor forward(const torch::Tensor& product) {
+    torch::Tensor scale = weight;
+    if (separate_) {
+      std::vector<torch::Tensor> rows;
+      for (const auto& head : *norms) rows.push_back(head->as<HeadWeightImpl>()->weight);
+      scale = CopyToTensorParallel(torch::stack(rows), tp_)
+                  .narrow(0, tp_.ShardBegin(heads_), tp_.ShardSize(heads_));
+    }
     const torch::Tensor h =
-        product.reshape({product.size(0), product.size(1), weight.size(0), head_dim_})
+        product.reshape({product.size(0), product.size(1), scale.size(0), head_dim_})
             .to(torch::kFloat);
     const torch::Tensor deviation = h - h.mean(-1, /*keepdim=*/true);
     const torch::Tensor variance = deviation.pow(2).mean(-1, /*keepdim=*/true);
-    return (weight.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
+    return (scale.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
         .to(product.scalar_type());
   }
-  torch::Tensor weight;
+  torch::Tensor weight;                  // Cohere's
+  torch::nn::ModuleList norms{nullptr};  // StableLM's
 
  private:
   int64_t heads_, head_dim_;
   double eps_;
+  bool separate_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(HeadNorm);
 
@@ -412,11 +451,14 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
           register_module("k_norm", RmsNorm(config_.kv_heads * head_dim, config_.rms_norm_eps));
     }
     if (config_.head_qk_norms) {
-      // Cohere's: each head apart.
-      q_head_norm =
-          register_module("q_norm", HeadNorm(config_.heads, head_dim, config_.rms_norm_eps));
-      k_head_norm =
-          register_module("k_norm", HeadNorm(config_.kv_heads, head_dim, config_.rms_norm_eps));
+      // Cohere's and StableLM's: each head apart.
+      const bool stablelm = config_.StableLm();
+      q_head_norm = register_module(
+          stablelm ? "q_layernorm" : "q_norm",
+          HeadNorm(config_.heads, head_dim, config_.rms_norm_eps, /*separate=*/stablelm));
+      k_head_norm = register_module(
+          stablelm ? "k_layernorm" : "k_norm",
+          HeadNorm(config_.kv_heads, head_dim, config_.rms_norm_eps, /*separate=*/stablelm));
     }
     InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
     InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
@@ -440,10 +482,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       KeepSlice(q_norm->weight, 0, tp.ShardBegin(query), tp.ShardSize(query));
       KeepSlice(k_norm->weight, 0, tp.ShardBegin(key), tp.ShardSize(key));
     }
-    if (config_.head_qk_norms) {  // this rank's heads' rows
-      KeepSlice(q_head_norm->weight, 0, tp.ShardBegin(config_.heads), tp.ShardSize(config_.heads));
-      KeepSlice(k_head_norm->weight, 0, tp.ShardBegin(config_.kv_heads),
-                tp.ShardSize(config_.kv_heads));
+    if (config_.head_qk_norms) {
+      q_head_norm->ShardForTensorParallel(tp);
+      k_head_norm->ShardForTensorParallel(tp);
     }
     tp_ = tp;
     return absl::OkStatus();
@@ -529,7 +570,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   ColumnParallelLinear query_key_value{nullptr};  // GPT-NeoX's instead of q/k/v_proj
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
-  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's (head_qk_norms)
+  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's, StableLM's (head_qk_norms)
   RowParallelLinear o_proj{nullptr};
 
  private:
@@ -1449,7 +1490,15 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
         absl::string_view(projection) == "o_proj" ? config.attention_bias : config.QkvBias();
     if (bias) add(absl::StrCat("self_attn.", projection, ".bias"), {out_in.first});
   }
-  if (config.head_qk_norms) {
+  if (config.head_qk_norms && config.StableLm()) {
+    for (const auto& [norm, heads] : {std::pair<const char*, int64_t>{"q", config.heads},
+                                      std::pair<const char*, int64_t>{"k", config.kv_heads}}) {
+      for (int64_t h = 0; h < heads; ++h) {
+        add(absl::StrCat("self_attn.", norm, "_layernorm.norms.", h, ".weight"),
+            {config.HeadDim()});
+      }
+    }
+  } else if (config.head_qk_norms) {
     add("self_attn.q_norm.weight", {config.heads, config.HeadDim()});
     add("self_attn.k_norm.weight", {config.kv_heads, config.HeadDim()});
   }
@@ -1735,7 +1784,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.head_qk_norms,
                             GetBoolOrUnset(json, "use_qk_norm", false, where));
   }
-  if (phi || stablelm) {
+  if (stablelm) {
+    TANDEM_ASSIGN_OR_RETURN(config.head_qk_norms,
+                            GetBoolOrUnset(json, "qk_layernorm", false, where));
+  }
+  if (phi) {
     const char* field = "qk_layernorm";
     TANDEM_ASSIGN_OR_RETURN(const bool qk_layernorm, GetBoolOrUnset(json, field, false, where));
     if (qk_layernorm) {
@@ -2179,10 +2232,11 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "key/value head or one per head; got ",
         config.kv_heads, " key/value heads of ", config.heads));
   }
-  if (config.head_qk_norms && !config.Cohere()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llama: a norm of each query and key head (use_qk_norm) is Cohere's, not ",
-                     config.model_type, "'s"));
+  if (config.head_qk_norms && !config.Cohere() && !config.StableLm()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: a norm of each query and key head (use_qk_norm, qk_layernorm) is Cohere's and "
+        "StableLM's, not ",
+        config.model_type, "'s"));
   }
   if (config.NeoX() && config.kv_heads != config.heads) {
     return absl::InvalidArgumentError(

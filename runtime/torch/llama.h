@@ -208,9 +208,11 @@ struct LlamaConfig {
   // Falcon's new_decoder_architecture with num_ln_in_parallel_attn 2 (Falcon-40B's, -180B's):
   // the attention and the MLP side by side, each on its own layer norm (ln_attn, ln_mlp).
   bool branch_norms = false;
-  // Cohere's use_qk_norm (Command R+): each query and key head normalised apart before the
-  // rotation, as its layer norms (the mean subtracted, no bias), times the head's own weights
-  // (self_attn.q_norm.weight [heads, head_dim], k_norm [kv_heads, head_dim]).
+  // Cohere's use_qk_norm (Command R+) and StableLM's qk_layernorm (StableLM 2 12B): each query
+  // and key head normalised apart before the rotation (the mean subtracted, no bias), times the
+  // head's own weights (Cohere's self_attn.q_norm.weight [heads, head_dim] and k_norm
+  // [kv_heads, head_dim]; StableLM's self_attn.q_layernorm.norms.<h>.weight and
+  // k_layernorm.norms.<h>.weight [head_dim] each).
   bool head_qk_norms = false;
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
@@ -380,7 +382,7 @@ bool IsLlamaModelType(absl::string_view model_type);
 // hidden_activation other than gelu_pytorch_tanh and gelu), a rope_scaling type other than
 // "llama3" (or "default"; Gemma: any; Phi-3: other than "longrope", or its older names "su"
 // and "yarn"), partial_rotary_factor other than 1 (phi, stablelm, and gpt_neox's rotary_pct:
-// outside (0, 1]), Phi's and StableLM's qk_layernorm true, a
+// outside (0, 1]), Phi's qk_layernorm true, a
 // model_type other
 // than "llama", "mistral" (Llama's computation with an optional sliding window), "qwen2"
 // (biases on q/k/v_proj; its sliding window when use_sliding_window), "gemma", "gemma2" (its
@@ -421,7 +423,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config);
 // " residual-mult=0.22", " attention-mult=0.0078125", " logits-scaling=16", Phi's and
 // GPT-NeoX's and StableLM's " rotary=0.4" (partial_rotary_factor) and " parallel-residual"
 // (use_parallel_residual), GPT-J's " rotary-dims=64", Cohere's " logit-scale=0.0625",
-// Falcon's " branch-norms", Cohere's " qk-norm" (use_qk_norm),
+// Falcon's " branch-norms", Cohere's and StableLM's " qk-norm" (use_qk_norm, qk_layernorm),
 // " family=mistral").
 std::string DescribeLlama(const LlamaConfig& config);
 

@@ -30,7 +30,7 @@ prompt; a byte-level BPE tokenizer (tokenizers) for the text case.
         plain GELU MLP, biases everywhere, a window of 6 tokens), phi (the attention and the MLP
         side by side, half of each head rotated, the cached keys rotated alike), gpt_neox (per-head
         fused query/key/value rows, a quarter of each head rotated), stablelm (side by side on one
-        layer norm, a quarter of each head rotated), gptj (pairs of neighbours rotated in the
+        layer norm, a quarter of each head rotated, each query and key head normalised apart), gptj (pairs of neighbours rotated in the
         cached keys too), cohere (weight-only layer norms, pairs of neighbours rotated, the logits
         scaled, each query and key head normalised apart), glm (half of each head rotated by pairs of neighbours), falcon (2 key/value
         groups in one query_key_value product, the cached keys and values per group), nemotron
@@ -218,7 +218,8 @@ def make(output):
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
                                    partial_rotary_factor=0.25, use_qkv_bias=True,
-                                   use_parallel_residual=True, initializer_range=0.3),
+                                   use_parallel_residual=True, qk_layernorm=True,
+                                   initializer_range=0.3),
          [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("gptj", lambda: gptj(initializer_range=0.3), [7, 1, 44, 2, 9, 30, 12, 5, 5, 61]),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,

@@ -305,6 +305,7 @@ std::vector<ModelCase> ModelCases() {
          c.qkv_bias = true;
          c.partial_rotary_factor = 0.25;
          c.parallel_residual = true;
+         c.head_qk_norms = true;
          return FrozenLlama(c);
        }},
   };

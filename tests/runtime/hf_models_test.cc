@@ -672,10 +672,15 @@ TEST_P(HfModelsTest, CohereWithCenteredNormsAndScaledLogitsEqualsTransformers) {
 
 // Command R+: each query and key head normalised apart (use_qk_norm), with grouped-query
 // attention (the perturbed weights differ per head, so a norm shared by the heads shows).
+// StableLM 2 12B's qk_layernorm: the same norms, stored as a LayerNorm without bias per head
+// (q_layernorm.norms.<h>.weight).
 TEST_P(HfModelsTest, CohereWithQueryAndKeyNormsPerHeadEqualsTransformers) {
   REQUIRE_REFERENCE();
-  const HfCase c = LlamaCase("cohere_qk_norm", GetParam());
-  for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  for (const char* name : {"cohere_qk_norm", "stablelm_qk_layernorm"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
 }
 
 // GLM-4: the first half of each head rotated by pairs of neighbours, q/k/v biases, the gate and
@@ -740,7 +745,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
         "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
-        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "cohere_qk_norm", "glm_gqa",
+        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "cohere_qk_norm", "stablelm_qk_layernorm", "glm_gqa",
         "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
         "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied", "gpt2",
         "gpt2_untied_variants"}) {
@@ -1731,9 +1736,15 @@ TEST(LlamaConfigTest, ReadsStableLmConfigsAsStableLmConfigDefinesThem) {
   EXPECT_TRUE(config->ParallelBlock());
   EXPECT_TRUE(config->SharedNorm());
   EXPECT_NE(DescribeLlama(*config).find(" parallel-residual"), std::string::npos);
-  Json bad = stablelm2;
-  bad["qk_layernorm"] = true;
-  ExpectRefused(LlamaConfigFromJson(bad).status(), "qk_layernorm");
+  // StableLM 2 12B's norm of each query and key head.
+  Json per_head = stablelm2;
+  per_head["qk_layernorm"] = true;
+  config = LlamaConfigFromJson(per_head);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->head_qk_norms);
+  EXPECT_NE(DescribeLlama(*config).find(" qk-norm"), std::string::npos);
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.k_layernorm.norms.31.weight").value_or(""),
+            "model.layers.0.self_attn.k_layernorm.norms.31.weight");
   // Only GPT-NeoX and StableLM put the attention and the MLP side by side.
   LlamaConfig llama;
   llama.parallel_residual = true;

@@ -221,6 +221,11 @@ CASES = {
     # Cohere as CohereConfig has it: tied, padding row 0, logit_scale 0.0625.
     "cohere_tied": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  tie_word_embeddings=True, pad_token_id=0),
+    # StableLM 2 12B's: each query and key head normalised apart (qk_layernorm: a LayerNorm
+    # without bias per head), side by side on one norm, grouped-query attention.
+    "stablelm_qk_layernorm": lambda: llama(StableLmConfig, StableLmForCausalLM,
+                                           layer_norm_eps=1e-5, qk_layernorm=True,
+                                           use_parallel_residual=True),
     # Command R+: each query and key head normalised apart (use_qk_norm), grouped-query
     # attention.
     "cohere_qk_norm": lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,

@@ -117,7 +117,7 @@ struct Case {
   bool stablelm = false;    // Llama as StableLM: layer norms with biases, partial rotation
   bool gptj = false;        // Llama as GPT-J: Phi's block, pairs of neighbours rotated, head bias
   bool cohere = false;      // Llama as Cohere: weight-only norms side by side, scaled logits
-  bool head_norms = false;  // Cohere's use_qk_norm: each query and key head normalised apart
+  bool head_norms = false;  // Cohere's use_qk_norm, StableLM's qk_layernorm: each head apart
   bool glm = false;         // Llama as GLM: half of each head rotated by pairs of neighbours
   bool falcon = false;      // Llama as Falcon: grouped fused q/k/v rows, side by side, biases
   bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
@@ -223,6 +223,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.qkv_bias = true;
     llama.partial_rotary_factor = 0.25;
     llama.parallel_residual = !c.sequential;
+    llama.head_qk_norms = c.head_norms;
   }
   const Gpt2Config gpt2 = SmallGpt2(c.tied);
   if (llama.heads % t != 0 || llama.vocab % t != 0 || llama.seq_len % t != 0) {
@@ -277,8 +278,9 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
     // GPT-NeoX's and Falcon's query_key_value (weight and bias) and dense.
-    const int attention =
-        c.neox || c.falcon ? 3 : (llama.QkvBias() ? 7 : 4) + (c.olmoe || c.head_norms ? 2 : 0);
+    const int attention = c.neox || c.falcon ? 3
+                                             : (llama.QkvBias() ? 7 : 4) +
+                                                   (c.olmoe || (c.cohere && c.head_norms) ? 2 : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
                          (c.phi || c.gptj ? 1 : 0));
@@ -304,9 +306,14 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.input_layernorm.bias"), nullptr);
       EXPECT_EQ(index.at("layers.3.norm.bias"), nullptr);
     }
-    if (c.olmoe || c.head_norms) {
+    if (c.olmoe || (c.cohere && c.head_norms)) {
       EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
+    }
+    if (c.stablelm && c.head_norms) {
+      // Every head's weights whole on every rank, their gradients summed over the group.
+      EXPECT_EQ(index.at("layers.1.self_attn.q_layernorm.norms.3.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.2.self_attn.k_layernorm.norms.0.weight"), nullptr);
     }
     if (c.qwen2_moe) {
       EXPECT_EQ(index.at("layers.1.mlp.shared_expert_gate.weight"), nullptr);
@@ -566,6 +573,13 @@ TEST(LlamaTensorParallelTest, StableLmShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(stablelm);
   stablelm.sequential = true;
   stablelm.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+  // StableLM 2 12B's norm of each query and key head: each rank normalises its heads with
+  // weights every rank holds whole.
+  stablelm.head_norms = true;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+  stablelm.sequence_parallel = false;
+  stablelm.sequential = false;
   ExpectShardsGiveTheWholeLossAndGradients(stablelm);
 }
 

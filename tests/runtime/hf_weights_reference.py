@@ -24,7 +24,7 @@ float32, offline) saves tiny random models for `tandem train --init-from` and lo
         rows, half of each head rotated, the attention and the MLP side by side on their own
         norms; the buffers older checkpoints hold added: the causal mask, its fill value, the
         rotary frequencies), stablelm (layer norms with biases, a quarter of each head rotated,
-        q/k/v biases, sequential), gptj (Phi's block with the first 4 of each head's 8 features
+        q/k/v biases, sequential, a LayerNorm of each query and key head: qk_layernorm), gptj (Phi's block with the first 4 of each head's 8 features
         rotated by pairs of neighbours; its older checkpoints' mask buffers added), cohere
         (weight-only layer norms, side by side, pairs of neighbours rotated, logit_scale 0.25,
         each query and key head normalised apart: use_qk_norm),
@@ -140,7 +140,8 @@ def make(output):
         ("gpt_neox", lambda: llama(GPTNeoXConfig, GPTNeoXForCausalLM, layer_norm_eps=1e-5,
                                    rotary_pct=0.5), {"old_buffers": True}),
         ("stablelm", lambda: llama(StableLmConfig, StableLmForCausalLM, layer_norm_eps=1e-5,
-                                   partial_rotary_factor=0.25, use_qkv_bias=True), {}),
+                                   partial_rotary_factor=0.25, use_qkv_bias=True,
+                                   qk_layernorm=True), {}),
         ("gptj", lambda: gptj(), {"old_buffers": True}),
         ("cohere", lambda: llama(CohereConfig, CohereForCausalLM, layer_norm_eps=1e-5,
                                  logit_scale=0.25, use_qk_norm=True), {}),

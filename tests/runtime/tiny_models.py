@@ -29,7 +29,32 @@ def _adapt_nemotron_norm_to_old_torch():
     modeling_nemotron.NemotronLayerNorm1P.__init__ = init
 
 
+def _adapt_stablelm_head_norms_to_old_torch():
+    """transformers 4.46.3's StableLmLayerNormPerHead builds nn.LayerNorm(dim, bias=False), an
+    argument torch 2.1 added. On torch 1.13 each head's LayerNorm is built with a bias and the
+    bias then removed (F.layer_norm takes none): the same parameters and, in the forward pass
+    (transformers' own), the same computation."""
+    if "bias" in inspect.signature(torch.nn.LayerNorm.__init__).parameters:
+        return
+    from transformers.models.stablelm import modeling_stablelm
+
+    def init(self, dim, num_heads, eps=1e-5, bias=False):
+        torch.nn.Module.__init__(self)
+        self.dim = dim
+        self.num_heads = num_heads
+        norms = []
+        for _ in range(num_heads):
+            norm = torch.nn.LayerNorm(dim, eps=eps)
+            if not bias:
+                norm.register_parameter("bias", None)
+            norms.append(norm)
+        self.norms = torch.nn.ModuleList(norms)
+
+    modeling_stablelm.StableLmLayerNormPerHead.__init__ = init
+
+
 _adapt_nemotron_norm_to_old_torch()
+_adapt_stablelm_head_norms_to_old_torch()
 
 
 def llama(config_class=LlamaConfig, model_class=LlamaForCausalLM, **overrides):
