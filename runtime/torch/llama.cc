@@ -2537,7 +2537,16 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
                                                      int first,
                                                      const TensorParallel& tp) -> absl::Status {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "llama: num_attention_heads"));
-      TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads"));
+      if (absl::Status kv = tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads");
+          !kv.ok()) {
+        // Megatron-LM would copy a key/value head onto the ranks of its query heads; tandem
+        // splits them.
+        return absl::InvalidArgumentError(
+            absl::StrCat(kv.message(),
+                         ": each rank holds whole key/value heads, none copied (choose a "
+                         "tensor-parallel degree that divides ",
+                         config.kv_heads, ")"));
+      }
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
       if (config.Moe()) {
         const int ep = tp.expert_parallel;

@@ -2052,6 +2052,8 @@ TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {
   tp.size = 4;
   const absl::Status refused = built->shard_for_tensor_parallel(built->layers, 0, tp);
   ExpectRefused(refused, "num_key_value_heads");
+  // It says that no head is copied, and what to choose instead.
+  ExpectRefused(refused, "none copied (choose a tensor-parallel degree that divides 2)");
   // Sequence parallelism needs a sequence that splits.
   LlamaConfig odd = llama;
   odd.seq_len = 15;
