@@ -4,25 +4,25 @@
 // engine; prints a progress line per iteration on rank 0, a final summary, and optionally a
 // JSON log, a timeline (with the simulator's prediction beside it) and checkpoints.
 
-#include <torch/cuda.h>
-#include <torch/version.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
-#include <iostream>
-#include <map>
-#include <memory>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <tuple>
+#include <iostream>
+#include <memory>
+#include <map>
+#include <filesystem>
+#include <string>
 #include <vector>
+
+#include <torch/cuda.h>
+#include <torch/version.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -32,23 +32,25 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
-#include "cli/flags.h"
 #include "cli/torch/commands.h"
+#include "cli/torch/model_registry.h"
+#include "cli/flags.h"
 #include "cli/torch/elastic_train.h"
 #include "cli/torch/hf_models.h"
 #include "cli/torch/model_flags.h"
-#include "cli/torch/model_registry.h"
 #include "cli/torch/shard_profiles.h"
 #include "cli/torch/train_options.h"
 #include "cli/torch/train_reporter.h"
 #include "cli/torch_commands.h"
 #include "comm/backend.h"
+#include "data/dataset_identity.h"
+#include "runtime/grad_sync.h"
+#include "runtime/optimizer.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/printable.h"
 #include "common/status.h"
 #include "common/units.h"
-#include "data/dataset_identity.h"
 #include "pipeline/plan.h"
 #include "pipeline/profile.h"
 #include "pipeline/torch_csv.h"
@@ -59,10 +61,8 @@
 #include "runtime/devices.h"
 #include "runtime/engine.h"
 #include "runtime/failure_notices.h"
-#include "runtime/grad_sync.h"
-#include "runtime/lr_schedule.h"
-#include "runtime/optimizer.h"
 #include "runtime/peer_liveness.h"
+#include "runtime/lr_schedule.h"
 #include "runtime/timeline.h"
 #include "runtime/torch/device_ops.h"
 #include "runtime/torch/gpt.h"
