@@ -172,8 +172,9 @@ TORCH_MODULE(HeadWeight);
 // CohereLayerNorm of shape [heads, head_dim], one weight tensor), or with `separate` StableLM's
 // q_layernorm and k_layernorm (qk_layernorm; StableLmLayerNormPerHead: a LayerNorm without bias
 // per head, norms.<h>.weight). Under tensor parallelism a rank normalises its own heads: it keeps
-// their rows of Cohere's weight (nothing exchanged), or holds every head's StableLM weights whole
-// and sums their gradients over the group (each rank's heads give a part).
+// their rows of Cohere's weight (nothing exchanged), or holds every head's weights whole (always
+// StableLM's; Cohere's key norm where ranks share key heads) and sums their gradients over the
+// group (each rank's heads give a part).
 class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
  public:
   HeadNormImpl(int64_t heads, int64_t head_dim, double eps, bool separate)
@@ -188,12 +189,17 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
     norms = register_module("norms", torch::nn::ModuleList());
     for (int64_t h = 0; h < heads_; ++h) norms->push_back(HeadWeight(head_dim_));
   }
-  void ShardForTensorParallel(const TensorParallel& tp) {
-    if (!separate_) {
-      KeepSlice(weight, 0, tp.ShardBegin(heads_), tp.ShardSize(heads_));
+  // This rank normalises heads [begin, begin + count). `whole`: Cohere's weight is held whole
+  // too (the key heads of ranks that share them, LlamaAttentionImpl's whole_kv_).
+  void ShardForTensorParallel(const TensorParallel& tp, int64_t begin, int64_t count, bool whole) {
+    if (!separate_ && !whole) {
+      KeepSlice(weight, 0, begin, count);
       return;
     }
     tp_ = tp;
+    begin_ = begin;
+    count_ = count;
+    whole_ = true;
   }
   // product: [b, S, h * head_dim] or [b, S, h, head_dim] for this rank's h heads -> [b, S, h,
   // head_dim].
@@ -202,9 +208,9 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
     if (separate_) {
       std::vector<torch::Tensor> rows;
       for (const auto& head : *norms) rows.push_back(head->as<HeadWeightImpl>()->weight);
-      scale = CopyToTensorParallel(torch::stack(rows), tp_)
-                  .narrow(0, tp_.ShardBegin(heads_), tp_.ShardSize(heads_));
+      scale = torch::stack(rows);
     }
+    if (whole_) scale = CopyToTensorParallel(scale, tp_).narrow(0, begin_, count_);
     const torch::Tensor h =
         product.reshape({product.size(0), product.size(1), scale.size(0), head_dim_})
             .to(torch::kFloat);
@@ -221,6 +227,9 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
   double eps_;
   bool separate_;
   TensorParallel tp_;
+  // Whole weights (StableLM's always), of which this rank's heads are [begin_, begin_ + count_).
+  int64_t begin_ = 0, count_ = heads_;
+  bool whole_ = separate_;
 };
 TORCH_MODULE(HeadNorm);
 
@@ -467,8 +476,20 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   }
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
+    const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
+    whole_kv_ = tp.enabled() && kv_heads % tp.size != 0;
     if (config_.FusedQkv()) {
       TANDEM_RETURN_IF_ERROR(query_key_value->ShardForTensorParallel(tp));
+    } else if (whole_kv_) {
+      // Fewer key/value heads than ranks, or a number the degree does not divide: k_proj and
+      // v_proj stay whole on every rank, which computes the heads its query heads read.
+      TANDEM_RETURN_IF_ERROR(q_proj->ShardForTensorParallel(tp));
+      const int64_t group = heads / kv_heads, first = tp.ShardBegin(heads);
+      const int64_t count = tp.ShardSize(heads);
+      kv_begin_ = first / group;
+      kv_end_ = (first + count - 1) / group + 1;
+      kv_of_head_.clear();
+      for (int64_t h = first; h < first + count; ++h) kv_of_head_.push_back(h / group - kv_begin_);
     } else {
       for (ColumnParallelLinear* column : {&q_proj, &k_proj, &v_proj}) {
         TANDEM_RETURN_IF_ERROR((*column)->ShardForTensorParallel(tp));
@@ -483,8 +504,14 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       KeepSlice(k_norm->weight, 0, tp.ShardBegin(key), tp.ShardSize(key));
     }
     if (config_.head_qk_norms) {
-      q_head_norm->ShardForTensorParallel(tp);
-      k_head_norm->ShardForTensorParallel(tp);
+      q_head_norm->ShardForTensorParallel(tp, tp.ShardBegin(heads), tp.ShardSize(heads),
+                                          /*whole=*/false);
+      if (whole_kv_) {
+        k_head_norm->ShardForTensorParallel(tp, kv_begin_, kv_end_ - kv_begin_, /*whole=*/true);
+      } else {
+        k_head_norm->ShardForTensorParallel(tp, tp.ShardBegin(kv_heads), tp.ShardSize(kv_heads),
+                                            /*whole=*/false);
+      }
     }
     tp_ = tp;
     return absl::OkStatus();
@@ -506,7 +533,8 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
                        const torch::Tensor& sin, bool sequence_split = false) {
     const int64_t batch = input.size(0), head_dim = config_.HeadDim();
     const int64_t length = input.size(1) * (sequence_split ? tp_.size : 1);
-    const int64_t heads = config_.heads / tp_.size, kv_heads = config_.kv_heads / tp_.size;
+    const int64_t heads = config_.heads / tp_.size;
+    const int64_t kv_heads = whole_kv_ ? kv_end_ - kv_begin_ : config_.kv_heads / tp_.size;
     std::vector<torch::Tensor> products = Project(input, sequence_split, heads);
     NormaliseQueryAndKey(products);
     for (torch::Tensor& product : products) product = ClipQkv(product, config_.clip_qkv);
@@ -517,7 +545,13 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     const torch::Tensor query = Rotate(heads_of(products[0], heads), cos, sin, pairs);
     torch::Tensor key = Rotate(heads_of(products[1], kv_heads), cos, sin, pairs);
     torch::Tensor value = heads_of(products[2], kv_heads);
-    if (heads != kv_heads) {  // grouped-query attention: each key/value head serves a group
+    if (whole_kv_) {  // each query head's key/value head among those this rank computed
+      if (!kv_index_.defined() || kv_index_.device() != key.device()) {
+        kv_index_ = torch::tensor(kv_of_head_, torch::kLong).to(key.device());
+      }
+      key = key.index_select(1, kv_index_);
+      value = value.index_select(1, kv_index_);
+    } else if (heads != kv_heads) {  // grouped-query attention: each key/value head serves a group
       const int64_t group = heads / kv_heads;
       key = key.unsqueeze(2).expand({batch, kv_heads, group, length, head_dim})
                 .reshape({batch, heads, length, head_dim});
@@ -592,14 +626,25 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
               per_group.narrow(-1, group * head_dim, head_dim),
               per_group.narrow(-1, (group + 1) * head_dim, head_dim)};
     }
-    if (sequence_split) {
-      return LinearsOverGatheredSequence(input, {q_proj->weight, k_proj->weight, v_proj->weight},
-                                         {q_proj->bias, k_proj->bias, v_proj->bias}, tp_);
+    std::vector<torch::Tensor> weights = {q_proj->weight, k_proj->weight, v_proj->weight};
+    std::vector<torch::Tensor> biases = {q_proj->bias, k_proj->bias, v_proj->bias};
+    if (whole_kv_) {
+      // This rank's key/value heads of the whole k_proj and v_proj, whose gradients are summed
+      // over the group: each rank's query heads give a part.
+      const int64_t head_dim = config_.HeadDim();
+      const auto rows = [&](const torch::Tensor& whole) {
+        if (!whole.defined()) return whole;
+        return CopyToTensorParallel(whole, tp_)
+            .narrow(0, kv_begin_ * head_dim, (kv_end_ - kv_begin_) * head_dim);
+      };
+      for (int i : {1, 2}) {
+        weights[i] = rows(weights[i]);
+        biases[i] = rows(biases[i]);
+      }
     }
+    if (sequence_split) return LinearsOverGatheredSequence(input, weights, biases, tp_);
     std::vector<torch::Tensor> products;
-    for (ColumnParallelLinear* linear : {&q_proj, &k_proj, &v_proj}) {
-      products.push_back(DeferrableLinear(input, (*linear)->weight, (*linear)->bias));
-    }
+    for (int i = 0; i < 3; ++i) products.push_back(DeferrableLinear(input, weights[i], biases[i]));
     return products;
   }
 
@@ -633,6 +678,13 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   LlamaConfig config_;
   int64_t window_;
   TensorParallel tp_;
+  // Under tensor parallelism with key/value heads the degree does not divide: k_proj and v_proj
+  // whole on every rank, this rank's query heads reading heads [kv_begin_, kv_end_), query head
+  // i the kv_of_head_[i]-th of them (kv_index_ on the products' device).
+  bool whole_kv_ = false;
+  int64_t kv_begin_ = 0, kv_end_ = 0;
+  std::vector<int64_t> kv_of_head_;
+  torch::Tensor kv_index_;
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -2538,14 +2590,15 @@ ModelSpec LlamaModelSpec(const LlamaConfig& config) {
                                                      const TensorParallel& tp) -> absl::Status {
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.heads, "llama: num_attention_heads"));
       if (absl::Status kv = tp.CheckDivisible(config.kv_heads, "llama: num_key_value_heads");
-          !kv.ok()) {
-        // Megatron-LM would copy a key/value head onto the ranks of its query heads; tandem
-        // splits them.
-        return absl::InvalidArgumentError(
-            absl::StrCat(kv.message(),
-                         ": each rank holds whole key/value heads, none copied (choose a "
-                         "tensor-parallel degree that divides ",
-                         config.kv_heads, ")"));
+          !kv.ok() && (config.FusedQkv() || config.QkNorms())) {
+        // Elsewhere k_proj and v_proj are then held whole on every rank (LlamaAttention). One
+        // fused product is split by key/value groups, and OLMoE's k_norm sums over the
+        // group's key features.
+        return absl::InvalidArgumentError(absl::StrCat(
+            kv.message(), ": ",
+            config.FusedQkv() ? "query_key_value is split by key/value groups"
+                              : "k_norm normalises the key features split over the group",
+            " (choose a tensor-parallel degree that divides ", config.kv_heads, ")"));
       }
       TANDEM_RETURN_IF_ERROR(tp.CheckDivisible(config.intermediate, "llama: intermediate_size"));
       if (config.Moe()) {

@@ -2045,15 +2045,23 @@ TEST(HfModelSpecTest, DescriptionsCostsAndTensorParallelRules) {
                    2.0 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64) + 4.0 * 32 * 16);
   EXPECT_GT(model->split_pass_costs[1], model->split_pass_costs[0]);
   EXPECT_TRUE(model->shard_for_tensor_parallel);
-  // A degree that does not divide the key/value heads is refused before anything changes.
-  auto built = LlamaModelSpec(llama).Build(/*seed=*/1);
-  ASSERT_TRUE(built.ok());
+  // A degree that does not divide the key/value heads of one fused product split by key/value
+  // groups (Falcon's) is refused before anything changes; elsewhere k_proj and v_proj are held
+  // whole (hf_tensor_parallel_test).
+  LlamaConfig falcon = llama;
+  falcon.model_type = "falcon";
+  falcon.hidden_act = "gelu";
+  falcon.parallel_residual = true;
+  auto built = LlamaModelSpec(falcon).Build(/*seed=*/1);
+  ASSERT_TRUE(built.ok()) << built.status();
   TensorParallel tp;
   tp.size = 4;
   const absl::Status refused = built->shard_for_tensor_parallel(built->layers, 0, tp);
   ExpectRefused(refused, "num_key_value_heads");
-  // It says that no head is copied, and what to choose instead.
-  ExpectRefused(refused, "none copied (choose a tensor-parallel degree that divides 2)");
+  // It says why, and what to choose instead.
+  ExpectRefused(refused,
+                "query_key_value is split by key/value groups (choose a tensor-parallel degree "
+                "that divides 2)");
   // Sequence parallelism needs a sequence that splits.
   LlamaConfig odd = llama;
   odd.seq_len = 15;

@@ -123,6 +123,9 @@ struct Case {
   bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
   bool nemotron = false;      // Llama as Nemotron: offset layer norms with biases, relu2, biases
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
+  // Key/value heads other than SmallLlama's (0: its own), and 6 query heads in place of 4.
+  int kv_heads = 0;
+  bool six_heads = false;
 };
 
 void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
@@ -132,6 +135,11 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   const int me = (*world)->rank();
   LlamaConfig llama = SmallLlama(t, c.tied);
   llama.qkv_bias = c.qkv_bias;
+  if (c.six_heads) {
+    llama.heads = 6;
+    llama.hidden = 48;
+  }
+  if (c.kv_heads > 0) llama.kv_heads = c.kv_heads;
   if (c.gemma2) {
     llama.model_type = "gemma2";
     llama.hidden_act = "gelu_pytorch_tanh";
@@ -277,10 +285,14 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
                                 ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
-    // GPT-NeoX's and Falcon's query_key_value (weight and bias) and dense.
-    const int attention = c.neox || c.falcon ? 3
-                                             : (llama.QkvBias() ? 7 : 4) +
-                                                   (c.olmoe || (c.cohere && c.head_norms) ? 2 : 0);
+    // GPT-NeoX's and Falcon's query_key_value (weight and bias) and dense. Key/value heads
+    // that the degree does not divide: k_proj and v_proj (and Cohere's k_norm) whole.
+    const bool whole_kv = llama.kv_heads % t != 0;
+    const int attention =
+        c.neox || c.falcon
+            ? 3
+            : (llama.QkvBias() ? 7 : 4) + (c.olmoe || (c.cohere && c.head_norms) ? 2 : 0) -
+                  (whole_kv ? (llama.QkvBias() ? 4 : 2) + (c.cohere && c.head_norms ? 1 : 0) : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
                          (c.phi || c.gptj ? 1 : 0));
@@ -308,7 +320,13 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     }
     if (c.olmoe || (c.cohere && c.head_norms)) {
       EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
-      EXPECT_NE(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.2.self_attn.k_norm.weight") == nullptr, whole_kv);
+    }
+    if (whole_kv) {
+      EXPECT_EQ(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.2.self_attn.v_proj.weight"), nullptr);
+      EXPECT_NE(index.at("layers.2.self_attn.q_proj.weight"), nullptr);
+      if (llama.QkvBias()) EXPECT_EQ(index.at("layers.1.self_attn.v_proj.bias"), nullptr);
     }
     if (c.stablelm && c.head_norms) {
       // Every head's weights whole on every rank, their gradients summed over the group.
@@ -364,7 +382,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.post_attention_layernorm.bias"), nullptr);
       return;
     }
-    EXPECT_NE(index.at("layers.1.self_attn.k_proj.weight"), nullptr);
+    EXPECT_EQ(index.at("layers.1.self_attn.k_proj.weight") == nullptr, whole_kv);
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
     EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.QkvBias() ? 1u : 0u);
     EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), llama.attention_bias ? 1u : 0u);
@@ -580,6 +598,41 @@ TEST(LlamaTensorParallelTest, StableLmShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(stablelm);
   stablelm.sequence_parallel = false;
   stablelm.sequential = false;
+  ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+}
+
+// Fewer key/value heads than ranks (multi-query attention: one for 4 query heads; 2 on 4
+// ranks), or a number the degree does not divide (3 for 6 query heads on 2 ranks, the second
+// head read by both): k_proj and v_proj, with their biases and Cohere's and StableLM's key
+// norms, are whole on every rank, which computes the heads its query heads read; their
+// gradients are summed over the group. With and without sequence parallelism.
+TEST(LlamaTensorParallelTest, WholeKeyValueHeadsGiveTheWholeLossAndGradients) {
+  for (const int kv : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(kv, " key/value heads"));
+    Case whole;
+    whole.kv_heads = kv;
+    ExpectShardsGiveTheWholeLossAndGradients(whole);
+    whole.qkv_bias = true;
+    whole.sequence_parallel = true;
+    ExpectShardsGiveTheWholeLossAndGradients(whole);
+  }
+  Case straddled;
+  straddled.six_heads = true;
+  straddled.kv_heads = 3;
+  ExpectShardsGiveTheWholeLossAndGradients(straddled);
+  straddled.sequence_parallel = true;
+  straddled.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(straddled);
+  Case cohere;
+  cohere.cohere = true;
+  cohere.head_norms = true;
+  cohere.kv_heads = 1;
+  ExpectShardsGiveTheWholeLossAndGradients(cohere);
+  Case stablelm;
+  stablelm.stablelm = true;
+  stablelm.head_norms = true;
+  stablelm.kv_heads = 1;
+  stablelm.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(stablelm);
 }
 

@@ -759,6 +759,10 @@ TEST(HfImportTest, TrainInitFromStartsAtTransformersLoss) {
         // Gemma's norms and scaled embedding; Gemma 2's soft caps and sandwich norms, whole, on
         // two stages and tensor- and sequence-parallel (each norm on half the tokens).
         ImportCase{"gemma", "llama"}, ImportCase{"gemma2", "llama"},
+        // Gemma's one key/value head (Gemma-2B's multi-query attention) over two ranks: k_proj
+        // and v_proj whole on both, with and without sequence parallelism.
+        ImportCase{"gemma", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        ImportCase{"gemma", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
         ImportCase{"gemma2", "llama", /*ranks=*/2},
         ImportCase{"gemma2", "llama", /*ranks=*/2, /*tensor_parallel=*/2, " --sequence-parallel"},
         // A window (8) shorter than the sequence (16), masked; with sequence parallelism each
@@ -1362,6 +1366,8 @@ TEST(HfExportTest, ImportThenExportGivesTheSameBytes) {
         ImportCase{"olmoe", "llama", /*ranks=*/2},
         // Read as shards of two ranks (the query and key norms too), written whole.
         ImportCase{"olmoe", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
+        // One key/value head held whole by both ranks, written once.
+        ImportCase{"gemma", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"starcoder2", "llama", /*ranks=*/2},
         ImportCase{"starcoder2", "llama", /*ranks=*/2, /*tensor_parallel=*/2},
         ImportCase{"phi", "llama", /*ranks=*/2},

@@ -308,6 +308,43 @@ TEST(TensorParallelTest, LlamaSequenceParallelZeroBubbleMatchesOneRank) {
   std::filesystem::remove(split_log);
 }
 
+// Multi-query attention (one key/value head for 4 query heads) on 2 tensor-parallel ranks, whose
+// k_proj and v_proj every rank holds whole with their gradients summed over the group, trains to
+// the losses of one process under SGD with the gradient norm clipped (the whole weights counted
+// once, which the clipped steps would show):
+// 2 stages under ZB-V with sequence parallelism, and 2 replicas of one stage.
+TEST(TensorParallelTest, LlamaMultiQueryTrainsAsOneProcessWithWholeKeyValueHeads) {
+  const std::string llama = absl::StrCat(
+      " train --model llama --layers 4 --hidden 32 --heads 4 --kv-heads 1 --intermediate 64"
+      " --seq-len 8 --global-batch 8 --microbatches 4 --steps 4 --optimizer sgd --lr 0.5"
+      " --clip-norm 0.5"
+      " --seed ",
+      kSeed, " --log-json ");
+  const std::string one_log = TempPath("mqa_one.jsonl");
+  Outcome one = RunCommand(absl::StrCat(g_tandem, llama, one_log, " --schedule 1f1b --stages 1"));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  const std::vector<nlohmann::json> want = tandem::testing::ReadLogIterations(one_log);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  for (const char* layout : {" --schedule zb-v --stages 2 --tensor-parallel 2 --sequence-parallel",
+                             " --schedule 1f1b --stages 1 --tensor-parallel 2 --data-parallel 2"}) {
+    SCOPED_TRACE(layout);
+    const std::string split_log = TempPath("mqa_split.jsonl");
+    Outcome split = RunCommand(absl::StrCat(TANDEM_MPIEXEC,
+                                            " --allow-run-as-root --oversubscribe --bind-to none"
+                                            " -np 4 ",
+                                            g_tandem, llama, split_log, layout));
+    ASSERT_EQ(split.exit_status, 0) << split.output;
+    const std::vector<nlohmann::json> got = tandem::testing::ReadLogIterations(split_log);
+    ASSERT_EQ(got.size(), want.size()) << split.output;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double a = got[i]["loss"].get<double>(), b = want[i]["loss"].get<double>();
+      EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 1;
+    }
+    std::filesystem::remove(split_log);
+  }
+  std::filesystem::remove(one_log);
+}
+
 // A Mixtral (--experts) with its load-balancing loss trains to the losses of one process on 4
 // ranks laid out two ways: 2 stages x 2 replicas with DeAR's gradient sync, and 2 stages x 2
 // tensor-parallel ranks with sequence parallelism under ZB-V (each expert's weight gradients
