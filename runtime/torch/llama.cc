@@ -477,7 +477,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
   absl::Status ShardForTensorParallel(const TensorParallel& tp) {
     const int64_t heads = config_.heads, kv_heads = config_.kv_heads;
-    whole_kv_ = tp.enabled() && kv_heads % tp.size != 0;
+    whole_kv_ = !config_.FusedQkv() && tp.enabled() && kv_heads % tp.size != 0;
     if (config_.FusedQkv()) {
       TANDEM_RETURN_IF_ERROR(query_key_value->ShardForTensorParallel(tp));
     } else if (whole_kv_) {
