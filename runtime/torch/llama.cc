@@ -630,17 +630,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     std::vector<torch::Tensor> biases = {q_proj->bias, k_proj->bias, v_proj->bias};
     if (whole_kv_) {
       // This rank's key/value heads of the whole k_proj and v_proj, whose gradients are summed
-      // over the group: each rank's query heads give a part.
+      // over the group (one all-reduce): each rank's query heads give a part.
       const int64_t head_dim = config_.HeadDim();
-      const auto rows = [&](const torch::Tensor& whole) {
-        if (!whole.defined()) return whole;
-        return CopyToTensorParallel(whole, tp_)
-            .narrow(0, kv_begin_ * head_dim, (kv_end_ - kv_begin_) * head_dim);
-      };
-      for (int i : {1, 2}) {
-        weights[i] = rows(weights[i]);
-        biases[i] = rows(biases[i]);
+      std::vector<torch::Tensor> kv = CopyToTensorParallel(
+          std::vector<torch::Tensor>{weights[1], weights[2], biases[1], biases[2]}, tp_);
+      for (torch::Tensor& t : kv) {
+        if (t.defined()) t = t.narrow(0, kv_begin_ * head_dim, (kv_end_ - kv_begin_) * head_dim);
       }
+      weights[1] = kv[0];
+      weights[2] = kv[1];
+      biases[1] = kv[2];
+      biases[2] = kv[3];
     }
     if (sequence_split) return LinearsOverGatheredSequence(input, weights, biases, tp_);
     std::vector<torch::Tensor> products;

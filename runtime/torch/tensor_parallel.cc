@@ -200,24 +200,32 @@ std::vector<torch::Tensor> LinearsOverGatheredSequence(const torch::Tensor& x,
                           {GatherForProduct, ScatterProductGradient, Address(tp)});
 }
 
-std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,
-                                                 const TensorParallel& tp) {
-  if (!tp.sequence_split() || parameters.empty()) return parameters;
+std::vector<torch::Tensor> CopyToTensorParallel(const std::vector<torch::Tensor>& tensors,
+                                                const TensorParallel& tp) {
   std::vector<torch::Tensor> flat;
-  std::vector<int64_t> sizes;
-  for (const torch::Tensor& p : parameters) {
-    flat.push_back(p.reshape({-1}));
-    sizes.push_back(p.numel());
+  for (const torch::Tensor& t : tensors) {
+    if (t.defined()) flat.push_back(t.reshape({-1}));
   }
+  if (!tp.enabled() || flat.empty()) return tensors;
   // One tensor through CopyToTensorParallel: its backward sums all the gradients at once.
   const torch::Tensor joined = CopyToTensorParallel(torch::cat(flat), tp);
   std::vector<torch::Tensor> out;
   int64_t at = 0;
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    out.push_back(joined.narrow(0, at, sizes[i]).view(parameters[i].sizes()));
-    at += sizes[i];
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined()) {
+      out.push_back(t);
+      continue;
+    }
+    out.push_back(joined.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
   }
   return out;
+}
+
+std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor>& parameters,
+                                                 const TensorParallel& tp) {
+  if (!tp.sequence_split()) return parameters;
+  return CopyToTensorParallel(parameters, tp);
 }
 
 absl::Status TensorParallel::CheckDivisible(int64_t total, const char* what) const {

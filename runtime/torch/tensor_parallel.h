@@ -82,6 +82,10 @@ void AwaitCollective(const comm::WorkPtr& work, const torch::Tensor& result, con
 
 // Megatron's f: identity forward, all-reduce of the gradient backward.
 torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
+// The same for several tensors (undefined ones passed through): their gradients are summed with
+// one all-reduce for all of them.
+std::vector<torch::Tensor> CopyToTensorParallel(const std::vector<torch::Tensor>& tensors,
+                                                const TensorParallel& tp);
 // Megatron's g: all-reduce forward, identity backward.
 torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
 
