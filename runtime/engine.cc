@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/backend.h"
 #include "common/status.h"
 #include "pipeline/generators.h"
 #include "pipeline/validator.h"
@@ -18,6 +19,7 @@
 #include "runtime/engine_internal.h"
 #include "runtime/failure_notices.h"
 #include "runtime/groups.h"
+#include "runtime/split_grad_sync.h"
 #include "runtime/stage_checkpoint.h"
 
 namespace tandem::runtime {
@@ -44,6 +46,11 @@ void Engine::AbortCommunicators(const absl::Status& reason) {
     if (l->group != nullptr) l->group->Abort(reason);
     if (l->device.device_group != nullptr) l->device.device_group->Abort(reason);
   }
+  for (auto& l : locals_) {
+    if (l->expert_data_group != nullptr) l->expert_data_group->Abort(reason);
+  }
+  if (expert_group_ != nullptr) expert_group_->Abort(reason);
+  if (expert_block_ != nullptr) expert_block_->Abort(reason);
   if (tensor_group_ != nullptr) tensor_group_->Abort(reason);
   if (nccl_tensor_group_ != nullptr) nccl_tensor_group_->Abort(reason);
   if (lane_ != nullptr) lane_->Abort(reason);
@@ -244,10 +251,40 @@ absl::Status Engine::Build(StageFactory factory) {
     }
     if (lane_ != nullptr) lane_->set_timeout(options_.timeout);
   }
+  // Experts over replicas: the replicas d with the same d / E share their experts.
+  const int expert_replicas = std::max(1, options_.expert_replicas);
+  if (expert_replicas > 1) {
+    const int block = data_parallel_index_ / expert_replicas * expert_replicas;
+    const bool in_block = found && block < static_cast<int>(plan_.mesh.size());
+    const int first = in_block ? plan_.mesh[block][pipeline_position_] : -1;
+    TANDEM_ASSIGN_OR_RETURN(
+        expert_group_,
+        control_->Split(in_block ? first + tensor_parallel_index_ : -1, data_parallel_index_));
+    TANDEM_ASSIGN_OR_RETURN(expert_block_, control_->Split(in_block ? first : -1,
+                                                           data_parallel_index_ * tensor_parallel +
+                                                               tensor_parallel_index_));
+    for (comm::Communicator* group : {expert_group_.get(), expert_block_.get()}) {
+      if (group != nullptr) group->set_timeout(options_.timeout);
+    }
+  }
   // Local checks and stage construction; then every rank agrees before any other collective.
   absl::Status local = [&]() -> absl::Status {
     TANDEM_RETURN_IF_ERROR(Annotate(pipeline::ValidatePlan(plan_, world_->size()),
                                     "the plan does not fit this run"));
+    if (expert_replicas > 1) {
+      if (plan_.data_parallel % expert_replicas != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("experts spread over ", expert_replicas,
+                         " data-parallel replicas need a "
+                         "data-parallel degree they divide; the plan has ",
+                         plan_.data_parallel));
+      }
+      if (options_.job.sync_gradients || options_.job.sum_evaluation) {
+        return absl::InvalidArgumentError(
+            "experts spread over data-parallel replicas do not run in a job of several "
+            "engines (the elastic layer)");
+      }
+    }
     if (!plan_.IsUniform()) {
       return absl::InvalidArgumentError(
           "the plan replicates stages non-uniformly (no data-parallel x pipeline mesh); the "
@@ -291,6 +328,9 @@ absl::Status Engine::Build(StageFactory factory) {
       spec.tensor_parallel = tensor_parallel;
       spec.tensor_parallel_index = tensor_parallel_index_;
       spec.tensor_group = stage_tensor_group_.get();
+      spec.expert_replicas = expert_replicas;
+      spec.expert_replica = data_parallel_index_ % expert_replicas;
+      spec.expert_group = expert_group_.get();
       auto built = factory(spec);
       if (!built.ok()) {
         return Annotate(built.status(),
@@ -387,7 +427,9 @@ absl::Status Engine::Build(StageFactory factory) {
     for (auto& l : locals_) {
       // Registered in backward order (the stage lists its parameters in forward order).
       std::vector<runtime::SyncParameter> params;
+      std::vector<bool> placed;
       for (const ParameterView& v : l->device.parameters) {
+        placed.push_back(v.placed_over_replicas);
         // A whole parameter of a tensor-parallel group has the same summed gradient in every
         // lane: the first lane's groups count it in the norm. A tied copy has its owner's
         // gradient (SumTiedGradients): the owner counts it.
@@ -396,6 +438,7 @@ absl::Status Engine::Build(StageFactory factory) {
                               !v.is_tied_copy()});
       }
       std::reverse(params.begin(), params.end());
+      std::reverse(placed.begin(), placed.end());
       runtime::GradSyncOptions sync_options;
       sync_options.strategy = options_.grad_sync;
       sync_options.bucket_bytes = options_.bucket_bytes;
@@ -405,7 +448,22 @@ absl::Status Engine::Build(StageFactory factory) {
       sync_options.device_ops = l->device.ops;
       sync_options.host_group = l->group.get();
       comm::Communicator& group = l->device.device_group != nullptr ? *l->device.device_group : *l->group;
-      auto sync = runtime::GradientSync::Create(group, std::move(params), sync_options);
+      absl::StatusOr<std::unique_ptr<GradientSync>> sync;
+      if (expert_replicas > 1) {
+        // The placed parameters over the replicas holding the same experts (d % E alike).
+        TANDEM_ASSIGN_OR_RETURN(
+            l->expert_data_group,
+            l->group->Split(data_parallel_index_ % expert_replicas, data_parallel_index_));
+        l->expert_data_group->set_timeout(options_.timeout);
+        if (l->device.device_group != nullptr) {
+          TANDEM_ASSIGN_OR_RETURN(l->expert_data_group, comm::CreateHostStagedCommunicator(
+                                                            std::move(l->expert_data_group)));
+        }
+        sync = runtime::CreateSplitGradientSync(group, *l->expert_data_group, std::move(params),
+                                                placed, sync_options);
+      } else {
+        sync = runtime::GradientSync::Create(group, std::move(params), sync_options);
+      }
       if (!sync.ok()) {
         return Annotate(sync.status(), absl::StrCat("gradient sync of stage ", l->spec.stage));
       }
@@ -506,20 +564,24 @@ absl::Status Engine::CheckTiedParameters() {
 
 absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState() {
   TANDEM_ASSIGN_OR_RETURN(std::vector<ParameterState> flat, ExportState());
-  const int t = tensor_group_->size();
   std::vector<std::vector<ParameterState>> out;
   size_t next = 0;
   for (auto& l : locals_) {
     out.emplace_back();
     for (const ParameterView& v : l->device.parameters) {
       ParameterState p = std::move(flat.at(next++));
-      if (v.tensor_parallel_index != nullptr) {
+      // A shard comes from the tensor-parallel group; an expert spread over replicas from
+      // every lane of those replicas.
+      comm::Communicator* group =
+          v.placed_over_replicas ? expert_block_.get() : tensor_group_.get();
+      if (v.tensor_parallel_index != nullptr && group != nullptr) {
+        const int t = group->size();
         // Shards may differ in size (expert parallelism: an expert whole on some ranks, empty
         // on the others): each is gathered padded to the largest, its index padded with -1.
         int64_t n = v.value.count;
         std::vector<int64_t> counts(static_cast<size_t>(t));
         TANDEM_RETURN_IF_ERROR(
-            tensor_group_
+            group
                 ->AllGather(
                     comm::Buffer{&n, 1, comm::DataType::kInt64, comm::Device::Cpu()},
                     comm::Buffer{counts.data(), t, comm::DataType::kInt64, comm::Device::Cpu()})
@@ -535,7 +597,7 @@ absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState
                                                   " elements do not make its ", v.whole_count));
         }
         auto gather = [&](const void* in, void* all, comm::DataType type) {
-          return tensor_group_
+          return group
               ->AllGather(comm::Buffer{const_cast<void*>(in), largest, type, comm::Device::Cpu()},
                           comm::Buffer{all, largest * t, type, comm::Device::Cpu()})
               ->Wait();
@@ -566,7 +628,7 @@ absl::StatusOr<std::vector<std::vector<ParameterState>>> Engine::WholeLocalState
 }
 
 absl::StatusOr<std::vector<ParameterState>> Engine::ExportWholeState() {
-  if (plan_.tensor_parallel <= 1) return ExportState();
+  if (plan_.tensor_parallel <= 1 && expert_block_ == nullptr) return ExportState();
   TANDEM_ASSIGN_OR_RETURN(std::vector<std::vector<ParameterState>> whole, WholeLocalState());
   std::vector<ParameterState> out;
   for (auto& stage : whole) {
@@ -577,9 +639,10 @@ absl::StatusOr<std::vector<ParameterState>> Engine::ExportWholeState() {
 
 absl::Status Engine::SaveCheckpointInternal(const std::string& dir, const std::string& model) {
   TANDEM_RETURN_IF_ERROR(FlushInternal());
-  if (plan_.tensor_parallel > 1) {
-    // Whole parameters, gathered over each tensor-parallel group and written by the first lane
-    // as without tensor parallelism: the checkpoint loads onto any layout.
+  if (plan_.tensor_parallel > 1 || expert_block_ != nullptr) {
+    // Whole parameters, gathered over each tensor-parallel group (and the experts over the
+    // replicas sharing them) and written by the first lane of the first replica as without
+    // tensor parallelism: the checkpoint loads onto any layout.
     TANDEM_ASSIGN_OR_RETURN(std::vector<std::vector<ParameterState>> whole, WholeLocalState());
     std::vector<CheckpointShard> shards;
     for (size_t i = 0; i < locals_.size(); ++i) {

@@ -116,6 +116,12 @@ struct StageSpec {
   int tensor_parallel = 1;
   int tensor_parallel_index = 0;
   comm::Communicator* tensor_group = nullptr;
+  // Experts spread over `expert_replicas` data-parallel replicas (EngineOptions::
+  // expert_replicas): this replica's index among them and this rank's counterparts on them
+  // (owned by the engine), in replica order.
+  int expert_replicas = 1;
+  int expert_replica = 0;
+  comm::Communicator* expert_group = nullptr;
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == num_stages - 1; }
 };
@@ -172,6 +178,14 @@ struct EngineOptions {
   // hand. Its spec must equal plan.schedule (whose placement, PlacementFor, the plan's stages
   // follow) and it must pass the validator; every rank must be given the same schedule.
   std::shared_ptr<const pipeline::Schedule> schedule;
+  // Expert parallelism across data-parallel replicas (runtime/torch/tensor_parallel.h,
+  // TensorParallel::expert_replicas): every `expert_replicas` consecutive replicas share one
+  // copy of each mixture's experts, each holding its share, and route their tokens to one
+  // another. The stages' placed parameters (ParameterView::placed_over_replicas) are then
+  // synchronised over the replicas holding the same experts (runtime/split_grad_sync.h), and
+  // checkpoints gather them. Must divide the plan's data-parallel degree; not with JobHooks
+  // (the elastic layer).
+  int expert_replicas = 1;
 };
 
 
@@ -380,6 +394,12 @@ class Engine {
   std::unique_ptr<comm::Communicator> lane_;
   std::unique_ptr<comm::Communicator> nccl_tensor_group_;
   std::unique_ptr<comm::ForwardingCommunicator> stage_tensor_group_;
+  // Experts over replicas (options_.expert_replicas > 1): this rank's counterparts on the
+  // replicas sharing its experts (the stages' all-to-all), and the same replicas' ranks of
+  // this pipeline position (every lane: the checkpoint's gathers of the placed parameters).
+  // Declared before locals_, whose stages keep the first's address.
+  std::unique_ptr<comm::Communicator> expert_group_;
+  std::unique_ptr<comm::Communicator> expert_block_;
   std::vector<std::unique_ptr<Local>> locals_;
   std::unique_ptr<Transfers> transfers_;
   int64_t iteration_ = 0;

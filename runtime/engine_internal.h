@@ -52,6 +52,9 @@ struct Engine::Local {
   std::unique_ptr<Stage> impl;
   std::unique_ptr<comm::Communicator> group;  // every copy of this stage
   std::unique_ptr<runtime::GradientSync> sync;
+  // Experts over replicas: the members of `group` holding the same experts (on CUDA stages
+  // through host staging), over which the placed parameters are synchronised.
+  std::unique_ptr<comm::Communicator> expert_data_group;
   bool sync_started = false;
   bool parameters_current = false;  // WaitForParameters done since the last step
   // Indices in device.parameters of the parameters tied to other stages' (tied_owner): their

@@ -49,6 +49,11 @@ struct ParameterView {
   // parameter, of whole_count elements (null when the parameter is not split). Checkpoints
   // hold whole parameters and cut them with it, so they load onto any layout.
   const std::vector<int64_t>* tensor_parallel_index = nullptr;
+  // Expert parallelism across data-parallel replicas (TensorParallel::expert_replicas): an
+  // expert's parameter that one replica of each expert group holds and the others hold empty
+  // (a shard of no elements there). Its gradient sums every replica's tokens already; only
+  // the replicas holding the same experts share it.
+  bool placed_over_replicas = false;
   int64_t whole_count = 0;
   // The whole parameter's dimensions (not a tensor-parallel shard's): their product is
   // whole_count for a shard, value.count otherwise. Checkpoints record it with the values.

@@ -61,6 +61,7 @@ ABSL_FLAG(int, experts_per_token, 2,
           "softmax, renormalised)");
 
 ABSL_DECLARE_FLAG(int, expert_parallel);  // a training flag (train_options.cc)
+ABSL_DECLARE_FLAG(int, expert_parallel_replicas);  // a training flag (train_options.cc)
 
 namespace tandem::cli {
 namespace {
@@ -192,6 +193,20 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
                                                    " does not divide the model's ", config.experts,
                                                    " experts"));
   }
+  const int expert_replicas = absl::GetFlag(FLAGS_expert_parallel_replicas);
+  if (expert_replicas != 1 && !config.Moe()) {
+    return absl::InvalidArgumentError(
+        "--expert-parallel-replicas spreads experts: it needs a model with experts (--experts, "
+        "or a mixtral, qwen2_moe, granitemoe or olmoe config.json)");
+  }
+  if (expert_replicas > 1 &&
+      config.experts % (static_cast<int64_t>(std::max(1, expert_parallel)) * expert_replicas) !=
+          0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-parallel-replicas ", expert_replicas,
+        expert_parallel > 1 ? absl::StrCat(" x --expert-parallel ", expert_parallel) : "",
+        " does not divide the model's ", config.experts, " experts"));
+  }
   if (config.router_aux_loss_coef != 0 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral, qwen2_moe, "
@@ -238,8 +253,12 @@ absl::StatusOr<ModelAndData> MakeGpt2(const ModelRequest& request) {
     config.positions = absl::GetFlag(FLAGS_seq_len);
   }
   config.seq_len = absl::GetFlag(FLAGS_seq_len);
-  if (absl::GetFlag(FLAGS_expert_parallel) != 1) {
-    return absl::InvalidArgumentError("--expert-parallel places experts: gpt2 has none");
+  if (absl::GetFlag(FLAGS_expert_parallel) != 1 ||
+      absl::GetFlag(FLAGS_expert_parallel_replicas) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_expert_parallel) != 1
+                                                       ? "--expert-parallel places"
+                                                       : "--expert-parallel-replicas spreads",
+                                                   " experts: gpt2 has none"));
   }
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));

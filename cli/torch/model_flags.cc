@@ -43,7 +43,8 @@ ABSL_FLAG(std::string, valid_data, "",
           "the validation split of such a --data folder, or held-out samples of the synthetic "
           "task");
 ABSL_DECLARE_FLAG(int, eval_every);  // cli/torch/train_options.cc
-ABSL_DECLARE_FLAG(int, expert_parallel);  // cli/torch/train_options.cc
+ABSL_DECLARE_FLAG(int, expert_parallel);           // cli/torch/train_options.cc
+ABSL_DECLARE_FLAG(int, expert_parallel_replicas);  // cli/torch/train_options.cc
 ABSL_FLAG(int, microbatch_size, 1, "samples per micro-batch");
 ABSL_FLAG(std::string, optimizer, "adamw", "optimizer: sgd (with momentum) or adamw");
 ABSL_FLAG(std::string, device, "cpu", "device: cpu, cuda or cuda:N");
@@ -202,8 +203,12 @@ absl::StatusOr<ModelAndData> MakeGpt(const ModelRequest& request) {
   gpt.hidden = absl::GetFlag(FLAGS_hidden);
   gpt.heads = absl::GetFlag(FLAGS_heads);
   gpt.seq_len = absl::GetFlag(FLAGS_seq_len);
-  if (absl::GetFlag(FLAGS_expert_parallel) != 1) {
-    return absl::InvalidArgumentError("--expert-parallel places experts: gpt has none");
+  if (absl::GetFlag(FLAGS_expert_parallel) != 1 ||
+      absl::GetFlag(FLAGS_expert_parallel_replicas) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_expert_parallel) != 1
+                                                       ? "--expert-parallel places"
+                                                       : "--expert-parallel-replicas spreads",
+                                                   " experts: gpt has none"));
   }
   auto attention = runtime::libtorch::ParseGptAttention(absl::GetFlag(FLAGS_attention));
   if (!attention.ok()) return Annotate(attention.status(), "--attention");

@@ -821,6 +821,12 @@ absl::Status Train(comm::Communicator& world, const std::function<void()>& engin
       std::cout << "  experts: each split over the " << plan.tensor_parallel
                 << " ranks of its tensor-parallel group (the planner's choice)\n";
     }
+    if (options.engine.expert_replicas > 1) {
+      std::cout << "  experts: spread over " << options.engine.expert_replicas
+                << " data-parallel replicas, 1/" << options.engine.expert_replicas
+                << " of them each; routed tokens travel by all-to-all "
+                   "(--expert-parallel-replicas)\n";
+    }
     std::cout << std::flush;
   }
 

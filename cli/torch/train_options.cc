@@ -129,6 +129,14 @@ ABSL_FLAG(bool, sequence_parallel, false,
           "train: with --tensor-parallel T, split the activations outside the split matrix "
           "products along the sequence (Megatron-LM's sequence parallelism: layer norms, "
           "residuals and pipeline transfers on S/T tokens per rank; S must divide by T)");
+ABSL_FLAG(int, expert_parallel_replicas, 1,
+          "train: spread a mixture's experts over E data-parallel replicas as well (Megatron-LM's "
+          "expert parallelism over data-parallel ranks, with its all-to-all token dispatcher): "
+          "every E consecutive replicas hold one copy of the experts, 1/E each, and send each "
+          "routed token to the replica holding its expert and back; the experts' gradients are "
+          "synchronised over the replicas holding the same experts. E must divide the "
+          "data-parallel degree and the experts (of each part, with --expert-parallel); not "
+          "with --elastic. 1: every replica holds every expert");
 ABSL_FLAG(int, expert_parallel, 1,
           "train: with --tensor-parallel T, a mixture of experts places its experts whole on N "
           "parts of each tensor-parallel group, T/N ranks each, which split their experts' "
@@ -181,6 +189,16 @@ absl::StatusOr<runtime::EngineOptions> EngineOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--reset-optimizer is for plain runs: an elastic job's checkpoints also restore lost "
         "layers, whose optimizer state must stay; resume once without --elastic");
+  }
+  options.expert_replicas = absl::GetFlag(FLAGS_expert_parallel_replicas);
+  if (options.expert_replicas < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expert-parallel-replicas must be at least 1, not ", options.expert_replicas));
+  }
+  if (options.expert_replicas > 1 && absl::GetFlag(FLAGS_elastic)) {
+    return absl::InvalidArgumentError(
+        "--expert-parallel-replicas does not go with --elastic: an elastic job's pipelines "
+        "change shape and count, and each must hold every expert");
   }
   const std::string grad_comm = absl::GetFlag(FLAGS_grad_comm);
   if (grad_comm == "bf16") {
@@ -390,8 +408,8 @@ std::vector<std::string> TrainOptionFlagNames() {
           "optimizer", "lr", "warmup_steps", "decay_steps", "min_lr", "momentum",
           "weight_decay", "clip_norm", "grad_sync", "grad_comm", "bucket_mb",
           "microbatch_size", "global_batch", "tensor_parallel", "sequence_parallel",
-          "expert_parallel", "log_json", "timeline", "torch_trace", "checkpoint_dir",
-          "checkpoint_every", "keep_checkpoints", "resume", "reset_optimizer", "reset_data",
+          "expert_parallel", "expert_parallel_replicas", "log_json", "timeline", "torch_trace",
+          "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume", "reset_optimizer", "reset_data",
           "reset_schedule", "eval_every", "eval_batches", "elastic", "elastic_min_pipelines",
           "elastic_replace", "elastic_agreement_timeout", "devices_per_node", "device_memory_mb",
           "timeout", "startup_timeout", "heartbeat_timeout"};

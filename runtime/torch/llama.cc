@@ -859,8 +859,27 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     const int64_t ep = std::max(1, tp.expert_parallel), across = tp.size / ep;
     const int64_t held = config_.experts / ep, part = tp.rank / across;
     const int64_t units = config_.ExpertUnits() / across;
-    first_held_ = part * held;
-    end_held_ = first_held_ + held;
+    first_of_part_ = part * held;
+    end_of_part_ = first_of_part_ + held;
+    first_held_ = first_of_part_;
+    end_held_ = end_of_part_;
+    if (tp.experts_over_replicas()) {
+      // Expert parallelism across replicas: replica j holds the j-th run of the part's.
+      const int64_t replicas = tp.expert_replicas;
+      if (held % replicas != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(held, " experts", ep > 1 ? " per part of the tensor-parallel group" : "",
+                         " do not spread evenly over ", replicas, " data-parallel replicas"));
+      }
+      if (tp.expert_group == nullptr || tp.expert_group->size() != replicas ||
+          tp.expert_group->rank() != tp.expert_replica) {
+        return absl::InvalidArgumentError(absl::StrCat("experts spread over ", replicas,
+                                                       " replicas (this one ", tp.expert_replica,
+                                                       ") without a matching communicator"));
+      }
+      first_held_ = first_of_part_ + tp.expert_replica * (held / replicas);
+      end_held_ = first_held_ + held / replicas;
+    }
     for (int64_t e = 0; e < config_.experts; ++e) {
       const bool mine = e >= first_held_ && e < end_held_;
       experts[e]->as<LlamaExpertImpl>()->KeepUnits(mine ? (tp.rank % across) * units : 0,
@@ -893,13 +912,42 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     // The (token, choice) pairs sorted by expert (stably: by token within one), and each
     // expert's count, read on the host once for all experts (a host sync per block, not per
     // expert). The experts this rank holds are one run of them (expert parallelism), or all.
-    const int64_t k = config_.experts_per_token;
     const torch::Tensor flat = selected.reshape({-1});  // pair i: token i / k, choice i % k
     const torch::Tensor order =
         std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
     const torch::Tensor counts = torch::bincount(flat, {}, count).to(torch::kCPU);
+    if (tp_.experts_over_replicas()) {
+      AddExpertsOverReplicas(tokens, weights, order, counts, output);
+    } else {
+      AddHeldExperts(tokens, weights, order, counts, output);
+    }
+    if (!shared_expert.is_empty()) {
+      const torch::Tensor scale =
+          torch::sigmoid(WholeOverTheGroup(x, shared_expert_gate->weight, tp_).reshape({-1, 1}));
+      output = output + scale * shared_expert->Partial(tokens);
+    }
+    output = output.view(input.sizes());
+    output = tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
+                                  : ReduceFromTensorParallel(output, tp_);
+    if (config_.router_aux_loss_coef > 0 && torch::GradMode::is_enabled()) {
+      // Every rank of the group computes it from the same scores, whose gradient the group
+      // sums: each adds 1 / t of it.
+      const torch::Tensor balance = BalancingLoss(probabilities, selected);
+      output = AddAuxiliaryLoss(output, balance * (config_.router_aux_loss_coef *
+                                                   CurrentAuxiliaryLossScale() / tp_.size));
+    }
+    return output;
+  }
+
+  // Adds the outputs of the experts this rank holds, each weighted, for this rank's tokens
+  // `tokens` [n, hidden] to `output`. `order`: the (token, choice) pairs i (token i / k,
+  // choice i % k) sorted by expert; `counts` (on the CPU): each expert's pairs.
+  void AddHeldExperts(const torch::Tensor& tokens, const torch::Tensor& weights,
+                      const torch::Tensor& order, const torch::Tensor& counts,
+                      torch::Tensor& output) {
+    const int64_t k = config_.experts_per_token;
     const int64_t* routed = counts.data_ptr<int64_t>();
-    const int64_t first = first_held_, end = end_held_ < 0 ? count : end_held_;
+    const int64_t first = first_held_, end = end_held_ < 0 ? config_.experts : end_held_;
     int64_t begin = 0, held = 0;
     for (int64_t e = 0; e < first; ++e) begin += routed[e];
     for (int64_t e = first; e < end; ++e) held += routed[e];
@@ -920,22 +968,77 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
           experts[e]->as<LlamaExpertImpl>()->Partial(routed_tokens[i]) * routed_weights[i];
       output.index_add_(0, routed_to[i], part.to(output.scalar_type()));
     }
-    if (!shared_expert.is_empty()) {
-      const torch::Tensor scale =
-          torch::sigmoid(WholeOverTheGroup(x, shared_expert_gate->weight, tp_).reshape({-1, 1}));
-      output = output + scale * shared_expert->Partial(tokens);
+  }
+
+  // AddHeldExperts when the experts are spread over replicas: this rank's pairs for the
+  // experts of its part of the group go to the replicas holding them (each replica's run of
+  // experts is one run of the sorted pairs), every replica's pairs for this rank's experts
+  // come here, and the experts' outputs go back the same way, weighted where the tokens are.
+  void AddExpertsOverReplicas(const torch::Tensor& tokens, const torch::Tensor& weights,
+                              const torch::Tensor& order, const torch::Tensor& counts,
+                              torch::Tensor& output) {
+    const int64_t k = config_.experts_per_token, count = config_.experts;
+    const int replicas = tp_.expert_replicas;
+    const int64_t per_replica = (end_of_part_ - first_of_part_) / replicas;
+    const int64_t* mine = counts.data_ptr<int64_t>();
+    int64_t begin = 0;
+    for (int64_t e = 0; e < first_of_part_; ++e) begin += mine[e];
+    std::vector<int64_t> send(replicas, 0), receive(replicas, 0);
+    for (int j = 0; j < replicas; ++j) {
+      for (int64_t e = first_of_part_ + j * per_replica; e < first_of_part_ + (j + 1) * per_replica;
+           ++e) {
+        send[j] += mine[e];
+      }
     }
-    output = output.view(input.sizes());
-    output = tp_.sequence_split() ? ReduceScatterToSequenceParallel(output, tp_)
-                                  : ReduceFromTensorParallel(output, tp_);
-    if (config_.router_aux_loss_coef > 0 && torch::GradMode::is_enabled()) {
-      // Every rank of the group computes it from the same scores, whose gradient the group
-      // sums: each adds 1 / t of it.
-      const torch::Tensor balance = BalancingLoss(probabilities, selected);
-      output = AddAuxiliaryLoss(output, balance * (config_.router_aux_loss_coef *
-                                                   CurrentAuxiliaryLossScale() / tp_.size));
+    // Every replica's counts: what arrives from each, for each expert held here.
+    const torch::Tensor all = GatherExpertCounts(counts, tokens.device(), tp_);
+    const int64_t* routed = all.data_ptr<int64_t>();  // [replica * count + expert]
+    std::vector<int64_t> arrival(replicas, 0);        // where replica s's rows start
+    int64_t arrived_rows = 0;
+    for (int s = 0; s < replicas; ++s) {
+      arrival[s] = arrived_rows;
+      for (int64_t e = first_held_; e < end_held_; ++e) receive[s] += routed[s * count + e];
+      arrived_rows += receive[s];
     }
-    return output;
+    int64_t sent_rows = 0;
+    for (int64_t rows : send) sent_rows += rows;
+    const torch::Tensor pairs = order.narrow(0, begin, sent_rows);
+    const torch::Tensor token = pairs.div(k, "floor");
+    const torch::Tensor arrived =
+        ExchangeExpertRows(tokens.index_select(0, token), send, receive, tp_);
+    // The arrived rows by expert (by replica, then as sent, within one), and back.
+    std::vector<int64_t> by_expert, sizes;
+    by_expert.reserve(static_cast<size_t>(arrived_rows));
+    std::vector<int64_t> at = arrival;
+    for (int64_t e = first_held_; e < end_held_; ++e) {
+      int64_t size = 0;
+      for (int s = 0; s < replicas; ++s) {
+        const int64_t rows = routed[s * count + e];
+        for (int64_t r = 0; r < rows; ++r) by_expert.push_back(at[s] + r);
+        at[s] += rows;
+        size += rows;
+      }
+      sizes.push_back(size);
+    }
+    std::vector<int64_t> back(by_expert.size());
+    for (size_t i = 0; i < by_expert.size(); ++i) {
+      back[static_cast<size_t>(by_expert[i])] = static_cast<int64_t>(i);
+    }
+    const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(tokens.device());
+    const std::vector<torch::Tensor> grouped =
+        arrived.index_select(0, torch::tensor(by_expert, torch::kLong).to(long_options.device()))
+            .split_with_sizes(sizes);
+    std::vector<torch::Tensor> results;
+    for (int64_t e = first_held_; e < end_held_; ++e) {
+      // With no token routed too: its gradient is then zero, as transformers' is.
+      results.push_back(experts[e]->as<LlamaExpertImpl>()->Partial(
+          grouped[static_cast<size_t>(e - first_held_)]));
+    }
+    const torch::Tensor computed = torch::cat(results).index_select(
+        0, torch::tensor(back, torch::kLong).to(long_options.device()));
+    const torch::Tensor returned = ExchangeExpertRows(computed, receive, send, tp_);
+    const torch::Tensor routed_weights = weights.reshape({-1}).index_select(0, pairs).unsqueeze(-1);
+    output.index_add_(0, token, (returned * routed_weights).to(output.scalar_type()));
   }
 
   // transformers' load_balancing_loss_func for this block's router: experts x the sum over
@@ -959,8 +1062,10 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
   LlamaConfig config_;
   TensorParallel tp_;
   // The experts this rank holds, [first_held_, end_held_) (every one until sharded; -1: the
-  // experts' count).
+  // experts' count), and those of its part of the group, [first_of_part_, end_of_part_) (spread
+  // over replicas, or the same).
   int64_t first_held_ = 0, end_held_ = -1;
+  int64_t first_of_part_ = 0, end_of_part_ = -1;
 };
 TORCH_MODULE(LlamaMoe);
 

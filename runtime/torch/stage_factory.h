@@ -34,6 +34,9 @@ inline TorchStageOptions TorchStageOptionsFor(const StageSpec& spec, torch::Devi
   options.tensor_parallel.size = spec.tensor_parallel;
   options.tensor_parallel.rank = spec.tensor_parallel_index;
   options.tensor_parallel.group = spec.tensor_group;
+  options.tensor_parallel.expert_replicas = spec.expert_replicas;
+  options.tensor_parallel.expert_replica = spec.expert_replica;
+  options.tensor_parallel.expert_group = spec.expert_group;
   return options;
 }
 

@@ -228,6 +228,97 @@ std::vector<torch::Tensor> SharedOverTheSequence(const std::vector<torch::Tensor
   return CopyToTensorParallel(parameters, tp);
 }
 
+namespace {
+
+// The rows of `x` exchanged over tp.expert_group (ExchangeExpertRows's forward). A CUDA tensor
+// over a host group travels through a host copy, as GroupTakes's collectives do.
+torch::Tensor ExchangeRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, const TensorParallel& tp) {
+  comm::Communicator& group = *tp.expert_group;
+  const int members = group.size(), me = group.rank();
+  if (static_cast<int>(send_rows.size()) != members ||
+      static_cast<int>(recv_rows.size()) != members) {
+    throw std::invalid_argument(absl::StrCat("expert all-to-all: ", send_rows.size(), " and ",
+                                             recv_rows.size(), " row counts for ", members,
+                                             " replicas"));
+  }
+  torch::Tensor local = x.contiguous();
+  const bool direct = !local.is_cuda() || group.backend() == "nccl";
+  if (!direct) local = local.to(torch::kCPU);
+  std::vector<int64_t> shape = local.sizes().vec();
+  int64_t sent = 0, received = 0;
+  for (int m = 0; m < members; ++m) {
+    sent += send_rows[m];
+    received += recv_rows[m];
+  }
+  if (sent != shape[0] || send_rows[me] != recv_rows[me]) {
+    throw std::invalid_argument(absl::StrCat("expert all-to-all: ", shape[0], " rows, ", sent,
+                                             " to send; ", send_rows[me], " kept against ",
+                                             recv_rows[me], " expected"));
+  }
+  shape[0] = received;
+  torch::Tensor out = torch::empty(shape, local.options());
+  std::vector<comm::PointToPoint> transfers;
+  int64_t send_at = 0, recv_at = 0;
+  for (int m = 0; m < members; ++m) {
+    const torch::Tensor outgoing = local.narrow(0, send_at, send_rows[m]);
+    const torch::Tensor incoming = out.narrow(0, recv_at, recv_rows[m]);
+    if (m == me) {
+      incoming.copy_(outgoing);
+    } else {
+      if (send_rows[m] > 0) {
+        transfers.push_back({comm::PointToPoint::Kind::kSend, CommBufferOf(outgoing), m});
+      }
+      if (recv_rows[m] > 0) {
+        transfers.push_back({comm::PointToPoint::Kind::kRecv, CommBufferOf(incoming), m});
+      }
+    }
+    send_at += send_rows[m];
+    recv_at += recv_rows[m];
+  }
+  if (!transfers.empty()) {
+    AwaitCollective(group.SendRecvBatch(transfers), out, "expert all-to-all");
+  }
+  return direct ? out : out.to(x.device());
+}
+
+std::vector<int64_t> RowCounts(const c10::IValue& value) { return value.toIntVector(); }
+
+struct ExchangeRowsFunction : public torch::autograd::Function<ExchangeRowsFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t tp,
+                               std::vector<int64_t> send_rows, std::vector<int64_t> recv_rows) {
+    ctx->saved_data["tp"] = tp;
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return ExchangeRows(x, send_rows, recv_rows, *reinterpret_cast<const TensorParallel*>(tp));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {ExchangeRows(grads[0], RowCounts(ctx->saved_data["recv"]),
+                         RowCounts(ctx->saved_data["send"]), GroupOf(ctx)),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor GatherExpertCounts(const torch::Tensor& local, const torch::Device& device,
+                                 const TensorParallel& tp) {
+  comm::Communicator& group = *tp.expert_group;
+  // NCCL takes device buffers only: the counts travel on the device then.
+  torch::Tensor mine = local.to(torch::kLong).contiguous();
+  if (group.backend() == "nccl") mine = mine.to(device);
+  torch::Tensor all = torch::empty({group.size(), mine.numel()}, mine.options());
+  AwaitCollective(group.AllGather(CommBufferOf(mine), CommBufferOf(all)), all,
+                  "expert counts all-gather");
+  return all.to(torch::kCPU);
+}
+
+torch::Tensor ExchangeExpertRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                                 const std::vector<int64_t>& recv_rows, const TensorParallel& tp) {
+  return ExchangeRowsFunction::apply(x, Address(tp), send_rows, recv_rows);
+}
+
 absl::Status TensorParallel::CheckDivisible(int64_t total, const char* what) const {
   if (size < 1 || total % size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor parallelism of degree ", size,

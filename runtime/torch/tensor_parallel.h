@@ -55,8 +55,22 @@ struct TensorParallel {
   // changes. Must divide `size`; 1: every expert split over the whole group. Models without
   // experts ignore it.
   int expert_parallel = 1;
+  // Expert parallelism across data-parallel replicas (Megatron-LM's expert parallelism over
+  // data-parallel ranks with its all-to-all token dispatcher, as DeepSpeed-MoE's): the experts
+  // this rank's part of the group would hold are spread further over `expert_replicas`
+  // data-parallel replicas, each holding 1 / expert_replicas of them (a run of consecutive
+  // experts, replica j the j-th). Each replica routes its own tokens; the (token, expert) pairs
+  // for another replica's experts travel there and their outputs back by all-to-all over
+  // `expert_group`: this rank's counterparts (same stage, same index in the group) on those
+  // replicas, in replica order (expert_group->rank() == expert_replica). An expert's gradient
+  // then sums every replica's tokens on the replica holding it. 1: every replica holds every
+  // expert. Models without experts ignore it.
+  int expert_replicas = 1;
+  int expert_replica = 0;
+  comm::Communicator* expert_group = nullptr;
 
   bool enabled() const { return size > 1; }
+  bool experts_over_replicas() const { return expert_replicas > 1; }
   bool sequence_split() const { return size > 1 && sequence_parallel; }
   // [first, end) of `total` split in `size` equal parts (InvalidArgument naming `what` when
   // `total` is not divisible).
@@ -86,6 +100,20 @@ torch::Tensor CopyToTensorParallel(const torch::Tensor& x, const TensorParallel&
 // one all-reduce for all of them.
 std::vector<torch::Tensor> CopyToTensorParallel(const std::vector<torch::Tensor>& tensors,
                                                 const TensorParallel& tp);
+// Expert parallelism across replicas (TensorParallel::expert_replicas):
+//   GatherExpertCounts   every member's `local` (int64 [n]): [members, n], on the CPU, by
+//                        all-gather over tp.expert_group (on `device` where the group is
+//                        NCCL's)
+//   ExchangeExpertRows   all-to-all of rows over tp.expert_group: x's first send_rows[0] rows
+//                        go to member 0, the next send_rows[1] to member 1, and so on; returns
+//                        the rows received, recv_rows[s] from member s, in member order (what
+//                        member s sent this rank). Backward: the gradient's rows go back the
+//                        same way reversed.
+torch::Tensor GatherExpertCounts(const torch::Tensor& local, const torch::Device& device,
+                                 const TensorParallel& tp);
+torch::Tensor ExchangeExpertRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                                 const std::vector<int64_t>& recv_rows, const TensorParallel& tp);
+
 // Megatron's g: all-reduce forward, identity backward.
 torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParallel& tp);
 

@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<TorchStage>> TorchStage::Create(
   TANDEM_RETURN_IF_ERROR(
       InitializeTiedCopies(model, options.first_layer, options.end_layer, layers));
   TensorParallelLayout tensor_parallel;
-  if (options.tensor_parallel.enabled()) {
+  if (options.tensor_parallel.enabled() || options.tensor_parallel.experts_over_replicas()) {
     TANDEM_ASSIGN_OR_RETURN(tensor_parallel, ShardForTensorParallel(model, options, layers));
   }
   TANDEM_RETURN_IF_ERROR(
@@ -126,7 +126,8 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
         where, ": model '", model.name, "' has no tensor-parallel form (it runs with ",
         "tensor_parallel = 1 only)"));
   }
-  if (tp.group == nullptr || tp.group->size() != tp.size || tp.group->rank() != tp.rank) {
+  if (tp.enabled() &&
+      (tp.group == nullptr || tp.group->size() != tp.size || tp.group->rank() != tp.rank)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": tensor-parallel group of ", tp.size, " ranks (index ", tp.rank,
                      ") without a matching communicator"));
@@ -159,6 +160,26 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
   // parallelism places an expert whole on some ranks and empty on the others: the group
   // counts each parameter's elements over its ranks to tell.
   std::vector<char> whole_everywhere(sharded.size(), 1);
+  if (tp.experts_over_replicas()) {
+    // Experts spread over replicas: a parameter some replicas hold empty in some lane of the
+    // group is placed (in every lane: an expert the group places on another part is empty on
+    // every replica of this lane, and must still be gathered and synchronised as the others).
+    TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": experts over replicas"), [&] {
+      const int64_t n = static_cast<int64_t>(sharded.size());
+      torch::Tensor counts = torch::empty({n}, torch::kLong);
+      for (int64_t i = 0; i < n; ++i) counts[i] = sharded[static_cast<size_t>(i)].second.numel();
+      const torch::Tensor all = GatherExpertCounts(counts, options.device, tp);
+      torch::Tensor differs =
+          (std::get<0>(all.min(0)) != std::get<0>(all.max(0))).to(torch::kDouble);
+      differs = ReduceFromTensorParallel(differs.to(options.device), tp).to(torch::kCPU);
+      for (int64_t i = 0; i < n; ++i) {
+        if (differs[i].item<double>() > 0) {
+          layout.placed.insert(sharded[static_cast<size_t>(i)].first);
+          whole_everywhere[static_cast<size_t>(i)] = 0;
+        }
+      }
+    }));
+  }
   if (tp.expert_parallel > 1) {
     TANDEM_RETURN_IF_ERROR(CatchTorchErrors(absl::StrCat(where, ": expert placement"), [&] {
       torch::NoGradGuard no_grad;
@@ -175,7 +196,8 @@ absl::StatusOr<TorchStage::TensorParallelLayout> TorchStage::ShardForTensorParal
   }
   for (size_t i = 0; i < sharded.size(); ++i) {
     const auto& [name, tensor] = sharded[i];
-    if (full[name] == tensor.sizes().vec() && whole_everywhere[i]) {
+    if (full[name] == tensor.sizes().vec() && whole_everywhere[i] &&
+        layout.placed.count(name) == 0) {
       layout.replicated.insert(name);
     }
   }
@@ -379,6 +401,7 @@ std::vector<ParameterView> TorchStage::Parameters() {
                              comm::DataType::kFloat32, device()};
     view.shape = parameter.sizes().vec();
     view.tensor_parallel_replicated = tensor_parallel_.replicated.count(name) > 0;
+    view.placed_over_replicas = tensor_parallel_.placed.count(name) > 0;
     auto index = tensor_parallel_.index.find(name);
     if (index != tensor_parallel_.index.end()) {
       view.tensor_parallel_index = &index->second;

@@ -179,6 +179,8 @@ class TorchStage final : public Stage, private GradientWriter {
   // stay whole.
   struct TensorParallelLayout {
     std::set<std::string> replicated;
+    // Experts spread over data-parallel replicas (ParameterView::placed_over_replicas).
+    std::set<std::string> placed;
     // Split parameters: for each element of this rank's shard, its index in the whole one.
     std::map<std::string, std::vector<int64_t>> index;
     std::map<std::string, int64_t> whole_count;

@@ -45,10 +45,13 @@ struct StageRun {
   double loss = 0;
 };
 
-// One iteration of 2 micro-batches of 2 samples through a whole-model stage.
+// One iteration of 2 micro-batches of 2 samples through a whole-model stage (replica
+// `replica` of `replicas`: its share of the global batch, its loss scaled by 1 / replicas).
 StageRun RunStage(const LayeredModel& model, std::shared_ptr<const Dataset> data,
-                  const TensorParallel& tp) {
+                  const TensorParallel& tp, int replica = 0, int replicas = 1) {
   TorchStageOptions options;
+  options.data_parallel_index = replica;
+  options.data_parallel = replicas;
   options.device = torch::kCPU;
   options.first_layer = 0;
   options.end_layer = model.num_layers();
@@ -657,6 +660,131 @@ TEST(LlamaTensorParallelTest, ExpertsPlacedOnPartsOfTheGroupGiveTheWholeLossAndG
     qwen2_moe.qwen2_moe = true;
     qwen2_moe.expert_parallel = ep;
     ExpectShardsGiveTheWholeLossAndGradients(qwen2_moe);
+  }
+}
+
+// Experts spread over data-parallel replicas (all-to-all of the routed tokens): every
+// replica's loss is the whole model's on its own share of the batch, the parameters outside
+// the experts get the whole model's gradient of that share, and each replica holds 1 / E of
+// the experts (of its part of the tensor-parallel group), whose gradients are the whole
+// model's summed over the replicas' shares. World W: W replicas (T = 1); on 4 ranks also
+// 2 replicas x T = 2, with the experts split over the group's ranks or placed on its 2 parts,
+// with sequence parallelism.
+struct ReplicaCase {
+  int tensor_parallel = 1;
+  int expert_parallel = 1;
+  bool sequence_parallel = false;
+  bool qwen2_moe = false;
+};
+
+void ExpectExpertsOverReplicasGiveTheWholeLossAndGradients(const ReplicaCase& c) {
+  auto world = comm::CreateWorldCommunicator(comm::BackendKind::kMpi);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int size = (*world)->size(), me = (*world)->rank();
+  const int t = c.tensor_parallel, replicas = size / t;
+  if (size % t != 0 || replicas < 2) GTEST_SKIP() << size << " ranks";
+  const int replica = me / t, lane = me % t;
+  LlamaConfig llama = SmallLlama(t, /*tied=*/false);
+  if (c.qwen2_moe) {
+    llama.model_type = "qwen2_moe";
+    llama.qkv_bias = true;
+    llama.expert_intermediate = 16;
+    llama.shared_expert_intermediate = 32;
+    llama.normalize_top_k = false;
+    llama.dense_blocks = {1};
+  } else {
+    llama.model_type = "mixtral";
+    llama.router_aux_loss_coef = 0.5;
+  }
+  llama.experts = 8;
+  llama.experts_per_token = 2;
+  auto model = LlamaModelSpec(llama).Build(/*seed=*/7);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto data = SmallTask(llama);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto group = (*world)->Split(replica, lane);
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto experts = (*world)->Split(lane, replica);
+  ASSERT_TRUE(experts.ok()) << experts.status();
+  TensorParallel tp{t, lane, group->get()};
+  tp.sequence_parallel = c.sequence_parallel;
+  tp.expert_parallel = c.expert_parallel;
+  tp.expert_replicas = replicas;
+  tp.expert_replica = replica;
+  tp.expert_group = experts->get();
+
+  const StageRun whole = RunStage(*model, *data, TensorParallel{}, replica, replicas);
+  const StageRun shard = RunStage(*model, *data, tp, replica, replicas);
+  ASSERT_NE(whole.stage, nullptr);
+  ASSERT_NE(shard.stage, nullptr);
+  EXPECT_NEAR(shard.loss, whole.loss, kRelativeTolerance * std::abs(whole.loss));
+
+  // The whole model's gradients of this replica's share, and summed over the replicas.
+  std::map<std::string, torch::Tensor> value, grad, summed;
+  for (const auto& [name, p] : whole.stage->named_parameters()) {
+    value[name] = p.detach().clone();
+    grad[name] = p.grad().clone();
+    summed[name] = p.grad().clone();
+    ASSERT_TRUE((*experts)->AllReduce(CommBufferOf(summed[name]))->Wait().ok());
+  }
+  std::map<std::string, const ParameterView*> views;
+  const std::vector<ParameterView> parameters = shard.stage->Parameters();
+  for (const ParameterView& v : parameters) views[v.name] = &v;
+  int placed = 0;
+  int64_t held_units = 0;
+  for (const auto& [name, p] : shard.stage->named_parameters()) {
+    ASSERT_EQ(value.count(name), 1u) << name;
+    const ParameterView& view = *views.at(name);
+    const bool expert = name.find(".experts.") != std::string::npos;
+    EXPECT_EQ(view.placed_over_replicas, expert) << name;
+    torch::Tensor want_value = value[name], want_grad = expert ? summed[name] : grad[name];
+    if (view.tensor_parallel_index != nullptr) {
+      const torch::Tensor picked = torch::tensor(*view.tensor_parallel_index);
+      want_value = want_value.reshape({-1}).index_select(0, picked).view(p.sizes());
+      want_grad = want_grad.reshape({-1}).index_select(0, picked).view(p.sizes());
+    }
+    ASSERT_EQ(p.sizes(), want_value.sizes()) << name;
+    EXPECT_TRUE(torch::equal(p.detach(), want_value)) << name;
+    EXPECT_LT(RelativeError(p.grad(), want_grad), kRelativeTolerance) << name << " on " << me;
+    if (expert) {
+      ++placed;
+      const bool down =
+          name.find(".w2.") != std::string::npos || name.find(".down_proj.") != std::string::npos;
+      if (down && name.find("layers.1.") == 0) held_units += p.size(1);
+    }
+  }
+  // Every expert's three matrices of every sparse block are placed; this rank holds
+  // 1 / (parts x replicas) of block 1's experts, each split over its part's t / parts ranks.
+  const int sparse_blocks = c.qwen2_moe ? 1 : static_cast<int>(llama.layers);
+  EXPECT_EQ(placed, 3 * static_cast<int>(llama.experts) * sparse_blocks);
+  EXPECT_EQ(held_units, llama.experts / (c.expert_parallel * replicas) * llama.ExpertUnits() /
+                            (t / c.expert_parallel));
+  // Not a copy of the whole: the experts' gradients differ from this replica's own.
+  if (c.tensor_parallel == 1) {
+    const std::string name = c.qwen2_moe ? "layers.1.mlp.experts.0.up_proj.weight"
+                                         : "layers.1.block_sparse_moe.experts.0.w3.weight";
+    EXPECT_GT(RelativeError(summed[name], grad[name]), 100 * kRelativeTolerance);
+  }
+}
+
+TEST(LlamaTensorParallelTest, ExpertsOverReplicasGiveTheWholeLossAndGradients) {
+  ExpectExpertsOverReplicasGiveTheWholeLossAndGradients({});
+  ReplicaCase qwen2_moe;
+  qwen2_moe.qwen2_moe = true;
+  ExpectExpertsOverReplicasGiveTheWholeLossAndGradients(qwen2_moe);
+}
+
+TEST(LlamaTensorParallelTest, ExpertsOverReplicasWithTensorParallelism) {
+  for (int parts : {1, 2}) {
+    for (bool sequence_parallel : {false, true}) {
+      SCOPED_TRACE(
+          absl::StrCat("experts on ", parts, " parts, sequence parallel ", sequence_parallel));
+      ReplicaCase c;
+      c.tensor_parallel = 2;
+      c.expert_parallel = parts;
+      c.sequence_parallel = sequence_parallel;
+      ExpectExpertsOverReplicasGiveTheWholeLossAndGradients(c);
+    }
   }
 }
 

@@ -32,10 +32,12 @@ constexpr double kRelativeTolerance = 1e-5;
 // Checkpoints of a sharded run against one rank's, relative to each tensor's largest value:
 // a sharded product sums its partial results in another order, and AdamW's step, about the
 // learning rate for any gradient well above its epsilon, turns last-bit differences of the
-// near-zero gradients into parameter differences of up to 6e-5 of a tensor's largest value over
-// 6 steps (measured: 6.3e-5 for an MLP output weight with DeAR). Losses and gradient norms
-// keep 1e-5; a wrong shard or a lost update is off by orders of magnitude more.
-constexpr char kCheckpointTolerance[] = " --tolerance 1e-4";
+// near-zero gradients into parameter differences of a tensor's largest value over 6 steps that
+// depend on the processor's BLAS kernels (measured for an MLP output weight with DeAR: 6.3e-5
+// on one machine, 4.8e-4 on another, the same build). Losses and gradient norms keep 1e-5; a
+// wrong shard is off by the parameters' own size, and one lost AdamW step (about the learning
+// rate, 3e-3, in every element) by several percent of a tensor's largest value.
+constexpr char kCheckpointTolerance[] = " --tolerance 1e-3";
 constexpr uint64_t kSeed = 11;
 constexpr int64_t kGlobalBatch = 16;
 constexpr int kSteps = 6;
@@ -476,6 +478,122 @@ TEST(TensorParallelTest, MixtralWithExpertParallelismTrainsAndCheckpointsAsOnePr
   tandem::RemoveAll(ep_dir).IgnoreError();
   std::filesystem::remove(one_log);
   std::filesystem::remove(ep_log);
+}
+
+// Experts spread over data-parallel replicas (--expert-parallel-replicas): a Mixtral with its
+// balancing loss and clipping, each expert on one replica of each pair, its tokens sent there
+// by all-to-all, trains to the losses and gradient norms of one process (8 micro-batches of 1
+// sample, as every layout below takes them) on 4 ranks laid out three ways: 2 stages x 2
+// replicas with DeAR (the experts' gradients on no other replica), 4 replicas with all-reduce
+// (each expert on 2 of them, summed there), and 2 replicas x tensor parallelism 2 (each lane
+// exchanging its own tokens). The first run's checkpoint, each expert gathered from its
+// replica, is one process's; a resume from it continues alike on its layout and on one
+// process.
+TEST(TensorParallelTest, MixtralWithExpertsOverReplicasTrainsAndCheckpointsAsOneProcess) {
+  const std::string mixtral = absl::StrCat(
+      " train --model llama --experts 4 --experts-per-token 2 --layers 2 --hidden 32 --heads 4"
+      " --kv-heads 2 --intermediate 32 --seq-len 8 --global-batch 8 --moe-aux-loss-coef 0.5"
+      " --clip-norm 0.5 --seed ",
+      kSeed, " --log-json ");
+  const std::string mpirun =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np ");
+  const std::string one_log = TempPath("epr_one.jsonl"), split_log = TempPath("epr_split.jsonl");
+  const std::string one_dir = TempPath("epr_one_ckpt"), split_dir = TempPath("epr_split_ckpt");
+  Outcome one = RunCommand(absl::StrCat(g_tandem, mixtral, one_log,
+                                        " --steps 4 --schedule 1f1b --stages 1 --microbatches 8",
+                                        " --checkpoint-dir ", one_dir));
+  ASSERT_EQ(one.exit_status, 0) << one.output;
+  const auto want = tandem::testing::ReadLogIterations(one_log);
+  ASSERT_EQ(want.size(), 4u) << one.output;
+  EXPECT_NE(want.front()["loss"].get<double>(), want.back()["loss"].get<double>());
+  const std::string layouts[] = {
+      " --schedule 1f1b --stages 2 --data-parallel 2 --microbatches 4 --grad-sync dear",
+      " --schedule 1f1b --stages 1 --data-parallel 4 --microbatches 2 --grad-sync allreduce",
+      " --schedule 1f1b --stages 1 --data-parallel 2 --tensor-parallel 2 --microbatches 4"};
+  for (const std::string& layout : layouts) {
+    SCOPED_TRACE(layout);
+    std::filesystem::remove(split_log);
+    const bool first = &layout == &layouts[0];
+    Outcome split = RunCommand(absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, split_log,
+                                            " --steps 4", layout, " --expert-parallel-replicas 2",
+                                            first ? " --checkpoint-dir " + split_dir : ""));
+    ASSERT_EQ(split.exit_status, 0) << split.output;
+    EXPECT_NE(split.output.find("experts: spread over 2 data-parallel replicas, 1/2 of them "
+                                "each"),
+              std::string::npos)
+        << split.output;
+    const auto got = tandem::testing::ReadLogIterations(split_log);
+    ASSERT_EQ(got.size(), want.size()) << split.output;
+    for (size_t i = 0; i < want.size(); ++i) {
+      for (const char* field : {"loss", "grad_norm"}) {
+        const double a = got[i][field].get<double>(), b = want[i][field].get<double>();
+        EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b))
+            << field << " iteration " << i + 1;
+      }
+    }
+  }
+  Outcome diff = RunCommand(
+      absl::StrCat(g_tandem, " checkpoint diff ", split_dir, " ", one_dir, kCheckpointTolerance));
+  EXPECT_EQ(diff.exit_status, 0) << diff.output;
+
+  // Iterations 5 and 6 from the spread experts' checkpoint: on their layout (each replica takes
+  // its experts of the whole ones) and on one process.
+  std::vector<std::vector<nlohmann::json>> resumed;
+  for (const std::string& run :
+       {absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, split_log, layouts[0],
+                     " --expert-parallel-replicas 2"),
+        absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 8")}) {
+    std::filesystem::remove(split_log);
+    std::filesystem::remove(one_log);
+    Outcome r = RunCommand(absl::StrCat(run, " --resume ", split_dir, " --steps 6"));
+    ASSERT_EQ(r.exit_status, 0) << run << "\n" << r.output;
+    resumed.push_back(tandem::testing::ReadLogIterations(
+        std::filesystem::exists(split_log) ? split_log : one_log));
+    ASSERT_EQ(resumed.back().size(), 2u) << r.output;
+    EXPECT_EQ(resumed.back()[0]["iteration"].get<int>(), 5);
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    const double a = resumed[0][i]["loss"].get<double>(), b = resumed[1][i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 5;
+  }
+  tandem::RemoveAll(one_dir).IgnoreError();
+  tandem::RemoveAll(split_dir).IgnoreError();
+  std::filesystem::remove(one_log);
+  std::filesystem::remove(split_log);
+}
+
+// --expert-parallel-replicas names what does not fit: replicas it does not divide, experts it
+// does not divide, a model without experts.
+TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
+  const std::string log = TempPath("epr_bad.jsonl");
+  const std::string mpirun =
+      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ");
+  const std::string llama =
+      " train --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 32"
+      " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --data-parallel 2"
+      " --microbatches 2 --log-json " +
+      log;
+  const std::pair<std::string, std::string> cases[] = {
+      {" --experts 4 --expert-parallel-replicas 4",
+       "experts spread over 4 data-parallel replicas need a data-parallel degree they divide; "
+       "the plan has 2"},
+      {" --experts 3 --expert-parallel-replicas 2",
+       "--expert-parallel-replicas 2 does not divide the model's 3 experts"},
+      {" --expert-parallel-replicas 2",
+       "--expert-parallel-replicas spreads experts: it needs a model with experts"},
+      {" --experts 4 --expert-parallel-replicas 0",
+       "--expert-parallel-replicas must be at least 1, not 0"}};
+  for (const auto& [flags, message] : cases) {
+    Outcome o = RunCommand(absl::StrCat(mpirun, g_tandem, llama, flags));
+    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
+  }
+  Outcome gpt = RunCommand(Train(2, 2, "--data-parallel 2 --expert-parallel-replicas 2", log));
+  EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
+  EXPECT_NE(gpt.output.find("--expert-parallel-replicas spreads experts: gpt has none"),
+            std::string::npos)
+      << gpt.output;
+  std::filesystem::remove(log);
 }
 
 // --expert-parallel names what does not fit: a degree that does not divide the group or the
