@@ -8,8 +8,11 @@
 # AdaPipe takes the faster; the lines after the table say what was measured and chosen); with
 # FOUR=1 also 4 ranks (TP 4; EP 2 x ETP 2; EP 4; the planner's choice). The ratio column is
 # tokens/s over the first row's, measured side by side in one sitting (compare ratios on a
-# noisy machine). Each row is the command as a user runs it, end to end; tokens/s and the time
-# per iteration are the run's own "trained ..." line, over the steps after the first.
+# noisy machine). Each row is the command as a user runs it, end to end; tokens/s, the time
+# per iteration and the peak memory (rank 0's) are the run's own "trained ..." line, the
+# first two over the steps after the first. Then 2 data-parallel replicas with every expert
+# on both, and with the experts spread over them (--expert-parallel-replicas 2: 4 each, the
+# routed tokens moved by all-to-all).
 #
 #   bench/runtime/expert_parallel_bench.sh [BUILD_DIR]
 #
@@ -33,23 +36,25 @@ choices=()
 run() {  # ranks label flags...
   local ranks=$1 label=$2
   shift 2
-  local output line tokens ms ratio loss
+  local output line tokens ms ratio loss peak
   output=$(mpirun -np "$ranks" --bind-to none "$bin" train "${model[@]}" "$@" 2>&1 || true)
   last_output=$output
   line=$(echo "$output" | grep "^trained" || true)
   tokens=$(echo "$line" | sed -n 's/.* \([0-9.]*\) tokens\/s.*/\1/p')
   ms=$(echo "$line" | sed -n 's/.* \([0-9.]*\) ms per iteration.*/\1/p')
   loss=$(echo "$output" | grep -o "loss [0-9.]*" | tail -1 | cut -d' ' -f2)
+  peak=$(echo "$line" | sed -n 's/.*peak host memory \([0-9.]* [KMG]iB\).*/\1/p' | tr -d ' ')
   if [[ -z "$base" && -n "$tokens" ]]; then base=$tokens; fi
   ratio=$(awk -v t="${tokens:-0}" -v b="${base:-0}" 'BEGIN { if (b > 0 && t > 0) printf "%.2f", t / b; else print "-" }')
-  printf "%-6s %-26s %10s %12s %8s %12s\n" "$ranks" "$label" "${ms:-failed}" "${tokens:-failed}" \
-    "$ratio" "${loss:--}"
+  printf "%-6s %-30s %10s %12s %8s %12s %10s\n" "$ranks" "$label" "${ms:-failed}" \
+    "${tokens:-failed}" "$ratio" "${loss:--}" "${peak:--}"
   if [[ -z "$tokens" ]]; then echo "$output" | tail -3; fi
 }
 
 echo "llama with $experts experts ($topk a token) of $units units, L=2 H=256 S=128 V=256, global" \
   "batch 8 (1024 tokens per iteration), $(getconf _NPROCESSORS_ONLN) cores"
-printf "%-6s %-26s %10s %12s %8s %12s\n" ranks layout ms/iter tokens/s vs-1 "last loss"
+printf "%-6s %-30s %10s %12s %8s %12s %10s\n" ranks layout ms/iter tokens/s vs-1 "last loss" \
+  "peak"
 one=(--schedule 1f1b --stages 1 --microbatches 4)
 run 1 "1 rank" "${one[@]}"
 run 2 "TP 2 (experts split)" "${one[@]}" --tensor-parallel 2
@@ -63,6 +68,9 @@ chosen() {  # ranks tensor-parallel
   choices+=("$(echo "$last_output" | grep -E "measured: forward|^  experts:" || true)")
 }
 chosen 2 2
+dp=(--schedule 1f1b --stages 1 --data-parallel 2 --microbatches 2)
+run 2 "DP 2 (every expert on both)" "${dp[@]}"
+run 2 "DP 2, experts over replicas" "${dp[@]}" --expert-parallel-replicas 2
 if [[ "${FOUR:-0}" == 1 ]]; then
   run 4 "TP 4 (experts split)" "${one[@]}" --tensor-parallel 4
   run 4 "TP 4, EP 2 x ETP 2" "${one[@]}" --tensor-parallel 4 --expert-parallel 2

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -409,6 +410,38 @@ TEST(TensorParallelTest, MixtralTrainsAsOneProcessOnPipelineDataAndTensorParalle
             100 * kRelativeTolerance * std::abs(want[3]["loss"].get<double>()));
 }
 
+// Resumes `dir` for iterations 5 and 6 with each run (a command and the log it writes):
+// every run continues from iteration 5 with the first run's losses.
+void ExpectResumesAlike(const std::string& dir,
+                        const std::vector<std::pair<std::string, std::string>>& runs) {
+  std::vector<std::vector<nlohmann::json>> resumed;
+  for (const auto& [run, log] : runs) {
+    std::filesystem::remove(log);
+    Outcome r = RunCommand(absl::StrCat(run, " --resume ", dir, " --steps 6"));
+    ASSERT_EQ(r.exit_status, 0) << run << "\n" << r.output;
+    resumed.push_back(tandem::testing::ReadLogIterations(log));
+    ASSERT_EQ(resumed.back().size(), 2u) << r.output;
+    EXPECT_EQ(resumed.back()[0]["iteration"].get<int>(), 5);
+  }
+  for (size_t run = 1; run < resumed.size(); ++run) {
+    for (size_t i = 0; i < 2; ++i) {
+      const double a = resumed[run][i]["loss"].get<double>();
+      const double b = resumed[0][i]["loss"].get<double>();
+      EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 5;
+    }
+  }
+}
+
+// `command` with each case's flags added exits with status 2 and prints its message.
+void ExpectEachIsBadInput(const std::string& command,
+                          const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [flags, message] : cases) {
+    Outcome o = RunCommand(command + flags);
+    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
+    EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
+  }
+}
+
 // Expert parallelism (--expert-parallel): a Mixtral's experts whole on one rank of each
 // tensor-parallel pair, on 2 replicas with DeAR and clipping: the losses and gradient norms
 // of one process (the norm counts each expert once, on the rank that holds it), and the same
@@ -457,23 +490,11 @@ TEST(TensorParallelTest, MixtralWithExpertParallelismTrainsAndCheckpointsAsOnePr
 
   // Iterations 5 and 6 from the experts' checkpoint: on 2 ranks with expert parallelism (each
   // rank takes its experts of the whole ones), and on one process.
-  std::vector<std::vector<nlohmann::json>> resumed;
-  for (const std::string& run :
-       {absl::StrCat(mpirun, 2, " ", g_tandem, mixtral, ep_log, ep_layout),
-        absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 4")}) {
-    std::filesystem::remove(ep_log);
-    std::filesystem::remove(one_log);
-    Outcome r = RunCommand(absl::StrCat(run, " --resume ", ep_dir, " --steps 6"));
-    ASSERT_EQ(r.exit_status, 0) << run << "\n" << r.output;
-    resumed.push_back(
-        tandem::testing::ReadLogIterations(std::filesystem::exists(ep_log) ? ep_log : one_log));
-    ASSERT_EQ(resumed.back().size(), 2u) << r.output;
-    EXPECT_EQ(resumed.back()[0]["iteration"].get<int>(), 5);
-  }
-  for (size_t i = 0; i < 2; ++i) {
-    const double a = resumed[0][i]["loss"].get<double>(), b = resumed[1][i]["loss"].get<double>();
-    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 5;
-  }
+  ExpectResumesAlike(
+      ep_dir,
+      {{absl::StrCat(mpirun, 2, " ", g_tandem, mixtral, ep_log, ep_layout), ep_log},
+       {absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 4"),
+        one_log}});
   tandem::RemoveAll(one_dir).IgnoreError();
   tandem::RemoveAll(ep_dir).IgnoreError();
   std::filesystem::remove(one_log);
@@ -538,24 +559,13 @@ TEST(TensorParallelTest, MixtralWithExpertsOverReplicasTrainsAndCheckpointsAsOne
 
   // Iterations 5 and 6 from the spread experts' checkpoint: on their layout (each replica takes
   // its experts of the whole ones) and on one process.
-  std::vector<std::vector<nlohmann::json>> resumed;
-  for (const std::string& run :
-       {absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, split_log, layouts[0],
+  ExpectResumesAlike(
+      split_dir,
+      {{absl::StrCat(mpirun, 4, " ", g_tandem, mixtral, split_log, layouts[0],
                      " --expert-parallel-replicas 2"),
-        absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 8")}) {
-    std::filesystem::remove(split_log);
-    std::filesystem::remove(one_log);
-    Outcome r = RunCommand(absl::StrCat(run, " --resume ", split_dir, " --steps 6"));
-    ASSERT_EQ(r.exit_status, 0) << run << "\n" << r.output;
-    resumed.push_back(tandem::testing::ReadLogIterations(
-        std::filesystem::exists(split_log) ? split_log : one_log));
-    ASSERT_EQ(resumed.back().size(), 2u) << r.output;
-    EXPECT_EQ(resumed.back()[0]["iteration"].get<int>(), 5);
-  }
-  for (size_t i = 0; i < 2; ++i) {
-    const double a = resumed[0][i]["loss"].get<double>(), b = resumed[1][i]["loss"].get<double>();
-    EXPECT_LE(std::abs(a - b), kRelativeTolerance * std::abs(b)) << "iteration " << i + 5;
-  }
+        split_log},
+       {absl::StrCat(g_tandem, mixtral, one_log, " --schedule 1f1b --stages 1 --microbatches 8"),
+        one_log}});
   tandem::RemoveAll(one_dir).IgnoreError();
   tandem::RemoveAll(split_dir).IgnoreError();
   std::filesystem::remove(one_log);
@@ -573,7 +583,7 @@ TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
       " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --data-parallel 2"
       " --microbatches 2 --log-json " +
       log;
-  const std::pair<std::string, std::string> cases[] = {
+  const std::vector<std::pair<std::string, std::string>> cases = {
       {" --experts 4 --expert-parallel-replicas 4",
        "experts spread over 4 data-parallel replicas need a data-parallel degree they divide; "
        "the plan has 2"},
@@ -583,11 +593,7 @@ TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
        "--expert-parallel-replicas spreads experts: it needs a model with experts"},
       {" --experts 4 --expert-parallel-replicas 0",
        "--expert-parallel-replicas must be at least 1, not 0"}};
-  for (const auto& [flags, message] : cases) {
-    Outcome o = RunCommand(absl::StrCat(mpirun, g_tandem, llama, flags));
-    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
-    EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
-  }
+  ExpectEachIsBadInput(absl::StrCat(mpirun, g_tandem, llama), cases);
   Outcome gpt = RunCommand(Train(2, 2, "--data-parallel 2 --expert-parallel-replicas 2", log));
   EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
   EXPECT_NE(gpt.output.find("--expert-parallel-replicas spreads experts: gpt has none"),
@@ -607,7 +613,7 @@ TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
       " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --tensor-parallel 2"
       " --microbatches 2 --log-json " +
       log;
-  const std::pair<std::string, std::string> cases[] = {
+  const std::vector<std::pair<std::string, std::string>> cases = {
       {" --experts 4 --expert-parallel 4",
        "--expert-parallel 4 places the experts on parts of a "
        "tensor-parallel group: it must divide the group's 2"},
@@ -619,11 +625,7 @@ TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
        "--expert-parallel must be at least 1, or 0 for the planner's choice, not -1"},
       {" --experts 4 --expert-parallel 0",
        "--expert-parallel 0 (the planner's choice) does not go with --schedule: give N"}};
-  for (const auto& [flags, message] : cases) {
-    Outcome o = RunCommand(absl::StrCat(mpirun, g_tandem, llama, flags));
-    EXPECT_EQ(o.exit_status, 2) << flags << "\n" << o.output;
-    EXPECT_NE(o.output.find(message), std::string::npos) << flags << "\n" << o.output;
-  }
+  ExpectEachIsBadInput(absl::StrCat(mpirun, g_tandem, llama), cases);
   // The GPT has no experts either.
   Outcome gpt = RunCommand(Train(2, 2, "--tensor-parallel 2 --expert-parallel 0", log));
   EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
