@@ -45,6 +45,13 @@ constexpr int kSteps = 10;
 constexpr int64_t kGlobalBatch = 16;
 constexpr uint64_t kSeed = 7;
 constexpr double kRelativeTolerance = 1e-5;
+// Each float32 parameter elementwise, relative to its tensor's largest value, after 10 steps.
+// AdamW divides each step by the root of its second moment, so last-bit differences in the
+// gradients of near-zero elements become differences of whole steps; how large depends on the
+// processor's BLAS kernels (a GPT's MLP output weight under DualPipe and Hanayo: within 1e-5 on
+// one machine, 1.13e-5 on another, the same build). Losses and the parameters' L2 distance keep
+// 1e-5; a lost or doubled step is off by about the learning rate in every element.
+constexpr double kParameterTolerance = 3e-5;
 
 comm::Communicator* World() {
   static comm::Communicator* world = [] {
@@ -281,8 +288,10 @@ void RunCase(const Case& c) {
       }
       // bf16: elementwise bound on the scale of the tensor, as float32 but looser (with bf16
       // gradients a layer norm's bias, whose scale is small, is 1.9% apart).
-      EXPECT_LE(MaxRelative(got, reference_value),
-                c.bf16 ? 10 * tolerance : c.bf16_gradients ? 5 * tolerance : tolerance)
+      EXPECT_LE(MaxRelative(got, reference_value), c.bf16 ? 10 * tolerance
+                                                   : c.bf16_gradients
+                                                       ? 5 * tolerance
+                                                       : std::max(tolerance, kParameterTolerance))
           << what;
     }
   }
