@@ -273,11 +273,10 @@ absl::Status Engine::Build(StageFactory factory) {
                                     "the plan does not fit this run"));
     if (expert_replicas > 1) {
       if (plan_.data_parallel % expert_replicas != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("experts spread over ", expert_replicas,
-                         " data-parallel replicas need a "
-                         "data-parallel degree they divide; the plan has ",
-                         plan_.data_parallel));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "experts spread over ", expert_replicas,
+            " data-parallel replicas need a data-parallel degree they divide; the plan has ",
+            plan_.data_parallel));
       }
       if (options_.job.sync_gradients || options_.job.sum_evaluation) {
         return absl::InvalidArgumentError(
