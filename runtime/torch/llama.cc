@@ -1024,9 +1024,9 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
     for (size_t i = 0; i < by_expert.size(); ++i) {
       back[static_cast<size_t>(by_expert[i])] = static_cast<int64_t>(i);
     }
-    const auto long_options = torch::TensorOptions().dtype(torch::kLong).device(tokens.device());
+    const torch::Device device = tokens.device();
     const std::vector<torch::Tensor> grouped =
-        arrived.index_select(0, torch::tensor(by_expert, torch::kLong).to(long_options.device()))
+        arrived.index_select(0, torch::tensor(by_expert, torch::kLong).to(device))
             .split_with_sizes(sizes);
     std::vector<torch::Tensor> results;
     for (int64_t e = first_held_; e < end_held_; ++e) {
@@ -1034,8 +1034,8 @@ class LlamaMoeImpl : public torch::nn::Cloneable<LlamaMoeImpl> {
       results.push_back(experts[e]->as<LlamaExpertImpl>()->Partial(
           grouped[static_cast<size_t>(e - first_held_)]));
     }
-    const torch::Tensor computed = torch::cat(results).index_select(
-        0, torch::tensor(back, torch::kLong).to(long_options.device()));
+    const torch::Tensor computed =
+        torch::cat(results).index_select(0, torch::tensor(back, torch::kLong).to(device));
     const torch::Tensor returned = ExchangeExpertRows(computed, receive, send, tp_);
     const torch::Tensor routed_weights = weights.reshape({-1}).index_select(0, pairs).unsqueeze(-1);
     output.index_add_(0, token, (returned * routed_weights).to(output.scalar_type()));
