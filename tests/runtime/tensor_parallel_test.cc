@@ -432,6 +432,16 @@ void ExpectResumesAlike(const std::string& dir,
   }
 }
 
+// One step of a small Llama on 2 ranks laid out by `layout` (one pipeline stage), logging to
+// `log`: the command the refusals below add their flags to.
+std::string SmallLlamaOnTwoRanks(const std::string& layout, const std::string& log) {
+  return absl::StrCat(
+      TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ", g_tandem,
+      " train --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 32"
+      " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --microbatches 2 ",
+      layout, " --log-json ", log);
+}
+
 // `command` with each case's flags added exits with status 2 and prints its message.
 void ExpectEachIsBadInput(const std::string& command,
                           const std::vector<std::pair<std::string, std::string>>& cases) {
@@ -576,13 +586,6 @@ TEST(TensorParallelTest, MixtralWithExpertsOverReplicasTrainsAndCheckpointsAsOne
 // does not divide, a model without experts.
 TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
   const std::string log = TempPath("epr_bad.jsonl");
-  const std::string mpirun =
-      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ");
-  const std::string llama =
-      " train --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 32"
-      " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --data-parallel 2"
-      " --microbatches 2 --log-json " +
-      log;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --experts 4 --expert-parallel-replicas 4",
        "experts spread over 4 data-parallel replicas need a data-parallel degree they divide; "
@@ -593,7 +596,7 @@ TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
        "--expert-parallel-replicas spreads experts: it needs a model with experts"},
       {" --experts 4 --expert-parallel-replicas 0",
        "--expert-parallel-replicas must be at least 1, not 0"}};
-  ExpectEachIsBadInput(absl::StrCat(mpirun, g_tandem, llama), cases);
+  ExpectEachIsBadInput(SmallLlamaOnTwoRanks("--data-parallel 2", log), cases);
   Outcome gpt = RunCommand(Train(2, 2, "--data-parallel 2 --expert-parallel-replicas 2", log));
   EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
   EXPECT_NE(gpt.output.find("--expert-parallel-replicas spreads experts: gpt has none"),
@@ -606,13 +609,6 @@ TEST(TensorParallelTest, ExpertsOverReplicasThatDoNotFitAreBadInput) {
 // experts, a model without experts.
 TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
   const std::string log = TempPath("ep_bad.jsonl");
-  const std::string mpirun =
-      absl::StrCat(TANDEM_MPIEXEC, " --allow-run-as-root --oversubscribe --bind-to none -np 2 ");
-  const std::string llama =
-      " train --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --intermediate 32"
-      " --seq-len 8 --global-batch 4 --steps 1 --schedule 1f1b --stages 1 --tensor-parallel 2"
-      " --microbatches 2 --log-json " +
-      log;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --experts 4 --expert-parallel 4",
        "--expert-parallel 4 places the experts on parts of a "
@@ -625,7 +621,7 @@ TEST(TensorParallelTest, ExpertParallelismThatDoesNotFitIsBadInput) {
        "--expert-parallel must be at least 1, or 0 for the planner's choice, not -1"},
       {" --experts 4 --expert-parallel 0",
        "--expert-parallel 0 (the planner's choice) does not go with --schedule: give N"}};
-  ExpectEachIsBadInput(absl::StrCat(mpirun, g_tandem, llama), cases);
+  ExpectEachIsBadInput(SmallLlamaOnTwoRanks("--tensor-parallel 2", log), cases);
   // The GPT has no experts either.
   Outcome gpt = RunCommand(Train(2, 2, "--tensor-parallel 2 --expert-parallel 0", log));
   EXPECT_EQ(gpt.exit_status, 2) << gpt.output;
