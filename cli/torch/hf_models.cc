@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, init_from, "",
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
           "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, "
-          "glm, falcon and nemotron): "
+          "glm, falcon, nemotron, qwen3, qwen3_moe and olmo2): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
@@ -50,7 +50,7 @@ ABSL_FLAG(int, experts, 0,
           "(the model is then transformers' MixtralForCausalLM): this many experts of "
           "--intermediate units each; 0: a dense MLP");
 ABSL_FLAG(double, moe_aux_loss_coef, 0,
-          "llama with experts (--experts, or a mixtral, qwen2_moe, granitemoe or olmoe "
+          "llama with experts (--experts, or a mixtral, qwen2_moe, granitemoe, olmoe or qwen3_moe "
           "config.json): "
           "each sparse "
           "block's load-balancing loss (transformers' load_balancing_loss_func of its router) "
@@ -186,7 +186,7 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   if (expert_parallel != 1 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--expert-parallel places experts: it needs a model with experts (--experts, or a "
-        "mixtral, qwen2_moe, granitemoe or olmoe config.json)");
+        "mixtral, qwen2_moe, granitemoe, olmoe or qwen3_moe config.json)");
   }
   if (expert_parallel > 1 && config.experts % expert_parallel != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--expert-parallel ", expert_parallel,
@@ -197,7 +197,7 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   if (expert_replicas != 1 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--expert-parallel-replicas spreads experts: it needs a model with experts (--experts, "
-        "or a mixtral, qwen2_moe, granitemoe or olmoe config.json)");
+        "or a mixtral, qwen2_moe, granitemoe, olmoe or qwen3_moe config.json)");
   }
   if (expert_replicas > 1 &&
       config.experts % (static_cast<int64_t>(std::max(1, expert_parallel)) * expert_replicas) !=
@@ -210,7 +210,7 @@ absl::StatusOr<ModelAndData> MakeLlama(const ModelRequest& request) {
   if (config.router_aux_loss_coef != 0 && !config.Moe()) {
     return absl::InvalidArgumentError(
         "--moe-aux-loss-coef needs a model with experts (--experts, or a mixtral, qwen2_moe, "
-        "granitemoe or olmoe config.json)");
+        "granitemoe, olmoe or qwen3_moe config.json)");
   }
   TANDEM_ASSIGN_OR_RETURN(config.attention, AttentionFromFlags());
   TANDEM_ASSIGN_OR_RETURN(config.vocab, VocabularyFromFlags(file.has_value() ? config.vocab : 0));
@@ -283,9 +283,9 @@ void RegisterHuggingFaceModels() {
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
                     "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Granite, "
                     "Phi-3, OLMo, StarCoder 2, Phi, GPT-NeoX, StableLM, GPT-J, Command R, GLM-4, "
-                    "Falcon, Nemotron, "
-                    "Mixtral, Qwen2-MoE, Granite-MoE and OLMoE from their config.json, Mixtral's "
-                    "experts from --experts)",
+                    "Falcon, Nemotron, Qwen3, OLMo 2, "
+                    "Mixtral, Qwen2-MoE, Granite-MoE, OLMoE and Qwen3-MoE from their config.json, "
+                    "Mixtral's experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",
                    "intermediate", "experts", "experts_per_token", "moe_aux_loss_coef", "seq_len",
                    "vocab", "data", "data_format", "valid_data", "attention"},

@@ -618,6 +618,9 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "cohere"     ? "CohereForCausalLM"
                                    : config.model_type == "glm"        ? "GlmForCausalLM"
                                    : config.model_type == "nemotron"   ? "NemotronForCausalLM"
+                                   : config.model_type == "qwen3"      ? "Qwen3ForCausalLM"
+                                   : config.model_type == "qwen3_moe"  ? "Qwen3MoeForCausalLM"
+                                   : config.model_type == "olmo2"      ? "Olmo2ForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -665,6 +668,32 @@ Json LlamaConfigJson(const LlamaConfig& config) {
       json["num_experts_per_tok"] = config.experts_per_token;
       json["moe_intermediate_size"] = config.expert_intermediate;
       json["shared_expert_intermediate_size"] = config.shared_expert_intermediate;
+      json["norm_topk_prob"] = config.normalize_top_k;
+      json["decoder_sparse_step"] = config.sparse_step;
+      json["mlp_only_layers"] = config.dense_blocks;
+      json["output_router_logits"] = false;
+    }
+  } else if (config.Olmo2()) {
+    // Olmo2Config: attention_bias for every attention product, no MLP biases, head_dim only
+    // where it is not hidden / heads (kept as an extra field its attention reads), and an
+    // absent pad_token_id would read as 1.
+    json.erase("mlp_bias");
+    if (config.head_dim == 0) json.erase("head_dim");
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
+  } else if (config.Qwen3()) {
+    // Qwen3Config and Qwen3MoeConfig: attention_bias for every attention product, no MLP
+    // biases, head_dim (Qwen3MoeConfig keeps it as an extra field its attention reads), the
+    // window with use_sliding_window; Qwen3-MoE's experts (no shared expert, no load-balancing
+    // loss: tandem trains without it).
+    json.erase("mlp_bias");
+    json["use_sliding_window"] = config.sliding_window > 0;
+    json["sliding_window"] = window;
+    if (config.model_type == "qwen3_moe") {
+      // Absent, Qwen3-MoE's attention takes hidden / heads (as the model does without one).
+      if (config.head_dim == 0) json.erase("head_dim");
+      json["num_experts"] = config.experts;
+      json["num_experts_per_tok"] = config.experts_per_token;
+      json["moe_intermediate_size"] = config.expert_intermediate;
       json["norm_topk_prob"] = config.normalize_top_k;
       json["decoder_sparse_step"] = config.sparse_step;
       json["mlp_only_layers"] = config.dense_blocks;

@@ -167,32 +167,42 @@ class HeadWeightImpl : public torch::nn::Cloneable<HeadWeightImpl> {
 };
 TORCH_MODULE(HeadWeight);
 
-// A norm of each query or key head apart (the mean subtracted, divided by the deviation, in
-// float32), times that head's own weights: Cohere's q_norm and k_norm (use_qk_norm;
-// CohereLayerNorm of shape [heads, head_dim], one weight tensor), or with `separate` StableLM's
-// q_layernorm and k_layernorm (qk_layernorm; StableLmLayerNormPerHead: a LayerNorm without bias
-// per head, norms.<h>.weight). Under tensor parallelism a rank normalises its own heads: it keeps
-// their rows of Cohere's weight (nothing exchanged), or holds every head's weights whole (always
-// StableLM's; Cohere's key norm where ranks share key heads) and sums their gradients over the
-// group (each rank's heads give a part).
+// The norms of each query or key head apart (HeadNorm).
+enum class HeadNormKind {
+  kCohere,    // CohereLayerNorm [heads, head_dim]: the mean subtracted, each head's own weights
+  kStableLm,  // StableLmLayerNormPerHead: the same, a LayerNorm per head (norms.<h>.weight)
+  kQwen3,     // Qwen3RMSNorm [head_dim]: an RMSNorm of each head, one weight for all of them
+};
+
+// A norm of each query or key head apart, in float32: Cohere's q_norm and k_norm (use_qk_norm;
+// CohereLayerNorm of shape [heads, head_dim], one weight tensor: the mean subtracted, divided
+// by the deviation, times that head's own weights), StableLM's q_layernorm and k_layernorm
+// (qk_layernorm; StableLmLayerNormPerHead: the same computation, a LayerNorm without bias per
+// head, norms.<h>.weight), or Qwen3's q_norm and k_norm (Qwen3RMSNorm over head_dim: each head
+// divided by its root mean square, times one weight all heads share). Under tensor parallelism
+// a rank normalises its own heads: it keeps their rows of Cohere's weight (nothing exchanged),
+// or holds every weight whole (always StableLM's and Qwen3's; Cohere's key norm where ranks
+// share key heads) and sums their gradients over the group (each rank's heads give a part).
 class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
  public:
-  HeadNormImpl(int64_t heads, int64_t head_dim, double eps, bool separate)
-      : heads_(heads), head_dim_(head_dim), eps_(eps), separate_(separate) {
+  HeadNormImpl(int64_t heads, int64_t head_dim, double eps, HeadNormKind kind)
+      : heads_(heads), head_dim_(head_dim), eps_(eps), kind_(kind) {
     reset();
   }
   void reset() override {
-    if (!separate_) {
+    if (kind_ == HeadNormKind::kCohere) {
       weight = register_parameter("weight", torch::ones({heads_, head_dim_}));
-      return;
+    } else if (kind_ == HeadNormKind::kQwen3) {
+      weight = register_parameter("weight", torch::ones({head_dim_}));
+    } else {
+      norms = register_module("norms", torch::nn::ModuleList());
+      for (int64_t h = 0; h < heads_; ++h) norms->push_back(HeadWeight(head_dim_));
     }
-    norms = register_module("norms", torch::nn::ModuleList());
-    for (int64_t h = 0; h < heads_; ++h) norms->push_back(HeadWeight(head_dim_));
   }
   // This rank normalises heads [begin, begin + count). `whole`: Cohere's weight is held whole
   // too (the key heads of ranks that share them, LlamaAttentionImpl's whole_kv_).
   void ShardForTensorParallel(const TensorParallel& tp, int64_t begin, int64_t count, bool whole) {
-    if (!separate_ && !whole) {
+    if (kind_ == HeadNormKind::kCohere && !whole) {
       KeepSlice(weight, 0, begin, count);
       return;
     }
@@ -204,32 +214,37 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
   // product: [b, S, h * head_dim] or [b, S, h, head_dim] for this rank's h heads -> [b, S, h,
   // head_dim].
   torch::Tensor forward(const torch::Tensor& product) {
+    const torch::Tensor h =
+        product.reshape({product.size(0), product.size(1), -1, head_dim_}).to(torch::kFloat);
+    if (kind_ == HeadNormKind::kQwen3) {
+      // Qwen3RMSNorm: weight * (x / rms(x)) cast back to the product's type.
+      const torch::Tensor scale = whole_ ? CopyToTensorParallel(weight, tp_) : weight;
+      const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+      return scale * (h * torch::rsqrt(variance + eps_)).to(product.scalar_type());
+    }
     torch::Tensor scale = weight;
-    if (separate_) {
+    if (kind_ == HeadNormKind::kStableLm) {
       std::vector<torch::Tensor> rows;
       for (const auto& head : *norms) rows.push_back(head->as<HeadWeightImpl>()->weight);
       scale = torch::stack(rows);
     }
     if (whole_) scale = CopyToTensorParallel(scale, tp_).narrow(0, begin_, count_);
-    const torch::Tensor h =
-        product.reshape({product.size(0), product.size(1), scale.size(0), head_dim_})
-            .to(torch::kFloat);
     const torch::Tensor deviation = h - h.mean(-1, /*keepdim=*/true);
     const torch::Tensor variance = deviation.pow(2).mean(-1, /*keepdim=*/true);
     return (scale.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
         .to(product.scalar_type());
   }
-  torch::Tensor weight;                  // Cohere's
+  torch::Tensor weight;                  // Cohere's, Qwen3's
   torch::nn::ModuleList norms{nullptr};  // StableLM's
 
  private:
   int64_t heads_, head_dim_;
   double eps_;
-  bool separate_;
+  HeadNormKind kind_;
   TensorParallel tp_;
   // Whole weights (StableLM's always), of which this rank's heads are [begin_, begin_ + count_).
   int64_t begin_ = 0, count_ = heads_;
-  bool whole_ = separate_;
+  bool whole_ = kind_ == HeadNormKind::kStableLm;
 };
 TORCH_MODULE(HeadNorm);
 
@@ -459,15 +474,17 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       k_norm =
           register_module("k_norm", RmsNorm(config_.kv_heads * head_dim, config_.rms_norm_eps));
     }
-    if (config_.head_qk_norms) {
-      // Cohere's and StableLM's: each head apart.
+    if (config_.HeadNorms()) {
+      // Cohere's, StableLM's and Qwen3's: each head apart.
       const bool stablelm = config_.StableLm();
-      q_head_norm = register_module(
-          stablelm ? "q_layernorm" : "q_norm",
-          HeadNorm(config_.heads, head_dim, config_.rms_norm_eps, /*separate=*/stablelm));
-      k_head_norm = register_module(
-          stablelm ? "k_layernorm" : "k_norm",
-          HeadNorm(config_.kv_heads, head_dim, config_.rms_norm_eps, /*separate=*/stablelm));
+      const HeadNormKind kind = stablelm          ? HeadNormKind::kStableLm
+                                : config_.Qwen3() ? HeadNormKind::kQwen3
+                                                  : HeadNormKind::kCohere;
+      q_head_norm = register_module(stablelm ? "q_layernorm" : "q_norm",
+                                    HeadNorm(config_.heads, head_dim, config_.rms_norm_eps, kind));
+      k_head_norm =
+          register_module(stablelm ? "k_layernorm" : "k_norm",
+                          HeadNorm(config_.kv_heads, head_dim, config_.rms_norm_eps, kind));
     }
     InitNormal(q_proj->weight, q_proj->bias, config_.init_std);
     InitNormal(k_proj->weight, k_proj->bias, config_.init_std);
@@ -503,7 +520,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
       KeepSlice(q_norm->weight, 0, tp.ShardBegin(query), tp.ShardSize(query));
       KeepSlice(k_norm->weight, 0, tp.ShardBegin(key), tp.ShardSize(key));
     }
-    if (config_.head_qk_norms) {
+    if (config_.HeadNorms()) {
       q_head_norm->ShardForTensorParallel(tp, tp.ShardBegin(heads), tp.ShardSize(heads),
                                           /*whole=*/false);
       if (whole_kv_) {
@@ -604,7 +621,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   ColumnParallelLinear query_key_value{nullptr};  // GPT-NeoX's instead of q/k/v_proj
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
-  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's, StableLM's (head_qk_norms)
+  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's, StableLM's, Qwen3's
   RowParallelLinear o_proj{nullptr};
 
  private:
@@ -660,7 +677,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // elsewhere. Each normalises every head together: under tensor parallelism a rank holds
   // its heads' features, and the sum of squares is summed over the group.
   void NormaliseQueryAndKey(std::vector<torch::Tensor>& products) {
-    if (config_.head_qk_norms) {  // Cohere's, each head apart: [b, S, heads, head_dim]
+    if (config_.HeadNorms()) {  // Cohere's, StableLM's, Qwen3's: [b, S, heads, head_dim]
       products[0] = q_head_norm(products[0]);
       products[1] = k_head_norm(products[1]);
       return;
@@ -1087,7 +1104,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
   void reset() override {
     // Named as the family's checkpoints name them (GPT-J's ln_1 and attn, GPT-NeoX's attention).
     const ModuleNames names = ModuleNamesOf(config_);
-    input_layernorm = register_module(names.input_norm, MakeNorm(config_));
+    // OLMo 2's blocks normalise outputs only.
+    if (!config_.PostNormsOnly()) {
+      input_layernorm = register_module(names.input_norm, MakeNorm(config_));
+    }
     self_attn =
         register_module(names.attention, LlamaAttention(config_, config_.WindowOfBlock(block_)));
     // Phi's one norm serves the attention and the MLP.
@@ -1096,6 +1116,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     }
     if (config_.SandwichNorms()) {
       pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
+    }
+    if (config_.SandwichNorms() || config_.PostNormsOnly()) {
       post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
     }
     if (sparse_) {
@@ -1117,6 +1139,7 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   torch::Tensor forward(torch::Tensor x) {
     if (tp_.sequence_split()) {
+      if (config_.PostNormsOnly()) return ForwardPostNormsSequenceParallel(x);
       return config_.ParallelBlock() ? ForwardParallelSequenceSplit(x) : ForwardSequenceParallel(x);
     }
     const auto [cos, sin] = Angles(x.size(1), x);
@@ -1129,6 +1152,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     if (config_.SandwichNorms()) {
       x = x + post_attention_layernorm(self_attn->forward(input_layernorm(x), cos, sin));
       return x + post_feedforward_layernorm(Feedforward(pre_feedforward_layernorm(x)));
+    }
+    if (config_.PostNormsOnly()) {
+      x = x + post_attention_layernorm(self_attn->forward(x, cos, sin));
+      return x + post_feedforward_layernorm(Feedforward(x));
     }
     if (!tp_.enabled() && x.is_cuda() && FusedKernelsEnabled() && !config_.Gemma() &&
         !config_.LayerNormWithoutParameters() && !config_.LayerNormWithBias() &&
@@ -1215,6 +1242,36 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     return x + Residual(output);
   }
 
+  // OLMo 2's block under sequence parallelism: the products gather this rank's tokens of the
+  // block's input itself and reduce-scatter their outputs, which the post-norms normalise on
+  // this rank's tokens (their weights, and the products' whole biases, shared: their gradients
+  // summed over the group).
+  torch::Tensor ForwardPostNormsSequenceParallel(torch::Tensor x) {
+    std::vector<torch::Tensor> whole = {post_attention_layernorm->weight,
+                                        post_feedforward_layernorm->weight};
+    const bool attention_bias = self_attn->o_proj->bias.defined();
+    const bool mlp_bias = !sparse_ && mlp->down_proj->bias.defined();
+    if (attention_bias) whole.push_back(self_attn->o_proj->bias);
+    if (mlp_bias) whole.push_back(mlp->down_proj->bias);
+    const std::vector<torch::Tensor> shared = SharedOverTheSequence(whole, tp_);
+    size_t next_bias = 2;
+    const auto [cos, sin] = Angles(x.size(1) * tp_.size, x);
+    torch::Tensor attention = ReduceScatterToSequenceParallel(
+        DeferrableLinear(self_attn->Attend(x, cos, sin, /*sequence_split=*/true),
+                         self_attn->o_proj->weight, {}),
+        tp_);
+    if (attention_bias) attention = attention + shared[next_bias++];
+    x = x + post_attention_layernorm->Normalize(attention, shared[0]);
+    // The experts gather this rank's tokens and reduce-scatter their sum themselves.
+    torch::Tensor output = sparse_ ? moe(x)
+                                   : ReduceScatterToSequenceParallel(
+                                         DeferrableLinear(mlp->Units(x, /*sequence_split=*/true),
+                                                          mlp->down_proj->weight, {}),
+                                         tp_);
+    if (mlp_bias) output = output + shared[next_bias++];
+    return x + post_feedforward_layernorm->Normalize(output, shared[1]);
+  }
+
   // Phi's and GPT-NeoX's parallel block under sequence parallelism: x + attention(n) + mlp(m)
   // with n the norm of this rank's tokens and m n (Phi's) or the second norm's, which the
   // products gather; their outputs reduce-scattered back to this rank's tokens, the norms'
@@ -1268,6 +1325,11 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
           input, self_attn->ForwardIncremental(normed, cos, sin, start, cache),
           Feedforward(config_.SharedNorm() ? normed : post_attention_layernorm(input)));
     }
+    if (config_.PostNormsOnly()) {
+      const torch::Tensor x = input + post_attention_layernorm(self_attn->ForwardIncremental(
+                                          input, cos, sin, start, cache));
+      return x + post_feedforward_layernorm(Feedforward(x));
+    }
     const torch::Tensor attended =
         self_attn->ForwardIncremental(input_layernorm(input), cos, sin, start, cache);
     if (config_.SandwichNorms()) {
@@ -1283,7 +1345,8 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
 
   // post_attention_layernorm normalises the MLP's input, except in Gemma 2: there it normalises
   // the attention's output, and pre_feedforward_layernorm the MLP's input (both feedforward
-  // norms are Gemma 2's only). Phi's blocks have none: input_layernorm serves both.
+  // norms are Gemma 2's only; OLMo 2 has post_feedforward_layernorm and no input_layernorm).
+  // Phi's blocks have none: input_layernorm serves both.
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RmsNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
@@ -1421,6 +1484,12 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "qwen2_moe") {
     return {151936, 2048, 5632, 24, 16, 16, 0, 32768, 1e-6, 10000.0, false, 4096};
   }
+  if (model_type == "qwen3") {  // transformers 4.51's Qwen3Config
+    return {151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, 10000.0, false, 4096};
+  }
+  if (model_type == "qwen3_moe") {  // Qwen3MoeConfig: head_dim hidden / heads unless given
+    return {151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 10000.0, false, 4096};
+  }
   if (model_type == "gemma" || model_type == "gemma2") {
     return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 1e-6, 10000.0, true, 4096};
   }
@@ -1432,6 +1501,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   }
   if (model_type == "olmoe") {
     return {50304, 2048, 2048, 16, 16, 0, 0, 4096, 1e-5, 10000.0, false, 0};
+  }
+  if (model_type == "olmo2") {  // transformers 4.51's Olmo2Config
+    return {50304, 4096, 11008, 32, 32, 0, 0, 2048, 1e-5, 10000.0, false, 0};
   }
   if (model_type == "starcoder2") {  // tied as PretrainedConfig's default; no window
     return {49152, 3072, 12288, 30, 24, 2, 0, 4096, 1e-5, 10000.0, true, 0};
@@ -1637,7 +1709,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   const bool norm_biases = config.LayerNormWithBias();      // StarCoder 2's and Phi's have them
   // Phi's one norm comes last in its state dict (PhiDecoderLayer's order).
   const bool norm_first = !config.Phi();
-  if (norms && norm_first) add("input_layernorm.weight", {h});
+  if (norms && norm_first && !config.PostNormsOnly()) add("input_layernorm.weight", {h});
   if (norm_biases && norm_first) add("input_layernorm.bias", {h});
   const std::pair<const char*, std::pair<int64_t, int64_t>> attention[] = {
       {"q_proj", {q, h}}, {"k_proj", {kv, h}}, {"v_proj", {kv, h}}, {"o_proj", {h, q}}};
@@ -1658,6 +1730,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   } else if (config.head_qk_norms) {
     add("self_attn.q_norm.weight", {config.heads, config.HeadDim()});
     add("self_attn.k_norm.weight", {config.kv_heads, config.HeadDim()});
+  } else if (config.Qwen3()) {
+    add("self_attn.q_norm.weight", {config.HeadDim()});
+    add("self_attn.k_norm.weight", {config.HeadDim()});
   }
   if (config.QkNorms()) {
     add("self_attn.q_norm.weight", {q});
@@ -1666,8 +1741,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   // None where one norm serves both (Phi's, StableLM's side by side).
   if (norms && !config.SharedNorm()) add("post_attention_layernorm.weight", {h});
   if (norm_biases && !config.SharedNorm()) add("post_attention_layernorm.bias", {h});
-  if (config.SandwichNorms()) {
-    add("pre_feedforward_layernorm.weight", {h});
+  if (config.SandwichNorms()) add("pre_feedforward_layernorm.weight", {h});
+  if (config.SandwichNorms() || config.PostNormsOnly()) {
     add("post_feedforward_layernorm.weight", {h});
   }
   // An MLP (or expert) of `units` units under `prefix`, its matrices named `names` (gate, up,
@@ -1821,9 +1896,10 @@ absl::Status ReadFalconLayout(const Json& json, LlamaConfig& config) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
-       {"llama",    "mistral",    "qwen2", "gemma",  "gemma2", "mixtral",    "qwen2_moe",
-        "granite",  "granitemoe", "phi3",  "olmo",   "olmoe",  "starcoder2", "phi",
-        "gpt_neox", "stablelm",   "gptj",  "cohere", "glm",    "falcon",     "nemotron"}) {
+       {"llama",      "mistral", "qwen2",      "gemma",    "gemma2",    "mixtral",
+        "qwen2_moe",  "granite", "granitemoe", "phi3",     "olmo",      "olmoe",
+        "starcoder2", "phi",     "gpt_neox",   "stablelm", "gptj",      "cohere",
+        "glm",        "falcon",  "nemotron",   "qwen3",    "qwen3_moe", "olmo2"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1854,6 +1930,9 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool glm = config.Glm();
   const bool falcon = config.Falcon();
   const bool nemotron = config.Nemotron();
+  const bool qwen3_moe = config.model_type == "qwen3_moe";
+  const bool qwen3 = config.Qwen3();  // Qwen3's attention
+  const bool olmo2 = config.Olmo2();
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", config.model_type,
                                                    "\" is not supported by tandem's llama (",
@@ -1966,15 +2045,20 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   TANDEM_ASSIGN_OR_RETURN(config.init_std, GetNumberOr(json, "initializer_range", 0.02, where));
   TANDEM_ASSIGN_OR_RETURN(config.tie_word_embeddings,
                           GetBoolOrUnset(json, "tie_word_embeddings", defaults.tied, where));
-  if (qwen2_moe) {
-    // Qwen2MoeConfig's defaults: Qwen1.5-MoE-A2.7B's.
-    TANDEM_ASSIGN_OR_RETURN(config.experts, GetIntOr(json, "num_experts", 60, where));
+  if (qwen2_moe || qwen3_moe) {
+    // Qwen2MoeConfig's defaults: Qwen1.5-MoE-A2.7B's; Qwen3MoeConfig's: Qwen3-30B-A3B's,
+    // without a shared expert (the field is not Qwen3MoeConfig's: ignored, as transformers
+    // ignores it).
+    TANDEM_ASSIGN_OR_RETURN(config.experts,
+                            GetIntOr(json, "num_experts", qwen3_moe ? 128 : 60, where));
     TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
-                            GetIntOr(json, "num_experts_per_tok", 4, where));
+                            GetIntOr(json, "num_experts_per_tok", qwen3_moe ? 8 : 4, where));
     TANDEM_ASSIGN_OR_RETURN(config.expert_intermediate,
-                            GetIntOr(json, "moe_intermediate_size", 1408, where));
-    TANDEM_ASSIGN_OR_RETURN(config.shared_expert_intermediate,
-                            GetIntOr(json, "shared_expert_intermediate_size", 5632, where));
+                            GetIntOr(json, "moe_intermediate_size", qwen3_moe ? 768 : 1408, where));
+    if (qwen2_moe) {
+      TANDEM_ASSIGN_OR_RETURN(config.shared_expert_intermediate,
+                              GetIntOr(json, "shared_expert_intermediate_size", 5632, where));
+    }
     TANDEM_ASSIGN_OR_RETURN(config.normalize_top_k,
                             GetBoolOrUnset(json, "norm_topk_prob", false, where));
     TANDEM_ASSIGN_OR_RETURN(config.sparse_step, GetIntOr(json, "decoder_sparse_step", 1, where));
@@ -2008,7 +2092,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     TANDEM_ASSIGN_OR_RETURN(config.experts_per_token,
                             GetIntOr(json, "num_experts_per_tok", 2, where));
   }
-  if (mixtral || qwen2_moe || granitemoe || olmoe) {
+  if (mixtral || qwen2_moe || granitemoe || olmoe || qwen3_moe) {
     TANDEM_ASSIGN_OR_RETURN(const bool router_logits,
                             GetBoolOrUnset(json, "output_router_logits", false, where));
     if (router_logits) {
@@ -2057,6 +2141,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
           "config.json: attention_multiplier must be positive, got ", config.attention_multiplier));
     }
   }
+  if (olmo2 && !json.contains("pad_token_id")) config.pad_token_id = 1;  // Olmo2Config's default
   if (olmo) {
     // OlmoLayerNorm's epsilon is fixed (OlmoConfig has no rms_norm_eps); OLMoE's RMSNorms
     // read theirs.
@@ -2127,7 +2212,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                                                // have no biases
     TANDEM_ASSIGN_OR_RETURN(config.attention_bias,
                             GetBoolOrUnset(json, "attention_bias", false, where));
-    if (!gemma && !olmo && !cohere) {  // Gemma's, OLMo's and Cohere's MLPs have no biases
+    if (!gemma && !olmo && !cohere && !qwen3 && !olmo2) {  // their MLPs have no biases
       TANDEM_ASSIGN_OR_RETURN(config.mlp_bias, GetBoolOrUnset(json, "mlp_bias", false, where));
     }
   }
@@ -2135,7 +2220,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   // use_sliding_window (its default 4096), Gemma 2's on every other layer (default 4096),
   // Mixtral's and Phi-3's when set (default none).
   bool windowed = mistral || gemma2 || mixtral || phi3 || starcoder2;
-  if (qwen2) {
+  if (qwen2 || qwen3) {
     TANDEM_ASSIGN_OR_RETURN(windowed, GetBoolOrUnset(json, "use_sliding_window", false, where));
   }
   if (windowed) {
@@ -2304,17 +2389,24 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   }
   const bool mixtral = config.MixtralExperts(), qwen2_moe = config.model_type == "qwen2_moe";
   const bool olmoe = config.model_type == "olmoe";
+  const bool qwen3_moe = config.model_type == "qwen3_moe";
   if (!IsLlamaModelType(config.model_type)) {
     return absl::InvalidArgumentError(absl::StrCat("llama: model_type \"", config.model_type,
                                                    "\" is not one of ", kLlamaModelTypes));
   }
-  if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe && !olmoe) ||
+  if (config.experts < 0 || (config.Moe() && !mixtral && !qwen2_moe && !olmoe && !qwen3_moe) ||
       ((mixtral || olmoe) && !config.Moe())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "llama: experts (num_local_experts, num_experts) are Mixtral's, GraniteMoE's, "
-        "Qwen2-MoE's and OLMoE's: mixtral, granitemoe and olmoe need them, the other families "
-        "have none; got ",
+        "Qwen2-MoE's, OLMoE's and Qwen3-MoE's: mixtral, granitemoe and olmoe need them, the "
+        "other families have none; got ",
         config.experts, " for ", config.model_type));
+  }
+  if (qwen3_moe && config.Moe() &&
+      (config.expert_intermediate <= 0 || config.shared_expert_intermediate != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("llama: Qwen3-MoE's experts have moe_intermediate_size units (positive, got ",
+                     config.expert_intermediate, ") and no shared expert"));
   }
   if (olmoe && (config.expert_intermediate != 0 || config.shared_expert_intermediate != 0 ||
                 config.sparse_step != 1 || !config.dense_blocks.empty())) {
@@ -2607,7 +2699,7 @@ bool LlamaConfig::SparseBlock(int64_t block) const {
 }
 
 int64_t LlamaConfig::MaxPositions() const {
-  if ((model_type == "qwen2" || model_type == "qwen2_moe") && sliding_window > 0) {
+  if ((model_type == "qwen2" || model_type == "qwen2_moe" || Qwen3()) && sliding_window > 0) {
     return std::min(max_position_embeddings, sliding_window);
   }
   return max_position_embeddings;

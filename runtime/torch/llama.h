@@ -3,7 +3,8 @@
 // MixtralForCausalLM, Qwen2MoeForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
 // GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM, GlmForCausalLM,
-// FalconForCausalLM and NemotronForCausalLM, variations of the same computation: see LlamaConfig):
+// FalconForCausalLM, NemotronForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and
+// Olmo2ForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -22,7 +23,8 @@
 //            block_sparse_moe.gate.weight and block_sparse_moe.experts.<e>.{w1,w2,w3}.weight
 //            instead of mlp; Qwen2-MoE's sparse blocks mlp.gate.weight,
 //            mlp.experts.<e>.{gate,up,down}_proj.weight, mlp.shared_expert.{gate,up,down}_proj
-//            .weight and mlp.shared_expert_gate.weight
+//            .weight and mlp.shared_expert_gate.weight; Qwen3's self_attn.q_norm.weight and
+//            self_attn.k_norm.weight ([head_dim] each)
 //   head:    norm.weight, lm_head.weight
 // (Phi's: model.final_layernorm and self_attn.dense in its checkpoints are tandem's norm and
 // self_attn.o_proj; its lm_head has a bias. GPT-NeoX's blocks are named as its checkpoints
@@ -214,6 +216,8 @@ struct LlamaConfig {
   // [kv_heads, head_dim]; StableLM's self_attn.q_layernorm.norms.<h>.weight and
   // k_layernorm.norms.<h>.weight [head_dim] each).
   bool head_qk_norms = false;
+  // (Qwen3's q_norm and k_norm, RMSNorms of each head apart with one weight [head_dim] for all
+  // heads, come with its family: Qwen3().)
   GptAttention attention = GptAttention::kAuto;  // not part of DescribeLlama: same numbers
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -244,10 +248,16 @@ struct LlamaConfig {
   // OLMo's norms (OlmoLayerNorm): a layer norm without weight or bias (the mean subtracted,
   // then divided by the deviation, eps 1e-5) in float32; they hold no parameters.
   bool LayerNormWithoutParameters() const { return model_type == "olmo"; }
-  // OLMoE's q_norm and k_norm: RMSNorms over the whole query and key products (every head
-  // together; under tensor parallelism the sums of squares are summed over the group), before
-  // OLMo's clamp.
-  bool QkNorms() const { return model_type == "olmoe"; }
+  // OLMoE's and OLMo 2's q_norm and k_norm: RMSNorms over the whole query and key products
+  // (every head together; under tensor parallelism the sums of squares are summed over the
+  // group), before OLMoE's clamp.
+  bool QkNorms() const { return model_type == "olmoe" || Olmo2(); }
+  // OLMo 2's (Olmo2ForCausalLM: OLMo-2 7B, 13B, 32B): Llama's products (attention_bias on every
+  // attention product, no MLP biases) with OLMoE's q_norm and k_norm (no clamp) and norms after
+  // the attention and the MLP only: x + post_attention_layernorm(attention(x)), then
+  // x + post_feedforward_layernorm(mlp(x)); no input_layernorm (PostNormsOnly).
+  bool Olmo2() const { return model_type == "olmo2"; }
+  bool PostNormsOnly() const { return Olmo2(); }
   // StarCoder 2's (Starcoder2ForCausalLM): layer norms with weight and bias (nn.LayerNorm,
   // epsilon norm_epsilon, held in rms_norm_eps) and a plain MLP, mlp.c_proj(act(mlp.c_fc(x)))
   // without a gate, biases on every product with use_bias.
@@ -301,6 +311,15 @@ struct LlamaConfig {
   // of squared ReLU (relu2), partial_rotary_factor of each head rotated (0.5 by default),
   // biases with attention_bias and mlp_bias.
   bool Nemotron() const { return model_type == "nemotron"; }
+  // Qwen3's (Qwen3ForCausalLM, Qwen3MoeForCausalLM: Qwen3, Qwen3-MoE): Llama's computation with
+  // q_norm and k_norm, an RMSNorm of each query and key head apart before the rotation whose
+  // weight [head_dim] all heads share (under tensor parallelism held whole on every rank, its
+  // gradient summed over the group), attention_bias on every attention product, an explicit
+  // head_dim (128 unless given), Qwen2's sliding window (use_sliding_window); Qwen3-MoE's
+  // experts are Qwen2-MoE's without the shared expert.
+  bool Qwen3() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  // A norm of each query and key head apart: Cohere's, StableLM's (head_qk_norms), Qwen3's.
+  bool HeadNorms() const { return head_qk_norms || Qwen3(); }
   // Norms that scale by 1 + their weight: Gemma's RMSNorms, Nemotron's layer norms.
   bool OffsetNorms() const { return Gemma() || Nemotron(); }
   bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
@@ -346,7 +365,8 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon and nemotron";
+    "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon, nemotron, qwen3 "
+    "and qwen3_moe";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -374,7 +394,10 @@ bool IsLlamaModelType(absl::string_view model_type);
 // layers, 71 heads, multi_query, parallel_attn, no biases, gelu, layer_norm_epsilon 1e-5, tied;
 // new_decoder_architecture takes num_kv_heads key/value groups and two norms unless
 // num_ln_in_parallel_attn is 1) and NemotronConfig's (256000 tokens, 6144 wide, 24576 units, 32
-// layers, 48 heads, relu2, partial_rotary_factor 0.5, norm_eps 1e-5). seq_len
+// layers, 48 heads, relu2, partial_rotary_factor 0.5, norm_eps 1e-5) and Qwen3Config's (151936
+// tokens, 4096 wide, 22016 units, 32 layers, 32 heads, head_dim 128, rms_norm_eps 1e-6) and
+// Qwen3MoeConfig's (2048 wide, 6144 units, 24 layers, 32 heads, 4 key/value heads, head_dim
+// hidden / heads unless given, 128 experts of 768 units, 8 a token, unnormalised). seq_len
 // is not in the file: it keeps LlamaConfig's default, at most max_position_embeddings (and
 // Qwen2's window); set it afterwards.
 // Fields that change the computation in ways tandem does not implement are refused with
@@ -396,7 +419,9 @@ bool IsLlamaModelType(absl::string_view model_type);
 // with more than one head, refused), "falcon" (activation gelu, gelu_new or gelu_pytorch_tanh;
 // alibi, and the layouts transformers cannot run, refused), "nemotron" (hidden_act relu2, silu,
 // gelu, gelu_new or gelu_pytorch_tanh; a rope_scaling, which transformers' Nemotron ignores,
-// refused); output_router_logits
+// refused), "qwen3", "qwen3_moe" and "olmo2" (a rope_scaling other than "llama3" refused, as for
+// Llama);
+// output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:
 // attention_dropout, Phi-3's and Phi's resid_pdrop and embd_pdrop, GPT-NeoX's and StableLM's

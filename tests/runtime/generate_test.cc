@@ -487,6 +487,31 @@ std::vector<int64_t> TokensLine(const std::string& output) {
 
 std::string Join(const std::vector<int64_t>& ids) { return absl::StrJoin(ids, ","); }
 
+// Qwen3's, Qwen3-MoE's and OLMo 2's greedy tokens as transformers 4.51.3's generate() made them
+// (tests/data/hf_recent/generate.json, hf_recent_reference.py): with the key/value cache and
+// without. Needs no Python.
+TEST(GenerateCommandTest, RecentFamiliesGreedyTokensEqualTransformersGenerate) {
+  const std::string data = absl::StrCat(TANDEM_TEST_DATA_DIR, "/hf_recent");
+  auto reference = ReadJsonFile(data + "/generate.json");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const Json& cases = (*reference)["cases"];
+  ASSERT_EQ(cases.size(), 6u);
+  for (const Json& c : cases) {
+    const std::string name = c["name"].get<std::string>();
+    SCOPED_TRACE(name);
+    const std::vector<int64_t> prompt = c["prompt"].get<std::vector<int64_t>>();
+    const std::vector<int64_t> expected = c["tokens"].get<std::vector<int64_t>>();
+    for (const char* cache : {"", " --kv-cache=false"}) {
+      SCOPED_TRACE(cache);
+      const Outcome o = RunCommand(absl::StrCat(
+          g_tandem, " generate --init-from ", Quoted(data + "/" + name), " --max-new-tokens ",
+          expected.size(), " --stop-token none --prompt-tokens ", Join(prompt), cache));
+      ASSERT_EQ(o.exit_status, 0) << o.output;
+      EXPECT_EQ(TokensLine(o.output), expected) << o.output;
+    }
+  }
+}
+
 TEST(GenerateCommandTest, GreedyTokensEqualTransformersGenerate) {
   REQUIRE_REFERENCE();
   auto cases = ReadJsonFile(References().folder + "/cases.json");

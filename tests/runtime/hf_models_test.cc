@@ -157,8 +157,20 @@ struct HfCase {
   }
 };
 
+// The cases of families newer than the transformers the tests run (Qwen3's, Qwen3-MoE's, OLMo
+// 2's) come from tests/data/hf_recent, written by hf_recent_reference.py under transformers
+// 4.51.3; the others from hf_reference.py's folder.
+bool RecentCase(const std::string& case_name) {
+  return case_name.rfind("qwen3", 0) == 0 || case_name.rfind("olmo2", 0) == 0;
+}
+
+std::string CaseFolder(const std::string& case_name) {
+  return absl::StrCat(RecentCase(case_name) ? TANDEM_HF_RECENT_DATA : References().folder, "/",
+                      case_name);
+}
+
 absl::StatusOr<Json> ReadConfig(const std::string& case_name) {
-  return ReadJsonFile(absl::StrCat(References().folder, "/", case_name, "/config.json"));
+  return ReadJsonFile(CaseFolder(case_name) + "/config.json");
 }
 
 HfCase LlamaCase(const std::string& name, GptAttention attention,
@@ -214,7 +226,7 @@ struct Comparison {
 // pipeline would (each stage's input detached, its gradient sent back); compares with the
 // reference. One stage holding the whole model shares its tied weights.
 Comparison Compare(const HfCase& c, const std::vector<int>& boundaries) {
-  const std::string folder = absl::StrCat(References().folder, "/", c.name);
+  const std::string folder = CaseFolder(c.name);
   auto weights = SafetensorsFile::Open(folder + "/model.safetensors");
   auto expected = SafetensorsFile::Open(folder + "/reference.safetensors");
   EXPECT_TRUE(weights.ok()) << weights.status();
@@ -732,8 +744,149 @@ TEST_P(HfModelsTest, NemotronWithOffsetLayerNormsAndSquaredReluEqualsTransformer
   EXPECT_GT(Compare(gelu, {0, 4}).logits, 100 * kOutputTolerance);
 }
 
-// Every parameter maps to a key of the checkpoint and back; every key of the checkpoint is a
-// parameter.
+// Qwen3 (tests/data/hf_recent, transformers 4.51.3): q_norm and k_norm, an RMSNorm of each
+// query and key head with one weight for all heads, before the rotation; an explicit head_dim
+// (16, not hidden / heads), and attention_bias on q/k/v and o_proj. Needs no Python: the
+// reference is kept in the tree.
+TEST_P(HfModelsTest, Qwen3WithNormsOfEachHeadEqualsTransformers) {
+  for (const char* name : {"qwen3_head_dim", "qwen3_tied_bias"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+}
+
+// Qwen3-MoE: Qwen3's attention with Qwen2-MoE's experts without the shared one, probabilities
+// as they are or renormalised, a dense first block (mlp_only_layers), and the load-balancing
+// loss in the gradients.
+TEST_P(HfModelsTest, Qwen3MoeWithExpertsEqualsTransformers) {
+  for (const char* name : {"qwen3_moe_experts", "qwen3_moe_dense_norm_topk"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  const HfCase aux = LlamaCase("qwen3_moe_aux", GetParam(),
+                               [](LlamaConfig& config) { config.router_aux_loss_coef = 0.5; });
+  for (const auto& split : std::vector<std::vector<int>>{{0, 3}, {0, 1, 3}, {0, 2, 3}}) {
+    ExpectEqualToTransformers(aux, split);
+  }
+}
+
+// OLMo 2 (tests/data/hf_recent, transformers 4.51.3): norms after the attention and the MLP
+// only, q_norm and k_norm over the whole query and key products, the padding row; tied with
+// attention_bias and a head_dim that is not hidden / heads.
+TEST_P(HfModelsTest, Olmo2WithNormsAfterEachBranchEqualsTransformers) {
+  for (const char* name : {"olmo2_gqa", "olmo2_tied_bias"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+}
+
+// The comparison sees Qwen3's norms: the same weights in Llama's blocks (no q_norm and k_norm,
+// every other weight loaded) give logits far from transformers'.
+TEST(HfModelsSensitivityTest, Qwen3WithoutItsHeadNormsIsFarFromTransformers) {
+  EXPECT_LE(Compare(LlamaCase("qwen3_head_dim", GptAttention::kExplicit), {0, 4}).logits,
+            kOutputTolerance);
+  const HfCase without = LlamaCase("qwen3_head_dim", GptAttention::kExplicit,
+                                   [](LlamaConfig& config) { config.model_type = "llama"; });
+  EXPECT_GT(Compare(without, {0, 4}).logits, 1e-3);
+}
+
+// Every parameter of case `name` maps to a key of its checkpoint and back; every key of the
+// checkpoint is a parameter.
+void ExpectParametersAndKeysCorrespond(const std::string& name) {
+  const bool llama = name.rfind("gpt2", 0) != 0;
+  auto json = ReadConfig(name);
+  ASSERT_TRUE(json.ok()) << json.status();
+  std::function<absl::StatusOr<std::string>(absl::string_view)> to_hf, to_tandem;
+  std::function<std::optional<LlamaFusedRows>(absl::string_view)> rows_of = [](absl::string_view) {
+    return std::nullopt;
+  };
+  ModelSpec spec;
+  if (llama) {
+    auto config = LlamaConfigFromJson(*json);
+    ASSERT_TRUE(config.ok()) << config.status();
+    spec = LlamaModelSpec(*config);
+    to_hf = [c = *config](absl::string_view n) { return LlamaHfName(c, n); };
+    to_tandem = [c = *config](absl::string_view n) { return LlamaTandemName(c, n); };
+    rows_of = [c = *config](absl::string_view n) { return LlamaHfRows(c, n); };
+  } else {
+    auto config = Gpt2ConfigFromJson(*json);
+    ASSERT_TRUE(config.ok()) << config.status();
+    spec = Gpt2ModelSpec(*config);
+    to_hf = [c = *config](absl::string_view n) { return Gpt2HfName(c, n); };
+    to_tandem = [c = *config](absl::string_view n) { return Gpt2TandemName(c, n); };
+  }
+  auto model = spec.Build(/*seed=*/1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto file = SafetensorsFile::Open(CaseFolder(name) + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> mapped;
+  int64_t fused_rows = 0;  // of the parameters stored fused, which tile their keys' rows
+  for (const auto& [parameter, tensor] : model->NamedParameters(0, model->num_layers())) {
+    auto key = to_hf(parameter);
+    ASSERT_TRUE(key.ok()) << key.status();
+    auto back = to_tandem(*key);
+    ASSERT_TRUE(back.ok()) << back.status();
+    const std::optional<LlamaFusedRows> rows = rows_of(parameter);
+    if (rows) {
+      // A fused key names its first part; the part's rows lie within the key's tensor.
+      EXPECT_EQ(rows_of(*back)->first_row, 0) << parameter;
+      EXPECT_EQ(to_hf(*back).value_or(""), *key) << parameter;
+      auto info = (*file)->Info(*key);
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_EQ((*info)->shape, rows->key_shape) << parameter;
+      // Rows of the key's tensor with every dimension but the last flattened.
+      const int64_t key_rows = std::accumulate(rows->key_shape.begin(), rows->key_shape.end() - 1,
+                                               int64_t{1}, std::multiplies<int64_t>());
+      EXPECT_LE(rows->first_row + tensor.size(0), key_rows) << parameter;
+      fused_rows += tensor.size(0);
+    } else {
+      EXPECT_EQ(*back, parameter);
+    }
+    if ((*file)->Contains(*key) && std::find(mapped.begin(), mapped.end(), *key) == mapped.end()) {
+      mapped.push_back(*key);
+    }
+  }
+  if (name.rfind("phi3", 0) == 0) {
+    // Per block: qkv_proj (4 + 2 + 2 heads of 8) and gate_up_proj (2 x 64 units).
+    EXPECT_EQ(fused_rows, 2 * ((4 + 2 + 2) * 8 + 2 * 64));
+    EXPECT_FALSE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+  } else if (name.rfind("glm", 0) == 0) {
+    // Per block: gate_up_proj (2 x 64 units); q/k/v_proj stored apart.
+    EXPECT_EQ(fused_rows, 2 * 2 * 64);
+    EXPECT_TRUE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
+    EXPECT_FALSE(to_tandem("model.layers.0.mlp.up_proj.weight").ok());
+  } else if (name == "granitemoe_experts") {
+    // Per block and expert (4 of them, 16 units): w1 and w3 (16 rows each), w2 (32 rows).
+    EXPECT_EQ(fused_rows, 2 * 4 * (16 + 16 + 32));
+    EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.experts.1.w2.weight").ok());
+    EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.gate.weight").ok());
+  } else {
+    EXPECT_EQ(fused_rows, 0);
+  }
+  std::sort(mapped.begin(), mapped.end());
+  EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
+  EXPECT_FALSE(to_hf("layers.1.no_such.weight").ok());
+  EXPECT_FALSE(to_tandem("model.layers.99.mlp.up_proj.weight").ok());
+  if (!llama) return;
+  // LlamaBlockParameters, which the checkpoint layout lists, names every block parameter
+  // the model holds, with its shape, and no other.
+  auto config = LlamaConfigFromJson(*json);
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::map<std::string, std::vector<int64_t>> held, listed;
+  for (const auto& [parameter, tensor] : model->NamedParameters(1, config->layers + 1)) {
+    held[parameter] = tensor.sizes().vec();
+  }
+  for (int64_t block = 0; block < config->layers; ++block) {
+    for (const auto& [parameter, shape] : LlamaBlockParameters(*config, block)) {
+      listed[absl::StrCat("layers.", block + 1, ".", parameter)] = shape;
+    }
+  }
+  EXPECT_EQ(held, listed);
+}
+
 TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   REQUIRE_REFERENCE();
   for (const std::string name :
@@ -750,97 +903,7 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied", "gpt2",
         "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
-    const bool llama = name.rfind("gpt2", 0) != 0;
-    auto json = ReadConfig(name);
-    ASSERT_TRUE(json.ok()) << json.status();
-    std::function<absl::StatusOr<std::string>(absl::string_view)> to_hf, to_tandem;
-    std::function<std::optional<LlamaFusedRows>(absl::string_view)> rows_of =
-        [](absl::string_view) { return std::nullopt; };
-    ModelSpec spec;
-    if (llama) {
-      auto config = LlamaConfigFromJson(*json);
-      ASSERT_TRUE(config.ok()) << config.status();
-      spec = LlamaModelSpec(*config);
-      to_hf = [c = *config](absl::string_view n) { return LlamaHfName(c, n); };
-      to_tandem = [c = *config](absl::string_view n) { return LlamaTandemName(c, n); };
-      rows_of = [c = *config](absl::string_view n) { return LlamaHfRows(c, n); };
-    } else {
-      auto config = Gpt2ConfigFromJson(*json);
-      ASSERT_TRUE(config.ok()) << config.status();
-      spec = Gpt2ModelSpec(*config);
-      to_hf = [c = *config](absl::string_view n) { return Gpt2HfName(c, n); };
-      to_tandem = [c = *config](absl::string_view n) { return Gpt2TandemName(c, n); };
-    }
-    auto model = spec.Build(/*seed=*/1);
-    ASSERT_TRUE(model.ok()) << model.status();
-    auto file = SafetensorsFile::Open(absl::StrCat(References().folder, "/", name,
-                                                   "/model.safetensors"));
-    ASSERT_TRUE(file.ok()) << file.status();
-    std::vector<std::string> mapped;
-    int64_t fused_rows = 0;  // of the parameters stored fused, which tile their keys' rows
-    for (const auto& [parameter, tensor] : model->NamedParameters(0, model->num_layers())) {
-      auto key = to_hf(parameter);
-      ASSERT_TRUE(key.ok()) << key.status();
-      auto back = to_tandem(*key);
-      ASSERT_TRUE(back.ok()) << back.status();
-      const std::optional<LlamaFusedRows> rows = rows_of(parameter);
-      if (rows) {
-        // A fused key names its first part; the part's rows lie within the key's tensor.
-        EXPECT_EQ(rows_of(*back)->first_row, 0) << parameter;
-        EXPECT_EQ(to_hf(*back).value_or(""), *key) << parameter;
-        auto info = (*file)->Info(*key);
-        ASSERT_TRUE(info.ok()) << info.status();
-        EXPECT_EQ((*info)->shape, rows->key_shape) << parameter;
-        // Rows of the key's tensor with every dimension but the last flattened.
-        const int64_t key_rows =
-            std::accumulate(rows->key_shape.begin(), rows->key_shape.end() - 1, int64_t{1},
-                            std::multiplies<int64_t>());
-        EXPECT_LE(rows->first_row + tensor.size(0), key_rows) << parameter;
-        fused_rows += tensor.size(0);
-      } else {
-        EXPECT_EQ(*back, parameter);
-      }
-      if ((*file)->Contains(*key) &&
-          std::find(mapped.begin(), mapped.end(), *key) == mapped.end()) {
-        mapped.push_back(*key);
-      }
-    }
-    if (name.rfind("phi3", 0) == 0) {
-      // Per block: qkv_proj (4 + 2 + 2 heads of 8) and gate_up_proj (2 x 64 units).
-      EXPECT_EQ(fused_rows, 2 * ((4 + 2 + 2) * 8 + 2 * 64));
-      EXPECT_FALSE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
-    } else if (name.rfind("glm", 0) == 0) {
-      // Per block: gate_up_proj (2 x 64 units); q/k/v_proj stored apart.
-      EXPECT_EQ(fused_rows, 2 * 2 * 64);
-      EXPECT_TRUE(to_tandem("model.layers.0.self_attn.k_proj.weight").ok());
-      EXPECT_FALSE(to_tandem("model.layers.0.mlp.up_proj.weight").ok());
-    } else if (name == "granitemoe_experts") {
-      // Per block and expert (4 of them, 16 units): w1 and w3 (16 rows each), w2 (32 rows).
-      EXPECT_EQ(fused_rows, 2 * 4 * (16 + 16 + 32));
-      EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.experts.1.w2.weight").ok());
-      EXPECT_FALSE(to_tandem("model.layers.0.block_sparse_moe.gate.weight").ok());
-    } else {
-      EXPECT_EQ(fused_rows, 0);
-    }
-    std::sort(mapped.begin(), mapped.end());
-    EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
-    EXPECT_FALSE(to_hf("layers.1.no_such.weight").ok());
-    EXPECT_FALSE(to_tandem("model.layers.99.mlp.up_proj.weight").ok());
-    if (!llama) continue;
-    // LlamaBlockParameters, which the checkpoint layout lists, names every block parameter
-    // the model holds, with its shape, and no other.
-    auto config = LlamaConfigFromJson(*json);
-    ASSERT_TRUE(config.ok()) << config.status();
-    std::map<std::string, std::vector<int64_t>> held, listed;
-    for (const auto& [parameter, tensor] : model->NamedParameters(1, config->layers + 1)) {
-      held[parameter] = tensor.sizes().vec();
-    }
-    for (int64_t block = 0; block < config->layers; ++block) {
-      for (const auto& [parameter, shape] : LlamaBlockParameters(*config, block)) {
-        listed[absl::StrCat("layers.", block + 1, ".", parameter)] = shape;
-      }
-    }
-    EXPECT_EQ(held, listed);
+    ExpectParametersAndKeysCorrespond(name);
   }
   Gpt2Config gpt2;
   gpt2.layers = 2;
@@ -848,6 +911,15 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
   ASSERT_TRUE(old_style.ok()) << old_style.status();
   EXPECT_EQ(*old_style, "layers.2.attn.c_attn.weight");
   EXPECT_FALSE(Gpt2TandemName(gpt2, "h.1.attn.bias").ok());  // a mask buffer, no parameter
+}
+
+TEST(HfNamesTest, Qwen3ParametersAndCheckpointKeysCorrespond) {
+  for (const std::string name :
+       {"qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts", "qwen3_moe_dense_norm_topk",
+        "qwen3_moe_aux", "olmo2_gqa", "olmo2_tied_bias"}) {
+    SCOPED_TRACE(name);
+    ExpectParametersAndKeysCorrespond(name);
+  }
 }
 
 // ---- Config files: what is refused, and how ------------------------------------------------
@@ -1100,6 +1172,143 @@ TEST(LlamaConfigTest, ReadsMixtralConfigsAsTheirFamilyDefinesThem) {
   EXPECT_EQ(shapes.count("layers.1.block_sparse_moe.experts.3.w1.weight"), 0u);
   EXPECT_EQ(shapes.count("layers.1.mlp.up_proj.weight"), 0u);
   EXPECT_EQ(shapes.size(), 3u + 2u * (2 + 4 + 1 + 3 * 3));
+}
+
+// Configs of Qwen3-8B's and Qwen3-30B-A3B's sizes (their config.json as published): head_dim
+// 128 beside hidden / heads, no biases, q_norm and k_norm with the family; Qwen3-MoE's 128
+// experts of 768 units, 8 a token, renormalised, no shared expert.
+TEST(LlamaConfigTest, ReadsQwen3ConfigsAsTheirFamiliesDefineThem) {
+  const Json qwen3 = Json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+  auto config = LlamaConfigFromJson(qwen3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Qwen3());
+  EXPECT_TRUE(config->HeadNorms());
+  EXPECT_FALSE(config->head_qk_norms);  // Cohere's and StableLM's flag
+  EXPECT_FALSE(config->QkvBias());
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=36 H=4096 A=32 KV=8 I=12288 S=32 V=151936 hd=128 rope=1e+06 family=qwen3");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.q_norm.weight").value_or(""),
+            "model.layers.0.self_attn.q_norm.weight");
+  const auto parameters = LlamaBlockParameters(*config, 0);
+  const auto k_norm = std::find_if(parameters.begin(), parameters.end(), [](const auto& p) {
+    return p.first == "self_attn.k_norm.weight";
+  });
+  ASSERT_NE(k_norm, parameters.end());
+  EXPECT_EQ(k_norm->second, std::vector<int64_t>{128});
+  // Qwen3Config's defaults.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "qwen3"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->kv_heads, 32);
+  EXPECT_EQ(config->vocab, 151936);
+  EXPECT_EQ(config->rms_norm_eps, 1e-6);
+  // attention_bias: every attention product's, o_proj's too (Qwen2's are q/k/v only).
+  Json biased = qwen3;
+  biased["attention_bias"] = true;
+  config = LlamaConfigFromJson(biased);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_FALSE(config->mlp_bias);
+  // A window with use_sliding_window, as Qwen2's.
+  Json windowed = qwen3;
+  windowed["use_sliding_window"] = true;
+  windowed["sliding_window"] = 4096;
+  config = LlamaConfigFromJson(windowed);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->MaxPositions(), 4096);
+  Json bad = qwen3;
+  bad["rope_scaling"] = Json::parse(
+      R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling type \"yarn\"");
+
+  const Json qwen3_moe = Json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+  config = LlamaConfigFromJson(qwen3_moe);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Qwen3());
+  EXPECT_EQ(config->experts, 128);
+  EXPECT_EQ(config->experts_per_token, 8);
+  EXPECT_EQ(config->ExpertUnits(), 768);
+  EXPECT_EQ(config->shared_expert_intermediate, 0);
+  EXPECT_TRUE(config->normalize_top_k);
+  EXPECT_TRUE(config->SparseBlock(47));
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=48 H=2048 A=32 KV=4 I=6144 S=32 V=151936 hd=128 rope=1e+06 experts=128/8 "
+            "expert-units=768 family=qwen3_moe");
+  // Qwen3MoeConfig's defaults: head_dim hidden / heads, probabilities as they are.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "qwen3_moe"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->HeadDim(), 64);
+  EXPECT_EQ(config->experts, 128);
+  EXPECT_FALSE(config->normalize_top_k);
+  bad = qwen3_moe;
+  bad["output_router_logits"] = true;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "output_router_logits");
+  bad = qwen3_moe;
+  bad["moe_intermediate_size"] = 0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "moe_intermediate_size");
+}
+
+// A config of OLMo-2-1124-7B's sizes (its config.json as published): no input norm, norms after
+// each branch, q_norm and k_norm over the whole products, its padding row.
+TEST(LlamaConfigTest, ReadsOlmo2ConfigsAsOlmo2ConfigDefinesThem) {
+  const Json olmo2 = Json::parse(R"({
+    "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 500000, "tie_word_embeddings": false,
+    "torch_dtype": "float32", "use_cache": true, "vocab_size": 100352})");
+  auto config = LlamaConfigFromJson(olmo2);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Olmo2());
+  EXPECT_TRUE(config->PostNormsOnly());
+  EXPECT_TRUE(config->QkNorms());
+  EXPECT_FALSE(config->HeadNorms());
+  EXPECT_FALSE(config->LayerNormWithoutParameters());
+  EXPECT_EQ(config->clip_qkv, 0.0);
+  EXPECT_EQ(config->pad_token_id, 100277);
+  EXPECT_EQ(config->rms_norm_eps, 1e-6);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=32 H=4096 A=32 KV=32 I=11008 S=32 V=100352 rope=500000 family=olmo2");
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, shape] : LlamaBlockParameters(*config, 0)) shapes[name] = shape;
+  EXPECT_EQ(shapes.count("input_layernorm.weight"), 0u);
+  EXPECT_EQ(shapes.count("pre_feedforward_layernorm.weight"), 0u);
+  EXPECT_EQ(shapes.at("post_feedforward_layernorm.weight"), std::vector<int64_t>{4096});
+  EXPECT_EQ(shapes.at("self_attn.k_norm.weight"), std::vector<int64_t>{4096});
+  // Olmo2Config's defaults: padding row 1.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "olmo2"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->pad_token_id, 1);
+  EXPECT_EQ(config->vocab, 50304);
+  EXPECT_EQ(config->kv_heads, 32);
+  Json bad = olmo2;
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
 }
 
 TEST(LlamaConfigTest, ReadsQwen2MoeConfigsAsTheirFamilyDefinesThem) {

@@ -262,12 +262,11 @@ CASES = {
 AUX_LOSS = {"mixtral_aux", "qwen2_moe_aux"}
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: hf_reference.py OUTPUT_FOLDER")
-    output = sys.argv[1]
+def write_cases(output, cases, aux_loss):
+    """Writes each case of `cases` (name: a function making the model) into OUTPUT/<name>/;
+    the cases named in `aux_loss` take their gradients with the load-balancing loss."""
     torch.set_default_dtype(torch.float32)
-    for index, (name, make) in enumerate(CASES.items()):
+    for index, (name, make) in enumerate(cases.items()):
         torch.manual_seed(1000 + index)
         model = make()
         model.train()  # no dropout in any case: train and eval compute the same
@@ -278,13 +277,13 @@ def main():
         tokens = torch.randint(0, vocab, (BATCH, LENGTH + 1),
                                generator=torch.Generator().manual_seed(3000 + index))
         input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-        if name in AUX_LOSS:
+        if name in aux_loss:
             result = model(input_ids=input_ids, output_router_logits=True)
         else:
             result = model(input_ids=input_ids)
         logits = result.logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
-        if name in AUX_LOSS:
+        if name in aux_loss:
             (loss + model.config.router_aux_loss_coef * result.aux_loss).backward()
         else:
             loss.backward()
@@ -296,6 +295,12 @@ def main():
                   metadata={"transformers": transformers.__version__,
                             "torch": torch.__version__})
         print(name)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: hf_reference.py OUTPUT_FOLDER")
+    write_cases(sys.argv[1], CASES, AUX_LOSS)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,9 @@ struct Case {
   bool falcon = false;      // Llama as Falcon: grouped fused q/k/v rows, side by side, biases
   bool branch_norms = false;  // Falcon's ln_attn and ln_mlp
   bool nemotron = false;      // Llama as Nemotron: offset layer norms with biases, relu2, biases
+  bool qwen3 = false;  // Llama as Qwen3: an RMSNorm of each query and key head, one weight for all
+  bool qwen3_moe = false;  // with Qwen3-MoE's experts (no shared expert)
+  bool olmo2 = false;  // Llama as OLMo 2: q/k norms over every head, norms after each branch only
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
   // Key/value heads other than SmallLlama's (0: its own), and 6 query heads in place of 4.
   int kv_heads = 0;
@@ -229,6 +232,22 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.logit_scale = 0.25;
     llama.head_qk_norms = c.head_norms;
   }
+  if (c.qwen3) {
+    llama.model_type = c.qwen3_moe ? "qwen3_moe" : "qwen3";
+    llama.head_dim = 16;  // not hidden / heads
+    llama.attention_bias = true;
+    if (c.qwen3_moe) {
+      llama.experts = 4;
+      llama.experts_per_token = 2;
+      llama.expert_intermediate = 16;
+      llama.normalize_top_k = false;
+      llama.router_aux_loss_coef = 0.5;
+    }
+  }
+  if (c.olmo2) {
+    llama.model_type = "olmo2";
+    llama.attention_bias = true;
+  }
   if (c.stablelm) {
     llama.model_type = "stablelm";
     llama.qkv_bias = true;
@@ -284,7 +303,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     // one parameter). With q/k/v biases, those three per block too.
     // Qwen2-MoE: block 0's experts and shared expert, block 1's MLP. OLMoE: every block's
     // experts, and its q_norm and k_norm weights (each rank's heads' features).
-    const int feedforward = c.mixtral || c.olmoe
+    const int feedforward = c.mixtral || c.olmoe || c.qwen3_moe
                                 ? 3 * static_cast<int>(llama.experts * llama.layers)
                             : c.qwen2_moe ? 3 * static_cast<int>(llama.experts) + 3 + 3
                                           : 3 * static_cast<int>(llama.layers);
@@ -294,7 +313,8 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     const int attention =
         c.neox || c.falcon
             ? 3
-            : (llama.QkvBias() ? 7 : 4) + (c.olmoe || (c.cohere && c.head_norms) ? 2 : 0) -
+            : (llama.QkvBias() ? 7 : 4) +
+                  (c.olmoe || c.olmo2 || (c.cohere && c.head_norms) ? 2 : 0) -
                   (whole_kv ? (llama.QkvBias() ? 4 : 2) + (c.cohere && c.head_norms ? 1 : 0) : 0);
     // Phi's LM head bias is split by vocabulary rows too.
     EXPECT_EQ(split, attention * llama.layers + feedforward + (c.tied ? 1 : 2) +
@@ -321,7 +341,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.input_layernorm.bias"), nullptr);
       EXPECT_EQ(index.at("layers.3.norm.bias"), nullptr);
     }
-    if (c.olmoe || (c.cohere && c.head_norms)) {
+    if (c.olmoe || c.olmo2 || (c.cohere && c.head_norms)) {
       EXPECT_NE(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
       EXPECT_EQ(index.at("layers.2.self_attn.k_norm.weight") == nullptr, whole_kv);
     }
@@ -330,6 +350,11 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.2.self_attn.v_proj.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.self_attn.q_proj.weight"), nullptr);
       if (llama.QkvBias()) EXPECT_EQ(index.at("layers.1.self_attn.v_proj.bias"), nullptr);
+    }
+    if (c.qwen3) {
+      // One weight for every head, whole on every rank, its gradient summed over the group.
+      EXPECT_EQ(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
     }
     if (c.stablelm && c.head_norms) {
       // Every head's weights whole on every rank, their gradients summed over the group.
@@ -345,7 +370,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_EQ(index.at("layers.1.block_sparse_moe.gate.weight"), nullptr);
       EXPECT_NE(index.at("layers.2.block_sparse_moe.experts.3.w2.weight"), nullptr);
     }
-    if (c.mixtral || c.qwen2_moe || c.olmoe) {
+    if (c.mixtral || c.qwen2_moe || c.olmoe || c.qwen3_moe) {
       // Expert e is on part e / (experts / ep) of the group, its units split over the part's
       // t / ep ranks; the other ranks hold it empty.
       const int64_t ep = c.expert_parallel, across = t / ep;
@@ -386,6 +411,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       return;
     }
     EXPECT_EQ(index.at("layers.1.self_attn.k_proj.weight") == nullptr, whole_kv);
+    if (c.olmo2) {
+      // No input norm; the norms after each branch whole.
+      EXPECT_EQ(index.count("layers.1.input_layernorm.weight"), 0u);
+      EXPECT_EQ(index.at("layers.1.post_feedforward_layernorm.weight"), nullptr);
+      return;
+    }
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
     EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.QkvBias() ? 1u : 0u);
     EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), llama.attention_bias ? 1u : 0u);
@@ -602,6 +633,39 @@ TEST(LlamaTensorParallelTest, StableLmShardsGiveTheWholeLossAndGradients) {
   stablelm.sequence_parallel = false;
   stablelm.sequential = false;
   ExpectShardsGiveTheWholeLossAndGradients(stablelm);
+}
+
+// Qwen3: each rank normalises its query and key heads with the one weight every rank holds,
+// whose gradient is summed over the group; with sequence parallelism, tied, with key/value
+// heads held whole, and Qwen3-MoE's experts split or placed on parts of the group.
+TEST(LlamaTensorParallelTest, Qwen3ShardsGiveTheWholeLossAndGradients) {
+  Case qwen3;
+  qwen3.qwen3 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(qwen3);
+  qwen3.sequence_parallel = true;
+  qwen3.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(qwen3);
+  qwen3.kv_heads = 1;
+  ExpectShardsGiveTheWholeLossAndGradients(qwen3);
+  Case moe;
+  moe.qwen3 = true;
+  moe.qwen3_moe = true;
+  ExpectShardsGiveTheWholeLossAndGradients(moe);
+  moe.expert_parallel = 2;
+  moe.sequence_parallel = true;
+  ExpectShardsGiveTheWholeLossAndGradients(moe);
+}
+
+// OLMo 2: norms after the attention and the MLP only (shared under sequence parallelism),
+// OLMoE's q_norm and k_norm over every head (each rank's heads' features, the sums of squares
+// summed over the group), biases on every attention product.
+TEST(LlamaTensorParallelTest, Olmo2ShardsGiveTheWholeLossAndGradients) {
+  Case olmo2;
+  olmo2.olmo2 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(olmo2);
+  olmo2.sequence_parallel = true;
+  olmo2.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(olmo2);
 }
 
 // Fewer key/value heads than ranks (multi-query attention: one for 4 query heads; 2 on 4

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The reference models of families newer than the transformers release the test environment
+runs (4.46.3, the newest on Debian's torch 1.13): Qwen3, Qwen3-MoE and OLMo 2, built and run by
+transformers 4.51.3 on torch 2.5 exactly as hf_reference.py builds and runs the others (tiny
+random models, perturbed weights, logits, loss and gradients on fixed tokens), and the greedy
+tokens its generate() makes of a prompt (generate.json).
+
+    hf_recent_reference.py OUTPUT_FOLDER
+
+Its output is kept in tests/data/hf_recent/ (hf_models_test.cc and hf_weights_test.cc read it
+from there; the build and CI do not run this script). To write it again:
+
+    python3 -m venv /tmp/recent
+    /tmp/recent/bin/pip install torch==2.5.1 transformers==4.51.3 safetensors "numpy<2"
+    /tmp/recent/bin/python tests/runtime/hf_recent_reference.py tests/data/hf_recent
+"""
+import json
+import os
+import sys
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import (AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+from hf_reference import write_cases  # noqa: E402
+from tiny_models import llama  # noqa: E402
+
+CASES = {
+    # Qwen3: grouped-query attention (4 query heads, 2 key/value heads) with a head_dim that is
+    # not hidden / heads, q_norm and k_norm on each head, untied.
+    "qwen3_head_dim": lambda: llama(Qwen3Config, Qwen3ForCausalLM, head_dim=16),
+    # Qwen3 tied, multi-head, with attention_bias (q/k/v and o_proj), a large rope_theta.
+    "qwen3_tied_bias": lambda: llama(Qwen3Config, Qwen3ForCausalLM, head_dim=8,
+                                     num_key_value_heads=4, attention_bias=True,
+                                     tie_word_embeddings=True, rope_theta=1000000.0),
+    # Qwen3-MoE: 4 experts, 2 a token, probabilities as they are, an explicit head_dim.
+    "qwen3_moe_experts": lambda: llama(Qwen3MoeConfig, Qwen3MoeForCausalLM, num_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=24,
+                                       norm_topk_prob=False, head_dim=16),
+    # Qwen3-MoE tied, renormalised, its first block dense (mlp_only_layers).
+    "qwen3_moe_dense_norm_topk": lambda: llama(Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                                               num_experts=3, num_experts_per_tok=2,
+                                               moe_intermediate_size=16, norm_topk_prob=True,
+                                               mlp_only_layers=[0], tie_word_embeddings=True),
+    # One Qwen3-MoE block with the load-balancing loss in the gradients (hf_reference.py's
+    # AUX_LOSS cases).
+    "qwen3_moe_aux": lambda: llama(Qwen3MoeConfig, Qwen3MoeForCausalLM, num_experts=3,
+                                   num_experts_per_tok=2, moe_intermediate_size=16,
+                                   num_hidden_layers=1, router_aux_loss_coef=0.5),
+    # OLMo 2: q_norm and k_norm over the whole query and key products, norms after the attention
+    # and the MLP only, grouped-query attention, padding row 1 (Olmo2Config's default).
+    "olmo2_gqa": lambda: llama(Olmo2Config, Olmo2ForCausalLM),
+    # OLMo 2 tied, multi-head, with attention_bias and a head_dim that is not hidden / heads.
+    "olmo2_tied_bias": lambda: llama(Olmo2Config, Olmo2ForCausalLM, num_key_value_heads=4,
+                                     attention_bias=True, tie_word_embeddings=True,
+                                     head_dim=16),
+}
+
+AUX_LOSS = {"qwen3_moe_aux"}
+
+
+GENERATE_CASES = ["qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts",
+                  "qwen3_moe_dense_norm_topk", "olmo2_gqa", "olmo2_tied_bias"]
+NEW_TOKENS = 12
+
+
+def write_generate_cases(output):
+    """OUTPUT/generate.json: for each case of GENERATE_CASES, the greedy tokens transformers'
+    generate() makes (with its key/value cache, no end-of-text stop) of a prompt of the case's
+    first five input tokens, as generate_reference.py records them."""
+    cases = []
+    for name in GENERATE_CASES:
+        folder = os.path.join(output, name)
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+        model.eval()
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        prompt = load_file(os.path.join(folder, "reference.safetensors"))["input_ids"][0, :5]
+        prompt = prompt.tolist()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]),
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                 do_sample=False, num_beams=1)
+        cases.append({"name": name, "prompt": prompt, "tokens": out[0, len(prompt):].tolist()})
+        print(name, "generate")
+    with open(os.path.join(output, "generate.json"), "w") as f:
+        json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
+                   "cases": cases}, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: hf_recent_reference.py OUTPUT_FOLDER")
+    write_cases(sys.argv[1], CASES, AUX_LOSS)
+    write_generate_cases(sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()
