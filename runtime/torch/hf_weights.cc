@@ -413,9 +413,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
       {"expert-units", &config.expert_intermediate},
       {"shared-units", &config.shared_expert_intermediate},
       {"sparse-step", &config.sparse_step},
+      {"window-pattern", &config.sliding_window_pattern},
       {"rotary-dims", &config.rotary_dims}};
   const std::map<std::string, double*> numbers = {
       {"rope", &config.rope_theta},
+      {"local-rope", &config.rope_local_theta},
       {"qscale", &config.query_pre_attn_scalar},
       {"attn-softcap", &config.attn_logit_softcapping},
       {"final-softcap", &config.final_logit_softcapping},
@@ -458,6 +460,21 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromDescription(absl::string_view descrip
            absl::SimpleAtod(parts[1], &scaling.low_freq_factor) &&
            absl::SimpleAtod(parts[2], &scaling.high_freq_factor) &&
            absl::SimpleAtoi(parts[3], &scaling.original_max_position_embeddings);
+      config.rope_scaling = scaling;
+    } else if (key == "linear-scaling") {
+      LlamaRopeScaling scaling;
+      scaling.type = "linear";
+      ok = absl::SimpleAtod(value, &scaling.factor);
+      config.rope_scaling = scaling;
+    } else if (key == "yarn-scaling") {
+      const std::vector<std::string> parts = absl::StrSplit(value, '/');
+      LlamaRopeScaling scaling;
+      scaling.type = "yarn";
+      ok = parts.size() == 5 && absl::SimpleAtod(parts[0], &scaling.factor) &&
+           absl::SimpleAtoi(parts[1], &scaling.original_max_position_embeddings) &&
+           absl::SimpleAtod(parts[2], &scaling.beta_fast) &&
+           absl::SimpleAtod(parts[3], &scaling.beta_slow) &&
+           absl::SimpleAtod(parts[4], &scaling.attention_factor);
       config.rope_scaling = scaling;
     } else if (key == "longrope") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -552,8 +569,24 @@ Json GptJConfigJson(const LlamaConfig& config) {
           {"torch_dtype", "float32"}};
 }
 
-// Llama 3's rope_scaling as transformers writes it.
-Json RopeScalingJson(const LlamaRopeScaling& s) {
+// A rope_scaling as transformers writes it (yarn's factor implied by the original context,
+// which it reads over the factor given).
+Json RopeScalingJson(const LlamaConfig& config) {
+  const LlamaRopeScaling& s = *config.rope_scaling;
+  if (s.type == "linear") return {{"rope_type", "linear"}, {"factor", s.factor}};
+  if (s.type == "yarn") {
+    Json json = {{"rope_type", "yarn"},
+                 {"factor", s.factor},
+                 {"beta_fast", s.beta_fast},
+                 {"beta_slow", s.beta_slow},
+                 {"attention_factor", s.attention_factor}};
+    // An original context of max_position_embeddings is the default, under which transformers
+    // takes the factor as given.
+    if (s.original_max_position_embeddings != config.max_position_embeddings) {
+      json["original_max_position_embeddings"] = s.original_max_position_embeddings;
+    }
+    return json;
+  }
   return {{"rope_type", "llama3"},
           {"factor", s.factor},
           {"low_freq_factor", s.low_freq_factor},
@@ -592,7 +625,7 @@ Json FalconConfigJson(const LlamaConfig& config) {
       {"attention_dropout", 0.0},
       {"initializer_range", config.init_std},
       {"torch_dtype", "float32"}};
-  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(*config.rope_scaling);
+  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(config);
   if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
   return json;
 }
@@ -621,6 +654,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "qwen3"      ? "Qwen3ForCausalLM"
                                    : config.model_type == "qwen3_moe"  ? "Qwen3MoeForCausalLM"
                                    : config.model_type == "olmo2"      ? "Olmo2ForCausalLM"
+                                   : config.Gemma3()                   ? "Gemma3ForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -642,7 +676,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                {"attention_dropout", 0.0},
                {"initializer_range", config.init_std},
                {"torch_dtype", "float32"}};
-  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(*config.rope_scaling);
+  if (config.rope_scaling) json["rope_scaling"] = RopeScalingJson(config);
   if (config.pad_token_id) json["pad_token_id"] = *config.pad_token_id;
   const Json window = config.sliding_window > 0 ? Json(config.sliding_window) : Json(nullptr);
   if (config.model_type == "mistral") {
@@ -719,6 +753,10 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     EraseFields(json, {"attention_bias", "mlp_bias", "head_dim"});
     json["sliding_window"] = window;
     json["original_max_position_embeddings"] = config.max_position_embeddings;
+    // Phi-4-mini's (transformers 4.49 and later read it; written only where it is not 1).
+    if (config.partial_rotary_factor != 1.0) {
+      json["partial_rotary_factor"] = config.partial_rotary_factor;
+    }
     json["resid_pdrop"] = 0.0;
     json["embd_pdrop"] = 0.0;
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
@@ -805,20 +843,25 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["qk_layernorm"] = config.head_qk_norms;
     json["hidden_dropout"] = 0.0;
   } else if (config.Gemma()) {
-    // GemmaConfig and Gemma2Config: the activation is hidden_activation, the MLP has no
-    // biases, and an absent pad_token_id would read as 0.
+    // GemmaConfig, Gemma2Config and Gemma3TextConfig: the activation is hidden_activation,
+    // the MLP has no biases, and an absent pad_token_id would read as 0; Gemma 3's pattern of
+    // local blocks and their rotary base.
     json.erase("mlp_bias");
     json["hidden_act"] = config.hidden_act;
     json["hidden_activation"] = config.hidden_act;
     json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
-    if (config.model_type == "gemma2") {
+    if (config.Gemma3()) {
+      json["sliding_window_pattern"] = config.sliding_window_pattern;
+      json["rope_local_base_freq"] = config.rope_local_theta;
+    }
+    if (config.SandwichNorms()) {
       json["query_pre_attn_scalar"] = config.query_pre_attn_scalar > 0
                                           ? config.query_pre_attn_scalar
                                           : static_cast<double>(config.HeadDim());
       const auto cap = [](double c) { return c > 0 ? Json(c) : Json(nullptr); };
       json["attn_logit_softcapping"] = cap(config.attn_logit_softcapping);
       json["final_logit_softcapping"] = cap(config.final_logit_softcapping);
-      // Gemma 2 needs a window: full causal attention over every position is one of
+      // Gemma 2 and 3 need a window: full causal attention over every position is one of
       // max_position_embeddings.
       json["sliding_window"] =
           config.sliding_window > 0 ? config.sliding_window : config.max_position_embeddings;

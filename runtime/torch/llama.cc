@@ -172,6 +172,7 @@ enum class HeadNormKind {
   kCohere,    // CohereLayerNorm [heads, head_dim]: the mean subtracted, each head's own weights
   kStableLm,  // StableLmLayerNormPerHead: the same, a LayerNorm per head (norms.<h>.weight)
   kQwen3,     // Qwen3RMSNorm [head_dim]: an RMSNorm of each head, one weight for all of them
+  kGemma3,    // Gemma3RMSNorm [head_dim]: the same scaling by 1 + the weight, in float32
 };
 
 // A norm of each query or key head apart, in float32: Cohere's q_norm and k_norm (use_qk_norm;
@@ -194,6 +195,8 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
       weight = register_parameter("weight", torch::ones({heads_, head_dim_}));
     } else if (kind_ == HeadNormKind::kQwen3) {
       weight = register_parameter("weight", torch::ones({head_dim_}));
+    } else if (kind_ == HeadNormKind::kGemma3) {
+      weight = register_parameter("weight", torch::zeros({head_dim_}));
     } else {
       norms = register_module("norms", torch::nn::ModuleList());
       for (int64_t h = 0; h < heads_; ++h) norms->push_back(HeadWeight(head_dim_));
@@ -216,11 +219,16 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
   torch::Tensor forward(const torch::Tensor& product) {
     const torch::Tensor h =
         product.reshape({product.size(0), product.size(1), -1, head_dim_}).to(torch::kFloat);
-    if (kind_ == HeadNormKind::kQwen3) {
-      // Qwen3RMSNorm: weight * (x / rms(x)) cast back to the product's type.
+    if (kind_ == HeadNormKind::kQwen3 || kind_ == HeadNormKind::kGemma3) {
       const torch::Tensor scale = whole_ ? CopyToTensorParallel(weight, tp_) : weight;
       const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-      return scale * (h * torch::rsqrt(variance + eps_)).to(product.scalar_type());
+      const torch::Tensor normed = h * torch::rsqrt(variance + eps_);
+      // Gemma3RMSNorm: (x / rms(x) * (1 + weight)) in float32, then the product's type.
+      if (kind_ == HeadNormKind::kGemma3) {
+        return (normed * (1.0 + scale.to(torch::kFloat))).to(product.scalar_type());
+      }
+      // Qwen3RMSNorm: weight * (x / rms(x)) cast back to the product's type.
+      return scale * normed.to(product.scalar_type());
     }
     torch::Tensor scale = weight;
     if (kind_ == HeadNormKind::kStableLm) {
@@ -315,6 +323,26 @@ torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = 
   torch::Tensor inv_freq = 1.0 / powers;
   if (!config.rope_scaling) return inv_freq;
   const LlamaRopeScaling& s = *config.rope_scaling;
+  if (s.type == "linear") return inv_freq / s.factor;
+  if (s.type == "yarn") {
+    // transformers' _compute_yarn_parameters: the dimension at which a frequency turns
+    // `rotations` times over the original context, the range between beta_fast's and
+    // beta_slow's (floored and ceiled, within [0, dim - 1]), and a ramp over it.
+    const double original = static_cast<double>(s.original_max_position_embeddings);
+    const auto correction_dim = [&](double rotations) {
+      return static_cast<double>(dim) * std::log(original / (rotations * 2 * kPi)) /
+             (2 * std::log(config.rope_theta));
+    };
+    const double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(s.beta_slow)), static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // as transformers avoids the singularity
+    const torch::Tensor ramp =
+        ((torch::arange(dim / 2, torch::TensorOptions().dtype(torch::kFloat)) - low) / (high - low))
+            .clamp(0, 1);
+    const torch::Tensor extrapolation = 1 - ramp;
+    const torch::Tensor interpolation = 1.0 / (s.factor * powers);
+    return interpolation * (1 - extrapolation) + inv_freq * extrapolation;
+  }
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
   const double low_freq_wavelen = old_context / s.low_freq_factor;
   const double high_freq_wavelen = old_context / s.high_freq_factor;
@@ -327,6 +355,17 @@ torch::Tensor InverseFrequencies(const LlamaConfig& config, bool long_factors = 
   const torch::Tensor medium =
       (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
   return torch::where(medium, smoothed, scaled);
+}
+
+// The rotary settings of block `block` (0-based): Gemma 3's local blocks turn at
+// rope_local_base_freq without scaling (transformers' rotary_emb_local); every other block at
+// the config's.
+LlamaConfig RotaryConfigOfBlock(LlamaConfig config, int64_t block) {
+  if (config.LocalBlock(block) && config.rope_local_theta > 0) {
+    config.rope_theta = config.rope_local_theta;
+    config.rope_scaling.reset();
+  }
+  return config;
 }
 
 // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2; with
@@ -477,9 +516,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
     if (config_.HeadNorms()) {
       // Cohere's, StableLM's and Qwen3's: each head apart.
       const bool stablelm = config_.StableLm();
-      const HeadNormKind kind = stablelm          ? HeadNormKind::kStableLm
-                                : config_.Qwen3() ? HeadNormKind::kQwen3
-                                                  : HeadNormKind::kCohere;
+      const HeadNormKind kind = stablelm           ? HeadNormKind::kStableLm
+                                : config_.Qwen3()  ? HeadNormKind::kQwen3
+                                : config_.Gemma3() ? HeadNormKind::kGemma3
+                                                   : HeadNormKind::kCohere;
       q_head_norm = register_module(stablelm ? "q_layernorm" : "q_norm",
                                     HeadNorm(config_.heads, head_dim, config_.rms_norm_eps, kind));
       k_head_norm =
@@ -1094,10 +1134,10 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
       : config_(config),
         block_(block),
         sparse_(config.SparseBlock(block)),
-        inverse_frequencies_(InverseFrequencies(config)),
+        inverse_frequencies_(InverseFrequencies(RotaryConfigOfBlock(config, block))),
         long_inverse_frequencies_(config.long_rope ? InverseFrequencies(config, true)
                                                    : torch::Tensor()),
-        rotary_scale_(config.RotaryScale()) {
+        rotary_scale_(RotaryConfigOfBlock(config, block).RotaryScale()) {
     reset();
   }
 
@@ -1490,6 +1530,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "qwen3_moe") {  // Qwen3MoeConfig: head_dim hidden / heads unless given
     return {151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 10000.0, false, 4096};
   }
+  if (model_type == "gemma3_text") {  // transformers 4.51's Gemma3TextConfig
+    return {262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, 1e6, true, 4096};
+  }
   if (model_type == "gemma" || model_type == "gemma2") {
     return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 1e-6, 10000.0, true, 4096};
   }
@@ -1730,7 +1773,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
   } else if (config.head_qk_norms) {
     add("self_attn.q_norm.weight", {config.heads, config.HeadDim()});
     add("self_attn.k_norm.weight", {config.kv_heads, config.HeadDim()});
-  } else if (config.Qwen3()) {
+  } else if (config.Qwen3() || config.Gemma3()) {
     add("self_attn.q_norm.weight", {config.HeadDim()});
     add("self_attn.k_norm.weight", {config.HeadDim()});
   }
@@ -1815,6 +1858,46 @@ absl::StatusOr<std::vector<double>> NumbersOf(const Json& object, absl::string_v
   return numbers;
 }
 
+// A rope_scaling of type "yarn" as transformers 4.51 reads it (LlamaRopeScaling): factor
+// max_position_embeddings / original_max_position_embeddings where the file gives the latter,
+// the attention factor resolved.
+absl::StatusOr<LlamaRopeScaling> YarnScalingOf(const Json& scaling, const LlamaConfig& config) {
+  const std::string where = "config.json: rope_scaling";
+  LlamaRopeScaling s;
+  s.type = "yarn";
+  TANDEM_ASSIGN_OR_RETURN(s.factor, GetNumber(scaling, "factor", where));
+  s.original_max_position_embeddings = config.max_position_embeddings;
+  if (IsSet(scaling, "original_max_position_embeddings")) {
+    TANDEM_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
+                            GetInt(scaling, "original_max_position_embeddings", where));
+    if (s.original_max_position_embeddings <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": original_max_position_embeddings must be positive, got ",
+                       s.original_max_position_embeddings));
+    }
+    s.factor = static_cast<double>(config.max_position_embeddings) /
+               static_cast<double>(s.original_max_position_embeddings);
+  }
+  // transformers takes a beta of 0 (or null) as its default.
+  TANDEM_ASSIGN_OR_RETURN(s.beta_fast, GetNumberOr(scaling, "beta_fast", 0.0, where));
+  TANDEM_ASSIGN_OR_RETURN(s.beta_slow, GetNumberOr(scaling, "beta_slow", 0.0, where));
+  if (s.beta_fast == 0) s.beta_fast = 32;
+  if (s.beta_slow == 0) s.beta_slow = 1;
+  const auto mscale_of = [&](double m) {
+    return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0;
+  };
+  TANDEM_ASSIGN_OR_RETURN(const double mscale, GetNumberOr(scaling, "mscale", 0.0, where));
+  TANDEM_ASSIGN_OR_RETURN(const double mscale_all_dim,
+                          GetNumberOr(scaling, "mscale_all_dim", 0.0, where));
+  s.attention_factor = mscale != 0 && mscale_all_dim != 0
+                           ? mscale_of(mscale) / mscale_of(mscale_all_dim)
+                           : mscale_of(1.0);
+  if (IsSet(scaling, "attention_factor")) {
+    TANDEM_ASSIGN_OR_RETURN(s.attention_factor, GetNumber(scaling, "attention_factor", where));
+  }
+  return s;
+}
+
 // Phi-3's rope_scaling: LongRoPE (transformers reads its older names "su" and "yarn" as it).
 absl::StatusOr<LlamaLongRope> LongRopeOf(const Json& json) {
   const std::string where = "config.json: rope_scaling";
@@ -1896,10 +1979,10 @@ absl::Status ReadFalconLayout(const Json& json, LlamaConfig& config) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
-       {"llama",      "mistral", "qwen2",      "gemma",    "gemma2",    "mixtral",
-        "qwen2_moe",  "granite", "granitemoe", "phi3",     "olmo",      "olmoe",
-        "starcoder2", "phi",     "gpt_neox",   "stablelm", "gptj",      "cohere",
-        "glm",        "falcon",  "nemotron",   "qwen3",    "qwen3_moe", "olmo2"}) {
+       {"llama",    "mistral",    "qwen2", "gemma",      "gemma2", "mixtral",    "qwen2_moe",
+        "granite",  "granitemoe", "phi3",  "olmo",       "olmoe",  "starcoder2", "phi",
+        "gpt_neox", "stablelm",   "gptj",  "cohere",     "glm",    "falcon",     "nemotron",
+        "qwen3",    "qwen3_moe",  "olmo2", "gemma3_text"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -2121,7 +2204,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                        "\" is not supported (gemma: gelu_pytorch_tanh and gelu)"));
     }
     if (!json.contains("pad_token_id")) config.pad_token_id = 0;  // GemmaConfig's default
-    if (IsSet(json, "rope_scaling")) {
+    // Gemma 3's scales its global blocks' frequencies (read below as other families' are).
+    if (IsSet(json, "rope_scaling") && !config.Gemma3()) {
       return absl::InvalidArgumentError(
           "config.json: rope_scaling is not supported for gemma (transformers' Gemma has plain "
           "rotary embeddings)");
@@ -2163,14 +2247,28 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   if (gemma2) {
-    TANDEM_ASSIGN_OR_RETURN(config.query_pre_attn_scalar,
-                            GetNumberOr(json, "query_pre_attn_scalar", 224.0, where));
-    // A cap of null is none; an absent one Gemma2Config's default.
+    const bool gemma3 = config.Gemma3();
+    TANDEM_ASSIGN_OR_RETURN(
+        config.query_pre_attn_scalar,
+        GetNumberOr(json, "query_pre_attn_scalar", gemma3 ? 256.0 : 224.0, where));
+    // A cap of null is none; an absent one Gemma2Config's default (Gemma3TextConfig's: none).
     const std::pair<const char*, double*> caps[] = {
         {"attn_logit_softcapping", &config.attn_logit_softcapping},
         {"final_logit_softcapping", &config.final_logit_softcapping}};
+    if (gemma3 && IsSet(json, "attn_logit_softcapping")) {
+      return absl::InvalidArgumentError(
+          "config.json: attn_logit_softcapping is not supported for gemma3_text (transformers' "
+          "Gemma 3 attention does not apply it, and Gemma 3's models have none; set it to "
+          "null)");
+    }
+    if (gemma3) {
+      TANDEM_ASSIGN_OR_RETURN(config.sliding_window_pattern,
+                              GetIntOr(json, "sliding_window_pattern", 6, where));
+      TANDEM_ASSIGN_OR_RETURN(config.rope_local_theta,
+                              GetNumberOr(json, "rope_local_base_freq", 10000.0, where));
+    }
     for (const auto& [field, cap] : caps) {
-      *cap = absl::string_view(field) == "attn_logit_softcapping" ? 50.0 : 30.0;
+      *cap = gemma3 ? 0.0 : absl::string_view(field) == "attn_logit_softcapping" ? 50.0 : 30.0;
       if (json.contains(field)) {
         *cap = 0;
         if (IsSet(json, field)) {
@@ -2286,11 +2384,11 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                             GetNumberOr(json, "partial_rotary_factor", factor, where));
   }
   if (!config.PartialRotation() && config.partial_rotary_factor != 1.0) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: partial_rotary_factor ",
-                                                   config.partial_rotary_factor,
-                                                   " is not supported for ", config.model_type,
-                                                   " (only 1; phi's, gpt_neox's, stablelm's and "
-                                                   "nemotron's may be less)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: partial_rotary_factor ", config.partial_rotary_factor,
+                     " is not supported for ", config.model_type,
+                     " (only 1; phi's, phi3's, gpt_neox's, stablelm's and "
+                     "nemotron's may be less)"));
   }
   if (IsSet(json, "pad_token_id")) {
     TANDEM_ASSIGN_OR_RETURN(const int64_t pad, GetInt(json, "pad_token_id", where));
@@ -2311,7 +2409,14 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     } else if (IsSet(*scaling, "type")) {
       TANDEM_ASSIGN_OR_RETURN(type, GetString(*scaling, "type", scaling_where));
     }
-    if (type == "llama3") {
+    if (type == "linear") {
+      LlamaRopeScaling s;
+      s.type = type;
+      TANDEM_ASSIGN_OR_RETURN(s.factor, GetNumber(*scaling, "factor", scaling_where));
+      config.rope_scaling = s;
+    } else if (type == "yarn") {
+      TANDEM_ASSIGN_OR_RETURN(config.rope_scaling, YarnScalingOf(*scaling, config));
+    } else if (type == "llama3") {
       LlamaRopeScaling s;
       TANDEM_ASSIGN_OR_RETURN(s.factor, GetNumber(*scaling, "factor", scaling_where));
       TANDEM_ASSIGN_OR_RETURN(s.low_freq_factor,
@@ -2325,7 +2430,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     } else if (type != "default") {
       return absl::InvalidArgumentError(absl::StrCat(
           "config.json: rope_scaling type \"", type,
-          "\" is not supported (tandem's llama has \"llama3\" and \"default\")"));
+          "\" is not supported (tandem's llama has \"llama3\", \"linear\", \"yarn\" and "
+          "\"default\")"));
     }
   }
   config.seq_len = std::min(config.seq_len, config.max_position_embeddings);
@@ -2459,7 +2565,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   if (!(config.partial_rotary_factor > 0 && config.partial_rotary_factor <= 1) ||
       (!config.PartialRotation() && config.partial_rotary_factor != 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi, gpt_neox, "
+        "llama: partial_rotary_factor must be in (0, 1], and 1 except for phi, phi3, gpt_neox, "
         "stablelm and nemotron; got ",
         config.partial_rotary_factor, " for ", config.model_type));
   }
@@ -2480,6 +2586,14 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "llama: Falcon has one bias setting for every product, and its sequential blocks one "
         "key/value head or one per head; got ",
         config.kv_heads, " key/value heads of ", config.heads));
+  }
+  if ((config.sliding_window_pattern != 0 || config.rope_local_theta != 0) &&
+      !(config.Gemma3() && config.sliding_window_pattern > 0 && config.rope_local_theta > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "llama: sliding_window_pattern and rope_local_base_freq are Gemma 3's (both positive); "
+        "got ",
+        config.sliding_window_pattern, " and ", config.rope_local_theta, " for ",
+        config.model_type));
   }
   if (config.head_qk_norms && !config.Cohere() && !config.StableLm()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -2554,11 +2668,11 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
   }
   if (config.long_rope) {
     const LlamaLongRope& rope = *config.long_rope;
-    const size_t half = static_cast<size_t>(config.HeadDim() / 2);
+    const size_t half = static_cast<size_t>(config.RotaryDim() / 2);
     if (rope.short_factor.size() != half || rope.long_factor.size() != half) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "llama: LongRoPE needs head_dim / 2 = ", half, " short and long factors, got ",
-          rope.short_factor.size(), " and ", rope.long_factor.size()));
+          "llama: LongRoPE needs a factor for each pair of rotated features (", half,
+          ") short and long, got ", rope.short_factor.size(), " and ", rope.long_factor.size()));
     }
     for (const std::vector<double>* factors : {&rope.short_factor, &rope.long_factor}) {
       for (const double f : *factors) {
@@ -2578,7 +2692,20 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("llama: pad_token_id ", *config.pad_token_id,
                                                    " is not below vocab_size ", config.vocab));
   }
-  if (config.rope_scaling) {
+  if (config.rope_scaling && config.rope_scaling->type != "llama3") {
+    const LlamaRopeScaling& s = *config.rope_scaling;
+    const bool yarn = s.type == "yarn";
+    if ((s.type != "linear" && !yarn) || !(s.factor > 0) || std::isinf(s.factor) ||
+        (yarn &&
+         (!(s.factor >= 1) || s.original_max_position_embeddings <= 0 || !(s.beta_fast > 0) ||
+          !(s.beta_slow > 0) || !(s.attention_factor > 0) || std::isinf(s.attention_factor)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "llama: rope_scaling ", s.type,
+          " needs a finite factor > 0 (yarn: at least 1, with positive beta_fast, beta_slow, "
+          "attention_factor and original_max_position_embeddings); got factor ",
+          s.factor));
+    }
+  } else if (config.rope_scaling) {
     const LlamaRopeScaling& s = *config.rope_scaling;
     if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor) ||
         s.original_max_position_embeddings <= 0) {
@@ -2613,14 +2740,25 @@ std::string DescribeLlama(const LlamaConfig& config) {
   absl::StrAppend(&text, " rope=", theta);
   if (config.rope_scaling) {
     const LlamaRopeScaling& s = *config.rope_scaling;
-    absl::StrAppend(&text, " llama3-scaling=", s.factor, "/", s.low_freq_factor, "/",
-                    s.high_freq_factor, "/", s.original_max_position_embeddings);
+    if (s.type == "linear") {
+      absl::StrAppend(&text, " linear-scaling=", s.factor);
+    } else if (s.type == "yarn") {
+      absl::StrAppend(&text, " yarn-scaling=", s.factor, "/", s.original_max_position_embeddings,
+                      "/", s.beta_fast, "/", s.beta_slow, "/", s.attention_factor);
+    } else {
+      absl::StrAppend(&text, " llama3-scaling=", s.factor, "/", s.low_freq_factor, "/",
+                      s.high_freq_factor, "/", s.original_max_position_embeddings);
+    }
   }
   if (config.tie_word_embeddings) absl::StrAppend(&text, " tied");
   if (config.attention_bias) absl::StrAppend(&text, " attention-bias");
   if (config.qkv_bias && !config.attention_bias) absl::StrAppend(&text, " qkv-bias");
   if (config.mlp_bias) absl::StrAppend(&text, " mlp-bias");
   if (config.sliding_window > 0) absl::StrAppend(&text, " window=", config.sliding_window);
+  if (config.sliding_window_pattern > 0) {
+    absl::StrAppend(&text, " window-pattern=", config.sliding_window_pattern);
+  }
+  if (config.rope_local_theta > 0) absl::StrAppend(&text, " local-rope=", config.rope_local_theta);
   if (config.hidden_act != "silu") absl::StrAppend(&text, " act=", config.hidden_act);
   if (config.query_pre_attn_scalar > 0) {
     absl::StrAppend(&text, " qscale=", config.query_pre_attn_scalar);
@@ -2690,6 +2828,7 @@ int64_t LlamaConfig::WindowOfBlock(int64_t block) const {
     return sliding_window;
   }
   if (model_type == "gemma2") return block % 2 == 0 ? sliding_window : 0;
+  if (Gemma3()) return LocalBlock(block) ? sliding_window : 0;
   return 0;
 }
 
@@ -2706,6 +2845,7 @@ int64_t LlamaConfig::MaxPositions() const {
 }
 
 double LlamaConfig::RotaryScale() const {
+  if (rope_scaling && rope_scaling->type == "yarn") return rope_scaling->attention_factor;
   if (!long_rope) return 1.0;
   const double original = static_cast<double>(long_rope->original_max_position_embeddings);
   const double scale = static_cast<double>(max_position_embeddings) / original;

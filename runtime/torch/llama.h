@@ -4,7 +4,7 @@
 // Phi3ForCausalLM, OlmoForCausalLM, OlmoeForCausalLM, Starcoder2ForCausalLM, PhiForCausalLM,
 // GPTNeoXForCausalLM, StableLmForCausalLM, GPTJForCausalLM, CohereForCausalLM, GlmForCausalLM,
 // FalconForCausalLM, NemotronForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and
-// Olmo2ForCausalLM, variations of the same computation: see LlamaConfig):
+// Olmo2ForCausalLM and Gemma3ForCausalLM, variations of the same computation: see LlamaConfig):
 //
 //   layer 0          embedding: int64 token ids [b, S] -> embed_tokens(ids) [b, S, hidden]
 //   layers 1..L      decoder block: x + o_proj(attention(RMSNorm(x))), then
@@ -91,15 +91,28 @@
 
 namespace tandem::runtime::libtorch {
 
-// Llama 3's rotary frequency scaling (transformers' rope_scaling with rope_type "llama3"):
-// wavelengths above original_max_position_embeddings / low_freq_factor are stretched by
-// `factor`, those below original_max_position_embeddings / high_freq_factor are kept, those
-// between are interpolated.
+// Rotary frequency scaling (transformers' rope_scaling), of one of three types:
+// - "llama3" (Llama 3.1's): wavelengths above original_max_position_embeddings /
+//   low_freq_factor are stretched by `factor`, those below original_max_position_embeddings /
+//   high_freq_factor are kept, those between are interpolated;
+// - "linear": every frequency divided by `factor`;
+// - "yarn" (YaRN, as transformers 4.51 computes it: Qwen3's and Qwen2.5's long contexts): the
+//   frequencies whose dimensions lie between the correction range of beta_fast and beta_slow
+//   rotations over original_max_position_embeddings blended linearly from kept to divided by
+//   `factor` (those below kept, those above divided), and cos and sin times attention_factor.
+//   When the file gives original_max_position_embeddings, factor is max_position_embeddings
+//   over it (transformers ignores the file's factor then); otherwise it is
+//   max_position_embeddings. attention_factor, unless given, is 0.1 ln(factor) + 1 (1 for a
+//   factor up to 1), or DeepSeek's ratio of that with mscale over that with mscale_all_dim;
+//   it is stored resolved.
 struct LlamaRopeScaling {
   double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn
+  double beta_fast = 32.0, beta_slow = 1.0;         // yarn
+  double attention_factor = 1.0;                    // yarn
+  std::string type = "llama3";
 };
 
 // Phi-3's LongRoPE (rope_scaling type "longrope", of its 128k-context models and Phi-3.5):
@@ -154,6 +167,10 @@ struct LlamaConfig {
   // Attention scores are divided by sqrt(query_pre_attn_scalar) (Gemma 2); 0: by
   // sqrt(head_dim).
   double query_pre_attn_scalar = 0;
+  // Gemma 3's sliding_window_pattern: every pattern-th block (1-based) attends globally, the
+  // others within sliding_window at rope_local_base_freq (rope_local_theta; 0: rope_theta).
+  int64_t sliding_window_pattern = 0;
+  double rope_local_theta = 0;
   // Gemma 2's soft caps: scores, and the LM head's logits, become c * tanh(x / c); 0: none.
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
@@ -228,8 +245,18 @@ struct LlamaConfig {
     return static_cast<int64_t>(static_cast<double>(HeadDim()) * partial_rotary_factor);
   }
   bool QkvBias() const { return attention_bias || qkv_bias; }
-  bool Gemma() const { return model_type == "gemma" || model_type == "gemma2"; }
-  bool SandwichNorms() const { return model_type == "gemma2"; }
+  bool Gemma() const { return model_type == "gemma" || model_type == "gemma2" || Gemma3(); }
+  bool SandwichNorms() const { return model_type == "gemma2" || Gemma3(); }
+  // Gemma 3's (Gemma3ForCausalLM, model_type gemma3_text: Gemma 3 1B, and the text half of the
+  // larger ones): Gemma 2's blocks with Gemma's offset RMSNorm of each query and key head apart
+  // (q_norm, k_norm, one weight [head_dim] for all heads, as Qwen3's), no soft caps by default,
+  // and local blocks (all but every sliding_window_pattern-th) attending within the window at
+  // their own rotary base (LocalBlock).
+  bool Gemma3() const { return model_type == "gemma3_text"; }
+  // Whether block `block` (0-based) is one of Gemma 3's local (windowed) blocks.
+  bool LocalBlock(int64_t block) const {
+    return Gemma3() && sliding_window_pattern > 0 && (block + 1) % sliding_window_pattern != 0;
+  }
   bool Moe() const { return experts > 0; }
   // Phi-3's checkpoints fuse the query/key/value and the gate/up products (LlamaHfRows).
   bool FusedCheckpoint() const { return model_type == "phi3"; }
@@ -319,7 +346,7 @@ struct LlamaConfig {
   // experts are Qwen2-MoE's without the shared expert.
   bool Qwen3() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
   // A norm of each query and key head apart: Cohere's, StableLM's (head_qk_norms), Qwen3's.
-  bool HeadNorms() const { return head_qk_norms || Qwen3(); }
+  bool HeadNorms() const { return head_qk_norms || Qwen3() || Gemma3(); }
   // Norms that scale by 1 + their weight: Gemma's RMSNorms, Nemotron's layer norms.
   bool OffsetNorms() const { return Gemma() || Nemotron(); }
   bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
@@ -343,7 +370,10 @@ struct LlamaConfig {
            (Falcon() && parallel_residual && !branch_norms);
   }
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
-  bool PartialRotation() const { return Phi() || NeoX() || StableLm() || GptJ() || Nemotron(); }
+  // (Phi-3's since transformers 4.49: Phi-4-mini's partial_rotary_factor 0.75.)
+  bool PartialRotation() const {
+    return Phi() || NeoX() || StableLm() || GptJ() || Nemotron() || model_type == "phi3";
+  }
   bool HeadBias() const { return Phi() || GptJ(); }
   // Whether block `block` (0-based) holds experts.
   bool SparseBlock(int64_t block) const;
@@ -365,8 +395,9 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon, nemotron, qwen3 "
-    "and qwen3_moe";
+    "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon, nemotron, "
+    "qwen3, "
+    "qwen3_moe and gemma3_text";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class
@@ -420,7 +451,7 @@ bool IsLlamaModelType(absl::string_view model_type);
 // alibi, and the layouts transformers cannot run, refused), "nemotron" (hidden_act relu2, silu,
 // gelu, gelu_new or gelu_pytorch_tanh; a rope_scaling, which transformers' Nemotron ignores,
 // refused), "qwen3", "qwen3_moe" and "olmo2" (a rope_scaling other than "llama3" refused, as for
-// Llama);
+// Llama), "gemma3_text" (any rope_scaling refused);
 // output_router_logits
 // (transformers then adds a load-balancing loss over every layer's router scores, which tandem does
 // not compute) and router_jitter_noise (random scaling of the router's input in training). Ignored:

@@ -487,15 +487,15 @@ std::vector<int64_t> TokensLine(const std::string& output) {
 
 std::string Join(const std::vector<int64_t>& ids) { return absl::StrJoin(ids, ","); }
 
-// Qwen3's, Qwen3-MoE's and OLMo 2's greedy tokens as transformers 4.51.3's generate() made them
-// (tests/data/hf_recent/generate.json, hf_recent_reference.py): with the key/value cache and
-// without. Needs no Python.
+// Qwen3's, Qwen3-MoE's, OLMo 2's and Gemma 3's greedy tokens as transformers 4.51.3's generate()
+// made them (tests/data/hf_recent/generate.json, hf_recent_reference.py): with the key/value cache
+// and without. Needs no Python.
 TEST(GenerateCommandTest, RecentFamiliesGreedyTokensEqualTransformersGenerate) {
   const std::string data = absl::StrCat(TANDEM_TEST_DATA_DIR, "/hf_recent");
   auto reference = ReadJsonFile(data + "/generate.json");
   ASSERT_TRUE(reference.ok()) << reference.status();
   const Json& cases = (*reference)["cases"];
-  ASSERT_EQ(cases.size(), 6u);
+  ASSERT_EQ(cases.size(), 11u);
   for (const Json& c : cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

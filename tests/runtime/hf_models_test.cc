@@ -158,10 +158,11 @@ struct HfCase {
 };
 
 // The cases of families newer than the transformers the tests run (Qwen3's, Qwen3-MoE's, OLMo
-// 2's) come from tests/data/hf_recent, written by hf_recent_reference.py under transformers
-// 4.51.3; the others from hf_reference.py's folder.
+// 2's, Gemma 3's) come from tests/data/hf_recent, written by hf_recent_reference.py under
+// transformers 4.51.3; the others from hf_reference.py's folder.
 bool RecentCase(const std::string& case_name) {
-  return case_name.rfind("qwen3", 0) == 0 || case_name.rfind("olmo2", 0) == 0;
+  return case_name.rfind("qwen3", 0) == 0 || case_name.rfind("olmo2", 0) == 0 ||
+         case_name.rfind("gemma3", 0) == 0 || case_name.rfind("phi3_partial", 0) == 0;
 }
 
 std::string CaseFolder(const std::string& case_name) {
@@ -783,6 +784,51 @@ TEST_P(HfModelsTest, Olmo2WithNormsAfterEachBranchEqualsTransformers) {
   }
 }
 
+// Gemma 3 (tests/data/hf_recent, transformers 4.51.3): a local block (a window shorter than
+// the sequence, masked, at rope_local_base_freq) beside a global one, query and key norms of
+// each head scaling by 1 + their weight, Gemma 2's sandwich norms; and with soft-capped logits,
+// multi-query attention, untied.
+TEST_P(HfModelsTest, Gemma3WithLocalAndGlobalBlocksEqualsTransformers) {
+  for (const char* name : {"gemma3_local_global", "gemma3_softcap"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+  // The local block's own rotary base matters: at the global base the logits move.
+  const HfCase one_base = LlamaCase("gemma3_local_global", GetParam(), [](LlamaConfig& config) {
+    config.rope_local_theta = config.rope_theta;
+  });
+  EXPECT_GT(Compare(one_base, {0, 4}).logits, 1e-3);
+}
+
+// Rotary scaling other than Llama 3's: YaRN with the factor as given (transformers 4.46 and 4.51
+// agree there) and linear, against the test environment's transformers.
+TEST_P(HfModelsTest, YarnAndLinearRotaryScalingEqualTransformers) {
+  REQUIRE_REFERENCE();
+  for (const char* name : {"llama_yarn", "qwen2_linear"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+}
+
+// YaRN with an original context (the factor max_position_embeddings over it, as transformers
+// 4.51 reads it: 4 here, not the file's 8), Gemma 3's linear scaling of its global blocks only,
+// and Phi-4-mini's LongRoPE over a partial rotation (tests/data/hf_recent). Without the scaling
+// the logits move.
+TEST_P(HfModelsTest, RecentRotaryScalingEqualsTransformers) {
+  for (const char* name : {"qwen3_yarn", "gemma3_linear", "phi3_partial_longrope"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+    const HfCase unscaled = LlamaCase(name, GetParam(), [](LlamaConfig& config) {
+      config.rope_scaling.reset();
+      config.long_rope.reset();
+    });
+    EXPECT_GT(Compare(unscaled, {0, 4}).logits, 1e-4);
+  }
+}
+
 // The comparison sees Qwen3's norms: the same weights in Llama's blocks (no q_norm and k_norm,
 // every other weight loaded) give logits far from transformers'.
 TEST(HfModelsSensitivityTest, Qwen3WithoutItsHeadNormsIsFarFromTransformers) {
@@ -897,11 +943,11 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
         "phi3_gqa", "phi3_longrope", "phi3_longrope_short", "granitemoe_experts", "olmo_clip",
         "olmo_tied", "olmoe_experts", "olmoe_tied_norm_topk", "starcoder2_window",
         "starcoder2_tied_nobias", "phi_partial", "phi_tied_three_quarters", "gpt_neox_parallel",
-        "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied",
-        "gptj_rotary4", "gptj_tied_full", "cohere_bias", "cohere_tied", "cohere_qk_norm", "stablelm_qk_layernorm", "glm_gqa",
-        "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
-        "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied", "gpt2",
-        "gpt2_untied_variants"}) {
+        "gpt_neox_sequential_tied", "stablelm_parallel", "stablelm_sequential_tied", "gptj_rotary4",
+        "gptj_tied_full", "cohere_bias", "cohere_tied", "cohere_qk_norm", "stablelm_qk_layernorm",
+        "glm_gqa", "glm_tied_nobias", "falcon_multi_query", "falcon_groups_two_norms",
+        "falcon_groups_one_norm", "falcon_sequential", "nemotron_gqa", "nemotron_bias_tied",
+        "llama_yarn", "qwen2_linear", "gpt2", "gpt2_untied_variants"}) {
     SCOPED_TRACE(name);
     ExpectParametersAndKeysCorrespond(name);
   }
@@ -916,7 +962,8 @@ TEST(HfNamesTest, ParametersAndCheckpointKeysCorrespond) {
 TEST(HfNamesTest, Qwen3ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts", "qwen3_moe_dense_norm_topk",
-        "qwen3_moe_aux", "olmo2_gqa", "olmo2_tied_bias"}) {
+        "qwen3_moe_aux", "olmo2_gqa", "olmo2_tied_bias", "gemma3_local_global", "gemma3_softcap",
+        "qwen3_yarn", "gemma3_linear", "phi3_partial_longrope"}) {
     SCOPED_TRACE(name);
     ExpectParametersAndKeysCorrespond(name);
   }
@@ -966,17 +1013,44 @@ TEST(LlamaConfigTest, ReadsLlama3ConfigAndRefusesWhatItDoesNotImplement) {
     return LlamaConfigFromJson(changed).status();
   };
   ExpectRefused(with("hidden_act", "gelu"), "hidden_act");
-  ExpectRefused(with("model_type", "gemma3_text"), "model_type");
+  ExpectRefused(with("model_type", "deepseek_v3"), "model_type");
   ExpectRefused(with("num_key_value_heads", 5), "num_key_value_heads");
   ExpectRefused(with("partial_rotary_factor", 0.5), "partial_rotary_factor");
-  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "yarn", "factor": 4})")),
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "dynamic", "factor": 4})")),
+                "dynamic");
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "yarn", "factor": 0.5})")),
                 "yarn");
+  ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "linear"})")), "factor");
   ExpectRefused(with("rope_scaling", Json::parse(R"({"rope_type": "llama3", "factor": 4})")),
                 "low_freq_factor");
   ExpectRefused(with("tie_word_embeddings", "yes"), "tie_word_embeddings");
   ExpectRefused(with("vocab_size", 0), "vocab_size");
   EXPECT_EQ(LlamaConfigFromJson(Json::array()).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // YaRN as transformers 4.51 reads it: the factor given, or max_position_embeddings over the
+  // original context where one is given; the attention factor 0.1 ln(factor) + 1 unless given,
+  // or DeepSeek's ratio of mscales.
+  Json yarn = llama32;
+  yarn["rope_scaling"] = Json::parse(R"({"rope_type": "yarn", "factor": 4.0})");
+  config = LlamaConfigFromJson(yarn);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling->type, "yarn");
+  EXPECT_EQ(config->rope_scaling->factor, 4.0);
+  EXPECT_EQ(config->rope_scaling->original_max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(config->RotaryScale(), 0.1 * std::log(4.0) + 1.0);
+  yarn["rope_scaling"] = Json::parse(
+      R"({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768})");
+  config = LlamaConfigFromJson(yarn);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling->factor, 4.0);
+  yarn["rope_scaling"] =
+      Json::parse(R"({"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5})");
+  config = LlamaConfigFromJson(yarn);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_DOUBLE_EQ(config->RotaryScale(),
+                   (0.1 * std::log(4.0) + 1.0) / (0.05 * std::log(4.0) + 1.0));
+  EXPECT_EQ(DescribeLlama(*config).find("yarn-scaling=4/131072/32/1/") != std::string::npos, true)
+      << DescribeLlama(*config);
   // Biases are supported; nulls take the defaults.
   EXPECT_TRUE(with("attention_bias", true).ok());
   EXPECT_TRUE(with("rope_scaling", nullptr).ok());
@@ -1228,9 +1302,17 @@ TEST(LlamaConfigTest, ReadsQwen3ConfigsAsTheirFamiliesDefineThem) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->MaxPositions(), 4096);
   Json bad = qwen3;
-  bad["rope_scaling"] = Json::parse(
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "dynamic", "factor": 4.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling type \"dynamic\"");
+  // Qwen3's long context: YaRN over its original 32768 positions (the factor their ratio).
+  Json long_context = qwen3;
+  long_context["max_position_embeddings"] = 131072;
+  long_context["rope_scaling"] = Json::parse(
       R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})");
-  ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling type \"yarn\"");
+  config = LlamaConfigFromJson(long_context);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling->factor, 4.0);
+  EXPECT_EQ(config->rope_scaling->original_max_position_embeddings, 32768);
 
   const Json qwen3_moe = Json::parse(R"({
     "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -1307,8 +1389,67 @@ TEST(LlamaConfigTest, ReadsOlmo2ConfigsAsOlmo2ConfigDefinesThem) {
   EXPECT_EQ(config->vocab, 50304);
   EXPECT_EQ(config->kv_heads, 32);
   Json bad = olmo2;
-  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "dynamic", "factor": 2.0})");
   ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
+}
+
+// gemma-3-1b-pt's config.json as published: five local blocks (a window of 512 at base 10000)
+// to one global (base 1e6), query and key norms, no soft caps, tied.
+TEST(LlamaConfigTest, ReadsGemma3ConfigsAsGemma3TextConfigDefinesThem) {
+  const Json gemma3 = Json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 262144})");
+  auto config = LlamaConfigFromJson(gemma3);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Gemma3());
+  EXPECT_TRUE(config->Gemma());
+  EXPECT_TRUE(config->SandwichNorms());
+  EXPECT_TRUE(config->HeadNorms());
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->attn_logit_softcapping, 0.0);
+  EXPECT_EQ(config->final_logit_softcapping, 0.0);
+  EXPECT_EQ(config->WindowOfBlock(0), 512);
+  EXPECT_EQ(config->WindowOfBlock(4), 512);
+  EXPECT_EQ(config->WindowOfBlock(5), 0);  // the sixth block is global
+  EXPECT_EQ(config->WindowOfBlock(11), 0);
+  EXPECT_EQ(config->WindowOfBlock(25), 512);
+  EXPECT_EQ(DescribeLlama(*config),
+            "llama L=26 H=1152 A=4 KV=1 I=6912 S=32 V=262144 hd=256 rope=1e+06 tied window=512 "
+            "window-pattern=6 local-rope=10000 act=gelu_pytorch_tanh qscale=256 "
+            "family=gemma3_text");
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.self_attn.q_norm.weight").value_or(""),
+            "model.layers.0.self_attn.q_norm.weight");
+  // Gemma3TextConfig's defaults: every sixth block global, no caps, tied, padding row 0.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "gemma3_text"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window_pattern, 6);
+  EXPECT_EQ(config->rope_local_theta, 10000.0);
+  EXPECT_EQ(config->query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(config->pad_token_id, 0);
+  Json bad = gemma3;
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "dynamic", "factor": 8.0})");
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "dynamic");
+  // Gemma 3 4B's and larger's linear scaling of the global blocks.
+  Json scaled = gemma3;
+  scaled["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 8.0})");
+  config = LlamaConfigFromJson(scaled);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling->type, "linear");
+  bad = gemma3;
+  bad["attn_logit_softcapping"] = 50.0;
+  ExpectRefused(LlamaConfigFromJson(bad).status(), "attn_logit_softcapping");
+  // The pattern is Gemma 3's only.
+  LlamaConfig llama;
+  llama.sliding_window_pattern = 6;
+  ExpectRefused(ValidateLlamaConfig(llama), "sliding_window_pattern");
 }
 
 TEST(LlamaConfigTest, ReadsQwen2MoeConfigsAsTheirFamilyDefinesThem) {
@@ -1631,7 +1772,7 @@ TEST(LlamaConfigTest, ReadsStarcoder2ConfigsAsStarcoder2ConfigDefinesThem) {
   bad["hidden_act"] = "relu";
   ExpectRefused(LlamaConfigFromJson(bad).status(), "starcoder2: gelu_pytorch_tanh, gelu and silu");
   bad = starcoder2;
-  bad["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 2.0})");
+  bad["rope_scaling"] = Json::parse(R"({"rope_type": "dynamic", "factor": 2.0})");
   ExpectRefused(LlamaConfigFromJson(bad).status(), "rope_scaling");
 }
 
@@ -2224,7 +2365,8 @@ TEST(LlamaConfigTest, ReadsGraniteAndPhi3ConfigsAsTheirFamiliesDefineThem) {
   other["rope_scaling"]["long_factor"][3] = 2.6;
   EXPECT_NE(DescribeLlama(*LlamaConfigFromJson(other)), described);
   long_context["rope_scaling"]["long_factor"] = std::vector<double>(47, 2.5);
-  ExpectRefused(LlamaConfigFromJson(long_context).status(), "48 short and long factors");
+  ExpectRefused(LlamaConfigFromJson(long_context).status(),
+                "a factor for each pair of rotated features (48)");
   long_context["rope_scaling"]["type"] = "dynamic";
   ExpectRefused(LlamaConfigFromJson(long_context).status(), "\"dynamic\"");
   // Other families' configs keep every multiplier at 1 and no fused checkpoint.

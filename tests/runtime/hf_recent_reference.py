@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The reference models of families newer than the transformers release the test environment
-runs (4.46.3, the newest on Debian's torch 1.13): Qwen3, Qwen3-MoE and OLMo 2, built and run by
+runs (4.46.3, the newest on Debian's torch 1.13): Qwen3, Qwen3-MoE, OLMo 2 and Gemma 3, built and
+run by
 transformers 4.51.3 on torch 2.5 exactly as hf_reference.py builds and runs the others (tiny
 random models, perturbed weights, logits, loss and gradients on fixed tokens), and the greedy
 tokens its generate() makes of a prompt (generate.json).
@@ -22,8 +23,10 @@ sys.dont_write_bytecode = True  # nothing written into the source tree
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import (AutoModelForCausalLM, Olmo2Config, Olmo2ForCausalLM,  # noqa: E402
-                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM,  # noqa: E402
+                          Gemma3TextConfig, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from hf_reference import write_cases  # noqa: E402
 from tiny_models import llama  # noqa: E402
@@ -57,20 +60,54 @@ CASES = {
     "olmo2_tied_bias": lambda: llama(Olmo2Config, Olmo2ForCausalLM, num_key_value_heads=4,
                                      attention_bias=True, tie_word_embeddings=True,
                                      head_dim=16),
+    # Gemma 3: block 0 local (a window of 8, shorter than the sequence, at its own rotary base),
+    # block 1 global (sliding_window_pattern 2); q_norm and k_norm scaling by 1 + their weight;
+    # tied, no soft caps.
+    "gemma3_local_global": lambda: llama(Gemma3TextConfig, Gemma3ForCausalLM, head_dim=16,
+                                         sliding_window=8, sliding_window_pattern=2,
+                                         rope_local_base_freq=100.0, query_pre_attn_scalar=16,
+                                         tie_word_embeddings=True),
+    # Gemma 3 untied, multi-query, both blocks local (a window as long as the sequence), the
+    # logits soft-capped (transformers 4.51's Gemma 3 takes no attn_logit_softcapping: its
+    # attention never passes it on, so tandem refuses it).
+    "gemma3_softcap": lambda: llama(Gemma3TextConfig, Gemma3ForCausalLM, num_key_value_heads=1,
+                                    head_dim=8, sliding_window=16, sliding_window_pattern=3,
+                                    query_pre_attn_scalar=12, final_logit_softcapping=3.0),
+    # YaRN with an original context (16 of 64 positions): transformers 4.51 takes the factor as
+    # their ratio, 4, over the 8 the file gives, and the ramp over the original context.
+    "qwen3_yarn": lambda: llama(Qwen3Config, Qwen3ForCausalLM, head_dim=16, rope_theta=100.0,
+                                rope_scaling={"rope_type": "yarn", "factor": 8.0,
+                                              "original_max_position_embeddings": 16}),
+    # Gemma 3's linear scaling (Gemma 3 4B's and larger's): the global block's frequencies
+    # divided by 8, the local block's kept.
+    "gemma3_linear": lambda: llama(Gemma3TextConfig, Gemma3ForCausalLM, head_dim=16,
+                                   sliding_window=8, sliding_window_pattern=2,
+                                   rope_local_base_freq=100.0, query_pre_attn_scalar=16,
+                                   rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    # Phi-3 with Phi-4-mini's partial rotation (half of each head here) and LongRoPE factors for
+    # the rotated pairs only; the sequence (16) past the original context (8): the long ones.
+    "phi3_partial_longrope": lambda: llama(Phi3Config, Phi3ForCausalLM, pad_token_id=3,
+                                           partial_rotary_factor=0.5,
+                                           original_max_position_embeddings=8,
+                                           rope_scaling={"type": "longrope",
+                                                         "short_factor": [1.0, 1.3],
+                                                         "long_factor": [1.1, 2.5]}),
 }
 
 AUX_LOSS = {"qwen3_moe_aux"}
 
 
 GENERATE_CASES = ["qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts",
-                  "qwen3_moe_dense_norm_topk", "olmo2_gqa", "olmo2_tied_bias"]
+                  "qwen3_moe_dense_norm_topk", "olmo2_gqa", "olmo2_tied_bias",
+                  "gemma3_local_global", "gemma3_softcap", "qwen3_yarn", "gemma3_linear",
+                  "phi3_partial_longrope"]
 NEW_TOKENS = 12
 
 
 def write_generate_cases(output):
     """OUTPUT/generate.json: for each case of GENERATE_CASES, the greedy tokens transformers'
-    generate() makes (with its key/value cache, no end-of-text stop) of a prompt of the case's
-    first five input tokens, as generate_reference.py records them."""
+    generate() makes (with its key/value cache but for Gemma 3's, no end-of-text stop) of a
+    prompt of the case's first five input tokens, as generate_reference.py records them."""
     cases = []
     for name in GENERATE_CASES:
         folder = os.path.join(output, name)
@@ -80,11 +117,19 @@ def write_generate_cases(output):
         model.generation_config.pad_token_id = 0
         prompt = load_file(os.path.join(folder, "reference.safetensors"))["input_ids"][0, :5]
         prompt = prompt.tolist()
+        # Gemma 3's HybridCache in transformers 4.51 departs from the model's own forward pass
+        # once the sequence passes the local window (gemma3_linear: from the sixth new token;
+        # generate without the cache, and greedy decoding by whole forward passes, agree with
+        # each other): its tokens are taken without the cache, as generate_reference.py takes
+        # Gemma 2's.
+        use_cache = model.config.model_type != "gemma3_text"
+        if not use_cache:
+            model.generation_config.cache_implementation = None
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]),
                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                  max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                 do_sample=False, num_beams=1)
+                                 do_sample=False, num_beams=1, use_cache=use_cache)
         cases.append({"name": name, "prompt": prompt, "tokens": out[0, len(prompt):].tolist()})
         print(name, "generate")
     with open(os.path.join(output, "generate.json"), "w") as f:

@@ -256,6 +256,13 @@ CASES = {
     "nemotron_bias_tied": lambda: llama(NemotronConfig, NemotronForCausalLM, norm_eps=1e-5,
                                         tie_word_embeddings=True, attention_bias=True,
                                         mlp_bias=True, partial_rotary_factor=0.25, head_dim=16),
+    # YaRN (no original context: the factor as given, the ramp over max_position_embeddings),
+    # theta 100 so that the ramp falls within the 4 frequencies of head_dim 8.
+    "llama_yarn": lambda: llama(rope_theta=100.0,
+                                rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+    # Linear scaling: every frequency divided by the factor.
+    "qwen2_linear": lambda: llama(Qwen2Config, Qwen2ForCausalLM,
+                                  rope_scaling={"rope_type": "linear", "factor": 4.0}),
 }
 
 

@@ -128,6 +128,7 @@ struct Case {
   bool qwen3 = false;  // Llama as Qwen3: an RMSNorm of each query and key head, one weight for all
   bool qwen3_moe = false;  // with Qwen3-MoE's experts (no shared expert)
   bool olmo2 = false;  // Llama as OLMo 2: q/k norms over every head, norms after each branch only
+  bool gemma3 = false;  // Llama as Gemma 3: a local block and a global one, offset q/k head norms
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
   // Key/value heads other than SmallLlama's (0: its own), and 6 query heads in place of 4.
   int kv_heads = 0;
@@ -244,6 +245,15 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       llama.router_aux_loss_coef = 0.5;
     }
   }
+  if (c.gemma3) {
+    llama.model_type = "gemma3_text";
+    llama.hidden_act = "gelu_pytorch_tanh";
+    llama.head_dim = 16;
+    llama.query_pre_attn_scalar = 12;
+    llama.sliding_window = 4;  // block 0 local, within 4 of the 8 positions; block 1 global
+    llama.sliding_window_pattern = 2;
+    llama.rope_local_theta = 100;
+  }
   if (c.olmo2) {
     llama.model_type = "olmo2";
     llama.attention_bias = true;
@@ -351,7 +361,7 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
       EXPECT_NE(index.at("layers.2.self_attn.q_proj.weight"), nullptr);
       if (llama.QkvBias()) EXPECT_EQ(index.at("layers.1.self_attn.v_proj.bias"), nullptr);
     }
-    if (c.qwen3) {
+    if (c.qwen3 || c.gemma3) {
       // One weight for every head, whole on every rank, its gradient summed over the group.
       EXPECT_EQ(index.at("layers.1.self_attn.q_norm.weight"), nullptr);
       EXPECT_EQ(index.at("layers.2.self_attn.k_norm.weight"), nullptr);
@@ -420,9 +430,10 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     EXPECT_EQ(index.at("layers.1.input_layernorm.weight"), nullptr);
     EXPECT_EQ(index.count("layers.1.self_attn.v_proj.bias"), llama.QkvBias() ? 1u : 0u);
     EXPECT_EQ(index.count("layers.1.self_attn.o_proj.bias"), llama.attention_bias ? 1u : 0u);
-    // Gemma 2's extra norms stay whole.
-    EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), c.gemma2 ? 1u : 0u);
-    if (c.gemma2) EXPECT_EQ(index.at("layers.2.post_feedforward_layernorm.weight"), nullptr);
+    // Gemma 2's and Gemma 3's extra norms stay whole.
+    const bool sandwich = c.gemma2 || c.gemma3;
+    EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), sandwich ? 1u : 0u);
+    if (sandwich) EXPECT_EQ(index.at("layers.2.post_feedforward_layernorm.weight"), nullptr);
   }
   if (t > 1 && c.gpt2) {
     // Per block c_attn (weight, bias), attn.c_proj.weight, c_fc (weight, bias),
@@ -654,6 +665,20 @@ TEST(LlamaTensorParallelTest, Qwen3ShardsGiveTheWholeLossAndGradients) {
   moe.expert_parallel = 2;
   moe.sequence_parallel = true;
   ExpectShardsGiveTheWholeLossAndGradients(moe);
+}
+
+// Gemma 3: a local block (window 4 of 8 positions, its own rotary base) and a global one, each
+// rank normalising its query and key heads with the one offset weight every rank holds; Gemma
+// 2's sandwich norms shared under sequence parallelism.
+TEST(LlamaTensorParallelTest, Gemma3ShardsGiveTheWholeLossAndGradients) {
+  Case gemma3;
+  gemma3.gemma3 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gemma3);
+  gemma3.sequence_parallel = true;
+  gemma3.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(gemma3);
+  gemma3.kv_heads = 1;
+  ExpectShardsGiveTheWholeLossAndGradients(gemma3);
 }
 
 // OLMo 2: norms after the attention and the MLP only (shared under sequence parallelism),
