@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, init_from, "",
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
           "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, "
-          "glm, falcon, nemotron, qwen3, qwen3_moe, olmo2 and gemma3_text): "
+          "glm, falcon, nemotron, qwen3, qwen3_moe, olmo2, gemma3_text and gemma3): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "

@@ -106,6 +106,13 @@ HfLayout LlamaHfLayout(const LlamaConfig& config) {
   // Phi's LM head bias is its own even where the weight is tied.
   if (config.HeadBias()) add(head + "lm_head.bias", {config.vocab});
   layout.tandem_name = [config](absl::string_view key) { return LlamaTandemName(config, key); };
+  if (config.Gemma3Multimodal()) {
+    // Gemma 3's vision tower and projector: no part of the language model.
+    layout.ignored = [](absl::string_view key) {
+      return absl::StartsWith(key, "vision_tower.") ||
+             absl::StartsWith(key, "multi_modal_projector.");
+    };
+  }
   if (config.NeoX() || config.GptJ()) {
     // The buffers older GPT-NeoX and GPT-J checkpoints (Pythia's, GPT-J-6B's) hold in each
     // block: the causal mask, its fill value and (GPT-NeoX's) the rotary frequencies
@@ -901,6 +908,13 @@ struct ExportModel {
   std::string config_source;
 };
 
+// The model an export of `config` writes: Gemma 3's multimodal checkpoints as their text model
+// (Gemma3ForCausalLM, gemma3_text), every other as it is.
+LlamaConfig ExportedLlama(LlamaConfig config) {
+  if (config.Gemma3Multimodal()) config.model_type = "gemma3_text";
+  return config;
+}
+
 // The layout and config.json of the checkpoint's model `description`, from `file` where given
 // (HfConfigOfCheckpoint).
 absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
@@ -922,6 +936,7 @@ absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
       if (!config.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(config.status().message(), advice));
       }
+      *config = ExportedLlama(*config);
       out.layout = LlamaHfLayout(*config);
       out.config = LlamaConfigJson(*config);
     } else {
@@ -953,6 +968,17 @@ absl::StatusOr<ExportModel> ExportModelOf(const std::string& description,
     return absl::InvalidArgumentError(absl::StrCat(file->source, " describes '", out.layout.model,
                                                    "', the checkpoint holds '",
                                                    WithoutSeed(description), "'"));
+  }
+  if (llama) {
+    auto config = LlamaConfigFromJson(out.config);
+    if (config.ok() && config->Gemma3Multimodal()) {
+      // Written as its text model: the layout and config.json of Gemma3ForCausalLM.
+      if (seq_len > 0) config->seq_len = seq_len;
+      *config = ExportedLlama(*config);
+      out.layout = LlamaHfLayout(*config);
+      out.config = LlamaConfigJson(*config);
+      absl::StrAppend(&out.config_source, ", written as its text model (Gemma3ForCausalLM)");
+    }
   }
   out.config["torch_dtype"] = "float32";  // what the export writes
   return out;

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
 #include "runtime/torch/auxiliary_loss.h"
@@ -1692,6 +1693,10 @@ CheckpointNames CheckpointNamesOf(const LlamaConfig& config) {
     return {"transformer.word_embeddings.weight", "transformer.ln_f.", "lm_head.",
             "transformer.h."};
   }
+  if (config.Gemma3Multimodal()) {
+    return {"language_model.model.embed_tokens.weight", "language_model.model.norm.",
+            "language_model.lm_head.", "language_model.model.layers."};
+  }
   return {"model.embed_tokens.weight", config.Phi() ? "model.final_layernorm." : "model.norm.",
           "lm_head.", "model.layers."};
 }
@@ -1979,10 +1984,10 @@ absl::Status ReadFalconLayout(const Json& json, LlamaConfig& config) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
-       {"llama",    "mistral",    "qwen2", "gemma",      "gemma2", "mixtral",    "qwen2_moe",
-        "granite",  "granitemoe", "phi3",  "olmo",       "olmoe",  "starcoder2", "phi",
-        "gpt_neox", "stablelm",   "gptj",  "cohere",     "glm",    "falcon",     "nemotron",
-        "qwen3",    "qwen3_moe",  "olmo2", "gemma3_text"}) {
+       {"llama",    "mistral",    "qwen2", "gemma",       "gemma2", "mixtral",    "qwen2_moe",
+        "granite",  "granitemoe", "phi3",  "olmo",        "olmoe",  "starcoder2", "phi",
+        "gpt_neox", "stablelm",   "gptj",  "cohere",      "glm",    "falcon",     "nemotron",
+        "qwen3",    "qwen3_moe",  "olmo2", "gemma3_text", "gemma3"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -1995,6 +2000,26 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   }
   LlamaConfig config;
   TANDEM_ASSIGN_OR_RETURN(config.model_type, GetStringOr(json, "model_type", "llama", where));
+  if (config.model_type == "gemma3") {
+    // Gemma3ForConditionalGeneration: its language model is text_config's (Gemma3TextConfig's
+    // defaults for what that leaves out).
+    TANDEM_ASSIGN_OR_RETURN(const Json* text, GetObject(json, "text_config", where));
+    Json text_config = *text;
+    if (text_config.contains("model_type") && text_config["model_type"] != "gemma3_text") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: text_config of a gemma3 model has model_type ",
+                       text_config["model_type"].dump(), ", not \"gemma3_text\""));
+    }
+    text_config["model_type"] = "gemma3_text";
+    auto language = LlamaConfigFromJson(text_config);
+    if (!language.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(absl::StrReplaceAll(language.status().message(), {{"config.json: ", ""}}),
+                       " (config.json: text_config)"));
+    }
+    language->model_type = "gemma3";
+    return *language;
+  }
   const bool mistral = config.model_type == "mistral";
   const bool qwen2_moe = config.model_type == "qwen2_moe";
   const bool qwen2 = config.model_type == "qwen2" || qwen2_moe;  // Qwen2's attention

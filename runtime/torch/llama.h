@@ -252,7 +252,12 @@ struct LlamaConfig {
   // (q_norm, k_norm, one weight [head_dim] for all heads, as Qwen3's), no soft caps by default,
   // and local blocks (all but every sliding_window_pattern-th) attending within the window at
   // their own rotary base (LocalBlock).
-  bool Gemma3() const { return model_type == "gemma3_text"; }
+  bool Gemma3() const { return model_type == "gemma3_text" || Gemma3Multimodal(); }
+  // Gemma 3 4B's, 12B's and 27B's checkpoints (Gemma3ForConditionalGeneration, model_type
+  // gemma3): the language model of its text_config, its tensors under language_model.; the
+  // vision tower and projector are read past, and an export writes the text model
+  // (Gemma3ForCausalLM).
+  bool Gemma3Multimodal() const { return model_type == "gemma3"; }
   // Whether block `block` (0-based) is one of Gemma 3's local (windowed) blocks.
   bool LocalBlock(int64_t block) const {
     return Gemma3() && sliding_window_pattern > 0 && (block + 1) % sliding_window_pattern != 0;
@@ -396,8 +401,7 @@ struct LlamaConfig {
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
     "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon, nemotron, "
-    "qwen3, "
-    "qwen3_moe and gemma3_text";
+    "qwen3, qwen3_moe, gemma3_text and gemma3";
 bool IsLlamaModelType(absl::string_view model_type);
 
 // A config from a transformers config.json, with the defaults of the family's config class

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -789,7 +790,7 @@ TEST_P(HfModelsTest, Olmo2WithNormsAfterEachBranchEqualsTransformers) {
 // each head scaling by 1 + their weight, Gemma 2's sandwich norms; and with soft-capped logits,
 // multi-query attention, untied.
 TEST_P(HfModelsTest, Gemma3WithLocalAndGlobalBlocksEqualsTransformers) {
-  for (const char* name : {"gemma3_local_global", "gemma3_softcap"}) {
+  for (const char* name : {"gemma3_local_global", "gemma3_softcap", "gemma3_multimodal"}) {
     SCOPED_TRACE(name);
     const HfCase c = LlamaCase(name, GetParam());
     for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
@@ -913,7 +914,16 @@ void ExpectParametersAndKeysCorrespond(const std::string& name) {
     EXPECT_EQ(fused_rows, 0);
   }
   std::sort(mapped.begin(), mapped.end());
-  EXPECT_EQ(mapped, (*file)->TensorNamesSorted());
+  std::vector<std::string> keys = (*file)->TensorNamesSorted();
+  // A Gemma 3 multimodal checkpoint's vision tower and projector are no parameters of tandem's.
+  keys.erase(std::remove_if(keys.begin(), keys.end(),
+                            [&](const std::string& key) {
+                              return name == "gemma3_multimodal" &&
+                                     (absl::StartsWith(key, "vision_tower.") ||
+                                      absl::StartsWith(key, "multi_modal_projector."));
+                            }),
+             keys.end());
+  EXPECT_EQ(mapped, keys);
   EXPECT_FALSE(to_hf("layers.1.no_such.weight").ok());
   EXPECT_FALSE(to_tandem("model.layers.99.mlp.up_proj.weight").ok());
   if (!llama) return;
@@ -963,7 +973,7 @@ TEST(HfNamesTest, Qwen3ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts", "qwen3_moe_dense_norm_topk",
         "qwen3_moe_aux", "olmo2_gqa", "olmo2_tied_bias", "gemma3_local_global", "gemma3_softcap",
-        "qwen3_yarn", "gemma3_linear", "phi3_partial_longrope"}) {
+        "qwen3_yarn", "gemma3_linear", "phi3_partial_longrope", "gemma3_multimodal"}) {
     SCOPED_TRACE(name);
     ExpectParametersAndKeysCorrespond(name);
   }
@@ -1446,6 +1456,40 @@ TEST(LlamaConfigTest, ReadsGemma3ConfigsAsGemma3TextConfigDefinesThem) {
   bad = gemma3;
   bad["attn_logit_softcapping"] = 50.0;
   ExpectRefused(LlamaConfigFromJson(bad).status(), "attn_logit_softcapping");
+  // Gemma 3 4B's checkpoint (Gemma3ForConditionalGeneration, its config.json as published): the
+  // language model of text_config, Gemma3TextConfig's defaults for what it leaves out, its
+  // tensors under language_model.
+  const Json gemma3_4b = Json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                    "model_type": "gemma3_text", "num_hidden_layers": 34,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1152, "image_size": 896,
+    "intermediate_size": 4304, "model_type": "siglip_vision_model", "num_attention_heads": 16,
+    "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}})");
+  config = LlamaConfigFromJson(gemma3_4b);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Gemma3Multimodal());
+  EXPECT_TRUE(config->Gemma3());
+  EXPECT_EQ(config->heads, 8);
+  EXPECT_EQ(config->kv_heads, 4);
+  EXPECT_EQ(config->HeadDim(), 256);
+  EXPECT_EQ(config->vocab, 262208);
+  EXPECT_EQ(config->rope_scaling->type, "linear");
+  EXPECT_EQ(config->WindowOfBlock(0), 1024);
+  EXPECT_EQ(LlamaHfName(*config, "layers.3.self_attn.q_norm.weight").value_or(""),
+            "language_model.model.layers.2.self_attn.q_norm.weight");
+  EXPECT_EQ(LlamaHfName(*config, "layers.0.embed_tokens.weight").value_or(""),
+            "language_model.model.embed_tokens.weight");
+  Json no_text = gemma3_4b;
+  no_text.erase("text_config");
+  ExpectRefused(LlamaConfigFromJson(no_text).status(), "text_config");
+  Json bad_text = gemma3_4b;
+  bad_text["text_config"]["hidden_activation"] = "relu";
+  ExpectRefused(LlamaConfigFromJson(bad_text).status(), "(config.json: text_config)");
   // The pattern is Gemma 3's only.
   LlamaConfig llama;
   llama.sliding_window_pattern = 6;

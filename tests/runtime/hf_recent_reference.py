@@ -23,8 +23,8 @@ sys.dont_write_bytecode = True  # nothing written into the source tree
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM,  # noqa: E402
-                          Gemma3TextConfig, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
+from transformers import (AutoModelForCausalLM, Gemma3Config,  # noqa: E402
+                          Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
                           Phi3ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -92,6 +92,20 @@ CASES = {
                                            rope_scaling={"type": "longrope",
                                                          "short_factor": [1.0, 1.3],
                                                          "long_factor": [1.1, 2.5]}),
+    # Gemma 3 4B's kind of checkpoint (Gemma3ForConditionalGeneration): the language model of
+    # gemma3_local_global's layout under language_model., beside a tiny SigLIP vision tower
+    # and projector that text does not reach; its vocabulary holds the image tokens.
+    "gemma3_multimodal": lambda: Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=64, sliding_window=8,
+                         sliding_window_pattern=2, rope_local_base_freq=100.0,
+                         query_pre_attn_scalar=16, rms_norm_eps=1e-5, initializer_range=0.1,
+                         rope_scaling={"rope_type": "linear", "factor": 4.0}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=63, boi_token_index=61, eoi_token_index=62,
+        attn_implementation="eager")),
 }
 
 AUX_LOSS = {"qwen3_moe_aux"}
@@ -100,7 +114,7 @@ AUX_LOSS = {"qwen3_moe_aux"}
 GENERATE_CASES = ["qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts",
                   "qwen3_moe_dense_norm_topk", "olmo2_gqa", "olmo2_tied_bias",
                   "gemma3_local_global", "gemma3_softcap", "qwen3_yarn", "gemma3_linear",
-                  "phi3_partial_longrope"]
+                  "phi3_partial_longrope", "gemma3_multimodal"]
 NEW_TOKENS = 12
 
 
@@ -122,7 +136,7 @@ def write_generate_cases(output):
         # generate without the cache, and greedy decoding by whole forward passes, agree with
         # each other): its tokens are taken without the cache, as generate_reference.py takes
         # Gemma 2's.
-        use_cache = model.config.model_type != "gemma3_text"
+        use_cache = not model.config.model_type.startswith("gemma3")
         if not use_cache:
             model.generation_config.cache_implementation = None
         with torch.no_grad():

@@ -280,7 +280,7 @@ def write_cases(output, cases, aux_loss):
         perturb(model, 2000 + index)
         folder = os.path.join(output, name)
         model.save_pretrained(folder, safe_serialization=True)
-        vocab = model.config.vocab_size
+        vocab = getattr(model.config, "text_config", model.config).vocab_size
         tokens = torch.randint(0, vocab, (BATCH, LENGTH + 1),
                                generator=torch.Generator().manual_seed(3000 + index))
         input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -297,7 +297,9 @@ def write_cases(output, cases, aux_loss):
         tensors = {"input_ids": input_ids, "targets": targets,
                    "logits": logits.detach().contiguous(), "loss": loss.detach().reshape([])}
         for key, parameter in model.named_parameters():
-            tensors["grad." + key] = parameter.grad.detach().contiguous()
+            # (A multimodal model's vision tower takes no part in text: no gradient.)
+            if parameter.grad is not None:
+                tensors["grad." + key] = parameter.grad.detach().contiguous()
         save_file(tensors, os.path.join(folder, "reference.safetensors"),
                   metadata={"transformers": transformers.__version__,
                             "torch": torch.__version__})
