@@ -241,7 +241,7 @@ CommandInfo GenerateCommand() {
         "    [--hf-config config.json]\n\n"
         "Loads a gpt, gpt2 or llama (mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite,\n"
         "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm,\n"
-        "falcon, nemotron, qwen3, qwen3_moe, olmo2, gemma3_text, gemma3)\n"
+        "glm4, falcon, nemotron, qwen3, qwen3_moe, olmo2, gemma3_text, gemma3)\n"
         "model whole on one device: a checkpoint `tandem train` wrote (its manifest names the\n"
         "model, and the config.json a llama or gpt2 was trained from, for what the name lacks;\n"
         "--hf-config gives it for older checkpoints) or a Hugging Face folder (config.json and\n"

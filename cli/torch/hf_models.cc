@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, init_from, "",
           "model.safetensors, or with shards and model.safetensors.index.json; llama takes "
           "model_type llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, "
           "granitemoe, phi3, olmo, olmoe, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, "
-          "glm, falcon, nemotron, qwen3, qwen3_moe, olmo2, gemma3_text and gemma3): "
+          "glm, glm4, falcon, nemotron, qwen3, qwen3_moe, olmo2, gemma3_text and gemma3): "
           "the sizes come "
           "from its config.json, as with --hf-config (then left empty), and each rank reads the "
           "weights of the layers it builds, converted to float32; empty: random initial "
@@ -283,7 +283,7 @@ void RegisterHuggingFaceModels() {
          .summary = "Llama 3 as transformers' LlamaForCausalLM (RMSNorm, rotary positions, "
                     "grouped-query attention, SwiGLU; Mistral, Qwen2, Gemma, Gemma 2, Granite, "
                     "Phi-3, OLMo, StarCoder 2, Phi, GPT-NeoX, StableLM, GPT-J, Command R, GLM-4, "
-                    "Falcon, Nemotron, Qwen3, OLMo 2, Gemma 3, "
+                    "GLM-4-0414, Falcon, Nemotron, Qwen3, OLMo 2, Gemma 3, "
                     "Mixtral, Qwen2-MoE, Granite-MoE, OLMoE and Qwen3-MoE from their config.json, "
                     "Mixtral's experts from --experts)",
          .flags = {"hf_config", "init_from", "layers", "hidden", "heads", "kv_heads",

@@ -662,6 +662,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
                                    : config.model_type == "qwen3_moe"  ? "Qwen3MoeForCausalLM"
                                    : config.model_type == "olmo2"      ? "Olmo2ForCausalLM"
                                    : config.Gemma3()                   ? "Gemma3ForCausalLM"
+                                   : config.Glm4()                     ? "Glm4ForCausalLM"
                                                                        : "LlamaForCausalLM";
   Json json = {{"architectures", {architecture}},
                {"model_type", config.model_type},
@@ -822,6 +823,13 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["norm_eps"] = config.rms_norm_eps;
     json["hidden_act"] = config.hidden_act;
     json["partial_rotary_factor"] = config.partial_rotary_factor;
+  } else if (config.Glm4()) {
+    // Glm4Config: attention_bias for the q/k/v biases, head_dim and partial_rotary_factor for
+    // the attention and the rotation, and an absent pad_token_id would read as 151329.
+    EraseFields(json, {"mlp_bias"});
+    json["attention_bias"] = config.QkvBias();
+    json["partial_rotary_factor"] = config.partial_rotary_factor;
+    json["pad_token_id"] = config.pad_token_id ? Json(*config.pad_token_id) : Json(nullptr);
   } else if (config.Glm()) {
     // GlmConfig: attention_bias for the q/k/v biases, head_dim for the rotation (twice the
     // rotated features), and an absent pad_token_id would read as 151329.

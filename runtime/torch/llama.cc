@@ -70,6 +70,21 @@ ModuleNames ModuleNamesOf(const LlamaConfig& config) {
   }
   if (config.GptJ()) return {"ln_1", "attn", "out_proj", "fc_in", "fc_out"};
   if (config.Nemotron()) return {"input_layernorm", "self_attn", "o_proj", "up_proj", "down_proj"};
+  if (config.Glm4()) {
+    return {"input_layernorm", "self_attn", "o_proj", "c_fc", "c_proj", "post_self_attn_layernorm"};
+  }
+  return {};
+}
+
+// The names of the norms around the MLP in blocks of four norms (SandwichNorms) and OLMo 2's:
+// Gemma 2's, or GLM-4-0414's (whose post_attention_layernorm is the MLP's input norm and whose
+// attention's output norm is post_self_attn_layernorm, ModuleNamesOf's post_norm).
+struct SandwichNames {
+  const char* pre_mlp = "pre_feedforward_layernorm";
+  const char* post_mlp = "post_feedforward_layernorm";
+};
+SandwichNames SandwichNamesOf(const LlamaConfig& config) {
+  if (config.Glm4()) return {"post_attention_layernorm", "post_mlp_layernorm"};
   return {};
 }
 
@@ -1155,11 +1170,12 @@ class LlamaBlockImpl : public torch::nn::Cloneable<LlamaBlockImpl>, public Incre
     if (!config_.SharedNorm()) {
       post_attention_layernorm = register_module(names.post_norm, MakeNorm(config_));
     }
+    const SandwichNames sandwich = SandwichNamesOf(config_);
     if (config_.SandwichNorms()) {
-      pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", MakeNorm(config_));
+      pre_feedforward_layernorm = register_module(sandwich.pre_mlp, MakeNorm(config_));
     }
     if (config_.SandwichNorms() || config_.PostNormsOnly()) {
-      post_feedforward_layernorm = register_module("post_feedforward_layernorm", MakeNorm(config_));
+      post_feedforward_layernorm = register_module(sandwich.post_mlp, MakeNorm(config_));
     }
     if (sparse_) {
       // Mixtral's is block_sparse_moe, Qwen2-MoE's takes the MLP's name.
@@ -1561,6 +1577,9 @@ FamilyDefaults DefaultsOf(const std::string& model_type) {
   if (model_type == "stablelm") {
     return {50304, 2560, 6912, 32, 32, 32, 0, 4096, 1e-5, 10000.0, false, 0};
   }
+  if (model_type == "glm4") {  // transformers 4.51's Glm4Config
+    return {151552, 4096, 13696, 40, 32, 2, 128, 131072, 1.5625e-7, 10000.0, false, 0};
+  }
   if (model_type == "glm") {  // head_dim 128 for the rotation; pad_token_id 151329
     return {151552, 4096, 13696, 40, 32, 2, 0, 131072, 1.5625e-7, 10000.0, false, 0};
   }
@@ -1787,11 +1806,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaBlockParameters(
     add("self_attn.k_norm.weight", {kv});
   }
   // None where one norm serves both (Phi's, StableLM's side by side).
-  if (norms && !config.SharedNorm()) add("post_attention_layernorm.weight", {h});
+  const std::string post_norm = absl::StrCat(ModuleNamesOf(config).post_norm, ".");
+  if (norms && !config.SharedNorm()) add(post_norm + "weight", {h});
   if (norm_biases && !config.SharedNorm()) add("post_attention_layernorm.bias", {h});
-  if (config.SandwichNorms()) add("pre_feedforward_layernorm.weight", {h});
+  const SandwichNames sandwich = SandwichNamesOf(config);
+  if (config.SandwichNorms()) add(absl::StrCat(sandwich.pre_mlp, ".weight"), {h});
   if (config.SandwichNorms() || config.PostNormsOnly()) {
-    add("post_feedforward_layernorm.weight", {h});
+    add(absl::StrCat(sandwich.post_mlp, ".weight"), {h});
   }
   // An MLP (or expert) of `units` units under `prefix`, its matrices named `names` (gate, up,
   // down).
@@ -1984,10 +2005,10 @@ absl::Status ReadFalconLayout(const Json& json, LlamaConfig& config) {
 
 bool IsLlamaModelType(absl::string_view model_type) {
   for (const char* known :
-       {"llama",    "mistral",    "qwen2", "gemma",       "gemma2", "mixtral",    "qwen2_moe",
-        "granite",  "granitemoe", "phi3",  "olmo",        "olmoe",  "starcoder2", "phi",
-        "gpt_neox", "stablelm",   "gptj",  "cohere",      "glm",    "falcon",     "nemotron",
-        "qwen3",    "qwen3_moe",  "olmo2", "gemma3_text", "gemma3"}) {
+       {"llama",    "mistral",    "qwen2",     "gemma",  "gemma2",      "mixtral",    "qwen2_moe",
+        "granite",  "granitemoe", "phi3",      "olmo",   "olmoe",       "starcoder2", "phi",
+        "gpt_neox", "stablelm",   "gptj",      "cohere", "glm",         "falcon",     "nemotron",
+        "glm4",     "qwen3",      "qwen3_moe", "olmo2",  "gemma3_text", "gemma3"}) {
     if (model_type == known) return true;
   }
   return false;
@@ -2023,7 +2044,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool mistral = config.model_type == "mistral";
   const bool qwen2_moe = config.model_type == "qwen2_moe";
   const bool qwen2 = config.model_type == "qwen2" || qwen2_moe;  // Qwen2's attention
-  const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms();
+  // Gemma 2's and Gemma 3's fields (GLM-4-0414 has their norms only).
+  const bool gemma = config.Gemma(), gemma2 = config.SandwichNorms() && !config.Glm4();
   const bool mixtral = config.model_type == "mixtral";
   const bool granite = config.Granite(), granitemoe = config.model_type == "granitemoe";
   const bool phi3 = config.model_type == "phi3";
@@ -2036,6 +2058,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
   const bool gptj = config.GptJ();
   const bool cohere = config.Cohere();
   const bool glm = config.Glm();
+  const bool glm4 = config.Glm4();
   const bool falcon = config.Falcon();
   const bool nemotron = config.Nemotron();
   const bool qwen3_moe = config.model_type == "qwen3_moe";
@@ -2251,6 +2274,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     }
   }
   if (olmo2 && !json.contains("pad_token_id")) config.pad_token_id = 1;  // Olmo2Config's default
+  if (glm4 && !json.contains("pad_token_id")) config.pad_token_id = 151329;  // Glm4Config's
   if (olmo) {
     // OlmoLayerNorm's epsilon is fixed (OlmoConfig has no rms_norm_eps); OLMoE's RMSNorms
     // read theirs.
@@ -2309,7 +2333,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
     // Phi's products all have biases.
     config.attention_bias = true;
     config.mlp_bias = true;
-  } else if (glm) {
+  } else if (glm || glm4) {
     // GLM's q/k/v_proj have them with attention_bias (its default); o_proj and the MLP never.
     TANDEM_ASSIGN_OR_RETURN(config.qkv_bias, GetBoolOrUnset(json, "attention_bias", true, where));
   } else if (gptj) {
@@ -2404,7 +2428,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromJson(const Json& json) {
                             GetNumberOr(json, "rotary_pct", 0.25, where));
   } else {
     // PhiConfig's, NemotronConfig's, StableLmConfig's.
-    const double factor = phi || nemotron ? 0.5 : stablelm ? 0.25 : 1.0;
+    const double factor = phi || nemotron || glm4 ? 0.5 : stablelm ? 0.25 : 1.0;
     TANDEM_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                             GetNumberOr(json, "partial_rotary_factor", factor, where));
   }

@@ -246,7 +246,7 @@ struct LlamaConfig {
   }
   bool QkvBias() const { return attention_bias || qkv_bias; }
   bool Gemma() const { return model_type == "gemma" || model_type == "gemma2" || Gemma3(); }
-  bool SandwichNorms() const { return model_type == "gemma2" || Gemma3(); }
+  bool SandwichNorms() const { return model_type == "gemma2" || Gemma3() || Glm4(); }
   // Gemma 3's (Gemma3ForCausalLM, model_type gemma3_text: Gemma 3 1B, and the text half of the
   // larger ones): Gemma 2's blocks with Gemma's offset RMSNorm of each query and key head apart
   // (q_norm, k_norm, one weight [head_dim] for all heads, as Qwen3's), no soft caps by default,
@@ -269,8 +269,14 @@ struct LlamaConfig {
   // products fused in its checkpoints as Phi-3's (mlp.gate_up_proj), and the first half of each
   // head rotated by pairs of neighbours (the rotation's head_dim / 2 features, rotary_dims).
   bool Glm() const { return model_type == "glm"; }
+  // GLM-4-0414's (Glm4ForCausalLM: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): GLM's products and
+  // rotation by pairs of neighbours over partial_rotary_factor of an explicit head_dim, with
+  // Gemma 2's four norms a block under its own names: post_self_attn_layernorm on the
+  // attention's output, post_attention_layernorm on the MLP's input, post_mlp_layernorm on its
+  // output (SandwichNorms).
+  bool Glm4() const { return model_type == "glm4"; }
   // The gate and up products stored as rows of mlp.gate_up_proj (Phi-3's, GLM's).
-  bool FusedGateUp() const { return FusedCheckpoint() || Glm(); }
+  bool FusedGateUp() const { return FusedCheckpoint() || Glm() || Glm4(); }
   // Experts named as Mixtral's (block_sparse_moe.gate, experts.<e>.w1/w2/w3): Mixtral's and
   // GraniteMoE's, whose checkpoints fuse them (FusedExperts).
   bool MixtralExperts() const { return model_type == "mixtral" || model_type == "granitemoe"; }
@@ -354,7 +360,7 @@ struct LlamaConfig {
   bool HeadNorms() const { return head_qk_norms || Qwen3() || Gemma3(); }
   // Norms that scale by 1 + their weight: Gemma's RMSNorms, Nemotron's layer norms.
   bool OffsetNorms() const { return Gemma() || Nemotron(); }
-  bool InterleavedRotary() const { return GptJ() || Cohere() || Glm(); }
+  bool InterleavedRotary() const { return GptJ() || Cohere() || Glm() || Glm4(); }
   // One query_key_value product, each key/value group's rows together: GPT-NeoX's and Falcon's.
   bool FusedQkv() const { return NeoX() || Falcon(); }
   bool LayerNormWithBias() const {
@@ -377,7 +383,7 @@ struct LlamaConfig {
   // The families whose heads may be rotated in part (partial_rotary_factor below 1).
   // (Phi-3's since transformers 4.49: Phi-4-mini's partial_rotary_factor 0.75.)
   bool PartialRotation() const {
-    return Phi() || NeoX() || StableLm() || GptJ() || Nemotron() || model_type == "phi3";
+    return Phi() || NeoX() || StableLm() || GptJ() || Nemotron() || model_type == "phi3" || Glm4();
   }
   bool HeadBias() const { return Phi() || GptJ(); }
   // Whether block `block` (0-based) holds experts.
@@ -400,7 +406,7 @@ struct LlamaConfig {
 // The transformers model types LlamaConfigFromJson reads, for messages.
 inline constexpr char kLlamaModelTypes[] =
     "llama, mistral, qwen2, gemma, gemma2, mixtral, qwen2_moe, granite, granitemoe, phi3, olmo, "
-    "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, falcon, nemotron, "
+    "olmoe, olmo2, starcoder2, phi, gpt_neox, stablelm, gptj, cohere, glm, glm4, falcon, nemotron, "
     "qwen3, qwen3_moe, gemma3_text and gemma3";
 bool IsLlamaModelType(absl::string_view model_type);
 

@@ -495,7 +495,7 @@ TEST(GenerateCommandTest, RecentFamiliesGreedyTokensEqualTransformersGenerate) {
   auto reference = ReadJsonFile(data + "/generate.json");
   ASSERT_TRUE(reference.ok()) << reference.status();
   const Json& cases = (*reference)["cases"];
-  ASSERT_EQ(cases.size(), 12u);
+  ASSERT_EQ(cases.size(), 14u);
   for (const Json& c : cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);

@@ -163,7 +163,8 @@ struct HfCase {
 // transformers 4.51.3; the others from hf_reference.py's folder.
 bool RecentCase(const std::string& case_name) {
   return case_name.rfind("qwen3", 0) == 0 || case_name.rfind("olmo2", 0) == 0 ||
-         case_name.rfind("gemma3", 0) == 0 || case_name.rfind("phi3_partial", 0) == 0;
+         case_name.rfind("gemma3", 0) == 0 || case_name.rfind("phi3_partial", 0) == 0 ||
+         case_name.rfind("glm4", 0) == 0;
 }
 
 std::string CaseFolder(const std::string& case_name) {
@@ -830,6 +831,18 @@ TEST_P(HfModelsTest, RecentRotaryScalingEqualsTransformers) {
   }
 }
 
+// GLM-4-0414 (tests/data/hf_recent, transformers 4.51.3): GLM's fused gate/up product and
+// rotation by pairs of neighbours over part of an explicit head_dim, with four norms a block
+// named post_self_attn_layernorm, post_attention_layernorm (the MLP's input) and
+// post_mlp_layernorm.
+TEST_P(HfModelsTest, Glm4WithFourNormsABlockEqualsTransformers) {
+  for (const char* name : {"glm4_bias", "glm4_tied_nobias"}) {
+    SCOPED_TRACE(name);
+    const HfCase c = LlamaCase(name, GetParam());
+    for (const auto& split : kSplits) ExpectEqualToTransformers(c, split);
+  }
+}
+
 // The comparison sees Qwen3's norms: the same weights in Llama's blocks (no q_norm and k_norm,
 // every other weight loaded) give logits far from transformers'.
 TEST(HfModelsSensitivityTest, Qwen3WithoutItsHeadNormsIsFarFromTransformers) {
@@ -973,7 +986,8 @@ TEST(HfNamesTest, Qwen3ParametersAndCheckpointKeysCorrespond) {
   for (const std::string name :
        {"qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts", "qwen3_moe_dense_norm_topk",
         "qwen3_moe_aux", "olmo2_gqa", "olmo2_tied_bias", "gemma3_local_global", "gemma3_softcap",
-        "qwen3_yarn", "gemma3_linear", "phi3_partial_longrope", "gemma3_multimodal"}) {
+        "qwen3_yarn", "gemma3_linear", "phi3_partial_longrope", "gemma3_multimodal", "glm4_bias",
+        "glm4_tied_nobias"}) {
     SCOPED_TRACE(name);
     ExpectParametersAndKeysCorrespond(name);
   }
@@ -1494,6 +1508,47 @@ TEST(LlamaConfigTest, ReadsGemma3ConfigsAsGemma3TextConfigDefinesThem) {
   LlamaConfig llama;
   llama.sliding_window_pattern = 6;
   ExpectRefused(ValidateLlamaConfig(llama), "sliding_window_pattern");
+}
+
+// GLM-4-9B-0414's config.json as published: half of each 128-feature head rotated, q/k/v biases,
+// its padding row and norm epsilon.
+TEST(LlamaConfigTest, ReadsGlm4ConfigsAsGlm4ConfigDefinesThem) {
+  const Json glm4 = Json::parse(R"({
+    "architectures": ["Glm4ForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 13696,
+    "max_position_embeddings": 32768, "model_type": "glm4", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "vocab_size": 151552})");
+  auto config = LlamaConfigFromJson(glm4);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->Glm4());
+  EXPECT_TRUE(config->SandwichNorms());
+  EXPECT_TRUE(config->InterleavedRotary());
+  EXPECT_TRUE(config->FusedGateUp());
+  EXPECT_FALSE(config->Gemma());
+  EXPECT_TRUE(config->qkv_bias);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->HeadDim(), 128);
+  EXPECT_EQ(config->RotaryDim(), 64);
+  EXPECT_EQ(config->pad_token_id, 151329);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, shape] : LlamaBlockParameters(*config, 0)) shapes[name] = shape;
+  for (const char* norm : {"input_layernorm", "post_self_attn_layernorm",
+                           "post_attention_layernorm", "post_mlp_layernorm"}) {
+    EXPECT_EQ(shapes.count(absl::StrCat(norm, ".weight")), 1u) << norm;
+  }
+  EXPECT_EQ(shapes.count("pre_feedforward_layernorm.weight"), 0u);
+  EXPECT_EQ(LlamaHfName(*config, "layers.1.mlp.up_proj.weight").value_or(""),
+            "model.layers.0.mlp.gate_up_proj.weight");
+  // Glm4Config's defaults.
+  config = LlamaConfigFromJson(Json::parse(R"({"model_type": "glm4"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->partial_rotary_factor, 0.5);
+  EXPECT_EQ(config->pad_token_id, 151329);
+  EXPECT_TRUE(config->qkv_bias);
 }
 
 TEST(LlamaConfigTest, ReadsQwen2MoeConfigsAsTheirFamilyDefinesThem) {

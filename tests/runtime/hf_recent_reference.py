@@ -24,9 +24,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (AutoModelForCausalLM, Gemma3Config,  # noqa: E402
-                          Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig,
+                          Glm4Config, Glm4ForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from hf_reference import write_cases  # noqa: E402
 from tiny_models import llama  # noqa: E402
@@ -106,6 +107,14 @@ CASES = {
                            num_attention_heads=2, image_size=28, patch_size=14),
         mm_tokens_per_image=4, image_token_index=63, boi_token_index=61, eoi_token_index=62,
         attn_implementation="eager")),
+    # GLM-4-0414: GLM's products (q/k/v biases, gate_up_proj) and rotation by pairs of
+    # neighbours over half of an explicit head_dim, four norms a block under its own names.
+    "glm4_bias": lambda: llama(Glm4Config, Glm4ForCausalLM, head_dim=16, pad_token_id=3,
+                               partial_rotary_factor=0.5, attention_bias=True),
+    # Tied, multi-head, no biases, three quarters of each head rotated.
+    "glm4_tied_nobias": lambda: llama(Glm4Config, Glm4ForCausalLM, head_dim=8, pad_token_id=3,
+                                      num_key_value_heads=4, partial_rotary_factor=0.75,
+                                      attention_bias=False, tie_word_embeddings=True),
 }
 
 AUX_LOSS = {"qwen3_moe_aux"}
@@ -114,7 +123,7 @@ AUX_LOSS = {"qwen3_moe_aux"}
 GENERATE_CASES = ["qwen3_head_dim", "qwen3_tied_bias", "qwen3_moe_experts",
                   "qwen3_moe_dense_norm_topk", "olmo2_gqa", "olmo2_tied_bias",
                   "gemma3_local_global", "gemma3_softcap", "qwen3_yarn", "gemma3_linear",
-                  "phi3_partial_longrope", "gemma3_multimodal"]
+                  "phi3_partial_longrope", "gemma3_multimodal", "glm4_bias", "glm4_tied_nobias"]
 NEW_TOKENS = 12
 
 

@@ -129,6 +129,7 @@ struct Case {
   bool qwen3_moe = false;  // with Qwen3-MoE's experts (no shared expert)
   bool olmo2 = false;  // Llama as OLMo 2: q/k norms over every head, norms after each branch only
   bool gemma3 = false;  // Llama as Gemma 3: a local block and a global one, offset q/k head norms
+  bool glm4 = false;    // Llama as GLM-4-0414: GLM's rotation over part of each head, four norms
   int expert_parallel = 1;  // the experts placed whole on this many parts of the group
   // Key/value heads other than SmallLlama's (0: its own), and 6 query heads in place of 4.
   int kv_heads = 0;
@@ -253,6 +254,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     llama.sliding_window = 4;  // block 0 local, within 4 of the 8 positions; block 1 global
     llama.sliding_window_pattern = 2;
     llama.rope_local_theta = 100;
+  }
+  if (c.glm4) {
+    llama.model_type = "glm4";
+    llama.qkv_bias = true;
+    llama.head_dim = 16;
+    llama.partial_rotary_factor = 0.5;
   }
   if (c.olmo2) {
     llama.model_type = "olmo2";
@@ -434,6 +441,12 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
     const bool sandwich = c.gemma2 || c.gemma3;
     EXPECT_EQ(index.count("layers.1.pre_feedforward_layernorm.weight"), sandwich ? 1u : 0u);
     if (sandwich) EXPECT_EQ(index.at("layers.2.post_feedforward_layernorm.weight"), nullptr);
+    if (c.glm4) {
+      // Its four norms whole; gate_up_proj's rows split as GLM's.
+      EXPECT_EQ(index.at("layers.1.post_self_attn_layernorm.weight"), nullptr);
+      EXPECT_EQ(index.at("layers.2.post_mlp_layernorm.weight"), nullptr);
+      EXPECT_NE(index.at("layers.1.mlp.up_proj.weight"), nullptr);
+    }
   }
   if (t > 1 && c.gpt2) {
     // Per block c_attn (weight, bias), attn.c_proj.weight, c_fc (weight, bias),
@@ -679,6 +692,17 @@ TEST(LlamaTensorParallelTest, Gemma3ShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients(gemma3);
   gemma3.kv_heads = 1;
   ExpectShardsGiveTheWholeLossAndGradients(gemma3);
+}
+
+// GLM-4-0414: GLM's products and rotation within each rank's heads, Gemma 2's four norms under
+// GLM's names (shared under sequence parallelism).
+TEST(LlamaTensorParallelTest, Glm4ShardsGiveTheWholeLossAndGradients) {
+  Case glm4;
+  glm4.glm4 = true;
+  ExpectShardsGiveTheWholeLossAndGradients(glm4);
+  glm4.sequence_parallel = true;
+  glm4.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(glm4);
 }
 
 // OLMo 2: norms after the attention and the MLP only (shared under sequence parallelism),

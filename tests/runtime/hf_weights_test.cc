@@ -1453,7 +1453,10 @@ TEST(HfExportTest, RecentFamiliesImportThenExportGiveTheSameBytesOnEveryLayout) 
         // Gemma 3 4B's kind: the language model read from under language_model., the vision
         // tower read past; exported as the text model.
         ImportCase{"gemma3_multimodal", "llama"},
-        ImportCase{"gemma3_multimodal", "llama", 2, 2, " --sequence-parallel"}}) {
+        ImportCase{"gemma3_multimodal", "llama", 2, 2, " --sequence-parallel"},
+        ImportCase{"glm4_bias", "llama"},
+        ImportCase{"glm4_bias", "llama", 2, 2, " --sequence-parallel"},
+        ImportCase{"glm4_tied_nobias", "llama", 2}}) {
     const std::string folder = absl::StrCat(TANDEM_TEST_DATA_DIR, "/hf_recent/", c.name);
     const std::string label =
         absl::StrCat(c.name, "_", c.ranks, "_", c.tensor_parallel, c.flags.empty() ? "" : "_flags");
