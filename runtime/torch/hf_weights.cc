@@ -637,6 +637,18 @@ Json FalconConfigJson(const LlamaConfig& config) {
   return json;
 }
 
+// Qwen2-MoE's and Qwen3-MoE's expert fields (without Qwen2-MoE's shared expert), no
+// load-balancing loss (tandem trains without it).
+void WriteQwenExperts(const LlamaConfig& config, Json& json) {
+  json["num_experts"] = config.experts;
+  json["num_experts_per_tok"] = config.experts_per_token;
+  json["moe_intermediate_size"] = config.expert_intermediate;
+  json["norm_topk_prob"] = config.normalize_top_k;
+  json["decoder_sparse_step"] = config.sparse_step;
+  json["mlp_only_layers"] = config.dense_blocks;
+  json["output_router_logits"] = false;
+}
+
 Json LlamaConfigJson(const LlamaConfig& config) {
   if (config.GptJ()) return GptJConfigJson(config);
   if (config.Falcon()) return FalconConfigJson(config);
@@ -706,14 +718,8 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     json["use_sliding_window"] = config.sliding_window > 0;
     json["sliding_window"] = window;
     if (config.model_type == "qwen2_moe") {
-      json["num_experts"] = config.experts;
-      json["num_experts_per_tok"] = config.experts_per_token;
-      json["moe_intermediate_size"] = config.expert_intermediate;
+      WriteQwenExperts(config, json);
       json["shared_expert_intermediate_size"] = config.shared_expert_intermediate;
-      json["norm_topk_prob"] = config.normalize_top_k;
-      json["decoder_sparse_step"] = config.sparse_step;
-      json["mlp_only_layers"] = config.dense_blocks;
-      json["output_router_logits"] = false;
     }
   } else if (config.Olmo2()) {
     // Olmo2Config: attention_bias for every attention product, no MLP biases, head_dim only
@@ -733,13 +739,7 @@ Json LlamaConfigJson(const LlamaConfig& config) {
     if (config.model_type == "qwen3_moe") {
       // Absent, Qwen3-MoE's attention takes hidden / heads (as the model does without one).
       if (config.head_dim == 0) json.erase("head_dim");
-      json["num_experts"] = config.experts;
-      json["num_experts_per_tok"] = config.experts_per_token;
-      json["moe_intermediate_size"] = config.expert_intermediate;
-      json["norm_topk_prob"] = config.normalize_top_k;
-      json["decoder_sparse_step"] = config.sparse_step;
-      json["mlp_only_layers"] = config.dense_blocks;
-      json["output_router_logits"] = false;
+      WriteQwenExperts(config, json);
     }
   } else if (config.Granite()) {
     // GraniteConfig and GraniteMoeConfig: head_dim hidden / heads, and the multipliers;
