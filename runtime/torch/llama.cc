@@ -2636,7 +2636,7 @@ absl::Status ValidateLlamaConfig(const LlamaConfig& config) {
         "key/value head or one per head; got ",
         config.kv_heads, " key/value heads of ", config.heads));
   }
-  if ((config.sliding_window_pattern != 0 || config.rope_local_theta != 0) &&
+  if ((config.Gemma3() || config.sliding_window_pattern != 0 || config.rope_local_theta != 0) &&
       !(config.Gemma3() && config.sliding_window_pattern > 0 && config.rope_local_theta > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "llama: sliding_window_pattern and rope_local_base_freq are Gemma 3's (both positive); "

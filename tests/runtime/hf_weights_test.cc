@@ -525,11 +525,16 @@ TEST(HfDescriptionTest, DescriptionsReadBackIntoTheirConfigs) {
   EXPECT_NE(unknown.status().message().find("sliding-window=8"), std::string::npos)
       << unknown.status();
   EXPECT_FALSE(LlamaConfigFromDescription("gpt L=2 H=32").ok());
-  // A family tandem does not know, and a Qwen2 window (computed in full) the sequence does not
-  // fit; a Mistral's window is masked, so the sequence may exceed it.
+  // A family tandem does not know, Gemma 3 without its pattern of local blocks, and a Qwen2
+  // window (computed in full) the sequence does not fit; a Mistral's window is masked, so the
+  // sequence may exceed it.
   EXPECT_FALSE(
-      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma3")
+      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=llama4")
           .ok());
+  auto no_pattern =
+      LlamaConfigFromDescription("llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 family=gemma3");
+  EXPECT_NE(no_pattern.status().message().find("sliding_window_pattern"), std::string::npos)
+      << no_pattern.status();
   EXPECT_FALSE(LlamaConfigFromDescription(
                    "llama L=2 H=32 A=4 KV=2 I=64 S=16 V=64 rope=10000 window=8 family=qwen2")
                    .ok());
