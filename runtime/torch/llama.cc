@@ -196,10 +196,11 @@ enum class HeadNormKind {
 // by the deviation, times that head's own weights), StableLM's q_layernorm and k_layernorm
 // (qk_layernorm; StableLmLayerNormPerHead: the same computation, a LayerNorm without bias per
 // head, norms.<h>.weight), or Qwen3's q_norm and k_norm (Qwen3RMSNorm over head_dim: each head
-// divided by its root mean square, times one weight all heads share). Under tensor parallelism
-// a rank normalises its own heads: it keeps their rows of Cohere's weight (nothing exchanged),
-// or holds every weight whole (always StableLM's and Qwen3's; Cohere's key norm where ranks
-// share key heads) and sums their gradients over the group (each rank's heads give a part).
+// divided by its root mean square, times one weight all heads share; Gemma 3's times 1 + that
+// weight). Under tensor parallelism a rank normalises its own heads: it keeps their rows of
+// Cohere's weight (nothing exchanged), or holds every weight whole (always StableLM's, Qwen3's
+// and Gemma 3's; Cohere's key norm where ranks share key heads) and sums their gradients over
+// the group (each rank's heads give a part).
 class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
  public:
   HeadNormImpl(int64_t heads, int64_t head_dim, double eps, HeadNormKind kind)
@@ -258,7 +259,7 @@ class HeadNormImpl : public torch::nn::Cloneable<HeadNormImpl> {
     return (scale.to(torch::kFloat) * (deviation * torch::rsqrt(variance + eps_)))
         .to(product.scalar_type());
   }
-  torch::Tensor weight;                  // Cohere's, Qwen3's
+  torch::Tensor weight;                  // Cohere's, Qwen3's, Gemma 3's
   torch::nn::ModuleList norms{nullptr};  // StableLM's
 
  private:
@@ -530,7 +531,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
           register_module("k_norm", RmsNorm(config_.kv_heads * head_dim, config_.rms_norm_eps));
     }
     if (config_.HeadNorms()) {
-      // Cohere's, StableLM's and Qwen3's: each head apart.
+      // Cohere's, StableLM's, Qwen3's and Gemma 3's: each head apart.
       const bool stablelm = config_.StableLm();
       const HeadNormKind kind = stablelm           ? HeadNormKind::kStableLm
                                 : config_.Qwen3()  ? HeadNormKind::kQwen3
@@ -677,7 +678,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   ColumnParallelLinear query_key_value{nullptr};  // GPT-NeoX's instead of q/k/v_proj
   RmsNorm q_norm{nullptr}, k_norm{nullptr};  // OLMoE's (QkNorms)
-  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's, StableLM's, Qwen3's
+  HeadNorm q_head_norm{nullptr}, k_head_norm{nullptr};  // Cohere's, StableLM's, Qwen3's, Gemma 3's
   RowParallelLinear o_proj{nullptr};
 
  private:
@@ -733,7 +734,7 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // elsewhere. Each normalises every head together: under tensor parallelism a rank holds
   // its heads' features, and the sum of squares is summed over the group.
   void NormaliseQueryAndKey(std::vector<torch::Tensor>& products) {
-    if (config_.HeadNorms()) {  // Cohere's, StableLM's, Qwen3's: [b, S, heads, head_dim]
+    if (config_.HeadNorms()) {  // each head apart (HeadNorm): [b, S, heads, head_dim]
       products[0] = q_head_norm(products[0]);
       products[1] = k_head_norm(products[1]);
       return;
