@@ -459,6 +459,16 @@ void ExpectShardsGiveTheWholeLossAndGradients(const Case& c) {
   }
 }
 
+// `c` as given, then tied with sequence parallelism (the norms' weights and the whole biases
+// shared over the group): the two layouts every family's test starts with. `c` is left in the
+// second layout for the cases a test adds.
+void ExpectShardsAloneAndTiedWithSequenceParallelism(Case& c) {
+  ExpectShardsGiveTheWholeLossAndGradients(c);
+  c.sequence_parallel = true;
+  c.tied = true;
+  ExpectShardsGiveTheWholeLossAndGradients(c);
+}
+
 TEST(LlamaTensorParallelTest, ShardsGiveTheWholeLossAndGradients) {
   ExpectShardsGiveTheWholeLossAndGradients({});
 }
@@ -505,10 +515,7 @@ TEST(LlamaTensorParallelTest, Gemma2ShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, MixtralExpertShardsGiveTheWholeLossAndGradients) {
   Case mixtral;
   mixtral.mixtral = true;
-  ExpectShardsGiveTheWholeLossAndGradients(mixtral);
-  mixtral.sequence_parallel = true;
-  mixtral.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(mixtral);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(mixtral);
 }
 
 // Qwen2-MoE: the shared expert split as the experts, its gate whole (its gradient summed over
@@ -528,10 +535,7 @@ TEST(LlamaTensorParallelTest, Qwen2MoeExpertShardsGiveTheWholeLossAndGradients) 
 TEST(LlamaTensorParallelTest, OlmoeQueryKeyNormShardsGiveTheWholeLossAndGradients) {
   Case olmoe;
   olmoe.olmoe = true;
-  ExpectShardsGiveTheWholeLossAndGradients(olmoe);
-  olmoe.sequence_parallel = true;
-  olmoe.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(olmoe);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(olmoe);
   olmoe.expert_parallel = 2;
   ExpectShardsGiveTheWholeLossAndGradients(olmoe);
 }
@@ -542,10 +546,7 @@ TEST(LlamaTensorParallelTest, OlmoeQueryKeyNormShardsGiveTheWholeLossAndGradient
 TEST(LlamaTensorParallelTest, Starcoder2ShardsGiveTheWholeLossAndGradients) {
   Case starcoder2;
   starcoder2.starcoder2 = true;
-  ExpectShardsGiveTheWholeLossAndGradients(starcoder2);
-  starcoder2.sequence_parallel = true;
-  starcoder2.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(starcoder2);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(starcoder2);
 }
 
 // Phi: the attention and the MLP both take the one norm's output and add their reduced (or,
@@ -554,10 +555,7 @@ TEST(LlamaTensorParallelTest, Starcoder2ShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, PhiShardsGiveTheWholeLossAndGradients) {
   Case phi;
   phi.phi = true;
-  ExpectShardsGiveTheWholeLossAndGradients(phi);
-  phi.sequence_parallel = true;
-  phi.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(phi);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(phi);
 }
 
 // GPT-NeoX: query_key_value split by heads (each head's query, key and value rows together),
@@ -579,10 +577,7 @@ TEST(LlamaTensorParallelTest, GptNeoxShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, GptJShardsGiveTheWholeLossAndGradients) {
   Case gptj;
   gptj.gptj = true;
-  ExpectShardsGiveTheWholeLossAndGradients(gptj);
-  gptj.sequence_parallel = true;
-  gptj.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(gptj);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(gptj);
 }
 
 // Cohere: side by side on one weight-only norm, pairs of neighbours rotated, each rank's logits
@@ -590,10 +585,7 @@ TEST(LlamaTensorParallelTest, GptJShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, CohereShardsGiveTheWholeLossAndGradients) {
   Case cohere;
   cohere.cohere = true;
-  ExpectShardsGiveTheWholeLossAndGradients(cohere);
-  cohere.sequence_parallel = true;
-  cohere.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(cohere);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(cohere);
   // Command R+'s norm of each query and key head: a rank keeps its heads' rows.
   cohere.head_norms = true;
   ExpectShardsGiveTheWholeLossAndGradients(cohere);
@@ -633,10 +625,7 @@ TEST(LlamaTensorParallelTest, FalconShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, NemotronShardsGiveTheWholeLossAndGradients) {
   Case nemotron;
   nemotron.nemotron = true;
-  ExpectShardsGiveTheWholeLossAndGradients(nemotron);
-  nemotron.sequence_parallel = true;
-  nemotron.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(nemotron);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(nemotron);
 }
 
 // StableLM: side by side on one norm, or sequential on two, the norms' weights and biases
@@ -665,10 +654,7 @@ TEST(LlamaTensorParallelTest, StableLmShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, Qwen3ShardsGiveTheWholeLossAndGradients) {
   Case qwen3;
   qwen3.qwen3 = true;
-  ExpectShardsGiveTheWholeLossAndGradients(qwen3);
-  qwen3.sequence_parallel = true;
-  qwen3.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(qwen3);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(qwen3);
   qwen3.kv_heads = 1;
   ExpectShardsGiveTheWholeLossAndGradients(qwen3);
   Case moe;
@@ -686,10 +672,7 @@ TEST(LlamaTensorParallelTest, Qwen3ShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, Gemma3ShardsGiveTheWholeLossAndGradients) {
   Case gemma3;
   gemma3.gemma3 = true;
-  ExpectShardsGiveTheWholeLossAndGradients(gemma3);
-  gemma3.sequence_parallel = true;
-  gemma3.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(gemma3);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(gemma3);
   gemma3.kv_heads = 1;
   ExpectShardsGiveTheWholeLossAndGradients(gemma3);
 }
@@ -699,10 +682,7 @@ TEST(LlamaTensorParallelTest, Gemma3ShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, Glm4ShardsGiveTheWholeLossAndGradients) {
   Case glm4;
   glm4.glm4 = true;
-  ExpectShardsGiveTheWholeLossAndGradients(glm4);
-  glm4.sequence_parallel = true;
-  glm4.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(glm4);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(glm4);
 }
 
 // OLMo 2: norms after the attention and the MLP only (shared under sequence parallelism),
@@ -711,10 +691,7 @@ TEST(LlamaTensorParallelTest, Glm4ShardsGiveTheWholeLossAndGradients) {
 TEST(LlamaTensorParallelTest, Olmo2ShardsGiveTheWholeLossAndGradients) {
   Case olmo2;
   olmo2.olmo2 = true;
-  ExpectShardsGiveTheWholeLossAndGradients(olmo2);
-  olmo2.sequence_parallel = true;
-  olmo2.tied = true;
-  ExpectShardsGiveTheWholeLossAndGradients(olmo2);
+  ExpectShardsAloneAndTiedWithSequenceParallelism(olmo2);
 }
 
 // Fewer key/value heads than ranks (multi-query attention: one for 4 query heads; 2 on 4
